@@ -1,0 +1,40 @@
+"""The attention custom op: the one opaque op in every model graph.
+
+`compiled_llm::attention` writes this step's K/V into the paged cache and attends over the flat
+batch. It reads the step's metadata and the layer's cache from the forward context, so the
+compiler sees a pure function of (q, k, v) plus constants, and splits the graph around it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from compiled_llm.attention.metadata import AttentionMetadata
+from compiled_llm.attention.reference import attention_forward
+from compiled_llm.forward_context import get_forward_context
+
+__all__ = ["AttentionMetadata", "attention", "ATTENTION_OP_NAME"]
+
+ATTENTION_OP_NAME = "compiled_llm::attention"
+_BACKENDS = {"torch": attention_forward}
+
+
+def register_backend(name: str, fn) -> None:
+    """Add an attention implementation selectable through ForwardContext.backend."""
+    _BACKENDS[name] = fn
+
+
+@torch.library.custom_op(ATTENTION_OP_NAME, mutates_args=())
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: float,
+    sliding_window: int,
+) -> torch.Tensor:
+    """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; also writes k/v into layer_idx's cache."""
+    ctx = get_forward_context()
+    fn = _BACKENDS[ctx.backend]
+    return fn(q, k, v, ctx.kv_caches[layer_idx], ctx.attn_metadata, scale, sliding_window)
+
+
+@attention.register_fake
+def _attention_fake(q, k, v, layer_idx, scale, sliding_window):
+    return torch.empty_like(q)

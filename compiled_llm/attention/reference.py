@@ -1,0 +1,63 @@
+"""Reference attention backend in plain torch: correct on CPU and GPU, not fast.
+
+Handles a flat batch mixing prefill chunks and decodes: each sequence's queries attend causally
+to its cached context (earlier chunks included), with GQA and an optional sliding window.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from compiled_llm.attention.metadata import AttentionMetadata
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """Scatter this step's K/V rows into the paged cache [2, N, bs, Hkv, D] at `slots`."""
+    n = slots.shape[0]
+    kv_cache[0].view(-1, *k.shape[1:]).index_copy_(0, slots, k[:n])
+    kv_cache[1].view(-1, *v.shape[1:]).index_copy_(0, slots, v[:n])
+
+
+def _mask(q_len: int, kv_len: int, window: int, device: torch.device) -> torch.Tensor | None:
+    if q_len == 1 and (window <= 0 or kv_len <= window):
+        return None
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    k_pos = torch.arange(kv_len, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if window > 0:
+        mask &= k_pos > q_pos - window
+    return mask
+
+
+def attention_forward(
+    q: torch.Tensor,  # [T, Hq, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int,
+) -> torch.Tensor:
+    """Write K/V into the cache, then attend each sequence's queries over its whole context."""
+    n = meta.num_actual_tokens
+    write_kv(k, v, kv_cache, meta.slot_mapping[:n])
+    out = torch.zeros_like(q)
+    block_size = kv_cache.shape[2]
+    qsl, lens = meta.query_start_loc_cpu.tolist(), meta.seq_lens_cpu.tolist()
+    for i, kv_len in enumerate(lens):
+        start, end = qsl[i], qsl[i + 1]
+        blocks = meta.block_tables[i, : (kv_len + block_size - 1) // block_size].long()
+        keys = kv_cache[0][blocks].flatten(0, 1)[:kv_len]  # [L, Hkv, D]
+        vals = kv_cache[1][blocks].flatten(0, 1)[:kv_len]
+        mask = _mask(end - start, kv_len, sliding_window, q.device)
+        o = F.scaled_dot_product_attention(
+            q[start:end].transpose(0, 1),  # [Hq, Tq, D]
+            keys.transpose(0, 1),
+            vals.transpose(0, 1),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[start:end] = o.transpose(0, 1)
+    return out

@@ -1,0 +1,93 @@
+"""Engine configuration dataclasses: cache, scheduler and compile settings in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None  # CPU budget (and a GPU override)
+    num_gpu_blocks_override: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 2048
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                "max_num_batched_tokens must be >= max_model_len without chunked prefill"
+            )
+
+
+@dataclass
+class CompileConfig:
+    """How the model is compiled: `mode` is "backend" (ours), "stock" (plain Inductor) or
+    "none" (eager)."""
+
+    mode: str = "stock"
+    dynamic_tokens: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("backend", "stock", "none"):
+            raise ValueError(f"compile_mode must be backend, stock or none, got {self.mode!r}")
+
+
+@dataclass
+class EngineArgs:
+    """Everything LLM(...) and `compiled-llm` accept; `build()` derives the sub-configs."""
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    enforce_eager: bool = False
+    compile_mode: str = "stock"
+    enable_chunked_prefill: bool = True
+    load_format: str = "auto"
+    seed: int = 0
+    skip_tokenizer_init: bool = False
+
+    def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
+        max_len = self.max_model_len or model_max_len
+        if max_len > model_max_len:
+            raise ValueError(
+                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
+                f"{model_max_len}"
+            )
+        tokens = self.max_num_batched_tokens or max(8192, 0 if self.enable_chunked_prefill
+                                                    else max_len)
+        return SchedulerConfig(self.max_num_seqs, tokens, max_len, self.enable_chunked_prefill)
+
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig(self.block_size, self.gpu_memory_utilization,
+                           self.kv_cache_memory_bytes, self.num_gpu_blocks_override)
+
+    def compile_config(self) -> CompileConfig:
+        return CompileConfig(mode="none" if self.enforce_eager else self.compile_mode)

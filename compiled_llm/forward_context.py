@@ -1,0 +1,47 @@
+"""The one documented forward context: what the attention op reads during a model forward.
+
+The runner sets it around every forward; models never see it. It carries the step's attention
+metadata and the per-layer KV cache tensors, so the op's signature stays free of runtime state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from compiled_llm.attention.metadata import AttentionMetadata
+
+
+@dataclass
+class ForwardContext:
+    """State shared by every attention call of one forward."""
+
+    attn_metadata: AttentionMetadata | None
+    kv_caches: list[torch.Tensor] = field(default_factory=list)  # per layer [2, N, bs, Hkv, D]
+    backend: str = "torch"
+
+
+_CONTEXT: ForwardContext | None = None
+
+
+def get_forward_context() -> ForwardContext:
+    """The context of the forward in progress; raises outside one."""
+    if _CONTEXT is None:
+        raise RuntimeError("attention called outside set_forward_context(); the runner sets it")
+    return _CONTEXT
+
+
+@contextmanager
+def set_forward_context(ctx: ForwardContext) -> Iterator[None]:
+    """Install ctx for the duration of one forward (nesting restores the outer one)."""
+    global _CONTEXT
+    prev, _CONTEXT = _CONTEXT, ctx
+    try:
+        yield
+    finally:
+        _CONTEXT = prev

@@ -1,0 +1,128 @@
+"""Weight loading from an HF model directory: config, safetensors (sharded), generation config.
+
+Pickle `.bin` checkpoints are refused unless the caller names load_format="pt". Every parameter
+must be filled with a tensor of the right shape; errors name the tensor and the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from compiled_llm.models import DecoderConfig, get_model_class
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def load_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    if not path.exists():
+        raise ValueError(f"model: no config.json in {model_dir!s}")
+    return read_json(path)
+
+
+def build_model_config(hf: dict[str, Any]) -> tuple[type[nn.Module], DecoderConfig]:
+    """Resolve the architecture and read its config (ValueError on an unknown one)."""
+    cls = get_model_class(hf.get("architectures") or [])
+    return cls, DecoderConfig.from_hf(hf, **cls.hf_defaults)
+
+
+def checkpoint_files(model_dir: Path, load_format: str) -> list[Path]:
+    """The weight files to read, sharded through the index file when there is one."""
+    if load_format not in ("auto", "safetensors", "pt"):
+        raise ValueError(f"load_format must be auto, safetensors or pt, got {load_format!r}")
+    for ext, index in ((".safetensors", "model.safetensors.index.json"),
+                       (".bin", "pytorch_model.bin.index.json")):
+        files = _files_with(model_dir, ext, index)
+        if not files:
+            continue
+        if ext == ".bin" and load_format != "pt":
+            raise ValueError(
+                f"{model_dir} holds only pickle .bin weights, which can run code when loaded; "
+                'pass load_format="pt" to allow them'
+            )
+        return files
+    raise ValueError(f"model: no .safetensors weights found in {model_dir}")
+
+
+def _files_with(model_dir: Path, ext: str, index_name: str) -> list[Path]:
+    index = model_dir / index_name
+    if index.exists():
+        names = sorted(set(read_json(index)["weight_map"].values()))
+        return [model_dir / n for n in names]
+    return sorted(model_dir.glob(f"*{ext}"))
+
+
+def iter_tensors(files: list[Path]):
+    """Yield (name, tensor, file) over every tensor in the checkpoint files."""
+    for f in files:
+        if f.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(f), framework="pt") as sf:
+                for name in sf.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    yield name, sf.get_tensor(name), f
+        else:
+            for name, t in torch.load(f, map_location="cpu", weights_only=True).items():
+                yield name, t, f
+
+
+def load_weights(model: nn.Module, files: list[Path]) -> None:
+    """Copy checkpoint tensors into model parameters; every parameter must be loaded."""
+    params = dict(model.named_parameters())  # tied weights appear once
+    loaded: set[str] = set()
+    for name, tensor, f in iter_tensors(files):
+        ours = model.weight_name(name)
+        if ours is None:
+            continue
+        if ours not in params:
+            if ours == "lm_head.weight" and model.config.tie_word_embeddings:
+                continue
+            raise ValueError(f"{f.name}: tensor {name!r} matches no parameter of the model")
+        p = params[ours]
+        if tuple(p.shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"{f.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                f"the model expects {tuple(p.shape)}"
+            )
+        with torch.no_grad():
+            p.copy_(tensor)
+        loaded.add(ours)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"checkpoint is missing tensors: {missing[:8]}")
+
+
+def resolve_dtype(dtype: str | torch.dtype, hf: dict[str, Any], device: torch.device):
+    """'auto' takes the checkpoint's dtype (float32 if absent); float16 becomes bfloat16 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        name = hf.get("torch_dtype") or hf.get("dtype") or "float32"
+        out = getattr(torch, name)
+        return torch.bfloat16 if out == torch.float16 and device.type == "cpu" else out
+    names = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16, "half": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"dtype must be auto or one of {sorted(names)}, got {dtype!r}")
+    return names[dtype]
+
+
+def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.device,
+               max_len: int, load_format: str = "auto") -> nn.Module:
+    """Build the model for the checkpoint in model_dir on device, in dtype, with weights."""
+    hf = load_hf_config(model_dir)
+    cls, cfg = build_model_config(hf)
+    files = checkpoint_files(Path(model_dir), load_format)
+    with torch.device(device):
+        model = cls(cfg, max_len=max_len)
+    model.to(dtype=dtype)
+    load_weights(model, files)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,188 @@
+"""ModelRunner: owns every device tensor (weights, KV cache, step inputs) and runs one step.
+
+Step: flat inputs -> forward under the forward context -> logits for the rows that need them
+-> Sampler. Returns plain Python results for the scheduler and output processing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from compiled_llm.config import CacheConfig, CompileConfig
+from compiled_llm.forward_context import ForwardContext, set_forward_context
+from compiled_llm.input_batch import StepInputs, build_step_inputs
+from compiled_llm.request import Request
+from compiled_llm.sampler import Sampler, SamplingMetadata, compute_prompt_logprobs, make_generator
+from compiled_llm.scheduler import SchedulerOutput
+
+LogprobRow = tuple[list[int], list[float], int]  # (ids, logprobs, rank of ids[0])
+
+
+@dataclass
+class StepResult:
+    sampled: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, LogprobRow] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[LogprobRow]] = field(default_factory=dict)
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype,
+                 cache_cfg: CacheConfig, compile_cfg: CompileConfig) -> None:
+        self.model, self.device, self.dtype = model, device, dtype
+        self.cache_cfg, self.compile_cfg = cache_cfg, compile_cfg
+        self.sampler = Sampler()
+        self.generators: dict[str, torch.Generator] = {}
+        self.kv_caches: list[torch.Tensor] = []
+        self.forward_fn = self._build_forward(model, compile_cfg)
+
+    def _build_forward(self, model: nn.Module, cfg: CompileConfig):
+        if cfg.mode == "none":
+            return model
+        from compiled_llm.compat import compile_model
+
+        return compile_model(model, cfg)
+
+    # ------------------------------------------------------------------ KV cache
+    def kv_bytes_per_block(self) -> int:
+        c = self.model.config
+        elems = 2 * self.cache_cfg.block_size * c.num_key_value_heads * c.head_dim
+        return elems * c.num_hidden_layers * torch.tensor([], dtype=self.dtype).element_size()
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        c = self.model.config
+        shape = (2, num_blocks, self.cache_cfg.block_size, c.num_key_value_heads, c.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                          for _ in range(c.num_hidden_layers)]
+
+    # ------------------------------------------------------------------ step
+    def run_forward(self, inputs: StepInputs) -> torch.Tensor:
+        ctx = ForwardContext(inputs.attn, self.kv_caches)
+        with set_forward_context(ctx):
+            return self.forward_fn(inputs.input_ids, inputs.positions)
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> StepResult:
+        for rid in sched.finished_req_ids:
+            self.generators.pop(rid, None)
+        inputs = build_step_inputs(sched, self.cache_cfg.block_size, self.device)
+        hidden = self.run_forward(inputs)
+        result = StepResult()
+        if inputs.sample_reqs:
+            self._sample(hidden, inputs, result)
+        if inputs.prompt_rows:
+            self._prompt_logprobs(hidden, inputs, result)
+        return result
+
+    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, result: StepResult) -> None:
+        rows = torch.tensor(inputs.sample_rows, device=self.device)
+        logits = self.model.compute_logits(hidden[rows])
+        meta = self._sampling_metadata(inputs.sample_reqs)
+        out = self.sampler(logits, meta)
+        tokens = out.sampled_token_ids.tolist()
+        for req, tok in zip(inputs.sample_reqs, tokens):
+            result.sampled[req.request_id] = tok
+        if out.logprobs is not None:
+            ids, lps, ranks = out.logprobs.tolists()
+            for i, req in enumerate(inputs.sample_reqs):
+                if req.sampling_params.logprobs is not None:
+                    k = req.sampling_params.logprobs + 1
+                    result.logprobs[req.request_id] = (ids[i][:k], lps[i][:k], ranks[i])
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs, r: StepResult) -> None:
+        for pr in inputs.prompt_rows:
+            k = pr.req.sampling_params.prompt_logprobs
+            rows = torch.from_numpy(pr.rows).to(self.device)
+            logits = self.model.compute_logits(hidden[rows]).float()
+            targets = torch.from_numpy(pr.targets).to(self.device)
+            ids, lps, ranks = compute_prompt_logprobs(logits, targets, k).tolists()
+            r.prompt_logprobs[pr.req.request_id] = list(zip(ids, lps, ranks))
+
+    def _generator(self, req: Request) -> torch.Generator | None:
+        seed = req.sampling_params.seed
+        if seed is None:
+            return None
+        gen = self.generators.get(req.request_id)
+        if gen is None:
+            gen = self.generators[req.request_id] = make_generator(seed, self.device)
+        return gen
+
+    def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
+        return build_sampling_metadata(reqs, self.device, self._generator)
+
+
+def build_sampling_metadata(reqs: list[Request], device: torch.device, gen_for) -> SamplingMetadata:
+    """The batch view of the requests' SamplingParams; optional tensors only when used."""
+    ps = [r.sampling_params for r in reqs]
+    f32 = lambda xs: torch.tensor(xs, dtype=torch.float32, device=device)  # noqa: E731
+    temps = [0.0 if p.is_greedy else p.temperature for p in ps]
+    use_pen = any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+                  for p in ps)
+    gens = {i: g for i, r in enumerate(reqs) if (g := gen_for(r)) is not None}
+    banned = {i: [*(() if r.sampling_params.ignore_eos else r.eos_token_ids),
+                  *r.sampling_params.stop_token_ids]
+              for i, r in enumerate(reqs) if r.num_output_tokens < r.sampling_params.min_tokens}
+    procs = {i: p.logits_processors for i, p in enumerate(ps) if p.logits_processors}
+    k = [p.logprobs for p in ps if p.logprobs is not None]
+    return SamplingMetadata(
+        temperature=f32(temps),
+        all_greedy=all(t == 0.0 for t in temps),
+        top_k=torch.tensor([p.top_k for p in ps], device=device) if any(p.top_k for p in ps)
+        else None,
+        top_p=f32([p.top_p for p in ps]) if any(p.top_p < 1.0 for p in ps) else None,
+        min_p=f32([p.min_p for p in ps]) if any(p.min_p > 0.0 for p in ps) else None,
+        generators=gens,
+        presence_penalty=f32([p.presence_penalty for p in ps]) if use_pen else None,
+        frequency_penalty=f32([p.frequency_penalty for p in ps]) if use_pen else None,
+        repetition_penalty=f32([p.repetition_penalty for p in ps]) if use_pen else None,
+        prompt_token_ids=[r.prompt_token_ids for r in reqs],
+        output_token_ids=[r.output_token_ids for r in reqs],
+        banned_token_ids=banned,
+        logits_processors=procs,
+        max_num_logprobs=max(k) if k else None,
+    )
+
+
+def dummy_schedule(num_tokens: int, block_size: int, max_len: int) -> SchedulerOutput:
+    """Requests of at most max_len tokens, num_tokens in all, whose K/V land in the null block
+    (warm-up and profiling)."""
+    from compiled_llm.sampling_params import SamplingParams
+
+    out = SchedulerOutput()
+    for i, start in enumerate(range(0, num_tokens, max_len)):
+        n = min(max_len, num_tokens - start)
+        req = Request(f"__warmup{i}__", [0] * n, SamplingParams(temperature=0.0, max_tokens=1))
+        req.block_ids = [0] * -(-n // block_size)
+        out.scheduled.append((req, n))
+    return out
+
+
+def num_kv_blocks(runner: ModelRunner, max_tokens: int, max_len: int) -> int:
+    """Blocks that fit the budget: a byte budget on CPU, gpu_memory_utilization on GPU after a
+    profiling forward of max_tokens tokens (which also warms up compilation)."""
+    cfg = runner.cache_cfg
+    if cfg.num_gpu_blocks_override:
+        return cfg.num_gpu_blocks_override
+    per_block = runner.kv_bytes_per_block()
+    runner.allocate_kv_cache(1)
+    if runner.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    # on CPU the pass only warms up compilation: a small batch will do
+    tokens = max_tokens if runner.device.type == "cuda" else min(max_tokens, 64)
+    runner.execute(dummy_schedule(tokens, cfg.block_size, max_len))
+    if cfg.kv_cache_memory_bytes is not None:
+        budget = cfg.kv_cache_memory_bytes
+    elif runner.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info()
+        others = total - free - torch.cuda.memory_reserved()
+        budget = int(total * cfg.gpu_memory_utilization) - others \
+            - torch.cuda.max_memory_allocated()
+    else:
+        budget = 1 << 30
+    runner.kv_caches = []
+    blocks = budget // per_block
+    if blocks < 2:
+        raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks")
+    return int(blocks)

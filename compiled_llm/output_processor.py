@@ -1,0 +1,81 @@
+"""Output processing: logprob records, incremental detokenization, stop strings, and the
+RequestOutput objects users see. Runs on the host after each step."""
+
+from __future__ import annotations
+
+from compiled_llm.detokenizer import IncrementalDetokenizer, find_stop_string
+from compiled_llm.model_runner import LogprobRow, StepResult
+from compiled_llm.outputs import CompletionOutput, Logprob, RequestOutput
+from compiled_llm.request import Request, RequestStatus
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def start(self, req: Request) -> None:
+        p = req.sampling_params
+        if self.tokenizer is not None and p.detokenize:
+            req.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, req.prompt_token_ids, p.skip_special_tokens,
+                p.spaces_between_special_tokens)
+
+    def _record(self, row: LogprobRow) -> dict[int, Logprob]:
+        ids, lps, rank = row
+        out = {ids[0]: Logprob(lps[0], rank, self._decode(ids[0]))}
+        for j, (tid, lp) in enumerate(zip(ids[1:], lps[1:]), start=1):
+            out.setdefault(tid, Logprob(lp, j, self._decode(tid)))
+        return out
+
+    def _decode(self, token_id: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([token_id])
+
+    def add_prompt_logprobs(self, req: Request, rows: list[LogprobRow]) -> None:
+        req.prompt_logprobs.extend(self._record(r) for r in rows)
+
+    def process_token(self, req: Request, result: StepResult) -> str | None:
+        """Record logprobs and text for req's newest token; returns a stop string hit, if any."""
+        row = result.logprobs.get(req.request_id)
+        if row is not None:
+            req.logprobs.append(self._record(row))
+            req.cumulative_logprob += row[1][0]
+        if req.detokenizer is None:
+            return None
+        delta = req.detokenizer.add_tokens([req.output_token_ids[-1]])
+        p = req.sampling_params
+        if delta and p.stop:
+            text = req.detokenizer.output_text
+            hit = find_stop_string(text, len(delta), p.stop, p.include_stop_str_in_output)
+            if hit is not None:
+                req.detokenizer.truncate(hit[1])
+                req.output_text = req.detokenizer.output_text
+                return hit[0]
+        req.output_text = req.detokenizer.output_text
+        return None
+
+
+def completion_of(req: Request, index: int) -> CompletionOutput:
+    return CompletionOutput(
+        index=index,
+        text=req.output_text,
+        token_ids=list(req.output_token_ids),
+        cumulative_logprob=req.cumulative_logprob if req.logprobs is not None else None,
+        logprobs=req.logprobs,
+        finish_reason=req.finish_reason,
+        stop_reason=req.stop_reason,
+    )
+
+
+def request_output(request_id: str, children: list[Request]) -> RequestOutput:
+    """One RequestOutput for a (possibly n > 1) request from its child sequences."""
+    first = children[0]
+    errors = [c.error for c in children if c.status == RequestStatus.FINISHED_ERROR]
+    return RequestOutput(
+        request_id=request_id,
+        prompt=first.prompt,
+        prompt_token_ids=first.prompt_token_ids,
+        outputs=[completion_of(c, i) for i, c in enumerate(children)],
+        finished=all(c.is_finished for c in children),
+        prompt_logprobs=first.prompt_logprobs,
+        error=errors[0] if errors else None,
+    )

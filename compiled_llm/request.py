@@ -1,0 +1,102 @@
+"""Request: the single source of truth for one sequence's state, from arrival to finish.
+
+Tokens, progress (num_computed_tokens), KV blocks, status, detokenized text and logprobs all
+live here. The scheduler, KV manager and output processing read and update this one object.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from compiled_llm.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = {
+    RequestStatus.FINISHED_STOPPED,
+    RequestStatus.FINISHED_LENGTH,
+    RequestStatus.FINISHED_ABORTED,
+    RequestStatus.FINISHED_ERROR,
+}
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence. Invariant: num_computed_tokens <= num_tokens, and the first
+    num_computed_tokens tokens have their K/V in the blocks listed in block_ids."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: tuple[int, ...] = ()
+    prompt: str | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0
+    parent_id: str = ""  # the user's request id when n > 1 fans out into children
+    output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+    error: str | None = None
+    num_preemptions: int = 0
+    # output side
+    detokenizer: Any = None
+    output_text: str = ""
+    logprobs: list[dict] | None = None
+    prompt_logprobs: list[dict | None] | None = None
+    cumulative_logprob: float = 0.0
+    first_token_time: float | None = None
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
+        if self.sampling_params.logprobs is not None:
+            self.logprobs = []
+        if self.sampling_params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]  # the first prompt token has no logprob
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs are produced once, on the first pass over the prompt."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.status.finished else None

@@ -1,0 +1,213 @@
+"""Per-request sampling options (``SamplingParams``), mirroring vLLM's API.
+
+Owns field validation and normalisation; the batched math lives in ``sampler.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Below this temperature a request is treated as greedy (same threshold as vLLM).
+SAMPLING_EPS = 1e-5
+
+# vLLM-v0 style per-request processor: (output token ids, 1-D logits row) -> logits row.
+LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
+
+
+class SamplingType(enum.IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass, but True as a count is almost always a bug.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_real(name: str, value: Any) -> float:
+    if not _is_real(value) or math.isnan(value):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    return float(value)
+
+
+def _check_range(name: str, value: Any, lo: float, hi: float, desc: str) -> float:
+    value = _check_real(name, value)
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be {desc}, got {value}")
+    return value
+
+
+def _check_opt_count(name: str, value: Any, minimum: int) -> None:
+    if value is None:
+        return
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f"{name} must be None or an integer >= {minimum}, got {value!r}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+def _normalise_stop(stop: Any) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)):
+        raise ValueError(f"stop must be a string, a list of strings or None, got {stop!r}")
+    for s in stops:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"stop must contain only non-empty strings, got {s!r}")
+    return list(stops)
+
+
+def _normalise_stop_ids(ids: Any) -> list[int]:
+    if ids is None:
+        return []
+    if not isinstance(ids, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in ids):
+        raise ValueError(f"stop_token_ids must be a list of non-negative ints, got {ids!r}")
+    return list(ids)
+
+
+@dataclass
+class SamplingParams:
+    """Sampling options for one request; see vLLM's ``SamplingParams`` for semantics.
+
+    ``temperature < 1e-5`` means greedy, in which case top_p/top_k/min_p are reset to off.
+    ``top_k`` of 0 or -1 disables it (stored as 0).
+    """
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logits_processors: list[LogitsProcessor] | None = None
+    include_stop_str_in_output: bool = False
+    # Reserved for grammar-constrained decoding; stored untouched for now.
+    structured_outputs: object | None = None
+
+    def __post_init__(self) -> None:
+        self._verify_counts()
+        self._verify_penalties()
+        self._verify_sampling()
+        self._verify_stops()
+        self._verify_misc()
+        if self.temperature < SAMPLING_EPS:
+            # Greedy ignores truncation; resetting keeps batches from paying for it.
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+
+    def _verify_counts(self) -> None:
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        _check_opt_count("max_tokens", self.max_tokens, 1)
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}"
+            )
+        _check_opt_count("logprobs", self.logprobs, 0)
+        _check_opt_count("prompt_logprobs", self.prompt_logprobs, 0)
+
+    def _verify_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _check_range(name, getattr(self, name), -2.0, 2.0, "in [-2, 2]")
+            setattr(self, name, value)
+        rep = _check_real("repetition_penalty", self.repetition_penalty)
+        if not (rep > 0.0 and math.isfinite(rep)):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {rep}")
+        self.repetition_penalty = rep
+
+    def _verify_sampling(self) -> None:
+        temp = _check_real("temperature", self.temperature)
+        if temp < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {temp}")
+        if not math.isfinite(temp):
+            raise ValueError(f"temperature must be finite, got {temp}")
+        top_p = _check_real("top_p", self.top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p:g}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(
+                f"top_k must be -1 or 0 (disabled) or a positive integer, got {self.top_k!r}"
+            )
+        self.min_p = _check_range("min_p", self.min_p, 0.0, 1.0, "in [0, 1]")
+        self.temperature, self.top_p = temp, top_p
+        self.top_k = max(self.top_k, 0)
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed must be None or an integer, got {self.seed!r}")
+
+    def _verify_stops(self) -> None:
+        self.stop = _normalise_stop(self.stop)
+        self.stop_token_ids = _normalise_stop_ids(self.stop_token_ids)
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings require detokenize=True")
+
+    def _verify_misc(self) -> None:
+        for name in (
+            "ignore_eos",
+            "detokenize",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+            "include_stop_str_in_output",
+        ):
+            _check_bool(name, getattr(self, name))
+        procs = self.logits_processors
+        if procs is not None:
+            if not isinstance(procs, (list, tuple)) or not all(callable(p) for p in procs):
+                raise ValueError(f"logits_processors must be a list of callables, got {procs!r}")
+            self.logits_processors = list(procs)
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < SAMPLING_EPS:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.sampling_type == SamplingType.GREEDY
+
+    @property
+    def output_text_buffer_length(self) -> int:
+        """Chars of decoded text to hold back so a partial stop string is never streamed."""
+        if not self.stop or self.include_stop_str_in_output:
+            return 0
+        return max(len(s) for s in self.stop) - 1
+
+    def clone(self) -> SamplingParams:
+        """Copy with fresh lists; processors and structured_outputs are shared (may hold state)."""
+        procs = None if self.logits_processors is None else list(self.logits_processors)
+        return dataclasses.replace(
+            self,
+            stop=list(self.stop or []),
+            stop_token_ids=list(self.stop_token_ids or []),
+            logits_processors=procs,
+        )

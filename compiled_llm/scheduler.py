@@ -1,0 +1,164 @@
+"""Scheduler: decides each step which requests run and how many tokens each.
+
+Continuous batching under a token budget and a sequence cap, chunked prefill (running requests
+first, decodes before prefill chunks), and preemption by recompute of the newest request when
+KV blocks run out. Pure Python: its output is a plain description of the step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from compiled_llm.config import SchedulerConfig
+from compiled_llm.kv_cache import KVCacheManager
+from compiled_llm.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """One step: requests with their new-token counts, in batch order."""
+
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)
+    finished_req_ids: set[str] = field(default_factory=set)  # since the previous step
+    num_preempted: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.cfg = cfg
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._finished_ids: set[str] = set()
+
+    def add_request(self, req: Request) -> None:
+        """Queue a request; its prompt must fit max_model_len and the pool (checked here)."""
+        if req.num_prompt_tokens >= self.cfg.max_model_len:
+            raise ValueError(
+                f"prompt is {req.num_prompt_tokens} tokens; max_model_len is "
+                f"{self.cfg.max_model_len} (prompt plus at least one generated token)"
+            )
+        if not self.kv.can_ever_fit(req.num_prompt_tokens + 1):
+            raise ValueError(f"prompt of {req.num_prompt_tokens} tokens can never fit the KV cache")
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_req_ids=self._finished_ids)
+        self._finished_ids = set()
+        budget = self._schedule_running(out, self.cfg.max_num_batched_tokens)
+        if not out.num_preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        # decodes first, then ongoing prefill chunks: a long prompt never stalls token streams
+        order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
+        for req in order:
+            if budget <= 0:
+                break
+            if req not in self.running:  # preempted earlier in this loop
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self._allocate_or_preempt(req, n, out):
+                continue
+            out.scheduled.append((req, n))
+            budget -= n
+        return budget
+
+    def _allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> bool:
+        scheduled = {id(r) for r, _ in out.scheduled}
+        while not self.kv.allocate_slots(req, n):
+            victims = [r for r in self.running if id(r) not in scheduled]
+            victim = max(victims, key=lambda r: r.arrival_time)
+            self.preempt(victim)
+            out.num_preempted += 1
+            if victim is req:
+                return False
+        return True
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            req = self.waiting[0]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self.cfg.enable_chunked_prefill and n < req.num_tokens - req.num_computed_tokens:
+                break
+            if not self.kv.allocate_slots(req, n):
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append((req, n))
+            budget -= n
+
+    def preempt(self, req: Request) -> None:
+        """Free req's blocks and requeue it at the front, to be recomputed from scratch."""
+        self.running.remove(req)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(req)
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Advance progress, append sampled tokens, apply stop checks; returns the requests
+        that got a new token this step."""
+        progressed = []
+        for req, n in out.scheduled:
+            if req.is_finished:  # finished (aborted) while the step ran
+                continue
+            req.num_computed_tokens += n
+            token = sampled.get(req.request_id)
+            if token is None:
+                continue
+            req.append_token(token)
+            progressed.append(req)
+            status, reason = self._check_stop(req, token)
+            if status is not None:
+                self.finish(req, status, reason)
+        return progressed
+
+    def _check_stop(self, req: Request, token: int) -> tuple[RequestStatus | None, int | None]:
+        p = req.sampling_params
+        if req.num_output_tokens >= p.min_tokens:
+            if not p.ignore_eos and token in req.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED, None
+            if token in p.stop_token_ids:
+                return RequestStatus.FINISHED_STOPPED, token
+        if p.max_tokens is not None and req.num_output_tokens >= p.max_tokens:
+            return RequestStatus.FINISHED_LENGTH, None
+        if req.num_tokens >= self.cfg.max_model_len:
+            return RequestStatus.FINISHED_LENGTH, None
+        return None, None
+
+    def finish(self, req: Request, status: RequestStatus, reason: int | str | None = None) -> None:
+        """End a request now (stop, length, abort, error) and return its blocks at once."""
+        if req.is_finished:
+            return
+        req.status, req.stop_reason = status, reason
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        self.requests.pop(req.request_id, None)
+        self._finished_ids.add(req.request_id)
+
+    def abort(self, request_id: str) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is not None:
+            self.finish(req, RequestStatus.FINISHED_ABORTED)
+        return req

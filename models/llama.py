@@ -1,0 +1,114 @@
+"""Llama-family decoder in plain PyTorch: Llama 2/3/3.1/3.2, Mistral and Qwen2.
+
+Module names mirror HF's, so the weight map is the identity. forward takes a flat token batch
+[T] with positions [T]; attention is the only opaque op.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from compiled_llm.attention import attention
+from compiled_llm.models.config import DecoderConfig
+from compiled_llm.models.layers import GatedMLP, LMHead, RMSNorm, RotaryEmbedding
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.sliding_window = cfg.sliding_window
+        q_size, kv_size = self.num_heads * cfg.head_dim, self.num_kv_heads * cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, q_size, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_size, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_size, bias=bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+
+    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hook for per-head q/k norms (Qwen3); identity here."""
+        return q, k
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding):
+        q = self.q_proj(x).view(-1, self.num_heads, self.head_dim)  # [T, H, D]
+        k = self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+        q, k = rotary(positions, *self.qk_norm(q, k))
+        o = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
+        return self.o_proj(o.flatten(1))  # [T, H*D] -> [T, hidden]
+
+
+class LlamaDecoderLayer(nn.Module):
+    attention_cls = LlamaAttention
+
+    def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = self.attention_cls(cfg, layer_idx)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, residual, positions, rotary):
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, rotary)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    layer_cls = LlamaDecoderLayer
+
+    def __init__(self, cfg: DecoderConfig, max_len: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(self.layer_cls(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(cfg, max_len)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None  # [T, hidden]
+        for layer in self.layers:
+            x, residual = layer(x, residual, positions, self.rotary_emb)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class LlamaForCausalLM(nn.Module):
+    """The model contract: forward(input_ids [T], positions [T]) -> hidden [T, hidden]."""
+
+    model_cls = LlamaModel
+    hf_defaults: dict = {}
+    # checkpoint names that carry no parameter of ours (buffers some exporters save)
+    ignored_weights = ("rotary_emb.inv_freq",)
+
+    def __init__(self, cfg: DecoderConfig, max_len: int | None = None) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = self.model_cls(cfg, max_len or cfg.max_position_embeddings)
+        self.lm_head = LMHead(cfg, self.model.embed_tokens)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    @classmethod
+    def weight_name(cls, hf_name: str) -> str | None:
+        """Our parameter name for a checkpoint tensor name, or None to skip it."""
+        return None if hf_name.endswith(cls.ignored_weights) else hf_name
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    pass
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    hf_defaults = {"attention_bias": True}

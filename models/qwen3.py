@@ -1,0 +1,36 @@
+"""Qwen3 decoder: the Llama layout plus per-head RMSNorm on q and k before RoPE."""
+
+from __future__ import annotations
+
+import torch
+
+from compiled_llm.models.config import DecoderConfig
+from compiled_llm.models.layers import RMSNorm
+from compiled_llm.models.llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaModel,
+)
+
+
+class Qwen3Attention(LlamaAttention):
+    def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q_norm(q), self.k_norm(k)
+
+
+class Qwen3DecoderLayer(LlamaDecoderLayer):
+    attention_cls = Qwen3Attention
+
+
+class Qwen3Model(LlamaModel):
+    layer_cls = Qwen3DecoderLayer
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    model_cls = Qwen3Model

@@ -1,0 +1,88 @@
+"""Test helpers: tiny random HF checkpoints (with a real byte-level BPE tokenizer) on disk."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import torch
+
+CORPUS = (
+    "The quick brown fox jumps over the lazy dog. Permission is hereby granted, free of charge, "
+    "to any person obtaining a copy of this software. Ünïcödé — 日本語のテキスト, emoji 🚀🙂! "
+    "THE SOFTWARE IS PROVIDED AS IS, WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED. "
+) * 20
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.1)
+
+CONFIGS = {
+    "llama": ("LlamaConfig", {}),
+    "llama3_rope": ("LlamaConfig", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "llama_linear_rope": ("LlamaConfig", {"rope_parameters": {
+        "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
+    "mistral": ("MistralConfig", {"sliding_window": 24, "head_dim": 16}),
+    "qwen2": ("Qwen2Config", {"use_sliding_window": False}),
+    "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}),
+}
+
+
+@functools.cache
+def tokenizer_dir() -> Path:
+    """A byte-level BPE tokenizer trained on CORPUS, saved in HF format."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=384, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([CORPUS], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    fast.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n"
+                          "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+    out = Path(tempfile.mkdtemp(prefix="cllm-tok-"))
+    fast.save_pretrained(out)
+    return out
+
+
+@functools.cache
+def make_checkpoint(name: str, dtype: str = "float32") -> Path:
+    """Save a tiny random model of config `name` with the test tokenizer; returns its dir."""
+    import transformers
+
+    cls_name, extra = CONFIGS[name]
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir())
+    cfg = getattr(transformers, cls_name)(vocab_size=len(tok), eos_token_id=tok.eos_token_id,
+                                          bos_token_id=None, **{**SMALL, **extra})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(getattr(torch, dtype))
+    out = Path(tempfile.mkdtemp(prefix=f"cllm-{name}-"))
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' own greedy generate, one prompt at a time (no padding effects)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    outs = []
+    for p in prompts:
+        with torch.no_grad():
+            ids = model.generate(torch.tensor([p]), max_new_tokens=max_new_tokens,
+                                 do_sample=False, min_new_tokens=max_new_tokens,
+                                 eos_token_id=None, pad_token_id=0)
+        outs.append(ids[0, len(p):].tolist())
+    return outs
+
+
+def random_prompts(n: int, vocab: int, lo: int = 3, hi: int = 60, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lo, hi, (n,), generator=g).tolist()
+    return [torch.randint(1, vocab, (length,), generator=g).tolist() for length in lens]
