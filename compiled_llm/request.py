@@ -91,7 +91,8 @@ class Request:
     @property
     def needs_prompt_logprobs(self) -> bool:
         """Prompt logprobs are produced once, on the first pass over the prompt."""
-        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
+        pl = self.prompt_logprobs
+        return pl is not None and len(pl) < self.num_prompt_tokens
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

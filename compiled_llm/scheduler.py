@@ -40,6 +40,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_ids: set[str] = set()
+        self.num_preemptions = 0
 
     def add_request(self, req: Request) -> None:
         """Queue a request; its prompt must fit max_model_len and the pool (checked here)."""
@@ -110,6 +111,7 @@ class Scheduler:
         self.kv.free(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
+        self.num_preemptions += 1
         req.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(req)
 

@@ -10,9 +10,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from compiled_llm.models.config import DecoderConfig
+from torch import nn
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -42,6 +42,8 @@ def attention_forward(
     """Write K/V into the cache, then attend each sequence's queries over its whole context."""
     n = meta.num_actual_tokens
     write_kv(k, v, kv_cache, meta.slot_mapping[:n])
+    if meta.max_query_len == 1:
+        return _decode(q, kv_cache, meta, scale, sliding_window)
     out = torch.zeros_like(q)
     block_size = kv_cache.shape[2]
     qsl, lens = meta.query_start_loc_cpu.tolist(), meta.seq_lens_cpu.tolist()
@@ -60,4 +62,29 @@ def attention_forward(
             enable_gqa=True,
         )
         out[start:end] = o.transpose(0, 1)
+    return out
+
+
+def _decode(q, kv_cache, meta: AttentionMetadata, scale: float, window: int) -> torch.Tensor:
+    """All-decode batch in one SDPA call: gather each sequence's blocks, mask past its length."""
+    b, block_size = meta.num_seqs, kv_cache.shape[2]
+    nblk = -(-meta.max_seq_len // block_size)
+    table = meta.block_tables[:, :nblk].long()  # [B, nblk]
+    keys = kv_cache[0][table].flatten(1, 2)  # [B, L, Hkv, D]
+    vals = kv_cache[1][table].flatten(1, 2)
+    pos = torch.arange(keys.shape[1], device=q.device)[None, :]
+    lens = meta.seq_lens[:, None].long()
+    mask = pos < lens
+    if window > 0:
+        mask &= pos >= lens - window
+    out = torch.zeros_like(q)
+    o = F.scaled_dot_product_attention(
+        q[:b].unsqueeze(2),  # [B, Hq, 1, D]
+        keys.transpose(1, 2),  # [B, Hkv, L, D]
+        vals.transpose(1, 2),
+        attn_mask=mask[:, None, None, :],
+        scale=scale,
+        enable_gqa=True,
+    )
+    out[:b] = o.squeeze(2)
     return out

@@ -1,0 +1,84 @@
+"""The `compiled-llm` command line: `generate` now; each subcommand registers itself here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from compiled_llm.config import EngineArgs
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Flags shared by every subcommand that builds an engine (EngineArgs fields)."""
+    p.add_argument("--model", default=None, help="HF model dir (default: the embedded demo)")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--compile-mode", default="stock", choices=["backend", "stock", "none"])
+    p.add_argument("--seed", type=int, default=0)
+
+
+def engine_args(ns: argparse.Namespace) -> EngineArgs:
+    return EngineArgs(
+        model=ns.model, dtype=ns.dtype, device=ns.device, max_model_len=ns.max_model_len,
+        max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
+        enforce_eager=ns.enforce_eager, compile_mode=ns.compile_mode, seed=ns.seed)
+
+
+def _generate_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate text for one or more prompts, streamed")
+    add_engine_args(p)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--sample-seed", type=int, default=None, help="per-request sampling seed")
+    p.add_argument("--stop", action="append", default=None)
+    p.add_argument("prompts", nargs="+", metavar="PROMPT")
+    p.set_defaults(func=run_generate)
+
+
+def run_generate(ns: argparse.Namespace) -> int:
+    from compiled_llm.detokenizer import held_back_chars
+    from compiled_llm.engine import LLMEngine
+    from compiled_llm.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature,
+                            top_p=ns.top_p, top_k=ns.top_k, seed=ns.sample_seed, stop=ns.stop)
+    engine = LLMEngine(engine_args(ns))
+    for i, prompt in enumerate(ns.prompts):
+        engine.add_request(str(i), prompt, params)
+    # prompts print in order: the current one streams live, later ones wait their turn
+    texts, done, shown, cur = [""] * len(ns.prompts), [False] * len(ns.prompts), 0, 0
+    sys.stdout.write(ns.prompts[0])
+    while cur < len(ns.prompts):
+        for out in engine.step() if engine.has_unfinished_requests() else []:
+            i = int(out.request_id)
+            texts[i], done[i] = out.outputs[0].text, out.finished
+        safe = len(texts[cur]) - (0 if done[cur] else held_back_chars(texts[cur], ns.stop or []))
+        sys.stdout.write(texts[cur][shown:safe])
+        sys.stdout.flush()
+        shown = max(shown, safe)
+        if done[cur]:
+            cur, shown = cur + 1, 0
+            sys.stdout.write("\n" + (ns.prompts[cur] if cur < len(ns.prompts) else ""))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="compiled-llm")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _generate_parser(sub)
+    ns = parser.parse_args(argv)
+    try:
+        return ns.func(ns)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
