@@ -137,6 +137,7 @@ class LLMEngine:
         """Schedule, run the model, sample, and return outputs of requests that progressed."""
         sched = self.scheduler.schedule()
         if sched.is_empty:
+            self.runner.release(sched.finished_req_ids)
             return []
         result = self.runner.execute(sched)
         for rid, rows in result.prompt_logprobs.items():

@@ -63,10 +63,14 @@ class ModelRunner:
         with set_forward_context(ctx):
             return self.forward_fn(inputs.input_ids, inputs.positions)
 
+    def release(self, request_ids: set[str]) -> None:
+        """Drop per-request device state (seeded generators) of finished requests."""
+        for rid in request_ids:
+            self.generators.pop(rid, None)
+
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
-        for rid in sched.finished_req_ids:
-            self.generators.pop(rid, None)
+        self.release(sched.finished_req_ids)
         inputs = build_step_inputs(sched, self.cache_cfg.block_size, self.device)
         hidden = self.run_forward(inputs)
         result = StepResult()

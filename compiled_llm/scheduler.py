@@ -84,6 +84,10 @@ class Scheduler:
         scheduled = {id(r) for r, _ in out.scheduled}
         while not self.kv.allocate_slots(req, n):
             victims = [r for r in self.running if id(r) not in scheduled]
+            if victims == [req] and not self.kv.can_ever_fit(req.num_computed_tokens + n):
+                # alone and still too big: the pool, not the batch, is the limit
+                self.finish(req, RequestStatus.FINISHED_LENGTH)
+                return False
             victim = max(victims, key=lambda r: r.arrival_time)
             self.preempt(victim)
             out.num_preempted += 1
