@@ -17,7 +17,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--compile-mode", default="stock", choices=["backend", "stock", "none"])
+    p.add_argument("--compile-mode", default="backend", choices=["backend", "stock", "none"])
     p.add_argument("--seed", type=int, default=0)
 
 

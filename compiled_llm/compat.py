@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from compiled_llm.config import CompileConfig
+import torch
 
 
 def mark_tokens_dynamic(*tensors: torch.Tensor) -> None:
@@ -14,13 +14,19 @@ def mark_tokens_dynamic(*tensors: torch.Tensor) -> None:
         torch._dynamo.decorators.mark_unbacked(t, 0)
 
 
-def compile_model(model: nn.Module, cfg: CompileConfig):
-    """Plain Inductor over the whole forward, T dynamic, no graph breaks allowed."""
-    compiled = torch.compile(model, fullgraph=True, dynamic=False, backend="inductor")
+@contextmanager
+def capture_inductor_code() -> Iterator[list[str]]:
+    """Collect the Python output code Inductor generates inside the block."""
+    from torch._inductor.graph import GraphLowering
 
-    def forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if cfg.dynamic_tokens:
-            mark_tokens_dynamic(input_ids, positions)
-        return compiled(input_ids, positions)
+    codes: list[str] = []
+    original = GraphLowering.save_output_code
+    GraphLowering.save_output_code = staticmethod(codes.append)
+    try:
+        yield codes
+    finally:
+        GraphLowering.save_output_code = original
 
-    return forward
+
+def graph_break_count() -> int:
+    return sum(torch._dynamo.utils.counters["graph_break"].values())

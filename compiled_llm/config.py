@@ -40,16 +40,24 @@ class SchedulerConfig:
 
 @dataclass
 class CompileConfig:
-    """How the model is compiled: `mode` is "backend" (ours), "stock" (plain Inductor) or
-    "none" (eager)."""
+    """How the model is compiled: `mode` is "backend" (ours: piecewise, passes, cache),
+    "stock" (plain torch.compile with Inductor) or "none" (eager)."""
 
-    mode: str = "stock"
+    mode: str = "backend"
     dynamic_tokens: bool = True
-    extra: dict = field(default_factory=dict)
+    cache_dir: str | None = None  # default: $COMPILED_LLM_CACHE_DIR or ~/.cache/compiled_llm
+    use_cache: bool = True
+    dump_dir: str | None = None  # default: $COMPILED_LLM_DUMP_DIR
+    passes: dict = field(default_factory=dict)  # PassConfig overrides, e.g. {"enable_silu_mul": False}
+    cudagraph_mode: str = "full_and_piecewise"  # none | piecewise | full | full_and_piecewise
+    cudagraph_batch_sizes: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("backend", "stock", "none"):
             raise ValueError(f"compile_mode must be backend, stock or none, got {self.mode!r}")
+        modes = ("none", "piecewise", "full", "full_and_piecewise")
+        if self.cudagraph_mode not in modes:
+            raise ValueError(f"cudagraph_mode must be one of {modes}, got {self.cudagraph_mode!r}")
 
 
 @dataclass
@@ -68,7 +76,12 @@ class EngineArgs:
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
     enforce_eager: bool = False
-    compile_mode: str = "stock"
+    compile_mode: str = "backend"
+    compile_cache_dir: str | None = None
+    dump_dir: str | None = None
+    passes: dict = field(default_factory=dict)
+    cudagraph_mode: str = "full_and_piecewise"
+    cudagraph_batch_sizes: list[int] | None = None
     enable_chunked_prefill: bool = True
     load_format: str = "auto"
     seed: int = 0
@@ -90,4 +103,8 @@ class EngineArgs:
                            self.kv_cache_memory_bytes, self.num_gpu_blocks_override)
 
     def compile_config(self) -> CompileConfig:
-        return CompileConfig(mode="none" if self.enforce_eager else self.compile_mode)
+        return CompileConfig(
+            mode="none" if self.enforce_eager else self.compile_mode,
+            cache_dir=self.compile_cache_dir, dump_dir=self.dump_dir, passes=dict(self.passes),
+            cudagraph_mode="none" if self.enforce_eager else self.cudagraph_mode,
+            cudagraph_batch_sizes=self.cudagraph_batch_sizes)

@@ -41,9 +41,9 @@ class ModelRunner:
     def _build_forward(self, model: nn.Module, cfg: CompileConfig):
         if cfg.mode == "none":
             return model
-        from compiled_llm.compat import compile_model
+        from compiled_llm.compile import compile_model
 
-        return compile_model(model, cfg)
+        return compile_model(model, cfg, self.dtype)
 
     # ------------------------------------------------------------------ KV cache
     def kv_bytes_per_block(self) -> int:

@@ -1,0 +1,53 @@
+"""Compilation: the custom backend (piecewise split at attention, passes, Inductor per unique
+piece, disk cache), stock torch.compile, and the counters tests and logs read."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compiled_llm.compat import graph_break_count, mark_tokens_dynamic
+from compiled_llm.compile.backend import BackendOptions, CompiledLLMBackend, model_factors
+from compiled_llm.compile.cache import ENV_DISABLE, CompileCache, cache_key, default_cache_root
+from compiled_llm.compile.counters import counters
+from compiled_llm.config import CompileConfig
+
+__all__ = ["compile_model", "counters", "graph_break_count", "build_backend"]
+
+
+def _pass_manager(cfg: CompileConfig):
+    try:
+        from compiled_llm.passes import PassConfig, PassManager
+    except ImportError:  # passes land separately; the backend works without them
+        return None
+    return PassManager(PassConfig(**cfg.passes))
+
+
+def build_backend(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype) -> CompiledLLMBackend:
+    """The backend for one model: pass manager, cache keyed by every factor, dump dir."""
+    passes = _pass_manager(cfg)
+    use_cache = cfg.use_cache and not os.environ.get(ENV_DISABLE)
+    cache = None
+    if use_cache:
+        factors = {**model_factors(model, dtype), "compile": cfg.mode,
+                   "passes": passes.uuid() if passes is not None else "none"}
+        cache = CompileCache(Path(cfg.cache_dir or default_cache_root()), cache_key(factors))
+    dump = cfg.dump_dir or os.environ.get("COMPILED_LLM_DUMP_DIR")
+    return CompiledLLMBackend(BackendOptions(cache=cache, dump_dir=dump, post_grad_pass=passes))
+
+
+def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype):
+    """forward(input_ids, positions) compiled per cfg.mode, with T dynamic and no breaks."""
+    backend = "inductor" if cfg.mode == "stock" else build_backend(model, cfg, dtype)
+    compiled = torch.compile(model, fullgraph=True, dynamic=False, backend=backend)
+
+    def forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if cfg.dynamic_tokens:
+            mark_tokens_dynamic(input_ids, positions)
+        return compiled(input_ids, positions)
+
+    forward.backend = backend
+    return forward

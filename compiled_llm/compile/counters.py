@@ -1,0 +1,41 @@
+"""Compilation counters: what the backend captured, split, compiled and reused.
+
+One process-wide instance, read by tests and logs; `reset()` between experiments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CompileCounters:
+    graphs_captured: int = 0  # backend invocations (Dynamo graphs)
+    recompiles: int = 0  # captures after the first for the same model
+    graph_breaks: int = 0
+    pieces: int = 0  # pieces between attention ops, over all captures
+    unique_pieces: int = 0  # pieces actually compiled or loaded (the rest reuse them)
+    inductor_compiles: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_corrupt: int = 0
+    pass_matches: dict[str, int] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    def add_time(self, stage: str, seconds: float) -> None:
+        self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
+
+    def add_matches(self, name: str, n: int) -> None:
+        self.pass_matches[name] = self.pass_matches.get(name, 0) + n
+
+    def reset(self) -> None:
+        for f in dataclasses.fields(self):
+            default = f.default_factory() if callable(f.default_factory) else f.default
+            setattr(self, f.name, default)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+counters = CompileCounters()

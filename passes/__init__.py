@@ -1,0 +1,1 @@
+"""Inductor graph passes (installed as compiled_llm.passes)."""
