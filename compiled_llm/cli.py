@@ -19,13 +19,21 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--compile-mode", default="backend", choices=["backend", "stock", "none"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-dir", default=None, help="compile cache (default ~/.cache/compiled_llm)")
+    p.add_argument("--dump-dir", default=None, help="write pass/Inductor dumps per piece here")
+    p.add_argument("--cudagraph-mode", default="full_and_piecewise",
+                   choices=["none", "piecewise", "full", "full_and_piecewise"])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                   help="CUDA graph batch sizes to capture")
 
 
 def engine_args(ns: argparse.Namespace) -> EngineArgs:
     return EngineArgs(
         model=ns.model, dtype=ns.dtype, device=ns.device, max_model_len=ns.max_model_len,
         max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
-        enforce_eager=ns.enforce_eager, compile_mode=ns.compile_mode, seed=ns.seed)
+        enforce_eager=ns.enforce_eager, compile_mode=ns.compile_mode, seed=ns.seed,
+        compile_cache_dir=ns.cache_dir, dump_dir=ns.dump_dir, cudagraph_mode=ns.cudagraph_mode,
+        cudagraph_batch_sizes=ns.batch_sizes)
 
 
 def _generate_parser(sub) -> None:
@@ -68,10 +76,53 @@ def run_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _compile_parser(sub) -> None:
+    p = sub.add_parser("compile", help="prebuild the compile cache for a model")
+    add_engine_args(p)
+    p.set_defaults(func=run_compile)
+    c = sub.add_parser("cache", help="list or clear the compile cache")
+    c.add_argument("action", choices=["ls", "clear"])
+    c.add_argument("--cache-dir", default=None)
+    c.set_defaults(func=run_cache)
+
+
+def run_compile(ns: argparse.Namespace) -> int:
+    from compiled_llm.compile import counters, graph_break_count
+    from compiled_llm.engine import LLMEngine
+
+    counters.reset()
+    engine = LLMEngine(engine_args(ns))
+    c = counters
+    print(f"model: {ns.model or 'embedded demo'}  device: {engine.device}  dtype: {engine.dtype}")
+    print(f"graphs captured {c.graphs_captured}, pieces {c.pieces}, unique {c.unique_pieces}, "
+          f"Inductor compiles {c.inductor_compiles}, cache hits {c.cache_hits}, "
+          f"graph breaks {graph_break_count()}")
+    for name, n in sorted(c.pass_matches.items()):
+        print(f"  pass {name}: {n} matches")
+    for stage, secs in {**engine.startup_seconds, **c.stage_seconds}.items():
+        print(f"  {stage:<22} {secs:8.2f} s")
+    graphs = engine.runner.decode_graphs
+    if graphs is not None:
+        print(f"  CUDA graphs for batch sizes {graphs.sizes}")
+    return 0
+
+
+def run_cache(ns: argparse.Namespace) -> int:
+    from compiled_llm.compile import cache
+
+    if ns.action == "clear":
+        print(f"removed {cache.clear(ns.cache_dir)} cache entries")
+        return 0
+    for e in cache.list_entries(ns.cache_dir):
+        print(f"{e['key']}  {e['pieces']} pieces  {e['bytes'] / 1e6:.1f} MB  {e['info']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="compiled-llm")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
+    _compile_parser(sub)
     ns = parser.parse_args(argv)
     try:
         return ns.func(ns)

@@ -48,7 +48,7 @@ class CompileConfig:
     cache_dir: str | None = None  # default: $COMPILED_LLM_CACHE_DIR or ~/.cache/compiled_llm
     use_cache: bool = True
     dump_dir: str | None = None  # default: $COMPILED_LLM_DUMP_DIR
-    passes: dict = field(default_factory=dict)  # PassConfig overrides, e.g. {"enable_silu_mul": False}
+    passes: dict = field(default_factory=dict)  # PassConfig overrides: {"enable_silu_mul": False}
     cudagraph_mode: str = "full_and_piecewise"  # none | piecewise | full | full_and_piecewise
     cudagraph_batch_sizes: list[int] | None = None
 

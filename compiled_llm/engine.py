@@ -4,6 +4,7 @@ one step at a time. Requests with n > 1 fan out into n child sequences."""
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +50,22 @@ class LLMEngine:
         self.tokenizer = None if args.skip_tokenizer_init else self._load_tokenizer(model_dir)
         sched_cfg = args.scheduler_config(hf.get("max_position_embeddings", 2048))
         self.max_model_len = sched_cfg.max_model_len
+        t0 = time.perf_counter()
         model = load_model(model_dir, self.dtype, self.device, sched_cfg.max_model_len,
                            args.load_format)
+        t1 = time.perf_counter()
         self.runner = ModelRunner(model, self.device, self.dtype, args.cache_config(),
-                                  args.compile_config())
+                                  args.compile_config(), sched_cfg.max_model_len)
+        # the profiling forward is also the first call: Dynamo, passes and Inductor run here
         num_blocks = num_kv_blocks(self.runner, sched_cfg.max_num_batched_tokens,
                                    sched_cfg.max_model_len)
+        t2 = time.perf_counter()
         self.runner.allocate_kv_cache(num_blocks)
-        self.runner.execute(dummy_schedule(1, args.block_size, 1))  # the decode shape, compiled now
+        self.runner.execute(dummy_schedule(1, args.block_size, 1))  # the decode shape
+        t3 = time.perf_counter()
+        self.runner.capture_cudagraphs(sched_cfg.max_num_seqs)
+        self.startup_seconds = {"load": t1 - t0, "compile_and_profile": t2 - t1,
+                                "warmup": t3 - t2, "cudagraphs": time.perf_counter() - t3}
         self.kv = KVCacheManager(num_blocks, args.block_size)
         self.scheduler = Scheduler(sched_cfg, self.kv)
         self.outputs = OutputProcessor(self.tokenizer)

@@ -30,9 +30,15 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype,
-                 cache_cfg: CacheConfig, compile_cfg: CompileConfig) -> None:
+                 cache_cfg: CacheConfig, compile_cfg: CompileConfig, max_model_len: int,
+                 attn_backend: str = "torch") -> None:
         self.model, self.device, self.dtype = model, device, dtype
         self.cache_cfg, self.compile_cfg = cache_cfg, compile_cfg
+        self.max_model_len = max_model_len
+        self.max_blocks_per_seq = -(-max_model_len // cache_cfg.block_size)
+        self.attn_backend = attn_backend
+        self.decode_graphs = None
+        self.cudagraph_capture_seconds = 0.0
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
         self.kv_caches: list[torch.Tensor] = []
@@ -59,9 +65,20 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ step
     def run_forward(self, inputs: StepInputs) -> torch.Tensor:
-        ctx = ForwardContext(inputs.attn, self.kv_caches)
+        size = self.decode_graphs.size_for(inputs.attn) if self.decode_graphs else None
+        if size is not None:
+            return self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.attn, size)
+        ctx = ForwardContext(inputs.attn, self.kv_caches, self.attn_backend)
         with set_forward_context(ctx):
             return self.forward_fn(inputs.input_ids, inputs.positions)
+
+    def capture_cudagraphs(self, max_num_seqs: int) -> None:
+        """Capture CUDA graphs per padded batch size before serving (no-op on CPU)."""
+        if self.device.type != "cuda" or self.compile_cfg.cudagraph_mode == "none":
+            return
+        from compiled_llm.compile.cudagraphs import capture_all
+
+        capture_all(self, max_num_seqs)
 
     def release(self, request_ids: set[str]) -> None:
         """Drop per-request device state (seeded generators) of finished requests."""

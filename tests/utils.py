@@ -24,9 +24,15 @@ CONFIGS = {
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
     "llama_linear_rope": ("LlamaConfig", {"rope_parameters": {
         "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
+    "llama_dynamic_rope": ("LlamaConfig", {"rope_parameters": {
+        "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}}),
     "mistral": ("MistralConfig", {"sliding_window": 24, "head_dim": 16}),
     "qwen2": ("Qwen2Config", {"use_sliding_window": False}),
     "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}),
+}
+# not part of the transformers comparison sweep: a deeper model for compile tests
+EXTRA_CONFIGS = {
+    "qwen3_deep": ("Qwen3Config", {"head_dim": 32, "num_hidden_layers": 5}),
 }
 
 
@@ -55,7 +61,7 @@ def make_checkpoint(name: str, dtype: str = "float32") -> Path:
     """Save a tiny random model of config `name` with the test tokenizer; returns its dir."""
     import transformers
 
-    cls_name, extra = CONFIGS[name]
+    cls_name, extra = {**CONFIGS, **EXTRA_CONFIGS}[name]
     tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir())
     cfg = getattr(transformers, cls_name)(vocab_size=len(tok), eos_token_id=tok.eos_token_id,
                                           bos_token_id=None, **{**SMALL, **extra})

@@ -4,6 +4,7 @@ piece, disk cache), stock torch.compile, and the counters tests and logs read.""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -35,6 +36,8 @@ def build_backend(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype) -> C
         factors = {**model_factors(model, dtype), "compile": cfg.mode,
                    "passes": passes.uuid() if passes is not None else "none"}
         cache = CompileCache(Path(cfg.cache_dir or default_cache_root()), cache_key(factors))
+        cache.write_info({"model": type(model).__name__, "dtype": str(dtype),
+                          "layers": model.config.num_hidden_layers, "torch": torch.__version__})
     dump = cfg.dump_dir or os.environ.get("COMPILED_LLM_DUMP_DIR")
     return CompiledLLMBackend(BackendOptions(cache=cache, dump_dir=dump, post_grad_pass=passes))
 
@@ -47,6 +50,8 @@ def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype):
     def forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if cfg.dynamic_tokens:
             mark_tokens_dynamic(input_ids, positions)
+        if isinstance(backend, CompiledLLMBackend):
+            backend.call_started = time.perf_counter()  # Dynamo time = until the backend runs
         return compiled(input_ids, positions)
 
     forward.backend = backend

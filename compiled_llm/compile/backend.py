@@ -53,12 +53,17 @@ class CompiledLLMBackend:
     def __init__(self, opts: BackendOptions) -> None:
         self.opts = opts
         self.compiled: dict[str, object] = {}
+        self.call_started: float | None = None
+        self.captures = 0
         self.dumper = PieceDumper(opts.dump_dir) if opts.dump_dir else None
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> fx.GraphModule:
-        counters.graphs_captured += 1
-        counters.recompiles += int(counters.graphs_captured > 1)
         t0 = time.perf_counter()
+        counters.graphs_captured += 1
+        self.captures += 1
+        counters.recompiles += int(self.captures > 1)
+        if self.call_started is not None:
+            counters.add_time("dynamo", t0 - self.call_started)
         split, pieces = split_graph(gm)
         counters.add_time("split", time.perf_counter() - t0)
         # the placeholders' fake values carry the symbolic T; example_inputs are real tensors

@@ -67,6 +67,13 @@ class CompileCache:
         self.dir = Path(root) / key
         self.dir.mkdir(parents=True, exist_ok=True)
 
+    def write_info(self, info: dict) -> None:
+        """A human-readable note of what this key is, for `compiled-llm cache ls`."""
+        fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(info, f, default=str)
+        os.replace(tmp, self.dir / "info.json")
+
     @contextmanager
     def lock(self) -> Iterator[None]:
         with open(self.dir / ".lock", "w") as f:

@@ -69,5 +69,6 @@ def piece_hash(gm: fx.GraphModule) -> str:
         index[node] = f"%{i}"
         args = fx.node.map_arg((node.args, node.kwargs), lambda a: index[a])
         target = "" if node.op == "placeholder" else _target_name(node.target)
-        lines.append(f"{node.op}|{target}|{args}|{_describe(node.meta.get('example_value', node.meta.get('val')))}")
+        val = node.meta.get("example_value", node.meta.get("val"))
+        lines.append(f"{node.op}|{target}|{args}|{_describe(val)}")
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:24]
