@@ -19,7 +19,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--compile-mode", default="backend", choices=["backend", "stock", "none"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache-dir", default=None, help="compile cache (default ~/.cache/compiled_llm)")
+    p.add_argument("--cache-dir", default=None, help="compile cache dir")
     p.add_argument("--dump-dir", default=None, help="write pass/Inductor dumps per piece here")
     p.add_argument("--cudagraph-mode", default="full_and_piecewise",
                    choices=["none", "piecewise", "full", "full_and_piecewise"])
