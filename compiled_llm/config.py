@@ -51,6 +51,7 @@ class CompileConfig:
     passes: dict = field(default_factory=dict)  # PassConfig overrides: {"enable_silu_mul": False}
     cudagraph_mode: str = "full_and_piecewise"  # none | piecewise | full | full_and_piecewise
     cudagraph_batch_sizes: list[int] | None = None
+    piecewise_max_tokens: int = 512
 
     def __post_init__(self) -> None:
         if self.mode not in ("backend", "stock", "none"):

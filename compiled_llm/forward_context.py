@@ -24,6 +24,9 @@ class ForwardContext:
     attn_metadata: AttentionMetadata | None
     kv_caches: list[torch.Tensor] = field(default_factory=list)  # per layer [2, N, bs, Hkv, D]
     backend: str = "torch"
+    # piecewise CUDA graphs: the padded token count to capture or replay; None runs plainly
+    cudagraph_tokens: int | None = None
+    capturing: bool = False
 
 
 _CONTEXT: ForwardContext | None = None

@@ -38,6 +38,7 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-max_model_len // cache_cfg.block_size)
         self.attn_backend = attn_backend
         self.decode_graphs = None
+        self.piecewise_sizes: list[int] = []  # set once piecewise graphs are captured
         self.cudagraph_capture_seconds = 0.0
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
@@ -64,13 +65,20 @@ class ModelRunner:
                           for _ in range(c.num_hidden_layers)]
 
     # ------------------------------------------------------------------ step
-    def run_forward(self, inputs: StepInputs) -> torch.Tensor:
+    def run_forward(self, inputs: StepInputs, capturing: bool = False) -> torch.Tensor:
+        """hidden [T, hidden]: a full decode graph, piecewise graphs (padded), or plain."""
         size = self.decode_graphs.size_for(inputs.attn) if self.decode_graphs else None
-        if size is not None:
+        if size is not None and not capturing:
             return self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.attn, size)
-        ctx = ForwardContext(inputs.attn, self.kv_caches, self.attn_backend)
+        ids, pos, n = inputs.input_ids, inputs.positions, inputs.attn.num_actual_tokens
+        tokens = next((s for s in self.piecewise_sizes if s >= n), None)
+        if tokens is not None and tokens > n:  # pad: extra rows write the null block only
+            ids = torch.nn.functional.pad(ids, (0, tokens - n))
+            pos = torch.nn.functional.pad(pos, (0, tokens - n))
+        ctx = ForwardContext(inputs.attn, self.kv_caches, self.attn_backend,
+                             cudagraph_tokens=tokens, capturing=capturing)
         with set_forward_context(ctx):
-            return self.forward_fn(inputs.input_ids, inputs.positions)
+            return self.forward_fn(ids, pos)[:n]
 
     def capture_cudagraphs(self, max_num_seqs: int) -> None:
         """Capture CUDA graphs per padded batch size before serving (no-op on CPU)."""

@@ -39,7 +39,10 @@ def build_backend(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype) -> C
         cache.write_info({"model": type(model).__name__, "dtype": str(dtype),
                           "layers": model.config.num_hidden_layers, "torch": torch.__version__})
     dump = cfg.dump_dir or os.environ.get("COMPILED_LLM_DUMP_DIR")
-    return CompiledLLMBackend(BackendOptions(cache=cache, dump_dir=dump, post_grad_pass=passes))
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    piecewise = on_gpu and cfg.cudagraph_mode in ("piecewise", "full_and_piecewise")
+    return CompiledLLMBackend(BackendOptions(cache=cache, dump_dir=dump, post_grad_pass=passes,
+                                             piecewise_cudagraphs=piecewise))
 
 
 def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype):

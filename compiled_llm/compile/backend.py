@@ -18,6 +18,7 @@ from torch import fx, nn
 from compiled_llm.compile.cache import CompileCache
 from compiled_llm.compile.counters import counters
 from compiled_llm.compile.dump import PieceDumper
+from compiled_llm.compile.piecewise import PiecewiseGraphPiece
 from compiled_llm.compile.split import Piece, piece_hash, split_graph
 
 logger = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ class BackendOptions:
     dump_dir: str | None = None
     post_grad_pass: object = None  # a CustomGraphPass run by Inductor after its own passes
     inductor_options: dict | None = None
+    piecewise_cudagraphs: bool = False
 
 
 class CompiledPiece(nn.Module):
@@ -127,7 +129,10 @@ class _PieceCompiler(fx.Interpreter):
             fn = self.backend.compile_piece(piece, list(args))
             delattr(self.split, target)
             returns_tuple = isinstance(piece.module.graph.output_node().args[0], (tuple, list))
-            self.split.add_submodule(target, CompiledPiece(fn, target, returns_tuple))
+            mod: nn.Module = CompiledPiece(fn, target, returns_tuple)
+            if self.backend.opts.piecewise_cudagraphs:
+                mod = PiecewiseGraphPiece(mod)
+            self.split.add_submodule(target, mod)
         return out
 
 

@@ -90,14 +90,33 @@ class DecodeGraphs:
         return self.outputs[size][:b]
 
 
-def capture_all(runner, max_num_seqs: int) -> DecodeGraphs | None:
-    cfg = runner.compile_cfg
-    if cfg.cudagraph_mode not in ("full", "full_and_piecewise"):
-        return None
-    sizes = cfg.cudagraph_batch_sizes or default_sizes(max_num_seqs)
-    graphs = DecodeGraphs(runner, sizes, runner.max_blocks_per_seq, runner.max_model_len)
-    secs = graphs.capture()
-    logger.info("captured %d decode CUDA graphs in %.2f s", len(sizes), secs)
-    runner.decode_graphs = graphs
-    runner.cudagraph_capture_seconds = secs
-    return graphs
+def capture_all(runner, max_num_seqs: int) -> dict[str, float]:
+    """Capture what cudagraph_mode asks for; returns seconds per kind."""
+    cfg, secs = runner.compile_cfg, {}
+    if cfg.cudagraph_mode in ("piecewise", "full_and_piecewise") and cfg.mode == "backend":
+        secs["piecewise"] = _capture_piecewise(runner, cfg.piecewise_max_tokens)
+    if cfg.cudagraph_mode in ("full", "full_and_piecewise"):
+        sizes = cfg.cudagraph_batch_sizes or default_sizes(max_num_seqs)
+        graphs = DecodeGraphs(runner, sizes, runner.max_blocks_per_seq, runner.max_model_len)
+        secs["full"] = graphs.capture()
+        runner.decode_graphs = graphs
+    logger.info("CUDA graph capture: %s", secs)
+    runner.cudagraph_capture_seconds = sum(secs.values())
+    return secs
+
+
+def _capture_piecewise(runner, max_tokens: int) -> float:
+    from compiled_llm.compile.piecewise import piecewise_sizes
+    from compiled_llm.input_batch import build_step_inputs
+    from compiled_llm.model_runner import dummy_schedule
+
+    t0 = time.perf_counter()
+    sizes = piecewise_sizes(min(max_tokens, runner.max_model_len - 1))
+    runner.piecewise_sizes = sizes
+    bs = runner.cache_cfg.block_size
+    for size in reversed(sizes):  # largest first: smaller graphs reuse its pool memory
+        inputs = build_step_inputs(dummy_schedule(size, bs, size), bs, runner.device)
+        with torch.inference_mode():
+            runner.run_forward(inputs, capturing=True)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
