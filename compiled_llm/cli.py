@@ -19,13 +19,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--compile-mode", default="stock", choices=["backend", "stock", "none"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quantization", default=None, choices=["fp8"])
 
 
 def engine_args(ns: argparse.Namespace) -> EngineArgs:
     return EngineArgs(
         model=ns.model, dtype=ns.dtype, device=ns.device, max_model_len=ns.max_model_len,
         max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
-        enforce_eager=ns.enforce_eager, compile_mode=ns.compile_mode, seed=ns.seed)
+        enforce_eager=ns.enforce_eager, compile_mode=ns.compile_mode, seed=ns.seed,
+        quantization=ns.quantization)
 
 
 def _generate_parser(sub) -> None:

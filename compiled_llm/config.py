@@ -71,6 +71,7 @@ class EngineArgs:
     compile_mode: str = "stock"
     enable_chunked_prefill: bool = True
     load_format: str = "auto"
+    quantization: str | None = None  # None or "fp8" (W8A8, weights quantized at load)
     seed: int = 0
     skip_tokenizer_init: bool = False
 

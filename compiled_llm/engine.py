@@ -50,7 +50,7 @@ class LLMEngine:
         sched_cfg = args.scheduler_config(hf.get("max_position_embeddings", 2048))
         self.max_model_len = sched_cfg.max_model_len
         model = load_model(model_dir, self.dtype, self.device, sched_cfg.max_model_len,
-                           args.load_format)
+                           args.load_format, args.quantization)
         self.runner = ModelRunner(model, self.device, self.dtype, args.cache_config(),
                                   args.compile_config())
         num_blocks = num_kv_blocks(self.runner, sched_cfg.max_num_batched_tokens,

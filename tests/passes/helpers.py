@@ -1,0 +1,74 @@
+"""Test helpers: run a function or a tiny model through Inductor with a PassManager installed,
+returning its output, Inductor's output code and the manager (to read its stats)."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch._inductor.config as inductor_config
+from torch._inductor.compile_fx import compile_fx
+from torch._inductor.utils import run_and_get_code
+
+from compiled_llm.attention import AttentionMetadata
+from compiled_llm.compat import mark_tokens_dynamic
+from compiled_llm.forward_context import ForwardContext, set_forward_context
+from compiled_llm.passes import PassConfig, PassManager
+
+
+def backend_with(manager: PassManager | None):
+    """A torch.compile backend: Inductor with `manager` as the post-grad custom pass."""
+
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        with inductor_config.patch(post_grad_custom_post_pass=manager, fx_graph_cache=False):
+            return compile_fx(gm, example_inputs)
+
+    return backend
+
+
+def compile_run(fn, args, config: PassConfig | None, dynamic: bool = True):
+    """(output, Inductor output code, manager or None) of fn(*args) compiled with the passes
+    of config (None: no custom pass at all)."""
+    torch._dynamo.reset()
+    manager = PassManager(config) if config is not None else None
+    compiled = torch.compile(fn, backend=backend_with(manager), fullgraph=True)
+    if dynamic:
+        mark_tokens_dynamic(*[a for a in args if isinstance(a, torch.Tensor)])
+    out, codes = run_and_get_code(compiled, *args)
+    return out, "\n".join(codes), manager
+
+
+def kernel_calls(code: str, *needles: str) -> list[str]:
+    """Names of the generated C++/Triton kernels called in code whose name holds every needle."""
+    calls = re.findall(r"^\s+((?:cpp|triton)_\w+)(?:\.run)?\(", code, flags=re.M)
+    return [c for c in calls if all(n in c for n in needles)]
+
+
+def op_count(code_or_graph: str, op: str) -> int:
+    return len(re.findall(rf"\b{re.escape(op)}\b", code_or_graph))
+
+
+def prefill_context(cfg, num_tokens: int, dtype: torch.dtype) -> ForwardContext:
+    """One sequence of num_tokens prefill tokens with small per-layer paged KV caches."""
+    bs, blocks = 16, -(-num_tokens // 16)
+    caches = [torch.zeros(2, blocks + 1, bs, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype)
+              for _ in range(cfg.num_hidden_layers)]
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(num_tokens) + bs, query_start_loc=i32([0, num_tokens]),
+        seq_lens=i32([num_tokens]), block_tables=torch.arange(1, blocks + 1)[None].int(),
+        num_actual_tokens=num_tokens, max_query_len=num_tokens, max_seq_len=num_tokens,
+        query_start_loc_cpu=i32([0, num_tokens]), seq_lens_cpu=i32([num_tokens]))
+    return ForwardContext(meta, caches)
+
+
+def run_model(model, num_tokens: int, config: PassConfig | None, seed: int = 0):
+    """Compile model.forward over one prefill of num_tokens tokens; (hidden, code, manager)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (num_tokens,), generator=g)
+    pos = torch.arange(num_tokens)
+    dtype = next(model.parameters()).dtype
+    with set_forward_context(prefill_context(model.config, num_tokens, dtype)):
+        if config is False:
+            return model(ids, pos), "", None
+        return compile_run(model, (ids, pos), config)
