@@ -4,6 +4,7 @@ returning its output, Inductor's output code and the manager (to read its stats)
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import torch
 import torch._inductor.config as inductor_config
@@ -44,8 +45,10 @@ def kernel_calls(code: str, *needles: str) -> list[str]:
     return [c for c in calls if all(n in c for n in needles)]
 
 
-def op_count(code_or_graph: str, op: str) -> int:
-    return len(re.findall(rf"\b{re.escape(op)}\b", code_or_graph))
+def op_counts(graph: torch.fx.Graph) -> Counter:
+    """Calls per op, keyed like "aten.rsqrt" or "compiled_llm.rms_norm" (overload dropped)."""
+    return Counter(n.target.name().split(".")[0].replace("::", ".") for n in graph.nodes
+                   if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload))
 
 
 def prefill_context(cfg, num_tokens: int, dtype: torch.dtype) -> ForwardContext:
@@ -64,11 +67,52 @@ def prefill_context(cfg, num_tokens: int, dtype: torch.dtype) -> ForwardContext:
 
 def run_model(model, num_tokens: int, config: PassConfig | None, seed: int = 0):
     """Compile model.forward over one prefill of num_tokens tokens; (hidden, code, manager)."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (num_tokens,), generator=g)
-    pos = torch.arange(num_tokens)
+    ids, pos = model_inputs(model, num_tokens, seed)
     dtype = next(model.parameters()).dtype
     with set_forward_context(prefill_context(model.config, num_tokens, dtype)):
         if config is False:
             return model(ids, pos), "", None
         return compile_run(model, (ids, pos), config)
+
+
+def capture_run(fn, args, config: PassConfig, dynamic: bool = True):
+    """Fast path without code generation: AOT-trace fn with Inductor's decompositions, run the
+    passes on the forward graph, then run that graph eagerly. Returns (output, op counts
+    before the passes, after them, manager)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.decomposition import select_decomp_table
+
+    manager, src = PassManager(config), {}
+
+    def fw(gm: torch.fx.GraphModule, example_inputs):
+        src["before"] = op_counts(gm.graph)
+        manager(gm.graph)
+        gm.recompile()
+        src["after"] = op_counts(gm.graph)
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=fw, decompositions=select_decomp_table())
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    if dynamic:
+        mark_tokens_dynamic(*[a for a in args if isinstance(a, torch.Tensor)])
+    out = compiled(*args)
+    return out, src["before"], src["after"], manager
+
+
+def model_inputs(model, num_tokens: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (num_tokens,), generator=g)
+    return ids, torch.arange(num_tokens)
+
+
+def capture_model(model, num_tokens: int, config: PassConfig):
+    """capture_run over one prefill of the model; also returns the eager output."""
+    ids, pos = model_inputs(model, num_tokens)
+    dtype = next(model.parameters()).dtype
+    with set_forward_context(prefill_context(model.config, num_tokens, dtype)):
+        ref = model(ids, pos)
+    with set_forward_context(prefill_context(model.config, num_tokens, dtype)):
+        out, before, after, manager = capture_run(model, (ids, pos), config)
+    return ref, out, before, after, manager
