@@ -8,6 +8,7 @@ Shapes are compared with `statically_known_true`, so a symbolic T never adds a g
 from __future__ import annotations
 
 import operator
+import sys
 
 import torch
 from torch.fx import Graph, Node
@@ -28,7 +29,8 @@ def _full_slice(node: Node, src: torch.Tensor) -> bool:
     dim, start, end, step = args + [0, None, None, 1][len(args):]
     dim = dim % src.dim()
     start_ok = start is None or statically_known_true(start == 0)
-    end_ok = end is None or statically_known_true(end >= src.shape[dim])
+    # sys.maxsize is how `x[a:]` spells "to the end"; it must not depend on a symbolic size
+    end_ok = end is None or end >= sys.maxsize or statically_known_true(end >= src.shape[dim])
     return start_ok and end_ok and step == 1
 
 

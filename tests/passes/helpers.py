@@ -27,6 +27,12 @@ def backend_with(manager: PassManager | None):
     return backend
 
 
+def token_args(args) -> list[torch.Tensor]:
+    """The tensor args whose dim 0 is T (the first tensor's dim 0): those marked dynamic."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return [a for a in tensors if a.dim() and a.shape[0] == tensors[0].shape[0]]
+
+
 def compile_run(fn, args, config: PassConfig | None, dynamic: bool = True):
     """(output, Inductor output code, manager or None) of fn(*args) compiled with the passes
     of config (None: no custom pass at all)."""
@@ -34,7 +40,7 @@ def compile_run(fn, args, config: PassConfig | None, dynamic: bool = True):
     manager = PassManager(config) if config is not None else None
     compiled = torch.compile(fn, backend=backend_with(manager), fullgraph=True)
     if dynamic:
-        mark_tokens_dynamic(*[a for a in args if isinstance(a, torch.Tensor)])
+        mark_tokens_dynamic(*token_args(args))
     out, codes = run_and_get_code(compiled, *args)
     return out, "\n".join(codes), manager
 
@@ -96,7 +102,7 @@ def capture_run(fn, args, config: PassConfig, dynamic: bool = True):
     backend = aot_autograd(fw_compiler=fw, decompositions=select_decomp_table())
     compiled = torch.compile(fn, backend=backend, fullgraph=True)
     if dynamic:
-        mark_tokens_dynamic(*[a for a in args if isinstance(a, torch.Tensor)])
+        mark_tokens_dynamic(*token_args(args))
     out = compiled(*args)
     return out, src["before"], src["after"], manager
 
