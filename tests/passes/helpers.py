@@ -51,6 +51,14 @@ def kernel_calls(code: str, *needles: str) -> list[str]:
     return [c for c in calls if all(n in c for n in needles)]
 
 
+def kernels_with(code: str, text: str) -> list[str]:
+    """Calls (one entry per call) of generated kernels whose source contains text."""
+    quotes = "'" * 3
+    pattern = rf"^(\w+) = async_compile\.\w+\(.*?r{quotes}(.*?){quotes}"
+    sources = dict(re.findall(pattern, code, flags=re.M | re.S))
+    return [c for c in kernel_calls(code) if text in sources.get(c, "")]
+
+
 def op_counts(graph: torch.fx.Graph) -> Counter:
     """Calls per op, keyed like "aten.rsqrt" or "compiled_llm.rms_norm" (overload dropped)."""
     return Counter(n.target.name().split(".")[0].replace("::", ".") for n in graph.nodes
