@@ -12,7 +12,7 @@ import torch
 from torch.fx import Graph, Node
 
 from compiled_llm.passes import comm_ops  # noqa: F401 (registers the ops)
-from compiled_llm.passes.base import GraphPass
+from compiled_llm.passes.base import NormSitePass
 from compiled_llm.passes.fx_utils import insert_op, replace_tuple
 
 OPS = torch.ops.compiled_llm
@@ -31,19 +31,10 @@ def _all_reduce_input(wait: Node) -> tuple[Node, str] | None:
     return ar.args[0], ar.args[2]
 
 
-class AllReduceRMSNormFusionPass(GraphPass):
+class AllReduceRMSNormFusionPass(NormSitePass):
     flag = "enable_allreduce_rms"
 
-    def apply(self, graph: Graph) -> int:
-        n = 0
-        for node in list(graph.nodes):
-            if node.target is OPS.rms_norm.default:
-                n += self._plain(graph, node)
-            elif node.target is OPS.fused_add_rms_norm.default:
-                n += self._with_residual(graph, node)
-        return n
-
-    def _plain(self, graph: Graph, norm: Node) -> int:
+    def plain(self, graph: Graph, norm: Node) -> int:
         wait, weight, eps = norm.args
         found = _all_reduce_input(wait) if isinstance(wait, Node) else None
         if found is None:
@@ -55,7 +46,7 @@ class AllReduceRMSNormFusionPass(GraphPass):
         _erase(graph, norm, wait)
         return 1
 
-    def _with_residual(self, graph: Graph, norm: Node) -> int:
+    def with_residual(self, graph: Graph, norm: Node) -> int:
         a, b, weight, eps = norm.args
         pairs = [(w, r) for w, r in ((a, b), (b, a))
                  if isinstance(w, Node) and _all_reduce_input(w) is not None]

@@ -86,3 +86,26 @@ def float_dtypes() -> tuple[torch.dtype, ...]:
 def example_tensors(dtype: torch.dtype, *shapes: tuple[int, ...]) -> list[torch.Tensor]:
     """Distinct example inputs for tracing a pattern (tracing merges repeated tensor objects)."""
     return [torch.empty(shape, dtype=dtype) for shape in shapes]
+
+
+class NormSitePass(GraphPass):
+    """A pass that visits every fused norm node: `plain` for compiled_llm::rms_norm and
+    `with_residual` for compiled_llm::fused_add_rms_norm, each returning 1 if it rewrote it."""
+
+    def apply(self, graph: Graph) -> int:
+        from compiled_llm.passes import ops  # noqa: F401 (registers the ops)
+
+        plain, with_res = torch.ops.compiled_llm.rms_norm, torch.ops.compiled_llm.fused_add_rms_norm
+        n = 0
+        for node in list(graph.nodes):
+            if node.target is plain.default:
+                n += self.plain(graph, node)
+            elif node.target is with_res.default:
+                n += self.with_residual(graph, node)
+        return n
+
+    def plain(self, graph: Graph, norm) -> int:
+        raise NotImplementedError
+
+    def with_residual(self, graph: Graph, norm) -> int:
+        raise NotImplementedError

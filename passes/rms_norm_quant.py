@@ -11,7 +11,7 @@ import torch
 from torch.fx import Graph, Node
 
 from compiled_llm.passes import ops, quant_ops  # noqa: F401 (registers the ops)
-from compiled_llm.passes.base import GraphPass
+from compiled_llm.passes.base import NormSitePass
 from compiled_llm.passes.fx_utils import getitem_users, insert_op, replace_tuple
 
 OPS = torch.ops.compiled_llm
@@ -31,19 +31,10 @@ def rewire_quants(graph: Graph, quants: list[Node], q: Node, scale: Node) -> Non
         replace_tuple(graph, quant, [q, scale])
 
 
-class RMSNormQuantFusionPass(GraphPass):
+class RMSNormQuantFusionPass(NormSitePass):
     flag = "enable_fp8_quant_fusion"
 
-    def apply(self, graph: Graph) -> int:
-        n = 0
-        for node in list(graph.nodes):
-            if node.target is OPS.rms_norm.default:
-                n += self._plain(graph, node)
-            elif node.target is OPS.fused_add_rms_norm.default:
-                n += self._with_residual(graph, node)
-        return n
-
-    def _plain(self, graph: Graph, norm: Node) -> int:
+    def plain(self, graph: Graph, norm: Node) -> int:
         quants = quant_users(norm)
         if quants is None:
             return 0
@@ -52,7 +43,7 @@ class RMSNormQuantFusionPass(GraphPass):
         graph.erase_node(norm)
         return 1
 
-    def _with_residual(self, graph: Graph, norm: Node) -> int:
+    def with_residual(self, graph: Graph, norm: Node) -> int:
         items = getitem_users(norm)
         if not items or len(items.get(0, [])) != 1:
             return 0
