@@ -25,6 +25,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    choices=["none", "piecewise", "full", "full_and_piecewise"])
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
                    help="CUDA graph batch sizes to capture")
+    p.add_argument("--quantization", default=None, choices=["fp8"])
 
 
 def engine_args(ns: argparse.Namespace) -> EngineArgs:
@@ -33,7 +34,7 @@ def engine_args(ns: argparse.Namespace) -> EngineArgs:
         max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
         enforce_eager=ns.enforce_eager, compile_mode=ns.compile_mode, seed=ns.seed,
         compile_cache_dir=ns.cache_dir, dump_dir=ns.dump_dir, cudagraph_mode=ns.cudagraph_mode,
-        cudagraph_batch_sizes=ns.batch_sizes)
+        cudagraph_batch_sizes=ns.batch_sizes, quantization=ns.quantization)
 
 
 def _generate_parser(sub) -> None:

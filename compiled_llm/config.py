@@ -85,6 +85,7 @@ class EngineArgs:
     cudagraph_batch_sizes: list[int] | None = None
     enable_chunked_prefill: bool = True
     load_format: str = "auto"
+    quantization: str | None = None  # None or "fp8" (W8A8, weights quantized at load)
     seed: int = 0
     skip_tokenizer_init: bool = False
 

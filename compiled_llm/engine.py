@@ -52,7 +52,7 @@ class LLMEngine:
         self.max_model_len = sched_cfg.max_model_len
         t0 = time.perf_counter()
         model = load_model(model_dir, self.dtype, self.device, sched_cfg.max_model_len,
-                           args.load_format)
+                           args.load_format, args.quantization)
         t1 = time.perf_counter()
         self.runner = ModelRunner(model, self.device, self.dtype, args.cache_config(),
                                   args.compile_config(), sched_cfg.max_model_len)

@@ -116,8 +116,13 @@ def resolve_dtype(dtype: str | torch.dtype, hf: dict[str, Any], device: torch.de
 
 
 def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.device,
-               max_len: int, load_format: str = "auto") -> nn.Module:
-    """Build the model for the checkpoint in model_dir on device, in dtype, with weights."""
+               max_len: int, load_format: str = "auto",
+               quantization: str | None = None) -> nn.Module:
+    """Build the model for the checkpoint in model_dir on device, in dtype, with weights,
+    then apply the load-time `quantization` transform (None or "fp8")."""
+    from compiled_llm.quantization.fp8 import check_quantization, quantize_model
+
+    check_quantization(quantization)
     hf = load_hf_config(model_dir)
     cls, cfg = build_model_config(hf)
     files = checkpoint_files(Path(model_dir), load_format)
@@ -125,4 +130,5 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
         model = cls(cfg, max_len=max_len)
     model.to(dtype=dtype)
     load_weights(model, files)
+    model = quantize_model(model, quantization)
     return model.eval().requires_grad_(False)

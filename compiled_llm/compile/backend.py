@@ -111,6 +111,9 @@ class CompiledLLMBackend:
                 piece.module, args, dynamic_shapes="from_graph", options=options)
         counters.inductor_compiles += 1
         counters.add_time("inductor", time.perf_counter() - t0)
+        for name, matches, secs in getattr(self.opts.post_grad_pass, "last_stats", []):
+            counters.add_matches(name, matches)
+            counters.add_time(f"pass {name}", secs)
         return fn
 
 

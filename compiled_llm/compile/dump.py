@@ -25,7 +25,7 @@ class PieceDumper:
         (d / "input_graph.py").write_text(piece.module.code)
         set_dump = getattr(post_grad_pass, "set_dump_dir", None)
         if set_dump:
-            set_dump(str(d), piece.name)
+            set_dump(str(self.root), d.name)  # pass dumps land in the piece's folder
         with capture_inductor_code() as codes:
             yield
         if set_dump:

@@ -1,0 +1,85 @@
+"""FP8 W8A8 linear layers: weights quantized at load to float8_e4m3fn with per-output-channel
+scales, activations quantized per token at run time.
+
+`quantize_model(model, "fp8")` swaps every nn.Linear but the LM head for an Fp8Linear. Its
+forward calls `compiled_llm::quant_fp8_per_token` and `compiled_llm::fp8_gemm`, the ops the quant
+fusion passes match. The GEMM is `torch._scaled_mm` (row-wise scales) on CUDA and a float32
+reference matmul elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from compiled_llm.passes.quant_ops import FP8_DTYPE, FP8_MAX, MIN_SCALE, quant_fp8_per_token
+
+QUANTIZATIONS = (None, "fp8")
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (w_q fp8 [N, K], scale f32 [N, 1]) with w ~= w_q * scale per output row."""
+    amax = w.abs().amax(-1, keepdim=True).float()
+    scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
+    return (w.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def _scaled_mm_ok(q: torch.Tensor, w_q: torch.Tensor) -> bool:
+    # _scaled_mm wants CUDA and dims that are multiples of 16
+    return q.is_cuda and q.shape[1] % 16 == 0 and w_q.shape[0] % 16 == 0
+
+
+@torch.library.custom_op("compiled_llm::fp8_gemm", mutates_args=())
+def fp8_gemm(q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+             bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """(q * x_scale) [T, K] @ (w_q * w_scale).T [K, N] (+ bias) -> [T, N] in out_dtype."""
+    if _scaled_mm_ok(q, w_q):
+        return torch._scaled_mm(q, w_q.t(), scale_a=x_scale, scale_b=w_scale.t(), bias=bias,
+                                out_dtype=out_dtype)
+    out = (q.float() * x_scale) @ (w_q.float() * w_scale).t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+@fp8_gemm.register_fake
+def _(q, x_scale, w_q, w_scale, bias, out_dtype):
+    return q.new_empty((q.shape[0], w_q.shape[0]), dtype=out_dtype)
+
+
+class Fp8Linear(nn.Module):
+    """y = x W^T + b with W in FP8 (per-output-channel scale), x quantized per token."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w_q, scale = quantize_weight(linear.weight.detach())
+        self.register_buffer("weight", w_q)  # [N, K] fp8
+        self.register_buffer("weight_scale", scale)  # [N, 1] f32
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)  # [T, K]
+        q, x_scale = quant_fp8_per_token(x2)
+        out = fp8_gemm(q, x_scale, self.weight, self.weight_scale, self.bias, x.dtype)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def check_quantization(quantization: str | None) -> None:
+    """ValueError naming the field unless quantization is None or "fp8"."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+
+
+def quantize_model(model: nn.Module, quantization: str | None) -> nn.Module:
+    """Apply `quantization` in place (None leaves the model as is); returns the model."""
+    check_quantization(quantization)
+    if quantization is None:
+        return model
+    lm_head = getattr(model, "lm_head", None)
+    targets = [(name, mod) for name, mod in model.named_modules()
+               if type(mod) is nn.Linear and mod is not lm_head]
+    for name, mod in targets:
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, Fp8Linear(mod))
+    return model

@@ -1,0 +1,67 @@
+"""AddRMSNormFusionPass: residual add + RMSNorm -> one `compiled_llm::fused_add_rms_norm` node.
+
+Two spellings reach the post-grad graph: `x + residual` followed by the norm, and, where Inductor
+has already folded the residual into the preceding projection, `addmm(residual, a, w)`. The
+second is unfolded into `mm` + the fused op so the add rides in the norm's kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._inductor.pattern_matcher import (
+    Match,
+    PatternMatcherPass,
+    fwd_only,
+    register_replacement,
+)
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from compiled_llm.passes import ops
+from compiled_llm.passes.base import PatternPass, example_tensors, float_dtypes
+from compiled_llm.passes.fx_utils import same_shape, val
+
+
+def _add_pattern(x, residual, weight, eps):
+    r = x + residual
+    return ops.rms_norm_ref(r, weight, eps), r
+
+
+def _addmm_pattern(residual, a, b, weight, eps):
+    r = torch.addmm(residual, a, b)
+    return ops.rms_norm_ref(r, weight, eps), r
+
+
+def _add_replacement(x, residual, weight, eps):
+    out, r = torch.ops.compiled_llm.fused_add_rms_norm.default(x, residual, weight, eps)
+    return out, r
+
+
+def _addmm_replacement(residual, a, b, weight, eps):
+    out, r = torch.ops.compiled_llm.fused_add_rms_norm.default(a @ b, residual, weight, eps)
+    return out, r
+
+
+def _is_residual(match: Match) -> bool:
+    """Only a same-shape residual, not a broadcast bias, makes an add + norm site."""
+    rv = val(match.kwargs["residual"])
+    if "a" in match.kwargs:  # addmm: residual [T, N] against a [T, K]
+        av = val(match.kwargs["a"])
+        return rv is not None and av is not None and rv.dim() == 2 \
+            and statically_known_true(rv.shape[0] == av.shape[0])
+    xv = val(match.kwargs["x"])
+    return rv is not None and xv is not None and same_shape(rv, xv)
+
+
+class AddRMSNormFusionPass(PatternPass):
+    """(rms_norm(x + residual), x + residual) -> fused_add_rms_norm(x, residual)."""
+
+    flag = "enable_rms_norm"
+
+    def register(self, patterns: PatternMatcherPass) -> None:
+        for dtype in float_dtypes():
+            add_args = example_tensors(dtype, (4, 16), (4, 16), (16,))
+            mm_args = example_tensors(dtype, (4, 16), (4, 8), (8, 16), (16,))
+            for pattern, replacement, args in ((_add_pattern, _add_replacement, add_args),
+                                               (_addmm_pattern, _addmm_replacement, mm_args)):
+                register_replacement(pattern, replacement, [*args, 1e-6], fwd_only, patterns,
+                                     extra_check=_is_residual, scalar_workaround={"eps": 1e-6})

@@ -1,0 +1,110 @@
+"""PassConfig and PassManager: the ordered, flag-selected post-grad passes plus a fixed clean-up
+tail, run as Inductor's `post_grad_custom_post_pass` on each piece of the model graph.
+
+The manager counts and times every pass (`stats`), hashes the config and the passes' sources
+into `uuid()` (Inductor's cache key) and `PassConfig.key()` (ours), and dumps on request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch.fx import Graph
+
+from compiled_llm.passes.add_rms_norm import AddRMSNormFusionPass
+from compiled_llm.passes.allreduce_rms_norm import AllReduceRMSNormFusionPass
+from compiled_llm.passes.base import GraphPass, source_hash
+from compiled_llm.passes.dump import GraphDump
+from compiled_llm.passes.lower import FusedOpLoweringPass
+from compiled_llm.passes.noop import NoOpEliminationPass
+from compiled_llm.passes.rms_norm import RMSNormFusionPass
+from compiled_llm.passes.rms_norm_quant import RMSNormQuantFusionPass
+from compiled_llm.passes.silu_mul import SiluMulFusionPass
+from compiled_llm.passes.silu_mul_quant import SiluMulQuantFusionPass
+
+# Order matters: add+norm before norm (norm is its sub-pattern); the all-reduce and quant passes
+# match the single-node ops the norm and SiLU·mul passes leave behind.
+PASSES: tuple[type[GraphPass], ...] = (
+    NoOpEliminationPass, AddRMSNormFusionPass, RMSNormFusionPass, SiluMulFusionPass,
+    AllReduceRMSNormFusionPass, RMSNormQuantFusionPass, SiluMulQuantFusionPass,
+)
+
+
+class DeadCodeEliminationPass(GraphPass):
+    """Tail: drop nodes nothing reads (impure ops are kept by FX)."""
+
+    def apply(self, graph: Graph) -> int:
+        before = len(graph.nodes)
+        graph.eliminate_dead_code()
+        return before - len(graph.nodes)
+
+
+@dataclass
+class PassConfig:
+    """Which passes run. dump_dir only adds files, so it is not part of the key."""
+
+    enable_noop: bool = True
+    enable_rms_norm: bool = True
+    enable_silu_mul: bool = True
+    enable_fp8_quant_fusion: bool = True  # matches only graphs holding FP8 quant ops
+    enable_allreduce_rms: bool = True  # matches only graphs holding all-reduces
+    inline_fused_ops: bool = True  # tail: let Inductor generate the fused ops' kernels
+    dump_dir: str | None = None
+
+    def pass_classes(self) -> list[type[GraphPass]]:
+        """The configured passes in order, then the tail."""
+        head = [p for p in PASSES if getattr(self, p.flag)]
+        tail = [FusedOpLoweringPass] if self.inline_fused_ops else []
+        return head + tail + [DeadCodeEliminationPass]
+
+    def key(self) -> str:
+        """Stable hash of the flags and of the source of every pass that runs."""
+        flags = {k: v for k, v in asdict(self).items() if k != "dump_dir"}
+        ids = [f"{p.__name__}:{p.uuid()}" for p in self.pass_classes()]
+        blob = json.dumps({"flags": flags, "passes": ids, "manager": source_hash(__name__)},
+                          sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class PassManager(CustomGraphPass):
+    """Callable on a post-grad fx.Graph; use as `post_grad_custom_post_pass`."""
+
+    def __init__(self, config: PassConfig | None = None) -> None:
+        self.config = config or PassConfig()
+        self.passes = [cls() for cls in self.config.pass_classes()]
+        self.piece_name = "graph"
+        self.last_stats: list[tuple[str, int, float]] = []
+
+    def set_dump_dir(self, path: str | None, piece_name: str = "graph") -> None:
+        """Dump the next graphs under path/piece_name (None turns dumping off)."""
+        self.config.dump_dir = None if path is None else str(path)
+        self.piece_name = piece_name
+
+    @property
+    def stats(self) -> list[tuple[str, int, float]]:
+        """(pass name, matches, seconds) per pass, summed over every graph run so far."""
+        return [(p.name, p.matches, p.seconds) for p in self.passes]
+
+    def matches(self, name: str) -> int:
+        """Total matches of the pass called name (0 if it is not configured)."""
+        return sum(m for n, m, _ in self.stats if n == name)
+
+    def uuid(self) -> str:
+        return self.config.key()
+
+    def __call__(self, graph: Graph) -> None:
+        dump = (GraphDump(self.config.dump_dir, self.piece_name, graph)
+                if self.config.dump_dir else None)
+        self.last_stats = []
+        for i, p in enumerate(self.passes, start=1):
+            before = p.seconds
+            n = p(graph)
+            self.last_stats.append((p.name, n, p.seconds - before))
+            if dump is not None:
+                dump.after_pass(i, p.name, n, p.seconds - before, graph)
+        graph.lint()
+        if dump is not None:
+            dump.finish()
