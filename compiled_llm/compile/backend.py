@@ -100,15 +100,14 @@ class CompiledLLMBackend:
         return fn
 
     def _inductor(self, key: str, piece: Piece, args: list):
-        options = dict(self.opts.inductor_options or {})
+        patches = dict(self.opts.inductor_options or {})
         if self.opts.post_grad_pass is not None:
-            options["post_grad_custom_post_pass"] = self.opts.post_grad_pass
+            patches["post_grad_custom_post_pass"] = self.opts.post_grad_pass
         t0 = time.perf_counter()
         dump = self.dumper.piece(key, piece, self.opts.post_grad_pass) if self.dumper \
             else contextlib.nullcontext()
-        with dump:
-            fn = torch._inductor.standalone_compile(
-                piece.module, args, dynamic_shapes="from_graph", options=options)
+        with dump, torch._inductor.config.patch(patches):
+            fn = torch._inductor.standalone_compile(piece.module, args, dynamic_shapes="from_graph")
         counters.inductor_compiles += 1
         counters.add_time("inductor", time.perf_counter() - t0)
         for name, matches, secs in getattr(self.opts.post_grad_pass, "last_stats", []):
