@@ -148,6 +148,21 @@ def test_prompt_logprobs_requests_skip_the_cache():
     assert kv.stats.requests == 1
 
 
+def test_blocks_of_a_failed_step_are_not_kept_cached():
+    kv = KVCacheManager(16, BS)
+    a = req("a", range(1, 6))
+    admit(kv, a)  # block [1..4] computed
+    a.append_token(6)
+    a.append_token(7)
+    a.append_token(8)
+    assert kv.allocate_slots(a, 3)  # this step fills block [5..8]
+    assert len(kv.pool.cached) == 2
+    kv.drop_uncomputed(a)  # ... but the step failed
+    kv.free(a)
+    b = req("b", range(1, 10))
+    assert admit(kv, b) == 4
+
+
 def test_disabled_caching_never_hits():
     kv = KVCacheManager(16, BS, enable_prefix_caching=False)
     a = req("a", range(1, 10))
