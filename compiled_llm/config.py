@@ -27,8 +27,13 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 2048
     enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"  # or "priority"
 
     def __post_init__(self) -> None:
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}"
+            )
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -86,6 +91,9 @@ class EngineArgs:
     enable_chunked_prefill: bool = True
     load_format: str = "auto"
     quantization: str | None = None  # None or "fp8" (W8A8, weights quantized at load)
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "xxhash"  # or "sha256"
+    scheduling_policy: str = "fcfs"  # or "priority": lower request priority value runs first
     seed: int = 0
     skip_tokenizer_init: bool = False
 
@@ -98,7 +106,13 @@ class EngineArgs:
             )
         tokens = self.max_num_batched_tokens or max(8192, 0 if self.enable_chunked_prefill
                                                     else max_len)
-        return SchedulerConfig(self.max_num_seqs, tokens, max_len, self.enable_chunked_prefill)
+        return SchedulerConfig(self.max_num_seqs, tokens, max_len, self.enable_chunked_prefill,
+                               self.scheduling_policy)
+
+    def __post_init__(self) -> None:
+        from compiled_llm.prefix_hash import hash_fn
+
+        hash_fn(self.prefix_caching_hash_algo)  # ValueError naming the field if unknown
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(self.block_size, self.gpu_memory_utilization,

@@ -1,5 +1,7 @@
 """LLMEngine: wires tokenizer, scheduler, KV manager, runner and output processing, and runs
-one step at a time. Requests with n > 1 fan out into n child sequences."""
+one step at a time. Requests with n > 1 fan out into n child sequences. Faults stay contained:
+an error in one request's processing fails that request alone, a failed model step fails that
+step's requests, and the engine goes on serving."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 import torch
 
 from compiled_llm.config import EngineArgs
-from compiled_llm.kv_cache import KVCacheManager
+from compiled_llm.kv_cache import KVCacheManager, PrefixCacheStats
 from compiled_llm.loader import load_hf_config, load_model, read_json, resolve_dtype
 from compiled_llm.model_runner import ModelRunner, dummy_schedule, num_kv_blocks
 from compiled_llm.output_processor import OutputProcessor, request_output
@@ -66,7 +68,8 @@ class LLMEngine:
         self.runner.capture_cudagraphs(sched_cfg.max_num_seqs)
         self.startup_seconds = {"load": t1 - t0, "compile_and_profile": t2 - t1,
                                 "warmup": t3 - t2, "cudagraphs": time.perf_counter() - t3}
-        self.kv = KVCacheManager(num_blocks, args.block_size)
+        self.kv = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching,
+                                 args.prefix_caching_hash_algo)
         self.scheduler = Scheduler(sched_cfg, self.kv)
         self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_ids = eos_ids(model_dir, hf, self.tokenizer)
@@ -100,6 +103,7 @@ class LLMEngine:
         if request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = params or SamplingParams()
+        self._check_priority(priority)
         text, ids = self.tokenize(prompt)
         children = [self._child(request_id, i, text, ids, params, priority)
                     for i in range(params.n)]
@@ -123,6 +127,13 @@ class LLMEngine:
         return Request(cid, list(ids), p, self.eos_token_ids, text, priority=priority,
                        parent_id=rid)
 
+    def _check_priority(self, priority: int) -> None:
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an int, got {priority!r}")
+        if priority != 0 and self.args.scheduling_policy != "priority":
+            raise ValueError(f"priority={priority} needs scheduling_policy='priority' "
+                             f"(the engine uses {self.args.scheduling_policy!r})")
+
     def _check_fits(self, req: Request) -> None:
         if req.num_prompt_tokens >= self.max_model_len:
             raise ValueError(
@@ -139,25 +150,67 @@ class LLMEngine:
 
     @property
     def num_used_blocks(self) -> int:
+        """Blocks held by live requests (cached blocks nobody holds are free)."""
         return self.kv.num_used_blocks
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Cumulative prefix-cache hits and queries, in tokens and in blocks."""
+        return self.kv.stats
+
+    def reset_prefix_cache(self) -> None:
+        self.kv.reset_prefix_cache()
 
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model, sample, and return outputs of requests that progressed."""
+        """Schedule, run the model, sample, and return outputs of requests that progressed
+        or failed."""
         sched = self.scheduler.schedule()
         if sched.is_empty:
             self.runner.release(sched.finished_req_ids)
             return []
-        result = self.runner.execute(sched)
+        try:
+            result = self.runner.execute(sched)
+        except Exception as e:  # the model step: fail its requests, keep serving the rest
+            logger.exception("model step failed; failing its %d requests", len(sched.scheduled))
+            return self._fail_step(sched, f"model step failed: {type(e).__name__}: {e}")
+        failed = [self._fail(self.scheduler_request(rid, sched), err)
+                  for rid, err in result.errors.items()]
         for rid, rows in result.prompt_logprobs.items():
-            self.outputs.add_prompt_logprobs(self.scheduler_request(rid, sched), rows)
+            req = self.scheduler_request(rid, sched)
+            self._guarded(req, lambda req=req, rows=rows: self.outputs.add_prompt_logprobs(
+                req, rows))
         touched = self.scheduler.update(sched, result.sampled)
         for req in touched:
-            stop = self.outputs.process_token(req, result)
-            if stop is not None:
+            stop = self._guarded(req, lambda req=req: self.outputs.process_token(req, result))
+            if stop is not None:  # a stop string beats a length finish on the same token
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED, stop)
                 req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop
-        return self._collect(touched)
+        return self._collect(touched + failed)
+
+    def _guarded(self, req: Request, fn):
+        """Run one request's host-side processing; an exception fails that request alone."""
+        try:
+            return fn()
+        except Exception as e:
+            logger.exception("request %s failed in output processing", req.request_id)
+            self._fail(req, f"output processing failed: {type(e).__name__}: {e}")
+            return None
+
+    def _fail(self, req: Request, error: str) -> Request:
+        """Finish req with FINISHED_ERROR and a message; its blocks go back at once. A request
+        that finished in this very step (its last token) is marked failed too."""
+        if req.status is not RequestStatus.FINISHED_ABORTED:
+            req.error = error
+            self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+            req.status = RequestStatus.FINISHED_ERROR
+        return req
+
+    def _fail_step(self, sched, error: str) -> list[RequestOutput]:
+        reqs = [r for r, _ in sched.scheduled if not r.is_finished]
+        for req in reqs:
+            self.kv.drop_uncomputed(req)  # the step may have half-written these blocks
+        return self._collect([self._fail(r, error) for r in reqs])
 
     @staticmethod
     def scheduler_request(rid: str, sched) -> Request:
@@ -167,6 +220,8 @@ class LLMEngine:
         parents = dict.fromkeys(r.parent_id for r in touched)
         outs = []
         for pid in parents:
+            if pid not in self.parents:  # aborted meanwhile
+                continue
             out = request_output(pid, self.parents[pid])
             if out.finished:
                 del self.parents[pid]

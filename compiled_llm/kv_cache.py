@@ -1,54 +1,60 @@
-"""Paged KV cache bookkeeping: a pool of fixed-size blocks and per-request block lists.
+"""KV cache manager: gives requests the blocks their tokens need, reuses cached prefix blocks,
+and takes blocks back.
 
-Pure Python; never touches the device. Block 0 is the null block: padded tokens write there and
-it is never handed out. Allocate and free are O(1) per block.
+Pure Python; never touches the device. A block becomes cached (hash -> block) when a step is
+scheduled to fill it, prompt or generated tokens alike; a new or preempted request first takes
+the longest run of cached full blocks matching its tokens, always leaving at least one token to
+compute so the step has logits to sample from.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from dataclasses import dataclass
 
+from compiled_llm.block_pool import NULL_BLOCK, BlockPool
+from compiled_llm.prefix_hash import extend_block_hashes, hash_fn
 from compiled_llm.request import Request
 
-NULL_BLOCK = 0
+__all__ = ["NULL_BLOCK", "BlockPool", "KVCacheManager", "PrefixCacheStats"]
 
 
-class BlockPool:
-    """Free list of block ids 1..num_blocks-1."""
+@dataclass
+class PrefixCacheStats:
+    """Cumulative prefix-cache counters over admitted lookups (one per admission)."""
 
-    def __init__(self, num_blocks: int) -> None:
-        if num_blocks < 2:
-            raise ValueError(f"num_blocks must be >= 2 (one is the null block), got {num_blocks}")
-        self.num_blocks = num_blocks
-        self._free: deque[int] = deque(range(1, num_blocks))
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
+    requests: int = 0
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+    queried_blocks: int = 0  # full blocks of the looked-up requests
+    hit_blocks: int = 0
 
     @property
-    def num_used(self) -> int:
-        return self.num_blocks - 1 - len(self._free)
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
 
-    def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise RuntimeError(f"asked for {n} blocks, {len(self._free)} free")
-        return [self._free.popleft() for _ in range(n)]
+    @property
+    def block_hit_rate(self) -> float:
+        return self.hit_blocks / self.queried_blocks if self.queried_blocks else 0.0
 
-    def free(self, block_ids: list[int]) -> None:
-        # reversed: the most recently used blocks are reused last (kinder to later caching)
-        self._free.extend(reversed(block_ids))
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 class KVCacheManager:
-    """Gives requests the blocks their tokens need, and takes them back."""
+    """Block lists of requests over one BlockPool, with automatic prefix caching."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 hash_algo: str = "xxhash") -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
+        self.enable_prefix_caching = enable_prefix_caching
+        self._digest = hash_fn(hash_algo)
+        self.stats = PrefixCacheStats()
 
     @property
     def num_used_blocks(self) -> int:
+        """Blocks held by requests; cached blocks nobody holds count as free."""
         return self.pool.num_used
 
     @property
@@ -57,20 +63,82 @@ class KVCacheManager:
 
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         total = req.num_computed_tokens + num_new_tokens
-        return max(0, -(-total // self.block_size) - len(req.block_ids))
+        return max(0, _ceil_div(total, self.block_size) - len(req.block_ids))
 
     def can_ever_fit(self, num_tokens: int) -> bool:
-        return -(-num_tokens // self.block_size) <= self.pool.num_blocks - 1
+        return _ceil_div(num_tokens, self.block_size) <= self.pool.num_blocks - 1
 
-    def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
+    # ------------------------------------------------------------------ prefix lookups
+    def _hash_blocks(self, req: Request, num_tokens: int) -> None:
+        extend_block_hashes(self._digest, req.block_hashes, req.all_token_ids, self.block_size,
+                            req.extra_keys, num_tokens)
+
+    def get_computed_blocks(self, req: Request) -> list[int]:
+        """Cached blocks matching req's leading full blocks (no references taken). Capped so
+        at least one token is left to compute: a fully cached prompt recomputes its last
+        block rather than write into a shared one."""
+        if not self.enable_prefix_caching or req.skips_prefix_cache:
+            return []
+        self._hash_blocks(req, req.num_tokens)
+        hits: list[int] = []
+        for block_hash in req.block_hashes[: (req.num_tokens - 1) // self.block_size]:
+            bid = self.pool.lookup(block_hash)
+            if bid is None:
+                break
+            hits.append(bid)
+        return hits
+
+    def _record_lookup(self, req: Request, num_hit_blocks: int) -> None:
+        s = self.stats
+        s.requests += 1
+        s.queried_tokens += req.num_tokens
+        s.hit_tokens += num_hit_blocks * self.block_size
+        s.queried_blocks += req.num_tokens // self.block_size
+        s.hit_blocks += num_hit_blocks
+
+    # ------------------------------------------------------------------ allocation
+    def allocate_slots(self, req: Request, num_new_tokens: int,
+                       computed_blocks: list[int] | None = None) -> bool:
         """Grow req.block_ids to hold num_new_tokens more tokens; False (and no change) if the
-        pool is short."""
-        need = self.blocks_needed(req, num_new_tokens)
-        if need > self.pool.num_free:
+        pool is short. computed_blocks (from get_computed_blocks, for a request holding no
+        blocks) are taken first and advance req.num_computed_tokens past them."""
+        hits = computed_blocks or []
+        if hits and (req.block_ids or req.num_computed_tokens):
+            raise RuntimeError("computed_blocks are only for a request that holds no blocks")
+        total = req.num_computed_tokens + len(hits) * self.block_size + num_new_tokens
+        need = max(0, _ceil_div(total, self.block_size) - len(req.block_ids) - len(hits))
+        # hits sitting in the free queue stop being allocatable once taken
+        reclaimed = sum(1 for b in hits if self.pool.blocks[b].ref_cnt == 0)
+        if need > self.pool.num_free - reclaimed:
             return False
+        if self.enable_prefix_caching and not req.block_ids and not req.skips_prefix_cache:
+            self._record_lookup(req, len(hits))
+        self.pool.touch(hits)
+        req.block_ids.extend(hits)
+        req.num_computed_tokens += len(hits) * self.block_size
         req.block_ids.extend(self.pool.allocate(need))
+        self._cache_full_blocks(req, req.num_computed_tokens + num_new_tokens)
         return True
 
+    def _cache_full_blocks(self, req: Request, num_tokens: int) -> None:
+        """Publish the blocks this step fills (their KV is written before anyone reads it)."""
+        if not self.enable_prefix_caching:
+            return
+        num_tokens = min(num_tokens, req.num_tokens)  # slots reserved ahead hold no tokens yet
+        self._hash_blocks(req, num_tokens)
+        for i in range(req.num_computed_tokens // self.block_size, num_tokens // self.block_size):
+            self.pool.cache(req.block_ids[i], req.block_hashes[i])
+
+    # ------------------------------------------------------------------ release
     def free(self, req: Request) -> None:
-        self.pool.free(req.block_ids)
+        """Return req's blocks; cached ones stay reusable until evicted (tail blocks first)."""
+        self.pool.free(reversed(req.block_ids))
         req.block_ids = []
+
+    def drop_uncomputed(self, req: Request) -> None:
+        """Forget the hashes of blocks a failed step was to fill: their KV is not trustworthy."""
+        for bid in req.block_ids[req.num_computed_tokens // self.block_size :]:
+            self.pool.uncache(bid)
+
+    def reset_prefix_cache(self) -> None:
+        self.pool.reset_cache()

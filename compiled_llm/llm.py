@@ -31,15 +31,20 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in prompt order."""
+        """Generate for every prompt; outputs come back in prompt order. priority (one per
+        prompt) orders admission under scheduling_policy="priority": lower runs earlier."""
         prompts = _as_list(prompts)
         params = _params_list(sampling_params, len(prompts))
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"priority: got {len(priority)} values for {len(prompts)} prompts")
+        prios = list(priority) if priority is not None else [0] * len(prompts)
         ids = []
         try:
-            for prompt, p in zip(prompts, params):
+            for prompt, p, prio in zip(prompts, params, prios):
                 ids.append(str(next(self._ids)))
-                self.engine.add_request(ids[-1], prompt, p)
+                self.engine.add_request(ids[-1], prompt, p, priority=prio)
         except Exception:
             for rid in ids:
                 self.engine.abort_request(rid)

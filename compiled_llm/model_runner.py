@@ -26,6 +26,7 @@ class StepResult:
     sampled: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, LogprobRow] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[LogprobRow]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # request id -> why it failed
 
 
 class ModelRunner:
@@ -110,6 +111,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[rows])
         meta = self._sampling_metadata(inputs.sample_reqs)
         out = self.sampler(logits, meta)
+        for row, err in meta.row_errors.items():
+            result.errors[inputs.sample_reqs[row].request_id] = err
         tokens = out.sampled_token_ids.tolist()
         for req, tok in zip(inputs.sample_reqs, tokens):
             result.sampled[req.request_id] = tok

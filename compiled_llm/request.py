@@ -53,6 +53,10 @@ class Request:
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
+    # prefix caching: hashes of the full blocks of all_token_ids (filled in by the KV manager),
+    # and what besides the tokens shapes this request's KV (LoRA id, multimodal hashes)
+    block_hashes: list[bytes] = field(default_factory=list)
+    extra_keys: tuple = ()
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     error: str | None = None
@@ -93,6 +97,12 @@ class Request:
         """Prompt logprobs are produced once, on the first pass over the prompt."""
         pl = self.prompt_logprobs
         return pl is not None and len(pl) < self.num_prompt_tokens
+
+    @property
+    def skips_prefix_cache(self) -> bool:
+        """Prompt logprobs need every prompt position's hidden state, so a request still owing
+        them recomputes its prompt rather than reuse cached blocks."""
+        return self.needs_prompt_logprobs
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

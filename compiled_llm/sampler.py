@@ -7,7 +7,7 @@ Per-row Python work is limited to seeded rows, logits processors and banned ids.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -53,6 +53,7 @@ class SamplingMetadata:
     logits_processors: dict[int, list[Callable]]  # row -> (output_ids, row_logits) -> row
     max_num_logprobs: int | None  # top-k logprobs for sampled tokens; None = none
     allowed_token_mask: torch.Tensor | None = None  # [B, V] bool, False = banned
+    row_errors: dict[int, str] = field(default_factory=dict)  # row -> why it failed (filled in)
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -94,12 +95,16 @@ def compute_prompt_logprobs(
 
 
 def apply_logits_processors(logits: torch.Tensor, meta: SamplingMetadata) -> None:
+    """Run each row's processors; one that raises fails its row alone (meta.row_errors)."""
     for row, procs in meta.logits_processors.items():
         row_logits = logits[row]
-        for proc in procs:
-            row_logits = proc(meta.output_token_ids[row], row_logits)
-        # Processors may return a fresh tensor rather than edit the view in place.
-        logits[row].copy_(row_logits)
+        try:
+            for proc in procs:
+                row_logits = proc(meta.output_token_ids[row], row_logits)
+            # Processors may return a fresh tensor rather than edit the view in place.
+            logits[row].copy_(row_logits)
+        except Exception as e:  # user code: contain it to its request
+            meta.row_errors[row] = f"logits processor raised {type(e).__name__}: {e}"
 
 
 def apply_banned_ids(logits: torch.Tensor, banned: dict[int, list[int]]) -> None:

@@ -1,18 +1,20 @@
 """Scheduler: decides each step which requests run and how many tokens each.
 
 Continuous batching under a token budget and a sequence cap, chunked prefill (running requests
-first, decodes before prefill chunks), and preemption by recompute of the newest request when
-KV blocks run out. Pure Python: its output is a plain description of the step.
+first, decodes before prefill chunks), prefix-cache hits on admission, a waiting order set by
+the policy (fcfs or priority), and preemption by recompute when KV blocks run out (the newest,
+or under priority the least urgent, running request). Pure Python: its output is a plain
+description of the step.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from compiled_llm.config import SchedulerConfig
 from compiled_llm.kv_cache import KVCacheManager
 from compiled_llm.request import Request, RequestStatus
+from compiled_llm.request_queue import make_queue, victim_key
 
 
 @dataclass
@@ -36,7 +38,8 @@ class Scheduler:
     def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager) -> None:
         self.cfg = cfg
         self.kv = kv
-        self.waiting: deque[Request] = deque()
+        self.waiting = make_queue(cfg.scheduling_policy)
+        self._victim_key = victim_key(cfg.scheduling_policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_ids: set[str] = set()
@@ -52,7 +55,7 @@ class Scheduler:
         if not self.kv.can_ever_fit(req.num_prompt_tokens + 1):
             raise ValueError(f"prompt of {req.num_prompt_tokens} tokens can never fit the KV cache")
         self.requests[req.request_id] = req
-        self.waiting.append(req)
+        self.waiting.add(req)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -88,7 +91,7 @@ class Scheduler:
                 # alone and still too big: the pool, not the batch, is the limit
                 self.finish(req, RequestStatus.FINISHED_LENGTH)
                 return False
-            victim = max(victims, key=lambda r: r.arrival_time)
+            victim = max(victims, key=self._victim_key)
             self.preempt(victim)
             out.num_preempted += 1
             if victim is req:
@@ -97,27 +100,29 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
-            req = self.waiting[0]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self.cfg.enable_chunked_prefill and n < req.num_tokens - req.num_computed_tokens:
+            req = self.waiting.peek()
+            hits = self.kv.get_computed_blocks(req)  # waiting requests hold no blocks
+            left = req.num_tokens - len(hits) * self.kv.block_size
+            n = min(left, budget)
+            if not self.cfg.enable_chunked_prefill and n < left:
                 break
-            if not self.kv.allocate_slots(req, n):
+            if not self.kv.allocate_slots(req, n, hits):
                 break
-            self.waiting.popleft()
+            self.waiting.pop()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append((req, n))
             budget -= n
 
     def preempt(self, req: Request) -> None:
-        """Free req's blocks and requeue it at the front, to be recomputed from scratch."""
+        """Free req's blocks (cached ones stay reusable) and requeue it, to be recomputed."""
         self.running.remove(req)
         self.kv.free(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         req.status = RequestStatus.PREEMPTED
-        self.waiting.appendleft(req)
+        self.waiting.requeue(req)
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
         """Advance progress, append sampled tokens, apply stop checks; returns the requests
