@@ -15,6 +15,7 @@ from compiled_llm.attention.kernels import (
     DecodeConfig,
     PrefillConfig,
     decode_attention,
+    kernels_interpreted,
     prefill_attention,
     write_kv_cache,
 )
@@ -53,6 +54,9 @@ def check_shapes(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
         raise ValueError(f"unsupported dtypes q={q.dtype}, cache={kv_cache.dtype}")
     if q.stride(-1) != 1:
         raise ValueError("q must have a contiguous last dim")
+    if q.device.type != "cuda" and not kernels_interpreted():
+        raise ValueError(f"the triton attention backend needs CUDA tensors, got {q.device} "
+                         "(CPU runs need TRITON_INTERPRET=1 before Triton is imported)")
 
 
 def triton_attention(

@@ -12,6 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
+from compiled_llm.attention.kernels import kernels_interpreted
+from compiled_llm.attention.triton_backend import check_shapes
+
 ROOT = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).with_name("interpreted_cases.py")
 
@@ -25,3 +31,12 @@ def test_kernels_match_reference_under_interpreter():
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-20000:]
     assert " passed" in out and "skipped" not in out, out[-5000:]
+
+
+def test_cpu_tensors_without_interpreter_raise():
+    if kernels_interpreted():
+        pytest.skip("this process interprets Triton kernels")
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        check_shapes(torch.zeros(2, 4, 16), torch.zeros(2, 3, 16, 2, 16))
+    with pytest.raises(ValueError, match="head_dim"):
+        check_shapes(torch.zeros(2, 4, 24), torch.zeros(2, 3, 16, 2, 24))

@@ -64,6 +64,24 @@ def _tile(
 
 
 @triton.jit
+def _key_ranges(first, last, window, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Key tiles for queries at positions first..last: masked [lo, full_lo), whole
+    [full_lo, full_hi), masked [full_hi, last + 1); all bounds but the last BLOCK_N-aligned."""
+    lo = first * 0  # a tensor on both branches
+    full_lo = lo
+    if HAS_WINDOW:
+        lo = tl.maximum(first - window + 1, 0)
+        full_lo = tl.maximum(last - window + 1, 0)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    full_lo = tl.cdiv(full_lo, BLOCK_N) * BLOCK_N  # first tile every row sees whole
+    full_hi = ((first + 1) // BLOCK_N) * BLOCK_N  # end of the tiles below the diagonal
+    empty = full_hi <= full_lo
+    full_lo = tl.where(empty, lo, full_lo)
+    full_hi = tl.where(empty, lo, full_hi)
+    return lo, full_lo, full_hi
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, table_ptr,
     qk_scale, window,
@@ -96,18 +114,8 @@ def _prefill_kernel(
 
     first = ctx + tile0  # position of the tile's first query
     last = ctx + tl.minimum(tile0 + BLOCK_Q, q_len) - 1  # and of its last
+    lo, full_lo, full_hi = _key_ranges(first, last, window, BLOCK_N, HAS_WINDOW)
     hi = last + 1
-    lo = 0
-    full_lo = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(first - window + 1, 0)
-        full_lo = tl.maximum(last - window + 1, 0)
-    lo = (lo // BLOCK_N) * BLOCK_N
-    full_lo = tl.cdiv(full_lo, BLOCK_N) * BLOCK_N  # first tile every row sees whole
-    full_hi = ((first + 1) // BLOCK_N) * BLOCK_N  # end of the tiles below the diagonal
-    empty = full_hi <= full_lo
-    full_lo = tl.where(empty, lo, full_lo)
-    full_hi = tl.where(empty, lo, full_hi)
 
     table_row = table_ptr + b.to(tl.int64) * stride_tb
     k_base = k_cache_ptr + kvh * stride_ch
