@@ -1,7 +1,7 @@
 """Micro-benchmark of the Triton attention kernels against torch SDPA and the reference backend,
 at Llama-3-8B attention shapes (32 q heads, 8 KV heads, head_dim 128, bf16, block_size 16).
 
-    python benchmarks/attention_kernels.py [--json out.json] [--sweep]
+    python -m benchmarks.attention_kernels [--json out.json] [--sweep]
 
 Decode at batch 1/32/256 x context 1k/8k/32k (achieved KV bandwidth, % of the copy bandwidth
 measured in the same run), prefill at 1k/4k/16k (TFLOP/s), and the cache write. Ratios are

@@ -88,6 +88,13 @@ def test_prefill_head_dims_and_default_tiles(d):
     _assert_close(_prefill(batch, -1, config), ref, torch.float32)
 
 
+def test_prefill_short_chunks_shrink_tiles():
+    # max_query_len 3 x GQA 4: 16-row tiles instead of the default 128
+    batch = make_batch([3, 1, 2, 3], [0, 44, 17, 29], 8, 2, 32, seed=9)
+    ref, _ = reference(batch, SCALE, -1)
+    _assert_close(_prefill(batch, -1, PrefillConfig()), ref, torch.float32)
+
+
 @pytest.mark.parametrize("window", [1, 5, 16, 37])
 def test_prefill_sliding_window_chunked(window):
     batch = make_batch([33, 1, 12], [40, 60, 0], 4, 1, 16, dtype=torch.float16, seed=window)

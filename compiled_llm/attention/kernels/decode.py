@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from compiled_llm.attention.kernels.tile import attend_tile
+
 LOG2E = 1.4426950408889634
 
 
@@ -62,21 +64,11 @@ def _decode_split_kernel(
     m_i = tl.full([G_PAD], -1.0e30, tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
+    q_pos = tl.full([G_PAD], 0, tl.int32) + seq_len - 1  # window: already in `start`
     for n0 in range(start, end, BLOCK_N):
-        pos = n0 + offs_n
-        valid = pos < end
-        blk = tl.load(table_row + pos // BS, mask=valid, other=0).to(tl.int64)
-        kv_off = (blk * stride_cb + (pos % BS) * stride_cs)[:, None] + offs_d[None, :]
-        k = tl.load(k_base + kv_off, mask=valid[:, None], other=0.0)  # [N, D]
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # [G_PAD, N]
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + kv_off, mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, end,
+                                    window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
+                                    BS, True, False, PREC)
 
     if DIRECT:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # empty sequence -> zeros

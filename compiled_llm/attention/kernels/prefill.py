@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from compiled_llm.attention.kernels.tile import attend_tile
+
 LOG2E = 1.4426950408889634
 
 
@@ -26,41 +28,6 @@ class PrefillConfig:
     block_n: int = 64  # keys per inner step
     num_warps: int = 8
     num_stages: int = 3
-
-
-@triton.jit
-def _tile(
-    acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len, window, qk_scale,
-    stride_cb, stride_cs, offs_n, offs_d,
-    BS: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
-):
-    pos = n0 + offs_n  # [N] key positions
-    if MASKED:
-        valid = pos < seq_len
-        blk = tl.load(table_row + pos // BS, mask=valid, other=0).to(tl.int64)
-    else:
-        blk = tl.load(table_row + pos // BS).to(tl.int64)
-    kv_off = (blk * stride_cb + (pos % BS) * stride_cs)[:, None] + offs_d[None, :]  # [N, D]
-    if MASKED:
-        k = tl.load(k_base + kv_off, mask=valid[:, None], other=0.0)
-    else:
-        k = tl.load(k_base + kv_off)
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # [M, N], log2 domain
-    if MASKED:
-        vis = (pos[None, :] <= q_pos[:, None]) & valid[None, :]
-        if HAS_WINDOW:
-            vis = vis & (pos[None, :] > q_pos[:, None] - window)
-        s = tl.where(vis, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))  # m_i starts finite: fully masked rows stay NaN-free
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if MASKED:
-        v = tl.load(v_base + kv_off, mask=valid[:, None], other=0.0)
-    else:
-        v = tl.load(v_base + kv_off)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-    return acc, l_i, m_new
 
 
 @triton.jit
@@ -124,15 +91,15 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     for n0 in range(lo, full_lo, BLOCK_N):  # window's trailing edge
-        acc, l_i, m_i = _tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
                               window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
                               BS, True, HAS_WINDOW, PREC)
     for n0 in range(full_lo, full_hi, BLOCK_N):  # fully visible tiles
-        acc, l_i, m_i = _tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
                               window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
                               BS, False, HAS_WINDOW, PREC)
     for n0 in range(full_hi, hi, BLOCK_N):  # causal diagonal
-        acc, l_i, m_i = _tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
                               window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
                               BS, True, HAS_WINDOW, PREC)
 
@@ -157,8 +124,11 @@ def prefill_attention(
     num_seqs, hq, d = seq_lens.shape[0], q.shape[1], q.shape[2]
     _, _, block_size, hkv, _ = kv_cache.shape
     g = hq // hkv
-    block_m = max(config.block_m, triton.next_power_of_2(g), 16)
+    # short chunks (mixed batches of small prefills): smaller tiles waste fewer rows
+    rows = triton.next_power_of_2(max_query_len * g)
+    block_m = max(min(config.block_m, rows), triton.next_power_of_2(g), 16)
     block_q = block_m // g
+    num_warps = config.num_warps if block_m >= config.block_m else min(config.num_warps, 4)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     grid = (triton.cdiv(max_query_len, block_q), num_seqs, hkv)
     _prefill_kernel[grid](
@@ -168,6 +138,6 @@ def prefill_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=g, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, D=d, BS=block_size,
         HAS_WINDOW=sliding_window > 0, PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=num_warps, num_stages=config.num_stages,
     )
     return out
