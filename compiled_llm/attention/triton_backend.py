@@ -50,8 +50,9 @@ def check_shapes(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
         raise ValueError(f"head_dim must be a power of two >= 16 matching the cache, got {d}")
     if hq % hkv:
         raise ValueError(f"num query heads {hq} is not a multiple of num KV heads {hkv}")
-    if q.dtype not in SUPPORTED_DTYPES or kv_cache.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"unsupported dtypes q={q.dtype}, cache={kv_cache.dtype}")
+    if q.dtype not in SUPPORTED_DTYPES or kv_cache.dtype != q.dtype:
+        raise ValueError(f"q and kv_cache need one dtype of {SUPPORTED_DTYPES}, got "
+                         f"q={q.dtype}, kv_cache={kv_cache.dtype}")
     if q.stride(-1) != 1:
         raise ValueError("q must have a contiguous last dim")
     if q.device.type != "cuda" and not kernels_interpreted():

@@ -151,3 +151,20 @@ def test_backend_through_the_op(window):
     decode = make_batch([1, 1, 1], [17, 80, 2], 4, 2, 32, seed=6)
     ref, _ = reference(decode, SCALE, window)
     _assert_close(_run_op(decode, "triton", window), ref, torch.float32)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])  # mistral: sliding window 24, head_dim 16
+def test_engine_greedy_tokens_match_torch_backend(name):
+    from compiled_llm import LLM, SamplingParams
+    from tests.utils import make_checkpoint, random_prompts
+
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(3, 300, lo=20, hi=45, seed=1)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    # a 32-token budget chunks the prompts and mixes chunks with decodes
+    llm = LLM(str(make_checkpoint(name)), enforce_eager=True, dtype="float32",
+              max_num_batched_tokens=32, skip_tokenizer_init=True)
+    ref = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    llm.engine.runner.attention_backend = "triton"
+    out = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert out == ref
+    assert llm.engine.num_used_blocks == 0
