@@ -121,15 +121,26 @@ def _sdpa_prefill_ms(q, cache, meta, length: int, ctx: int) -> float:
         qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=SCALE), iters=5)
 
 
+def peer_ms(fn, *args, **kwargs) -> float:
+    """A peer's time, or NaN when it runs out of device memory (it may copy the cache)."""
+    torch.cuda.empty_cache()
+    try:
+        return fn(*args, **kwargs)
+    except torch.cuda.OutOfMemoryError:
+        print(f"{getattr(fn, '__name__', 'peer')}: out of memory, reported as nan")
+        return math.nan
+
+
 def decode_row(batch: int, ctx: int, bw: float) -> dict:
+    torch.cuda.empty_cache()
     q, k, v, cache, meta = paged_case(batch, ctx, 1)
     ours = bench_ms(lambda: triton_attention(q, k, v, cache, meta, SCALE, -1))
     kv_bytes = 2 * batch * (ctx + 1) * HKV * D * cache.element_size()
-    sdpa = _sdpa_decode_ms(q, cache, meta)
+    sdpa = peer_ms(_sdpa_decode_ms, q, cache, meta)
     ref = math.nan
     if cache.numel() * cache.element_size() <= REFERENCE_MAX_CACHE_BYTES:
-        ref = bench_ms(lambda: attention_forward(q, k, v, cache, meta, SCALE, -1), iters=5,
-                       graph=False)
+        ref = peer_ms(bench_ms, lambda: attention_forward(q, k, v, cache, meta, SCALE, -1),
+                      iters=5, graph=False)
     gbs = kv_bytes / ours / 1e6
     return {"batch": batch, "context": ctx, "ours_us": ours * 1e3, "GB/s": gbs,
             "%copy_bw": 100 * gbs / bw, "sdpa_us": sdpa * 1e3, "vs_sdpa": sdpa / ours,
@@ -137,12 +148,13 @@ def decode_row(batch: int, ctx: int, bw: float) -> dict:
 
 
 def prefill_row(length: int, ctx: int = 0) -> dict:
+    torch.cuda.empty_cache()
     q, k, v, cache, meta = paged_case(1, ctx, length)
     ours = bench_ms(lambda: triton_attention(q, k, v, cache, meta, SCALE, -1), iters=5)
     flops = 4 * HQ * D * (length * ctx + length * (length + 1) / 2)
-    sdpa = _sdpa_prefill_ms(q, cache, meta, length, ctx)
-    ref = bench_ms(lambda: attention_forward(q, k, v, cache, meta, SCALE, -1), iters=3,
-                   graph=False)
+    sdpa = peer_ms(_sdpa_prefill_ms, q, cache, meta, length, ctx)
+    ref = peer_ms(bench_ms, lambda: attention_forward(q, k, v, cache, meta, SCALE, -1),
+                  iters=3, graph=False)
     return {"length": length, "context": ctx, "ours_ms": ours, "TFLOP/s": flops / ours / 1e9,
             "sdpa_ms": sdpa, "sdpa_TFLOP/s": flops / sdpa / 1e9, "vs_sdpa": sdpa / ours,
             "reference_ms": ref, "vs_reference": ref / ours}
