@@ -36,7 +36,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
         self.kv_caches: list[torch.Tensor] = []
-        self.attention_backend = "torch"  # a name registered in compiled_llm.attention
+        self.attn_backend = "torch"  # a name registered in compiled_llm.attention
         self.forward_fn = self._build_forward(model, compile_cfg)
 
     def _build_forward(self, model: nn.Module, cfg: CompileConfig):
@@ -60,7 +60,7 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ step
     def run_forward(self, inputs: StepInputs) -> torch.Tensor:
-        ctx = ForwardContext(inputs.attn, self.kv_caches, backend=self.attention_backend)
+        ctx = ForwardContext(inputs.attn, self.kv_caches, self.attn_backend)
         with set_forward_context(ctx):
             return self.forward_fn(inputs.input_ids, inputs.positions)
 
