@@ -26,6 +26,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
                    help="CUDA graph batch sizes to capture")
     p.add_argument("--quantization", default=None, choices=["fp8"])
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
 
 
 def engine_args(ns: argparse.Namespace) -> EngineArgs:
@@ -34,7 +35,8 @@ def engine_args(ns: argparse.Namespace) -> EngineArgs:
         max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
         enforce_eager=ns.enforce_eager, compile_mode=ns.compile_mode, seed=ns.seed,
         compile_cache_dir=ns.cache_dir, dump_dir=ns.dump_dir, cudagraph_mode=ns.cudagraph_mode,
-        cudagraph_batch_sizes=ns.batch_sizes, quantization=ns.quantization)
+        cudagraph_batch_sizes=ns.batch_sizes, quantization=ns.quantization,
+        attention_backend=ns.attention_backend)
 
 
 def _generate_parser(sub) -> None:

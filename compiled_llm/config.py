@@ -96,6 +96,12 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"  # or "priority": lower request priority value runs first
     seed: int = 0
     skip_tokenizer_init: bool = False
+    attention_backend: str = "auto"  # "auto": triton on CUDA, torch elsewhere
+
+    def attention_backend_for(self, device_type: str) -> str:
+        if self.attention_backend == "auto":
+            return "triton" if device_type == "cuda" else "torch"
+        return self.attention_backend
 
     def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
         max_len = self.max_model_len or model_max_len

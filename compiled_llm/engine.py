@@ -57,7 +57,8 @@ class LLMEngine:
                            args.load_format, args.quantization)
         t1 = time.perf_counter()
         self.runner = ModelRunner(model, self.device, self.dtype, args.cache_config(),
-                                  args.compile_config(), sched_cfg.max_model_len)
+                                  args.compile_config(), sched_cfg.max_model_len,
+                                  args.attention_backend_for(self.device.type))
         # the profiling forward is also the first call: Dynamo, passes and Inductor run here
         num_blocks = num_kv_blocks(self.runner, sched_cfg.max_num_batched_tokens,
                                    sched_cfg.max_model_len)

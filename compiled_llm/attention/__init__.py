@@ -7,21 +7,34 @@ compiler sees a pure function of (q, k, v) plus constants, and splits the graph 
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from compiled_llm.attention.metadata import AttentionMetadata
 from compiled_llm.attention.reference import attention_forward
 from compiled_llm.forward_context import get_forward_context
 
-__all__ = ["AttentionMetadata", "attention", "ATTENTION_OP_NAME"]
+__all__ = ["AttentionMetadata", "attention", "ATTENTION_OP_NAME", "get_backend", "register_backend"]
 
 ATTENTION_OP_NAME = "compiled_llm::attention"
 _BACKENDS = {"torch": attention_forward}
+# imported on first use: importing Triton costs time and the torch backend needs none of it
+_LAZY_BACKENDS = {"triton": "compiled_llm.attention.triton_backend"}
 
 
 def register_backend(name: str, fn) -> None:
     """Add an attention implementation selectable through ForwardContext.backend."""
     _BACKENDS[name] = fn
+
+
+def get_backend(name: str):
+    """The attention implementation registered as `name` (lazy backends import on first use)."""
+    if name not in _BACKENDS and name in _LAZY_BACKENDS:
+        importlib.import_module(_LAZY_BACKENDS[name])
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; have {sorted(_BACKENDS)}")
+    return _BACKENDS[name]
 
 
 @torch.library.custom_op(ATTENTION_OP_NAME, mutates_args=())
@@ -31,7 +44,7 @@ def attention(
 ) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; also writes k/v into layer_idx's cache."""
     ctx = get_forward_context()
-    fn = _BACKENDS[ctx.backend]
+    fn = get_backend(ctx.backend)
     return fn(q, k, v, ctx.kv_caches[layer_idx], ctx.attn_metadata, scale, sliding_window)
 
 

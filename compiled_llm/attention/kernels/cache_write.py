@@ -1,0 +1,63 @@
+"""Triton kernel writing this step's K/V rows into the paged cache through the slot mapping.
+
+Cache layout [2, num_blocks, block_size, Hkv, D]; slot s lives in block s // block_size at
+offset s % block_size. Negative slots are skipped (rows that own no cache slot).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr, v_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_cb, stride_cs, stride_ch,
+    BS: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:
+        return
+    offs_h = tl.arange(0, H_PAD)
+    offs_d = tl.arange(0, D)
+    mask = (offs_h < H)[:, None]
+    src_k = k_ptr + t.to(tl.int64) * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
+    src_v = v_ptr + t.to(tl.int64) * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
+    dst = (slot // BS) * stride_cb + (slot % BS) * stride_cs
+    dst_offs = dst + offs_h[:, None] * stride_ch + offs_d[None, :]
+    k = tl.load(src_k, mask=mask)
+    v = tl.load(src_v, mask=mask)
+    tl.store(k_cache_ptr + dst_offs, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst_offs, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def write_kv_cache(
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,  # [T, Hkv, D]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D]
+    slot_mapping: torch.Tensor,  # [>= n] int: slot per row, < 0 skips the row
+) -> None:
+    """Scatter rows min(T, len(slot_mapping)) of k/v into the cache; no host sync."""
+    n = min(k.shape[0], slot_mapping.shape[0])
+    if n == 0:
+        return
+    _, _, block_size, hkv, d = kv_cache.shape
+    if kv_cache.stride(-1) != 1 or kv_cache[0].stride() != kv_cache[1].stride():
+        raise ValueError("kv_cache must have a contiguous last dim and equal K/V strides")
+    k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    _write_kv_kernel[(n,)](
+        k, v, slot_mapping, k_cache, v_cache,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        BS=block_size, H=hkv, H_PAD=triton.next_power_of_2(hkv), D=d,
+        num_warps=4 if hkv * d >= 1024 else 1,
+    )

@@ -1,0 +1,162 @@
+"""Split-K paged decode attention (flash-decoding) in two Triton kernels.
+
+Kernel 1: program (seq, KV head, split) attends the G query heads of that KV head over one
+contiguous slice of the sequence's keys, and writes a partial (max, sum, acc). Kernel 2 merges
+the splits. The grid depends only on tensor shapes and the split count, never on lengths held on
+the host, so the path can be captured in a CUDA graph; sequences with seq_len 0 (padding) write
+zeros. With one split, kernel 1 writes the normalized output directly.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from compiled_llm.attention.kernels.tile import attend_tile
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tile shape and launch parameters of the decode kernels."""
+
+    block_n: int = 64  # keys per inner step
+    num_warps: int = 4
+    num_stages: int = 3
+    max_splits: int = 32  # upper bound on KV splits per (sequence, KV head)
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    qk_scale, window, num_splits,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
+    G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+    BS: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)
+    per_split = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    offs_g = tl.arange(0, G_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    head = kvh * G + offs_g  # [G_PAD]
+    g_ok = offs_g < G
+    q_offs = b.to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=g_ok[:, None], other=0.0)  # [G_PAD, D]
+
+    table_row = table_ptr + b.to(tl.int64) * stride_tb
+    k_base = k_cache_ptr + kvh * stride_ch
+    v_base = v_cache_ptr + kvh * stride_ch
+    m_i = tl.full([G_PAD], -1.0e30, tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D], tl.float32)
+    q_pos = tl.full([G_PAD], 0, tl.int32) + seq_len - 1  # window: already in `start`
+    for n0 in range(start, end, BLOCK_N):
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, end,
+                                    window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
+                                    BS, True, False, PREC)
+
+    if DIRECT:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # empty sequence -> zeros
+        o_offs = b.to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+    else:
+        # partials laid out [B, Hq, num_splits, D] and [B, Hq, num_splits, 2]
+        row = (b.to(tl.int64) * (tl.num_programs(1) * G) + head) * num_splits + split
+        tl.store(part_acc_ptr + row[:, None] * D + offs_d[None, :], acc, mask=g_ok[:, None])
+        tl.store(part_ml_ptr + row * 2, m_i, mask=g_ok)
+        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=g_ok)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_acc_ptr, part_ml_ptr, out_ptr, num_splits, stride_ot, stride_oh,
+    S_PAD: tl.constexpr, D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, S_PAD)
+    offs_d = tl.arange(0, D)
+    s_ok = offs_s < num_splits
+    row = (b.to(tl.int64) * tl.num_programs(1) + h) * num_splits + offs_s  # [S_PAD]
+    m = tl.load(part_ml_ptr + row * 2, mask=s_ok, other=-1.0e30)
+    lsum = tl.load(part_ml_ptr + row * 2 + 1, mask=s_ok, other=0.0)
+    acc = tl.load(part_acc_ptr + row[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    w = tl.exp2(m - tl.max(m, 0))  # empty splits carry m = -1e30 and l = 0: weight 0 or l = 0
+    total = tl.sum(w * lsum, 0)
+    o = tl.sum(w[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
+    o_offs = b.to(tl.int64) * stride_ot + h * stride_oh + offs_d
+    tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty))
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # interpreter: a few splits still exercise the merge
+
+
+def choose_num_splits(num_seqs: int, hkv: int, max_tokens: int, config: DecodeConfig,
+                      device: torch.device) -> int:
+    """Splits so that about two programs per SM run, from shapes only (CUDA-graph stable)."""
+    want = triton.cdiv(2 * _sm_count(device), max(1, num_seqs * hkv))
+    return max(1, min(want, config.max_splits, triton.cdiv(max_tokens, config.block_n)))
+
+
+def decode_attention(
+    q: torch.Tensor,  # [T >= B, Hq, D]; row b is sequence b's one query
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D]
+    seq_lens: torch.Tensor,  # [B] int32, 0 for padding
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    scale: float,
+    sliding_window: int,
+    out: torch.Tensor,  # [T, Hq, D]; rows >= B are left as they are
+    config: DecodeConfig,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """One query per sequence over its paged context; no host sync, graph-capturable."""
+    num_seqs, hq, d = seq_lens.shape[0], q.shape[1], q.shape[2]
+    _, _, block_size, hkv, _ = kv_cache.shape
+    if q.shape[0] < num_seqs:
+        raise ValueError(f"decode needs a query row per sequence: {q.shape[0]} < {num_seqs}")
+    g = hq // hkv
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, hkv, block_tables.shape[1] * block_size,
+                                       config, q.device)
+    direct = num_splits == 1
+    if direct:
+        part_acc = part_ml = out  # unused
+    else:
+        part_acc = torch.empty(num_seqs, hq, num_splits, d, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(num_seqs, hq, num_splits, 2, dtype=torch.float32, device=q.device)
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    _decode_split_kernel[(num_seqs, hkv, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
+        scale * LOG2E, sliding_window, num_splits,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        G=g, G_PAD=max(16, triton.next_power_of_2(g)), BLOCK_N=config.block_n, D=d,
+        BS=block_size, HAS_WINDOW=sliding_window > 0, DIRECT=direct,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if not direct:
+        _decode_reduce_kernel[(num_seqs, hq)](
+            part_acc, part_ml, out, num_splits, out.stride(0), out.stride(1),
+            S_PAD=triton.next_power_of_2(num_splits), D=d, num_warps=4,
+        )
+    return out

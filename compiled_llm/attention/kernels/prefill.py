@@ -1,0 +1,143 @@
+"""Varlen paged attention (prefill, chunked prefill, and mixed batches) as one Triton kernel.
+
+One program owns BLOCK_Q query tokens of one sequence times the G query heads of one KV head
+(rows packed token-major, so each K/V tile is read once per GQA group). Keys come from the paged
+cache through the block table; a chunk's queries sit after its cached context
+(context = seq_len - query_len). Online softmax in fp32 with exp2; only tiles on the causal
+diagonal or the sliding-window edge pay for masking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from compiled_llm.attention.kernels.tile import attend_tile
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Tile shape and launch parameters of the prefill kernel."""
+
+    block_m: int = 128  # query rows (tokens x GQA heads) per program
+    block_n: int = 64  # keys per inner step
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+@triton.jit
+def _key_ranges(first, last, window, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Key tiles for queries at positions first..last: masked [lo, full_lo), whole
+    [full_lo, full_hi), masked [full_hi, last + 1); all bounds but the last BLOCK_N-aligned."""
+    lo = first * 0  # a tensor on both branches
+    full_lo = lo
+    if HAS_WINDOW:
+        lo = tl.maximum(first - window + 1, 0)
+        full_lo = tl.maximum(last - window + 1, 0)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    full_lo = tl.cdiv(full_lo, BLOCK_N) * BLOCK_N  # first tile every row sees whole
+    full_hi = ((first + 1) // BLOCK_N) * BLOCK_N  # end of the tiles below the diagonal
+    empty = full_hi <= full_lo
+    full_lo = tl.where(empty, lo, full_lo)
+    full_hi = tl.where(empty, lo, full_hi)
+    return lo, full_lo, full_hi
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, table_ptr,
+    qk_scale, window,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
+    G: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    D: tl.constexpr, BS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+):
+    # longest causal tiles first: better tail balance
+    pid_q = tl.num_programs(0) - 1 - tl.program_id(0)
+    b = tl.program_id(1)
+    kvh = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + b)
+    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    tile0 = pid_q * BLOCK_Q
+    if tile0 >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + b)
+    ctx = seq_len - q_len  # tokens cached before this chunk
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    tok = tile0 + offs_m // G  # [M] query index within the chunk
+    head = kvh * G + offs_m % G  # [M] query head
+    row_ok = (tok < q_len) & (offs_m < BLOCK_Q * G)
+    q_pos = ctx + tok
+    row64 = (q_start + tok).to(tl.int64)
+    q_offs = row64[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)  # [M, D]
+
+    first = ctx + tile0  # position of the tile's first query
+    last = ctx + tl.minimum(tile0 + BLOCK_Q, q_len) - 1  # and of its last
+    lo, full_lo, full_hi = _key_ranges(first, last, window, BLOCK_N, HAS_WINDOW)
+    hi = last + 1
+
+    table_row = table_ptr + b.to(tl.int64) * stride_tb
+    k_base = k_cache_ptr + kvh * stride_ch
+    v_base = v_cache_ptr + kvh * stride_ch
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for n0 in range(lo, full_lo, BLOCK_N):  # window's trailing edge
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
+                              window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
+                              BS, True, HAS_WINDOW, PREC)
+    for n0 in range(full_lo, full_hi, BLOCK_N):  # fully visible tiles
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
+                              window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
+                              BS, False, HAS_WINDOW, PREC)
+    for n0 in range(full_hi, hi, BLOCK_N):  # causal diagonal
+        acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
+                              window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
+                              BS, True, HAS_WINDOW, PREC)
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_offs = row64[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def prefill_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D]
+    query_start_loc: torch.Tensor,  # [B+1] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    max_query_len: int,
+    scale: float,
+    sliding_window: int,
+    out: torch.Tensor,  # [T, Hq, D]; rows outside query_start_loc's ranges are left as they are
+    config: PrefillConfig,
+) -> torch.Tensor:
+    """Causal varlen attention of every sequence's queries over its cached context."""
+    num_seqs, hq, d = seq_lens.shape[0], q.shape[1], q.shape[2]
+    _, _, block_size, hkv, _ = kv_cache.shape
+    g = hq // hkv
+    # short chunks (mixed batches of small prefills): smaller tiles waste fewer rows
+    rows = triton.next_power_of_2(max_query_len * g)
+    block_m = max(min(config.block_m, rows), triton.next_power_of_2(g), 16)
+    block_q = block_m // g
+    num_warps = config.num_warps if block_m >= config.block_m else min(config.num_warps, 4)
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    grid = (triton.cdiv(max_query_len, block_q), num_seqs, hkv)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
+        scale * LOG2E, sliding_window,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        G=g, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, D=d, BS=block_size,
+        HAS_WINDOW=sliding_window > 0, PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=config.num_stages,
+    )
+    return out

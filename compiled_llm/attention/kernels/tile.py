@@ -1,0 +1,47 @@
+"""The shared inner step of the paged attention kernels: one K/V tile of online softmax.
+
+K/V rows are gathered through the block table (any tile width and block size), scores live in
+the log2 domain (qk_scale folds in log2(e)), and the running max starts finite so that rows with
+every key masked stay NaN-free.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def attend_tile(
+    acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len, window, qk_scale,
+    stride_cb, stride_cs, offs_n, offs_d,
+    BS: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+):
+    """One online-softmax step of rows q [M, D] (at positions q_pos) over keys n0..n0+N-1 read
+    through the block table. MASKED: keys >= seq_len, after q_pos or (HAS_WINDOW) at or before
+    q_pos - window are hidden; unmasked tiles must be fully visible and below seq_len."""
+    pos = n0 + offs_n  # [N] key positions
+    if MASKED:
+        valid = pos < seq_len
+        blk = tl.load(table_row + pos // BS, mask=valid, other=0).to(tl.int64)
+    else:
+        blk = tl.load(table_row + pos // BS).to(tl.int64)
+    kv_off = (blk * stride_cb + (pos % BS) * stride_cs)[:, None] + offs_d[None, :]  # [N, D]
+    if MASKED:
+        k = tl.load(k_base + kv_off, mask=valid[:, None], other=0.0)
+    else:
+        k = tl.load(k_base + kv_off)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # [M, N], log2 domain
+    if MASKED:
+        vis = (pos[None, :] <= q_pos[:, None]) & valid[None, :]
+        if HAS_WINDOW:
+            vis = vis & (pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))  # m_i starts finite: fully masked rows stay NaN-free
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(v_base + kv_off, mask=valid[:, None], other=0.0)
+    else:
+        v = tl.load(v_base + kv_off)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return acc, l_i, m_new

@@ -1,0 +1,91 @@
+"""The "triton" attention backend: paged KV writes, varlen prefill and split-K decode kernels.
+
+Importing this module registers the backend. All-decode batches (max_query_len == 1) take the
+split-K path, which is CUDA-graph capturable; every other batch (prefill, chunked prefill, and
+prefills mixed with decodes) runs the varlen prefill kernel. CPU tensors run the same kernels
+through Triton's interpreter (slow: meant for tests).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from compiled_llm.attention import register_backend
+from compiled_llm.attention.kernels import (
+    DecodeConfig,
+    PrefillConfig,
+    decode_attention,
+    kernels_interpreted,
+    prefill_attention,
+    write_kv_cache,
+)
+from compiled_llm.attention.metadata import AttentionMetadata
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def prefill_config(head_dim: int) -> PrefillConfig:
+    """Autotune-free defaults for Hopper, by head_dim (register and shared-memory budget)."""
+    if head_dim <= 64:
+        return PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
+    if head_dim <= 128:
+        return PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    return PrefillConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)
+
+
+def decode_config(head_dim: int) -> DecodeConfig:
+    """Autotune-free decode defaults by head_dim: K/V tiles of 8-16 KB, 3 stages in flight."""
+    if head_dim <= 64:
+        return DecodeConfig(block_n=128, num_warps=4, num_stages=3)
+    if head_dim <= 128:
+        return DecodeConfig(block_n=64, num_warps=4, num_stages=3)
+    return DecodeConfig(block_n=32, num_warps=4, num_stages=2)
+
+
+def check_shapes(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
+    """Raise ValueError for inputs the kernels do not handle."""
+    hq, d = q.shape[1], q.shape[2]
+    hkv, cache_d = kv_cache.shape[3], kv_cache.shape[4]
+    if d < 16 or d & (d - 1) or d != cache_d:
+        raise ValueError(f"head_dim must be a power of two >= 16 matching the cache, got {d}")
+    if hq % hkv:
+        raise ValueError(f"num query heads {hq} is not a multiple of num KV heads {hkv}")
+    if q.dtype not in SUPPORTED_DTYPES or kv_cache.dtype != q.dtype:
+        raise ValueError(f"q and kv_cache need one dtype of {SUPPORTED_DTYPES}, got "
+                         f"q={q.dtype}, kv_cache={kv_cache.dtype}")
+    if q.stride(-1) != 1:
+        raise ValueError("q must have a contiguous last dim")
+    if q.device.type != "cuda" and not kernels_interpreted():
+        raise ValueError(f"the triton attention backend needs CUDA tensors, got {q.device} "
+                         "(CPU runs need TRITON_INTERPRET=1 before Triton is imported)")
+
+
+def triton_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D]
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int,
+) -> torch.Tensor:
+    """Write this step's K/V into the cache, then attend; same contract as the reference."""
+    check_shapes(q, kv_cache)
+    write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+    out = torch.empty_like(q)
+    d = q.shape[2]
+    if meta.max_query_len == 1:
+        b = meta.seq_lens.shape[0]
+        decode_attention(q, kv_cache, meta.seq_lens, meta.block_tables, scale, sliding_window,
+                         out, decode_config(d))
+        if q.shape[0] > b:
+            out[b:].zero_()  # padded rows, as the reference leaves them
+        return out
+    prefill_attention(q, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
+                      meta.max_query_len, scale, sliding_window, out, prefill_config(d))
+    if q.shape[0] > meta.num_actual_tokens:
+        out[meta.num_actual_tokens:].zero_()
+    return out
+
+
+register_backend("triton", triton_attention)

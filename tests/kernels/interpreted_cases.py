@@ -1,0 +1,170 @@
+"""Kernel checks against the torch reference, run by test_interpreter.py in a subprocess with
+TRITON_INTERPRET=1 (CPU tensors, small shapes). Not collected directly: see that file.
+
+fp16 and fp32 for attention; the interpreter's tl.dot mishandles bf16 (bf16 is checked on the
+GPU), while bf16 cache writes are checked here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compiled_llm.attention import attention
+from compiled_llm.attention.kernels import (
+    DecodeConfig,
+    PrefillConfig,
+    choose_num_splits,
+    decode_attention,
+    kernels_interpreted,
+    prefill_attention,
+    write_kv_cache,
+)
+from compiled_llm.forward_context import ForwardContext, set_forward_context
+from tests.kernels.batches import make_batch, pad_decode, reference, tolerance
+
+pytestmark = pytest.mark.skipif(not kernels_interpreted(), reason="needs TRITON_INTERPRET=1")
+
+SMALL_PREFILL = PrefillConfig(block_m=32, block_n=16, num_warps=4, num_stages=1)
+SMALL_DECODE = DecodeConfig(block_n=16, num_warps=4, num_stages=1, max_splits=8)
+SCALE = 0.3
+
+
+def _prefill(batch, window, config=SMALL_PREFILL):
+    m = batch.meta
+    write_kv_cache(batch.k, batch.v, batch.kv_cache, m.slot_mapping)
+    out = torch.zeros_like(batch.q)
+    return prefill_attention(batch.q, batch.kv_cache, m.query_start_loc, m.seq_lens,
+                             m.block_tables, m.max_query_len, SCALE, window, out, config)
+
+
+def _decode(batch, window, num_splits, config=SMALL_DECODE):
+    m = batch.meta
+    write_kv_cache(batch.k, batch.v, batch.kv_cache, m.slot_mapping)
+    out = torch.full_like(batch.q, float("nan"))
+    return decode_attention(batch.q, batch.kv_cache, m.seq_lens, m.block_tables, SCALE, window,
+                            out, config, num_splits=num_splits)
+
+
+def _assert_close(out, ref, dtype, rows=None):
+    out, ref = out.float()[:rows], ref[:rows]
+    assert not out.isnan().any(), "NaN: a kernel read a poisoned (unused) block"
+    err = (out - ref).abs().max().item()
+    assert err <= tolerance(dtype) * max(1.0, ref.abs().max().item()), err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cache_write_skips_negative_slots(dtype):
+    batch = make_batch([5, 1, 19], [0, 9, 3], 4, 2, 32, dtype=dtype, pad_rows=3)
+    before = batch.kv_cache.clone()
+    write_kv_cache(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
+    _, ref_cache = reference(batch, SCALE, -1)
+    flat = batch.kv_cache.flatten(1, 2)  # [2, slots, Hkv, D]
+    slots = batch.meta.slot_mapping[: batch.meta.num_actual_tokens]
+    torch.testing.assert_close(flat[0, slots], batch.k[: slots.shape[0]], rtol=0, atol=0)
+    torch.testing.assert_close(flat[1, slots], batch.v[: slots.shape[0]], rtol=0, atol=0)
+    untouched = torch.ones(flat.shape[1], dtype=torch.bool)
+    untouched[slots] = False
+    torch.testing.assert_close(flat[:, untouched], before.flatten(1, 2)[:, untouched],
+                               equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(torch.nan_to_num(batch.kv_cache.float()), ref_cache)
+
+
+@pytest.mark.parametrize("gqa", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_prefill_mixed_batch(gqa, dtype):
+    # prefills, a chunk with cached context, and decodes in one flat batch
+    batch = make_batch([23, 1, 40, 1, 7], [0, 30, 21, 5, 50], 2 * gqa, 2, 32, dtype=dtype,
+                       seed=gqa)
+    ref, _ = reference(batch, SCALE, -1)
+    _assert_close(_prefill(batch, -1), ref, dtype)
+
+
+@pytest.mark.parametrize("d", [16, 64])
+def test_prefill_head_dims_and_default_tiles(d):
+    batch = make_batch([70, 3], [0, 90], 4, 2, d, seed=d)
+    ref, _ = reference(batch, SCALE, -1)
+    config = PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=1)
+    _assert_close(_prefill(batch, -1, config), ref, torch.float32)
+
+
+def test_prefill_short_chunks_shrink_tiles():
+    # max_query_len 3 x GQA 4: 16-row tiles instead of the default 128
+    batch = make_batch([3, 1, 2, 3], [0, 44, 17, 29], 8, 2, 32, seed=9)
+    ref, _ = reference(batch, SCALE, -1)
+    _assert_close(_prefill(batch, -1, PrefillConfig()), ref, torch.float32)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 37])
+def test_prefill_sliding_window_chunked(window):
+    batch = make_batch([33, 1, 12], [40, 60, 0], 4, 1, 16, dtype=torch.float16, seed=window)
+    ref, _ = reference(batch, SCALE, window)
+    _assert_close(_prefill(batch, window), ref, torch.float16)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+@pytest.mark.parametrize("gqa", [1, 4])
+def test_decode_split_k(num_splits, gqa):
+    batch = make_batch([1, 1, 1, 1], [70, 3, 129, 16], 2 * gqa, 2, 32, seed=num_splits)
+    ref, _ = reference(batch, SCALE, -1)
+    _assert_close(_decode(batch, -1, num_splits), ref, torch.float32)
+
+
+@pytest.mark.parametrize("window", [4, 50])
+def test_decode_sliding_window_fp16(window):
+    batch = make_batch([1, 1, 1], [90, 20, 7], 4, 2, 32, dtype=torch.float16, seed=window)
+    ref, _ = reference(batch, SCALE, window)
+    _assert_close(_decode(batch, window, 4), ref, torch.float16)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_padded_sequences_write_zeros(num_splits):
+    real = make_batch([1, 1], [40, 9], 4, 2, 16, seed=3)
+    ref, _ = reference(real, SCALE, -1)
+    batch = pad_decode(real, 3)
+    out = _decode(batch, -1, num_splits)
+    _assert_close(out, ref, torch.float32, rows=2)
+    assert torch.equal(out[2:], torch.zeros_like(out[2:]))
+
+
+def test_num_splits_depend_on_shapes_only():
+    cpu = torch.device("cpu")
+    cfg = DecodeConfig(block_n=16, max_splits=8)
+    assert choose_num_splits(1, 1, 1024, cfg, cpu) == 8  # few programs: split
+    assert choose_num_splits(1, 1, 32, cfg, cpu) == 2  # but never more splits than tiles
+    assert choose_num_splits(64, 8, 4096, cfg, cpu) == 1  # the batch already fills the device
+
+
+def _run_op(batch, backend, window):
+    ctx = ForwardContext(batch.meta, [batch.kv_cache], backend=backend)
+    with set_forward_context(ctx):
+        return attention(batch.q, batch.k, batch.v, 0, SCALE, window)
+
+
+@pytest.mark.parametrize("window", [-1, 6])
+def test_backend_through_the_op(window):
+    prefill = make_batch([9, 1, 20], [4, 33, 0], 4, 2, 32, pad_rows=2, seed=5)
+    ref, _ = reference(prefill, SCALE, window)
+    out = _run_op(prefill, "triton", window)
+    _assert_close(out, ref, torch.float32)
+    assert torch.equal(out[-2:], torch.zeros_like(out[-2:]))
+    decode = make_batch([1, 1, 1], [17, 80, 2], 4, 2, 32, seed=6)
+    ref, _ = reference(decode, SCALE, window)
+    _assert_close(_run_op(decode, "triton", window), ref, torch.float32)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])  # mistral: sliding window 24, head_dim 16
+def test_engine_greedy_tokens_match_torch_backend(name):
+    from compiled_llm import LLM, SamplingParams
+    from tests.utils import make_checkpoint, random_prompts
+
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(3, 300, lo=20, hi=45, seed=1)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    # a 32-token budget chunks the prompts and mixes chunks with decodes
+    llm = LLM(str(make_checkpoint(name)), enforce_eager=True, dtype="float32",
+              max_num_batched_tokens=32, skip_tokenizer_init=True)
+    ref = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    llm.engine.runner.attn_backend = "triton"
+    out = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert out == ref
+    assert llm.engine.num_used_blocks == 0

@@ -1,0 +1,42 @@
+"""Runs interpreted_cases.py under Triton's interpreter (TRITON_INTERPRET=1) in a subprocess.
+
+TRITON_INTERPRET must be set before Triton is first imported and would turn every later
+@triton.jit in the process into interpreted code; a subprocess keeps it away from the other tests
+(Inductor, GPU kernels) that run in the same pytest process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiled_llm.attention.kernels import kernels_interpreted
+from compiled_llm.attention.triton_backend import check_shapes
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = Path(__file__).with_name("interpreted_cases.py")
+
+
+def test_kernels_match_reference_under_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(CASES)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-20000:]
+    assert " passed" in out and "skipped" not in out, out[-5000:]
+
+
+def test_cpu_tensors_without_interpreter_raise():
+    if kernels_interpreted():
+        pytest.skip("this process interprets Triton kernels")
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        check_shapes(torch.zeros(2, 4, 16), torch.zeros(2, 3, 16, 2, 16))
+    with pytest.raises(ValueError, match="head_dim"):
+        check_shapes(torch.zeros(2, 4, 24), torch.zeros(2, 3, 16, 2, 24))
