@@ -49,6 +49,7 @@ class DecodeGraphs:
             query_start_loc_cpu=torch.arange(size + 1, dtype=torch.int32),
             seq_lens_cpu=torch.ones(size, dtype=torch.int32))
 
+    @torch.inference_mode()
     def capture(self) -> float:
         """Capture every size, largest first so smaller graphs reuse the pool; seconds taken."""
         t0 = time.perf_counter()
@@ -72,6 +73,7 @@ class DecodeGraphs:
             return None
         return next(s for s in self.sizes if s >= meta.num_seqs)
 
+    @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
             size: int) -> torch.Tensor:
         """Copy the step into the static buffers, pad, replay; returns hidden [B, hidden]."""
