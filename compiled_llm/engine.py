@@ -18,6 +18,7 @@ from compiled_llm.outputs import RequestOutput
 from compiled_llm.request import Request, RequestStatus
 from compiled_llm.sampling_params import SamplingParams
 from compiled_llm.scheduler import Scheduler
+from compiled_llm.structured_outputs import GrammarManager
 
 logger = logging.getLogger(__name__)
 DEMO_MODEL = Path(__file__).parent / "data" / "demo_model"
@@ -62,6 +63,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_ids = eos_ids(model_dir, hf, self.tokenizer)
         self.parents: dict[str, list[Request]] = {}
+        self.grammars: GrammarManager | None = None
         logger.info("engine ready: %s on %s, %d KV blocks", model_dir, self.device, num_blocks)
 
     def _load_tokenizer(self, model_dir: str):
@@ -96,6 +98,8 @@ class LLMEngine:
                     for i in range(params.n)]
         for c in children:  # check all before queueing any
             self._check_fits(c)
+        if params.structured_outputs is not None:
+            self._attach_grammars(children, params.structured_outputs)
         for c in children:
             self.outputs.start(c)
             self.scheduler.add_request(c)
@@ -121,6 +125,16 @@ class LLMEngine:
                 f"{self.max_model_len}; the prompt plus output must fit"
             )
 
+    def _attach_grammars(self, children: list[Request], spec) -> None:
+        if self.tokenizer is None:
+            raise ValueError("structured_outputs need a tokenizer")
+        if self.grammars is None:  # built on first use: costly for large vocabularies
+            self.grammars = GrammarManager(self.tokenizer, self.runner.model.config.vocab_size,
+                                           self.eos_token_ids)
+        self.grammars.compile(spec)  # raises ValueError before any child gets a matcher
+        for c in children:
+            c.grammar = self.grammars.matcher(spec)
+
     def abort_request(self, request_id: str) -> None:
         for c in self.parents.pop(request_id, []):
             self.scheduler.abort(c.request_id)
@@ -143,11 +157,22 @@ class LLMEngine:
             self.outputs.add_prompt_logprobs(self.scheduler_request(rid, sched), rows)
         touched = self.scheduler.update(sched, result.sampled)
         for req in touched:
+            self._advance_grammar(req)
             stop = self.outputs.process_token(req, result)
             if stop is not None:
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED, stop)
                 req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop
         return self._collect(touched)
+
+    def _advance_grammar(self, req: Request) -> None:
+        """Feed req's new token to its matcher; a terminated grammar ends the request."""
+        if req.grammar is None:
+            return
+        if not req.grammar.accept_token(req.output_token_ids[-1]):
+            req.error = "structured_outputs: a sampled token was rejected by the grammar"
+            self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+        elif req.grammar.is_terminated():
+            self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
 
     @staticmethod
     def scheduler_request(rid: str, sched) -> Request:
@@ -158,6 +183,8 @@ class LLMEngine:
         outs = []
         for pid in parents:
             out = request_output(pid, self.parents[pid])
+            if out is None:
+                continue
             if out.finished:
                 del self.parents[pid]
             outs.append(out)
