@@ -1,4 +1,5 @@
-"""The `compiled-llm` command line: `generate` now; each subcommand registers itself here."""
+"""The `compiled-llm` command line: `generate` and `serve`; each subcommand registers itself
+here."""
 
 from __future__ import annotations
 
@@ -19,13 +20,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--compile-mode", default="stock", choices=["backend", "stock", "none"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                   help="KV-cache budget in bytes (CPU; overrides the GPU fraction)")
 
 
 def engine_args(ns: argparse.Namespace) -> EngineArgs:
     return EngineArgs(
         model=ns.model, dtype=ns.dtype, device=ns.device, max_model_len=ns.max_model_len,
         max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
-        enforce_eager=ns.enforce_eager, compile_mode=ns.compile_mode, seed=ns.seed)
+        enforce_eager=ns.enforce_eager, compile_mode=ns.compile_mode, seed=ns.seed,
+        kv_cache_memory_bytes=ns.kv_cache_memory_bytes)
 
 
 def _generate_parser(sub) -> None:
@@ -68,10 +72,35 @@ def run_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    add_engine_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
+    p.add_argument("--served-model-name", default=None,
+                   help="model name clients must use (default: --model, or 'demo')")
+    p.add_argument("--max-body-bytes", type=int, default=16 << 20)
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(ns: argparse.Namespace) -> int:
+    import logging
+
+    from compiled_llm.server.app import ServerConfig, serve
+
+    logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    cfg = ServerConfig(ns.served_model_name or ns.model or "demo", ns.api_key, ns.max_body_bytes)
+    serve(engine_args(ns), ns.host, ns.port, cfg, ns.log_level)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="compiled-llm")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
+    _serve_parser(sub)
     ns = parser.parse_args(argv)
     try:
         return ns.func(ns)
