@@ -15,6 +15,8 @@ import torch
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
 _CACHE_SIZE = 256
+_LOOSE_CHAR = r'[^\"\\\r\n]'
+_JSON_CHAR = r'[^\0-\x1f\"\\\r\n]'
 
 
 @dataclass(frozen=True)
@@ -111,18 +113,24 @@ class GrammarManager:
         return compiled
 
     def _compile(self, spec: StructuredOutputsParams):
-        c, ws = self._compiler, spec.any_whitespace
-        seps = None if ws else (",", ":")
-        if spec.kind == "json":
-            return c.compile_json_schema(spec.json, any_whitespace=ws, separators=seps)
-        if spec.kind == "json_object":
-            return c.compile_json_schema('{"type": "object"}', any_whitespace=ws,
-                                         separators=seps, strict_mode=False)
+        c = self._compiler
+        if spec.kind in ("json", "json_object"):
+            return c.compile_grammar(self._json_ebnf(spec))
         if spec.kind == "regex":
             return c.compile_regex(spec.regex)
         if spec.kind == "choice":
             return c.compile_grammar(choice_ebnf(spec.choice))
         return c.compile_grammar(spec.grammar)
+
+    def _json_ebnf(self, spec: StructuredOutputsParams) -> str:
+        ws = spec.any_whitespace
+        schema = '{"type": "object"}' if spec.json_object else spec.json
+        grammar = self._xgr.Grammar.from_json_schema(
+            schema, any_whitespace=ws, separators=None if ws else (",", ":"),
+            strict_mode=not spec.json_object)
+        # Length-bounded strings use a class that lets raw control characters through, which
+        # JSON forbids; narrow it to the one unbounded strings use.
+        return str(grammar).replace(_LOOSE_CHAR, _JSON_CHAR)
 
     @property
     def num_cached(self) -> int:
