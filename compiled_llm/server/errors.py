@@ -50,7 +50,8 @@ def from_value_error(e: ValueError) -> OpenAIError:
     """A 400 for a ValueError from validation; its leading field name becomes `param`."""
     msg = str(e)
     m = _FIELD.match(msg)
-    param = m.group(1) if m and m.group(1) in _PARAMS else None
+    word = m.group(1) if m else None
+    param = "prompt" if word == "prompt_token_ids" else word if word in _PARAMS else None
     return OpenAIError(400, msg, param=param, code="invalid_value")
 
 
