@@ -18,6 +18,7 @@ from prometheus_client import (
 from compiled_llm.async_llm import AsyncLLM, RequestObserver
 
 _P = "compiled_llm:"
+OUTCOMES = ("stop", "length", "abort", "error", "rejected")
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
             5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
@@ -32,6 +33,8 @@ class ServerMetrics(RequestObserver):
         self.requests = Counter(f"{_P}request_success", "Finished requests by outcome "
                                 "(stop, length, abort, error, rejected)",
                                 ["model_name", "outcome"], registry=r)
+        for outcome in OUTCOMES:  # exported at 0 from the start
+            self.requests.labels(outcome=outcome, **labels)
         self.prompt_tokens = Counter(f"{_P}prompt_tokens", "Prefill tokens processed",
                                      ["model_name"], registry=r).labels(**labels)
         self.gen_tokens = Counter(f"{_P}generation_tokens", "Tokens generated",
