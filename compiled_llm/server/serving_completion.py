@@ -41,7 +41,8 @@ class ServingCompletion(Serving):
             for s in streams:
                 s.abort()
             raise
-        echo = [self.engine.tokenizer.decode(p) if req.echo else "" for p in prompts]
+        echo = [await self.engine.call(self.engine.tokenizer.decode, p) if req.echo else ""
+                for p in prompts]
         if req.stream:
             body = self._chunks(streams, rid, req, prompts, echo)
             return StreamingResponse(body, media_type="text/event-stream")
