@@ -172,7 +172,7 @@ def default_model() -> str:
     from benchmarks.common import random_checkpoint
     from tests.utils import tokenizer_dir
 
-    out = random_checkpoint("cpu-small", out=os.path.join(os.getcwd(), ".bench-cpu-small"))
+    out = random_checkpoint("cpu-small", out=str(ROOT / "bench_out" / "cpu-small"))
     for f in Path(tokenizer_dir()).iterdir():  # a 384-token tokenizer on a 4096-id model
         shutil.copy(f, out / f.name)
     return str(out)

@@ -47,7 +47,8 @@ class RequestObserver:
 
     def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float) -> None: ...
 
-    def on_finish(self, outcome: str, prompt_tokens: int, gen_tokens: int, e2e_s: float): ...
+    def on_finish(self, outcome: str, prompt_tokens: int, gen_tokens: int,
+                  e2e_s: float) -> None: ...
 
 
 def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:

@@ -69,7 +69,8 @@ class ServerMetrics(RequestObserver):
         for _ in range(new_tokens):
             self.itl.observe(gap_s / new_tokens)
 
-    def on_finish(self, outcome: str, prompt_tokens: int, gen_tokens: int, e2e_s: float):
+    def on_finish(self, outcome: str, prompt_tokens: int, gen_tokens: int,
+                  e2e_s: float) -> None:
         self.requests.labels(outcome=outcome, **self._labels).inc()
         self.prompt_tokens.inc(prompt_tokens)
         self.gen_tokens.inc(gen_tokens)

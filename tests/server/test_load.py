@@ -108,6 +108,9 @@ def test_200_concurrent_streams(server):
                before.get(f"compiled_llm:request_success_total[{k}]", 0)
                for k in ("stop", "length"))
     assert done == 200
-    tokens = after["compiled_llm:generation_tokens_total"] - \
-        before["compiled_llm:generation_tokens_total"]
-    assert tokens == sum(r[2] for r in results)
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert delta["compiled_llm:generation_tokens_total"] == sum(r[2] for r in results)
+    assert delta["compiled_llm:prompt_tokens_total"] > 200
+    assert delta["compiled_llm:time_to_first_token_seconds_count"] == 200
+    assert delta["compiled_llm:e2e_request_latency_seconds_count"] == 200
+    assert delta["compiled_llm:inter_token_latency_seconds_count"] > 0
