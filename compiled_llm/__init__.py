@@ -2,7 +2,9 @@
 
 from compiled_llm.llm import LLM
 from compiled_llm.outputs import CompletionOutput, Logprob, RequestOutput
-from compiled_llm.sampling_params import SamplingParams
+from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
+from compiled_llm.structured_outputs import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
+           "StructuredOutputsParams", "RequestOutputKind"]
 __version__ = "0.1.0"

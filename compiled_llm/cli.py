@@ -1,4 +1,5 @@
-"""The `compiled-llm` command line: `generate` now; each subcommand registers itself here."""
+"""The `compiled-llm` command line: `generate` and `serve`; each subcommand registers itself
+here."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="CUDA graph batch sizes to capture")
     p.add_argument("--quantization", default=None, choices=["fp8"])
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                   help="KV-cache budget in bytes (CPU; overrides the GPU fraction)")
 
 
 def engine_args(ns: argparse.Namespace) -> EngineArgs:
@@ -36,7 +39,8 @@ def engine_args(ns: argparse.Namespace) -> EngineArgs:
         enforce_eager=ns.enforce_eager, compile_mode=ns.compile_mode, seed=ns.seed,
         compile_cache_dir=ns.cache_dir, dump_dir=ns.dump_dir, cudagraph_mode=ns.cudagraph_mode,
         cudagraph_batch_sizes=ns.batch_sizes, quantization=ns.quantization,
-        attention_backend=ns.attention_backend)
+        attention_backend=ns.attention_backend,
+        kv_cache_memory_bytes=ns.kv_cache_memory_bytes)
 
 
 def _generate_parser(sub) -> None:
@@ -121,11 +125,36 @@ def run_cache(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    add_engine_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
+    p.add_argument("--served-model-name", default=None,
+                   help="model name clients must use (default: --model, or 'demo')")
+    p.add_argument("--max-body-bytes", type=int, default=16 << 20)
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(ns: argparse.Namespace) -> int:
+    import logging
+
+    from compiled_llm.server.app import ServerConfig, serve
+
+    logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    cfg = ServerConfig(ns.served_model_name or ns.model or "demo", ns.api_key, ns.max_body_bytes)
+    serve(engine_args(ns), ns.host, ns.port, cfg, ns.log_level)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="compiled-llm")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     _compile_parser(sub)
+    _serve_parser(sub)
     ns = parser.parse_args(argv)
     try:
         return ns.func(ns)

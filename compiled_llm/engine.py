@@ -21,6 +21,7 @@ from compiled_llm.outputs import RequestOutput
 from compiled_llm.request import Request, RequestStatus
 from compiled_llm.sampling_params import SamplingParams
 from compiled_llm.scheduler import Scheduler
+from compiled_llm.structured_outputs import GrammarManager
 
 logger = logging.getLogger(__name__)
 DEMO_MODEL = Path(__file__).parent / "data" / "demo_model"
@@ -75,6 +76,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_ids = eos_ids(model_dir, hf, self.tokenizer)
         self.parents: dict[str, list[Request]] = {}
+        self.grammars: GrammarManager | None = None
         logger.info("engine ready: %s on %s, %d KV blocks", model_dir, self.device, num_blocks)
 
     def _load_tokenizer(self, model_dir: str):
@@ -110,6 +112,8 @@ class LLMEngine:
                     for i in range(params.n)]
         for c in children:  # check all before queueing any
             self._check_fits(c)
+        if params.structured_outputs is not None:
+            self._attach_grammars(children, params.structured_outputs)
         for c in children:
             self.outputs.start(c)
             self.scheduler.add_request(c)
@@ -141,6 +145,16 @@ class LLMEngine:
                 f"prompt is {req.num_prompt_tokens} tokens, max_model_len is "
                 f"{self.max_model_len}; the prompt plus output must fit"
             )
+
+    def _attach_grammars(self, children: list[Request], spec) -> None:
+        if self.tokenizer is None:
+            raise ValueError("structured_outputs need a tokenizer")
+        if self.grammars is None:  # built on first use: costly for large vocabularies
+            self.grammars = GrammarManager(self.tokenizer, self.runner.model.config.vocab_size,
+                                           self.eos_token_ids)
+        self.grammars.compile(spec)  # raises ValueError before any child gets a matcher
+        for c in children:
+            c.grammar = self.grammars.matcher(spec)
 
     def abort_request(self, request_id: str) -> None:
         for c in self.parents.pop(request_id, []):
@@ -183,6 +197,7 @@ class LLMEngine:
                 req, rows))
         touched = self.scheduler.update(sched, result.sampled)
         for req in touched:
+            self._guarded(req, lambda req=req: self._advance_grammar(req))
             stop = self._guarded(req, lambda req=req: self.outputs.process_token(req, result))
             if stop is not None:  # a stop string beats a length finish on the same token
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED, stop)
@@ -213,6 +228,16 @@ class LLMEngine:
             self.kv.drop_uncomputed(req)  # the step may have half-written these blocks
         return self._collect([self._fail(r, error) for r in reqs])
 
+    def _advance_grammar(self, req: Request) -> None:
+        """Feed req's new token to its matcher; a terminated grammar ends the request."""
+        if req.grammar is None:
+            return
+        if not req.grammar.accept_token(req.output_token_ids[-1]):
+            req.error = "structured_outputs: a sampled token was rejected by the grammar"
+            self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+        elif req.grammar.is_terminated():
+            self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+
     @staticmethod
     def scheduler_request(rid: str, sched) -> Request:
         return next(r for r, _ in sched.scheduled if r.request_id == rid)
@@ -224,6 +249,8 @@ class LLMEngine:
             if pid not in self.parents:  # aborted meanwhile
                 continue
             out = request_output(pid, self.parents[pid])
+            if out is None:
+                continue
             if out.finished:
                 del self.parents[pid]
             outs.append(out)

@@ -17,6 +17,7 @@ from compiled_llm.input_batch import StepInputs, build_step_inputs
 from compiled_llm.request import Request
 from compiled_llm.sampler import Sampler, SamplingMetadata, compute_prompt_logprobs, make_generator
 from compiled_llm.scheduler import SchedulerOutput
+from compiled_llm.structured_outputs import fill_bitmask
 
 LogprobRow = tuple[list[int], list[float], int]  # (ids, logprobs, rank of ids[0])
 
@@ -142,7 +143,12 @@ class ModelRunner:
         return gen
 
     def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
-        return build_sampling_metadata(reqs, self.device, self._generator)
+        meta = build_sampling_metadata(reqs, self.device, self._generator)
+        bitmask, rows = fill_bitmask(reqs, self.model.config.vocab_size)
+        if bitmask is not None:
+            meta.grammar_bitmask = bitmask.to(self.device, non_blocking=True)
+            meta.grammar_rows = rows
+        return meta
 
 
 def build_sampling_metadata(reqs: list[Request], device: torch.device, gen_for) -> SamplingMetadata:

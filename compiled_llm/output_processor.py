@@ -3,10 +3,11 @@ RequestOutput objects users see. Runs on the host after each step."""
 
 from __future__ import annotations
 
-from compiled_llm.detokenizer import IncrementalDetokenizer, find_stop_string
+from compiled_llm.detokenizer import IncrementalDetokenizer, find_stop_string, held_back_chars
 from compiled_llm.model_runner import LogprobRow, StepResult
 from compiled_llm.outputs import CompletionOutput, Logprob, RequestOutput
 from compiled_llm.request import Request, RequestStatus
+from compiled_llm.sampling_params import RequestOutputKind
 
 
 class OutputProcessor:
@@ -54,10 +55,19 @@ class OutputProcessor:
         return None
 
 
+def visible_text(req: Request) -> str:
+    """Output text minus a tail that may still turn into a stop string (shown once resolved)."""
+    text, p = req.output_text, req.sampling_params
+    if req.is_finished or not p.stop or p.include_stop_str_in_output:
+        return text
+    return text[: len(text) - held_back_chars(text, p.stop)]
+
+
 def completion_of(req: Request, index: int) -> CompletionOutput:
+    """Everything req produced so far."""
     return CompletionOutput(
         index=index,
-        text=req.output_text,
+        text=visible_text(req),
         token_ids=list(req.output_token_ids),
         cumulative_logprob=req.cumulative_logprob if req.logprobs is not None else None,
         logprobs=req.logprobs,
@@ -66,16 +76,49 @@ def completion_of(req: Request, index: int) -> CompletionOutput:
     )
 
 
-def request_output(request_id: str, children: list[Request]) -> RequestOutput:
-    """One RequestOutput for a (possibly n > 1) request from its child sequences."""
+def delta_of(req: Request, index: int) -> CompletionOutput | None:
+    """What req produced since its last delta; None if nothing new and not finished."""
+    if req.final_sent:
+        return None
+    text = visible_text(req)
+    start_tok, start_chr = req.num_sent_tokens, min(req.num_sent_chars, len(text))
+    if start_tok == req.num_output_tokens and start_chr == len(text) and not req.is_finished:
+        return None
+    req.num_sent_tokens, req.num_sent_chars = req.num_output_tokens, len(text)
+    req.final_sent = req.is_finished
+    return CompletionOutput(
+        index=index,
+        text=text[start_chr:],
+        token_ids=req.output_token_ids[start_tok:],
+        cumulative_logprob=req.cumulative_logprob if req.logprobs is not None else None,
+        logprobs=None if req.logprobs is None else req.logprobs[start_tok:],
+        finish_reason=req.finish_reason,
+        stop_reason=req.stop_reason,
+    )
+
+
+def request_output(request_id: str, children: list[Request]) -> RequestOutput | None:
+    """One RequestOutput for a (possibly n > 1) request from its child sequences, shaped by
+    its output_kind; None when there is nothing to report (a DELTA with no news, or a
+    FINAL_ONLY request still running). A finished child's delta is sent only once."""
     first = children[0]
+    finished = all(c.is_finished for c in children)
+    kind = first.sampling_params.output_kind
+    if kind == RequestOutputKind.FINAL_ONLY and not finished:
+        return None
+    if kind == RequestOutputKind.DELTA:
+        outs = [d for i, c in enumerate(children) if (d := delta_of(c, i)) is not None]
+        if not outs:
+            return None
+    else:
+        outs = [completion_of(c, i) for i, c in enumerate(children)]
     errors = [c.error for c in children if c.status == RequestStatus.FINISHED_ERROR]
     return RequestOutput(
         request_id=request_id,
         prompt=first.prompt,
         prompt_token_ids=first.prompt_token_ids,
-        outputs=[completion_of(c, i) for i, c in enumerate(children)],
-        finished=all(c.is_finished for c in children),
+        outputs=outs,
+        finished=finished,
         prompt_logprobs=first.prompt_logprobs,
         error=errors[0] if errors else None,
     )

@@ -68,6 +68,12 @@ class Request:
     prompt_logprobs: list[dict | None] | None = None
     cumulative_logprob: float = 0.0
     first_token_time: float | None = None
+    # streaming: how much of the output earlier DELTA outputs already carried
+    num_sent_tokens: int = 0
+    num_sent_chars: int = 0
+    final_sent: bool = False
+    # structured outputs: an xgrammar GrammarMatcher while the request is unfinished
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from compiled_llm.sampling_params import SAMPLING_EPS
+from compiled_llm.structured_outputs import apply_bitmask
 
 _NEG_INF = float("-inf")
 
@@ -52,8 +53,11 @@ class SamplingMetadata:
     banned_token_ids: dict[int, list[int]]  # row -> ids forced to -inf (e.g. min_tokens)
     logits_processors: dict[int, list[Callable]]  # row -> (output_ids, row_logits) -> row
     max_num_logprobs: int | None  # top-k logprobs for sampled tokens; None = none
-    allowed_token_mask: torch.Tensor | None = None  # [B, V] bool, False = banned
     row_errors: dict[int, str] = field(default_factory=dict)  # row -> why it failed (filled in)
+    # structured outputs: xgrammar bitmask [B, ceil(V/32)] int32 on the logits' device, and
+    # the rows it constrains (others are unconstrained)
+    grammar_bitmask: torch.Tensor | None = None
+    grammar_rows: list[int] = field(default_factory=list)
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -236,11 +240,11 @@ class Sampler(nn.Module):
 
     @staticmethod
     def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        """Temperature-independent steps: processors, bans, allowed mask, penalties."""
+        """Temperature-independent steps: processors, bans, grammar bitmask, penalties."""
         apply_logits_processors(logits, meta)
         apply_banned_ids(logits, meta.banned_token_ids)
-        if meta.allowed_token_mask is not None:
-            logits.masked_fill_(~meta.allowed_token_mask, _NEG_INF)
+        if meta.grammar_bitmask is not None:
+            apply_bitmask(logits, meta.grammar_bitmask, meta.grammar_rows)
         return apply_penalties(logits, meta)
 
     @staticmethod

@@ -14,11 +14,22 @@ from typing import Any
 
 import torch
 
+from compiled_llm.structured_outputs import StructuredOutputsParams
+
 # Below this temperature a request is treated as greedy (same threshold as vLLM).
 SAMPLING_EPS = 1e-5
 
 # vLLM-v0 style per-request processor: (output token ids, 1-D logits row) -> logits row.
 LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
+
+
+class RequestOutputKind(enum.Enum):
+    """What each RequestOutput of a request carries (as vLLM): everything so far, only what is
+    new since the last output, or a single output at the end."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 class SamplingType(enum.IntEnum):
@@ -110,8 +121,9 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     logits_processors: list[LogitsProcessor] | None = None
     include_stop_str_in_output: bool = False
-    # Reserved for grammar-constrained decoding; stored untouched for now.
-    structured_outputs: object | None = None
+    # Grammar-constrained decoding; a dict is converted to StructuredOutputsParams.
+    structured_outputs: StructuredOutputsParams | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         self._verify_counts()
@@ -184,6 +196,13 @@ class SamplingParams:
             if not isinstance(procs, (list, tuple)) or not all(callable(p) for p in procs):
                 raise ValueError(f"logits_processors must be a list of callables, got {procs!r}")
             self.logits_processors = list(procs)
+        so = self.structured_outputs
+        if isinstance(so, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(so)
+        elif so is not None and not isinstance(so, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be StructuredOutputsParams, got {so!r}")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
 
     @property
     def sampling_type(self) -> SamplingType:

@@ -160,6 +160,7 @@ class Scheduler:
         if req.is_finished:
             return
         req.status, req.stop_reason = status, reason
+        req.grammar = None  # the matcher's memory goes with the request
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:

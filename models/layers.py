@@ -10,8 +10,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from compiled_llm.models.config import DecoderConfig
 from torch import nn
+
+from compiled_llm.models.config import DecoderConfig
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

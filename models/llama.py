@@ -7,11 +7,11 @@ Module names mirror HF's, so the weight map is the identity. forward takes a fla
 from __future__ import annotations
 
 import torch
-from compiled_llm.models.config import DecoderConfig
-from compiled_llm.models.layers import GatedMLP, LMHead, RMSNorm, RotaryEmbedding
 from torch import nn
 
 from compiled_llm.attention import attention
+from compiled_llm.models.config import DecoderConfig
+from compiled_llm.models.layers import GatedMLP, LMHead, RMSNorm, RotaryEmbedding
 
 
 class LlamaAttention(nn.Module):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from compiled_llm.models.config import DecoderConfig
 from compiled_llm.models.layers import RMSNorm
 from compiled_llm.models.llama import (

@@ -8,9 +8,6 @@ second is unfolded into `mm` + the fused op so the add rides in the norm's kerne
 from __future__ import annotations
 
 import torch
-from compiled_llm.passes import ops
-from compiled_llm.passes.base import PatternPass, example_tensors, float_dtypes
-from compiled_llm.passes.fx_utils import same_shape, val
 from torch._inductor.pattern_matcher import (
     Match,
     PatternMatcherPass,
@@ -18,6 +15,10 @@ from torch._inductor.pattern_matcher import (
     register_replacement,
 )
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from compiled_llm.passes import ops
+from compiled_llm.passes.base import PatternPass, example_tensors, float_dtypes
+from compiled_llm.passes.fx_utils import same_shape, val
 
 
 def _add_pattern(x, residual, weight, eps):

@@ -9,10 +9,11 @@ tensor-parallel layers traced by Dynamo produce.
 from __future__ import annotations
 
 import torch
+from torch.fx import Graph, Node
+
 from compiled_llm.passes import comm_ops  # noqa: F401 (registers the ops)
 from compiled_llm.passes.base import NormSitePass
 from compiled_llm.passes.fx_utils import insert_op, replace_tuple
-from torch.fx import Graph, Node
 
 OPS = torch.ops.compiled_llm
 C10D = torch.ops._c10d_functional

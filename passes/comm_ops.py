@@ -8,6 +8,7 @@ graph's.
 from __future__ import annotations
 
 import torch
+
 from compiled_llm.passes.ops import LIB, fused_add_rms_norm_ref, rms_norm_ref
 
 

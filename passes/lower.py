@@ -6,8 +6,6 @@ quant op likewise. The all-reduce ops stay opaque: a collective is never inlined
 from __future__ import annotations
 
 import torch
-from compiled_llm.passes import ops, quant_ops
-from compiled_llm.passes.base import PatternPass
 from torch._inductor.pattern_matcher import (
     Arg,
     CallFunction,
@@ -15,6 +13,9 @@ from torch._inductor.pattern_matcher import (
     PatternMatcherPass,
     register_graph_pattern,
 )
+
+from compiled_llm.passes import ops, quant_ops
+from compiled_llm.passes.base import PatternPass
 
 OPS = torch.ops.compiled_llm
 

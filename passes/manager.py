@@ -11,6 +11,9 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch.fx import Graph
+
 from compiled_llm.passes.add_rms_norm import AddRMSNormFusionPass
 from compiled_llm.passes.allreduce_rms_norm import AllReduceRMSNormFusionPass
 from compiled_llm.passes.base import GraphPass, source_hash
@@ -21,8 +24,6 @@ from compiled_llm.passes.rms_norm import RMSNormFusionPass
 from compiled_llm.passes.rms_norm_quant import RMSNormQuantFusionPass
 from compiled_llm.passes.silu_mul import SiluMulFusionPass
 from compiled_llm.passes.silu_mul_quant import SiluMulQuantFusionPass
-from torch._inductor.custom_graph_pass import CustomGraphPass
-from torch.fx import Graph
 
 # Order matters: add+norm before norm (norm is its sub-pattern); the all-reduce and quant passes
 # match the single-node ops the norm and SiLU·mul passes leave behind.

@@ -11,10 +11,11 @@ import operator
 import sys
 
 import torch
-from compiled_llm.passes.base import GraphPass
-from compiled_llm.passes.fx_utils import same_shape, val
 from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from compiled_llm.passes.base import GraphPass
+from compiled_llm.passes.fx_utils import same_shape, val
 
 aten, prims = torch.ops.aten, torch.ops.prims
 

@@ -8,6 +8,7 @@ so that Inductor emits the producer and the quantization as one kernel.
 from __future__ import annotations
 
 import torch
+
 from compiled_llm.passes.ops import LIB, fused_add_rms_norm_ref, rms_norm_ref, silu_and_mul_ref
 
 FP8_DTYPE = torch.float8_e4m3fn

@@ -7,9 +7,10 @@ has no casts; bf16/fp16 upcast and cast back), with eps taken from the graph.
 from __future__ import annotations
 
 import torch
+from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
+
 from compiled_llm.passes import ops
 from compiled_llm.passes.base import PatternPass, example_tensors, float_dtypes
-from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
 
 
 def _pattern(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

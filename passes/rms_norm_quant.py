@@ -8,10 +8,11 @@ the fused op quantizes it once, so the duplicate quant ops disappear too.
 from __future__ import annotations
 
 import torch
+from torch.fx import Graph, Node
+
 from compiled_llm.passes import ops, quant_ops  # noqa: F401 (registers the ops)
 from compiled_llm.passes.base import NormSitePass
 from compiled_llm.passes.fx_utils import getitem_users, insert_op, replace_tuple
-from torch.fx import Graph, Node
 
 OPS = torch.ops.compiled_llm
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
+from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
+
 from compiled_llm.passes import ops
 from compiled_llm.passes.base import PatternPass, example_tensors, float_dtypes
-from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
 
 
 def _pattern(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

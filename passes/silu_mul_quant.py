@@ -4,10 +4,11 @@ an FP8 model) -> one `compiled_llm::silu_and_mul_quant_fp8` op."""
 from __future__ import annotations
 
 import torch
+from torch.fx import Graph
+
 from compiled_llm.passes.base import GraphPass
 from compiled_llm.passes.fx_utils import insert_op
 from compiled_llm.passes.rms_norm_quant import quant_users, rewire_quants
-from torch.fx import Graph
 
 OPS = torch.ops.compiled_llm
 

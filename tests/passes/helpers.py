@@ -8,13 +8,13 @@ from collections import Counter
 
 import torch
 import torch._inductor.config as inductor_config
-from compiled_llm.passes import PassConfig, PassManager
 from torch._inductor.compile_fx import compile_fx
 from torch._inductor.utils import run_and_get_code
 
 from compiled_llm.attention import AttentionMetadata
 from compiled_llm.compat import mark_tokens_dynamic
 from compiled_llm.forward_context import ForwardContext, set_forward_context
+from compiled_llm.passes import PassConfig, PassManager
 
 
 def backend_with(manager: PassManager | None):

@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.multiprocessing as mp
+
 from compiled_llm.models.layers import rms_norm
 from compiled_llm.passes import PassConfig
-
 from tests.passes.helpers import capture_run
 
 

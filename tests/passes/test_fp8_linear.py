@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from compiled_llm.passes.quant_ops import FP8_DTYPE, quant_fp8_ref
 from torch import nn
 
 from compiled_llm import LLM, SamplingParams
 from compiled_llm.loader import load_model
+from compiled_llm.passes.quant_ops import FP8_DTYPE, quant_fp8_ref
 from compiled_llm.quantization import Fp8Linear, quantize_model
 from tests.utils import make_checkpoint, random_prompts
 

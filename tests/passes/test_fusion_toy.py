@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from compiled_llm.models.layers import rms_norm
 from compiled_llm.passes import PassConfig
 from compiled_llm.passes.quant_ops import quant_fp8_per_token
-
 from tests.passes.helpers import capture_run
 
 KEEP = PassConfig(inline_fused_ops=False)  # keep the fused ops visible in the final graph

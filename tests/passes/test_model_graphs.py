@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from compiled_llm.passes import PassConfig
 
 from compiled_llm.loader import load_model
+from compiled_llm.passes import PassConfig
 from tests.passes.helpers import capture_model, kernels_with, run_model
 from tests.utils import make_checkpoint
 

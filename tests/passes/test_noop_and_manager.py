@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import torch
+
 from compiled_llm.models.layers import rms_norm
 from compiled_llm.passes import PassConfig, PassManager
-
 from tests.passes.helpers import capture_run
 
 

@@ -39,7 +39,8 @@ def make_meta(batch: int, **kw) -> SamplingMetadata:
         banned_token_ids=kw.pop("banned_token_ids", {}),
         logits_processors=kw.pop("logits_processors", {}),
         max_num_logprobs=kw.pop("max_num_logprobs", None),
-        allowed_token_mask=kw.pop("allowed_token_mask", None),
+        grammar_bitmask=kw.pop("grammar_bitmask", None),
+        grammar_rows=kw.pop("grammar_rows", []),
         **tensors,
         **pens,
     )
@@ -121,13 +122,17 @@ def test_banned_ids_never_sampled():
     assert (out[1::2] < 3).all()
 
 
-def test_allowed_mask_restricts_tokens():
+def test_grammar_bitmask_restricts_only_its_rows():
     torch.manual_seed(6)
     logits = logits_batch(128)
-    mask = torch.zeros(128, V, dtype=torch.bool)
-    mask[:, 7] = mask[:, 9] = True
-    out = sample(logits, make_meta(128, temperature=[5.0] * 128, allowed_token_mask=mask))
-    assert set(out.tolist()) <= {7, 9}
+    bitmask = torch.full((128, -(-V // 32)), -1, dtype=torch.int32)  # all allowed
+    bitmask[::2] = 0
+    bitmask[::2, 0] = (1 << 7) | (1 << 9)  # even rows: only tokens 7 and 9
+    meta = make_meta(128, temperature=[5.0] * 128, grammar_bitmask=bitmask,
+                     grammar_rows=list(range(0, 128, 2)))
+    out = sample(logits, meta)
+    assert set(out[::2].tolist()) <= {7, 9}
+    assert len(set(out[1::2].tolist()) - {7, 9}) > 10
 
 
 def test_logits_processor_bans_token_and_sees_output_ids():

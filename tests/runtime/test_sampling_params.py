@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from compiled_llm.sampling_params import SamplingParams, SamplingType
+from compiled_llm.structured_outputs import StructuredOutputsParams
 
 BAD_VALUES = [
     ("n", 0),
@@ -126,7 +127,7 @@ def test_clone_is_independent_but_shares_processors():
     def proc(ids: list[int], row: torch.Tensor) -> torch.Tensor:
         return row
 
-    grammar = object()
+    grammar = StructuredOutputsParams(regex="[ab]+")
     p = SamplingParams(stop=["a"], stop_token_ids=[1], logits_processors=[proc], seed=7)
     p.structured_outputs = grammar
     q = p.clone()
