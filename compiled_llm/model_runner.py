@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from compiled_llm.compile.counters import counters
 from compiled_llm.config import CacheConfig, CompileConfig
 from compiled_llm.forward_context import ForwardContext, set_forward_context
 from compiled_llm.input_batch import StepInputs, build_step_inputs
@@ -79,6 +80,7 @@ class ModelRunner:
             pos = torch.nn.functional.pad(pos, (0, tokens - n))
         ctx = ForwardContext(inputs.attn, self.kv_caches, self.attn_backend,
                              cudagraph_tokens=tokens, capturing=capturing)
+        counters.piecewise_steps += int(tokens is not None and not capturing)
         with set_forward_context(ctx):
             return self.forward_fn(ids, pos)[:n]
 

@@ -20,6 +20,8 @@ class CompileCounters:
     cache_hits: int = 0
     cache_misses: int = 0
     cache_corrupt: int = 0
+    full_graph_replays: int = 0  # decode steps replayed as one whole-model CUDA graph
+    piecewise_steps: int = 0  # steps run through piecewise CUDA graphs
     pass_matches: dict[str, int] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
 

@@ -13,6 +13,7 @@ import time
 import torch
 
 from compiled_llm.attention import AttentionMetadata
+from compiled_llm.compile.counters import counters
 from compiled_llm.forward_context import ForwardContext, set_forward_context
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class DecodeGraphs:
             self.seq_lens[b:size].fill_(1)
             self.block_tables[b:size].zero_()
         self.graphs[size].replay()
+        counters.full_graph_replays += 1
         return self.outputs[size][:b]
 
 
