@@ -54,6 +54,7 @@ class LLMEngine:
         sched_cfg = args.scheduler_config(hf.get("max_position_embeddings", 2048))
         self.max_model_len = sched_cfg.max_model_len
         t0 = time.perf_counter()
+        baseline = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
         model = load_model(model_dir, self.dtype, self.device, sched_cfg.max_model_len,
                            args.load_format, args.quantization)
         t1 = time.perf_counter()
@@ -62,7 +63,7 @@ class LLMEngine:
                                   args.attention_backend_for(self.device.type))
         # the profiling forward is also the first call: Dynamo, passes and Inductor run here
         num_blocks = num_kv_blocks(self.runner, sched_cfg.max_num_batched_tokens,
-                                   sched_cfg.max_model_len)
+                                   sched_cfg.max_model_len, baseline)
         t2 = time.perf_counter()
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.execute(dummy_schedule(1, args.block_size, 1))  # the decode shape

@@ -199,9 +199,10 @@ def dummy_schedule(num_tokens: int, block_size: int, max_len: int) -> SchedulerO
     return out
 
 
-def num_kv_blocks(runner: ModelRunner, max_tokens: int, max_len: int) -> int:
+def num_kv_blocks(runner: ModelRunner, max_tokens: int, max_len: int, baseline: int = 0) -> int:
     """Blocks that fit the budget: a byte budget on CPU, gpu_memory_utilization on GPU after a
-    profiling forward of max_tokens tokens (which also warms up compilation)."""
+    profiling forward of max_tokens tokens (which also warms up compilation). `baseline` is
+    the memory allocated before this engine loaded its weights."""
     cfg = runner.cache_cfg
     if cfg.num_gpu_blocks_override:
         return cfg.num_gpu_blocks_override
@@ -215,10 +216,7 @@ def num_kv_blocks(runner: ModelRunner, max_tokens: int, max_len: int) -> int:
     if cfg.kv_cache_memory_bytes is not None:
         budget = cfg.kv_cache_memory_bytes
     elif runner.device.type == "cuda":
-        free, total = torch.cuda.mem_get_info()
-        others = total - free - torch.cuda.memory_reserved()
-        budget = int(total * cfg.gpu_memory_utilization) - others \
-            - torch.cuda.max_memory_allocated()
+        budget = _gpu_budget(cfg.gpu_memory_utilization, baseline)
     else:
         budget = 1 << 30
     runner.kv_caches = []
@@ -226,3 +224,12 @@ def num_kv_blocks(runner: ModelRunner, max_tokens: int, max_len: int) -> int:
     if blocks < 2:
         raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks")
     return int(blocks)
+
+
+def _gpu_budget(utilization: float, baseline: int) -> int:
+    """This engine's share of the device less its own weights and peak activations, and never
+    more than is free now (another engine or process may hold the rest)."""
+    free, total = torch.cuda.mem_get_info()
+    cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    own = torch.cuda.max_memory_allocated() - baseline
+    return min(int(total * utilization) - own, free + cached - (1 << 30))

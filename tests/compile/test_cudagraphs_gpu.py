@@ -19,10 +19,12 @@ def test_cudagraphs_match_eager(mode, tmp_path):
     ckpt = make_checkpoint("qwen3_deep")
     prompts = [{"prompt_token_ids": p} for p in random_prompts(11, 300, lo=2, hi=90, seed=9)]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    eager = LLM(str(ckpt), enforce_eager=True, dtype="float32", attention_backend="torch")
+    eager = LLM(str(ckpt), enforce_eager=True, dtype="float32", attention_backend="torch",
+                gpu_memory_utilization=0.4)
     ref = [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
     counters.reset()
     llm = LLM(str(ckpt), dtype="float32", cudagraph_mode=mode, max_num_seqs=16,
+              gpu_memory_utilization=0.4,
               compile_cache_dir=str(tmp_path))
     for k in (1, 3, 11):  # decode batches of 1, 3 and 11 sequences, mixed batches before
         outs = llm.generate(prompts[:k], params, use_tqdm=False)
