@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+
+ENV_KV_BYTES = "COMPILED_LLM_KV_CACHE_MEMORY_BYTES"  # default KV budget, CPU and GPU alike
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
 
 
 @dataclass
@@ -79,7 +87,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
-    kv_cache_memory_bytes: int | None = None
+    kv_cache_memory_bytes: int | None = field(default_factory=lambda: _env_int(ENV_KV_BYTES))
     num_gpu_blocks_override: int | None = None
     enforce_eager: bool = False
     compile_mode: str = "backend"

@@ -94,6 +94,7 @@ class DecodeGraphs:
         return self.outputs[size][:b]
 
 
+@torch.inference_mode()  # buffers and captures made as inference tensors, as steps run
 def capture_all(runner, max_num_seqs: int) -> dict[str, float]:
     """Capture what cudagraph_mode asks for; returns seconds per kind."""
     cfg, secs = runner.compile_cfg, {}
