@@ -8,6 +8,16 @@ from contextlib import contextmanager
 import torch
 
 
+def allow_many_models(limit: int = 256) -> None:
+    """Dynamo keeps one cache entry per model instance on the shared forward code object;
+    a process holding many engines (tests, benchmarks) must not hit the default limit of 8."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), limit))
+
+
 def mark_tokens_dynamic(*tensors: torch.Tensor) -> None:
     """Mark dim 0 (T) dynamic without specialising on 0/1, so no batch size recompiles."""
     for t in tensors:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compiled_llm.compat import graph_break_count, mark_tokens_dynamic
+from compiled_llm.compat import allow_many_models, graph_break_count, mark_tokens_dynamic
 from compiled_llm.compile.backend import BackendOptions, CompiledLLMBackend, model_factors
 from compiled_llm.compile.cache import ENV_DISABLE, CompileCache, cache_key, default_cache_root
 from compiled_llm.compile.counters import counters
@@ -47,6 +47,7 @@ def build_backend(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype) -> C
 
 def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype):
     """forward(input_ids, positions) compiled per cfg.mode, with T dynamic and no breaks."""
+    allow_many_models()
     backend = "inductor" if cfg.mode == "stock" else build_backend(model, cfg, dtype)
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend=backend)
 
