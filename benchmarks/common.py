@@ -25,7 +25,7 @@ SHAPES = {
 
 
 def random_checkpoint(shape: str, dtype: torch.dtype = torch.bfloat16, out: str | None = None):
-    """Save a random-weight checkpoint of a named shape (with a byte-level tokenizer)."""
+    """Save a random-weight checkpoint of a named shape (weights and config; no tokenizer)."""
     import transformers
 
     kw = dict(SHAPES[shape])

@@ -30,6 +30,11 @@ MODES = {
 }
 
 
+TABLE = ["phase", "mode", "startup s", "load s", "dynamo s", "inductor s", "cache_load s",
+         "compile_and_profile s", "cudagraphs s", "unique pieces", "cache hits", "recompiles",
+         "decode tok/s (b=1)", "prefill tok/s (1k)", "recompiles after run"]
+
+
 def phase(args) -> dict:
     """One measurement in this process; returns a result row."""
     import torch
@@ -43,7 +48,7 @@ def phase(args) -> dict:
     t0 = time.perf_counter()
     llm = LLM(args.model, dtype="bfloat16", max_model_len=args.max_model_len, seed=0,
               max_num_seqs=args.max_num_seqs, compile_cache_dir=args.cache_dir,
-              skip_tokenizer_init=True, **kw)
+              skip_tokenizer_init=True, enable_prefix_caching=False, **kw)
     startup = time.perf_counter() - t0
     row = {"phase": args.label, "mode": args.mode, "startup s": startup,
            **{f"{k} s": v for k, v in llm.engine.startup_seconds.items()},
@@ -75,7 +80,8 @@ def _speed(llm, SamplingParams, torch) -> dict:
         t = time.perf_counter()
         gen(n)
         timings[n] = time.perf_counter() - t
-    long = {"prompt_token_ids": [(i * 7) % 30000 + 10 for i in range(1024)]}
+    vocab = llm.engine.runner.model.config.vocab_size
+    long = {"prompt_token_ids": [(i * 7) % (vocab - 10) + 10 for i in range(1024)]}
     gen(1, long)
     t = time.perf_counter()
     gen(1, long)
@@ -108,24 +114,27 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--phase", action="store_true", help="internal: run one phase and exit")
     ap.add_argument("--speed", action="store_true")
-    ap.add_argument("--skip-speed", nargs="*", default=[])
+    ap.add_argument("--phases", nargs="+", default=["startup", "speed"])
+    ap.add_argument("--speed-modes", nargs="+", default=list(MODES))
+    ap.add_argument("--checkpoint-dir", default=None, help="reuse or create the checkpoint here")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.phase:
         print(json.dumps(phase(args)))
         return
-    args.model = args.model or str(random_checkpoint(args.shape))
+    args.model = args.model or str(random_checkpoint(args.shape, out=args.checkpoint_dir))
     rows = []
-    for mode in ("backend", "stock"):
+    for mode in ("backend", "stock") if "startup" in args.phases else ():
         env = {"CACHE": tempfile.mkdtemp(), "INDUCTOR": tempfile.mkdtemp()}
         rows.append(run_phase(args, mode, "cold", env, speed=False))
         rows.append(run_phase(args, mode, "warm", env, speed=False))
     env = {"CACHE": tempfile.mkdtemp(), "INDUCTOR": tempfile.mkdtemp()}
-    for mode in MODES:
-        if mode not in args.skip_speed:
-            rows.append(run_phase(args, mode, "speed", env, speed=True))
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    print_table([{k: r.get(k, "") for k in keys} for r in rows], f"Compile and speed, {args.shape}")
+    for mode in args.speed_modes if "speed" in args.phases else ():
+        rows.append(run_phase(args, mode, "speed", env, speed=True))
+    print_table([{k: r.get(k, "") for k in TABLE} for r in rows], f"Compile and speed, {args.shape}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['phase']} {r['mode']}: {r['error']}")
     save_json(args.json, {"shape": args.shape, "rows": rows})
 
 
