@@ -131,7 +131,8 @@ def main() -> None:
     env = {"CACHE": tempfile.mkdtemp(), "INDUCTOR": tempfile.mkdtemp()}
     for mode in args.speed_modes if "speed" in args.phases else ():
         rows.append(run_phase(args, mode, "speed", env, speed=True))
-    print_table([{k: r.get(k, "") for k in TABLE} for r in rows], f"Compile and speed, {args.shape}")
+    table = [{k: r.get(k, "") for k in TABLE} for r in rows]
+    print_table(table, f"Compile and speed, {args.shape}")
     for r in rows:
         if "error" in r:
             print(f"{r['phase']} {r['mode']}: {r['error']}")
