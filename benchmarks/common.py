@@ -37,6 +37,9 @@ def random_checkpoint(shape: str, dtype: torch.dtype = torch.bfloat16, out: str 
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     model.save_pretrained(out_dir, safe_serialization=True)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # phases run in child processes and need the whole device
     return out_dir
 
 

@@ -99,8 +99,11 @@ def run_phase(args, mode: str, label: str, env: dict, speed: bool) -> dict:
     out = subprocess.run(cmd, env=penv, capture_output=True, text=True)
     if out.returncode != 0:
         print(out.stderr[-4000:], file=sys.stderr)
-        return {"phase": label, "mode": mode, "error": out.stderr.strip().splitlines()[-1]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        row = {"phase": label, "mode": mode, "error": out.stderr.strip().splitlines()[-1]}
+    else:
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+    print(json.dumps(row), flush=True)  # each row as it lands, in case a later phase hangs
+    return row
 
 
 def main() -> None:

@@ -232,4 +232,5 @@ def _gpu_budget(utilization: float, baseline: int) -> int:
     free, total = torch.cuda.mem_get_info()
     cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
     own = torch.cuda.max_memory_allocated() - baseline
-    return min(int(total * utilization) - own, free + cached - (1 << 30))
+    # keep the same headroom as `utilization` implies (CUDA graphs, sampler, other processes)
+    return min(int(total * utilization) - own, free + cached - int(total * (1 - utilization)))
