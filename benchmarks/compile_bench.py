@@ -54,7 +54,8 @@ def phase(args) -> dict:
            **{f"{k} s": v for k, v in llm.engine.startup_seconds.items()},
            **{f"{k} s": v for k, v in counters.stage_seconds.items()},
            "unique pieces": counters.unique_pieces, "cache hits": counters.cache_hits,
-           "recompiles": counters.recompiles, "graph breaks": graph_break_count()}
+           "recompiles": counters.recompiles, "graph breaks": graph_break_count(),
+           **{f"capture {k} s": v for k, v in llm.engine.runner.cudagraph_capture_split.items()}}
     if args.speed:
         row.update(_speed(llm, SamplingParams, torch))
         row["recompiles after run"] = counters.recompiles

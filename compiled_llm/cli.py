@@ -111,6 +111,8 @@ def run_compile(ns: argparse.Namespace) -> int:
     graphs = engine.runner.decode_graphs
     if graphs is not None:
         print(f"  CUDA graphs for batch sizes {graphs.sizes}")
+    for kind, secs in engine.runner.cudagraph_capture_split.items():
+        print(f"  capture {kind:<14} {secs:8.2f} s")
     return 0
 
 

@@ -43,6 +43,7 @@ class ModelRunner:
         self.decode_graphs = None
         self.piecewise_sizes: list[int] = []  # set once piecewise graphs are captured
         self.cudagraph_capture_seconds = 0.0
+        self.cudagraph_capture_split: dict[str, float] = {}  # seconds per graph kind
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
         self.kv_caches: list[torch.Tensor] = []
@@ -90,7 +91,7 @@ class ModelRunner:
             return
         from compiled_llm.compile.cudagraphs import capture_all
 
-        capture_all(self, max_num_seqs)
+        self.cudagraph_capture_split = capture_all(self, max_num_seqs)
 
     def release(self, request_ids: set[str]) -> None:
         """Drop per-request device state (seeded generators) of finished requests."""

@@ -20,10 +20,11 @@ logger = logging.getLogger(__name__)
 
 
 def default_sizes(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, 8, then every 8 up to max_num_seqs."""
-    sizes = [s for s in (1, 2, 4, 8) if s <= max_num_seqs]
-    sizes += list(range(16, max_num_seqs + 1, 8))
-    return sizes
+    """1, 2, 4, 8, 16, 24, 32, then every 16 up to max_num_seqs (and max_num_seqs itself):
+    fine steps where padding costs most, few graphs overall so capture stays short."""
+    sizes = [s for s in (1, 2, 4, 8, 16, 24, 32) if s <= max_num_seqs]
+    sizes += list(range(48, max_num_seqs + 1, 16))
+    return sorted({*sizes, max_num_seqs})
 
 
 class DecodeGraphs:
