@@ -74,7 +74,7 @@ class Scheduler:
         for req in order:
             if budget <= 0:
                 break
-            if req not in self.running:  # preempted earlier in this loop
+            if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if not self._allocate_or_preempt(req, n, out):
@@ -84,8 +84,8 @@ class Scheduler:
         return budget
 
     def _allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> bool:
-        scheduled = {id(r) for r, _ in out.scheduled}
         while not self.kv.allocate_slots(req, n):
+            scheduled = {id(r) for r, _ in out.scheduled}  # only on the rare failure path
             victims = [r for r in self.running if id(r) not in scheduled]
             if victims == [req] and not self.kv.can_ever_fit(req.num_computed_tokens + n):
                 # alone and still too big: the pool, not the batch, is the limit
