@@ -1,0 +1,40 @@
+"""The promise over the model registry: every registered architecture compiles with the
+compiled-llm backend, matches eager, and gets its expected fusions at every site."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compiled_llm import LLM, SamplingParams
+from compiled_llm.compile import counters
+from compiled_llm.models import supported_architectures
+from tests.utils import make_checkpoint, random_prompts
+
+ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+               "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+def test_every_registered_architecture_has_a_promise_case():
+    assert set(ARCH_CONFIG) == set(supported_architectures())
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_CONFIG))
+def test_compiles_matches_eager_and_fuses(arch, monkeypatch):
+    ckpt = make_checkpoint(ARCH_CONFIG[arch])
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(3, 300, lo=3, hi=30, seed=11)]
+    eager = LLM(str(ckpt), enforce_eager=True, dtype="float32")
+    ref = [o.outputs[0].token_ids for o in eager.generate(prompts, PARAMS, use_tqdm=False)]
+    counters.reset()
+    monkeypatch.setenv("COMPILED_LLM_DISABLE_CACHE", "1")  # no cache of ours, nor Inductor's:
+    with torch._inductor.config.patch(fx_graph_cache=False):  # the passes must really run
+        llm = LLM(str(ckpt), dtype="float32", compile_mode="backend")
+    layers = llm.engine.runner.model.config.num_hidden_layers
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)] == ref
+    m = counters.pass_matches
+    qk_norms = 2 * layers if arch == "Qwen3ForCausalLM" else 0
+    assert m["AddRMSNormFusionPass"] == 2 * layers  # post-attention and next/final norm
+    assert m["RMSNormFusionPass"] == 1 + qk_norms  # the first layer's input norm (+ q/k norms)
+    assert m["SiluMulFusionPass"] == layers
+    assert counters.graph_breaks == 0 and counters.recompiles == 0
