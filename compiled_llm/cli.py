@@ -107,12 +107,12 @@ def run_compile(ns: argparse.Namespace) -> int:
     for name, n in sorted(c.pass_matches.items()):
         print(f"  pass {name}: {n} matches")
     for stage, secs in {**engine.startup_seconds, **c.stage_seconds}.items():
-        print(f"  {stage:<22} {secs:8.2f} s")
+        print(f"  {stage:<34} {secs:8.2f} s")
     graphs = engine.runner.decode_graphs
     if graphs is not None:
         print(f"  CUDA graphs for batch sizes {graphs.sizes}")
     for kind, secs in engine.runner.cudagraph_capture_split.items():
-        print(f"  capture {kind:<14} {secs:8.2f} s")
+        print(f"  capture {kind:<26} {secs:8.2f} s")
     return 0
 
 
