@@ -15,7 +15,13 @@ import argparse
 import math
 
 from benchmarks import isolate
-from benchmarks.common import add_common_args, finish, print_table, shape_checkpoint
+from benchmarks.common import (
+    add_common_args,
+    finish,
+    per_shape_plot,
+    print_table,
+    shape_checkpoint,
+)
 
 
 def run_shape(shape: str, args) -> tuple[list[dict], dict]:
@@ -54,23 +60,16 @@ def _row(shape: str, b: int, by: dict) -> dict:
     return row
 
 
-def draw(rows: list[dict]):
-    def _draw(plt):
-        shapes = list(dict.fromkeys(r["shape"] for r in rows))
-        fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4), squeeze=False)
-        for ax, shape in zip(axes[0], shapes):
-            rs = [r for r in rows if r["shape"] == shape]
-            for key, style in (("graphs on tok/s", "o-"), ("graphs off tok/s", "s--"),
-                               ("transformers tok/s", "^:")):
-                ax.plot([r["batch"] for r in rs], [r[key] for r in rs], style,
-                        label=key.replace(" tok/s", ""))
-            ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="decode tokens/s",
-                   title=f"decode batch sweep, {shape}")
-            ax.set_xticks([r["batch"] for r in rs], labels=[str(r["batch"]) for r in rs])
-            ax.minorticks_off()
-            ax.legend()
-        return fig
-    return _draw
+def panel(ax, shape: str, rs: list[dict]) -> None:
+    for key, style in (("graphs on tok/s", "o-"), ("graphs off tok/s", "s--"),
+                       ("transformers tok/s", "^:")):
+        ax.plot([r["batch"] for r in rs], [r[key] for r in rs], style,
+                label=key.replace(" tok/s", ""))
+    ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="decode tokens/s",
+           title=f"decode batch sweep, {shape}")
+    ax.set_xticks([r["batch"] for r in rs], labels=[str(r["batch"]) for r in rs])
+    ax.minorticks_off()
+    ax.legend()
 
 
 def main() -> None:
@@ -80,7 +79,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--overhead-batch", type=int, default=64)
-    ap.add_argument("--peer-budget-s", type=float, default=120.0,
+    ap.add_argument("--peer-budget-s", type=float, default=90.0,
                     help="per shape, from the peer's load; later sizes are skipped (0: no peer)")
     args = ap.parse_args()
     rows, peer = [], {}
@@ -101,7 +100,7 @@ def main() -> None:
                   f"(--peer-budget-s {args.peer_budget_s:g} spent)")
         for b, err in peer[shape]["failed"].items():
             print(f"{shape}: transformers failed at batch {b}: {err}")
-    finish("batch_sweep", args, {"rows": rows, "peer": peer}, draw(rows))
+    finish("batch_sweep", args, {"rows": rows, "peer": peer}, per_shape_plot(rows, panel))
 
 
 if __name__ == "__main__":

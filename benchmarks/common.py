@@ -133,6 +133,17 @@ def output_paths(name: str, json_path: str | None, plot_path: str | None) -> tup
     return json_path, plot_path or str(Path(json_path).with_suffix(".png"))
 
 
+def per_shape_plot(rows: list[dict], panel, width: float = 6):
+    """A draw function for save_plot: one panel per shape, panel(ax, shape, that shape's rows)."""
+    def _draw(plt):
+        shapes = list(dict.fromkeys(r["shape"] for r in rows))
+        fig, axes = plt.subplots(1, len(shapes), figsize=(width * len(shapes), 4), squeeze=False)
+        for ax, shape in zip(axes[0], shapes):
+            panel(ax, shape, [r for r in rows if r["shape"] == shape])
+        return fig
+    return _draw
+
+
 def save_plot(path: str, draw) -> None:
     """draw(plt) makes a figure; saved to path. Skipped with a message without matplotlib."""
     try:

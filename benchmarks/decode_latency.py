@@ -14,7 +14,13 @@ import argparse
 import math
 
 from benchmarks import isolate
-from benchmarks.common import add_common_args, finish, print_table, shape_checkpoint
+from benchmarks.common import (
+    add_common_args,
+    finish,
+    per_shape_plot,
+    print_table,
+    shape_checkpoint,
+)
 from benchmarks.hardware import copy_bandwidth_gbs
 
 TARGETS = {"llama3-8b": "target >= 92% of copy bandwidth (~240 tok/s)",
@@ -47,19 +53,12 @@ def _row(shape: str, engine: str, res: dict, wbytes: float, bw_gbs: float) -> di
             "raw": res}
 
 
-def draw(rows: list[dict]):
-    def _draw(plt):
-        shapes = list(dict.fromkeys(r["shape"] for r in rows))
-        fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
-        for ax, shape in zip(axes[0], shapes):
-            rs = [r for r in rows if r["shape"] == shape]
-            bars = ax.bar([r["engine"] for r in rs], [r["decode tok/s"] for r in rs],
-                          color=["tab:gray", "tab:blue"][: len(rs)])
-            ax.bar_label(bars, labels=[f"{r['% copy bw']:.0f}% bw" for r in rs])
-            ax.set(title=f"batch-1 decode, {shape}", ylabel="tokens/s")
-            ax.tick_params(axis="x", labelsize=7)
-        return fig
-    return _draw
+def panel(ax, shape: str, rs: list[dict]) -> None:
+    bars = ax.bar([r["engine"] for r in rs], [r["decode tok/s"] for r in rs],
+                  color=["tab:gray", "tab:blue"][: len(rs)])
+    ax.bar_label(bars, labels=[f"{r['% copy bw']:.0f}% bw" for r in rs])
+    ax.set(title=f"batch-1 decode, {shape}", ylabel="tokens/s")
+    ax.tick_params(axis="x", labelsize=7)
 
 
 def main() -> None:
@@ -76,7 +75,8 @@ def main() -> None:
                 f"tokens, {args.dtype}; copy bandwidth {bw:,.0f} GB/s; ratio = / transformers")
     for shape in args.shape:
         print(f"{shape}: {TARGETS.get(shape, 'no target')}")
-    finish("decode_latency", args, {"copy_bw_gbs": bw, "rows": rows}, draw(rows))
+    finish("decode_latency", args, {"copy_bw_gbs": bw, "rows": rows},
+           per_shape_plot(rows, panel, width=5))
 
 
 if __name__ == "__main__":

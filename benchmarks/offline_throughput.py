@@ -22,7 +22,13 @@ import json
 from pathlib import Path
 
 from benchmarks import isolate
-from benchmarks.common import add_common_args, finish, print_table, shape_checkpoint
+from benchmarks.common import (
+    add_common_args,
+    finish,
+    per_shape_plot,
+    print_table,
+    shape_checkpoint,
+)
 from benchmarks.throughput import workload
 
 
@@ -61,16 +67,12 @@ def _row(shape: str, engine: str, res: dict, n: int) -> dict:
             "output tok/s": res["output_tokens"] / res["seconds"], "raw": res}
 
 
-def draw(rows: list[dict]):
-    def _draw(plt):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        labels = [f"{r['shape']}\n{r['engine']}" for r in rows]
-        ax.bar(labels, [r["output tok/s"] for r in rows],
-               color=["tab:gray" if "transformers" in r["engine"] else "tab:blue" for r in rows])
-        ax.set(ylabel="output tokens/s", title="Offline throughput (nano-vllm workload)")
-        ax.tick_params(axis="x", labelsize=7)
-        return fig
-    return _draw
+def panel(ax, shape: str, rs: list[dict]) -> None:
+    bars = ax.bar([r["engine"] for r in rs], [r["output tok/s"] for r in rs],
+                  color=["tab:gray" if "transformers" in r["engine"] else "tab:blue" for r in rs])
+    ax.bar_label(bars, labels=[f"x{r['ratio']:.1f}" for r in rs])
+    ax.set(ylabel="output tokens/s", title=f"offline throughput, {shape}")
+    ax.tick_params(axis="x", labelsize=7)
 
 
 def main() -> None:
@@ -81,14 +83,14 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, nargs=2, default=[100, 1024])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peer-api", default="manager", choices=["manager", "generate_batch"])
-    ap.add_argument("--peer-max-seconds", type=float, default=90.0,
+    ap.add_argument("--peer-max-seconds", type=float, default=60.0,
                     help="stop the peer after this long (0: no peer)")
     args = ap.parse_args()
     rows = [r for shape in args.shape for r in run_shape(shape, args)]
     table = [{k: v for k, v in r.items() if k != "raw"} for r in rows]
     print_table(table, f"Offline throughput: {args.num_requests} requests, input "
                 f"{args.input_len}, output {args.output_len}, ratio = / transformers CB")
-    finish("offline_throughput", args, {"rows": rows}, draw(rows))
+    finish("offline_throughput", args, {"rows": rows}, per_shape_plot(rows, panel, width=5))
 
 
 if __name__ == "__main__":

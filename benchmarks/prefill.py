@@ -16,7 +16,13 @@ import math
 from pathlib import Path
 
 from benchmarks import isolate
-from benchmarks.common import add_common_args, finish, print_table, shape_checkpoint
+from benchmarks.common import (
+    add_common_args,
+    finish,
+    per_shape_plot,
+    print_table,
+    shape_checkpoint,
+)
 from benchmarks.hardware import gemm_tflops
 
 
@@ -55,20 +61,15 @@ def run_shape(shape: str, args, peak_tflops: float) -> list[dict]:
     return rows
 
 
-def draw(rows: list[dict]):
-    def _draw(plt):
-        shapes = list(dict.fromkeys(r["shape"] for r in rows))
-        fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4), squeeze=False)
-        for ax, shape in zip(axes[0], shapes):
-            rs = [r for r in rows if r["shape"] == shape]
-            x = [r["tokens"] for r in rs]
-            ax.plot(x, [r["ours MFU %"] for r in rs], "o-", label="compiled-llm")
-            ax.plot(x, [r["transformers MFU %"] for r in rs], "^:", label="transformers")
-            ax.set(xscale="log", xlabel="prompt tokens", ylabel="MFU % of measured GEMM peak",
-                   title=f"prefill, {shape}")
-            ax.legend()
-        return fig
-    return _draw
+def panel(ax, shape: str, rs: list[dict]) -> None:
+    x = [r["tokens"] for r in rs]
+    ax.plot(x, [r["ours MFU %"] for r in rs], "o-", label="compiled-llm")
+    ax.plot(x, [r["transformers MFU %"] for r in rs], "^:", label="transformers")
+    ax.set(xscale="log", xlabel="prompt tokens", ylabel="MFU % of measured GEMM peak",
+           title=f"prefill, {shape}")
+    ax.set_xticks(x, labels=[str(n) for n in x])
+    ax.minorticks_off()
+    ax.legend()
 
 
 def main() -> None:
@@ -82,7 +83,7 @@ def main() -> None:
     rows = [r for shape in args.shape for r in run_shape(shape, args, peak)]
     print_table(rows, f"Prefill, one prompt, {args.dtype}, compile {args.compile_mode}; GEMM "
                 f"peak {peak:,.1f} TFLOP/s; ratio = transformers time / ours")
-    finish("prefill", args, {"gemm_peak_tflops": peak, "rows": rows}, draw(rows))
+    finish("prefill", args, {"gemm_peak_tflops": peak, "rows": rows}, per_shape_plot(rows, panel))
 
 
 if __name__ == "__main__":
