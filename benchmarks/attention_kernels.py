@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import print_table, save_json
+from benchmarks.hardware import copy_bandwidth_gbs
 from compiled_llm.attention.kernels import (
     DecodeConfig,
     PrefillConfig,
@@ -62,14 +63,6 @@ def _time(fn, reps: int) -> float:
         end.synchronize()
         best = min(best, start.elapsed_time(end))
     return best
-
-
-def copy_bandwidth_gbs() -> float:
-    """HBM copy bandwidth (read + write bytes) measured now, on 4 GiB."""
-    a = torch.empty(1 << 31, dtype=torch.int16, device="cuda")
-    b = torch.empty_like(a)
-    ms = bench_ms(lambda: b.copy_(a), iters=5, graph=False)
-    return 2 * a.numel() * 2 / ms / 1e6
 
 
 def paged_case(batch: int, ctx: int, q_len: int, seed: int = 0):

@@ -1,8 +1,11 @@
-"""Shared benchmark helpers: random-weight checkpoints of named shapes, tables, JSON results."""
+"""Shared benchmark helpers: random-weight checkpoints of named shapes, tables, JSON results,
+PNG plots."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -18,9 +21,10 @@ SHAPES = {
                        intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
                        tie_word_embeddings=True, rope_theta=1000000.0),
+    # max_position_embeddings as Llama 3.1's, so that 16k-token prompts fit (prefill benchmark)
     "llama3-8b": dict(arch="LlamaConfig", vocab_size=128256, hidden_size=4096,
                       intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0),
+                      num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0),
 }
 
 
@@ -41,6 +45,53 @@ def random_checkpoint(shape: str, dtype: torch.dtype = torch.bfloat16, out: str 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # phases run in child processes and need the whole device
     return out_dir
+
+
+def shape_checkpoint(shape: str, root: str | None, dtype: torch.dtype = torch.bfloat16) -> str:
+    """The checkpoint of `shape` under `root/shape`, made there on first use (else a temp dir)."""
+    out = str(Path(root) / shape) if root else None
+    return str(random_checkpoint(shape, dtype, out=out))
+
+
+def default_dtype() -> str:
+    return "bfloat16" if torch.cuda.is_available() else "float32"
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def random_ids(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """`batch` prompts of `length` random token ids in [1, vocab)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(1, vocab) for _ in range(length)] for _ in range(batch)]
+
+
+def add_common_args(ap: argparse.ArgumentParser, shapes: list[str]) -> None:
+    """Options every issue-4 benchmark takes."""
+    ap.add_argument("--shape", nargs="+", default=shapes, choices=list(SHAPES))
+    ap.add_argument("--checkpoint-dir", default=None,
+                    help="reuse or create the random checkpoints here, one folder per shape")
+    ap.add_argument("--dtype", default=default_dtype())
+    ap.add_argument("--compile-mode", default="backend", choices=["backend", "stock", "none"],
+                    help="compiled-llm's compile mode; none = eager (and an eager peer)")
+    ap.add_argument("--cudagraph-mode", default="full_and_piecewise")
+    ap.add_argument("--json", default=None, help="default: bench_out/<name>_<device>.json")
+    ap.add_argument("--plot", default=None, help="default: the JSON path with .png")
+
+
+def finish(name: str, args: argparse.Namespace, payload: dict, draw) -> None:
+    """Save the JSON result (with device and arguments) and the plot."""
+    json_path, plot_path = output_paths(name, args.json, args.plot)
+    save_json(json_path, {"device": device_name(), "torch": torch.__version__,
+                          "args": vars(args), **payload})
+    print(f"results: {json_path}")
+    save_plot(plot_path, draw)
 
 
 def timed(fn):
@@ -64,10 +115,48 @@ def print_table(rows: list[dict], title: str) -> None:
 
 
 def _fmt(v) -> str:
-    return f"{v:,.1f}" if isinstance(v, float) else str(v)
+    if isinstance(v, float):  # two decimals below 10 (ratios, milliseconds), else one
+        return f"{v:.2f}" if abs(v) < 10 else f"{v:,.1f}"
+    return str(v)
 
 
 def save_json(path: str | None, payload: dict) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(payload, indent=2))
+
+
+def output_paths(name: str, json_path: str | None, plot_path: str | None) -> tuple[str, str]:
+    """JSON and PNG paths: given ones, else bench_out/<name>_<device>.{json,png}."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    json_path = json_path or f"bench_out/{name}_{dev}.json"
+    return json_path, plot_path or str(Path(json_path).with_suffix(".png"))
+
+
+def per_shape_plot(rows: list[dict], panel, width: float = 6):
+    """A draw function for save_plot: one panel per shape, panel(ax, shape, that shape's rows)."""
+    def _draw(plt):
+        shapes = list(dict.fromkeys(r["shape"] for r in rows))
+        fig, axes = plt.subplots(1, len(shapes), figsize=(width * len(shapes), 4), squeeze=False)
+        for ax, shape in zip(axes[0], shapes):
+            panel(ax, shape, [r for r in rows if r["shape"] == shape])
+        return fig
+    return _draw
+
+
+def save_plot(path: str, draw) -> None:
+    """draw(plt) makes a figure; saved to path. Skipped with a message without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed (pip install '.[bench]'): no plot at {path}")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = draw(plt)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"plot: {path}")

@@ -5,6 +5,7 @@ step's requests, and the engine goes on serving."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from compiled_llm.outputs import RequestOutput
 from compiled_llm.request import Request, RequestStatus
 from compiled_llm.sampling_params import SamplingParams
 from compiled_llm.scheduler import Scheduler
+from compiled_llm.step_timer import StepStats, StepTimer
 from compiled_llm.structured_outputs import GrammarManager
 
 logger = logging.getLogger(__name__)
@@ -178,10 +180,24 @@ class LLMEngine:
         self.kv.reset_prefix_cache()
 
     # ------------------------------------------------------------------ step
+    @property
+    def step_stats(self) -> StepStats:
+        """A snapshot of the per-step host and device time totals (subtract two for a window)."""
+        return dataclasses.replace(self.runner.step_timer.stats)
+
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model, sample, and return outputs of requests that progressed
         or failed."""
+        timer = self.runner.step_timer
+        timer.begin()
+        try:
+            return self._step(timer)
+        finally:
+            timer.end()
+
+    def _step(self, timer: StepTimer) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
+        timer.scheduled()
         if sched.is_empty:
             self.runner.release(sched.finished_req_ids)
             return []
@@ -190,6 +206,7 @@ class LLMEngine:
         except Exception as e:  # the model step: fail its requests, keep serving the rest
             logger.exception("model step failed; failing its %d requests", len(sched.scheduled))
             return self._fail_step(sched, f"model step failed: {type(e).__name__}: {e}")
+        timer.executed()
         failed = [self._fail(self.scheduler_request(rid, sched), err)
                   for rid, err in result.errors.items()]
         for rid, rows in result.prompt_logprobs.items():

@@ -18,6 +18,7 @@ from compiled_llm.input_batch import StepInputs, build_step_inputs
 from compiled_llm.request import Request
 from compiled_llm.sampler import Sampler, SamplingMetadata, compute_prompt_logprobs, make_generator
 from compiled_llm.scheduler import SchedulerOutput
+from compiled_llm.step_timer import StepTimer
 from compiled_llm.structured_outputs import fill_bitmask
 
 LogprobRow = tuple[list[int], list[float], int]  # (ids, logprobs, rank of ids[0])
@@ -47,6 +48,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
         self.kv_caches: list[torch.Tensor] = []
+        self.step_timer = StepTimer(device)  # the engine brackets each step
         self.forward_fn = self._build_forward(model, compile_cfg)
 
     def _build_forward(self, model: nn.Module, cfg: CompileConfig):
@@ -102,6 +104,7 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> StepResult:
         self.release(sched.finished_req_ids)
         inputs = build_step_inputs(sched, self.cache_cfg.block_size, self.device)
+        self.step_timer.forward_start()
         hidden = self.run_forward(inputs)
         result = StepResult()
         if inputs.sample_reqs:
@@ -117,6 +120,7 @@ class ModelRunner:
         out = self.sampler(logits, meta)
         for row, err in meta.row_errors.items():
             result.errors[inputs.sample_reqs[row].request_id] = err
+        self.step_timer.gpu_done()
         tokens = out.sampled_token_ids.tolist()
         for req, tok in zip(inputs.sample_reqs, tokens):
             result.sampled[req.request_id] = tok

@@ -137,3 +137,23 @@ def test_abort_frees_blocks(llm, prompts):
     while eng.has_unfinished_requests():
         eng.step()
     assert eng.num_used_blocks == 0
+
+
+def test_step_stats_count_model_steps(llm):
+    """Every step that runs the model is timed; empty steps and warm-up are not."""
+    eng = llm.engine
+    before = eng.step_stats
+    eng.add_request("timed", {"prompt_token_ids": [5, 6, 7, 8]},
+                    SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    steps = 0
+    while eng.has_unfinished_requests():
+        eng.step()
+        steps += 1
+    eng.step()  # nothing scheduled: not counted
+    w = eng.step_stats - before
+    assert w.steps == steps == 6 and w.gpu_steps == 6
+    assert min(w.schedule_s, w.prepare_s, w.output_s) >= 0 and w.forward_s > 0
+    assert 0 < w.gpu_s <= w.forward_s
+    ms = w.per_step_ms()
+    assert ms["cpu_ms"] == pytest.approx(1e3 * w.cpu_s / 6)
+    assert eng.num_used_blocks == 0
