@@ -94,7 +94,7 @@ def _compile_parser(sub) -> None:
 
 
 def run_compile(ns: argparse.Namespace) -> int:
-    from compiled_llm.compile import counters, graph_break_count
+    from compiled_llm.compile import counters
     from compiled_llm.engine import LLMEngine
 
     counters.reset()
@@ -103,7 +103,7 @@ def run_compile(ns: argparse.Namespace) -> int:
     print(f"model: {ns.model or 'embedded demo'}  device: {engine.device}  dtype: {engine.dtype}")
     print(f"graphs captured {c.graphs_captured}, pieces {c.pieces}, unique {c.unique_pieces}, "
           f"Inductor compiles {c.inductor_compiles}, cache hits {c.cache_hits}, "
-          f"graph breaks {graph_break_count()}")
+          f"graph breaks {c.graph_breaks}")
     for name, n in sorted(c.pass_matches.items()):
         print(f"  pass {name}: {n} matches")
     for stage, secs in {**engine.startup_seconds, **c.stage_seconds}.items():

@@ -49,9 +49,7 @@ class OutputProcessor:
             hit = find_stop_string(text, len(delta), p.stop, p.include_stop_str_in_output)
             if hit is not None:
                 req.detokenizer.truncate(hit[1])
-                req.output_text = req.detokenizer.output_text
                 return hit[0]
-        req.output_text = req.detokenizer.output_text
         return None
 
 

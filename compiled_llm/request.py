@@ -63,11 +63,9 @@ class Request:
     num_preemptions: int = 0
     # output side
     detokenizer: Any = None
-    output_text: str = ""
     logprobs: list[dict] | None = None
     prompt_logprobs: list[dict | None] | None = None
     cumulative_logprob: float = 0.0
-    first_token_time: float | None = None
     # streaming: how much of the output earlier DELTA outputs already carried
     num_sent_tokens: int = 0
     num_sent_chars: int = 0
@@ -81,6 +79,11 @@ class Request:
             self.logprobs = []
         if self.sampling_params.prompt_logprobs is not None:
             self.prompt_logprobs = [None]  # the first prompt token has no logprob
+
+    @property
+    def output_text(self) -> str:
+        """The detokenized output so far (the detokenizer owns it; "" without one)."""
+        return "" if self.detokenizer is None else self.detokenizer.output_text
 
     @property
     def num_prompt_tokens(self) -> int:

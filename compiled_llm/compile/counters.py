@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 class CompileCounters:
     graphs_captured: int = 0  # backend invocations (Dynamo graphs)
     recompiles: int = 0  # captures after the first for the same model
-    graph_breaks: int = 0
     pieces: int = 0  # pieces between attention ops, over all captures
     unique_pieces: int = 0  # pieces actually compiled or loaded (the rest reuse them)
     inductor_compiles: int = 0
@@ -24,6 +23,13 @@ class CompileCounters:
     piecewise_steps: int = 0  # steps run through piecewise CUDA graphs
     pass_matches: dict[str, int] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def graph_breaks(self) -> int:
+        """Dynamo's own count (fullgraph=True turns any break into an error)."""
+        from compiled_llm.compat import graph_break_count
+
+        return graph_break_count()
 
     def add_time(self, stage: str, seconds: float) -> None:
         self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
@@ -37,7 +43,7 @@ class CompileCounters:
             setattr(self, f.name, default)
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "graph_breaks": self.graph_breaks}
 
 
 counters = CompileCounters()
