@@ -14,6 +14,7 @@ from compiled_llm.compat import allow_many_models, graph_break_count, mark_token
 from compiled_llm.compile.backend import BackendOptions, CompiledLLMBackend, model_factors
 from compiled_llm.compile.cache import ENV_DISABLE, CompileCache, cache_key, default_cache_root
 from compiled_llm.compile.counters import counters
+from compiled_llm.compile.snapshot import snapshot_name
 from compiled_llm.config import CompileConfig
 
 __all__ = ["compile_model", "counters", "graph_break_count", "build_backend"]
@@ -46,9 +47,16 @@ def build_backend(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype) -> C
 
 
 def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype):
-    """forward(input_ids, positions) compiled per cfg.mode, with T dynamic and no breaks."""
+    """forward(input_ids, positions) compiled per cfg.mode, with T dynamic and no breaks.
+    With the backend and a warm cache, the stored snapshot skips Dynamo altogether."""
     allow_many_models()
     backend = "inductor" if cfg.mode == "stock" else build_backend(model, cfg, dtype)
+    if isinstance(backend, CompiledLLMBackend):
+        backend.snapshot_name = snapshot_name(model)
+        warm = backend.load_snapshot(model)
+        if warm is not None:
+            warm.backend = backend
+            return warm
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend=backend)
 
     def forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -56,6 +64,7 @@ def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype):
             mark_tokens_dynamic(input_ids, positions)
         if isinstance(backend, CompiledLLMBackend):
             backend.call_started = time.perf_counter()  # Dynamo time = until the backend runs
+            backend.call_locals = {"self": model, "input_ids": input_ids, "positions": positions}
         return compiled(input_ids, positions)
 
     forward.backend = backend

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import fx, nn
 
+from compiled_llm.compile import snapshot
 from compiled_llm.compile.cache import CompileCache
 from compiled_llm.compile.counters import counters
 from compiled_llm.compile.dump import PieceDumper
@@ -56,6 +57,8 @@ class CompiledLLMBackend:
         self.opts = opts
         self.compiled: dict[str, object] = {}
         self.call_started: float | None = None
+        self.call_locals: dict | None = None  # the compiled call's arguments, for the snapshot
+        self.snapshot_name: str | None = None  # set to store a warm-start snapshot
         self.captures = 0
         self.dumper = PieceDumper(opts.dump_dir) if opts.dump_dir else None
 
@@ -71,14 +74,73 @@ class CompiledLLMBackend:
         # the placeholders' fake values carry the symbolic T; example_inputs are real tensors
         fakes = [_fake_value(n) for n in gm.graph.nodes if n.op == "placeholder"]
         mode = next(f.fake_mode for f in fakes if isinstance(f, torch.Tensor))
+        compiler = _PieceCompiler(split, self, {p.name: p for p in pieces})
         with mode:
-            _PieceCompiler(split, self, {p.name: p for p in pieces}).run(*fakes)
+            compiler.run(*fakes)
+        if self.captures == 1:
+            self._save_snapshot(gm, split, compiler.refs, example_inputs)
         return split
 
-    def compile_piece(self, piece: Piece, args: list) -> object:
+    def wrap(self, fn, key: str, returns_tuple: bool) -> nn.Module:
+        """A compiled piece as a module of the split graph (under piecewise graphs if on)."""
+        mod: nn.Module = CompiledPiece(fn, key, returns_tuple)
+        return PiecewiseGraphPiece(mod) if self.opts.piecewise_cudagraphs else mod
+
+    def _save_snapshot(self, gm, split, refs: dict, example_inputs: list) -> None:
+        cache, name = self.opts.cache, self.snapshot_name
+        if cache is None or name is None or self.dumper or self.call_locals is None:
+            return
+        sources = snapshot.input_sources(gm)
+        out = gm.graph.output_node().args[0]
+        if (sources is None or not isinstance(out, (tuple, list)) or len(out) != 1
+                or not snapshot.sources_match(sources, example_inputs, self.call_locals)):
+            logger.info("no warm-start snapshot: graph inputs or output not as expected")
+            return
+        try:
+            data = snapshot.dumps(split, refs, sources)
+        except Exception as e:  # an unpicklable graph only costs the Dynamo-free warm start
+            logger.info("no warm-start snapshot: %s", e)
+            return
+        cache.save_blob(name, data)
+
+    def load_snapshot(self, model: nn.Module):
+        """forward(input_ids, positions) rebuilt from the cache without Dynamo, or None."""
+        cache, name = self.opts.cache, self.snapshot_name
+        if cache is None or name is None or self.dumper:
+            return None
+        t0 = time.perf_counter()
+        data = cache.load_blob(name)
+        if data is None:
+            return None
+        try:
+            graph, sources = snapshot.loads(data)
+        except Exception as e:
+            cache.discard(name, e)
+            return None
+        for target, ref in list(graph.named_children()):
+            if isinstance(ref, snapshot.PieceRef):
+                counters.pieces += 1
+                fn = self.compiled.get(ref.key) or self._load_cached(ref.key)
+                if fn is None:
+                    return None  # a piece is gone: compile through Dynamo instead
+                setattr(graph, target, self.wrap(fn, target, ref.returns_tuple))
+        counters.snapshot_loads += 1
+        counters.add_time("snapshot_load", time.perf_counter() - t0)
+        return snapshot.warm_forward(graph, sources, model)
+
+    def _load_cached(self, key: str):
+        with self.opts.cache.lock():
+            t0 = time.perf_counter()
+            fn = self.opts.cache.load(key)
+            counters.add_time("cache_load", time.perf_counter() - t0)
+        if fn is not None:
+            counters.unique_pieces += 1
+            self.compiled[key] = fn
+        return fn
+
+    def compile_piece(self, piece: Piece, args: list, key: str) -> object:
         """Compiled callable for a piece: reuse by hash, else the cache, else Inductor."""
         counters.pieces += 1
-        key = piece_hash(piece.module)
         if key in self.compiled:
             return self.compiled[key]
         counters.unique_pieces += 1
@@ -123,18 +185,18 @@ class _PieceCompiler(fx.Interpreter):
     def __init__(self, split: fx.GraphModule, backend: CompiledLLMBackend, pieces) -> None:
         super().__init__(split)
         self.split, self.backend, self.pieces = split, backend, pieces
+        self.refs: dict[str, snapshot.PieceRef] = {}  # split target -> its compiled piece's key
 
     def call_module(self, target, args, kwargs):
         out = super().call_module(target, args, kwargs)
         piece = self.pieces.get(target)
         if piece is not None and not piece.is_split_op:
-            fn = self.backend.compile_piece(piece, list(args))
+            key = piece_hash(piece.module)
+            fn = self.backend.compile_piece(piece, list(args), key)
             delattr(self.split, target)
             returns_tuple = isinstance(piece.module.graph.output_node().args[0], (tuple, list))
-            mod: nn.Module = CompiledPiece(fn, target, returns_tuple)
-            if self.backend.opts.piecewise_cudagraphs:
-                mod = PiecewiseGraphPiece(mod)
-            self.split.add_submodule(target, mod)
+            self.split.add_submodule(target, self.backend.wrap(fn, target, returns_tuple))
+            self.refs[target] = snapshot.PieceRef(key, returns_tuple)
         return out
 
 

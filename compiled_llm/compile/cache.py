@@ -84,7 +84,9 @@ class CompileCache:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     def _paths(self, piece: str) -> tuple[Path, Path]:
-        return self.dir / f"{piece}.bin", self.dir / f"{piece}.json"
+        """(data, manifest); a piece's data is `.bin`, a blob's name carries its own suffix."""
+        data = self.dir / (piece if "." in piece else f"{piece}.bin")
+        return data, self.dir / f"{piece}.json"
 
     def load(self, piece: str):
         """The stored artifact, or None on a miss or a corrupt entry (which is removed)."""
@@ -100,20 +102,46 @@ class CompileCache:
 
             loaded = CompiledArtifact.load(path=str(art), format="binary")
         except Exception as e:  # any damage means: rebuild, never crash
-            logger.warning("compile cache entry %s is corrupt (%s); rebuilding", art, e)
-            counters.cache_corrupt += 1
+            self.discard(piece, e)
             counters.cache_misses += 1
-            art.unlink(missing_ok=True)
-            manifest.unlink(missing_ok=True)
             return None
         counters.cache_hits += 1
         return loaded
 
     def save(self, piece: str, artifact, info: dict | None = None) -> None:
-        art, manifest = self._paths(piece)
+        self._commit(piece, lambda tmp: artifact.save(path=tmp, format="binary"), info)
+
+    def save_blob(self, name: str, data: bytes, info: dict | None = None) -> None:
+        """Store raw bytes under name, with the same atomic commit and checksum as artifacts."""
+        self._commit(name, lambda tmp: Path(tmp).write_bytes(data), info)
+
+    def load_blob(self, name: str) -> bytes | None:
+        """The bytes stored under name, or None when missing or corrupt (which is removed)."""
+        art, manifest = self._paths(name)
+        if not manifest.exists():
+            return None
+        try:
+            data = art.read_bytes()
+            if hashlib.sha256(data).hexdigest() != json.loads(manifest.read_text())["sha256"]:
+                raise ValueError("checksum mismatch")
+        except Exception as e:
+            self.discard(name, e)
+            return None
+        return data
+
+    def discard(self, name: str, why: object) -> None:
+        """Drop a damaged entry (warned about) so the next run rebuilds it."""
+        art, manifest = self._paths(name)
+        logger.warning("compile cache entry %s is corrupt (%s); rebuilding", art, why)
+        counters.cache_corrupt += 1
+        art.unlink(missing_ok=True)
+        manifest.unlink(missing_ok=True)
+
+    def _commit(self, name: str, write, info: dict | None) -> None:
+        art, manifest = self._paths(name)
         fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
         os.close(fd)
-        artifact.save(path=tmp, format="binary")
+        write(tmp)
         meta = {"sha256": _sha(Path(tmp)), "bytes": Path(tmp).stat().st_size, **(info or {})}
         os.replace(tmp, art)
         fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")

@@ -19,6 +19,7 @@ class CompileCounters:
     cache_hits: int = 0
     cache_misses: int = 0
     cache_corrupt: int = 0
+    snapshot_loads: int = 0  # warm starts that skipped Dynamo
     full_graph_replays: int = 0  # decode steps replayed as one whole-model CUDA graph
     piecewise_steps: int = 0  # steps run through piecewise CUDA graphs
     pass_matches: dict[str, int] = field(default_factory=dict)

@@ -53,6 +53,8 @@ def test_split_dedup_and_cache_roundtrip(deep_ckpt, prompts, eager_tokens, tmp_p
     counters.reset()
     warm = _backend_llm(deep_ckpt, tmp_path)
     assert counters.cache_hits == 3 and counters.inductor_compiles == 0
+    assert counters.snapshot_loads == 1 and counters.graphs_captured == 0, "Dynamo ran"
+    assert counters.pieces == layers + 1 and counters.unique_pieces == 3
     assert _tokens(warm, prompts) == eager_tokens
     assert warm.engine.num_used_blocks == 0
 
@@ -72,6 +74,24 @@ def test_corrupt_cache_entry_is_rebuilt(deep_ckpt, prompts, eager_tokens, tmp_pa
     counters.reset()
     _backend_llm(deep_ckpt, tmp_path)
     assert counters.cache_hits == 3 and counters.cache_corrupt == 0
+
+
+def test_corrupt_snapshot_falls_back_to_dynamo(deep_ckpt, prompts, eager_tokens, tmp_path,
+                                              caplog):
+    _backend_llm(deep_ckpt, tmp_path)
+    (snap,) = tmp_path.rglob("graph-*.pkl")
+    data = bytearray(snap.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    snap.write_bytes(bytes(data))
+    counters.reset()
+    llm = _backend_llm(deep_ckpt, tmp_path)
+    assert counters.snapshot_loads == 0 and counters.graphs_captured == 1
+    assert counters.cache_corrupt == 1 and counters.inductor_compiles == 0
+    assert "corrupt" in caplog.text
+    assert _tokens(llm, prompts) == eager_tokens
+    counters.reset()
+    _backend_llm(deep_ckpt, tmp_path)  # the fallback stored a fresh snapshot
+    assert counters.snapshot_loads == 1 and counters.cache_corrupt == 0
 
 
 def test_dump_dir_writes_each_unique_piece(deep_ckpt, tmp_path):
