@@ -59,7 +59,26 @@ def phase(args) -> dict:
     if args.speed:
         row.update(_speed(llm, SamplingParams, torch))
         row["recompiles after run"] = counters.recompiles
+    if args.profile_dir:
+        _profile(llm, SamplingParams, torch, f"{args.profile_dir}/profile_{args.mode}.txt")
     return row
+
+
+def _profile(llm, SamplingParams, torch, path: str) -> None:
+    """Kernel table (device time, calls) of one 1k-token prefill and of 32 decode steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    vocab = llm.engine.runner.model.config.vocab_size
+    long = {"prompt_token_ids": [(i * 7) % (vocab - 10) + 10 for i in range(1024)]}
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with open(path, "w") as f:
+        for name, n in (("prefill 1k", 1), ("prefill 1k + 32 decode steps", 33)):
+            params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+            llm.generate(long, params, use_tqdm=False)
+            with profile(activities=acts) as prof:
+                llm.generate(long, params, use_tqdm=False)
+            table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30)
+            f.write(f"## {name}\n\n{table}\n\n")
 
 
 def _pass_flags() -> list[str]:
@@ -96,6 +115,7 @@ def run_phase(args, mode: str, label: str, env: dict, speed: bool) -> dict:
            "--label", label, "--model", args.model, "--cache-dir", env["CACHE"],
            "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs)]
     cmd += ["--speed"] if speed else []
+    cmd += ["--profile-dir", args.profile_dir] if speed and args.profile_dir else []
     penv = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": env["INDUCTOR"]}
     out = subprocess.run(cmd, env=penv, capture_output=True, text=True)
     if out.returncode != 0:
@@ -122,6 +142,8 @@ def main() -> None:
     ap.add_argument("--speed-modes", nargs="+", default=list(MODES))
     ap.add_argument("--checkpoint-dir", default=None, help="reuse or create the checkpoint here")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile-dir", default=None,
+                    help="speed phases also write a kernel table per mode here")
     args = ap.parse_args()
     if args.phase:
         print(json.dumps(phase(args)))
