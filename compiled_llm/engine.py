@@ -216,7 +216,10 @@ class LLMEngine:
                 req, rows))
         touched = self.scheduler.update(sched, result.sampled)
         for req in touched:
-            self._guarded(req, lambda req=req: self._advance_grammar(req))
+            if req.grammar is not None:
+                self._guarded(req, lambda req=req: self._advance_grammar(req))
+            if req.detokenizer is None and req.logprobs is None:
+                continue  # no text, no logprobs: nothing to process for this token
             stop = self._guarded(req, lambda req=req: self.outputs.process_token(req, result))
             if stop is not None:  # a stop string beats a length finish on the same token
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED, stop)

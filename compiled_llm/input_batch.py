@@ -59,25 +59,22 @@ def _prompt_rows(req: Request, pos: np.ndarray, row0: int) -> PromptLogprobRows:
     return PromptLogprobRows(req, rows, targets)
 
 
-def _token_ids(reqs: list[Request], starts: list[int], counts: list[int], decode: bool):
-    if decode:
-        return [r.all_token_ids[s] for r, s in zip(reqs, starts)]
-    return chain.from_iterable(r.all_token_ids[s:s + n] for r, s, n in zip(reqs, starts, counts))
-
-
 def build_step_inputs(sched: SchedulerOutput, bufs: StepBuffers, block_size: int,
                       pad: PadFn | None = None) -> StepInputs:
     """Fill the step buffers from the scheduled requests and send them to the device."""
     reqs = [r for r, _ in sched.scheduled]
     counts = [n for _, n in sched.scheduled]
-    starts = [r.num_computed_tokens for r in reqs]
-    b, n, max_q = len(reqs), sum(counts), max(counts)
+    # [B, 2]: (tokens already computed, tokens known) per request, one conversion
+    known = np.array([(r.num_computed_tokens, len(r.all_token_ids)) for r in reqs], np.int64)
+    starts = known[:, 0]
+    b, n = len(reqs), sum(counts)
+    decode = n == b  # one new token per request
+    max_q = 1 if decode else max(counts)
     graph, tokens = pad(b, n, max_q) if pad is not None else (None, None)
-    qsl = np.zeros(b + 1, dtype=np.int64)
-    np.cumsum(counts, out=qsl[1:])
-    ends = np.add(starts, counts)
-    sample = np.flatnonzero(ends == np.fromiter(map(len, (r.all_token_ids for r in reqs)),
-                                                np.int64, b))
+    qsl = _ARANGE[:b + 1] if decode and b < len(_ARANGE) else np.concatenate(
+        ([0], np.cumsum(counts)))
+    ends = starts + (1 if decode else counts)
+    sample = np.flatnonzero(ends == known[:, 1])
     bufs.wait()
     rows = np.empty(b, dtype=np.int64)
     entries = bufs.table.update(reqs, rows)
@@ -89,16 +86,21 @@ def build_step_inputs(sched: SchedulerOutput, bufs: StepBuffers, block_size: int
     _fill_seqs(v, qsl, ends, rows, n)
     a64, a32 = bufs.i64.np, bufs.i32.np
     a64[lay.sample:lay.sample + len(sample)] = qsl[1:][sample] - 1
-    a64[lay.entry_idx:lay.end64] = entries
-    a32[lay.entry_val:lay.end32] = bufs.table.host.reshape(-1)[entries]
+    if len(entries):
+        a64[lay.entry_idx:lay.end64] = entries
+        a32[lay.entry_val:lay.end32] = bufs.table.host.reshape(-1)[entries]
     bufs.send(lay, views)
-    attn = _metadata(views, n, b, max_q, int(ends[-1] if b == 1 else ends.max()), block_size)
+    attn = _metadata(views, n, b, max_q, int(ends.max()), block_size)
     prompt = [_prompt_rows(r, np.arange(s, s + c), int(q))
               for r, s, c, q in zip(reqs, starts, counts, qsl) if r.needs_prompt_logprobs]
     d = views.dev
+    sample_reqs = reqs if len(sample) == b else [reqs[i] for i in sample]
     return StepInputs(d["ids"], d["pos"], attn, n,
                       bufs.i64.dev[lay.sample:lay.sample + len(sample)],
-                      [reqs[i] for i in sample], prompt, graph, tokens if graph is None else None)
+                      sample_reqs, prompt, graph, tokens if graph is None else None)
+
+
+_ARANGE = np.arange(4097, dtype=np.int64)  # query starts of a pure-decode batch
 
 
 def _metadata(views, n: int, b: int, max_q: int, max_len: int, block_size: int):
@@ -115,18 +117,21 @@ def _metadata(views, n: int, b: int, max_q: int, max_len: int, block_size: int):
         seq_lens_cpu=h["seq_lens"][:b] if cut else h["seq_lens"])
 
 
-def _fill_tokens(v: dict, reqs: list[Request], starts: list[int], counts: list[int],
+def _fill_tokens(v: dict, reqs: list[Request], starts: np.ndarray, counts: list[int],
                  qsl: np.ndarray, rows: np.ndarray, block_size: int, table: np.ndarray) -> None:
     """ids, positions and slots of the real rows; padded rows read token 0 at position 0 and
     write the null slot 0."""
     n, decode = int(qsl[-1]), len(reqs) == int(qsl[-1])
     ids, pos, slots = v["ids"], v["pos"], v["slots"]
-    ids[:n] = np.fromiter(_token_ids(reqs, starts, counts, decode), np.int64, n)
     if decode:
+        ids[:n] = [r.all_token_ids[s] for r, s in zip(reqs, starts.tolist())]
         pos[:n] = starts
         tok_rows = rows
     else:  # position = start of its request + offset within the request's chunk
-        pos[:n] = np.arange(n) + np.repeat(np.subtract(starts, qsl[:-1]), counts)
+        ids[:n] = np.fromiter(chain.from_iterable(
+            r.all_token_ids[s:s + c] for r, s, c in zip(reqs, starts.tolist(), counts)),
+            np.int64, n)
+        pos[:n] = np.arange(n) + np.repeat(starts - qsl[:-1], counts)
         tok_rows = np.repeat(rows, counts)
     p = pos[:n]
     slots[:n] = table[tok_rows, p // block_size].astype(np.int64) * block_size + p % block_size
