@@ -16,7 +16,7 @@ import torch
 from compiled_llm.config import EngineArgs
 from compiled_llm.kv_cache import KVCacheManager, PrefixCacheStats
 from compiled_llm.loader import load_hf_config, load_model, read_json, resolve_dtype
-from compiled_llm.model_runner import ModelRunner, dummy_schedule, num_kv_blocks
+from compiled_llm.model_runner import ModelRunner, num_kv_blocks
 from compiled_llm.output_processor import OutputProcessor, request_output
 from compiled_llm.outputs import RequestOutput
 from compiled_llm.request import Request, RequestStatus
@@ -62,13 +62,14 @@ class LLMEngine:
         t1 = time.perf_counter()
         self.runner = ModelRunner(model, self.device, self.dtype, args.cache_config(),
                                   args.compile_config(), sched_cfg.max_model_len,
-                                  args.attention_backend_for(self.device.type))
+                                  args.attention_backend_for(self.device.type),
+                                  sched_cfg.max_num_seqs, sched_cfg.max_num_batched_tokens)
         # the profiling forward is also the first call: Dynamo, passes and Inductor run here
         num_blocks = num_kv_blocks(self.runner, sched_cfg.max_num_batched_tokens,
                                    sched_cfg.max_model_len, baseline)
         t2 = time.perf_counter()
         self.runner.allocate_kv_cache(num_blocks)
-        self.runner.execute(dummy_schedule(1, args.block_size, 1))  # the decode shape
+        self.runner.execute_dummy(1, 1)  # the decode shape
         t3 = time.perf_counter()
         self.runner.capture_cudagraphs(sched_cfg.max_num_seqs)
         self.startup_seconds = {"load": t1 - t0, "compile_and_profile": t2 - t1,
@@ -199,7 +200,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         timer.scheduled()
         if sched.is_empty:
-            self.runner.release(sched.finished_req_ids)
+            self.runner.release(sched.finished_req_ids, sched.preempted_req_ids)
             return []
         try:
             result = self.runner.execute(sched)
@@ -215,7 +216,10 @@ class LLMEngine:
                 req, rows))
         touched = self.scheduler.update(sched, result.sampled)
         for req in touched:
-            self._guarded(req, lambda req=req: self._advance_grammar(req))
+            if req.grammar is not None:
+                self._guarded(req, lambda req=req: self._advance_grammar(req))
+            if req.detokenizer is None and req.logprobs is None:
+                continue  # no text, no logprobs: nothing to process for this token
             stop = self._guarded(req, lambda req=req: self.outputs.process_token(req, result))
             if stop is not None:  # a stop string beats a length finish on the same token
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED, stop)

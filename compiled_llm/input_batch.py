@@ -1,12 +1,15 @@
-"""Turns a SchedulerOutput into the flat tensors of one forward: ids, positions, slots,
+"""Turns a SchedulerOutput into the flat inputs of one forward: ids, positions, slots,
 attention metadata, and which hidden rows need logits (sampling and prompt logprobs).
 
-Host-side numpy work per request; no per-token Python loops.
+Everything is written in place into the persistent StepBuffers: a Python pass per request for
+its scalars and token ids, numpy over the batch for the rest; no per-token Python loops.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 import torch
@@ -14,6 +17,10 @@ import torch
 from compiled_llm.attention import AttentionMetadata
 from compiled_llm.request import Request
 from compiled_llm.scheduler import SchedulerOutput
+from compiled_llm.step_buffers import Layout, StepBuffers
+
+# (num_seqs, num_tokens, max_query_len) -> (decode graph size or None, piecewise tokens or None)
+PadFn = Callable[[int, int, int], tuple[int | None, int | None]]
 
 
 @dataclass
@@ -27,20 +34,23 @@ class PromptLogprobRows:
 
 @dataclass
 class StepInputs:
-    input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
+    input_ids: torch.Tensor  # [P] (padded rows read token 0 at position 0)
+    positions: torch.Tensor  # [P]
     attn: AttentionMetadata
-    sample_rows: list[int]  # hidden row per sampling request
+    num_tokens: int  # real rows; the forward's output is cut to these
+    sample_rows: torch.Tensor  # [S] device: hidden row per sampling request
     sample_reqs: list[Request]
     prompt_rows: list[PromptLogprobRows] = field(default_factory=list)
+    graph_size: int | None = None  # replay the full decode graph of this size
+    cudagraph_tokens: int | None = None  # piecewise graphs padded to this many tokens
+
+    @property
+    def all_rows_sample(self) -> bool:
+        """Every hidden row samples, in order (pure decode): no row gather needed."""
+        return len(self.sample_reqs) == self.num_tokens
 
 
-def _request_slots(req: Request, pos: np.ndarray, block_size: int) -> np.ndarray:
-    blocks = np.asarray(req.block_ids, dtype=np.int64)
-    return blocks[pos // block_size] * block_size + pos % block_size
-
-
-def _prompt_rows(req: Request, start: int, pos: np.ndarray, row0: int) -> PromptLogprobRows:
+def _prompt_rows(req: Request, pos: np.ndarray, row0: int) -> PromptLogprobRows:
     # row at position p scores token p+1; only tokens not yet scored and still in the prompt
     have = len(req.prompt_logprobs)
     keep = (pos + 1 >= have) & (pos + 1 < req.num_prompt_tokens)
@@ -49,45 +59,107 @@ def _prompt_rows(req: Request, start: int, pos: np.ndarray, row0: int) -> Prompt
     return PromptLogprobRows(req, rows, targets)
 
 
-def build_step_inputs(sched: SchedulerOutput, block_size: int, device: torch.device) -> StepInputs:
-    """Flatten the scheduled requests into one token batch with its attention metadata."""
-    ids, pos_list, slots, lens = [], [], [], []
-    qsl = [0]
-    sample_rows, sample_reqs, prompt_rows = [], [], []
-    for req, n in sched.scheduled:
-        start = req.num_computed_tokens
-        pos = np.arange(start, start + n, dtype=np.int64)
-        ids.append(np.asarray(req.all_token_ids[start : start + n], dtype=np.int64))
-        pos_list.append(pos)
-        slots.append(_request_slots(req, pos, block_size))
-        row0 = qsl[-1]
-        qsl.append(row0 + n)
-        lens.append(start + n)
-        if req.needs_prompt_logprobs:
-            prompt_rows.append(_prompt_rows(req, start, pos, row0))
-        if start + n == req.num_tokens:
-            sample_rows.append(row0 + n - 1)
-            sample_reqs.append(req)
-    width = max(len(r.block_ids) for r, _ in sched.scheduled)
-    table = np.zeros((len(lens), width), dtype=np.int32)
-    for i, (req, _) in enumerate(sched.scheduled):
-        table[i, : len(req.block_ids)] = req.block_ids
-    attn = _metadata(np.concatenate(slots), qsl, lens, table, device)
-    to_dev = lambda a: torch.from_numpy(np.concatenate(a)).to(device, non_blocking=True)  # noqa: E731
-    return StepInputs(to_dev(ids), to_dev(pos_list), attn, sample_rows, sample_reqs, prompt_rows)
+def build_step_inputs(sched: SchedulerOutput, bufs: StepBuffers, block_size: int,
+                      pad: PadFn | None = None) -> StepInputs:
+    """Fill the step buffers from the scheduled requests and send them to the device."""
+    reqs = [r for r, _ in sched.scheduled]
+    counts = [n for _, n in sched.scheduled]
+    # [B, 2]: (tokens already computed, tokens known) per request, one conversion
+    known = np.array([(r.num_computed_tokens, len(r.all_token_ids)) for r in reqs], np.int64)
+    starts = known[:, 0]
+    b, n = len(reqs), sum(counts)
+    decode = n == b  # one new token per request
+    max_q = 1 if decode else max(counts)
+    graph, tokens = pad(b, n, max_q) if pad is not None else (None, None)
+    qsl = _ARANGE[:b + 1] if decode and b < len(_ARANGE) else np.concatenate(
+        ([0], np.cumsum(counts)))
+    ends = starts + (1 if decode else counts)
+    sample = np.flatnonzero(ends == known[:, 1])
+    bufs.wait()
+    rows = np.empty(b, dtype=np.int64)
+    entries = bufs.table.update(reqs, rows)
+    lay = Layout(graph or tokens or n, graph or b, len(sample), len(entries))
+    bufs.check(lay)
+    views = bufs.views(lay.tokens, lay.seqs)
+    v = views.host(bufs)
+    _fill_tokens(v, reqs, starts, counts, qsl, rows, block_size, bufs.table.host)
+    _fill_seqs(v, qsl, ends, rows, n)
+    a64, a32 = bufs.i64.np, bufs.i32.np
+    a64[lay.sample:lay.sample + len(sample)] = qsl[1:][sample] - 1
+    if len(entries):
+        a64[lay.entry_idx:lay.end64] = entries
+        a32[lay.entry_val:lay.end32] = bufs.table.host.reshape(-1)[entries]
+    bufs.send(lay, views)
+    attn = _metadata(views, n, b, max_q, int(ends.max()), block_size)
+    prompt = [_prompt_rows(r, np.arange(s, s + c), int(q))
+              for r, s, c, q in zip(reqs, starts, counts, qsl) if r.needs_prompt_logprobs]
+    d = views.dev
+    sample_reqs = reqs if len(sample) == b else [reqs[i] for i in sample]
+    return StepInputs(d["ids"], d["pos"], attn, n,
+                      bufs.i64.dev[lay.sample:lay.sample + len(sample)],
+                      sample_reqs, prompt, graph, tokens if graph is None else None)
 
 
-def _metadata(slots, qsl, lens, table, device) -> AttentionMetadata:
-    qsl_t = torch.tensor(qsl, dtype=torch.int32)
-    lens_t = torch.tensor(lens, dtype=torch.int32)
+_ARANGE = np.arange(4097, dtype=np.int64)  # query starts of a pure-decode batch
+
+
+def _metadata(views, n: int, b: int, max_q: int, max_len: int, block_size: int):
+    d, h = views.dev, views.host32
+    width = -(-max_len // block_size)
+    cut = n < len(d["slots"]) or b < len(d["seq_lens"])  # padded: show the real rows only
     return AttentionMetadata(
-        slot_mapping=torch.from_numpy(slots).to(device, non_blocking=True),
-        query_start_loc=qsl_t.to(device, non_blocking=True),
-        seq_lens=lens_t.to(device, non_blocking=True),
-        block_tables=torch.from_numpy(table).to(device, non_blocking=True),
-        num_actual_tokens=qsl[-1],
-        max_query_len=max(b - a for a, b in zip(qsl, qsl[1:])),
-        max_seq_len=max(lens),
-        query_start_loc_cpu=qsl_t,
-        seq_lens_cpu=lens_t,
-    )
+        slot_mapping=d["slots"][:n] if cut else d["slots"],
+        query_start_loc=d["qsl"][:b + 1] if cut else d["qsl"],
+        seq_lens=d["seq_lens"][:b] if cut else d["seq_lens"],
+        block_tables=d["block_tables"][:b, :width],
+        num_actual_tokens=n, max_query_len=max_q, max_seq_len=max_len,
+        query_start_loc_cpu=h["qsl"][:b + 1] if cut else h["qsl"],
+        seq_lens_cpu=h["seq_lens"][:b] if cut else h["seq_lens"])
+
+
+def _fill_tokens(v: dict, reqs: list[Request], starts: np.ndarray, counts: list[int],
+                 qsl: np.ndarray, rows: np.ndarray, block_size: int, table: np.ndarray) -> None:
+    """ids, positions and slots of the real rows; padded rows read token 0 at position 0 and
+    write the null slot 0."""
+    n, decode = int(qsl[-1]), len(reqs) == int(qsl[-1])
+    ids, pos, slots = v["ids"], v["pos"], v["slots"]
+    if decode:
+        ids[:n] = [r.all_token_ids[s] for r, s in zip(reqs, starts.tolist())]
+        pos[:n] = starts
+        tok_rows = rows
+    else:  # position = start of its request + offset within the request's chunk
+        ids[:n] = np.fromiter(chain.from_iterable(
+            r.all_token_ids[s:s + c] for r, s, c in zip(reqs, starts.tolist(), counts)),
+            np.int64, n)
+        pos[:n] = np.arange(n) + np.repeat(starts - qsl[:-1], counts)
+        tok_rows = np.repeat(rows, counts)
+    p = pos[:n]
+    slots[:n] = table[tok_rows, p // block_size].astype(np.int64) * block_size + p % block_size
+    ids[n:] = 0
+    pos[n:] = 0
+    slots[n:] = 0
+
+
+def _fill_seqs(v: dict, qsl: np.ndarray, ends: np.ndarray, rows: np.ndarray, n: int) -> None:
+    """Per-sequence segments; padded sequences hold one token of context in the null row."""
+    b = len(rows)
+    seqs = len(v["rows"])
+    v["qsl"][:b + 1] = qsl
+    v["qsl"][b + 1:] = np.arange(n + 1, n + 1 + seqs - b)
+    v["seq_lens"][:b] = ends
+    v["seq_lens"][b:] = 1
+    v["rows"][:b] = rows
+    v["rows"][b:] = 0
+
+
+def fill_padding(bufs: StepBuffers, size: int) -> None:
+    """Fill and send a step of `size` padding rows only (valid inputs for graph capture)."""
+    lay = Layout(size, size)
+    bufs.wait()
+    views = bufs.views(size, size)
+    v = views.host(bufs)
+    for name in ("ids", "pos", "slots"):
+        v[name][:] = 0
+    _fill_seqs(v, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64),
+               np.zeros(0, dtype=np.int64), 0)
+    bufs.send(lay, views)

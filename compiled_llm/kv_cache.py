@@ -103,6 +103,8 @@ class KVCacheManager:
         pool is short. computed_blocks (from get_computed_blocks, for a request holding no
         blocks) are taken first and advance req.num_computed_tokens past them."""
         hits = computed_blocks or []
+        if not hits and req.block_ids:  # the common case (decode): no lookup, maybe no block
+            return self._grow(req, num_new_tokens)
         if hits and (req.block_ids or req.num_computed_tokens):
             raise RuntimeError("computed_blocks are only for a request that holds no blocks")
         total = req.num_computed_tokens + len(hits) * self.block_size + num_new_tokens
@@ -120,11 +122,24 @@ class KVCacheManager:
         self._cache_full_blocks(req, req.num_computed_tokens + num_new_tokens)
         return True
 
+    def _grow(self, req: Request, num_new_tokens: int) -> bool:
+        """allocate_slots for a request that already holds blocks and takes no cached ones."""
+        total = req.num_computed_tokens + num_new_tokens
+        need = _ceil_div(total, self.block_size) - len(req.block_ids)
+        if need > 0:
+            if need > self.pool.num_free:
+                return False
+            req.block_ids.extend(self.pool.allocate(need))
+        self._cache_full_blocks(req, total)
+        return True
+
     def _cache_full_blocks(self, req: Request, num_tokens: int) -> None:
         """Publish the blocks this step fills (their KV is written before anyone reads it)."""
         if not self.enable_prefix_caching:
             return
         num_tokens = min(num_tokens, req.num_tokens)  # slots reserved ahead hold no tokens yet
+        if num_tokens // self.block_size <= req.num_computed_tokens // self.block_size:
+            return  # this step fills no block (hashes are extended when one is filled)
         self._hash_blocks(req, num_tokens)
         for i in range(req.num_computed_tokens // self.block_size, num_tokens // self.block_size):
             self.pool.cache(req.block_ids[i], req.block_hashes[i])

@@ -18,6 +18,7 @@ from compiled_llm.input_batch import StepInputs, build_step_inputs
 from compiled_llm.request import Request
 from compiled_llm.sampler import Sampler, SamplingMetadata, compute_prompt_logprobs, make_generator
 from compiled_llm.scheduler import SchedulerOutput
+from compiled_llm.step_buffers import StepBuffers
 from compiled_llm.step_timer import StepTimer
 from compiled_llm.structured_outputs import fill_bitmask
 
@@ -35,7 +36,8 @@ class StepResult:
 class ModelRunner:
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype,
                  cache_cfg: CacheConfig, compile_cfg: CompileConfig, max_model_len: int,
-                 attn_backend: str = "torch") -> None:
+                 attn_backend: str = "torch", max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192) -> None:
         self.model, self.device, self.dtype = model, device, dtype
         self.cache_cfg, self.compile_cfg = cache_cfg, compile_cfg
         self.max_model_len = max_model_len
@@ -50,6 +52,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.step_timer = StepTimer(device)  # the engine brackets each step
         self.forward_fn = self._build_forward(model, compile_cfg)
+        self.buffers = self._make_buffers(max_num_seqs, max_num_batched_tokens)
 
     def _build_forward(self, model: nn.Module, cfg: CompileConfig):
         if cfg.mode == "none":
@@ -57,6 +60,15 @@ class ModelRunner:
         from compiled_llm.compile import compile_model
 
         return compile_model(model, cfg, self.dtype)
+
+    def _make_buffers(self, max_num_seqs: int, max_num_batched_tokens: int) -> StepBuffers:
+        """Sized for the largest step: the token budget (or a padded graph), the sequence cap,
+        and the profiling run's requests of max_model_len tokens each."""
+        cfg = self.compile_cfg
+        graphs = max(cfg.cudagraph_batch_sizes or [0])
+        seqs = max(max_num_seqs, graphs, -(-max_num_batched_tokens // self.max_model_len))
+        tokens = max(max_num_batched_tokens, seqs, cfg.piecewise_max_tokens)
+        return StepBuffers(tokens, seqs, self.max_blocks_per_seq, self.device)
 
     # ------------------------------------------------------------------ KV cache
     def kv_bytes_per_block(self) -> int:
@@ -71,21 +83,28 @@ class ModelRunner:
                           for _ in range(c.num_hidden_layers)]
 
     # ------------------------------------------------------------------ step
+    def _padding(self, num_seqs: int, num_tokens: int, max_query_len: int):
+        """(decode graph size, piecewise padded tokens) for a step; at most one is set."""
+        if self.decode_graphs is not None:
+            size = self.decode_graphs.size_for(num_seqs, max_query_len)
+            if size is not None:
+                return size, None
+        return None, next((s for s in self.piecewise_sizes if s >= num_tokens), None)
+
+    def prepare(self, sched: SchedulerOutput) -> StepInputs:
+        """The step's inputs in the persistent buffers, padded for the graph that will run."""
+        return build_step_inputs(sched, self.buffers, self.cache_cfg.block_size, self._padding)
+
     def run_forward(self, inputs: StepInputs, capturing: bool = False) -> torch.Tensor:
         """hidden [T, hidden]: a full decode graph, piecewise graphs (padded), or plain."""
-        size = self.decode_graphs.size_for(inputs.attn) if self.decode_graphs else None
-        if size is not None and not capturing:
-            return self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.attn, size)
-        ids, pos, n = inputs.input_ids, inputs.positions, inputs.attn.num_actual_tokens
-        tokens = next((s for s in self.piecewise_sizes if s >= n), None)
-        if tokens is not None and tokens > n:  # pad: extra rows write the null block only
-            ids = torch.nn.functional.pad(ids, (0, tokens - n))
-            pos = torch.nn.functional.pad(pos, (0, tokens - n))
+        if inputs.graph_size is not None:
+            return self.decode_graphs.run(inputs.attn.num_seqs, inputs.graph_size)
+        tokens = inputs.cudagraph_tokens
         ctx = ForwardContext(inputs.attn, self.kv_caches, self.attn_backend,
                              cudagraph_tokens=tokens, capturing=capturing)
         counters.piecewise_steps += int(tokens is not None and not capturing)
-        with set_forward_context(ctx):
-            return self.forward_fn(ids, pos)[:n]
+        with set_forward_context(ctx):  # padded rows write the null block only
+            return self.forward_fn(inputs.input_ids, inputs.positions)[:inputs.num_tokens]
 
     def capture_cudagraphs(self, max_num_seqs: int) -> None:
         """Capture CUDA graphs per padded batch size before serving (no-op on CPU)."""
@@ -95,15 +114,18 @@ class ModelRunner:
 
         self.cudagraph_capture_split = capture_all(self, max_num_seqs)
 
-    def release(self, request_ids: set[str]) -> None:
-        """Drop per-request device state (seeded generators) of finished requests."""
-        for rid in request_ids:
+    def release(self, finished: set[str], preempted: set[str] = frozenset()) -> None:
+        """Drop per-request state: finished requests lose their block-table rows and seeded
+        generators; preempted ones only their rows (they resume with a new block list)."""
+        for rid in finished:
             self.generators.pop(rid, None)
+        self.buffers.table.release(finished)
+        self.buffers.table.release(preempted)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
-        self.release(sched.finished_req_ids)
-        inputs = build_step_inputs(sched, self.cache_cfg.block_size, self.device)
+        self.release(sched.finished_req_ids, sched.preempted_req_ids)
+        inputs = self.prepare(sched)
         self.step_timer.forward_start()
         hidden = self.run_forward(inputs)
         result = StepResult()
@@ -113,15 +135,24 @@ class ModelRunner:
             self._prompt_logprobs(hidden, inputs, result)
         return result
 
+    def execute_dummy(self, num_tokens: int, max_len: int) -> None:
+        """One step of dummy requests (warm-up, profiling); their table rows go back after."""
+        sched = dummy_schedule(num_tokens, self.cache_cfg.block_size, max_len)
+        try:
+            self.execute(sched)
+        finally:
+            self.release({r.request_id for r, _ in sched.scheduled})
+
     def _sample(self, hidden: torch.Tensor, inputs: StepInputs, result: StepResult) -> None:
-        rows = torch.tensor(inputs.sample_rows, device=self.device)
-        logits = self.model.compute_logits(hidden[rows])
+        if not inputs.all_rows_sample:
+            hidden = hidden.index_select(0, inputs.sample_rows)
+        logits = self.model.compute_logits(hidden)
         meta = self._sampling_metadata(inputs.sample_reqs)
         out = self.sampler(logits, meta)
         for row, err in meta.row_errors.items():
             result.errors[inputs.sample_reqs[row].request_id] = err
         self.step_timer.gpu_done()
-        tokens = out.sampled_token_ids.tolist()
+        tokens = out.sampled_token_ids.tolist()  # the step's one host sync
         for req, tok in zip(inputs.sample_reqs, tokens):
             result.sampled[req.request_id] = tok
         if out.logprobs is not None:
@@ -159,35 +190,45 @@ class ModelRunner:
 
 
 def build_sampling_metadata(reqs: list[Request], device: torch.device, gen_for) -> SamplingMetadata:
-    """The batch view of the requests' SamplingParams; optional tensors only when used."""
+    """The batch view of the requests' SamplingParams; optional tensors only when used (an
+    all-greedy batch builds none for temperature, top-k/p, min-p or generators)."""
     ps = [r.sampling_params for r in reqs]
     f32 = lambda xs: torch.tensor(xs, dtype=torch.float32, device=device)  # noqa: E731
-    temps = [0.0 if p.is_greedy else p.temperature for p in ps]
-    use_pen = any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
-                  for p in ps)
-    gens = {i: g for i, r in enumerate(reqs) if (g := gen_for(r)) is not None}
+    all_greedy = all(p.is_greedy for p in ps)
+    rep = any(p.repetition_penalty != 1.0 for p in ps)
+    use_pen = rep or any(p.presence_penalty or p.frequency_penalty for p in ps)
     banned = {i: [*(() if r.sampling_params.ignore_eos else r.eos_token_ids),
                   *r.sampling_params.stop_token_ids]
               for i, r in enumerate(reqs) if r.num_output_tokens < r.sampling_params.min_tokens}
     procs = {i: p.logits_processors for i, p in enumerate(ps) if p.logits_processors}
     k = [p.logprobs for p in ps if p.logprobs is not None]
-    return SamplingMetadata(
-        temperature=f32(temps),
-        all_greedy=all(t == 0.0 for t in temps),
-        top_k=torch.tensor([p.top_k for p in ps], device=device) if any(p.top_k for p in ps)
-        else None,
-        top_p=f32([p.top_p for p in ps]) if any(p.top_p < 1.0 for p in ps) else None,
-        min_p=f32([p.min_p for p in ps]) if any(p.min_p > 0.0 for p in ps) else None,
-        generators=gens,
+    meta = SamplingMetadata(
+        temperature=None, all_greedy=all_greedy, top_k=None, top_p=None, min_p=None,
+        generators={},
         presence_penalty=f32([p.presence_penalty for p in ps]) if use_pen else None,
         frequency_penalty=f32([p.frequency_penalty for p in ps]) if use_pen else None,
         repetition_penalty=f32([p.repetition_penalty for p in ps]) if use_pen else None,
-        prompt_token_ids=[r.prompt_token_ids for r in reqs],
+        prompt_token_ids=[r.prompt_token_ids for r in reqs] if rep else [],
         output_token_ids=[r.output_token_ids for r in reqs],
         banned_token_ids=banned,
         logits_processors=procs,
         max_num_logprobs=max(k) if k else None,
+        any_repetition_penalty=rep,
     )
+    if not all_greedy:
+        _random_sampling_fields(meta, reqs, ps, f32, gen_for)
+    return meta
+
+
+def _random_sampling_fields(meta: SamplingMetadata, reqs: list[Request], ps, f32, gen_for):
+    meta.temperature = f32([0.0 if p.is_greedy else p.temperature for p in ps])
+    top_k = [p.top_k for p in ps]
+    if any(top_k):
+        meta.top_k = torch.tensor(top_k, device=meta.temperature.device)
+        meta.max_top_k = max(top_k)
+    meta.top_p = f32([p.top_p for p in ps]) if any(p.top_p < 1.0 for p in ps) else None
+    meta.min_p = f32([p.min_p for p in ps]) if any(p.min_p > 0.0 for p in ps) else None
+    meta.generators = {i: g for i, r in enumerate(reqs) if (g := gen_for(r)) is not None}
 
 
 def dummy_schedule(num_tokens: int, block_size: int, max_len: int) -> SchedulerOutput:
@@ -217,7 +258,7 @@ def num_kv_blocks(runner: ModelRunner, max_tokens: int, max_len: int, baseline: 
         torch.cuda.reset_peak_memory_stats()
     # on CPU the pass only warms up compilation: a small batch will do
     tokens = max_tokens if runner.device.type == "cuda" else min(max_tokens, 64)
-    runner.execute(dummy_schedule(tokens, cfg.block_size, max_len))
+    runner.execute_dummy(tokens, max_len)
     if cfg.kv_cache_memory_bytes is not None:
         budget = cfg.kv_cache_memory_bytes
     elif runner.device.type == "cuda":

@@ -100,7 +100,7 @@ def request_output(request_id: str, children: list[Request]) -> RequestOutput | 
     its output_kind; None when there is nothing to report (a DELTA with no news, or a
     FINAL_ONLY request still running). A finished child's delta is sent only once."""
     first = children[0]
-    finished = all(c.is_finished for c in children)
+    finished = first.is_finished if len(children) == 1 else all(c.is_finished for c in children)
     kind = first.sampling_params.output_kind
     if kind == RequestOutputKind.FINAL_ONLY and not finished:
         return None
@@ -110,7 +110,8 @@ def request_output(request_id: str, children: list[Request]) -> RequestOutput | 
             return None
     else:
         outs = [completion_of(c, i) for i, c in enumerate(children)]
-    errors = [c.error for c in children if c.status == RequestStatus.FINISHED_ERROR]
+    errors = [c.error for c in children if c.error is not None and
+              c.status is RequestStatus.FINISHED_ERROR]
     return RequestOutput(
         request_id=request_id,
         prompt=first.prompt,

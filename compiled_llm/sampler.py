@@ -38,7 +38,7 @@ class SamplerOutput:
 
 @dataclass
 class SamplingMetadata:
-    temperature: torch.Tensor  # [B] float32, 0.0 = greedy row
+    temperature: torch.Tensor | None  # [B] float32, 0.0 = greedy row; None when all_greedy
     all_greedy: bool
     top_k: torch.Tensor | None  # [B] int64, 0 = off; None if no row uses it
     top_p: torch.Tensor | None  # [B] float32, 1.0 = off
@@ -48,7 +48,7 @@ class SamplingMetadata:
     presence_penalty: torch.Tensor | None
     frequency_penalty: torch.Tensor | None
     repetition_penalty: torch.Tensor | None
-    prompt_token_ids: list[list[int]]  # per row; only read for repetition penalty
+    prompt_token_ids: list[list[int]]  # per row; only read (and set) for repetition penalty
     output_token_ids: list[list[int]]  # per row
     banned_token_ids: dict[int, list[int]]  # row -> ids forced to -inf (e.g. min_tokens)
     logits_processors: dict[int, list[Callable]]  # row -> (output_ids, row_logits) -> row
@@ -58,6 +58,15 @@ class SamplingMetadata:
     # the rows it constrains (others are unconstrained)
     grammar_bitmask: torch.Tensor | None = None
     grammar_rows: list[int] = field(default_factory=list)
+    # known on the host when the batch is built; None means read them off the tensors (a sync)
+    any_repetition_penalty: bool | None = None
+    max_top_k: int | None = None
+
+    @property
+    def edits_logits(self) -> bool:
+        """Whether any step before sampling rewrites logits (else they are used as they are)."""
+        return bool(self.logits_processors or self.banned_token_ids
+                    or self.presence_penalty is not None or self.grammar_bitmask is not None)
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -146,7 +155,8 @@ def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tenso
     out_counts = _token_counts(meta.output_token_ids, vocab, logits.device)
     out_seen = out_counts > 0
     rep = meta.repetition_penalty.to(logits.dtype).unsqueeze(1)
-    if bool((rep != 1.0).any()):
+    any_rep = meta.any_repetition_penalty
+    if any_rep or (any_rep is None and bool((rep != 1.0).any())):
         # Prompt counts are the costly part (long prompts); skip them when no row needs them.
         seen = out_seen | (_token_counts(meta.prompt_token_ids, vocab, logits.device) > 0)
         scale = torch.where(seen, rep, torch.ones_like(rep))
@@ -164,10 +174,10 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
     logits.masked_fill_(probs < threshold, _NEG_INF)
 
 
-def _top_k_only(logits: torch.Tensor, k: torch.Tensor) -> None:
+def _top_k_only(logits: torch.Tensor, k: torch.Tensor, k_max: int | None = None) -> None:
     vocab = logits.shape[-1]
     k = k.to(torch.int64).clamp(min=0, max=vocab)
-    k_max = int(k.max())
+    k_max = min(int(k.max()) if k_max is None else k_max, vocab)
     if k_max == 0:
         return
     # topk(k_max) instead of a full sort; ties at the k-th value are all kept.
@@ -177,7 +187,8 @@ def _top_k_only(logits: torch.Tensor, k: torch.Tensor) -> None:
     logits.masked_fill_(logits < kth, _NEG_INF)
 
 
-def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> None:
+def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
+                      k_max: int | None = None) -> None:
     """Mask (in place) outside top-k, then outside the top-p nucleus of what remains.
 
     Both cut by value threshold, so tokens tied with the last kept one are kept too: the
@@ -185,7 +196,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     """
     if p is None:
         if k is not None:
-            _top_k_only(logits, k)
+            _top_k_only(logits, k, k_max)
         return
     vocab = logits.shape[-1]
     vals = logits.sort(dim=-1).values  # ascending
@@ -229,10 +240,12 @@ class Sampler(nn.Module):
         if meta.max_num_logprobs is not None:
             # vLLM v1 default: logprobs describe the model's distribution, pre-processing.
             raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
-        # Copy even when already float32 so the caller's logits are never edited in place.
-        logits = logits.to(torch.float32, copy=True)
-        logits = self.process_logits(logits, meta)
-        sampled = self.sample(logits, meta)
+        if meta.all_greedy and not meta.edits_logits:  # argmax reads logits as they are
+            sampled = logits.argmax(dim=-1)
+        else:
+            # Copy even when already float32 so the caller's logits are never edited in place.
+            logits = logits.to(torch.float32, copy=True)
+            sampled = self.sample(self.process_logits(logits, meta), meta)
         lp = None
         if raw_logprobs is not None:
             lp = gather_logprobs(raw_logprobs, sampled, meta.max_num_logprobs or 0)
@@ -258,6 +271,6 @@ class Sampler(nn.Module):
         logits = logits.div_(torch.where(is_greedy, torch.ones_like(temp), temp).unsqueeze(1))
         if meta.min_p is not None:
             apply_min_p(logits, meta.min_p)
-        apply_top_k_top_p(logits, meta.top_k, meta.top_p)
+        apply_top_k_top_p(logits, meta.top_k, meta.top_p, meta.max_top_k)
         sampled = random_sample(torch.softmax(logits, dim=-1), meta.generators)
         return torch.where(is_greedy, greedy, sampled)

@@ -23,6 +23,7 @@ class SchedulerOutput:
 
     scheduled: list[tuple[Request, int]] = field(default_factory=list)
     finished_req_ids: set[str] = field(default_factory=set)  # since the previous step
+    preempted_req_ids: set[str] = field(default_factory=set)  # in this step's scheduling
     num_preempted: int = 0
 
     @property
@@ -93,6 +94,7 @@ class Scheduler:
                 return False
             victim = max(victims, key=self._victim_key)
             self.preempt(victim)
+            out.preempted_req_ids.add(victim.request_id)
             out.num_preempted += 1
             if victim is req:
                 return False

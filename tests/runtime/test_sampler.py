@@ -383,3 +383,25 @@ def test_prompt_logprobs():
     torch.testing.assert_close(lp.logprobs[:, 0], raw[torch.arange(10), targets])
     assert lp.ranks.tolist() == [int((raw[i] >= raw[i, i]).sum()) for i in range(10)]
     torch.testing.assert_close(lp.logprobs[:, 1:], raw.topk(3, -1).values)
+
+
+def test_an_all_greedy_batch_builds_no_sampling_tensors():
+    from compiled_llm.model_runner import build_sampling_metadata
+    from compiled_llm.request import Request
+    from compiled_llm.sampling_params import SamplingParams
+
+    def reqs(*params):
+        return [Request(str(i), [1, 2], p) for i, p in enumerate(params)]
+
+    made = []
+    gen_for = lambda r: made.append(r) or None  # noqa: E731
+    greedy = SamplingParams(temperature=0.0, seed=3, top_k=5)
+    meta = build_sampling_metadata(reqs(greedy, greedy), torch.device("cpu"), gen_for)
+    assert meta.all_greedy and meta.temperature is None and meta.top_k is None
+    assert meta.presence_penalty is None and not made and not meta.edits_logits
+    mixed = build_sampling_metadata(
+        reqs(greedy, SamplingParams(temperature=0.7, top_k=9, repetition_penalty=1.2)),
+        torch.device("cpu"), gen_for)
+    assert mixed.temperature.tolist() == pytest.approx([0.0, 0.7])
+    assert mixed.max_top_k == 9 and mixed.any_repetition_penalty and len(made) == 2
+    assert mixed.prompt_token_ids == [[1, 2], [1, 2]]
