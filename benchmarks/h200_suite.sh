@@ -4,6 +4,7 @@
 #     bash benchmarks/h200_suite.sh 1     # GPU tests, compile start-up, offline throughput
 #     bash benchmarks/h200_suite.sh 2     # decode latency, batch sweep, prefill, profiles
 # Logs and results go to $OUT (default bench_out/suite) as one .tgz and one log per stream.
+export PYTHONPATH=${PYTHONPATH:-}
 set -u
 source benchmarks/gpu_setup.sh
 CK=${CK:-/tmp/ckpt}
