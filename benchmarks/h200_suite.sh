@@ -1,15 +1,16 @@
 # The H200 runs of the compiler and GPU-speed benchmarks, as two streams on a 2-GPU machine:
 # one stream per GPU, each benchmark with its peer in the same stream. Two calls, the second
 # on the same machine (it reuses the checkpoints under $CK):
-#     bash benchmarks/h200_suite.sh 1     # GPU tests, compile start-up, offline throughput
-#     bash benchmarks/h200_suite.sh 2     # decode latency, batch sweep, prefill, profiles
+#     bash benchmarks/h200_suite.sh 1     # GPU tests, compile start-up
+#     bash benchmarks/h200_suite.sh 2     # offline throughput, decode latency, batch sweep, prefill
+#     bash benchmarks/h200_suite.sh 3     # compile speed modes with kernel profiles, prefill
 # Logs and results go to $OUT (default bench_out/suite) as one .tgz and one log per stream.
 export PYTHONPATH=${PYTHONPATH:-}
 set -u
 source benchmarks/gpu_setup.sh
 CK=${CK:-/tmp/ckpt}
 R=${OUT:-bench_out/suite}
-LIMIT=${SUITE_SECONDS:-540}  # each stream stops here, so the results are always packed
+LIMIT=${SUITE_SECONDS:-560}  # each stream stops here, so the results are always packed
 mkdir -p "$R" /tmp/suite/res
 py=${PY:-python3}
 
@@ -37,22 +38,28 @@ run_streams() {  # run_streams "GPU 0 commands" "GPU 1 commands", one command a 
 }
 
 J=/tmp/suite/res
-CALL=${1:?usage: h200_suite.sh 1|2}
+CALL=${1:?usage: h200_suite.sh 1|2|3}
+MK="$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\")'"
 if [ "$CALL" = 1 ]; then
   run_streams "\
-$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\")'
-$py -m benchmarks.compile_bench --shape llama3-8b --checkpoint-dir $CK/llama3-8b --max-model-len 4096 --phases startup --json $J/compile_startup_llama3-8b.json
-$py -m benchmarks.offline_throughput --shape llama3-8b --checkpoint-dir $CK --json $J/offline_llama3-8b.json" "\
-$py -m pytest -q -x -p no:cacheprovider tests/compile/test_cudagraphs_gpu.py tests/kernels/test_triton_gpu.py tests/models
-$py -m benchmarks.offline_throughput --shape qwen3-0.6b --checkpoint-dir $CK --json $J/offline_qwen3-0.6b.json
-$py -m benchmarks.decode_latency --shape qwen3-0.6b --checkpoint-dir $CK --json $J/decode_qwen3-0.6b.json"
-else
+$MK
+$py -m benchmarks.compile_bench --shape llama3-8b --checkpoint-dir $CK/llama3-8b --max-model-len 4096 --phases startup --json $J/compile_startup_llama3-8b.json" "\
+$py -m pytest -q -x -p no:cacheprovider tests/compile/test_cudagraphs_gpu.py tests/kernels/test_triton_gpu.py tests/models"
+elif [ "$CALL" = 2 ]; then
   run_streams "\
+$MK
+$py -m benchmarks.offline_throughput --shape llama3-8b --checkpoint-dir $CK --json $J/offline_llama3-8b.json
 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --json $J/decode_llama3-8b.json
 $py -m benchmarks.batch_sweep --shape llama3-8b --checkpoint-dir $CK --json $J/sweep_llama3-8b.json" "\
+$py -m benchmarks.offline_throughput --shape qwen3-0.6b --checkpoint-dir $CK --json $J/offline_qwen3-0.6b.json
+$py -m benchmarks.decode_latency --shape qwen3-0.6b --checkpoint-dir $CK --json $J/decode_qwen3-0.6b.json
 $py -m benchmarks.batch_sweep --shape qwen3-0.6b --checkpoint-dir $CK --json $J/sweep_qwen3-0.6b.json
-$py -m benchmarks.prefill --checkpoint-dir $CK --json $J/prefill.json
-$py -m benchmarks.compile_bench --shape llama3-8b --checkpoint-dir $CK/llama3-8b --max-model-len 4096 --phases speed --speed-modes stock backend backend+cudagraphs --profile-dir $J --json $J/compile_speed_llama3-8b.json"
+$py -m benchmarks.prefill --checkpoint-dir $CK --json $J/prefill.json"
+else
+  run_streams "\
+$MK
+$py -m benchmarks.compile_bench --shape llama3-8b --checkpoint-dir $CK/llama3-8b --max-model-len 4096 --phases speed --speed-modes stock backend backend+cudagraphs --profile-dir $J --json $J/compile_speed_llama3-8b.json" "\
+$py -m benchmarks.prefill --checkpoint-dir $CK --json $J/prefill.json"
 fi
 cp /tmp/suite/*.log "$R"/
 tar czf "$R/results_call$CALL.tgz" -C /tmp/suite res

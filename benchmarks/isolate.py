@@ -1,7 +1,7 @@
 """Run one benchmark function in a fresh Python process, so that each engine or peer model gets
 the whole device and its own compiler state, and return its JSON-able result.
 
-    python -m benchmarks.isolate benchmarks.hf_peer:prefill '{"model_dir": ...}'   # internal
+    python -m benchmarks.isolate benchmarks.hf_peer:prefill ARGS.json   # internal
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 MARK = "@@isolate-result@@"
@@ -22,7 +23,10 @@ def call(target: str, **kwargs) -> dict:
     child's stderr streams through (progress and warnings)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "benchmarks.isolate", target, json.dumps(kwargs)]
+    # the arguments travel in a file: 256 prompts of 1k ids overflow a command line
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(kwargs, f)
+    cmd = [sys.executable, "-m", "benchmarks.isolate", target, f.name]
     result, last = None, f"{target} failed"
     with subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True) as proc:
         for line in proc.stdout:
@@ -37,7 +41,8 @@ def call(target: str, **kwargs) -> dict:
 
 
 def main() -> None:
-    target, kwargs = sys.argv[1], json.loads(sys.argv[2])
+    target, kwargs = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
+    Path(sys.argv[2]).unlink()
     module, name = target.split(":")
     try:
         result = getattr(importlib.import_module(module), name)(**kwargs)
