@@ -4,6 +4,7 @@
 #     bash benchmarks/h200_suite.sh 1     # GPU tests, compile start-up
 #     bash benchmarks/h200_suite.sh 2     # offline throughput, decode latency, batch sweep, prefill
 #     bash benchmarks/h200_suite.sh 3     # compile speed modes with kernel profiles, prefill
+#     bash benchmarks/h200_suite.sh 4     # the batch sweep alone
 # Logs and results go to $OUT (default bench_out/suite) as one .tgz and one log per stream.
 export PYTHONPATH=${PYTHONPATH:-}
 set -u
@@ -38,7 +39,7 @@ run_streams() {  # run_streams "GPU 0 commands" "GPU 1 commands", one command a 
 }
 
 J=/tmp/suite/res
-CALL=${1:?usage: h200_suite.sh 1|2|3}
+CALL=${1:?usage: h200_suite.sh 1|2|3|4}
 MK="$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\")'"
 if [ "$CALL" = 1 ]; then
   run_streams "\
@@ -55,6 +56,11 @@ $py -m benchmarks.offline_throughput --shape qwen3-0.6b --checkpoint-dir $CK --j
 $py -m benchmarks.decode_latency --shape qwen3-0.6b --checkpoint-dir $CK --json $J/decode_qwen3-0.6b.json
 $py -m benchmarks.batch_sweep --shape qwen3-0.6b --checkpoint-dir $CK --json $J/sweep_qwen3-0.6b.json
 $py -m benchmarks.prefill --checkpoint-dir $CK --json $J/prefill.json"
+elif [ "$CALL" = 4 ]; then  # the batch sweep alone
+  run_streams "\
+$MK
+$py -m benchmarks.batch_sweep --shape llama3-8b --checkpoint-dir $CK --json $J/sweep_llama3-8b.json" "\
+$py -m benchmarks.batch_sweep --shape qwen3-0.6b --checkpoint-dir $CK --json $J/sweep_qwen3-0.6b.json"
 else
   run_streams "\
 $MK

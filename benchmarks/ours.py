@@ -64,7 +64,9 @@ def decode_window(engine, batch: int, prompt_len: int, new_tokens: int, tag: str
     started: set[str] = set()
     while len(started) < batch:
         started.update(o.request_id for o in engine.step())
-    before = sum(engine.parents[r][0].num_output_tokens for r in reqs)
+    # a request of a large batch can finish before the last one starts (short windows)
+    before = sum(engine.parents[r][0].num_output_tokens if r in engine.parents
+                 else new_tokens + 1 for r in reqs)
     stats0 = engine.step_stats
     t = time.perf_counter()
     while engine.has_unfinished_requests():
