@@ -2,7 +2,8 @@
 decode tokens/s and the share of copy bandwidth it implies (weight bytes x tokens/s / copy
 bandwidth, both measured in this run; the copy counts bytes read plus written). Peer:
 transformers with a static cache and generate's own compile of the decode step
-(CompileConfig(mode="reduce-overhead", fullgraph=True)), warmed up by one generate first. Each side runs in its own process.
+(CompileConfig(mode="reduce-overhead", fullgraph=True)), warmed up by one generate first.
+Each side runs in its own process.
 
     python -m benchmarks.decode_latency --checkpoint-dir /tmp/ckpt     # llama3-8b, qwen3-0.6b
     python -m benchmarks.decode_latency --shape cpu-small --new-tokens 16 --compile-mode none

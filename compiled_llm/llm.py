@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from itertools import count
 from typing import Any
@@ -11,7 +12,7 @@ from tqdm.auto import tqdm
 from compiled_llm.config import EngineArgs
 from compiled_llm.engine import LLMEngine
 from compiled_llm.outputs import RequestOutput
-from compiled_llm.sampling_params import SamplingParams
+from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
 
 PromptType = str | list[int] | dict
 
@@ -36,7 +37,7 @@ class LLM:
         """Generate for every prompt; outputs come back in prompt order. priority (one per
         prompt) orders admission under scheduling_policy="priority": lower runs earlier."""
         prompts = _as_list(prompts)
-        params = _params_list(sampling_params, len(prompts))
+        params = _final_only(_params_list(sampling_params, len(prompts)))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority: got {len(priority)} values for {len(prompts)} prompts")
         prios = list(priority) if priority is not None else [0] * len(prompts)
@@ -86,6 +87,17 @@ def _as_list(prompts) -> list[PromptType]:
     if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
         return [prompts]
     return list(prompts)
+
+
+def _final_only(params: list[SamplingParams]) -> list[SamplingParams]:
+    """generate returns finished outputs only, so the engine need build no per-step output
+    for the requests (which costs O(tokens so far) a request a step). The caller's params
+    are left as they are."""
+    made: dict[int, SamplingParams] = {}
+    for p in params:
+        if id(p) not in made:
+            made[id(p)] = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
+    return [made[id(p)] for p in params]
 
 
 def _params_list(params, n: int) -> list[SamplingParams]:

@@ -157,3 +157,28 @@ def test_step_stats_count_model_steps(llm):
     ms = w.per_step_ms()
     assert ms["cpu_ms"] == pytest.approx(1e3 * w.cpu_s / 6)
     assert eng.num_used_blocks == 0
+
+
+def test_generate_asks_engine_for_final_outputs_only(llm, prompts, baseline):
+    """Offline generate needs finished outputs only: engine steps return nothing for running
+    requests (no O(tokens) copy a request a step), the caller's params stay untouched."""
+    from compiled_llm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    seen: list = []
+    step = llm.engine.step
+    llm.engine.step = lambda: _record(step, seen)
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        del llm.engine.step
+    assert _tokens(outs) == baseline
+    assert params.output_kind == RequestOutputKind.CUMULATIVE
+    assert seen and all(o.finished for o in seen)
+    assert llm.engine.num_used_blocks == 0
+
+
+def _record(step, seen):
+    outs = step()
+    seen.extend(outs)
+    return outs
