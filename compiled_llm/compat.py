@@ -18,10 +18,59 @@ def allow_many_models(limit: int = 256) -> None:
             setattr(cfg, name, max(getattr(cfg, name), limit))
 
 
+def token_hint() -> int:
+    """The size Inductor's heuristics assume for T: its own guess for an unhinted unbacked size,
+    so that giving T this hint changes no heuristic that already used a guess."""
+    return int(torch._inductor.config.unbacked_symint_fallback)
+
+
 def mark_tokens_dynamic(*tensors: torch.Tensor) -> None:
-    """Mark dim 0 (T) dynamic without specialising on 0/1, so no batch size recompiles."""
+    """Mark dim 0 (T) dynamic without specialising on 0/1, so no batch size recompiles.
+
+    T carries an explicit size hint: Inductor scores a fusion by the bytes two kernels share and
+    counts a buffer sized by an unhinted unbacked symbol as 0 bytes, so without a hint no
+    reduction fuses with its [T, D] producers or consumers (an RMSNorm became 2-3 kernels)."""
+    _count_hinted_unbacked_deps()
     for t in tensors:
-        torch._dynamo.decorators.mark_unbacked(t, 0)
+        torch._dynamo.decorators.mark_unbacked(t, 0, hint_override=token_hint())
+
+
+def _count_hinted_unbacked_deps() -> None:
+    """torch < 2.13: Inductor's fusion scorer sizes every dependency with an unbacked symbol as
+    0 bytes even when all its unbacked symbols carry a hint_override; 2.13 sizes those by their
+    hints. Give older versions the same rule (once; a no-op where torch has it)."""
+    from torch._inductor.graph import GraphLowering
+
+    current = GraphLowering.get_dep_size_hint
+    if getattr(current, "_hinted_unbacked", False):
+        return
+    if "all_unbacked_explicitly_hinted" in current.__code__.co_names:
+        return  # this torch already sizes hinted unbacked deps
+    GraphLowering.get_dep_size_hint = _dep_size_hint
+
+
+def _dep_size_hint(self, dep, count_bytes: bool = True) -> int:
+    """GraphLowering.get_dep_size_hint that also sizes deps whose unbacked symbols are hinted."""
+    key = (dep, count_bytes)
+    if key not in self.dep_size_hint_cache:
+        self.dep_size_hint_cache[key] = _dep_size(self, dep, count_bytes)
+    return self.dep_size_hint_cache[key]
+
+
+_dep_size_hint._hinted_unbacked = True
+
+
+def _dep_size(graph, dep, count_bytes: bool) -> int:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    try:
+        if dep.has_unbacked_symbols():
+            hinted = graph.sizevars.shape_env.var_to_hint_override
+            if not free_unbacked_symbols(dep.get_numel()).issubset(hinted.keys()):
+                return 0  # an unhinted size must not count as a wrong number
+        return dep.numbytes_hint() if count_bytes else dep.numel_hint()
+    except KeyError:  # a dep on a buffer outside this graph (as Inductor itself tolerates)
+        return 0
 
 
 @contextmanager

@@ -211,7 +211,9 @@ def model_factors(model: nn.Module, dtype: torch.dtype) -> dict:
         "config": vars(model.config),
         "dtype": str(dtype),
         "class": type(model).__qualname__,
-        "sources": source_hash(models_dir, passes_dir, pkg / "attention", pkg / "compile"),
+        # compat.py: how T is marked (its size hint steers Inductor's fusion)
+        "sources": source_hash(models_dir, passes_dir, pkg / "attention", pkg / "compile",
+                               pkg / "compat.py"),
     }
 
 

@@ -31,11 +31,12 @@ def default_cache_root() -> Path:
     return Path(os.environ.get(ENV_DIR) or Path.home() / ".cache" / "compiled_llm")
 
 
-def source_hash(*dirs: Path) -> str:
-    """Hash of every .py file under dirs (sorted), so an edit invalidates the cache."""
+def source_hash(*paths: Path) -> str:
+    """Hash of every .py file under paths (sorted; a path may be one file), so an edit
+    invalidates the cache."""
     h = hashlib.sha256()
-    for d in dirs:
-        for f in sorted(Path(d).rglob("*.py")):
+    for d in map(Path, paths):
+        for f in [d] if d.is_file() else sorted(d.rglob("*.py")):
             h.update(f.name.encode())
             h.update(f.read_bytes())
     return h.hexdigest()[:16]

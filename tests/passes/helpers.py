@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch._inductor.config as inductor_config
@@ -57,6 +59,53 @@ def kernels_with(code: str, text: str) -> list[str]:
     pattern = rf"^(\w+) = async_compile\.\w+\(.*?r{quotes}(.*?){quotes}"
     sources = dict(re.findall(pattern, code, flags=re.M | re.S))
     return [c for c in kernel_calls(code) if text in sources.get(c, "")]
+
+
+@contextmanager
+def scheduled_nodes() -> Iterator[list[list]]:
+    """Inductor's scheduler nodes after fusion (each one kernel or loop nest), one list per
+    graph compiled inside the block."""
+    from torch._inductor.scheduler import Scheduler
+
+    graphs: list[list] = []
+    original = Scheduler.codegen
+
+    def codegen(self):
+        graphs.append(list(self.nodes))
+        return original(self)
+
+    Scheduler.codegen = codegen
+    try:
+        yield graphs
+    finally:
+        Scheduler.codegen = original
+
+
+def reduction_sites(graphs: list[list]) -> list[tuple[int, int]]:
+    """Over graphs from scheduled_nodes, for each reduction (in a Llama piece: each norm site)
+    the number of other kernels that feed it and that read its result, unfused. (0, 0) is one
+    kernel for the site. Inductor's C++ code may hide a split inside one function; Triton
+    launches each kernel separately."""
+    from torch._inductor.scheduler import NopKernelSchedulerNode
+
+    sites = []
+    for nodes in graphs:  # buffer names are per graph
+        kernels = [n for n in nodes if not (n.is_extern() or isinstance(n, NopKernelSchedulerNode))]
+        for node in nodes:
+            for leaf in (x for x in _leaves(node) if x.is_reduction()):
+                out = leaf.get_buffer_names()
+                reads = {dep.name for dep in leaf.read_writes.reads} - node.get_buffer_names()
+                others = [k for k in kernels if k is not node]
+                sites.append((sum(bool(k.get_buffer_names() & reads) for k in others),
+                              sum(bool({d.name for d in k.read_writes.reads} & out)
+                                  for k in others)))
+    return sites
+
+
+def _leaves(node) -> list:
+    """The single-op scheduler nodes inside a (possibly nested) fused node."""
+    inner = node.get_nodes()
+    return [node] if inner == [node] else [leaf for n in inner for leaf in _leaves(n)]
 
 
 def op_counts(graph: torch.fx.Graph) -> Counter:

@@ -8,7 +8,13 @@ import torch
 
 from compiled_llm.loader import load_model
 from compiled_llm.passes import PassConfig
-from tests.passes.helpers import capture_model, kernels_with, run_model
+from tests.passes.helpers import (
+    capture_model,
+    kernels_with,
+    reduction_sites,
+    run_model,
+    scheduled_nodes,
+)
 from tests.utils import make_checkpoint
 
 LAYERS = 2  # tests/utils.py SMALL
@@ -22,12 +28,15 @@ def _model(name: str, quantization: str | None = None):
 def test_llama_through_inductor_one_kernel_per_norm_site():
     model = _model("llama")
     ref, _, _ = run_model(model, 12, False)
-    out, code, m = run_model(model, 12, PassConfig())
+    with scheduled_nodes() as nodes:
+        out, code, m = run_model(model, 12, PassConfig())
     # Inductor folds the residual add into addmm on CPU; the pass unfolds it again
     assert m.matches("AddRMSNormFusionPass") == 2 * LAYERS
     assert m.matches("RMSNormFusionPass") == 1  # layer 0's input norm has no residual
     assert m.matches("SiluMulFusionPass") == LAYERS
     assert len(kernels_with(code, "sqrt")) == 2 * LAYERS + 1  # every norm site: one kernel
+    sites = reduction_sites(nodes)  # ... with its statistics: no kernel reads them
+    assert len(sites) == 2 * LAYERS + 1 and all(readers == 0 for _, readers in sites)
     assert len(kernels_with(code, "exp")) == LAYERS  # every SiLU·mul: one kernel
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
