@@ -54,7 +54,10 @@ def _row(shape: str, b: int, by: dict) -> dict:
            "transformers tok/s": peer.get("tok_s", nan),
            "step ms (on)": on.get("ms_per_step", nan), "gpu ms (on)": on.get("gpu_ms", nan),
            "cpu ms (on)": on.get("cpu_ms", nan), "cpu % of gpu": on.get("cpu_pct_of_gpu", nan),
-           "cpu ms (off)": off.get("cpu_ms", nan)}
+           "cpu ms (off)": off.get("cpu_ms", nan),
+           # where the host time goes: scheduler / input build / outputs (graphs on)
+           "sched/prep/out ms": "/".join(f"{on.get(k, nan):.2f}" for k in
+                                         ("schedule_ms", "prepare_ms", "output_ms"))}
     row["on / off"] = row["graphs on tok/s"] / row["graphs off tok/s"]
     row["ratio"] = row["graphs on tok/s"] / row["transformers tok/s"]
     return row
