@@ -77,13 +77,21 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max(max_len, orig), dtype=torch.float32), inv_freq)
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], -1), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, D] of the positions: gathered once a step, shared by every layer
+        (one gather instead of one per layer, which on a GPU is one kernel launch each)."""
         cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)  # [T, 1, D]
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+    """Rotate q [T, H, D] and k [T, Hkv, D] by the (cos, sin) that RotaryEmbedding made."""
+    cos, sin = rope
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    cos, sin = torch.cat([cos, cos], -1).to(x.dtype), torch.cat([sin, sin], -1).to(x.dtype)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], -1) * sin
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from compiled_llm.attention import attention
 from compiled_llm.models.config import DecoderConfig
-from compiled_llm.models.layers import GatedMLP, LMHead, RMSNorm, RotaryEmbedding
+from compiled_llm.models.layers import GatedMLP, LMHead, RMSNorm, RotaryEmbedding, apply_rotary
 
 
 class LlamaAttention(nn.Module):
@@ -33,11 +33,11 @@ class LlamaAttention(nn.Module):
         """Hook for per-head q/k norms (Qwen3); identity here."""
         return q, k
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding):
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         q = self.q_proj(x).view(-1, self.num_heads, self.head_dim)  # [T, H, D]
         k = self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, *self.qk_norm(q, k))
+        q, k = apply_rotary(*self.qk_norm(q, k), rope)
         o = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
         return self.o_proj(o.flatten(1))  # [T, H*D] -> [T, hidden]
 
@@ -52,12 +52,12 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, residual, positions, rotary):
+    def forward(self, x, residual, rope):
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, positions, rotary)
+        x = self.self_attn(x, rope)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -74,8 +74,9 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None  # [T, hidden]
+        rope = self.rotary_emb(positions)  # (cos, sin) [T, 1, D]
         for layer in self.layers:
-            x, residual = layer(x, residual, positions, self.rotary_emb)
+            x, residual = layer(x, residual, rope)
         x, _ = self.norm(x, residual)
         return x
 
