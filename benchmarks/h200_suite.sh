@@ -4,7 +4,7 @@
 #     bash benchmarks/h200_suite.sh 1     # GPU tests, compile start-up
 #     bash benchmarks/h200_suite.sh 2     # offline throughput, decode latency, batch sweep, prefill
 #     bash benchmarks/h200_suite.sh 3     # compile speed modes with kernel profiles, prefill
-#     bash benchmarks/h200_suite.sh 4     # the batch sweep alone
+#     bash benchmarks/h200_suite.sh 4     # batch sweep (peer at every size), norm kernels
 # Logs and results go to $OUT (default bench_out/suite) as one .tgz and one log per stream.
 export PYTHONPATH=${PYTHONPATH:-}
 set -u
@@ -56,11 +56,12 @@ $py -m benchmarks.offline_throughput --shape qwen3-0.6b --checkpoint-dir $CK --j
 $py -m benchmarks.decode_latency --shape qwen3-0.6b --checkpoint-dir $CK --json $J/decode_qwen3-0.6b.json
 $py -m benchmarks.batch_sweep --shape qwen3-0.6b --checkpoint-dir $CK --json $J/sweep_qwen3-0.6b.json
 $py -m benchmarks.prefill --checkpoint-dir $CK --json $J/prefill.json"
-elif [ "$CALL" = 4 ]; then  # the batch sweep alone
+elif [ "$CALL" = 4 ]; then  # the batch sweep alone, the peer given time for every size
   run_streams "\
 $MK
-$py -m benchmarks.batch_sweep --shape llama3-8b --checkpoint-dir $CK --json $J/sweep_llama3-8b.json" "\
-$py -m benchmarks.batch_sweep --shape qwen3-0.6b --checkpoint-dir $CK --json $J/sweep_qwen3-0.6b.json"
+$py -m benchmarks.batch_sweep --shape llama3-8b --checkpoint-dir $CK --peer-budget-s 360 --json $J/sweep_llama3-8b.json" "\
+$py -m benchmarks.batch_sweep --shape qwen3-0.6b --checkpoint-dir $CK --peer-budget-s 360 --json $J/sweep_qwen3-0.6b.json
+$py -m benchmarks.norm_kernels --json $J/norm_kernels.json"
 else
   run_streams "\
 $MK
