@@ -1,6 +1,6 @@
 # The H200 runs of the compiler and GPU-speed benchmarks, as two streams on a 2-GPU machine:
-# one stream per GPU, each benchmark with its peer in the same stream. Two calls, the second
-# on the same machine (it reuses the checkpoints under $CK):
+# one stream per GPU, each benchmark with its peer in the same stream. Four calls; a call on a
+# still-warm machine reuses the checkpoints under $CK (each call makes what it lacks):
 #     bash benchmarks/h200_suite.sh 1     # GPU tests, compile start-up
 #     bash benchmarks/h200_suite.sh 2     # offline throughput, decode latency, batch sweep, prefill
 #     bash benchmarks/h200_suite.sh 3     # compile speed modes with kernel profiles, prefill
