@@ -90,7 +90,7 @@ def build_step_inputs(sched: SchedulerOutput, bufs: StepBuffers, block_size: int
         a64[lay.entry_idx:lay.end64] = entries
         a32[lay.entry_val:lay.end32] = bufs.table.host.reshape(-1)[entries]
     bufs.send(lay, views)
-    attn = _metadata(views, n, b, max_q, int(ends.max()), block_size)
+    attn = attention_metadata(views, n, b, max_q, int(ends.max()), block_size)
     prompt = [_prompt_rows(r, np.arange(s, s + c), int(q))
               for r, s, c, q in zip(reqs, starts, counts, qsl) if r.needs_prompt_logprobs]
     d = views.dev
@@ -103,7 +103,9 @@ def build_step_inputs(sched: SchedulerOutput, bufs: StepBuffers, block_size: int
 _ARANGE = np.arange(4097, dtype=np.int64)  # query starts of a pure-decode batch
 
 
-def _metadata(views, n: int, b: int, max_q: int, max_len: int, block_size: int):
+def attention_metadata(views, n: int, b: int, max_q: int, max_len: int,
+                       block_size: int) -> AttentionMetadata:
+    """Metadata over the buffer views of a step: its n real tokens and b real sequences."""
     d, h = views.dev, views.host32
     width = -(-max_len // block_size)
     cut = n < len(d["slots"]) or b < len(d["seq_lens"])  # padded: show the real rows only

@@ -64,7 +64,9 @@ def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype):
             mark_tokens_dynamic(input_ids, positions)
         if isinstance(backend, CompiledLLMBackend):
             backend.call_started = time.perf_counter()  # Dynamo time = until the backend runs
-            backend.call_locals = {"self": model, "input_ids": input_ids, "positions": positions}
+            if not backend.captures:  # only the first capture stores a snapshot
+                backend.call_locals = {"self": model, "input_ids": input_ids,
+                                       "positions": positions}
         return compiled(input_ids, positions)
 
     forward.backend = backend

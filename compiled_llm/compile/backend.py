@@ -79,6 +79,7 @@ class CompiledLLMBackend:
             compiler.run(*fakes)
         if self.captures == 1:
             self._save_snapshot(gm, split, compiler.refs, example_inputs)
+            self.call_locals = None  # holds the first call's inputs
         return split
 
     def wrap(self, fn, key: str, returns_tuple: bool) -> nn.Module:
@@ -130,9 +131,7 @@ class CompiledLLMBackend:
 
     def _load_cached(self, key: str):
         with self.opts.cache.lock():
-            t0 = time.perf_counter()
-            fn = self.opts.cache.load(key)
-            counters.add_time("cache_load", time.perf_counter() - t0)
+            fn = self._timed_load(key)
         if fn is not None:
             counters.unique_pieces += 1
             self.compiled[key] = fn
@@ -153,12 +152,16 @@ class CompiledLLMBackend:
         if cache is None:
             return self._inductor(key, piece, args)
         with cache.lock():
-            t0 = time.perf_counter()
-            fn = cache.load(key)
-            counters.add_time("cache_load", time.perf_counter() - t0)
+            fn = self._timed_load(key)
             if fn is None:
                 fn = self._inductor(key, piece, args)
                 cache.save(key, fn, {"piece": piece.name})
+        return fn
+
+    def _timed_load(self, key: str):
+        t0 = time.perf_counter()
+        fn = self.opts.cache.load(key)
+        counters.add_time("cache_load", time.perf_counter() - t0)
         return fn
 
     def _inductor(self, key: str, piece: Piece, args: list):

@@ -16,6 +16,7 @@ import torch
 from compiled_llm.attention import AttentionMetadata
 from compiled_llm.compile.counters import counters
 from compiled_llm.forward_context import ForwardContext, set_forward_context
+from compiled_llm.input_batch import attention_metadata, fill_padding
 
 logger = logging.getLogger(__name__)
 
@@ -43,19 +44,12 @@ class DecodeGraphs:
     def _inputs(self, size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """The buffer views a step of `size` padded sequences fills (see Layout)."""
         v = self.bufs.views(size, size)
-        d = v.dev
-        meta = AttentionMetadata(
-            slot_mapping=d["slots"], query_start_loc=d["qsl"], seq_lens=d["seq_lens"],
-            block_tables=d["block_tables"], num_actual_tokens=size, max_query_len=1,
-            max_seq_len=self.max_len, query_start_loc_cpu=v.host32["qsl"],
-            seq_lens_cpu=v.host32["seq_lens"])
-        return d["ids"], d["pos"], meta
+        bs = self.runner.cache_cfg.block_size
+        return v.dev["ids"], v.dev["pos"], attention_metadata(v, size, size, 1, self.max_len, bs)
 
     def _fill_padding(self) -> None:
         """Valid inputs for every size before capture: all rows padding (null slot, one token
         of context, the zero table row)."""
-        from compiled_llm.input_batch import fill_padding
-
         fill_padding(self.bufs, self.sizes[-1])
         torch.cuda.synchronize()
 

@@ -89,9 +89,8 @@ def warm_forward(graph: fx.GraphModule, sources: list[str], model: nn.Module):
     """forward(input_ids, positions) that calls graph with inputs gathered as Dynamo would.
     Parameters and buffers are looked up once, on the first call, after weights are final."""
     getter = _getter(sources)
-    static = [i for i, s in enumerate(sources) if s.startswith("L['self']")]
-    dynamic = _getter([s for i, s in enumerate(sources) if i not in static])
-    dyn_index = [i for i in range(len(sources)) if i not in static]
+    dyn_index = [i for i, s in enumerate(sources) if not s.startswith("L['self']")]
+    dynamic = _getter([sources[i] for i in dyn_index])  # the call's inputs and their sizes
     args: list = []
 
     def forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
