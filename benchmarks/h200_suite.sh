@@ -5,6 +5,7 @@
 #     bash benchmarks/h200_suite.sh 2     # offline throughput, decode latency, batch sweep, prefill
 #     bash benchmarks/h200_suite.sh 3     # compile speed modes with kernel profiles, prefill
 #     bash benchmarks/h200_suite.sh 4     # batch sweep (peer at every size), norm kernels
+# SKIP=batch_sweep leaves out every command that contains that text.
 # Logs and results go to $OUT (default bench_out/suite) as one .tgz and one log per stream.
 export PYTHONPATH=${PYTHONPATH:-}
 set -u
@@ -21,6 +22,7 @@ stream() {  # stream GPU NAME CMD...: the commands in order on one GPU, logged, 
   local gpu=$1 name=$2 c left
   shift 2
   for c in "$@"; do
+    [[ -n ${SKIP:-} && $c == *$SKIP* ]] && { echo "### skipped (SKIP=$SKIP): $c"; continue; }
     left=$((END - $(date +%s)))
     [ "$left" -gt 10 ] || { echo "### skipped (time): $c"; continue; }
     echo "### $(date +%T) $c"
