@@ -81,6 +81,9 @@ def add_common_args(ap: argparse.ArgumentParser, shapes: list[str]) -> None:
     ap.add_argument("--compile-mode", default="backend", choices=["backend", "stock", "none"],
                     help="compiled-llm's compile mode; none = eager (and an eager peer)")
     ap.add_argument("--cudagraph-mode", default="full_and_piecewise")
+    ap.add_argument("--scheduling", nargs="+", default=["sync", "async"],
+                    choices=["sync", "async"],
+                    help="run compiled-llm step by step, with async scheduling, or both")
     ap.add_argument("--json", default=None, help="default: bench_out/<name>_<device>.json")
     ap.add_argument("--plot", default=None, help="default: the JSON path with .png")
 

@@ -32,13 +32,17 @@ def run_shape(shape: str, args, bw_gbs: float) -> list[dict]:
     model_dir = shape_checkpoint(shape, args.checkpoint_dir)
     common = dict(model_dir=model_dir, dtype=args.dtype, compile_mode=args.compile_mode,
                   batch_sizes=[1], prompt_len=args.prompt_len, new_tokens=args.new_tokens)
-    ours = isolate.call("benchmarks.ours:decode", **common, cudagraph_mode=args.cudagraph_mode)
-    wbytes = ours.get("weight_bytes", math.nan)
+    ours = {mode: isolate.call("benchmarks.ours:decode", **common,
+                               cudagraph_mode=args.cudagraph_mode,
+                               async_scheduling=mode == "async") for mode in args.scheduling}
+    wbytes = next(iter(ours.values())).get("weight_bytes", math.nan)
     peer = isolate.call("benchmarks.hf_peer:static_decode", **common)
     peer_name = "transformers static cache" + (
         " + torch.compile" if args.compile_mode != "none" else " (eager)")
-    rows = [_row(shape, peer_name, peer, wbytes, bw_gbs),
-            _row(shape, f"compiled-llm ({args.compile_mode})", ours, wbytes, bw_gbs)]
+    rows = [_row(shape, peer_name, peer, wbytes, bw_gbs)]
+    for mode, res in ours.items():
+        name = args.compile_mode + (", async" if mode == "async" else "")
+        rows.append(_row(shape, f"compiled-llm ({name})", res, wbytes, bw_gbs))
     for r in rows:
         r["ratio"] = r["decode tok/s"] / rows[0]["decode tok/s"]
     return rows
@@ -56,7 +60,7 @@ def _row(shape: str, engine: str, res: dict, wbytes: float, bw_gbs: float) -> di
 
 def panel(ax, shape: str, rs: list[dict]) -> None:
     bars = ax.bar([r["engine"] for r in rs], [r["decode tok/s"] for r in rs],
-                  color=["tab:gray", "tab:blue"][: len(rs)])
+                  color=["tab:gray", "tab:blue", "tab:green"][: len(rs)])
     ax.bar_label(bars, labels=[f"{r['% copy bw']:.0f}% bw" for r in rs])
     ax.set(title=f"batch-1 decode, {shape}", ylabel="tokens/s")
     ax.tick_params(axis="x", labelsize=7)

@@ -1,10 +1,11 @@
 # The H200 runs of the compiler and GPU-speed benchmarks, as two streams on a 2-GPU machine:
-# one stream per GPU, each benchmark with its peer in the same stream. Four calls; a call on a
+# one stream per GPU, each benchmark with its peer in the same stream. Five calls; a call on a
 # still-warm machine reuses the checkpoints under $CK (each call makes what it lacks):
 #     bash benchmarks/h200_suite.sh 1     # GPU tests, compile start-up
 #     bash benchmarks/h200_suite.sh 2     # offline throughput, decode latency, batch sweep, prefill
 #     bash benchmarks/h200_suite.sh 3     # compile speed modes with kernel profiles, prefill
 #     bash benchmarks/h200_suite.sh 4     # batch sweep (peer at every size), norm kernels
+#     bash benchmarks/h200_suite.sh 5     # sync against async scheduling
 # SKIP=batch_sweep leaves out every command that contains that text.
 # Logs and results go to $OUT (default bench_out/suite) as one .tgz and one log per stream.
 export PYTHONPATH=${PYTHONPATH:-}
@@ -41,7 +42,7 @@ run_streams() {  # run_streams "GPU 0 commands" "GPU 1 commands", one command a 
 }
 
 J=/tmp/suite/res
-CALL=${1:?usage: h200_suite.sh 1|2|3|4}
+CALL=${1:?usage: h200_suite.sh 1|2|3|4|5}
 MK="$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\")'"
 if [ "$CALL" = 1 ]; then
   run_streams "\
@@ -64,6 +65,16 @@ $MK
 $py -m benchmarks.batch_sweep --shape llama3-8b --checkpoint-dir $CK --peer-budget-s 360 --json $J/sweep_llama3-8b.json" "\
 $py -m benchmarks.batch_sweep --shape qwen3-0.6b --checkpoint-dir $CK --peer-budget-s 360 --json $J/sweep_qwen3-0.6b.json
 $py -m benchmarks.norm_kernels --json $J/norm_kernels.json"
+elif [ "$CALL" = 5 ]; then  # sync against async scheduling (sweep and offline peers: calls 2, 4)
+  run_streams "\
+$MK
+$py -m benchmarks.batch_sweep --shape llama3-8b --checkpoint-dir $CK --peer-budget-s 0 --json $J/sweep_async_llama3-8b.json
+$py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --json $J/decode_async_llama3-8b.json
+$py -m benchmarks.offline_throughput --shape llama3-8b --checkpoint-dir $CK --peer-max-seconds 0 --json $J/offline_async_llama3-8b.json" "\
+$py -m pytest -q -x -p no:cacheprovider tests/compile/test_cudagraphs_gpu.py -k async
+$py -m benchmarks.offline_throughput --shape qwen3-0.6b --checkpoint-dir $CK --json $J/offline_async_qwen3-0.6b.json
+$py -m benchmarks.batch_sweep --shape qwen3-0.6b --checkpoint-dir $CK --peer-budget-s 0 --json $J/sweep_async_qwen3-0.6b.json
+$py -m benchmarks.decode_latency --shape qwen3-0.6b --checkpoint-dir $CK --json $J/decode_async_qwen3-0.6b.json"
 else
   run_streams "\
 $MK

@@ -43,11 +43,14 @@ def run_shape(shape: str, args) -> list[dict]:
         peer = isolate.call("benchmarks.hf_peer:continuous_batching", **common,
                             max_seconds=args.peer_max_seconds, api=args.peer_api)
         rows.append(_row(shape, f"transformers CB ({args.peer_api})", peer, len(prompts)))
-    ours = isolate.call("benchmarks.ours:offline", **common, compile_mode=args.compile_mode,
-                        cudagraph_mode=args.cudagraph_mode,
-                        max_model_len=args.input_len[1] + args.output_len[1])
-    rows.append(_row(shape, f"compiled-llm ({args.compile_mode})", ours, len(prompts)))
-    peer_tps = rows[0]["output tok/s"] if len(rows) == 2 else float("nan")
+    for mode in args.scheduling:
+        ours = isolate.call("benchmarks.ours:offline", **common, compile_mode=args.compile_mode,
+                            cudagraph_mode=args.cudagraph_mode,
+                            max_model_len=args.input_len[1] + args.output_len[1],
+                            async_scheduling=mode == "async")
+        name = args.compile_mode + (", async" if mode == "async" else "")
+        rows.append(_row(shape, f"compiled-llm ({name})", ours, len(prompts)))
+    peer_tps = rows[0]["output tok/s"] if args.peer_max_seconds > 0 else float("nan")
     for r in rows:
         r["ratio"] = r["output tok/s"] / peer_tps
     return rows

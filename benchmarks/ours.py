@@ -10,7 +10,8 @@ from benchmarks.common import random_ids, sync
 
 
 def make_llm(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str, **kw):
-    """An LLM; compile_mode "none" means eager (and no CUDA graphs)."""
+    """An LLM; compile_mode "none" means eager (and no CUDA graphs). kw go to LLM (e.g.
+    async_scheduling)."""
     from compiled_llm import LLM
 
     mode = {"enforce_eager": True} if compile_mode == "none" else {
@@ -25,13 +26,14 @@ def weight_bytes(llm) -> int:
 
 
 def offline(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str,
-            prompts: list[list[int]], outs: list[int], max_model_len: int) -> dict:
+            prompts: list[list[int]], outs: list[int], max_model_len: int,
+            async_scheduling: bool = False) -> dict:
     """All requests through LLM.generate after a small warm-up; output tokens and seconds."""
     from compiled_llm import SamplingParams
 
     t0 = time.perf_counter()
     llm = make_llm(model_dir, dtype, compile_mode, cudagraph_mode, max_model_len=max_model_len,
-                   max_num_seqs=min(256, len(prompts)))
+                   max_num_seqs=min(256, len(prompts)), async_scheduling=async_scheduling)
     startup = time.perf_counter() - t0
     params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for o in outs]
     warm = [{"prompt_token_ids": p[:64]} for p in prompts[:8]]
@@ -76,22 +78,27 @@ def decode_window(engine, batch: int, prompt_len: int, new_tokens: int, tag: str
     if engine.num_used_blocks:
         raise RuntimeError(f"{engine.num_used_blocks} KV blocks still held after decode")
     tokens = batch * (new_tokens + 1) - before
-    return {"batch": batch, "tok_s": tokens / secs, "ms_per_step": 1e3 * secs / stats.steps,
+    # per token of one request: under async scheduling the window's first step was launched
+    # before it began, so stats.steps is one less than the tokens each request made
+    return {"batch": batch, "tok_s": tokens / secs, "ms_per_step": 1e3 * secs * batch / tokens,
             "steps": stats.steps, **stats.per_step_ms()}
 
 
 def decode(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str,
-           batch_sizes: list[int], prompt_len: int, new_tokens: int) -> dict:
+           batch_sizes: list[int], prompt_len: int, new_tokens: int,
+           async_scheduling: bool = False) -> dict:
     """One engine, a decode window per batch size (each after a short warm-up window)."""
     t0 = time.perf_counter()
     llm = make_llm(model_dir, dtype, compile_mode, cudagraph_mode,
-                   max_model_len=prompt_len + new_tokens + 32, max_num_seqs=max(batch_sizes))
+                   max_model_len=prompt_len + new_tokens + 32, max_num_seqs=max(batch_sizes),
+                   async_scheduling=async_scheduling)
     startup = time.perf_counter() - t0
     rows = []
     for b in batch_sizes:
         decode_window(llm.engine, b, prompt_len, 4, f"warm{b}")
         rows.append(decode_window(llm.engine, b, prompt_len, new_tokens, f"b{b}"))
         graphs = "eager" if compile_mode == "none" else f"graphs {cudagraph_mode}"
+        graphs += ", async" if async_scheduling else ""
         print(f"compiled-llm decode ({compile_mode}, {graphs}): {rows[-1]}",
               flush=True)
     return {"rows": rows, "startup_s": startup, "weight_bytes": weight_bytes(llm)}

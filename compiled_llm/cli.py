@@ -28,6 +28,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="CUDA graph batch sizes to capture")
     p.add_argument("--quantization", default=None, choices=["fp8"])
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="launch the next step before reading this one's tokens")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
                    help="KV-cache budget in bytes (CPU; overrides the GPU fraction)")
 
@@ -39,7 +41,7 @@ def engine_args(ns: argparse.Namespace) -> EngineArgs:
         enforce_eager=ns.enforce_eager, compile_mode=ns.compile_mode, seed=ns.seed,
         compile_cache_dir=ns.cache_dir, dump_dir=ns.dump_dir, cudagraph_mode=ns.cudagraph_mode,
         cudagraph_batch_sizes=ns.batch_sizes, quantization=ns.quantization,
-        attention_backend=ns.attention_backend,
+        attention_backend=ns.attention_backend, async_scheduling=ns.async_scheduling,
         kv_cache_memory_bytes=ns.kv_cache_memory_bytes)
 
 

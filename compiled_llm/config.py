@@ -102,6 +102,9 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "xxhash"  # or "sha256"
     scheduling_policy: str = "fcfs"  # or "priority": lower request priority value runs first
+    # schedule and launch step N+1 before reading step N's tokens, so host work overlaps the
+    # device (requests whose sampling needs the previous token on the host run step by step)
+    async_scheduling: bool = False
     seed: int = 0
     skip_tokenizer_init: bool = False
     attention_backend: str = "auto"  # "auto": triton on CUDA, torch elsewhere

@@ -16,12 +16,12 @@ import torch
 from compiled_llm.config import EngineArgs
 from compiled_llm.kv_cache import KVCacheManager, PrefixCacheStats
 from compiled_llm.loader import load_hf_config, load_model, read_json, resolve_dtype
-from compiled_llm.model_runner import ModelRunner, num_kv_blocks
+from compiled_llm.model_runner import LaunchedStep, ModelRunner, StepResult, num_kv_blocks
 from compiled_llm.output_processor import OutputProcessor, request_output
 from compiled_llm.outputs import RequestOutput
 from compiled_llm.request import Request, RequestStatus
 from compiled_llm.sampling_params import SamplingParams
-from compiled_llm.scheduler import Scheduler
+from compiled_llm.scheduler import Scheduler, SchedulerOutput
 from compiled_llm.step_timer import StepStats, StepTimer
 from compiled_llm.structured_outputs import GrammarManager
 
@@ -81,6 +81,7 @@ class LLMEngine:
         self.eos_token_ids = eos_ids(model_dir, hf, self.tokenizer)
         self.parents: dict[str, list[Request]] = {}
         self.grammars: GrammarManager | None = None
+        self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling
         logger.info("engine ready: %s on %s, %d KV blocks", model_dir, self.device, num_blocks)
 
     def _load_tokenizer(self, model_dir: str):
@@ -165,7 +166,7 @@ class LLMEngine:
             self.scheduler.abort(c.request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     @property
     def num_used_blocks(self) -> int:
@@ -192,7 +193,7 @@ class LLMEngine:
         timer = self.runner.step_timer
         timer.begin()
         try:
-            return self._step(timer)
+            return self._step_async(timer) if self.args.async_scheduling else self._step(timer)
         finally:
             timer.end()
 
@@ -205,16 +206,56 @@ class LLMEngine:
         try:
             result = self.runner.execute(sched)
         except Exception as e:  # the model step: fail its requests, keep serving the rest
-            logger.exception("model step failed; failing its %d requests", len(sched.scheduled))
-            return self._fail_step(sched, f"model step failed: {type(e).__name__}: {e}")
+            return self._fail_step(sched, e)
         timer.executed()
+        self.scheduler.advance(sched)
+        return self._process(sched, result)
+
+    def _step_async(self, timer: StepTimer) -> list[RequestOutput]:
+        """Launch step N+1, then read step N's tokens while the device runs N+1. Requests whose
+        sampling needs their previous token on the host make N land before N+1 is scheduled."""
+        outs: list[RequestOutput] = []
+        if self._inflight is not None and any(r.needs_feedback for r in self.scheduler.running):
+            outs, self._inflight = self._land(self._inflight), None
+        sched = self.scheduler.schedule()
+        timer.scheduled()
+        prev, self._inflight = self._inflight, None
+        if sched.is_empty:
+            self.runner.release(sched.finished_req_ids, sched.preempted_req_ids)
+        else:
+            try:
+                step = self.runner.launch(sched, prev[1] if prev else None)
+            except Exception as e:
+                outs += self._fail_step(sched, e)
+            else:
+                timer.gpu_done()
+                self.scheduler.advance(sched, step.sample_reqs)
+                self._inflight = (sched, step)
+        if prev is not None:
+            outs += self._land(prev, timer)
+        return outs
+
+    def _land(self, inflight: tuple[SchedulerOutput, LaunchedStep],
+              timer: StepTimer | None = None) -> list[RequestOutput]:
+        """Wait for a launched step and process its results."""
+        sched, step = inflight
+        try:
+            result = self.runner.finish(step)
+        except Exception as e:
+            return self._fail_step(sched, e)
+        if timer is not None:
+            timer.executed()
+        return self._process(sched, result)
+
+    def _process(self, sched: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+        """A finished step's results: failures, logprobs, tokens, stop checks, outputs."""
         failed = [self._fail(self.scheduler_request(rid, sched), err)
                   for rid, err in result.errors.items()]
         for rid, rows in result.prompt_logprobs.items():
             req = self.scheduler_request(rid, sched)
             self._guarded(req, lambda req=req, rows=rows: self.outputs.add_prompt_logprobs(
                 req, rows))
-        touched = self.scheduler.update(sched, result.sampled)
+        touched = self.scheduler.resolve(sched, result.sampled)
         for req in touched:
             if req.grammar is not None:
                 self._guarded(req, lambda req=req: self._advance_grammar(req))
@@ -244,7 +285,11 @@ class LLMEngine:
             req.status = RequestStatus.FINISHED_ERROR
         return req
 
-    def _fail_step(self, sched, error: str) -> list[RequestOutput]:
+    def _fail_step(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        """The model step raised: fail its requests, keep serving the rest."""
+        logger.exception("model step failed; failing its %d requests", len(sched.scheduled),
+                         exc_info=exc)
+        error = f"model step failed: {type(exc).__name__}: {exc}"
         reqs = [r for r, _ in sched.scheduled if not r.is_finished]
         for req in reqs:
             self.kv.drop_uncomputed(req)  # the step may have half-written these blocks

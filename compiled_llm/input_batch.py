@@ -43,6 +43,9 @@ class StepInputs:
     prompt_rows: list[PromptLogprobRows] = field(default_factory=list)
     graph_size: int | None = None  # replay the full decode graph of this size
     cudagraph_tokens: int | None = None  # piecewise graphs padded to this many tokens
+    # async scheduling: some input_ids are ~row of the previous step's sampled tensor, to be
+    # filled on the device (the host has not read those tokens yet)
+    has_pending: bool = False
 
     @property
     def all_rows_sample(self) -> bool:
@@ -64,8 +67,8 @@ def build_step_inputs(sched: SchedulerOutput, bufs: StepBuffers, block_size: int
     """Fill the step buffers from the scheduled requests and send them to the device."""
     reqs = [r for r, _ in sched.scheduled]
     counts = [n for _, n in sched.scheduled]
-    # [B, 2]: (tokens already computed, tokens known) per request, one conversion
-    known = np.array([(r.num_computed_tokens, len(r.all_token_ids)) for r in reqs], np.int64)
+    # [B, 2]: (tokens already computed, tokens incl. pending) per request, one conversion
+    known = np.array([(r.num_computed_tokens, r.num_tokens) for r in reqs], np.int64)
     starts = known[:, 0]
     b, n = len(reqs), sum(counts)
     decode = n == b  # one new token per request
@@ -82,7 +85,7 @@ def build_step_inputs(sched: SchedulerOutput, bufs: StepBuffers, block_size: int
     bufs.check(lay)
     views = bufs.views(lay.tokens, lay.seqs)
     v = views.host(bufs)
-    _fill_tokens(v, reqs, starts, counts, qsl, rows, block_size, bufs.table.host)
+    pending = _fill_tokens(v, reqs, starts, counts, qsl, rows, block_size, bufs.table.host)
     _fill_seqs(v, qsl, ends, rows, n)
     a64, a32 = bufs.i64.np, bufs.i32.np
     a64[lay.sample:lay.sample + len(sample)] = qsl[1:][sample] - 1
@@ -97,7 +100,7 @@ def build_step_inputs(sched: SchedulerOutput, bufs: StepBuffers, block_size: int
     sample_reqs = reqs if len(sample) == b else [reqs[i] for i in sample]
     return StepInputs(d["ids"], d["pos"], attn, n,
                       bufs.i64.dev[lay.sample:lay.sample + len(sample)],
-                      sample_reqs, prompt, graph, tokens if graph is None else None)
+                      sample_reqs, prompt, graph, tokens if graph is None else None, pending)
 
 
 _ARANGE = np.arange(4097, dtype=np.int64)  # query starts of a pure-decode batch
@@ -122,17 +125,19 @@ def attention_metadata(views, n: int, b: int, max_q: int, max_len: int,
 def _fill_tokens(v: dict, reqs: list[Request], starts: np.ndarray, counts: list[int],
                  qsl: np.ndarray, rows: np.ndarray, block_size: int, table: np.ndarray) -> None:
     """ids, positions and slots of the real rows; padded rows read token 0 at position 0 and
-    write the null slot 0."""
+    write the null slot 0. Returns whether any id is a pending token (encoded ~row)."""
     n, decode = int(qsl[-1]), len(reqs) == int(qsl[-1])
     ids, pos, slots = v["ids"], v["pos"], v["slots"]
+    pending = any(r.num_pending for r in reqs)
     if decode:
-        ids[:n] = [r.all_token_ids[s] for r, s in zip(reqs, starts.tolist())]
+        ids[:n] = ([_token(r, s) for r, s in zip(reqs, starts.tolist())] if pending else
+                   [r.all_token_ids[s] for r, s in zip(reqs, starts.tolist())])
         pos[:n] = starts
         tok_rows = rows
     else:  # position = start of its request + offset within the request's chunk
+        chunks = _chunk_with_pending if pending else _chunk
         ids[:n] = np.fromiter(chain.from_iterable(
-            r.all_token_ids[s:s + c] for r, s, c in zip(reqs, starts.tolist(), counts)),
-            np.int64, n)
+            chunks(r, s, c) for r, s, c in zip(reqs, starts.tolist(), counts)), np.int64, n)
         pos[:n] = np.arange(n) + np.repeat(starts - qsl[:-1], counts)
         tok_rows = np.repeat(rows, counts)
     p = pos[:n]
@@ -140,6 +145,21 @@ def _fill_tokens(v: dict, reqs: list[Request], starts: np.ndarray, counts: list[
     ids[n:] = 0
     pos[n:] = 0
     slots[n:] = 0
+    return pending
+
+
+def _token(r: Request, i: int) -> int:
+    """Token i of r, or ~(its row in the previous step's sampled tensor) while pending."""
+    return r.all_token_ids[i] if i < len(r.all_token_ids) else ~r.pending_src
+
+
+def _chunk(r: Request, start: int, count: int) -> list[int]:
+    return r.all_token_ids[start:start + count]
+
+
+def _chunk_with_pending(r: Request, start: int, count: int) -> list[int]:
+    ids = r.all_token_ids[start:start + count]
+    return ids + [~r.pending_src] * (count - len(ids))  # at most the one pending token
 
 
 def _fill_seqs(v: dict, qsl: np.ndarray, ends: np.ndarray, rows: np.ndarray, n: int) -> None:

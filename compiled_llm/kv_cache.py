@@ -137,11 +137,16 @@ class KVCacheManager:
         """Publish the blocks this step fills (their KV is written before anyone reads it)."""
         if not self.enable_prefix_caching:
             return
-        num_tokens = min(num_tokens, req.num_tokens)  # slots reserved ahead hold no tokens yet
-        if num_tokens // self.block_size <= req.num_computed_tokens // self.block_size:
+        # only known tokens can be hashed: slots reserved ahead, or a token a launched step is
+        # still sampling (async scheduling), are published by a later step
+        num_tokens = min(num_tokens, len(req.all_token_ids))
+        # from the block of the last computed token: under async scheduling its token may have
+        # become known only now (cache() skips blocks already published)
+        first = max(req.num_computed_tokens - 1, 0) // self.block_size
+        if num_tokens // self.block_size <= first:
             return  # this step fills no block (hashes are extended when one is filled)
         self._hash_blocks(req, num_tokens)
-        for i in range(req.num_computed_tokens // self.block_size, num_tokens // self.block_size):
+        for i in range(first, num_tokens // self.block_size):
             self.pool.cache(req.block_ids[i], req.block_hashes[i])
 
     # ------------------------------------------------------------------ release

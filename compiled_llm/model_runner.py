@@ -33,6 +33,18 @@ class StepResult:
     errors: dict[str, str] = field(default_factory=dict)  # request id -> why it failed
 
 
+@dataclass
+class LaunchedStep:
+    """A step queued on the device: forward and sampling launched, results copied back
+    without blocking. `finish` reads them; the next step may read `sampled` on the device."""
+
+    result: StepResult  # errors and prompt logprobs, known at launch
+    sample_reqs: list[Request] = field(default_factory=list)
+    sampled: torch.Tensor | None = None  # [S] device int64
+    host: list[torch.Tensor] = field(default_factory=list)  # host copies: tokens, logprobs
+    event: torch.cuda.Event | None = None  # recorded after the copies
+
+
 class ModelRunner:
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype,
                  cache_cfg: CacheConfig, compile_cfg: CompileConfig, max_model_len: int,
@@ -122,17 +134,43 @@ class ModelRunner:
         self.buffers.table.release(finished)
         self.buffers.table.release(preempted)
 
-    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
+        """Run one step to the end: sampled tokens on the host."""
+        return self.finish(self.launch(sched))
+
+    @torch.inference_mode()
+    def launch(self, sched: SchedulerOutput, prev: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue one step without waiting for it. Input ids still pending on the host are
+        taken from prev's sampled tokens on the device (async scheduling)."""
         self.release(sched.finished_req_ids, sched.preempted_req_ids)
         inputs = self.prepare(sched)
+        if inputs.has_pending:
+            fill_pending(inputs.input_ids, prev)
         self.step_timer.forward_start()
         hidden = self.run_forward(inputs)
-        result = StepResult()
+        step = LaunchedStep(StepResult(), inputs.sample_reqs)
         if inputs.sample_reqs:
-            self._sample(hidden, inputs, result)
+            self._sample(hidden, inputs, step)
         if inputs.prompt_rows:
-            self._prompt_logprobs(hidden, inputs, result)
+            self._prompt_logprobs(hidden, inputs, step.result)
+        return step
+
+    def finish(self, step: LaunchedStep) -> StepResult:
+        """Wait for a launched step's copies and turn them into Python results."""
+        if not step.host:
+            return step.result
+        if step.event is not None:
+            step.event.synchronize()
+        result, reqs = step.result, step.sample_reqs
+        tokens = step.host[0].tolist()
+        for req, tok in zip(reqs, tokens):
+            result.sampled[req.request_id] = tok
+        if len(step.host) > 1:
+            ids, lps, ranks = (t.tolist() for t in step.host[1:])
+            for i, req in enumerate(reqs):
+                if req.sampling_params.logprobs is not None:
+                    k = req.sampling_params.logprobs + 1
+                    result.logprobs[req.request_id] = (ids[i][:k], lps[i][:k], ranks[i])
         return result
 
     def execute_dummy(self, num_tokens: int, max_len: int) -> None:
@@ -143,24 +181,22 @@ class ModelRunner:
         finally:
             self.release({r.request_id for r, _ in sched.scheduled})
 
-    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, result: StepResult) -> None:
+    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, step: LaunchedStep) -> None:
         if not inputs.all_rows_sample:
             hidden = hidden.index_select(0, inputs.sample_rows)
         logits = self.model.compute_logits(hidden)
         meta = self._sampling_metadata(inputs.sample_reqs)
         out = self.sampler(logits, meta)
         for row, err in meta.row_errors.items():
-            result.errors[inputs.sample_reqs[row].request_id] = err
+            step.result.errors[inputs.sample_reqs[row].request_id] = err
         self.step_timer.gpu_done()
-        tokens = out.sampled_token_ids.tolist()  # the step's one host sync
-        for req, tok in zip(inputs.sample_reqs, tokens):
-            result.sampled[req.request_id] = tok
-        if out.logprobs is not None:
-            ids, lps, ranks = out.logprobs.tolists()
-            for i, req in enumerate(inputs.sample_reqs):
-                if req.sampling_params.logprobs is not None:
-                    k = req.sampling_params.logprobs + 1
-                    result.logprobs[req.request_id] = (ids[i][:k], lps[i][:k], ranks[i])
+        step.sampled = out.sampled_token_ids
+        lp = out.logprobs
+        dev = [step.sampled] + ([] if lp is None else [lp.token_ids, lp.logprobs, lp.ranks])
+        step.host = [to_host(t) for t in dev]
+        if self.device.type == "cuda":
+            step.event = torch.cuda.Event()
+            step.event.record()
 
     def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs, r: StepResult) -> None:
         for pr in inputs.prompt_rows:
@@ -187,6 +223,23 @@ class ModelRunner:
             meta.grammar_bitmask = bitmask.to(self.device, non_blocking=True)
             meta.grammar_rows = rows
         return meta
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t on the host that does not block: pinned memory on CUDA (read it only after
+    the step's event)."""
+    if t.device.type == "cpu":
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return out.copy_(t, non_blocking=True)
+
+
+def fill_pending(ids: torch.Tensor, prev: LaunchedStep | None) -> None:
+    """Replace each id ~i (negative) by row i of prev's sampled tokens, on the device."""
+    if prev is None or prev.sampled is None:
+        raise RuntimeError("a step has pending input tokens but no launched step samples them")
+    src = prev.sampled.index_select(0, (~ids).clamp_(0, len(prev.sampled) - 1))
+    ids.copy_(torch.where(ids < 0, src, ids))
 
 
 def build_sampling_metadata(reqs: list[Request], device: torch.device, gen_for) -> SamplingMetadata:

@@ -35,7 +35,9 @@ _FINISHED = frozenset({"stop", "length", "abort", "error"})
 @dataclass(eq=False)
 class Request:
     """One sequence. Invariant: num_computed_tokens <= num_tokens, and the first
-    num_computed_tokens tokens have their K/V in the blocks listed in block_ids."""
+    num_computed_tokens tokens have their K/V in the blocks listed in block_ids. Under async
+    scheduling num_tokens also counts the num_pending tokens that launched steps will sample
+    but the host has not read yet (they are not in all_token_ids)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -48,6 +50,9 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    num_pending: int = 0  # sampled by launched steps, not yet appended
+    pending_src: int = -1  # row of the newest pending token in its step's sampled tensor
+    needs_feedback: bool = False  # set from sampling_params: no async steps for this request
     block_ids: list[int] = field(default_factory=list)
     # prefix caching: hashes of the full blocks of all_token_ids (filled in by the KV manager),
     # and what besides the tokens shapes this request's KV (LoRA id, multimodal hashes)
@@ -71,6 +76,7 @@ class Request:
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
+        self.needs_feedback = self.sampling_params.needs_host_feedback
         if self.sampling_params.logprobs is not None:
             self.logprobs = []
         if self.sampling_params.prompt_logprobs is not None:
@@ -87,7 +93,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+        return len(self.all_token_ids) + self.num_pending
 
     @property
     def num_output_tokens(self) -> int:

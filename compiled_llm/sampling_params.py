@@ -215,6 +215,14 @@ class SamplingParams:
         return self.sampling_type == SamplingType.GREEDY
 
     @property
+    def needs_host_feedback(self) -> bool:
+        """Sampling reads the previous token on the host (penalties, logits processors,
+        min_tokens, a grammar), so async scheduling runs such a request step by step."""
+        return bool(self.repetition_penalty != 1.0 or self.presence_penalty
+                    or self.frequency_penalty or self.logits_processors or self.min_tokens
+                    or self.structured_outputs is not None)
+
+    @property
     def output_text_buffer_length(self) -> int:
         """Chars of decoded text to hold back so a partial stop string is never streamed."""
         if not self.stop or self.include_stop_str_in_output:

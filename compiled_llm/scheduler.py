@@ -77,6 +77,8 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
+            if req.num_pending and self._last_is_pending(req):
+                continue  # its final token is being sampled: nothing left to compute
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if not self._allocate_or_preempt(req, n, out):
                 continue
@@ -126,17 +128,39 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         self.waiting.requeue(req)
 
+    def _last_is_pending(self, req: Request) -> bool:
+        """A launched step samples req's last token (a length limit): schedule no more."""
+        max_tokens = req.sampling_params.max_tokens
+        return req.num_tokens >= self.cfg.max_model_len or (
+            max_tokens is not None and req.num_output_tokens + req.num_pending >= max_tokens)
+
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Advance progress, append sampled tokens, apply stop checks; returns the requests
-        that got a new token this step."""
-        progressed = []
+        """A step that ran to the end: advance progress, then take its sampled tokens."""
+        self.advance(out)
+        return self.resolve(out, sampled)
+
+    def advance(self, out: SchedulerOutput, sample_reqs: list[Request] = ()) -> None:
+        """The step is launched: its tokens count as computed, and each of sample_reqs (in
+        sampled-tensor order) has one more pending token (async scheduling)."""
         for req, n in out.scheduled:
-            if req.is_finished:  # finished (aborted) while the step ran
+            if not req.is_finished:  # finished (aborted) while the step ran
+                req.num_computed_tokens += n
+        for i, req in enumerate(sample_reqs):
+            req.num_pending += 1
+            req.pending_src = i
+
+    def resolve(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Append the step's sampled tokens and apply stop checks; returns the requests that
+        got a new token. A request that finished meanwhile drops its token."""
+        progressed = []
+        for req, _ in out.scheduled:
+            if req.is_finished:
                 continue
-            req.num_computed_tokens += n
             token = sampled.get(req.request_id)
             if token is None:
                 continue
+            if req.num_pending:
+                req.num_pending -= 1
             req.append_token(token)
             progressed.append(req)
             status, reason = self._check_stop(req, token)
@@ -153,7 +177,7 @@ class Scheduler:
                 return RequestStatus.FINISHED_STOPPED, token
         if p.max_tokens is not None and req.num_output_tokens >= p.max_tokens:
             return RequestStatus.FINISHED_LENGTH, None
-        if req.num_tokens >= self.cfg.max_model_len:
+        if len(req.all_token_ids) >= self.cfg.max_model_len:  # known tokens, not pending
             return RequestStatus.FINISHED_LENGTH, None
         return None, None
 

@@ -35,3 +35,20 @@ def test_cudagraphs_match_eager(mode, tmp_path):
     if mode != "full":
         assert counters.piecewise_steps > 0
     assert llm.engine.num_used_blocks == 0
+
+
+def test_async_scheduling_with_cudagraphs(tmp_path):
+    """Async scheduling fills pending input ids on the device before the graphs replay: the
+    tokens match step-by-step execution, through chunked prefill and decode graphs."""
+    ckpt = make_checkpoint("qwen3_deep")
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(11, 300, lo=2, hi=90, seed=9)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    kw = dict(dtype="float32", max_num_seqs=16, gpu_memory_utilization=0.4,
+              max_num_batched_tokens=64, compile_cache_dir=str(tmp_path))
+    ref = LLM(str(ckpt), **kw).generate(prompts, params, use_tqdm=False)
+    counters.reset()
+    llm = LLM(str(ckpt), async_scheduling=True, **kw)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
+    assert counters.full_graph_replays > 0 and counters.piecewise_steps > 0
+    assert llm.engine.num_used_blocks == 0
