@@ -1,11 +1,12 @@
 # The H200 runs of the compiler and GPU-speed benchmarks, as two streams on a 2-GPU machine:
-# one stream per GPU, each benchmark with its peer in the same stream. Five calls; a call on a
+# one stream per GPU, each benchmark with its peer in the same stream. Six calls; a call on a
 # still-warm machine reuses the checkpoints under $CK (each call makes what it lacks):
 #     bash benchmarks/h200_suite.sh 1     # GPU tests, compile start-up
 #     bash benchmarks/h200_suite.sh 2     # offline throughput, decode latency, batch sweep, prefill
 #     bash benchmarks/h200_suite.sh 3     # compile speed modes with kernel profiles, prefill
 #     bash benchmarks/h200_suite.sh 4     # batch sweep (peer at every size), norm kernels
 #     bash benchmarks/h200_suite.sh 5     # sync against async scheduling
+#     bash benchmarks/h200_suite.sh 6     # compile speed in all five modes, with profiles
 # SKIP=batch_sweep leaves out every command that contains that text.
 # Logs and results go to $OUT (default bench_out/suite) as one .tgz and one log per stream.
 export PYTHONPATH=${PYTHONPATH:-}
@@ -42,7 +43,7 @@ run_streams() {  # run_streams "GPU 0 commands" "GPU 1 commands", one command a 
 }
 
 J=/tmp/suite/res
-CALL=${1:?usage: h200_suite.sh 1|2|3|4|5}
+CALL=${1:?usage: h200_suite.sh 1|2|3|4|5|6}
 MK="$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\")'"
 if [ "$CALL" = 1 ]; then
   run_streams "\
@@ -75,6 +76,13 @@ $py -m pytest -q -x -p no:cacheprovider tests/compile/test_cudagraphs_gpu.py -k 
 $py -m benchmarks.offline_throughput --shape qwen3-0.6b --checkpoint-dir $CK --json $J/offline_async_qwen3-0.6b.json
 $py -m benchmarks.batch_sweep --shape qwen3-0.6b --checkpoint-dir $CK --peer-budget-s 0 --json $J/sweep_async_qwen3-0.6b.json
 $py -m benchmarks.decode_latency --shape qwen3-0.6b --checkpoint-dir $CK --json $J/decode_async_qwen3-0.6b.json"
+elif [ "$CALL" = 6 ]; then  # compile_bench speed in every mode, split over the two GPUs
+  SPEED="-m benchmarks.compile_bench --shape llama3-8b --max-model-len 4096 --phases speed --profile-dir $J"
+  run_streams "\
+$MK
+$py $SPEED --checkpoint-dir $CK/llama3-8b --speed-modes backend backend+cudagraphs --json $J/compile_speed_a.json" "\
+${MK//$CK/${CK}2}
+$py $SPEED --checkpoint-dir ${CK}2/llama3-8b --speed-modes eager stock backend-nopasses --json $J/compile_speed_b.json"
 else
   run_streams "\
 $MK
