@@ -138,3 +138,43 @@ def test_seeded_sampling_and_logprobs_match_sync(ckpt, llm, prompts):
             assert da.keys() == db.keys()
             for k in da:
                 assert da[k].logprob == pytest.approx(db[k].logprob, abs=1e-5)
+
+
+def test_cli_flag():
+    import argparse
+
+    from compiled_llm.cli import add_engine_args, engine_args
+
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    assert engine_args(p.parse_args(["--async-scheduling"])).async_scheduling
+    assert not engine_args(p.parse_args([])).async_scheduling
+
+
+def test_streaming_server_engine(ckpt):
+    """The server's AsyncLLM over an async-scheduling engine: streamed deltas add up to the
+    final output, which matches a step-by-step engine."""
+    import asyncio
+
+    from compiled_llm.async_llm import AsyncLLM
+    from compiled_llm.config import EngineArgs
+    from compiled_llm.sampling_params import RequestOutputKind as Kind
+
+    def run(async_scheduling: bool, kind: Kind):
+        eng = AsyncLLM(EngineArgs(model=str(ckpt), enforce_eager=True, dtype="float32",
+                                  async_scheduling=async_scheduling))
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                output_kind=kind)
+
+        async def main():
+            return [o async for o in eng.generate([5, 9, 17, 3], params, "r")]
+
+        try:
+            return asyncio.run(main()), eng.engine.num_used_blocks
+        finally:
+            eng.shutdown()
+
+    deltas, used = run(True, Kind.DELTA)
+    (final,), _ = run(False, Kind.FINAL_ONLY)
+    assert sum((o.outputs[0].token_ids for o in deltas), []) == final.outputs[0].token_ids
+    assert deltas[-1].finished and used == 0
