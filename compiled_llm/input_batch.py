@@ -67,9 +67,11 @@ def build_step_inputs(sched: SchedulerOutput, bufs: StepBuffers, block_size: int
     """Fill the step buffers from the scheduled requests and send them to the device."""
     reqs = [r for r, _ in sched.scheduled]
     counts = [n for _, n in sched.scheduled]
-    # [B, 2]: (tokens already computed, tokens incl. pending) per request, one conversion
-    known = np.array([(r.num_computed_tokens, r.num_tokens) for r in reqs], np.int64)
+    # [B, 3]: (tokens computed, tokens on the host, tokens pending) per request, one pass
+    known = np.array([(r.num_computed_tokens, len(r.all_token_ids), r.num_pending)
+                      for r in reqs], np.int64)
     starts = known[:, 0]
+    pending = bool(known[:, 2].any())
     b, n = len(reqs), sum(counts)
     decode = n == b  # one new token per request
     max_q = 1 if decode else max(counts)
@@ -77,7 +79,7 @@ def build_step_inputs(sched: SchedulerOutput, bufs: StepBuffers, block_size: int
     qsl = _ARANGE[:b + 1] if decode and b < len(_ARANGE) else np.concatenate(
         ([0], np.cumsum(counts)))
     ends = starts + (1 if decode else counts)
-    sample = np.flatnonzero(ends == known[:, 1])
+    sample = np.flatnonzero(ends == known[:, 1] + known[:, 2])
     bufs.wait()
     rows = np.empty(b, dtype=np.int64)
     entries = bufs.table.update(reqs, rows)
@@ -85,7 +87,7 @@ def build_step_inputs(sched: SchedulerOutput, bufs: StepBuffers, block_size: int
     bufs.check(lay)
     views = bufs.views(lay.tokens, lay.seqs)
     v = views.host(bufs)
-    pending = _fill_tokens(v, reqs, starts, counts, qsl, rows, block_size, bufs.table.host)
+    _fill_tokens(v, reqs, starts, counts, qsl, rows, block_size, bufs.table.host, pending)
     _fill_seqs(v, qsl, ends, rows, n)
     a64, a32 = bufs.i64.np, bufs.i32.np
     a64[lay.sample:lay.sample + len(sample)] = qsl[1:][sample] - 1
@@ -123,12 +125,12 @@ def attention_metadata(views, n: int, b: int, max_q: int, max_len: int,
 
 
 def _fill_tokens(v: dict, reqs: list[Request], starts: np.ndarray, counts: list[int],
-                 qsl: np.ndarray, rows: np.ndarray, block_size: int, table: np.ndarray) -> None:
+                 qsl: np.ndarray, rows: np.ndarray, block_size: int, table: np.ndarray,
+                 pending: bool = False) -> None:
     """ids, positions and slots of the real rows; padded rows read token 0 at position 0 and
-    write the null slot 0. Returns whether any id is a pending token (encoded ~row)."""
+    write the null slot 0. Pending tokens (async scheduling) are written as ~row."""
     n, decode = int(qsl[-1]), len(reqs) == int(qsl[-1])
     ids, pos, slots = v["ids"], v["pos"], v["slots"]
-    pending = any(r.num_pending for r in reqs)
     if decode:
         ids[:n] = ([_token(r, s) for r, s in zip(reqs, starts.tolist())] if pending else
                    [r.all_token_ids[s] for r, s in zip(reqs, starts.tolist())])
@@ -145,7 +147,6 @@ def _fill_tokens(v: dict, reqs: list[Request], starts: np.ndarray, counts: list[
     ids[n:] = 0
     pos[n:] = 0
     slots[n:] = 0
-    return pending
 
 
 def _token(r: Request, i: int) -> int:

@@ -163,21 +163,27 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_whole_budget():
     assert kv.num_used_blocks == 0
 
 
-def test_running_decodes_are_scheduled_before_prefill_chunks():
-    sched, kv = make_sched(max_num_batched_tokens=10)
-    b = make_req("b_prefill", 30, arrival=0, max_tokens=2)
+def _prefill_ahead_of_decode(sched, kv, prompt_len: int, computed: int):
+    """White-box setup: b is mid-prefill (`computed` of `prompt_len` tokens) and sits ahead of
+    a, which is decoding its 3-token prompt. Returns (b, a)."""
+    b = make_req("b_prefill", prompt_len, arrival=0, max_tokens=2)
     a = make_req("a_decode", 3, arrival=1, max_tokens=2)
     sched.add_request(b)
     sched.add_request(a)
-    # white-box setup: b is mid-prefill and sits ahead of a, which is decoding
     sched.waiting.clear()
-    assert kv.allocate_slots(b, 10)
-    b.num_computed_tokens = 10
+    assert kv.allocate_slots(b, computed)
+    b.num_computed_tokens = computed
     assert kv.allocate_slots(a, 3)
     a.num_computed_tokens = 3
     a.append_token(filler(a))
     a.status = b.status = RequestStatus.RUNNING
     sched.running = [b, a]
+    return b, a
+
+
+def test_running_decodes_are_scheduled_before_prefill_chunks():
+    sched, kv = make_sched(max_num_batched_tokens=10)
+    b, a = _prefill_ahead_of_decode(sched, kv, prompt_len=30, computed=10)
 
     out, _ = fake_step(sched)
     assert layout(out) == [("a_decode", 1), ("b_prefill", 9)]
@@ -499,18 +505,7 @@ def test_an_already_scheduled_request_is_never_the_preemption_victim():
     # 3 usable blocks of 8 slots; the newer request decodes first (scheduled), then the older
     # one's prefill chunk runs out of blocks: it must preempt itself, not the scheduled decode
     sched, kv = make_sched(num_blocks=4, block_size=8, max_num_batched_tokens=13)
-    b = make_req("b_prefill", 20, arrival=0, max_tokens=2)
-    a = make_req("a_decode", 3, arrival=1, max_tokens=2)
-    sched.add_request(b)
-    sched.add_request(a)
-    sched.waiting.clear()
-    assert kv.allocate_slots(b, 8)
-    b.num_computed_tokens = 8
-    assert kv.allocate_slots(a, 3)
-    a.num_computed_tokens = 3
-    a.append_token(filler(a))
-    a.status = b.status = RequestStatus.RUNNING
-    sched.running = [b, a]
+    b, a = _prefill_ahead_of_decode(sched, kv, prompt_len=20, computed=8)
     assert kv.pool.num_free == 1
 
     out, _ = fake_step(sched)
