@@ -180,8 +180,8 @@ def default_model() -> str:
 
 def start_server(model: str, port: int, args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "compiled_llm.cli", "serve", "--model", model, "--port",
-           str(port), "--log-level", "warning", *args]
+    cmd = [sys.executable, "-m", "compiled_llm.entrypoints.cli", "serve", "--model", model,
+           "--port", str(port), "--log-level", "warning", *args]
     proc = subprocess.Popen(cmd, env=env)
     for _ in range(900):
         try:

@@ -34,7 +34,7 @@ def grammar_step_ms(model: str, tokenizer: str | None, items: int, rows: int) ->
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from compiled_llm.structured_outputs import (
+    from compiled_llm.sample.structured_outputs import (
         GrammarManager,
         StructuredOutputsParams,
         apply_bitmask,

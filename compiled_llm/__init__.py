@@ -1,10 +1,49 @@
-"""compiled-llm: plain PyTorch models, made fast by the compiler, driven by a small scheduler."""
+"""compiled-llm: plain PyTorch models, made fast by the compiler, driven by a small scheduler.
 
-from compiled_llm.llm import LLM
-from compiled_llm.outputs import CompletionOutput, Logprob, RequestOutput
-from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
-from compiled_llm.structured_outputs import StructuredOutputsParams
+The public names load lazily, so importing a pure-Python layer (compiled_llm.core) does not
+import torch.
+"""
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
-           "StructuredOutputsParams", "RequestOutputKind"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_PUBLIC = {
+    "LLM": "compiled_llm.entrypoints.llm",
+    "AsyncLLM": "compiled_llm.entrypoints.async_llm",
+    "EngineArgs": "compiled_llm.config",
+    "SamplingParams": "compiled_llm.sampling_params",
+    "StructuredOutputsParams": "compiled_llm.sampling_params",
+    "RequestOutputKind": "compiled_llm.sampling_params",
+    "RequestOutput": "compiled_llm.output.outputs",
+    "CompletionOutput": "compiled_llm.output.outputs",
+    "Logprob": "compiled_llm.output.outputs",
+    "ModelRegistry": "compiled_llm.models",
+}
+
+if TYPE_CHECKING:
+    from compiled_llm.config import EngineArgs
+    from compiled_llm.entrypoints.async_llm import AsyncLLM
+    from compiled_llm.entrypoints.llm import LLM
+    from compiled_llm.models import ModelRegistry
+    from compiled_llm.output.outputs import CompletionOutput, Logprob, RequestOutput
+    from compiled_llm.sampling_params import (
+        RequestOutputKind,
+        SamplingParams,
+        StructuredOutputsParams,
+    )
+
+__all__ = ["LLM", "AsyncLLM", "EngineArgs", "SamplingParams", "StructuredOutputsParams",
+           "RequestOutputKind", "RequestOutput", "CompletionOutput", "Logprob", "ModelRegistry"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """Import a public name on first use."""
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'compiled_llm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

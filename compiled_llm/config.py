@@ -127,7 +127,7 @@ class EngineArgs:
                                self.scheduling_policy)
 
     def __post_init__(self) -> None:
-        from compiled_llm.prefix_hash import hash_fn
+        from compiled_llm.core.prefix_hash import hash_fn
 
         hash_fn(self.prefix_caching_hash_algo)  # ValueError naming the field if unknown
 

@@ -1,26 +1,84 @@
 """Per-request sampling options (``SamplingParams``), mirroring vLLM's API.
 
-Owns field validation and normalisation; the batched math lives in ``sampler.py``.
+Owns field validation and normalisation; the batched math lives in ``sample/sampler.py``.
+Pure Python: the scheduler reads these without importing torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from compiled_llm.structured_outputs import StructuredOutputsParams
+if TYPE_CHECKING:  # for the LogitsProcessor alias only: this module stays free of torch
+    import torch
 
 # Below this temperature a request is treated as greedy (same threshold as vLLM).
 SAMPLING_EPS = 1e-5
 
-# vLLM-v0 style per-request processor: (output token ids, 1-D logits row) -> logits row.
-LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
+# vLLM-v0 style per-request processor: (output token ids, 1-D logits row) -> logits row
+LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
+
+_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """Exactly one of json (a JSON schema, dict or str), regex, choice, grammar (EBNF) or
+    json_object=True. Whitespace between JSON tokens is off unless any_whitespace=True: a
+    compact form that a weak model cannot pad forever."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        set_kinds = [k for k in _KINDS if getattr(self, k) not in (None, False)]
+        if len(set_kinds) != 1:
+            raise ValueError("structured_outputs: give exactly one of json, regex, choice, "
+                             f"grammar or json_object, got {set_kinds or 'none'}")
+        self._check_types()
+
+    def _check_types(self) -> None:
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError("structured_outputs.json must be a JSON schema (object or string)")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+        if self.choice is not None:
+            if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
+                raise ValueError("structured_outputs.choice must be a non-empty list of "
+                                 "non-empty strings")
+            object.__setattr__(self, "choice", tuple(self.choice))
+        if self.json_object not in (None, True, False):
+            raise ValueError("structured_outputs.json_object must be a bool")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in _KINDS if getattr(self, k) not in (None, False))
+
+    def key(self) -> tuple[str, str, bool]:
+        """A hashable identity of the grammar this spec compiles to."""
+        value = getattr(self, self.kind)
+        if isinstance(value, (dict, tuple)):
+            value = json.dumps(value, sort_keys=True)
+        return self.kind, str(value), self.any_whitespace
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StructuredOutputsParams:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"structured_outputs: unknown fields {sorted(unknown)}")
+        return cls(**d)
 
 
 class RequestOutputKind(enum.Enum):

@@ -11,9 +11,9 @@ import importlib
 
 import torch
 
+from compiled_llm.attention.forward_context import get_forward_context
 from compiled_llm.attention.metadata import AttentionMetadata
 from compiled_llm.attention.reference import attention_forward
-from compiled_llm.forward_context import get_forward_context
 
 __all__ = ["AttentionMetadata", "attention", "ATTENTION_OP_NAME", "get_backend", "register_backend"]
 

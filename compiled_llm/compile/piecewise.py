@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compiled_llm.forward_context import get_forward_context
+from compiled_llm.attention.forward_context import get_forward_context
 
 _POOL = None
 

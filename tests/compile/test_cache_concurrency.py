@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _compile(ckpt, cache_dir):
-    cmd = [sys.executable, "-m", "compiled_llm.cli", "compile", "--model", str(ckpt),
+    cmd = [sys.executable, "-m", "compiled_llm.entrypoints.cli", "compile", "--model", str(ckpt),
            "--cache-dir", str(cache_dir), "--dtype", "float32"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

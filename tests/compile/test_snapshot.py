@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from compiled_llm.compile.snapshot import snapshot_name, sources_match
-from compiled_llm.loader import load_model
+from compiled_llm.worker.loader import load_model
 from tests.utils import make_checkpoint
 
 

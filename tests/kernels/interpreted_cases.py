@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from compiled_llm.attention import attention
+from compiled_llm.attention.forward_context import ForwardContext, set_forward_context
 from compiled_llm.attention.kernels import (
     DecodeConfig,
     PrefillConfig,
@@ -20,7 +21,6 @@ from compiled_llm.attention.kernels import (
     prefill_attention,
     write_kv_cache,
 )
-from compiled_llm.forward_context import ForwardContext, set_forward_context
 from tests.kernels.batches import make_batch, pad_decode, reference, tolerance
 
 pytestmark = pytest.mark.skipif(not kernels_interpreted(), reason="needs TRITON_INTERPRET=1")

@@ -14,8 +14,8 @@ from torch._inductor.compile_fx import compile_fx
 from torch._inductor.utils import run_and_get_code
 
 from compiled_llm.attention import AttentionMetadata
+from compiled_llm.attention.forward_context import ForwardContext, set_forward_context
 from compiled_llm.compat import mark_tokens_dynamic
-from compiled_llm.forward_context import ForwardContext, set_forward_context
 from compiled_llm.passes import PassConfig, PassManager
 
 

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from compiled_llm import LLM, SamplingParams
-from compiled_llm.loader import load_model
 from compiled_llm.passes.quant_ops import FP8_DTYPE, quant_fp8_ref
 from compiled_llm.quantization import Fp8Linear, quantize_model
+from compiled_llm.worker.loader import load_model
 from tests.utils import make_checkpoint, random_prompts
 
 

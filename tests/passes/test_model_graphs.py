@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compiled_llm.loader import load_model
 from compiled_llm.passes import PassConfig
+from compiled_llm.worker.loader import load_model
 from tests.passes.helpers import (
     capture_model,
     kernels_with,

@@ -1,0 +1,282 @@
+"""AsyncLLM: the engine loop in a background thread, streamed to asyncio callers.
+
+Every engine call (add, abort, tokenize, step) runs on the loop thread, fed by a command queue,
+so the engine needs no locks. Outputs travel back per request through asyncio queues. Requests
+are made DELTA on the engine side (each output carries only what is new, stop-string prefixes
+held back), so the work per step is O(new tokens); deltas that pile up while a consumer is slow
+are merged before it sees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from compiled_llm.config import EngineArgs
+from compiled_llm.engine.llm_engine import LLMEngine
+from compiled_llm.output.outputs import RequestOutput
+from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot the loop thread publishes after each step (read from any thread)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_used_blocks: int = 0
+    num_blocks: int = 1
+    num_preemptions: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        return self.num_used_blocks / max(1, self.num_blocks - 1)
+
+
+class RequestObserver:
+    """Per-request timing hooks (the server's metrics implement them); all no-ops here."""
+
+    def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float) -> None: ...
+
+    def on_finish(self, outcome: str, prompt_tokens: int, gen_tokens: int,
+                  e2e_s: float) -> None: ...
+
+
+def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:
+    """b appended to a: texts, tokens and logprobs concatenated per completion index."""
+    by_index = {o.index: o for o in a.outputs}
+    for o in b.outputs:
+        prev = by_index.get(o.index)
+        if prev is None:
+            by_index[o.index] = o
+            continue
+        lps = None if o.logprobs is None else (prev.logprobs or []) + o.logprobs
+        by_index[o.index] = replace(o, text=prev.text + o.text,
+                                    token_ids=prev.token_ids + o.token_ids, logprobs=lps)
+    return replace(b, outputs=[by_index[i] for i in sorted(by_index)])
+
+
+class RequestStream:
+    """The outputs of one request, as an async iterator; abort() ends it early."""
+
+    def __init__(self, owner: AsyncLLM, request_id: str) -> None:
+        self.owner, self.request_id = owner, request_id
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.finished = False
+        self.arrival = time.monotonic()
+        self.last_time: float | None = None
+        self.num_prompt_tokens = self.num_gen_tokens = 0
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                out = self._take(await self.queue.get())
+                while not self.finished and not self.queue.empty():
+                    out = merge_deltas(out, self._take(self.queue.get_nowait()))
+                yield out
+        finally:
+            self.abort()
+
+    def _take(self, item: tuple[float, RequestOutput | BaseException]) -> RequestOutput:
+        stamp, out = item
+        if isinstance(out, BaseException):
+            self.finished = True
+            self.owner._streams.pop(self.request_id, None)
+            self.owner.observer.on_finish("error", self.num_prompt_tokens, self.num_gen_tokens,
+                                          stamp - self.arrival)
+            raise out
+        self._observe(stamp, out)
+        return out
+
+    def _observe(self, stamp: float, out: RequestOutput) -> None:
+        new = sum(len(o.token_ids) for o in out.outputs)
+        if new:
+            first = self.last_time is None
+            gap = stamp - (self.arrival if first else self.last_time)
+            self.owner.observer.on_output(self.request_id, new, first, gap)
+            self.last_time = stamp
+        self.num_prompt_tokens = len(out.prompt_token_ids)
+        self.num_gen_tokens += new
+        if out.finished:
+            self.finished = True
+            self.owner._streams.pop(self.request_id, None)
+            reasons = [o.finish_reason for o in out.outputs if o.finish_reason]
+            outcome = "error" if out.error else (reasons[-1] if reasons else "stop")
+            self.owner.observer.on_finish(outcome, self.num_prompt_tokens, self.num_gen_tokens,
+                                          stamp - self.arrival)
+
+    def abort(self) -> None:
+        """Abort the request if it is still running (idempotent, any thread)."""
+        if not self.finished:
+            self.finished = True
+            self.owner._streams.pop(self.request_id, None)
+            self.owner._submit(self.owner.engine.abort_request, self.request_id)
+            self.owner.observer.on_finish("abort", self.num_prompt_tokens, self.num_gen_tokens,
+                                          time.monotonic() - self.arrival)
+
+    def __del__(self) -> None:  # a stream dropped unread must not hold KV blocks
+        if not self.finished:
+            self.abort()
+
+
+class AsyncLLM:
+    """An LLMEngine driven by a background thread; see the module docstring."""
+
+    def __init__(self, args: EngineArgs, observer: RequestObserver | None = None) -> None:
+        self.engine = LLMEngine(args)
+        self.tokenizer = self.engine.tokenizer
+        self.max_model_len = self.engine.max_model_len
+        self.observer = observer or RequestObserver()
+        self.stats = EngineStats(num_blocks=self.engine.kv.pool.num_blocks)
+        self.error: BaseException | None = None
+        self._streams: dict[str, RequestStream] = {}
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ caller side
+    async def call(self, fn: Callable, *args: Any) -> Any:
+        """Run fn(*args) on the engine thread, between steps, and return its result."""
+        if self.error is not None:
+            raise RuntimeError(f"engine loop is dead: {self.error}")
+        return await asyncio.wrap_future(self._submit(fn, *args))
+
+    def _submit(self, fn: Callable, *args: Any) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put((fn, args, fut))
+        return fut
+
+    async def add_request(self, request_id: str, prompt: Any,
+                          params: SamplingParams | None = None) -> RequestStream:
+        """Validate and queue; ValueError (nothing queued) on bad input. Iterate the result."""
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        params = (params or SamplingParams()).clone()
+        user_kind = params.output_kind
+        if user_kind == RequestOutputKind.CUMULATIVE:
+            params.output_kind = RequestOutputKind.DELTA
+        stream = RequestStream(self, request_id)
+        self._streams[request_id] = stream
+        try:
+            await self.call(self.engine.add_request, request_id, prompt, params)
+        except BaseException:
+            stream.finished = True
+            self._streams.pop(request_id, None)
+            raise
+        if user_kind == RequestOutputKind.CUMULATIVE:
+            return _Cumulative(stream)
+        return stream
+
+    async def generate(self, prompt: Any, params: SamplingParams | None,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        """Stream RequestOutputs (shaped by params.output_kind); cancelling aborts."""
+        stream = await self.add_request(request_id, prompt, params)
+        try:
+            async for out in stream:
+                yield out
+        finally:  # the inner iterator is not closed with us: abort here, at once
+            stream.abort()
+
+    async def abort(self, request_id: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.abort()
+
+    def shutdown(self) -> None:
+        self._commands.put(None)
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        while True:
+            if not self._drain(block=not self.engine.has_unfinished_requests()):
+                return
+            if self.engine.has_unfinished_requests():
+                try:
+                    outs = self.engine.step()
+                except Exception as e:  # the engine state is unknown now: fail everyone
+                    logger.exception("engine step failed")
+                    self._fail_all(e)
+                    return
+                self._deliver(outs)
+            self._publish_stats()
+
+    def _drain(self, block: bool) -> bool:
+        """Run queued commands; False on shutdown."""
+        try:
+            item = self._commands.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            if item is None:
+                return False
+            fn, args, fut = item
+            try:
+                fut.set_result(fn(*args))
+            except Exception as e:
+                fut.set_exception(e)
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _deliver(self, outs: list[RequestOutput]) -> None:
+        now = time.monotonic()
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for out in outs:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                by_loop.setdefault(stream.loop, []).append((stream, (now, out)))
+        for loop, items in by_loop.items():
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_put_all, items)
+
+    def _fail_all(self, error: BaseException) -> None:
+        self.error = error
+        now = time.monotonic()
+        for stream in list(self._streams.values()):
+            if not stream.loop.is_closed():
+                stream.loop.call_soon_threadsafe(_put_all, [(stream, (now, error))])
+
+    def _publish_stats(self) -> None:
+        e = self.engine
+        self.stats = EngineStats(len(e.scheduler.running), len(e.scheduler.waiting),
+                                 e.num_used_blocks, e.kv.pool.num_blocks,
+                                 e.scheduler.num_preemptions)
+
+
+def _put_all(items: list) -> None:
+    for stream, item in items:
+        stream.queue.put_nowait(item)
+
+
+class _Cumulative:
+    """Presents a DELTA stream as CUMULATIVE outputs (everything so far, each time)."""
+
+    def __init__(self, stream: RequestStream) -> None:
+        self.stream = stream
+
+    def abort(self) -> None:
+        self.stream.abort()
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        total: RequestOutput | None = None
+        try:
+            async for out in self.stream:
+                total = out if total is None else merge_deltas(total, out)
+                yield total
+        finally:
+            self.stream.abort()

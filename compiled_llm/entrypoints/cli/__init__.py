@@ -1,0 +1,2 @@
+"""The `compiled-llm` command line: subcommands whose engine flags are generated from the
+config dataclasses."""

@@ -1,0 +1,109 @@
+"""The offline API, shaped like vLLM's: LLM(model=...).generate(...) and .chat(...)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from itertools import count
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from compiled_llm.config import EngineArgs
+from compiled_llm.engine.llm_engine import LLMEngine
+from compiled_llm.output.outputs import RequestOutput
+from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
+
+PromptType = str | list[int] | dict
+
+
+class LLM:
+    """An engine for batch generation. Keyword arguments are EngineArgs fields."""
+
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        self.engine = LLMEngine(EngineArgs(model=model, **kwargs))
+        self._ids = count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in prompt order. priority (one per
+        prompt) orders admission under scheduling_policy="priority": lower runs earlier."""
+        prompts = _as_list(prompts)
+        params = _final_only(_params_list(sampling_params, len(prompts)))
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"priority: got {len(priority)} values for {len(prompts)} prompts")
+        prios = list(priority) if priority is not None else [0] * len(prompts)
+        ids = []
+        try:
+            for prompt, p, prio in zip(prompts, params, prios):
+                ids.append(str(next(self._ids)))
+                self.engine.add_request(ids[-1], prompt, p, priority=prio)
+        except Exception:
+            for rid in ids:
+                self.engine.abort_request(rid)
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to each conversation, then generate."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        tok = self.engine.tokenizer
+        prompts = [tok.apply_chat_template(c, tokenize=False, chat_template=chat_template,
+                                           add_generation_prompt=add_generation_prompt)
+                   for c in convs]
+        ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
+        return self.generate([{"prompt_token_ids": i} for i in ids], sampling_params, use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm)
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+                    bar.update(1)
+        bar.close()
+        return [done[i] for i in ids]
+
+
+def _as_list(prompts) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
+        return [prompts]
+    return list(prompts)
+
+
+def _final_only(params: list[SamplingParams]) -> list[SamplingParams]:
+    """generate returns finished outputs only, so the engine need build no per-step output
+    for the requests (which costs O(tokens so far) a request a step). The caller's params
+    are left as they are."""
+    made: dict[int, SamplingParams] = {}
+    for p in params:
+        if id(p) not in made:
+            made[id(p)] = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
+    return [made[id(p)] for p in params]
+
+
+def _params_list(params, n: int) -> list[SamplingParams]:
+    if params is None or isinstance(params, SamplingParams):
+        return [params or SamplingParams()] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"sampling_params: got {len(params)} for {n} prompts")
+    return params

@@ -1,0 +1,122 @@
+"""The FastAPI app: routes, error handling and guards around one AsyncLLM; `serve()` runs it
+with uvicorn (what `compiled-llm serve` calls)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from compiled_llm.config import EngineArgs
+from compiled_llm.entrypoints.async_llm import AsyncLLM
+from compiled_llm.entrypoints.server.errors import GuardMiddleware, OpenAIError, install_handlers
+from compiled_llm.entrypoints.server.metrics import ServerMetrics
+from compiled_llm.entrypoints.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+)
+from compiled_llm.entrypoints.server.serving_chat import ServingChat
+from compiled_llm.entrypoints.server.serving_completion import ServingCompletion
+
+
+@dataclass
+class ServerConfig:
+    model_name: str
+    api_key: str | None = None
+    max_body_bytes: int = 16 << 20
+
+
+def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> FastAPI:
+    """The app for engine; metrics must be the engine's observer."""
+    app = FastAPI(title="compiled-llm", docs_url=None, redoc_url=None)
+    install_handlers(app)
+    app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
+    metrics.bind(engine)
+    chat = ServingChat(engine, cfg.model_name, metrics)
+    completion = ServingCompletion(engine, cfg.model_name, metrics)
+    created = int(time.time())
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, raw: Request):
+        return await _counting(metrics, chat.create(req, raw))
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, raw: Request):
+        return await _counting(metrics, completion.create(req, raw))
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=cfg.model_name, created=created,
+                                         max_model_len=engine.max_model_len)])
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.error is not None:
+            raise OpenAIError(503, f"engine loop is dead: {engine.error}")
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    _add_token_routes(app, chat)
+    return app
+
+
+async def _counting(metrics: ServerMetrics, work):
+    """Await a handler; a 4xx it raises counts as a rejected request."""
+    try:
+        return await work
+    except OpenAIError as e:
+        if 400 <= e.status < 500 and e.status != 499:
+            metrics.rejected()
+        raise
+    except ValueError:
+        metrics.rejected()
+        raise
+
+
+def _add_token_routes(app: FastAPI, serving: ServingChat) -> None:
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> JSONResponse:
+        serving.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt")
+        if req.messages is not None:
+            ids = await serving.encode_chat(req.messages, req.add_generation_prompt)
+        else:
+            ids = await serving.encode(req.prompt, req.add_special_tokens)
+        return JSONResponse({"tokens": ids, "count": len(ids),
+                             "max_model_len": serving.max_model_len})
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> JSONResponse:
+        serving.check_model(req.model)
+        vocab = len(serving.engine.tokenizer)
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise OpenAIError(400, f"tokens must be ids in [0, {vocab}), got {bad[:5]}",
+                              param="tokens")
+        text = await serving.engine.call(serving.engine.tokenizer.decode, req.tokens)
+        return JSONResponse({"prompt": text})
+
+
+def serve(args: EngineArgs, host: str, port: int, cfg: ServerConfig,
+          log_level: str = "info") -> None:
+    """Build the engine and serve until interrupted."""
+    import uvicorn
+
+    metrics = ServerMetrics(cfg.model_name)
+    engine = AsyncLLM(args, observer=metrics)
+    app = build_app(engine, cfg, metrics)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30)
+    finally:
+        engine.shutdown()

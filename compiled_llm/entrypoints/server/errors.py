@@ -1,0 +1,154 @@
+"""OpenAI-style error objects: the exception the handlers raise, the FastAPI exception
+handlers that render every failure as `{"error": {message, type, param, code}}`, and the ASGI
+guard that answers 401 (API key) and 413 (body size) before a route runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest
+from compiled_llm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          413: "invalid_request_error", 500: "server_error", 503: "server_error"}
+
+
+class OpenAIError(Exception):
+    """An error answered with `status` and an OpenAI error object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        kind = _TYPES.get(self.status, "invalid_request_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+_FIELD = re.compile(r"^([a-z_]+)\b")
+_PARAMS = ({f.name for f in dataclasses.fields(SamplingParams)}
+           | set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields))
+
+
+def from_value_error(e: ValueError) -> OpenAIError:
+    """A 400 for a ValueError from validation; its leading field name becomes `param`."""
+    msg = str(e)
+    m = _FIELD.match(msg)
+    word = m.group(1) if m else None
+    param = "prompt" if word == "prompt_token_ids" else word if word in _PARAMS else None
+    return OpenAIError(400, msg, param=param, code="invalid_value")
+
+
+def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        msg = f"malformed JSON body: {first.get('ctx', {}).get('error', 'cannot parse')}"
+        return OpenAIError(400, msg, code="invalid_json").response()
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    msg = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
+    if len(errors) > 1:
+        msg += f" (and {len(errors) - 1} more error(s))"
+    return OpenAIError(400, msg, param=param, code="invalid_type").response()
+
+
+def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    phrase = HTTPStatus(exc.status_code).phrase
+    err = OpenAIError(exc.status_code, str(exc.detail or phrase), code=phrase.lower())
+    return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error", exc_info=exc)
+    return OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Every error the app can produce becomes an OpenAI error object."""
+    app.add_exception_handler(OpenAIError, lambda _, e: e.response())
+    app.add_exception_handler(ValueError, lambda _, e: from_value_error(e).response())
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal_error)
+
+
+class GuardMiddleware:
+    """ASGI: /v1 routes need `Authorization: Bearer <api_key>` when a key is set, and no body
+    may exceed max_body_bytes (by Content-Length, or counted as it streams in)."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int) -> None:
+        self.app, self.api_key, self.limit = app, api_key, max_body_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        if self.api_key and scope["path"].startswith("/v1") \
+                and headers.get("authorization") != f"Bearer {self.api_key}":
+            err = OpenAIError(401, "missing or invalid API key (Authorization: Bearer ...)",
+                              code="invalid_api_key")
+            return await _send_error(send, err)
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await _send_error(send, self._too_large())
+        if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
+            body = await self._read_capped(receive)
+            if body is None:
+                return await _send_error(send, self._too_large())
+            receive = _replay(body, receive)
+        await self.app(scope, receive, send)
+
+    def _too_large(self) -> OpenAIError:
+        return OpenAIError(413, f"request body exceeds {self.limit} bytes",
+                           code="request_too_large")
+
+    async def _read_capped(self, receive) -> bytes | None:
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return b"".join(chunks)
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return None
+            if not msg.get("more_body"):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if sent:
+            return await receive()  # then wait for the disconnect, as the server would
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _send_error(send, err: OpenAIError) -> None:
+    payload = json.dumps(err.body()).encode()
+    await send({"type": "http.response.start", "status": err.status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,106 @@
+"""From an API request to engine inputs: SamplingParams (with structured outputs taken from
+response_format or vLLM's extra fields) and the output-length budget."""
+
+from __future__ import annotations
+
+import json
+
+from compiled_llm.entrypoints.server.errors import OpenAIError
+from compiled_llm.entrypoints.server.protocol import SamplingFields
+from compiled_llm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+
+MAX_LOGPROBS = 20
+
+
+def structured_spec(req: SamplingFields) -> StructuredOutputsParams | None:
+    """The one structured-output constraint the request asks for, if any."""
+    specs = []
+    rf = req.response_format
+    if rf is not None and rf.type == "json_object":
+        specs.append(("response_format", {"json_object": True}))
+    elif rf is not None and rf.type == "json_schema":
+        schema = rf.json_schema.schema_ if rf.json_schema else None
+        if schema is None:
+            raise OpenAIError(400, "response_format.json_schema.schema is required",
+                              param="response_format")
+        specs.append(("response_format", {"json": schema}))
+    guided = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+              "guided_grammar": "grammar"}
+    specs += [(f, {kind: getattr(req, f)}) for f, kind in guided.items()
+              if getattr(req, f) is not None]
+    if req.structured_outputs is not None:
+        specs.append(("structured_outputs", req.structured_outputs))
+    if len(specs) > 1:
+        raise OpenAIError(400, "give at most one of response_format, structured_outputs and "
+                          f"guided_*; got {[f for f, _ in specs]}", param=specs[1][0])
+    if not specs:
+        return None
+    field, spec = specs[0]
+    if isinstance(spec.get("json"), str):
+        try:
+            json.loads(spec["json"])
+        except json.JSONDecodeError as e:
+            raise OpenAIError(400, f"{field}: the JSON schema is not valid JSON: {e}",
+                              param=field) from None
+    try:
+        return StructuredOutputsParams.from_dict(spec)
+    except (TypeError, ValueError) as e:
+        raise OpenAIError(400, f"{field}: {e}", param=field) from None
+
+
+def output_budget(requested: int | None, prompt_len: int, max_model_len: int) -> int:
+    """max_tokens: the request's, checked to fit the context, else what the context leaves."""
+    if prompt_len >= max_model_len:
+        raise OpenAIError(400, f"the prompt is {prompt_len} tokens; this model's maximum "
+                          f"context length is {max_model_len} tokens", param="messages",
+                          code="context_length_exceeded")
+    if requested is None:
+        return max_model_len - prompt_len
+    if requested >= 1 and prompt_len + requested > max_model_len:
+        raise OpenAIError(400, f"this model's maximum context length is {max_model_len} "
+                          f"tokens; you asked for {prompt_len} prompt + {requested} output "
+                          "tokens", param="max_tokens", code="context_length_exceeded")
+    return requested
+
+
+def _logit_bias(bias: dict[str, float] | None):
+    if not bias:
+        return None
+    try:
+        items = [(int(k), float(v)) for k, v in bias.items()]
+    except ValueError:
+        raise OpenAIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
+    if any(not -100 <= v <= 100 for _, v in items):
+        raise OpenAIError(400, "logit_bias values must be in [-100, 100]", param="logit_bias")
+
+    def apply(_: list[int], row):
+        for tid, v in items:
+            if 0 <= tid < row.shape[-1]:
+                row[tid] += v
+        return row
+
+    return [apply]
+
+
+def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
+                    stream: bool) -> SamplingParams:
+    """SamplingParams for req; ValueError (-> 400, naming the field) on bad values."""
+    if logprobs is not None and logprobs > MAX_LOGPROBS:
+        raise OpenAIError(400, f"logprobs must be <= {MAX_LOGPROBS}, got {logprobs}",
+                          param="logprobs")
+    if req.stream_options is not None and not req.stream:
+        raise OpenAIError(400, "stream_options is only allowed with stream=true",
+                          param="stream_options")
+    optional = {k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p),
+                                  ("top_k", req.top_k), ("min_p", req.min_p),
+                                  ("repetition_penalty", req.repetition_penalty))
+                if v is not None}
+    return SamplingParams(
+        n=req.n, max_tokens=max_tokens, stop=req.stop, seed=req.seed, logprobs=logprobs,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
+        stop_token_ids=req.stop_token_ids, skip_special_tokens=req.skip_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        logits_processors=_logit_bias(req.logit_bias), structured_outputs=structured_spec(req),
+        output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        **optional)

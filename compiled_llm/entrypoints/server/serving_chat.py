@@ -1,0 +1,91 @@
+"""/v1/chat/completions: chat template, one engine request with n choices, streamed as
+`chat.completion.chunk` events or returned as one `chat.completion`."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from compiled_llm.entrypoints.server.errors import OpenAIError
+from compiled_llm.entrypoints.server.params import output_budget, sampling_params
+from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest
+from compiled_llm.entrypoints.server.serving import Serving
+from compiled_llm.entrypoints.server.streaming import (
+    DONE,
+    abort_on_disconnect,
+    chat_logprobs,
+    sse,
+    usage,
+)
+from compiled_llm.output.outputs import CompletionOutput, RequestOutput
+
+
+class ServingChat(Serving):
+    async def create(self, req: ChatCompletionRequest, raw: Request):
+        self.check_model(req.model)
+        if not req.messages:
+            raise OpenAIError(400, "messages must be a non-empty list", param="messages")
+        ids = await self.encode_chat(req.messages, req.add_generation_prompt,
+                                     req.chat_template_kwargs, req.tools)
+        requested = req.max_completion_tokens or req.max_tokens
+        k = (req.top_logprobs or 0) if req.logprobs else None
+        if req.top_logprobs is not None and not req.logprobs:
+            raise OpenAIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+        params = sampling_params(req, output_budget(requested, len(ids), self.max_model_len),
+                                 k, req.stream)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        stream = await self.start(rid, ids, params)
+        if req.stream:
+            chunks = self._chunks(stream, rid, req, len(ids), k)
+            return StreamingResponse(chunks, media_type="text/event-stream")
+        final = await abort_on_disconnect(raw, self.last(stream))
+        return JSONResponse(self._response(final, rid, k))
+
+    def _response(self, out: RequestOutput, rid: str, k: int | None) -> dict:
+        self.check_output(out)
+        choices = [{"index": o.index, "message": {"role": "assistant", "content": o.text},
+                    "logprobs": self._logprobs(o, k), "finish_reason": o.finish_reason,
+                    "stop_reason": o.stop_reason} for o in out.outputs]
+        gen = sum(len(o.token_ids) for o in out.outputs)
+        return {"id": rid, "object": "chat.completion", "created": int(time.time()),
+                "model": self.model_name, "choices": choices,
+                "usage": usage(len(out.prompt_token_ids), gen)}
+
+    @staticmethod
+    def _logprobs(o: CompletionOutput, k: int | None) -> dict | None:
+        if k is None or o.logprobs is None:
+            return None
+        return chat_logprobs(o.token_ids, o.logprobs, k)
+
+    async def _chunks(self, stream, rid: str, req: ChatCompletionRequest, prompt_len: int,
+                      k: int | None) -> AsyncIterator[str]:
+        created = int(time.time())
+
+        def chunk(choices: list, **extra) -> str:
+            return sse({"id": rid, "object": "chat.completion.chunk", "created": created,
+                        "model": self.model_name, "choices": choices, **extra})
+
+        gen = 0
+        try:
+            for i in range(req.n):  # the role comes first, before any token
+                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}])
+            async for out in stream:
+                self.check_output(out)
+                for o in out.outputs:
+                    gen += len(o.token_ids)
+                    delta = {"content": o.text} if o.text else {}
+                    yield chunk([{"index": o.index, "delta": delta,
+                                  "logprobs": self._logprobs(o, k),
+                                  "finish_reason": o.finish_reason}])
+        except OpenAIError as e:
+            yield sse(e.body())
+        finally:  # a client gone mid-stream closes us: free its blocks now
+            stream.abort()
+        if req.stream_options and req.stream_options.include_usage:
+            yield chunk([], usage=usage(prompt_len, gen))
+        yield DONE

@@ -1,0 +1,112 @@
+"""/v1/completions: one engine request per prompt (n choices each; choice index is
+prompt_index * n + j), streamed as `text_completion` events or returned in one body."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from compiled_llm.entrypoints.server.errors import OpenAIError
+from compiled_llm.entrypoints.server.params import output_budget, sampling_params
+from compiled_llm.entrypoints.server.protocol import CompletionRequest
+from compiled_llm.entrypoints.server.serving import Serving
+from compiled_llm.entrypoints.server.streaming import (
+    DONE,
+    abort_on_disconnect,
+    completion_logprobs,
+    merge_streams,
+    sse,
+    usage,
+)
+from compiled_llm.output.outputs import CompletionOutput
+
+
+class ServingCompletion(Serving):
+    async def create(self, req: CompletionRequest, raw: Request):
+        self.check_model(req.model)
+        self._check_unsupported(req)
+        prompts = await self._prompts(req.prompt)
+        params = [sampling_params(req, output_budget(req.max_tokens, len(p), self.max_model_len),
+                                  req.logprobs, req.stream) for p in prompts]
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        streams = []
+        try:
+            for i, (ids, p) in enumerate(zip(prompts, params)):
+                streams.append(await self.start(f"{rid}-{i}", ids, p))
+        except BaseException:
+            for s in streams:
+                s.abort()
+            raise
+        echo = [await self.engine.call(self.engine.tokenizer.decode, p) if req.echo else ""
+                for p in prompts]
+        if req.stream:
+            body = self._chunks(streams, rid, req, prompts, echo)
+            return StreamingResponse(body, media_type="text/event-stream")
+        return JSONResponse(await abort_on_disconnect(raw, self._collect(streams, rid, req,
+                                                                          prompts, echo)))
+
+    @staticmethod
+    def _check_unsupported(req: CompletionRequest) -> None:
+        if req.suffix is not None:
+            raise OpenAIError(400, "suffix is not supported", param="suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise OpenAIError(400, "best_of must equal n (no beam search)", param="best_of")
+        if req.echo and req.logprobs is not None:
+            raise OpenAIError(400, "echo with logprobs is not supported", param="echo")
+
+    async def _prompts(self, prompt) -> list[list[int]]:
+        if isinstance(prompt, str) or prompt and isinstance(prompt[0], int):
+            prompt = [prompt]
+        if not prompt:
+            raise OpenAIError(400, "prompt must not be empty", param="prompt")
+        return [p if isinstance(p, list) else await self.encode(p) for p in prompt]
+
+    def _choice(self, i: int, o: CompletionOutput, req: CompletionRequest, text: str,
+                offset: int) -> dict:
+        lps = None
+        if req.logprobs is not None and o.logprobs is not None:
+            lps = completion_logprobs(o.token_ids, o.logprobs, req.logprobs, offset)
+        return {"index": i * req.n + o.index, "text": text, "logprobs": lps,
+                "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
+
+    async def _collect(self, streams, rid: str, req: CompletionRequest, prompts, echo) -> dict:
+        choices, gen = [], 0
+        async for i, out in merge_streams(streams):
+            self.check_output(out)
+            for o in out.outputs:
+                gen += len(o.token_ids)
+                choices.append(self._choice(i, o, req, echo[i] + o.text, 0))
+        choices.sort(key=lambda c: c["index"])
+        return {"id": rid, "object": "text_completion", "created": int(time.time()),
+                "model": self.model_name, "choices": choices,
+                "usage": usage(sum(map(len, prompts)), gen)}
+
+    async def _chunks(self, streams, rid: str, req: CompletionRequest, prompts,
+                      echo) -> AsyncIterator[str]:
+        created, gen = int(time.time()), 0
+        offsets: dict[int, int] = {}
+        try:
+            async for i, out in merge_streams(streams):
+                self.check_output(out)
+                for o in out.outputs:
+                    index = i * req.n + o.index
+                    text = o.text if index in offsets else echo[i] + o.text
+                    choice = self._choice(i, o, req, text, offsets.get(index, 0))
+                    offsets[index] = offsets.get(index, 0) + len(text)
+                    gen += len(o.token_ids)
+                    yield sse({"id": rid, "object": "text_completion", "created": created,
+                               "model": self.model_name, "choices": [choice]})
+        except OpenAIError as e:
+            yield sse(e.body())
+        finally:
+            for s in streams:
+                s.abort()
+        if req.stream_options and req.stream_options.include_usage:
+            yield sse({"id": rid, "object": "text_completion", "created": created,
+                       "model": self.model_name, "choices": [],
+                       "usage": usage(sum(map(len, prompts)), gen)})
+        yield DONE

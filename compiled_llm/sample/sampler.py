@@ -1,0 +1,276 @@
+"""Batched token sampling on device: penalties, masks, temperature, min-p/top-k/top-p, logprobs.
+
+Owns ``SamplingMetadata`` (the per-step batch view of ``SamplingParams``) and ``Sampler``.
+Per-row Python work is limited to seeded rows, logits processors and banned ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from compiled_llm.sample.structured_outputs import apply_bitmask
+from compiled_llm.sampling_params import SAMPLING_EPS
+
+_NEG_INF = float("-inf")
+
+
+@dataclass
+class LogprobsTensors:
+    """Column 0 is the chosen token (sampled or prompt target); columns 1..k the top-k."""
+
+    token_ids: torch.Tensor  # [B, k+1] int64
+    logprobs: torch.Tensor  # [B, k+1] float32
+    ranks: torch.Tensor  # [B] int64, 1-based vocab rank of the column-0 token
+
+    def tolists(self) -> tuple[list[list[int]], list[list[float]], list[int]]:
+        return self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist()
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [B] int64
+    logprobs: LogprobsTensors | None
+
+
+@dataclass
+class SamplingMetadata:
+    temperature: torch.Tensor | None  # [B] float32, 0.0 = greedy row; None when all_greedy
+    all_greedy: bool
+    top_k: torch.Tensor | None  # [B] int64, 0 = off; None if no row uses it
+    top_p: torch.Tensor | None  # [B] float32, 1.0 = off
+    min_p: torch.Tensor | None  # [B] float32, 0.0 = off
+    generators: dict[int, torch.Generator]  # row -> that request's seeded generator
+    # All three are None together when no row uses any penalty.
+    presence_penalty: torch.Tensor | None
+    frequency_penalty: torch.Tensor | None
+    repetition_penalty: torch.Tensor | None
+    prompt_token_ids: list[list[int]]  # per row; only read (and set) for repetition penalty
+    output_token_ids: list[list[int]]  # per row
+    banned_token_ids: dict[int, list[int]]  # row -> ids forced to -inf (e.g. min_tokens)
+    logits_processors: dict[int, list[Callable]]  # row -> (output_ids, row_logits) -> row
+    max_num_logprobs: int | None  # top-k logprobs for sampled tokens; None = none
+    row_errors: dict[int, str] = field(default_factory=dict)  # row -> why it failed (filled in)
+    # structured outputs: xgrammar bitmask [B, ceil(V/32)] int32 on the logits' device, and
+    # the rows it constrains (others are unconstrained)
+    grammar_bitmask: torch.Tensor | None = None
+    grammar_rows: list[int] = field(default_factory=list)
+    # known on the host when the batch is built; None means read them off the tensors (a sync)
+    any_repetition_penalty: bool | None = None
+    max_top_k: int | None = None
+
+    @property
+    def edits_logits(self) -> bool:
+        """Whether any step before sampling rewrites logits (else they are used as they are)."""
+        return bool(self.logits_processors or self.banned_token_ids
+                    or self.presence_penalty is not None or self.grammar_bitmask is not None)
+
+
+def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """One generator per seeded request, so its draws are independent of batch makeup."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
+
+
+# ----------------------------------------------------------------------------- logprobs
+
+
+def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> LogprobsTensors:
+    """Pack chosen-token logprob + rank and the top-k of already-normalised ``logprobs``."""
+    token_ids = token_ids.to(torch.int64)
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1))
+    # Same convention as vLLM: ties count against the token (rank = #logprobs >= its own).
+    ranks = (logprobs >= chosen).sum(dim=-1)
+    k = min(k, logprobs.shape[-1])
+    if k <= 0:
+        return LogprobsTensors(token_ids.unsqueeze(1), chosen, ranks)
+    top_vals, top_ids = logprobs.topk(k, dim=-1)
+    return LogprobsTensors(
+        token_ids=torch.cat([token_ids.unsqueeze(1), top_ids], dim=1),
+        logprobs=torch.cat([chosen, top_vals], dim=1),
+        ranks=ranks,
+    )
+
+
+def compute_prompt_logprobs(
+    logits: torch.Tensor, target_ids: torch.Tensor, k: int
+) -> LogprobsTensors:
+    """Logprobs of each next prompt token given its prefix (logits[i] predicts target_ids[i])."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return gather_logprobs(logprobs, target_ids, k)
+
+
+# ----------------------------------------------------------------------------- masks
+
+
+def apply_logits_processors(logits: torch.Tensor, meta: SamplingMetadata) -> None:
+    """Run each row's processors; one that raises fails its row alone (meta.row_errors)."""
+    for row, procs in meta.logits_processors.items():
+        row_logits = logits[row]
+        try:
+            for proc in procs:
+                row_logits = proc(meta.output_token_ids[row], row_logits)
+            # Processors may return a fresh tensor rather than edit the view in place.
+            logits[row].copy_(row_logits)
+        except Exception as e:  # user code: contain it to its request
+            meta.row_errors[row] = f"logits processor raised {type(e).__name__}: {e}"
+
+
+def apply_banned_ids(logits: torch.Tensor, banned: dict[int, list[int]]) -> None:
+    rows: list[int] = []
+    cols: list[int] = []
+    for row, ids in banned.items():
+        rows.extend([row] * len(ids))
+        cols.extend(ids)
+    if rows:
+        idx_r = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+        idx_c = torch.tensor(cols, dtype=torch.int64, device=logits.device)
+        logits[idx_r, idx_c] = _NEG_INF
+
+
+def _token_counts(ids: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """[B, V] int64 occurrence counts of each token id per row."""
+    max_len = max((len(r) for r in ids), default=0)
+    if max_len == 0:
+        return torch.zeros(len(ids), vocab, dtype=torch.int64, device=device)
+    # Pad with an extra bin (id == vocab) that is dropped afterwards.
+    padded = torch.tensor(
+        [r + [vocab] * (max_len - len(r)) for r in ids], dtype=torch.int64, device=device
+    )
+    counts = torch.zeros(len(ids), vocab + 1, dtype=torch.int64, device=device)
+    counts.scatter_add_(1, padded, torch.ones_like(padded))
+    return counts[:, :vocab]
+
+
+def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """vLLM semantics: repetition over prompt+output tokens, presence/frequency over output."""
+    if meta.presence_penalty is None:
+        return logits
+    assert meta.frequency_penalty is not None and meta.repetition_penalty is not None
+    vocab = logits.shape[-1]
+    out_counts = _token_counts(meta.output_token_ids, vocab, logits.device)
+    out_seen = out_counts > 0
+    rep = meta.repetition_penalty.to(logits.dtype).unsqueeze(1)
+    any_rep = meta.any_repetition_penalty
+    if any_rep or (any_rep is None and bool((rep != 1.0).any())):
+        # Prompt counts are the costly part (long prompts); skip them when no row needs them.
+        seen = out_seen | (_token_counts(meta.prompt_token_ids, vocab, logits.device) > 0)
+        scale = torch.where(seen, rep, torch.ones_like(rep))
+        logits = torch.where(logits > 0, logits / scale, logits * scale)
+    logits = logits - meta.frequency_penalty.to(logits.dtype).unsqueeze(1) * out_counts
+    return logits - meta.presence_penalty.to(logits.dtype).unsqueeze(1) * out_seen
+
+
+# ----------------------------------------------------------------------------- truncation
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
+    probs = torch.softmax(logits, dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+    logits.masked_fill_(probs < threshold, _NEG_INF)
+
+
+def _top_k_only(logits: torch.Tensor, k: torch.Tensor, k_max: int | None = None) -> None:
+    vocab = logits.shape[-1]
+    k = k.to(torch.int64).clamp(min=0, max=vocab)
+    k_max = min(int(k.max()) if k_max is None else k_max, vocab)
+    if k_max == 0:
+        return
+    # topk(k_max) instead of a full sort; ties at the k-th value are all kept.
+    top = logits.topk(k_max, dim=-1).values
+    kth = top.gather(1, (k - 1).clamp(min=0).unsqueeze(1))
+    kth = kth.masked_fill(k.unsqueeze(1) == 0, _NEG_INF)
+    logits.masked_fill_(logits < kth, _NEG_INF)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
+                      k_max: int | None = None) -> None:
+    """Mask (in place) outside top-k, then outside the top-p nucleus of what remains.
+
+    Both cut by value threshold, so tokens tied with the last kept one are kept too: the
+    result does not depend on how a sort orders ties.
+    """
+    if p is None:
+        if k is not None:
+            _top_k_only(logits, k, k_max)
+        return
+    vocab = logits.shape[-1]
+    vals = logits.sort(dim=-1).values  # ascending
+    if k is not None:
+        k = k.to(torch.int64).clamp(min=0, max=vocab)
+        kth = vals.gather(1, (vocab - k.clamp(min=1)).unsqueeze(1))
+        kth = kth.masked_fill(k.unsqueeze(1) == 0, _NEG_INF)
+        vals.masked_fill_(vals < kth, _NEG_INF)
+        logits.masked_fill_(logits < kth, _NEG_INF)
+    cum = torch.softmax(vals, dim=-1).cumsum(dim=-1)
+    # cum is non-decreasing, so the dropped tail is a prefix; always keep the top token.
+    n_drop = (cum <= (1.0 - p).unsqueeze(1)).sum(dim=-1).clamp(max=vocab - 1)
+    cutoff = vals.gather(1, n_drop.unsqueeze(1))
+    logits.masked_fill_(logits < cutoff, _NEG_INF)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Exponential race: argmax(p / E), E ~ Exp(1), is an exact draw from p.
+
+    Seeded rows take their noise from their own generator, so their tokens do not depend on
+    the rest of the batch; all other rows share one batched draw.
+    """
+    noise = torch.empty_like(probs)
+    if len(generators) < probs.shape[0]:
+        noise.exponential_()
+    for row, gen in generators.items():
+        noise[row].exponential_(generator=gen)
+    # An exact 0 draw would give 0/0 = NaN on masked tokens, and argmax favours NaN.
+    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+    return probs.div_(noise).argmax(dim=-1)
+
+
+class Sampler(nn.Module):
+    """logits [B, V] + SamplingMetadata -> one sampled token per row (+ optional logprobs)."""
+
+    def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        raw_logprobs = None
+        if meta.max_num_logprobs is not None:
+            # vLLM v1 default: logprobs describe the model's distribution, pre-processing.
+            raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
+        if meta.all_greedy and not meta.edits_logits:  # argmax reads logits as they are
+            sampled = logits.argmax(dim=-1)
+        else:
+            # Copy even when already float32 so the caller's logits are never edited in place.
+            logits = logits.to(torch.float32, copy=True)
+            sampled = self.sample(self.process_logits(logits, meta), meta)
+        lp = None
+        if raw_logprobs is not None:
+            lp = gather_logprobs(raw_logprobs, sampled, meta.max_num_logprobs or 0)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=lp)
+
+    @staticmethod
+    def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """Temperature-independent steps: processors, bans, grammar bitmask, penalties."""
+        apply_logits_processors(logits, meta)
+        apply_banned_ids(logits, meta.banned_token_ids)
+        if meta.grammar_bitmask is not None:
+            apply_bitmask(logits, meta.grammar_bitmask, meta.grammar_rows)
+        return apply_penalties(logits, meta)
+
+    @staticmethod
+    def sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        greedy = logits.argmax(dim=-1)
+        if meta.all_greedy:
+            return greedy
+        temp = meta.temperature.to(logits.dtype)
+        is_greedy = temp < SAMPLING_EPS
+        # Greedy rows are overwritten below; dividing them by 1 just avoids inf/NaN.
+        logits = logits.div_(torch.where(is_greedy, torch.ones_like(temp), temp).unsqueeze(1))
+        if meta.min_p is not None:
+            apply_min_p(logits, meta.min_p)
+        apply_top_k_top_p(logits, meta.top_k, meta.top_p, meta.max_top_k)
+        sampled = random_sample(torch.softmax(logits, dim=-1), meta.generators)
+        return torch.where(is_greedy, greedy, sampled)

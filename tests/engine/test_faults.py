@@ -1,0 +1,128 @@
+"""Faults stay contained: a logits processor or detokenizer that raises fails its request alone;
+a model step that raises fails that step's requests, frees their blocks, and the engine goes on."""
+
+from __future__ import annotations
+
+import pytest
+
+from compiled_llm import LLM, SamplingParams
+from compiled_llm.core.request import RequestStatus
+from tests.utils import make_checkpoint, random_prompts
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(str(make_checkpoint("llama")), enforce_eager=True, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return [{"prompt_token_ids": p} for p in random_prompts(4, 300, lo=20, hi=50, seed=5)]
+
+
+@pytest.fixture(scope="module")
+def baseline(llm, prompts):
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+
+
+def run_all(eng) -> dict:
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    return done
+
+
+def check_others(done, baseline, bad: str) -> None:
+    for rid, out in done.items():
+        if rid != bad:
+            assert out.error is None
+            assert out.outputs[0].token_ids == baseline[int(rid)]
+            assert out.outputs[0].finish_reason == "length"
+
+
+def test_a_raising_logits_processor_fails_only_its_request(llm, prompts, baseline):
+    calls = []
+
+    def bad(output_ids, logits):
+        calls.append(len(output_ids))
+        if len(output_ids) == 3:
+            raise RuntimeError("boom in processor")
+        return logits
+
+    params = [GREEDY] * 4
+    params[1] = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
+                               logits_processors=[bad])
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    failed = outs[1]
+    assert failed.finished and "boom in processor" in failed.error
+    assert "logits processor" in failed.error
+    assert failed.outputs[0].finish_reason == "error"
+    assert failed.outputs[0].token_ids == baseline[1][:3]  # tokens before the fault stand
+    assert calls == [0, 1, 2, 3]
+    check_others({str(i): o for i, o in enumerate(outs)}, baseline, "1")
+    assert llm.engine.num_used_blocks == 0
+
+
+def test_a_raising_detokenizer_fails_only_its_request(llm, prompts, baseline):
+    eng = llm.engine
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, GREEDY)
+    victim = eng.scheduler.requests["2"]
+
+    def broken(token_ids):
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
+
+    victim.detokenizer.add_tokens = broken  # fault injection for this one request
+    done = run_all(eng)
+    assert set(done) == {"0", "1", "2", "3"}
+    assert "output processing failed" in done["2"].error
+    assert "UnicodeDecodeError" in done["2"].error
+    assert done["2"].outputs[0].finish_reason == "error"
+    assert len(done["2"].outputs[0].token_ids) == 1  # failed on its first token
+    assert victim.status is RequestStatus.FINISHED_ERROR and victim.block_ids == []
+    check_others(done, baseline, "2")
+    assert eng.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("fail_call", [1, 3], ids=["prefill", "decode"])
+def test_a_failed_model_step_fails_its_requests_and_the_engine_goes_on(
+        llm, prompts, baseline, fail_call):
+    eng = llm.engine
+    eng.reset_prefix_cache()
+    runner = eng.runner
+    real = runner.run_forward
+    state = {"calls": 0}
+
+    def flaky(inputs):
+        state["calls"] += 1
+        if state["calls"] == fail_call:
+            raise RuntimeError("injected device fault")
+        return real(inputs)
+
+    runner.run_forward = flaky
+    try:
+        for i in (0, 1):
+            eng.add_request(str(i), prompts[i], GREEDY)
+        failed = {}
+        while not failed:
+            failed = {o.request_id: o for o in eng.step() if o.finished}
+        for i in (2, 3):  # arrivals after the fault are served normally
+            eng.add_request(str(i), prompts[i], GREEDY)
+        done = {**failed, **run_all(eng)}
+    finally:
+        del runner.run_forward
+    for rid in ("0", "1"):
+        assert "model step failed" in done[rid].error
+        assert "injected device fault" in done[rid].error
+        assert done[rid].outputs[0].finish_reason == "error"
+    check_others({k: v for k, v in done.items() if k in ("2", "3")}, baseline, "")
+    assert eng.num_used_blocks == 0
+    # blocks the failed step was filling were not kept cached: a rerun computes them afresh
+    again = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == baseline
+    assert all(o.error is None for o in again)
+    assert eng.num_used_blocks == 0

@@ -1,0 +1,95 @@
+"""AsyncLLM: streamed deltas agree with cumulative and final outputs, stop-string prefixes are
+held back, requests share steps, and cancelling a consumer frees its blocks at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from compiled_llm import SamplingParams
+from compiled_llm.config import EngineArgs
+from compiled_llm.entrypoints.async_llm import AsyncLLM
+from compiled_llm.sampling_params import RequestOutputKind as Kind
+from tests.utils import make_checkpoint
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = AsyncLLM(EngineArgs(model=str(make_checkpoint("llama")), enforce_eager=True,
+                              dtype="float32"))
+    yield eng
+    eng.shutdown()
+
+
+def _params(kind: Kind, **kw) -> SamplingParams:
+    kw = {"temperature": 0.0, "max_tokens": 24, "ignore_eos": True, **kw}
+    return SamplingParams(output_kind=kind, **kw)
+
+
+async def _collect(engine, rid: str, kind: Kind, **kw):
+    return [o async for o in engine.generate("The quick brown", _params(kind, **kw), rid)]
+
+
+def test_output_kinds_agree(engine):
+    async def main():
+        return await asyncio.gather(*[_collect(engine, f"k{k.name}", k) for k in Kind])
+
+    cumulative, delta, final = asyncio.run(main())
+    assert len(final) == 1 and final[0].finished
+    want = final[0].outputs[0]
+    assert "".join(o.outputs[0].text for o in delta) == want.text
+    assert sum((o.outputs[0].token_ids for o in delta), []) == want.token_ids
+    assert cumulative[-1].outputs[0].text == want.text
+    assert all(want.text.startswith(o.outputs[0].text) for o in cumulative)
+    assert engine.engine.num_used_blocks == 0
+
+
+def test_stop_prefix_held_back(engine):
+    async def main():
+        full = (await _collect(engine, "s0", Kind.FINAL_ONLY))[0].outputs[0].text
+        stop = full[len(full) // 2: len(full) // 2 + 4]
+        parts = await _collect(engine, "s1", Kind.CUMULATIVE, stop=[stop])
+        return full, stop, parts
+
+    full, stop, parts = asyncio.run(main())
+    cut = full[: full.index(stop)]
+    assert parts[-1].outputs[0].text == cut and parts[-1].outputs[0].finish_reason == "stop"
+    assert all(cut.startswith(p.outputs[0].text) for p in parts)  # never past the cut
+
+
+def test_concurrent_requests_share_steps(engine):
+    seen = []
+
+    async def one(i: int):
+        async for _ in engine.generate(f"Prompt {i}", _params(Kind.DELTA, max_tokens=32),
+                                       f"c{i}"):
+            seen.append(engine.stats.num_running)
+
+    async def main():
+        await asyncio.gather(*[one(i) for i in range(16)])
+
+    asyncio.run(main())
+    assert max(seen) >= 8
+    assert engine.engine.num_used_blocks == 0
+
+
+def test_cancel_frees_blocks_at_once_and_bad_input_queues_nothing(engine):
+    async def main():
+        gen = engine.generate("The quick", _params(Kind.DELTA, max_tokens=400), "cancel")
+        async for _ in gen:
+            break
+        await gen.aclose()
+        # commands run in order on the loop thread: the abort came first
+        used = await engine.call(lambda: engine.engine.num_used_blocks)
+        with pytest.raises(ValueError, match="max_model_len"):
+            await engine.add_request("long", list(range(1, 300)) * 2, SamplingParams())
+        busy = await engine.call(engine.engine.has_unfinished_requests)
+        task = asyncio.ensure_future(_collect(engine, "task", Kind.DELTA, max_tokens=400))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        after_cancel = await engine.call(lambda: engine.engine.num_used_blocks)
+        return used, busy, after_cancel
+
+    assert asyncio.run(main()) == (0, False, 0)

@@ -1,0 +1,138 @@
+"""SamplingParams: vLLM-compatible defaults, normalisation and field-named validation errors."""
+
+import pytest
+import torch
+
+from compiled_llm.sampling_params import SamplingParams, SamplingType, StructuredOutputsParams
+
+BAD_VALUES = [
+    ("n", 0),
+    ("n", -3),
+    ("n", 1.5),
+    ("n", True),
+    ("presence_penalty", 2.5),
+    ("presence_penalty", -2.01),
+    ("presence_penalty", "0.1"),
+    ("frequency_penalty", 3.0),
+    ("frequency_penalty", float("nan")),
+    ("repetition_penalty", 0.0),
+    ("repetition_penalty", -1.0),
+    ("repetition_penalty", float("inf")),
+    ("temperature", -1.0),
+    ("temperature", -1e-9),
+    ("temperature", float("inf")),
+    ("temperature", float("nan")),
+    ("temperature", None),
+    ("top_p", 0),
+    ("top_p", 0.0),
+    ("top_p", 1.01),
+    ("top_p", -0.5),
+    ("top_k", -2),
+    ("top_k", 2.0),
+    ("top_k", None),
+    ("min_p", -0.1),
+    ("min_p", 1.5),
+    ("seed", 1.5),
+    ("seed", "42"),
+    ("stop", ""),
+    ("stop", ["ok", ""]),
+    ("stop", [3]),
+    ("stop", 7),
+    ("stop_token_ids", [1, -1]),
+    ("stop_token_ids", [1.0]),
+    ("stop_token_ids", 5),
+    ("max_tokens", 0),
+    ("max_tokens", -1),
+    ("max_tokens", 2.0),
+    ("min_tokens", -1),
+    ("min_tokens", 1.0),
+    ("logprobs", -1),
+    ("logprobs", 1.5),
+    ("prompt_logprobs", -1),
+    ("ignore_eos", 1),
+    ("detokenize", "yes"),
+    ("skip_special_tokens", None),
+    ("spaces_between_special_tokens", 0),
+    ("include_stop_str_in_output", 1),
+    ("logits_processors", [1]),
+    ("logits_processors", lambda ids, row: row),
+]
+
+
+@pytest.mark.parametrize("name,value", BAD_VALUES)
+def test_bad_value_names_field(name, value):
+    # Anchored: the message must start with the field name, not merely contain it.
+    with pytest.raises(ValueError, match=rf"^{name} "):
+        SamplingParams(**{name: value})
+
+
+def test_error_messages_are_readable():
+    with pytest.raises(ValueError, match=r"^temperature must be non-negative, got -1.0$"):
+        SamplingParams(temperature=-1.0)
+    with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\], got 0$"):
+        SamplingParams(top_p=0)
+
+
+def test_min_tokens_bounded_by_max_tokens():
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(min_tokens=5, max_tokens=4)
+    assert SamplingParams(min_tokens=4, max_tokens=4).min_tokens == 4
+    assert SamplingParams(min_tokens=100, max_tokens=None).max_tokens is None
+
+
+def test_stop_strings_need_detokenize():
+    with pytest.raises(ValueError, match="stop"):
+        SamplingParams(stop="x", detokenize=False)
+
+
+def test_defaults_match_vllm():
+    p = SamplingParams()
+    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p) == (1, 1.0, 1.0, 0, 0.0)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.0, 0.0, 1.0)
+    assert p.max_tokens == 16 and p.min_tokens == 0 and p.seed is None
+    assert p.stop == [] and p.stop_token_ids == []
+    assert p.logprobs is None and p.prompt_logprobs is None
+    assert p.skip_special_tokens and p.spaces_between_special_tokens and p.detokenize
+    assert not p.ignore_eos and not p.include_stop_str_in_output
+    assert p.logits_processors is None and p.structured_outputs is None
+
+
+def test_normalisation():
+    p = SamplingParams(top_k=-1, stop="END", stop_token_ids=(3, 4), temperature=1)
+    assert p.top_k == 0 and p.stop == ["END"] and p.stop_token_ids == [3, 4]
+    assert isinstance(p.temperature, float)
+    assert SamplingParams(stop=("a", "bc")).stop == ["a", "bc"]
+    assert SamplingParams(top_k=5).top_k == 5
+
+
+def test_sampling_type_and_greedy_reset():
+    greedy = SamplingParams(temperature=0.0, top_p=0.5, top_k=3, min_p=0.2, seed=1)
+    assert greedy.is_greedy and greedy.sampling_type == SamplingType.GREEDY
+    assert (greedy.top_p, greedy.top_k, greedy.min_p) == (1.0, 0, 0.0)
+    assert SamplingParams(temperature=5e-6).is_greedy
+    assert SamplingParams(temperature=0.7).sampling_type == SamplingType.RANDOM
+    assert SamplingParams(temperature=0.7, seed=3).sampling_type == SamplingType.RANDOM_SEED
+    assert not SamplingParams(temperature=0.7).is_greedy
+
+
+def test_output_text_buffer_length():
+    assert SamplingParams().output_text_buffer_length == 0
+    assert SamplingParams(stop=["ab", "xyz"]).output_text_buffer_length == 2
+    p = SamplingParams(stop=["ab", "xyz"], include_stop_str_in_output=True)
+    assert p.output_text_buffer_length == 0
+
+
+def test_clone_is_independent_but_shares_processors():
+    def proc(ids: list[int], row: torch.Tensor) -> torch.Tensor:
+        return row
+
+    grammar = StructuredOutputsParams(regex="[ab]+")
+    p = SamplingParams(stop=["a"], stop_token_ids=[1], logits_processors=[proc], seed=7)
+    p.structured_outputs = grammar
+    q = p.clone()
+    assert q == p and q is not p
+    q.stop.append("b")
+    q.stop_token_ids.append(2)
+    q.logits_processors.append(proc)
+    assert p.stop == ["a"] and p.stop_token_ids == [1] and len(p.logits_processors) == 1
+    assert q.logits_processors[0] is proc and q.structured_outputs is grammar
