@@ -55,7 +55,7 @@ def phase(args) -> dict:
            **{f"{k} s": v for k, v in counters.stage_seconds.items()},
            "unique pieces": counters.unique_pieces, "cache hits": counters.cache_hits,
            "recompiles": counters.recompiles, "graph breaks": graph_break_count(),
-           **{f"capture {k} s": v for k, v in llm.engine.runner.cudagraph_capture_split.items()}}
+           **{f"capture {k} s": v for k, v in llm.engine.cudagraph_capture_seconds.items()}}
     if args.speed:
         row.update(_speed(llm, SamplingParams, torch))
         row["recompiles after run"] = counters.recompiles
@@ -68,7 +68,7 @@ def _profile(llm, SamplingParams, torch, path: str) -> None:
     """Kernel table (device time, calls) of one 1k-token prefill and of 32 decode steps."""
     from torch.profiler import ProfilerActivity, profile
 
-    vocab = llm.engine.runner.model.config.vocab_size
+    vocab = llm.engine.model_config.vocab_size
     long = {"prompt_token_ids": [(i * 7) % (vocab - 10) + 10 for i in range(1024)]}
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with open(path, "w") as f:
@@ -100,7 +100,7 @@ def _speed(llm, SamplingParams, torch) -> dict:
         t = time.perf_counter()
         gen(n)
         timings[n] = time.perf_counter() - t
-    vocab = llm.engine.runner.model.config.vocab_size
+    vocab = llm.engine.model_config.vocab_size
     long = {"prompt_token_ids": [(i * 7) % (vocab - 10) + 10 for i in range(1024)]}
     gen(1, long)
     t = time.perf_counter()

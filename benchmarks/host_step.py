@@ -30,12 +30,14 @@ def warm_prepare_us(engine, batch: int, prompt_len: int, reps: int = 500) -> flo
     while any(not engine.parents[rid][0].output_token_ids for rid in ids):
         engine.step()
     sched = engine.scheduler.schedule()  # a pure decode step of the whole batch
+    runner = engine.executor.worker.runner
     with torch.inference_mode():
         t = time.perf_counter()
         for _ in range(reps):
-            engine.runner.prepare(sched)
+            runner.input_batch.prepare(sched)
         us = 1e6 * (time.perf_counter() - t) / reps
-        engine.scheduler.update(sched, engine.runner.execute(sched).sampled)
+        engine.scheduler.advance(sched)
+        engine.scheduler.resolve(sched, runner.execute(sched).sampled)
     while engine.has_unfinished_requests():
         engine.step()
     return us

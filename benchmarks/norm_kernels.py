@@ -86,7 +86,7 @@ def _triton_kernels(code: str) -> dict[str, str]:
 
 def _speed(llm, SamplingParams, torch, prefill: int) -> dict:
     """Decode ms/token at batch 1 (128-token prompt) and prefill ms for one prompt."""
-    vocab = llm.engine.runner.model.config.vocab_size
+    vocab = llm.engine.model_config.vocab_size
     short = {"prompt_token_ids": list(range(1000, 1128))}
     long = {"prompt_token_ids": [(i * 7) % (vocab - 10) + 10 for i in range(prefill)]}
 

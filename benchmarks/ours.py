@@ -22,7 +22,8 @@ def make_llm(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str,
 
 def weight_bytes(llm) -> int:
     """Bytes of every parameter of the loaded model (a tied embedding counted once)."""
-    return sum(p.numel() * p.element_size() for p in llm.engine.runner.model.parameters())
+    model = llm.engine.executor.worker.runner.model
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def offline(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str,
@@ -59,7 +60,7 @@ def decode_window(engine, batch: int, prompt_len: int, new_tokens: int, tag: str
     from compiled_llm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens + 1, ignore_eos=True)
-    vocab = engine.runner.model.config.vocab_size
+    vocab = engine.model_config.vocab_size
     reqs = [f"{tag}-{i}" for i in range(batch)]
     for rid, p in zip(reqs, random_ids(batch, prompt_len, vocab, seed=batch)):
         engine.add_request(rid, {"prompt_token_ids": p}, params)
@@ -114,7 +115,7 @@ def prefill(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str,
     llm = make_llm(model_dir, dtype, compile_mode, cudagraph_mode, max_model_len=longest + 16,
                    max_num_batched_tokens=longest, max_num_seqs=8)
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    vocab = llm.engine.runner.model.config.vocab_size
+    vocab = llm.engine.model_config.vocab_size
     rows = []
     for n in lengths:
         prompt = {"prompt_token_ids": random_ids(1, n, vocab, seed=n)[0]}

@@ -1,7 +1,8 @@
 """The one documented forward context: what the attention op reads during a model forward.
 
 The runner sets it around every forward; models never see it. It carries the step's attention
-metadata and the per-layer KV cache tensors, so the op's signature stays free of runtime state.
+metadata, the per-layer KV cache tensors and the CUDA-graph key the step runs under, so the op's
+signature stays free of runtime state.
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ if TYPE_CHECKING:
     from compiled_llm.attention.metadata import AttentionMetadata
 
 
+@dataclass(frozen=True)
+class CUDAGraphKey:
+    """Which captured graph runs a step: `mode` "full" (the whole model, pure decode) or
+    "piecewise" (each compiled piece, attention eager between), at a padded token count."""
+
+    mode: str
+    num_tokens: int
+
+
 @dataclass
 class ForwardContext:
     """State shared by every attention call of one forward."""
@@ -24,12 +34,17 @@ class ForwardContext:
     attn_metadata: AttentionMetadata | None
     kv_caches: list[torch.Tensor] = field(default_factory=list)  # per layer [2, N, bs, Hkv, D]
     backend: str = "torch"
-    # piecewise CUDA graphs: the padded token count to capture or replay; None runs plainly
-    cudagraph_tokens: int | None = None
+    # the graph to replay (or capture, when capturing); None runs every piece plainly
+    cudagraph_key: CUDAGraphKey | None = None
     capturing: bool = False
 
 
 _CONTEXT: ForwardContext | None = None
+
+
+def current_forward_context() -> ForwardContext | None:
+    """The context of the forward in progress, or None outside one."""
+    return _CONTEXT
 
 
 def get_forward_context() -> ForwardContext:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,6 +20,8 @@ from compiled_llm.config import CompileConfig
 
 __all__ = ["compile_model", "counters", "graph_break_count", "build_backend"]
 
+PieceWrapper = Callable[[nn.Module], nn.Module]
+
 
 def _pass_manager(cfg: CompileConfig):
     try:
@@ -28,8 +31,10 @@ def _pass_manager(cfg: CompileConfig):
     return PassManager(PassConfig(**cfg.passes))
 
 
-def build_backend(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype) -> CompiledLLMBackend:
-    """The backend for one model: pass manager, cache keyed by every factor, dump dir."""
+def build_backend(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype,
+                  piece_wrapper: PieceWrapper | None = None) -> CompiledLLMBackend:
+    """The backend for one model: pass manager, cache keyed by every factor, dump dir; each
+    compiled piece goes into piece_wrapper (the caller's piecewise CUDA graphs) if given."""
     passes = _pass_manager(cfg)
     use_cache = cfg.use_cache and not os.environ.get(ENV_DISABLE)
     cache = None
@@ -40,17 +45,17 @@ def build_backend(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype) -> C
         cache.write_info({"model": type(model).__name__, "dtype": str(dtype),
                           "layers": model.config.num_hidden_layers, "torch": torch.__version__})
     dump = cfg.dump_dir or os.environ.get("COMPILED_LLM_DUMP_DIR")
-    on_gpu = next(model.parameters()).device.type == "cuda"
-    piecewise = on_gpu and cfg.cudagraph_mode in ("piecewise", "full_and_piecewise")
     return CompiledLLMBackend(BackendOptions(cache=cache, dump_dir=dump, post_grad_pass=passes,
-                                             piecewise_cudagraphs=piecewise))
+                                             piece_wrapper=piece_wrapper))
 
 
-def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype):
+def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype,
+                  piece_wrapper: PieceWrapper | None = None):
     """forward(input_ids, positions) compiled per cfg.mode, with T dynamic and no breaks.
     With the backend and a warm cache, the stored snapshot skips Dynamo altogether."""
     allow_many_models()
-    backend = "inductor" if cfg.mode == "stock" else build_backend(model, cfg, dtype)
+    backend = ("inductor" if cfg.mode == "stock"
+               else build_backend(model, cfg, dtype, piece_wrapper))
     if isinstance(backend, CompiledLLMBackend):
         backend.snapshot_name = snapshot_name(model)
         warm = backend.load_snapshot(model)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,6 @@ from compiled_llm.compile import snapshot
 from compiled_llm.compile.cache import CompileCache
 from compiled_llm.compile.counters import counters
 from compiled_llm.compile.dump import PieceDumper
-from compiled_llm.compile.piecewise import PiecewiseGraphPiece
 from compiled_llm.compile.split import Piece, piece_hash, split_graph
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,8 @@ class BackendOptions:
     dump_dir: str | None = None
     post_grad_pass: object = None  # a CustomGraphPass run by Inductor after its own passes
     inductor_options: dict | None = None
-    piecewise_cudagraphs: bool = False
+    # wraps each compiled piece (the worker's piecewise CUDA graphs); None leaves it bare
+    piece_wrapper: Callable[[nn.Module], nn.Module] | None = None
 
 
 class CompiledPiece(nn.Module):
@@ -83,9 +84,9 @@ class CompiledLLMBackend:
         return split
 
     def wrap(self, fn, key: str, returns_tuple: bool) -> nn.Module:
-        """A compiled piece as a module of the split graph (under piecewise graphs if on)."""
+        """A compiled piece as a module of the split graph (in the piece wrapper if one)."""
         mod: nn.Module = CompiledPiece(fn, key, returns_tuple)
-        return PiecewiseGraphPiece(mod) if self.opts.piecewise_cudagraphs else mod
+        return self.opts.piece_wrapper(mod) if self.opts.piece_wrapper is not None else mod
 
     def _save_snapshot(self, gm, split, refs: dict, example_inputs: list) -> None:
         cache, name = self.opts.cache, self.snapshot_name

@@ -4,7 +4,9 @@ Continuous batching under a token budget and a sequence cap, chunked prefill (ru
 first, decodes before prefill chunks), prefix-cache hits on admission, a waiting order set by
 the policy (fcfs or priority), and preemption by recompute when KV blocks run out (the newest,
 or under priority the least urgent, running request). Pure Python: its output is a plain
-description of the step.
+description of the step. The scheduler is the one writer of a request's status and the one
+place that decides it is finished (stop tokens, length, grammar, and the stop strings and
+errors that output processing reports through `finish`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from compiled_llm.config import SchedulerConfig
 from compiled_llm.core.kv_cache_manager import KVCacheManager
 from compiled_llm.core.request import Request, RequestStatus
 from compiled_llm.core.request_queue import make_queue, victim_key
+
+
+# what may replace a finish decided on the same step's token (an abort never is replaced)
+_LATER_VERDICTS = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ERROR)
 
 
 @dataclass
@@ -36,6 +42,8 @@ class SchedulerOutput:
 
 
 class Scheduler:
+    """Synchronous scheduling: a step's tokens are read before the next step is scheduled."""
+
     def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager) -> None:
         self.cfg = cfg
         self.kv = kv
@@ -77,8 +85,8 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            if req.num_pending and self._last_is_pending(req):
-                continue  # its final token is being sampled: nothing left to compute
+            if self._nothing_to_compute(req):
+                continue
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if not self._allocate_or_preempt(req, n, out):
                 continue
@@ -128,26 +136,20 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         self.waiting.requeue(req)
 
-    def _last_is_pending(self, req: Request) -> bool:
-        """A launched step samples req's last token (a length limit): schedule no more."""
-        max_tokens = req.sampling_params.max_tokens
-        return req.num_tokens >= self.cfg.max_model_len or (
-            max_tokens is not None and req.num_output_tokens + req.num_pending >= max_tokens)
-
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """A step that ran to the end: advance progress, then take its sampled tokens."""
-        self.advance(out)
-        return self.resolve(out, sampled)
+    def _nothing_to_compute(self, req: Request) -> bool:
+        """Whether a running request has no token to compute this step (never, here)."""
+        return False
 
     def advance(self, out: SchedulerOutput, sample_reqs: list[Request] = ()) -> None:
-        """The step is launched: its tokens count as computed, and each of sample_reqs (in
-        sampled-tensor order) has one more pending token (async scheduling)."""
+        """The step ran (or, under async scheduling, was launched): its tokens count as
+        computed. sample_reqs, the step's sampling requests in row order, matter only to the
+        async scheduler."""
         for req, n in out.scheduled:
             if not req.is_finished:  # finished (aborted) while the step ran
                 req.num_computed_tokens += n
-        for i, req in enumerate(sample_reqs):
-            req.num_pending += 1
-            req.pending_src = i
+
+    def _token_landed(self, req: Request) -> None:
+        """A sampled token of req reached the host (async bookkeeping; nothing here)."""
 
     def resolve(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
         """Append the step's sampled tokens and apply stop checks; returns the requests that
@@ -159,14 +161,27 @@ class Scheduler:
             token = sampled.get(req.request_id)
             if token is None:
                 continue
-            if req.num_pending:
-                req.num_pending -= 1
+            self._token_landed(req)
             req.append_token(token)
             progressed.append(req)
             status, reason = self._check_stop(req, token)
+            if status is None and req.grammar is not None:
+                status, reason = self._check_grammar(req, token)
             if status is not None:
                 self.finish(req, status, reason)
         return progressed
+
+    def _check_grammar(self, req: Request, token: int) -> tuple[RequestStatus | None, None]:
+        """Advance req's structured-output matcher: a rejected token fails the request, a
+        terminated grammar ends it. A matcher that raises fails its request alone."""
+        try:
+            if not req.grammar.accept_token(token):
+                req.error = "structured_outputs: a sampled token was rejected by the grammar"
+                return RequestStatus.FINISHED_ERROR, None
+            return (RequestStatus.FINISHED_STOPPED if req.grammar.is_terminated() else None), None
+        except Exception as e:  # the matcher is third-party code: contain it
+            req.error = f"output processing failed: {type(e).__name__}: {e}"
+            return RequestStatus.FINISHED_ERROR, None
 
     def _check_stop(self, req: Request, token: int) -> tuple[RequestStatus | None, int | None]:
         p = req.sampling_params
@@ -181,9 +196,17 @@ class Scheduler:
             return RequestStatus.FINISHED_LENGTH, None
         return None, None
 
-    def finish(self, req: Request, status: RequestStatus, reason: int | str | None = None) -> None:
-        """End a request now (stop, length, abort, error) and return its blocks at once."""
+    def finish(self, req: Request, status: RequestStatus, reason: int | str | None = None,
+               error: str | None = None) -> None:
+        """End a request now (stop, length, abort, error) and return its blocks at once. A
+        request that finished since the last schedule (on this step's token) and was not
+        aborted takes the later verdict: a stop string or an error beats a length finish."""
+        if error is not None and req.status is not RequestStatus.FINISHED_ABORTED:
+            req.error = error
         if req.is_finished:
+            if (status in _LATER_VERDICTS and req.request_id in self._finished_ids
+                    and req.status is not RequestStatus.FINISHED_ABORTED):
+                req.status, req.stop_reason = status, reason
             return
         req.status, req.stop_reason = status, reason
         req.grammar = None  # the matcher's memory goes with the request
@@ -194,6 +217,15 @@ class Scheduler:
         self.kv.free(req)
         self.requests.pop(req.request_id, None)
         self._finished_ids.add(req.request_id)
+
+    def fail_step(self, out: SchedulerOutput, error: str) -> list[Request]:
+        """A step's model run failed: its unfinished requests finish with the error, and the
+        blocks the step was to fill lose their hashes (their KV is not trustworthy)."""
+        reqs = [req for req, _ in out.scheduled if not req.is_finished]
+        for req in reqs:
+            self.kv.drop_uncomputed(req)
+            self.finish(req, RequestStatus.FINISHED_ERROR, error=error)
+        return reqs
 
     def abort(self, request_id: str) -> Request | None:
         req = self.requests.get(request_id)

@@ -1,32 +1,51 @@
-"""LLMEngine: wires tokenizer, scheduler, KV manager, runner and output processing, and runs
-one step at a time. Requests with n > 1 fan out into n child sequences. Faults stay contained:
-an error in one request's processing fails that request alone, a failed model step fails that
-step's requests, and the engine goes on serving."""
+"""LLMEngine: wires input processing, the scheduler and KV manager, the executor and output
+processing, and runs one step at a time. Requests with n > 1 fan out into n child sequences.
+Faults stay contained: an error in one request's processing fails that request alone, a failed
+model step fails that step's requests, and the engine goes on serving."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from compiled_llm.config import EngineArgs
+from compiled_llm.core.async_scheduler import AsyncScheduler
 from compiled_llm.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from compiled_llm.core.request import Request, RequestStatus
 from compiled_llm.core.scheduler import Scheduler, SchedulerOutput
+from compiled_llm.engine.input_processor import InputProcessor, PromptType
+from compiled_llm.executor.uniproc_executor import UniProcExecutor
 from compiled_llm.output.output_processor import OutputProcessor, request_output
 from compiled_llm.output.outputs import RequestOutput
-from compiled_llm.sample.structured_outputs import GrammarManager
 from compiled_llm.sampling_params import SamplingParams
-from compiled_llm.worker.loader import load_hf_config, load_model, read_json, resolve_dtype
-from compiled_llm.worker.model_runner import LaunchedStep, ModelRunner, StepResult, num_kv_blocks
+from compiled_llm.worker.loader import load_hf_config, read_json, resolve_dtype
+from compiled_llm.worker.model_runner import LaunchedStep, StepResult
 from compiled_llm.worker.step_timer import StepStats, StepTimer
+from compiled_llm.worker.worker import WorkerSpec
 
 logger = logging.getLogger(__name__)
 DEMO_MODEL = Path(__file__).parents[1] / "data" / "demo_model"
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's load (read by the server's metrics from any thread)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_used_blocks: int = 0
+    num_blocks: int = 1
+    num_preemptions: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the usable KV blocks (all but the null block) held by requests."""
+        return self.num_used_blocks / max(1, self.num_blocks - 1)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -45,6 +64,10 @@ def eos_ids(model_dir: str, hf: dict[str, Any], tokenizer) -> tuple[int, ...]:
 
 
 class LLMEngine:
+    """The engine core: input processing, the scheduler over the KV cache manager, the
+    executor's worker, and output processing; `step()` runs one step. Invariant: every
+    request the engine accepted finishes (or is aborted) with its KV blocks back in the pool."""
+
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
         model_dir = str(args.model or DEMO_MODEL)
@@ -55,34 +78,22 @@ class LLMEngine:
         self.tokenizer = None if args.skip_tokenizer_init else self._load_tokenizer(model_dir)
         sched_cfg = args.scheduler_config(hf.get("max_position_embeddings", 2048))
         self.max_model_len = sched_cfg.max_model_len
-        t0 = time.perf_counter()
-        baseline = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
-        model = load_model(model_dir, self.dtype, self.device, sched_cfg.max_model_len,
-                           args.load_format, args.quantization)
-        t1 = time.perf_counter()
-        self.runner = ModelRunner(model, self.device, self.dtype, args.cache_config(),
-                                  args.compile_config(), sched_cfg.max_model_len,
-                                  args.attention_backend_for(self.device.type),
-                                  sched_cfg.max_num_seqs, sched_cfg.max_num_batched_tokens)
-        # the profiling forward is also the first call: Dynamo, passes and Inductor run here
-        num_blocks = num_kv_blocks(self.runner, sched_cfg.max_num_batched_tokens,
-                                   sched_cfg.max_model_len, baseline)
-        t2 = time.perf_counter()
-        self.runner.allocate_kv_cache(num_blocks)
-        self.runner.execute_dummy(1, 1)  # the decode shape
-        t3 = time.perf_counter()
-        self.runner.capture_cudagraphs(sched_cfg.max_num_seqs)
-        self.startup_seconds = {"load": t1 - t0, "compile_and_profile": t2 - t1,
-                                "warmup": t3 - t2, "cudagraphs": time.perf_counter() - t3}
-        self.kv = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching,
-                                 args.prefix_caching_hash_algo)
-        self.scheduler = Scheduler(sched_cfg, self.kv)
+        self.executor = UniProcExecutor(args, WorkerSpec(model_dir, self.dtype, self.device,
+                                                         sched_cfg))
+        self.startup_seconds = self.executor.startup_seconds
+        self.kv = KVCacheManager(self.executor.num_blocks, args.block_size,
+                                 args.enable_prefix_caching, args.prefix_caching_hash_algo)
+        scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler
+        self.scheduler = scheduler_cls(sched_cfg, self.kv)
         self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_ids = eos_ids(model_dir, hf, self.tokenizer)
+        self.inputs = InputProcessor(self.tokenizer, self.executor.vocab_size,
+                                     self.eos_token_ids, self.max_model_len,
+                                     args.scheduling_policy)
         self.parents: dict[str, list[Request]] = {}
-        self.grammars: GrammarManager | None = None
         self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling
-        logger.info("engine ready: %s on %s, %d KV blocks", model_dir, self.device, num_blocks)
+        logger.info("engine ready: %s on %s, %d KV blocks", model_dir, self.device,
+                    self.executor.num_blocks)
 
     def _load_tokenizer(self, model_dir: str):
         from transformers import AutoTokenizer
@@ -90,82 +101,28 @@ class LLMEngine:
         return AutoTokenizer.from_pretrained(self.args.tokenizer or model_dir)
 
     # ------------------------------------------------------------------ requests
-    def tokenize(self, prompt: str | list[int] | dict) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """(text, token ids) for a str, a token-id list, or {"prompt"|"prompt_token_ids": ...}."""
-        if isinstance(prompt, dict):
-            prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("prompt: a text prompt needs a tokenizer")
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            vocab = self.runner.model.config.vocab_size
-            if not prompt or any(t < 0 or t >= vocab for t in prompt):
-                raise ValueError(f"prompt_token_ids must be non-empty ids in [0, {vocab})")
-            return None, prompt
-        raise ValueError(f"prompt must be a str or a list of token ids, got {type(prompt)}")
+        return self.inputs.tokenize(prompt)
 
-    def add_request(self, request_id: str, prompt: str | list[int] | dict,
+    def add_request(self, request_id: str, prompt: PromptType,
                     params: SamplingParams | None = None, priority: int = 0) -> None:
         """Validate and queue; raises ValueError (naming the field) without side effects."""
         if request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        params = params or SamplingParams()
-        self._check_priority(priority)
-        text, ids = self.tokenize(prompt)
-        children = [self._child(request_id, i, text, ids, params, priority)
-                    for i in range(params.n)]
-        for c in children:  # check all before queueing any
-            self._check_fits(c)
-        if params.structured_outputs is not None:
-            self._attach_grammars(children, params.structured_outputs)
-        for c in children:
-            self.outputs.start(c)
-            self.scheduler.add_request(c)
+        children = self.inputs.process(request_id, prompt, params or SamplingParams(), priority)
+        for child in children:
+            self.outputs.start(child)
+            self.scheduler.add_request(child)
         self.parents[request_id] = children
 
-    def _child(self, rid: str, i: int, text, ids, params: SamplingParams, priority) -> Request:
-        p = params
-        if params.n > 1:
-            p = params.clone()
-            p.n = 1
-            if p.seed is not None:
-                p.seed += i
-            if i > 0:
-                p.prompt_logprobs = None
-        cid = rid if params.n == 1 else f"{i}_{rid}"
-        return Request(cid, list(ids), p, self.eos_token_ids, text, priority=priority,
-                       parent_id=rid)
-
-    def _check_priority(self, priority: int) -> None:
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise ValueError(f"priority must be an int, got {priority!r}")
-        if priority != 0 and self.args.scheduling_policy != "priority":
-            raise ValueError(f"priority={priority} needs scheduling_policy='priority' "
-                             f"(the engine uses {self.args.scheduling_policy!r})")
-
-    def _check_fits(self, req: Request) -> None:
-        if req.num_prompt_tokens >= self.max_model_len:
-            raise ValueError(
-                f"prompt is {req.num_prompt_tokens} tokens, max_model_len is "
-                f"{self.max_model_len}; the prompt plus output must fit"
-            )
-
-    def _attach_grammars(self, children: list[Request], spec) -> None:
-        if self.tokenizer is None:
-            raise ValueError("structured_outputs need a tokenizer")
-        if self.grammars is None:  # built on first use: costly for large vocabularies
-            self.grammars = GrammarManager(self.tokenizer, self.runner.model.config.vocab_size,
-                                           self.eos_token_ids)
-        self.grammars.compile(spec)  # raises ValueError before any child gets a matcher
-        for c in children:
-            c.grammar = self.grammars.matcher(spec)
-
     def abort_request(self, request_id: str) -> None:
-        for c in self.parents.pop(request_id, []):
-            self.scheduler.abort(c.request_id)
+        """Abort a request and its children; unknown or finished ids are ignored."""
+        for child in self.parents.pop(request_id, []):
+            self.scheduler.abort(child.request_id)
 
     def has_unfinished_requests(self) -> bool:
+        """Whether any request is waiting, running or has a launched step not yet read."""
         return self.scheduler.has_unfinished() or self._inflight is not None
 
     @property
@@ -179,18 +136,30 @@ class LLMEngine:
         return self.kv.stats
 
     def reset_prefix_cache(self) -> None:
+        """Forget every cached block hash (blocks held by requests stay theirs)."""
         self.kv.reset_prefix_cache()
+
+    @property
+    def model_config(self):
+        """The loaded model's config (a DecoderConfig: vocab_size, layers, heads ...)."""
+        return self.executor.model_config
+
+    def get_stats(self) -> EngineStats:
+        """The engine's load now: running and waiting requests, blocks, preemptions."""
+        sched = self.scheduler
+        return EngineStats(len(sched.running), len(sched.waiting), self.kv.num_used_blocks,
+                           self.kv.pool.num_blocks, sched.num_preemptions)
 
     # ------------------------------------------------------------------ step
     @property
     def step_stats(self) -> StepStats:
         """A snapshot of the per-step host and device time totals (subtract two for a window)."""
-        return dataclasses.replace(self.runner.step_timer.stats)
+        return dataclasses.replace(self.executor.step_timer.stats)
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model, sample, and return outputs of requests that progressed
         or failed."""
-        timer = self.runner.step_timer
+        timer = self.executor.step_timer
         timer.begin()
         try:
             return self._step_async(timer) if self.args.async_scheduling else self._step(timer)
@@ -201,10 +170,10 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         timer.scheduled()
         if sched.is_empty:
-            self.runner.release(sched.finished_req_ids, sched.preempted_req_ids)
+            self.executor.release(sched.finished_req_ids, sched.preempted_req_ids)
             return []
         try:
-            result = self.runner.execute(sched)
+            result = self.executor.execute(sched)
         except Exception as e:  # the model step: fail its requests, keep serving the rest
             return self._fail_step(sched, e)
         timer.executed()
@@ -215,16 +184,16 @@ class LLMEngine:
         """Launch step N+1, then read step N's tokens while the device runs N+1. Requests whose
         sampling needs their previous token on the host make N land before N+1 is scheduled."""
         outs: list[RequestOutput] = []
-        if self._inflight is not None and any(r.needs_feedback for r in self.scheduler.running):
+        if self._inflight is not None and self.scheduler.needs_sync():
             outs, self._inflight = self._land(self._inflight), None
         sched = self.scheduler.schedule()
         timer.scheduled()
         prev, self._inflight = self._inflight, None
         if sched.is_empty:
-            self.runner.release(sched.finished_req_ids, sched.preempted_req_ids)
+            self.executor.release(sched.finished_req_ids, sched.preempted_req_ids)
         else:
             try:
-                step = self.runner.launch(sched, prev[1] if prev else None)
+                step = self.executor.launch(sched, prev[1] if prev else None)
             except Exception as e:
                 outs += self._fail_step(sched, e)
             else:
@@ -240,7 +209,7 @@ class LLMEngine:
         """Wait for a launched step and process its results."""
         sched, step = inflight
         try:
-            result = self.runner.finish(step)
+            result = self.executor.finish(step)
         except Exception as e:
             return self._fail_step(sched, e)
         if timer is not None:
@@ -249,22 +218,19 @@ class LLMEngine:
 
     def _process(self, sched: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
         """A finished step's results: failures, logprobs, tokens, stop checks, outputs."""
-        failed = [self._fail(self.scheduler_request(rid, sched), err)
+        failed = [self._fail(_scheduled_request(rid, sched), err)
                   for rid, err in result.errors.items()]
         for rid, rows in result.prompt_logprobs.items():
-            req = self.scheduler_request(rid, sched)
+            req = _scheduled_request(rid, sched)
             self._guarded(req, lambda req=req, rows=rows: self.outputs.add_prompt_logprobs(
                 req, rows))
         touched = self.scheduler.resolve(sched, result.sampled)
         for req in touched:
-            if req.grammar is not None:
-                self._guarded(req, lambda req=req: self._advance_grammar(req))
             if req.detokenizer is None and req.logprobs is None:
                 continue  # no text, no logprobs: nothing to process for this token
             stop = self._guarded(req, lambda req=req: self.outputs.process_token(req, result))
             if stop is not None:  # a stop string beats a length finish on the same token
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED, stop)
-                req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop
         return self._collect(touched + failed)
 
     def _guarded(self, req: Request, fn):
@@ -279,10 +245,7 @@ class LLMEngine:
     def _fail(self, req: Request, error: str) -> Request:
         """Finish req with FINISHED_ERROR and a message; its blocks go back at once. A request
         that finished in this very step (its last token) is marked failed too."""
-        if req.status is not RequestStatus.FINISHED_ABORTED:
-            req.error = error
-            self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
-            req.status = RequestStatus.FINISHED_ERROR
+        self.scheduler.finish(req, RequestStatus.FINISHED_ERROR, error=error)
         return req
 
     def _fail_step(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
@@ -290,36 +253,34 @@ class LLMEngine:
         logger.exception("model step failed; failing its %d requests", len(sched.scheduled),
                          exc_info=exc)
         error = f"model step failed: {type(exc).__name__}: {exc}"
-        reqs = [r for r, _ in sched.scheduled if not r.is_finished]
-        for req in reqs:
-            self.kv.drop_uncomputed(req)  # the step may have half-written these blocks
-        return self._collect([self._fail(r, error) for r in reqs])
-
-    def _advance_grammar(self, req: Request) -> None:
-        """Feed req's new token to its matcher; a terminated grammar ends the request."""
-        if req.grammar is None:
-            return
-        if not req.grammar.accept_token(req.output_token_ids[-1]):
-            req.error = "structured_outputs: a sampled token was rejected by the grammar"
-            self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
-        elif req.grammar.is_terminated():
-            self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
-
-    @staticmethod
-    def scheduler_request(rid: str, sched) -> Request:
-        return next(r for r, _ in sched.scheduled if r.request_id == rid)
+        return self._collect(self.scheduler.fail_step(sched, error))
 
     def _collect(self, touched: list[Request]) -> list[RequestOutput]:
-        parents = dict.fromkeys(r.parent_id for r in touched)
+        """One RequestOutput per user request among touched (children merged), if any news."""
         outs = []
-        for pid in parents:
-            if pid not in self.parents:  # aborted meanwhile
+        for parent_id in dict.fromkeys(req.parent_id for req in touched):
+            children = self.parents.get(parent_id)
+            if children is None:  # aborted meanwhile
                 continue
-            out = request_output(pid, self.parents[pid])
+            out = request_output(parent_id, children)
             if out is None:
                 continue
             if out.finished:
-                del self.parents[pid]
+                del self.parents[parent_id]
             outs.append(out)
         return outs
 
+    # ------------------------------------------------------------------ start-up report
+    @property
+    def cudagraph_batch_sizes(self) -> list[int]:
+        """The batch sizes with a captured whole-model graph ([] without CUDA graphs)."""
+        return self.executor.cudagraph_batch_sizes()
+
+    @property
+    def cudagraph_capture_seconds(self) -> dict[str, float]:
+        """Seconds spent capturing CUDA graphs, per mode (full, piecewise)."""
+        return self.executor.cudagraph_capture_seconds()
+
+
+def _scheduled_request(request_id: str, sched: SchedulerOutput) -> Request:
+    return next(req for req, _ in sched.scheduled if req.request_id == request_id)

@@ -16,30 +16,15 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from compiled_llm.config import EngineArgs
-from compiled_llm.engine.llm_engine import LLMEngine
+from compiled_llm.engine.llm_engine import EngineStats, LLMEngine
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot the loop thread publishes after each step (read from any thread)."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    num_used_blocks: int = 0
-    num_blocks: int = 1
-    num_preemptions: int = 0
-
-    @property
-    def kv_usage(self) -> float:
-        return self.num_used_blocks / max(1, self.num_blocks - 1)
 
 
 class RequestObserver:
@@ -140,7 +125,7 @@ class AsyncLLM:
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
         self.observer = observer or RequestObserver()
-        self.stats = EngineStats(num_blocks=self.engine.kv.pool.num_blocks)
+        self.stats: EngineStats = self.engine.get_stats()
         self.error: BaseException | None = None
         self._streams: dict[str, RequestStream] = {}
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -252,10 +237,7 @@ class AsyncLLM:
                 stream.loop.call_soon_threadsafe(_put_all, [(stream, (now, error))])
 
     def _publish_stats(self) -> None:
-        e = self.engine
-        self.stats = EngineStats(len(e.scheduler.running), len(e.scheduler.waiting),
-                                 e.num_used_blocks, e.kv.pool.num_blocks,
-                                 e.scheduler.num_preemptions)
+        self.stats = self.engine.get_stats()
 
 
 def _put_all(items: list) -> None:

@@ -1,19 +1,26 @@
 """Batched token sampling on device: penalties, masks, temperature, min-p/top-k/top-p, logprobs.
 
-Owns ``SamplingMetadata`` (the per-step batch view of ``SamplingParams``) and ``Sampler``.
-Per-row Python work is limited to seeded rows, logits processors and banned ids.
+Owns ``Sampler``, which also keeps its per-request device state (seeded generators) and
+builds each step's ``SamplingMetadata`` from the requests alone. Per-row Python work is
+limited to seeded rows, logits processors and banned ids.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from compiled_llm.sample.structured_outputs import apply_bitmask
+from compiled_llm.sample.metadata import SamplingMetadata, build_sampling_metadata, make_generator
+from compiled_llm.sample.structured_outputs import apply_bitmask, fill_bitmask
 from compiled_llm.sampling_params import SAMPLING_EPS
+
+if TYPE_CHECKING:
+    from compiled_llm.core.request import Request
+
+__all__ = ["Sampler", "SamplingMetadata", "make_generator", "compute_prompt_logprobs"]
 
 _NEG_INF = float("-inf")
 
@@ -34,46 +41,6 @@ class LogprobsTensors:
 class SamplerOutput:
     sampled_token_ids: torch.Tensor  # [B] int64
     logprobs: LogprobsTensors | None
-
-
-@dataclass
-class SamplingMetadata:
-    temperature: torch.Tensor | None  # [B] float32, 0.0 = greedy row; None when all_greedy
-    all_greedy: bool
-    top_k: torch.Tensor | None  # [B] int64, 0 = off; None if no row uses it
-    top_p: torch.Tensor | None  # [B] float32, 1.0 = off
-    min_p: torch.Tensor | None  # [B] float32, 0.0 = off
-    generators: dict[int, torch.Generator]  # row -> that request's seeded generator
-    # All three are None together when no row uses any penalty.
-    presence_penalty: torch.Tensor | None
-    frequency_penalty: torch.Tensor | None
-    repetition_penalty: torch.Tensor | None
-    prompt_token_ids: list[list[int]]  # per row; only read (and set) for repetition penalty
-    output_token_ids: list[list[int]]  # per row
-    banned_token_ids: dict[int, list[int]]  # row -> ids forced to -inf (e.g. min_tokens)
-    logits_processors: dict[int, list[Callable]]  # row -> (output_ids, row_logits) -> row
-    max_num_logprobs: int | None  # top-k logprobs for sampled tokens; None = none
-    row_errors: dict[int, str] = field(default_factory=dict)  # row -> why it failed (filled in)
-    # structured outputs: xgrammar bitmask [B, ceil(V/32)] int32 on the logits' device, and
-    # the rows it constrains (others are unconstrained)
-    grammar_bitmask: torch.Tensor | None = None
-    grammar_rows: list[int] = field(default_factory=list)
-    # known on the host when the batch is built; None means read them off the tensors (a sync)
-    any_repetition_penalty: bool | None = None
-    max_top_k: int | None = None
-
-    @property
-    def edits_logits(self) -> bool:
-        """Whether any step before sampling rewrites logits (else they are used as they are)."""
-        return bool(self.logits_processors or self.banned_token_ids
-                    or self.presence_penalty is not None or self.grammar_bitmask is not None)
-
-
-def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
-    """One generator per seeded request, so its draws are independent of batch makeup."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    return gen
 
 
 # ----------------------------------------------------------------------------- logprobs
@@ -233,7 +200,38 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 
 
 class Sampler(nn.Module):
-    """logits [B, V] + SamplingMetadata -> one sampled token per row (+ optional logprobs)."""
+    """logits [B, V] + SamplingMetadata -> one sampled token per row (+ optional logprobs).
+    `prepare` builds a step's metadata from its requests; the sampler keeps each seeded
+    request's generator from its first step until `release`."""
+
+    def __init__(self, device: torch.device | str = "cpu", vocab_size: int | None = None) -> None:
+        super().__init__()
+        self.device, self.vocab_size = torch.device(device), vocab_size
+        self.generators: dict[str, torch.Generator] = {}
+
+    def prepare(self, reqs: list[Request]) -> SamplingMetadata:
+        """The metadata of one step's sampling rows, in row order."""
+        meta = build_sampling_metadata(reqs, self.device, self._generator)
+        if self.vocab_size is not None:
+            bitmask, rows = fill_bitmask(reqs, self.vocab_size)
+            if bitmask is not None:
+                meta.grammar_bitmask = bitmask.to(self.device, non_blocking=True)
+                meta.grammar_rows = rows
+        return meta
+
+    def release(self, request_ids) -> None:
+        """Forget the per-request state of these requests (unknown ids are ignored)."""
+        for request_id in request_ids:
+            self.generators.pop(request_id, None)
+
+    def _generator(self, req: Request) -> torch.Generator | None:
+        seed = req.sampling_params.seed
+        if seed is None:
+            return None
+        gen = self.generators.get(req.request_id)
+        if gen is None:
+            gen = self.generators[req.request_id] = make_generator(seed, self.device)
+        return gen
 
     def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         raw_logprobs = None

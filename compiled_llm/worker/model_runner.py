@@ -1,37 +1,46 @@
-"""ModelRunner: owns every device tensor (weights, KV cache, step inputs) and runs one step.
+"""ModelRunner: owns every device tensor (weights, KV cache, step inputs, CUDA graphs and their
+memory pool) and runs one step.
 
-Step: flat inputs -> forward under the forward context -> logits for the rows that need them
--> Sampler. Returns plain Python results for the scheduler and output processing.
+Step: the input batch fills flat inputs (padded to the graph the dispatcher picks) -> forward
+under the forward context (a full graph, piecewise graphs or plain) -> logits for the rows that
+need them -> Sampler. Returns plain Python results for the scheduler and output processing.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from compiled_llm.attention.forward_context import ForwardContext, set_forward_context
+from compiled_llm.attention.forward_context import CUDAGraphKey, ForwardContext, set_forward_context
 from compiled_llm.compile.counters import counters
 from compiled_llm.config import CacheConfig, CompileConfig
 from compiled_llm.core.request import Request
 from compiled_llm.core.scheduler import SchedulerOutput
-from compiled_llm.sample.sampler import (
-    Sampler,
-    SamplingMetadata,
-    compute_prompt_logprobs,
-    make_generator,
+from compiled_llm.sample.sampler import Sampler, compute_prompt_logprobs
+from compiled_llm.sampling_params import SamplingParams
+from compiled_llm.worker.cudagraph import (
+    FULL,
+    PIECEWISE,
+    CUDAGraphDispatcher,
+    CUDAGraphWrapper,
+    full_graph_sizes,
+    piecewise_graph_sizes,
 )
-from compiled_llm.sample.structured_outputs import fill_bitmask
-from compiled_llm.worker.input_batch import StepInputs, build_step_inputs
-from compiled_llm.worker.step_buffers import StepBuffers
+from compiled_llm.worker.input_batch import InputBatch, StepInputs
 from compiled_llm.worker.step_timer import StepTimer
 
+logger = logging.getLogger(__name__)
 LogprobRow = tuple[list[int], list[float], int]  # (ids, logprobs, rank of ids[0])
 
 
 @dataclass
 class StepResult:
+    """A finished step's results on the host, by request id."""
+
     sampled: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, LogprobRow] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[LogprobRow]] = field(default_factory=dict)
@@ -51,93 +60,91 @@ class LaunchedStep:
 
 
 class ModelRunner:
+    """Runs steps of one model on one device. Invariant: the input batch's buffers, the KV
+    cache and every captured graph keep their addresses for the runner's life."""
+
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype,
                  cache_cfg: CacheConfig, compile_cfg: CompileConfig, max_model_len: int,
                  attn_backend: str = "torch", max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192) -> None:
         self.model, self.device, self.dtype = model, device, dtype
         self.cache_cfg, self.compile_cfg = cache_cfg, compile_cfg
-        self.max_model_len = max_model_len
+        self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
         self.max_blocks_per_seq = -(-max_model_len // cache_cfg.block_size)
         self.attn_backend = attn_backend
-        self.decode_graphs = None
-        self.piecewise_sizes: list[int] = []  # set once piecewise graphs are captured
-        self.cudagraph_capture_seconds = 0.0
-        self.cudagraph_capture_split: dict[str, float] = {}  # seconds per graph kind
-        self.sampler = Sampler()
-        self.generators: dict[str, torch.Generator] = {}
+        self.cudagraph_capture_seconds: dict[str, float] = {}  # seconds per graph mode
+        self.sampler = Sampler(device, model.config.vocab_size)
         self.kv_caches: list[torch.Tensor] = []
         self.step_timer = StepTimer(device)  # the engine brackets each step
+        self.dispatcher = CUDAGraphDispatcher()
+        # this runner's own graph memory pool: engines in one process never share one
+        uses_graphs = device.type == "cuda" and compile_cfg.cudagraph_mode != "none"
+        self.graph_pool = torch.cuda.graph_pool_handle() if uses_graphs else None
         self.forward_fn = self._build_forward(model, compile_cfg)
-        self.buffers = self._make_buffers(max_num_seqs, max_num_batched_tokens)
+        self.full_graph = (CUDAGraphWrapper(self.forward_fn, FULL, self.graph_pool)
+                           if self._wants(FULL) else None)
+        self.input_batch = self._make_input_batch(max_num_seqs, max_num_batched_tokens)
+
+    def _wants(self, mode: str) -> bool:
+        """Whether cudagraph_mode asks for graphs of this mode (and the device has them)."""
+        cfg = self.compile_cfg
+        if self.graph_pool is None or mode not in cfg.cudagraph_mode.split("_and_"):
+            return False
+        return mode == FULL or cfg.mode == "backend"  # pieces exist only under our backend
 
     def _build_forward(self, model: nn.Module, cfg: CompileConfig):
         if cfg.mode == "none":
             return model
         from compiled_llm.compile import compile_model
 
-        return compile_model(model, cfg, self.dtype)
+        wrap = None
+        if self._wants(PIECEWISE):
+            def wrap(piece: nn.Module) -> nn.Module:
+                return CUDAGraphWrapper(piece, PIECEWISE, self.graph_pool)
+        return compile_model(model, cfg, self.dtype, wrap)
 
-    def _make_buffers(self, max_num_seqs: int, max_num_batched_tokens: int) -> StepBuffers:
+    def _make_input_batch(self, max_num_seqs: int, max_num_batched_tokens: int) -> InputBatch:
         """Sized for the largest step: the token budget (or a padded graph), the sequence cap,
         and the profiling run's requests of max_model_len tokens each."""
         cfg = self.compile_cfg
         graphs = max(cfg.cudagraph_batch_sizes or [0])
         seqs = max(max_num_seqs, graphs, -(-max_num_batched_tokens // self.max_model_len))
         tokens = max(max_num_batched_tokens, seqs, cfg.piecewise_max_tokens)
-        return StepBuffers(tokens, seqs, self.max_blocks_per_seq, self.device)
+        return InputBatch(tokens, seqs, self.max_blocks_per_seq, self.cache_cfg.block_size,
+                          self.device, self.dispatcher)
 
     # ------------------------------------------------------------------ KV cache
     def kv_bytes_per_block(self) -> int:
-        c = self.model.config
-        elems = 2 * self.cache_cfg.block_size * c.num_key_value_heads * c.head_dim
-        return elems * c.num_hidden_layers * torch.tensor([], dtype=self.dtype).element_size()
+        """Bytes one KV block takes over all layers (K and V)."""
+        config = self.model.config
+        elems = 2 * self.cache_cfg.block_size * config.num_key_value_heads * config.head_dim
+        return elems * config.num_hidden_layers * torch.empty(0, dtype=self.dtype).element_size()
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        c = self.model.config
-        shape = (2, num_blocks, self.cache_cfg.block_size, c.num_key_value_heads, c.head_dim)
+        """One [2, blocks, block_size, KV heads, head dim] tensor per layer, zeroed."""
+        config = self.model.config
+        shape = (2, num_blocks, self.cache_cfg.block_size, config.num_key_value_heads,
+                 config.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                          for _ in range(c.num_hidden_layers)]
+                          for _ in range(config.num_hidden_layers)]
 
     # ------------------------------------------------------------------ step
-    def _padding(self, num_seqs: int, num_tokens: int, max_query_len: int):
-        """(decode graph size, piecewise padded tokens) for a step; at most one is set."""
-        if self.decode_graphs is not None:
-            size = self.decode_graphs.size_for(num_seqs, max_query_len)
-            if size is not None:
-                return size, None
-        return None, next((s for s in self.piecewise_sizes if s >= num_tokens), None)
-
-    def prepare(self, sched: SchedulerOutput) -> StepInputs:
-        """The step's inputs in the persistent buffers, padded for the graph that will run."""
-        return build_step_inputs(sched, self.buffers, self.cache_cfg.block_size, self._padding)
-
     def run_forward(self, inputs: StepInputs, capturing: bool = False) -> torch.Tensor:
-        """hidden [T, hidden]: a full decode graph, piecewise graphs (padded), or plain."""
-        if inputs.graph_size is not None:
-            return self.decode_graphs.run(inputs.attn.num_seqs, inputs.graph_size)
-        tokens = inputs.cudagraph_tokens
+        """hidden [T, hidden] under the step's graph key: a full graph, piecewise, or plain."""
+        key = inputs.cudagraph_key
         ctx = ForwardContext(inputs.attn, self.kv_caches, self.attn_backend,
-                             cudagraph_tokens=tokens, capturing=capturing)
-        counters.piecewise_steps += int(tokens is not None and not capturing)
+                             cudagraph_key=key, capturing=capturing)
+        full = key is not None and key.mode == FULL
+        counters.piecewise_steps += int(key is not None and not full and not capturing)
+        forward = self.full_graph if full else self.forward_fn
         with set_forward_context(ctx):  # padded rows write the null block only
-            return self.forward_fn(inputs.input_ids, inputs.positions)[:inputs.num_tokens]
-
-    def capture_cudagraphs(self, max_num_seqs: int) -> None:
-        """Capture CUDA graphs per padded batch size before serving (no-op on CPU)."""
-        if self.device.type != "cuda" or self.compile_cfg.cudagraph_mode == "none":
-            return
-        from compiled_llm.worker.cudagraph import capture_all
-
-        self.cudagraph_capture_split = capture_all(self, max_num_seqs)
+            return forward(inputs.input_ids, inputs.positions)[:inputs.num_tokens]
 
     def release(self, finished: set[str], preempted: set[str] = frozenset()) -> None:
-        """Drop per-request state: finished requests lose their block-table rows and seeded
-        generators; preempted ones only their rows (they resume with a new block list)."""
-        for rid in finished:
-            self.generators.pop(rid, None)
-        self.buffers.table.release(finished)
-        self.buffers.table.release(preempted)
+        """Drop per-request state: finished requests lose their block-table rows and sampler
+        state; preempted ones only their rows (they resume with a new block list)."""
+        self.sampler.release(finished)
+        self.input_batch.release(finished, preempted)
 
     def execute(self, sched: SchedulerOutput) -> StepResult:
         """Run one step to the end: sampled tokens on the host."""
@@ -148,7 +155,7 @@ class ModelRunner:
         """Queue one step without waiting for it. Input ids still pending on the host are
         taken from prev's sampled tokens on the device (async scheduling)."""
         self.release(sched.finished_req_ids, sched.preempted_req_ids)
-        inputs = self.prepare(sched)
+        inputs = self.input_batch.prepare(sched)
         if inputs.has_pending:
             fill_pending(inputs.input_ids, prev)
         self.step_timer.forward_start()
@@ -167,15 +174,14 @@ class ModelRunner:
         if step.event is not None:
             step.event.synchronize()
         result, reqs = step.result, step.sample_reqs
-        tokens = step.host[0].tolist()
-        for req, tok in zip(reqs, tokens):
-            result.sampled[req.request_id] = tok
+        for req, token in zip(reqs, step.host[0].tolist()):
+            result.sampled[req.request_id] = token
         if len(step.host) > 1:
-            ids, lps, ranks = (t.tolist() for t in step.host[1:])
+            ids, logprobs, ranks = (t.tolist() for t in step.host[1:])
             for i, req in enumerate(reqs):
                 if req.sampling_params.logprobs is not None:
                     k = req.sampling_params.logprobs + 1
-                    result.logprobs[req.request_id] = (ids[i][:k], lps[i][:k], ranks[i])
+                    result.logprobs[req.request_id] = (ids[i][:k], logprobs[i][:k], ranks[i])
         return result
 
     def execute_dummy(self, num_tokens: int, max_len: int) -> None:
@@ -190,7 +196,7 @@ class ModelRunner:
         if not inputs.all_rows_sample:
             hidden = hidden.index_select(0, inputs.sample_rows)
         logits = self.model.compute_logits(hidden)
-        meta = self._sampling_metadata(inputs.sample_reqs)
+        meta = self.sampler.prepare(inputs.sample_reqs)
         out = self.sampler(logits, meta)
         for row, err in meta.row_errors.items():
             step.result.errors[inputs.sample_reqs[row].request_id] = err
@@ -203,31 +209,61 @@ class ModelRunner:
             step.event = torch.cuda.Event()
             step.event.record()
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs, r: StepResult) -> None:
-        for pr in inputs.prompt_rows:
-            k = pr.req.sampling_params.prompt_logprobs
-            rows = torch.from_numpy(pr.rows).to(self.device)
+    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs,
+                         result: StepResult) -> None:
+        for prompt_rows in inputs.prompt_rows:
+            k = prompt_rows.req.sampling_params.prompt_logprobs
+            rows = torch.from_numpy(prompt_rows.rows).to(self.device)
             logits = self.model.compute_logits(hidden[rows]).float()
-            targets = torch.from_numpy(pr.targets).to(self.device)
-            ids, lps, ranks = compute_prompt_logprobs(logits, targets, k).tolists()
-            r.prompt_logprobs[pr.req.request_id] = list(zip(ids, lps, ranks))
+            targets = torch.from_numpy(prompt_rows.targets).to(self.device)
+            ids, logprobs, ranks = compute_prompt_logprobs(logits, targets, k).tolists()
+            result.prompt_logprobs[prompt_rows.req.request_id] = list(zip(ids, logprobs, ranks))
 
-    def _generator(self, req: Request) -> torch.Generator | None:
-        seed = req.sampling_params.seed
-        if seed is None:
-            return None
-        gen = self.generators.get(req.request_id)
-        if gen is None:
-            gen = self.generators[req.request_id] = make_generator(seed, self.device)
-        return gen
+    # ------------------------------------------------------------------ CUDA graphs
+    @torch.inference_mode()  # captures made as inference tensors, as steps run
+    def capture_cudagraphs(self) -> None:
+        """Capture what cudagraph_mode asks for, before serving (nothing on CPU); the
+        dispatcher hands the sizes out from then on."""
+        if self._wants(PIECEWISE):
+            self.cudagraph_capture_seconds[PIECEWISE] = self._capture_piecewise()
+        if self._wants(FULL):
+            self.cudagraph_capture_seconds[FULL] = self._capture_full()
+        if self.cudagraph_capture_seconds:
+            logger.info("CUDA graph capture: %s", self.cudagraph_capture_seconds)
 
-    def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
-        meta = build_sampling_metadata(reqs, self.device, self._generator)
-        bitmask, rows = fill_bitmask(reqs, self.model.config.vocab_size)
-        if bitmask is not None:
-            meta.grammar_bitmask = bitmask.to(self.device, non_blocking=True)
-            meta.grammar_rows = rows
-        return meta
+    def _capture_piecewise(self) -> float:
+        start = time.perf_counter()
+        sizes = piecewise_graph_sizes(min(self.compile_cfg.piecewise_max_tokens,
+                                          self.max_model_len - 1))
+        self.dispatcher.piecewise_sizes = sizes
+        for size in reversed(sizes):  # largest first: smaller graphs reuse its pool memory
+            sched = dummy_schedule(size, self.cache_cfg.block_size, size)
+            try:
+                self.run_forward(self.input_batch.prepare(sched), capturing=True)
+            finally:
+                self.release({r.request_id for r, _ in sched.scheduled})
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    def _capture_full(self) -> float:
+        start = time.perf_counter()
+        sizes = sorted(set(self.compile_cfg.cudagraph_batch_sizes
+                           or full_graph_sizes(self.max_num_seqs)))
+        batch = self.input_batch
+        if sizes[-1] > min(batch.max_seqs, batch.max_tokens):
+            raise ValueError(f"cudagraph_batch_sizes go up to {sizes[-1]}; the step buffers "
+                             f"hold {batch.max_seqs} sequences")
+        batch.pad(sizes[-1])  # valid inputs for every size: all rows padding
+        torch.cuda.synchronize()
+        for size in reversed(sizes):
+            ids, positions, meta = batch.padded_inputs(size, self.max_model_len)
+            ctx = ForwardContext(meta, self.kv_caches, self.attn_backend,
+                                 cudagraph_key=CUDAGraphKey(FULL, size), capturing=True)
+            with set_forward_context(ctx):
+                self.full_graph(ids, positions)
+        torch.cuda.synchronize()
+        self.dispatcher.full_sizes = sizes
+        return time.perf_counter() - start
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
@@ -247,94 +283,14 @@ def fill_pending(ids: torch.Tensor, prev: LaunchedStep | None) -> None:
     ids.copy_(torch.where(ids < 0, src, ids))
 
 
-def build_sampling_metadata(reqs: list[Request], device: torch.device, gen_for) -> SamplingMetadata:
-    """The batch view of the requests' SamplingParams; optional tensors only when used (an
-    all-greedy batch builds none for temperature, top-k/p, min-p or generators)."""
-    ps = [r.sampling_params for r in reqs]
-    f32 = lambda xs: torch.tensor(xs, dtype=torch.float32, device=device)  # noqa: E731
-    all_greedy = all(p.is_greedy for p in ps)
-    rep = any(p.repetition_penalty != 1.0 for p in ps)
-    use_pen = rep or any(p.presence_penalty or p.frequency_penalty for p in ps)
-    banned = {i: [*(() if r.sampling_params.ignore_eos else r.eos_token_ids),
-                  *r.sampling_params.stop_token_ids]
-              for i, r in enumerate(reqs) if r.num_output_tokens < r.sampling_params.min_tokens}
-    procs = {i: p.logits_processors for i, p in enumerate(ps) if p.logits_processors}
-    k = [p.logprobs for p in ps if p.logprobs is not None]
-    meta = SamplingMetadata(
-        temperature=None, all_greedy=all_greedy, top_k=None, top_p=None, min_p=None,
-        generators={},
-        presence_penalty=f32([p.presence_penalty for p in ps]) if use_pen else None,
-        frequency_penalty=f32([p.frequency_penalty for p in ps]) if use_pen else None,
-        repetition_penalty=f32([p.repetition_penalty for p in ps]) if use_pen else None,
-        prompt_token_ids=[r.prompt_token_ids for r in reqs] if rep else [],
-        output_token_ids=[r.output_token_ids for r in reqs],
-        banned_token_ids=banned,
-        logits_processors=procs,
-        max_num_logprobs=max(k) if k else None,
-        any_repetition_penalty=rep,
-    )
-    if not all_greedy:
-        _random_sampling_fields(meta, reqs, ps, f32, gen_for)
-    return meta
-
-
-def _random_sampling_fields(meta: SamplingMetadata, reqs: list[Request], ps, f32, gen_for):
-    meta.temperature = f32([0.0 if p.is_greedy else p.temperature for p in ps])
-    top_k = [p.top_k for p in ps]
-    if any(top_k):
-        meta.top_k = torch.tensor(top_k, device=meta.temperature.device)
-        meta.max_top_k = max(top_k)
-    meta.top_p = f32([p.top_p for p in ps]) if any(p.top_p < 1.0 for p in ps) else None
-    meta.min_p = f32([p.min_p for p in ps]) if any(p.min_p > 0.0 for p in ps) else None
-    meta.generators = {i: g for i, r in enumerate(reqs) if (g := gen_for(r)) is not None}
-
-
 def dummy_schedule(num_tokens: int, block_size: int, max_len: int) -> SchedulerOutput:
     """Requests of at most max_len tokens, num_tokens in all, whose K/V land in the null block
-    (warm-up and profiling)."""
-    from compiled_llm.sampling_params import SamplingParams
-
+    (warm-up, profiling and capture)."""
     out = SchedulerOutput()
     for i, start in enumerate(range(0, num_tokens, max_len)):
-        n = min(max_len, num_tokens - start)
-        req = Request(f"__warmup{i}__", [0] * n, SamplingParams(temperature=0.0, max_tokens=1))
-        req.block_ids = [0] * -(-n // block_size)
-        out.scheduled.append((req, n))
+        count = min(max_len, num_tokens - start)
+        req = Request(f"__warmup{i}__", [0] * count,
+                      SamplingParams(temperature=0.0, max_tokens=1))
+        req.block_ids = [0] * -(-count // block_size)
+        out.scheduled.append((req, count))
     return out
-
-
-def num_kv_blocks(runner: ModelRunner, max_tokens: int, max_len: int, baseline: int = 0) -> int:
-    """Blocks that fit the budget: a byte budget on CPU, gpu_memory_utilization on GPU after a
-    profiling forward of max_tokens tokens (which also warms up compilation). `baseline` is
-    the memory allocated before this engine loaded its weights."""
-    cfg = runner.cache_cfg
-    if cfg.num_gpu_blocks_override:
-        return cfg.num_gpu_blocks_override
-    per_block = runner.kv_bytes_per_block()
-    runner.allocate_kv_cache(1)
-    if runner.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    # on CPU the pass only warms up compilation: a small batch will do
-    tokens = max_tokens if runner.device.type == "cuda" else min(max_tokens, 64)
-    runner.execute_dummy(tokens, max_len)
-    if cfg.kv_cache_memory_bytes is not None:
-        budget = cfg.kv_cache_memory_bytes
-    elif runner.device.type == "cuda":
-        budget = _gpu_budget(cfg.gpu_memory_utilization, baseline)
-    else:
-        budget = 1 << 30
-    runner.kv_caches = []
-    blocks = budget // per_block
-    if blocks < 2:
-        raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks")
-    return int(blocks)
-
-
-def _gpu_budget(utilization: float, baseline: int) -> int:
-    """This engine's share of the device less its own weights and peak activations, and never
-    more than is free now (another engine or process may hold the rest)."""
-    free, total = torch.cuda.mem_get_info()
-    cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-    own = torch.cuda.max_memory_allocated() - baseline
-    # keep the same headroom as `utilization` implies (CUDA graphs, sampler, other processes)
-    return min(int(total * utilization) - own, free + cached - int(total * (1 - utilization)))

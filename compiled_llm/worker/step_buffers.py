@@ -1,19 +1,23 @@
-"""Persistent step buffers: the packed host/device inputs of every step and the device block
-table kept per request. Sized once; a step fills host numpy views in place, sends one int64 and
-one int32 copy to the device, writes only new block-table entries, and gathers its table rows.
+"""The parts of the input batch's persistent buffers: packed host/device inputs (one int64
+and one int32 copy a step), their per-shape layout and views, and the device block table kept
+per request (only new entries are written). Sized once by the input batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:
+    from compiled_llm.worker.input_batch import InputBatch
+
 _ALIGN = 16  # segment starts in elements: keeps every view 64-byte aligned for the kernels
 
 
-def _al(n: int) -> int:
+def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
@@ -31,23 +35,23 @@ class Layout:
 
     @property
     def pos(self) -> int:
-        return _al(self.tokens)
+        return _aligned(self.tokens)
 
     @property
     def slots(self) -> int:
-        return 2 * _al(self.tokens)
+        return 2 * _aligned(self.tokens)
 
     @property
     def rows(self) -> int:
-        return 3 * _al(self.tokens)
+        return 3 * _aligned(self.tokens)
 
     @property
     def sample(self) -> int:
-        return self.rows + _al(self.seqs)
+        return self.rows + _aligned(self.seqs)
 
     @property
     def entry_idx(self) -> int:
-        return self.sample + _al(self.num_sample)
+        return self.sample + _aligned(self.num_sample)
 
     @property
     def end64(self) -> int:
@@ -55,11 +59,11 @@ class Layout:
 
     @property
     def seq_lens(self) -> int:
-        return _al(self.seqs + 1)
+        return _aligned(self.seqs + 1)
 
     @property
     def entry_val(self) -> int:
-        return self.seq_lens + _al(self.seqs)
+        return self.seq_lens + _aligned(self.seqs)
 
     @property
     def end32(self) -> int:
@@ -70,7 +74,7 @@ class Views:
     """Host (numpy and torch) and device views of the segments a step of P padded tokens and
     `seqs` padded sequences fills; made once per shape (torch slicing costs microseconds)."""
 
-    def __init__(self, bufs: StepBuffers, tokens: int, seqs: int) -> None:
+    def __init__(self, bufs: InputBatch, tokens: int, seqs: int) -> None:
         lay = Layout(tokens, seqs)
         p, s, a, b = lay.pos, lay.slots, lay.rows, lay.seq_lens
         self.np64 = {"ids": slice(0, tokens), "pos": slice(p, p + tokens),
@@ -82,7 +86,7 @@ class Views:
         self.dev["block_tables"] = bufs.batch_table[:seqs]
         self.host32 = {k: bufs.i32.host[v] for k, v in self.np32.items()}
 
-    def host(self, bufs: StepBuffers) -> dict[str, np.ndarray]:
+    def host(self, bufs: InputBatch) -> dict[str, np.ndarray]:
         """Numpy views to fill in place."""
         a, b = bufs.i64.np, bufs.i32.np
         return {**{k: a[v] for k, v in self.np64.items()},
@@ -167,54 +171,3 @@ class BlockTableRows:
         self.host = np.concatenate([self.host, np.zeros_like(self.host)])
         self.device = torch.cat([self.device, torch.zeros_like(self.device)])
         self._free = list(range(2 * old - 1, old - 1, -1))
-
-
-class StepBuffers:
-    """Every persistent tensor one step's inputs live in. Owned by the ModelRunner."""
-
-    def __init__(self, max_tokens: int, max_seqs: int, max_blocks: int,
-                 device: torch.device) -> None:
-        self.max_tokens, self.max_seqs, self.device = max_tokens, max_seqs, device
-        cap = Layout(max_tokens, max_seqs, max_seqs, max_seqs * max_blocks)
-        self.i64 = PackedBuffer(cap.end64, torch.int64, device)
-        self.i32 = PackedBuffer(cap.end32, torch.int32, device)
-        self.table = BlockTableRows(max_seqs, max_blocks, device)
-        self.batch_table = torch.zeros(max_seqs, max_blocks, dtype=torch.int32, device=device)
-        self._event = torch.cuda.Event() if device.type == "cuda" else None
-        self._in_flight = False
-        self._views: dict[tuple[int, int], Views] = {}
-
-    def check(self, lay: Layout) -> None:
-        if lay.tokens > self.max_tokens or lay.seqs > self.max_seqs:
-            raise ValueError(f"step of {lay.tokens} tokens / {lay.seqs} sequences exceeds the "
-                             f"buffers ({self.max_tokens} / {self.max_seqs})")
-
-    def wait(self) -> None:
-        """Block until the previous step's copies have read the host buffers (normally done:
-        the previous step's sampled tokens were already read back)."""
-        if self._in_flight:
-            self._event.synchronize()
-            self._in_flight = False
-
-    def views(self, tokens: int, seqs: int) -> Views:
-        """The (cached) views of a step shape."""
-        v = self._views.get((tokens, seqs))
-        if v is None:
-            if len(self._views) >= 1024:  # prefill shapes vary: keep the cache bounded
-                self._views.clear()
-            v = self._views[tokens, seqs] = Views(self, tokens, seqs)
-        return v
-
-    def send(self, lay: Layout, views: Views) -> None:
-        """Copy the step's packed inputs, write new table entries, gather the step's rows."""
-        self.i64.send(lay.end64)
-        self.i32.send(lay.end32)
-        if self._event is not None:
-            self._event.record()
-            self._in_flight = True
-        if lay.num_entries:
-            idx = self.i64.dev[lay.entry_idx:lay.end64]
-            vals = self.i32.dev[lay.entry_val:lay.end32]
-            self.table.device.view(-1).index_copy_(0, idx, vals)
-        torch.index_select(self.table.device, 0, views.dev["rows"],
-                           out=views.dev["block_tables"])

@@ -42,7 +42,7 @@ def _backend_llm(ckpt, cache_dir, **kw):
 def test_split_dedup_and_cache_roundtrip(deep_ckpt, prompts, eager_tokens, tmp_path):
     counters.reset()
     llm = _backend_llm(deep_ckpt, tmp_path)
-    layers = llm.engine.runner.model.config.num_hidden_layers
+    layers = llm.engine.model_config.num_hidden_layers
     assert counters.graphs_captured == 1 and counters.recompiles == 0
     assert counters.pieces == layers + 1  # compute pieces between the attention ops
     assert counters.unique_pieces == 3  # first, the repeated layer, last

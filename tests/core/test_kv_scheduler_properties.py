@@ -24,6 +24,7 @@ from compiled_llm.core.kv_cache_manager import KVCacheManager
 from compiled_llm.core.request import Request, RequestStatus
 from compiled_llm.core.scheduler import Scheduler
 from compiled_llm.sampling_params import SamplingParams
+from tests.core.test_scheduler import complete_step
 
 BS = 4
 EOS = 2
@@ -67,7 +68,7 @@ class KVSchedulerMachine(RuleBasedStateMachine):
             self._abort(victim)
         sampled = {r.request_id: self._token(r) for r, n in out.scheduled
                    if r.num_computed_tokens + n == r.num_tokens}
-        self.sched.update(out, sampled)
+        complete_step(self.sched, out, sampled)
         if out.num_preempted:
             event("preempted")
 

@@ -67,6 +67,12 @@ def check_invariants(sched: Scheduler, out: SchedulerOutput) -> None:
         assert req.num_computed_tokens == 0
 
 
+def complete_step(sched: Scheduler, out, sampled: dict[str, int]) -> list:
+    """What the engine does once a step ran: progress first, then the sampled tokens."""
+    sched.advance(out)
+    return sched.resolve(out, sampled)
+
+
 def fake_step(
     sched: Scheduler, token_fn: Callable[[Request], int] = filler
 ) -> tuple[SchedulerOutput, list[Request]]:
@@ -78,7 +84,7 @@ def fake_step(
         for req, n in out.scheduled
         if req.num_computed_tokens + n == req.num_tokens
     }
-    return out, sched.update(out, sampled)
+    return out, complete_step(sched, out, sampled)
 
 
 def run_to_completion(
@@ -364,7 +370,7 @@ def test_abort_running_request_returns_blocks_at_once():
     out = sched.schedule()
     assert "a" in out.finished_req_ids
     assert all(r is not a for r, _ in out.scheduled)
-    sched.update(out, {r.request_id: filler(r) for r, _ in out.scheduled})
+    complete_step(sched, out, {r.request_id: filler(r) for r, _ in out.scheduled})
     run_to_completion(sched)
     assert b.finish_reason == "length"
     assert kv.num_used_blocks == 0
@@ -393,7 +399,7 @@ def test_abort_during_a_step_is_skipped_by_update():
     out = sched.schedule()
     sched.abort("r")  # e.g. the client went away while the model ran
     assert kv.num_used_blocks == 0
-    progressed = sched.update(out, {"r": 123})
+    progressed = complete_step(sched, out, {"r": 123})
     assert progressed == []
     assert req.output_token_ids == []
     assert req.status is RequestStatus.FINISHED_ABORTED

@@ -93,7 +93,7 @@ def test_a_failed_model_step_fails_its_requests_and_the_engine_goes_on(
         llm, prompts, baseline, fail_call):
     eng = llm.engine
     eng.reset_prefix_cache()
-    runner = eng.runner
+    runner = eng.executor.worker.runner
     real = runner.run_forward
     state = {"calls": 0}
 

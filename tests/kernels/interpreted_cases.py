@@ -164,7 +164,7 @@ def test_engine_greedy_tokens_match_torch_backend(name):
     llm = LLM(str(make_checkpoint(name)), enforce_eager=True, dtype="float32",
               max_num_batched_tokens=32, skip_tokenizer_init=True)
     ref = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    llm.engine.runner.attn_backend = "triton"
+    llm.engine.executor.worker.runner.attn_backend = "triton"
     out = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert out == ref
     assert llm.engine.num_used_blocks == 0

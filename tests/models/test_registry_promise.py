@@ -30,7 +30,7 @@ def test_compiles_matches_eager_and_fuses(arch, monkeypatch):
     monkeypatch.setenv("COMPILED_LLM_DISABLE_CACHE", "1")  # no cache of ours, nor Inductor's:
     with torch._inductor.config.patch(fx_graph_cache=False):  # the passes must really run
         llm = LLM(str(ckpt), dtype="float32", compile_mode="backend")
-    layers = llm.engine.runner.model.config.num_hidden_layers
+    layers = llm.engine.model_config.num_hidden_layers
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)] == ref
     m = counters.pass_matches
     qk_norms = 2 * layers if arch == "Qwen3ForCausalLM" else 0

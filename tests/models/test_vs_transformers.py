@@ -18,7 +18,7 @@ def checkpoint(request):
 
 def test_greedy_matches_transformers(checkpoint):
     llm = LLM(str(checkpoint), enforce_eager=True, dtype="float32")
-    prompts = random_prompts(8, llm.engine.runner.model.config.vocab_size, hi=70)
+    prompts = random_prompts(8, llm.engine.model_config.vocab_size, hi=70)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     ours = [o.outputs[0].token_ids for o in outs]
@@ -30,7 +30,7 @@ def test_prompt_logprobs_close(checkpoint):
     import transformers
 
     llm = LLM(str(checkpoint), enforce_eager=True, dtype="float32")
-    prompts = random_prompts(4, llm.engine.runner.model.config.vocab_size, seed=1)
+    prompts = random_prompts(4, llm.engine.model_config.vocab_size, seed=1)
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).eval()

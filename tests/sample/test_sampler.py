@@ -387,8 +387,8 @@ def test_prompt_logprobs():
 
 def test_an_all_greedy_batch_builds_no_sampling_tensors():
     from compiled_llm.core.request import Request
+    from compiled_llm.sample.metadata import build_sampling_metadata
     from compiled_llm.sampling_params import SamplingParams
-    from compiled_llm.worker.model_runner import build_sampling_metadata
 
     def reqs(*params):
         return [Request(str(i), [1, 2], p) for i, p in enumerate(params)]

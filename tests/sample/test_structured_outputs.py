@@ -65,7 +65,7 @@ def test_json_outputs_validate_and_stay_in_tokenizer_vocab(llm):
     for c in done:
         jsonschema.validate(json.loads(c.text), SCHEMA)
     assert all(t < vocab for c in comps for t in c.token_ids)
-    assert llm.engine.grammars.num_cached == 1  # one spec, compiled once for 16 sequences
+    assert llm.engine.inputs.grammars.num_cached == 1  # one spec, compiled once for 16 sequences
     assert llm.engine.num_used_blocks == 0
 
 

@@ -11,13 +11,15 @@ import numpy as np
 import pytest
 import torch
 
+from compiled_llm.attention.forward_context import CUDAGraphKey
 from compiled_llm.config import SchedulerConfig
 from compiled_llm.core.kv_cache_manager import KVCacheManager
 from compiled_llm.core.request import Request
 from compiled_llm.core.scheduler import Scheduler, SchedulerOutput
 from compiled_llm.sampling_params import SamplingParams
-from compiled_llm.worker.input_batch import build_step_inputs
-from compiled_llm.worker.step_buffers import BlockTableRows, StepBuffers
+from compiled_llm.worker.cudagraph import FULL, PIECEWISE, CUDAGraphDispatcher
+from compiled_llm.worker.input_batch import InputBatch
+from compiled_llm.worker.step_buffers import BlockTableRows
 
 BS = 4
 CPU = torch.device("cpu")
@@ -56,14 +58,14 @@ def check_step(inputs, sched: SchedulerOutput) -> None:
 
 
 class Driver:
-    """Scheduler + KV manager + step buffers, stepped the way the runner steps them."""
+    """Scheduler + KV manager + input batch, stepped the way the runner steps them."""
 
     def __init__(self, num_blocks: int, max_seqs: int, budget: int, prefix: bool = True):
         self.kv = KVCacheManager(num_blocks, BS, enable_prefix_caching=prefix)
         cfg = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget,
                               max_model_len=48)
         self.sched = Scheduler(cfg, self.kv)
-        self.bufs = StepBuffers(budget, max_seqs, 48 // BS, CPU)
+        self.bufs = InputBatch(budget, max_seqs, 48 // BS, BS, CPU)
         self.rng = random.Random(0)
         self.preempted = 0
 
@@ -74,16 +76,16 @@ class Driver:
 
     def step(self) -> SchedulerOutput:
         out = self.sched.schedule()
-        self.bufs.table.release(out.finished_req_ids)
-        self.bufs.table.release(out.preempted_req_ids)
+        self.bufs.release(out.finished_req_ids, out.preempted_req_ids)
         self.preempted += out.num_preempted
         if out.scheduled:
-            check_step(build_step_inputs(out, self.bufs, BS), out)
+            check_step(self.bufs.prepare(out), out)
             running = {r.request_id for r in self.sched.running}
             assert set(self.bufs.table._owned) <= running  # no row held by a gone request
         sampled = {r.request_id: self.rng.randrange(3, 50) for r, n in out.scheduled
                    if r.num_computed_tokens + n == r.num_tokens}
-        self.sched.update(out, sampled)
+        self.sched.advance(out)
+        self.sched.resolve(out, sampled)
         return out
 
 
@@ -157,7 +159,7 @@ def test_the_table_grows_past_its_rows():
     assert table.device[torch.from_numpy(rows), 0].tolist() == [1, 2, 3]
 
 
-def decode_batch(bufs: StepBuffers, b: int) -> SchedulerOutput:
+def decode_batch(b: int) -> SchedulerOutput:
     out = SchedulerOutput()
     for i in range(b):
         req = Request(str(i), list(range(3, 9 + i)), SamplingParams())
@@ -169,12 +171,14 @@ def decode_batch(bufs: StepBuffers, b: int) -> SchedulerOutput:
 
 @pytest.mark.parametrize("b,size", [(3, 8), (8, 8)])
 def test_graph_padding_fills_what_the_graph_reads(b, size):
-    bufs = StepBuffers(32, 16, 4, CPU)
-    build_step_inputs(decode_batch(bufs, 8), bufs, BS)  # leave stale rows behind
-    sched = decode_batch(bufs, b)
-    inputs = build_step_inputs(sched, bufs, BS, lambda nb, nt, q: (size, None))
+    dispatcher = CUDAGraphDispatcher()
+    bufs = InputBatch(32, 16, 4, BS, CPU, dispatcher)
+    bufs.prepare(decode_batch(8))  # leave stale rows behind
+    sched = decode_batch(b)
+    dispatcher.full_sizes = [size]
+    inputs = bufs.prepare(sched)
     check_step(inputs, sched)
-    assert inputs.graph_size == size and inputs.all_rows_sample
+    assert inputs.cudagraph_key == CUDAGraphKey(FULL, size) and inputs.all_rows_sample
     v = bufs.views(size, size).dev  # exactly the views a graph of this size captured
     assert v["ids"][b:].tolist() == [0] * (size - b) == v["slots"][b:].tolist()
     assert v["seq_lens"][b:].tolist() == [1] * (size - b)
@@ -183,12 +187,14 @@ def test_graph_padding_fills_what_the_graph_reads(b, size):
 
 
 def test_piecewise_padding_pads_tokens_not_sequences():
-    bufs = StepBuffers(32, 16, 4, CPU)
-    sched = decode_batch(bufs, 2)
+    dispatcher = CUDAGraphDispatcher()
+    dispatcher.full_sizes, dispatcher.piecewise_sizes = [4], [2, 8]
+    bufs = InputBatch(32, 16, 4, BS, CPU, dispatcher)
+    sched = decode_batch(2)
     sched.scheduled[1][0].num_computed_tokens -= 2  # a 3-token chunk: not pure decode
     sched.scheduled[1] = (sched.scheduled[1][0], 3)
-    inputs = build_step_inputs(sched, bufs, BS, lambda nb, nt, q: (None, 8))
+    inputs = bufs.prepare(sched)
     check_step(inputs, sched)
-    assert inputs.cudagraph_tokens == 8 and inputs.input_ids.shape[0] == 8
+    assert inputs.cudagraph_key == CUDAGraphKey(PIECEWISE, 8) and inputs.input_ids.shape[0] == 8
     assert inputs.input_ids[4:].tolist() == [0] * 4 and inputs.attn.num_actual_tokens == 4
     assert inputs.sample_rows.tolist() == [0, 3] and not inputs.all_rows_sample

@@ -110,10 +110,9 @@ def run_compile(ns: argparse.Namespace) -> int:
         print(f"  pass {name}: {n} matches")
     for stage, secs in {**engine.startup_seconds, **c.stage_seconds}.items():
         print(f"  {stage:<34} {secs:8.2f} s")
-    graphs = engine.runner.decode_graphs
-    if graphs is not None:
-        print(f"  CUDA graphs for batch sizes {graphs.sizes}")
-    for kind, secs in engine.runner.cudagraph_capture_split.items():
+    if engine.cudagraph_batch_sizes:
+        print(f"  CUDA graphs for batch sizes {engine.cudagraph_batch_sizes}")
+    for kind, secs in engine.cudagraph_capture_seconds.items():
         print(f"  capture {kind:<26} {secs:8.2f} s")
     return 0
 

@@ -1,0 +1,40 @@
+"""The async scheduler: scheduling when step N+1 is launched before step N's tokens are read.
+
+A launched step's sampled token is *pending* on its request (counted in num_tokens, not yet in
+all_token_ids) until the host reads it; the input batch writes such a token as ~row of the
+launched step's sampled tensor, which the worker fills in on the device.
+"""
+
+from __future__ import annotations
+
+from compiled_llm.core.request import Request
+from compiled_llm.core.scheduler import Scheduler, SchedulerOutput
+
+
+class AsyncScheduler(Scheduler):
+    """Scheduler whose steps are launched before the previous step's tokens land."""
+
+    def advance(self, out: SchedulerOutput, sample_reqs: list[Request] = ()) -> None:
+        """The step is launched: its tokens count as computed, and each of sample_reqs (in
+        sampled-tensor order) has one more pending token."""
+        super().advance(out)
+        for row, req in enumerate(sample_reqs):
+            req.num_pending += 1
+            req.pending_src = row
+
+    def _token_landed(self, req: Request) -> None:
+        if req.num_pending:
+            req.num_pending -= 1
+
+    def _nothing_to_compute(self, req: Request) -> bool:
+        """A launched step samples req's last token (a length limit): schedule no more."""
+        if not req.num_pending:
+            return False
+        max_tokens = req.sampling_params.max_tokens
+        return req.num_tokens >= self.cfg.max_model_len or (
+            max_tokens is not None and req.num_output_tokens + req.num_pending >= max_tokens)
+
+    def needs_sync(self) -> bool:
+        """Whether a running request samples from its previous token on the host (penalties,
+        logits processors, min_tokens, grammars): then the launched step must land first."""
+        return any(req.needs_feedback for req in self.running)

@@ -1,0 +1,58 @@
+"""The uniprocess executor: the engine's one worker, in the engine's own process. Its methods
+are the interface every executor offers the engine: launch a step, finish it, release
+per-request state, and report what the worker built at start-up."""
+
+from __future__ import annotations
+
+from compiled_llm.config import EngineArgs
+from compiled_llm.core.scheduler import SchedulerOutput
+from compiled_llm.worker.model_runner import LaunchedStep, StepResult
+from compiled_llm.worker.step_timer import StepTimer
+from compiled_llm.worker.worker import Worker, WorkerSpec
+
+
+class UniProcExecutor:
+    """Runs the engine's steps on one worker in this process."""
+
+    def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
+        self.worker = Worker(args, spec)
+        self.num_blocks = self.worker.num_blocks
+        self.startup_seconds = self.worker.startup_seconds
+
+    @property
+    def step_timer(self) -> StepTimer:
+        """The worker's per-step host and device timer (the engine brackets each step)."""
+        return self.worker.runner.step_timer
+
+    @property
+    def model_config(self):
+        """The loaded model's config."""
+        return self.worker.runner.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    def launch(self, sched: SchedulerOutput, prev: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue one step on the device (see ModelRunner.launch)."""
+        return self.worker.runner.launch(sched, prev)
+
+    def finish(self, step: LaunchedStep) -> StepResult:
+        """Wait for a launched step and read its results."""
+        return self.worker.runner.finish(step)
+
+    def execute(self, sched: SchedulerOutput) -> StepResult:
+        """Run one step to the end."""
+        return self.worker.runner.execute(sched)
+
+    def release(self, finished: set[str], preempted: set[str] = frozenset()) -> None:
+        """Drop the per-request state of finished and preempted requests."""
+        self.worker.runner.release(finished, preempted)
+
+    def cudagraph_batch_sizes(self) -> list[int]:
+        """The batch sizes with a captured full (whole-model) graph."""
+        return list(self.worker.runner.dispatcher.full_sizes)
+
+    def cudagraph_capture_seconds(self) -> dict[str, float]:
+        """Seconds spent capturing, per graph mode."""
+        return dict(self.worker.runner.cudagraph_capture_seconds)

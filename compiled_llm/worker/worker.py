@@ -1,0 +1,91 @@
+"""Worker: one rank's model on one device. It loads the weights, builds the model runner, sizes
+the KV cache from a profiling step (the first compiled call), allocates it, warms up and
+captures CUDA graphs; afterwards it runs the engine's steps through the runner.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from compiled_llm.config import EngineArgs, SchedulerConfig
+from compiled_llm.worker.loader import load_model
+from compiled_llm.worker.model_runner import ModelRunner
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker needs besides EngineArgs, resolved once by the engine."""
+
+    model_dir: str
+    dtype: torch.dtype
+    device: torch.device
+    scheduler: SchedulerConfig
+
+
+class Worker:
+    """Loads and prepares one model; `runner` runs its steps. startup_seconds times each
+    stage: load, compile_and_profile, warmup, cudagraphs."""
+
+    def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
+        self.device = spec.device
+        sched = spec.scheduler
+        start = time.perf_counter()
+        baseline = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
+        model = load_model(spec.model_dir, spec.dtype, spec.device, sched.max_model_len,
+                           args.load_format, args.quantization)
+        loaded = time.perf_counter()
+        self.runner = ModelRunner(model, spec.device, spec.dtype, args.cache_config(),
+                                  args.compile_config(), sched.max_model_len,
+                                  args.attention_backend_for(spec.device.type),
+                                  sched.max_num_seqs, sched.max_num_batched_tokens)
+        # the profiling forward is also the first call: Dynamo, passes and Inductor run here
+        self.num_blocks = num_kv_blocks(self.runner, sched.max_num_batched_tokens,
+                                        sched.max_model_len, baseline)
+        profiled = time.perf_counter()
+        self.runner.allocate_kv_cache(self.num_blocks)
+        self.runner.execute_dummy(1, 1)  # the decode shape
+        warm = time.perf_counter()
+        self.runner.capture_cudagraphs()
+        self.startup_seconds = {"load": loaded - start, "compile_and_profile": profiled - loaded,
+                                "warmup": warm - profiled,
+                                "cudagraphs": time.perf_counter() - warm}
+
+
+def num_kv_blocks(runner: ModelRunner, max_tokens: int, max_len: int, baseline: int = 0) -> int:
+    """Blocks that fit the budget: a byte budget on CPU, gpu_memory_utilization on GPU after a
+    profiling forward of max_tokens tokens (which also warms up compilation). `baseline` is
+    the memory allocated before this engine loaded its weights."""
+    cfg = runner.cache_cfg
+    if cfg.num_gpu_blocks_override:
+        return cfg.num_gpu_blocks_override
+    per_block = runner.kv_bytes_per_block()
+    runner.allocate_kv_cache(1)
+    if runner.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    # on CPU the pass only warms up compilation: a small batch will do
+    tokens = max_tokens if runner.device.type == "cuda" else min(max_tokens, 64)
+    runner.execute_dummy(tokens, max_len)
+    if cfg.kv_cache_memory_bytes is not None:
+        budget = cfg.kv_cache_memory_bytes
+    elif runner.device.type == "cuda":
+        budget = _gpu_budget(cfg.gpu_memory_utilization, baseline)
+    else:
+        budget = 1 << 30
+    runner.kv_caches = []
+    blocks = budget // per_block
+    if blocks < 2:
+        raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks")
+    return int(blocks)
+
+
+def _gpu_budget(utilization: float, baseline: int) -> int:
+    """This engine's share of the device less its own weights and peak activations, and never
+    more than is free now (another engine or process may hold the rest)."""
+    free, total = torch.cuda.mem_get_info()
+    cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    own = torch.cuda.max_memory_allocated() - baseline
+    # keep the same headroom as `utilization` implies (CUDA graphs, sampler, other processes)
+    return min(int(total * utilization) - own, free + cached - int(total * (1 - utilization)))
