@@ -1,32 +1,73 @@
-"""Model registry: HF `architectures` names -> model classes, imported lazily."""
+"""The model registry: HF `architectures` names -> model classes (vLLM's `ModelRegistry`).
+
+Built-in and out-of-tree models alike register a class or a lazy "package.module:ClassName"
+reference, imported on first use; plugins (models/plugins.py) register theirs at load time.
+"""
 
 from __future__ import annotations
 
 import importlib
+import logging
 
 from compiled_llm.models.config import DecoderConfig
 
-_REGISTRY: dict[str, tuple[str, str]] = {
-    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
-    "MistralForCausalLM": ("llama", "MistralForCausalLM"),
-    "Qwen2ForCausalLM": ("llama", "Qwen2ForCausalLM"),
-    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
-}
+logger = logging.getLogger(__name__)
 
 
-def supported_architectures() -> list[str]:
-    return sorted(_REGISTRY)
+class _ModelRegistry:
+    """Architecture name -> model class, or a "module:Class" str not yet imported.
+
+    Invariant: every value is a class or a str with exactly one ':' and both halves non-empty.
+    """
+
+    def __init__(self, models: dict[str, type | str]) -> None:
+        self.models: dict[str, type | str] = {}
+        for arch, model_cls in models.items():
+            self.register_model(arch, model_cls)
+
+    def register_model(self, arch: str, model_cls: type | str) -> None:
+        """Map `arch` to a class or to "package.module:ClassName" (imported on first use).
+        Registering a name again overrides it, with a warning."""
+        if not isinstance(arch, str) or not arch:
+            raise ValueError(f"arch must be a non-empty str, got {arch!r}")
+        if isinstance(model_cls, str):
+            module, _, name = model_cls.partition(":")
+            if not module or not name or ":" in name:
+                raise ValueError(f'model_cls must be "package.module:ClassName", got {model_cls!r}')
+        elif not isinstance(model_cls, type):
+            raise ValueError(f"model_cls must be a class or a 'module:Class' str: {model_cls!r}")
+        if arch in self.models:
+            logger.warning("model architecture %s is already registered; %s overrides it",
+                           arch, model_cls)
+        self.models[arch] = model_cls
+
+    def get_supported_archs(self) -> list[str]:
+        """Every registered architecture name, sorted."""
+        return sorted(self.models)
+
+    def resolve_model_cls(self, architectures: list[str] | str) -> type:
+        """The class of the first registered name; ValueError naming them all otherwise."""
+        names = [architectures] if isinstance(architectures, str) else list(architectures)
+        for arch in names:
+            if arch in self.models:
+                return self._load(arch)
+        raise ValueError(f"architectures {names} not supported; "
+                         f"supported: {self.get_supported_archs()}")
+
+    def _load(self, arch: str) -> type:
+        model_cls = self.models[arch]
+        if isinstance(model_cls, str):
+            module, _, name = model_cls.partition(":")
+            model_cls = getattr(importlib.import_module(module), name)
+            self.models[arch] = model_cls  # import once
+        return model_cls
 
 
-def get_model_class(architectures: list[str]):
-    """The class for the first supported name; ValueError naming them all otherwise."""
-    for arch in architectures:
-        if arch in _REGISTRY:
-            module, name = _REGISTRY[arch]
-            return getattr(importlib.import_module(f"compiled_llm.models.{module}"), name)
-    raise ValueError(
-        f"architectures {architectures} not supported; supported: {supported_architectures()}"
-    )
+ModelRegistry = _ModelRegistry({
+    "LlamaForCausalLM": "compiled_llm.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "compiled_llm.models.llama:MistralForCausalLM",
+    "Qwen2ForCausalLM": "compiled_llm.models.llama:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "compiled_llm.models.qwen3:Qwen3ForCausalLM",
+})
 
-
-__all__ = ["DecoderConfig", "get_model_class", "supported_architectures"]
+__all__ = ["DecoderConfig", "ModelRegistry"]

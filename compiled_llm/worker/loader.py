@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from compiled_llm.models import DecoderConfig, get_model_class
+from compiled_llm.models import DecoderConfig, ModelRegistry
+from compiled_llm.models.plugins import load_general_plugins
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -29,8 +30,10 @@ def load_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def build_model_config(hf: dict[str, Any]) -> tuple[type[nn.Module], DecoderConfig]:
-    """Resolve the architecture and read its config (ValueError on an unknown one)."""
-    cls = get_model_class(hf.get("architectures") or [])
+    """Resolve the architecture (after the plugins have registered theirs) and read its config
+    (ValueError on an unknown one)."""
+    load_general_plugins()
+    cls = ModelRegistry.resolve_model_cls(hf.get("architectures") or [])
     return cls, DecoderConfig.from_hf(hf, **cls.hf_defaults)
 
 

@@ -8,7 +8,7 @@ import torch
 
 from compiled_llm import LLM, SamplingParams
 from compiled_llm.compile import counters
-from compiled_llm.models import supported_architectures
+from compiled_llm.models import ModelRegistry
 from tests.utils import make_checkpoint, random_prompts
 
 ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
@@ -17,7 +17,7 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
 def test_every_registered_architecture_has_a_promise_case():
-    assert set(ARCH_CONFIG) == set(supported_architectures())
+    assert set(ARCH_CONFIG) == set(ModelRegistry.get_supported_archs())
 
 
 @pytest.mark.parametrize("arch", sorted(ARCH_CONFIG))
