@@ -323,3 +323,14 @@ class LLMEngine:
             outs.append(out)
         return outs
 
+    # ---- startup report (read by the CLI)
+    @property
+    def cudagraph_batch_sizes(self) -> list[int]:
+        """The batch sizes with a full CUDA graph captured, ascending; [] if none."""
+        graphs = self.runner.decode_graphs
+        return list(graphs.sizes) if graphs is not None else []
+
+    @property
+    def cudagraph_capture_seconds(self) -> dict[str, float]:
+        """Seconds spent capturing CUDA graphs per kind ("piecewise", "full"); {} if none."""
+        return dict(self.runner.cudagraph_capture_split)
