@@ -5,6 +5,7 @@ The string under each field is its documentation (read by `config_docs`, the hel
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import types
@@ -39,8 +40,16 @@ def _env_int(name: str) -> int | None:
 
 @functools.cache
 def config_docs(cls: type) -> dict[str, str]:
-    """{field name: its attribute docstring} for a dataclass, read from its source with ast;
-    a field with no string literal right under it is absent."""
+    """{field name: its attribute docstring} for a dataclass and its dataclass bases, read
+    from their source with ast; a field with no string literal right under it is absent."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_docs(klass))
+    return docs
+
+
+def _own_docs(cls: type) -> dict[str, str]:
     import ast
     import inspect
     import textwrap
