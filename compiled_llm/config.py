@@ -1,11 +1,36 @@
-"""Engine configuration dataclasses: cache, scheduler and compile settings in one place."""
+"""Engine configuration dataclasses: cache, scheduler and compile settings in one place.
+
+The string under each field is its documentation (read by `config_docs`, the help of its
+`compiled-llm` flag); a field typed with a Literal takes only those values."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
-from dataclasses import dataclass, field
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Literal
 
 ENV_KV_BYTES = "COMPILED_LLM_KV_CACHE_MEMORY_BYTES"  # default KV budget, CPU and GPU alike
+
+# the one list of each field's allowed values: validation and the CLI's choices read these
+CompileMode = Literal["backend", "stock", "none"]
+CUDAGraphMode = Literal["none", "piecewise", "full", "full_and_piecewise"]
+AttentionBackendName = Literal["auto", "torch", "triton"]
+SchedulerPolicy = Literal["fcfs", "priority"]
+PrefixCachingHashAlgo = Literal["xxhash", "sha256"]
+LoadFormat = Literal["auto", "safetensors", "pt"]
+QuantizationMethods = Literal["fp8"]
+
+COMPILE_MODES: tuple[str, ...] = typing.get_args(CompileMode)
+CUDAGRAPH_MODES: tuple[str, ...] = typing.get_args(CUDAGraphMode)
+ATTENTION_BACKENDS: tuple[str, ...] = typing.get_args(AttentionBackendName)
+SCHEDULER_POLICIES: tuple[str, ...] = typing.get_args(SchedulerPolicy)
+PREFIX_CACHING_HASH_ALGOS: tuple[str, ...] = typing.get_args(PrefixCachingHashAlgo)
+LOAD_FORMATS: tuple[str, ...] = typing.get_args(LoadFormat)
+QUANTIZATION_METHODS: tuple[str, ...] = typing.get_args(QuantizationMethods)
 
 
 def _env_int(name: str) -> int | None:
@@ -13,12 +38,76 @@ def _env_int(name: str) -> int | None:
     return int(value) if value else None
 
 
+@functools.cache
+def config_docs(cls: type) -> dict[str, str]:
+    """{field name: its attribute docstring} for a dataclass and its dataclass bases, read
+    from their source with ast; a field with no string literal right under it is absent."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_docs(klass))
+    return docs
+
+
+def _own_docs(cls: type) -> dict[str, str]:
+    import ast
+    import inspect
+    import textwrap
+
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+def split_optional(hint: object) -> tuple[object, bool]:
+    """(hint without None, whether it allowed None): `int | None` gives (int, True)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0], len(rest) < len(args)
+    return hint, False
+
+
+@functools.cache
+def field_choices(cls: type) -> dict[str, tuple]:
+    """{field name: its allowed values} for the fields typed with a Literal; None is among
+    them where the hint allows it (`QuantizationMethods | None`)."""
+    hints = typing.get_type_hints(cls)
+    choices = {}
+    for f in fields(cls):
+        inner, optional = split_optional(hints[f.name])
+        if typing.get_origin(inner) is Literal:
+            choices[f.name] = typing.get_args(inner) + ((None,) if optional else ())
+    return choices
+
+
+def check_choices(config: object) -> None:
+    """ValueError naming the first field whose value is not among its Literal's values."""
+    for name, allowed in field_choices(type(config)).items():
+        value = getattr(config, name)
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
 @dataclass
 class CacheConfig:
+    """How the KV cache is laid out and how much memory it may take."""
+
     block_size: int = 16
+    """Tokens per KV-cache block (a power of two)."""
     gpu_memory_utilization: float = 0.9
-    kv_cache_memory_bytes: int | None = None  # CPU budget (and a GPU override)
+    """Fraction of the GPU's memory this engine may use: weights, activations and KV cache."""
+    kv_cache_memory_bytes: int | None = None
+    """KV-cache budget in bytes: the budget on CPU (1 GiB if unset), and on GPU an override
+    of gpu_memory_utilization."""
     num_gpu_blocks_override: int | None = None
+    """Allocate exactly this many KV blocks, whatever the memory budget."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -31,17 +120,21 @@ class CacheConfig:
 
 @dataclass
 class SchedulerConfig:
+    """What the scheduler may put in one step, and in what order it admits requests."""
+
     max_num_seqs: int = 256
+    """Most sequences in one step."""
     max_num_batched_tokens: int = 8192
+    """Most tokens (prefill and decode together) in one step."""
     max_model_len: int = 2048
+    """Longest sequence, prompt plus output, in tokens."""
     enable_chunked_prefill: bool = True
-    scheduling_policy: str = "fcfs"  # or "priority"
+    """Split long prompts over several steps so prefill shares steps with decode."""
+    scheduling_policy: SchedulerPolicy = "fcfs"
+    """fcfs: first come, first served; priority: the lowest request priority value first."""
 
     def __post_init__(self) -> None:
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(
-                f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}"
-            )
+        check_choices(self)
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -56,58 +149,114 @@ class CompileConfig:
     """How the model is compiled: `mode` is "backend" (ours: piecewise, passes, cache),
     "stock" (plain torch.compile with Inductor) or "none" (eager)."""
 
-    mode: str = "backend"
+    mode: CompileMode = "backend"
+    """backend: compiled-llm's torch.compile backend; stock: torch.compile with Inductor;
+    none: eager."""
     dynamic_tokens: bool = True
-    cache_dir: str | None = None  # default: $COMPILED_LLM_CACHE_DIR or ~/.cache/compiled_llm
+    """Compile with the token count dynamic, so one graph serves every step size."""
+    cache_dir: str | None = None
+    """Compile cache directory (default: $COMPILED_LLM_CACHE_DIR or ~/.cache/compiled_llm)."""
     use_cache: bool = True
-    dump_dir: str | None = None  # default: $COMPILED_LLM_DUMP_DIR
-    passes: dict = field(default_factory=dict)  # PassConfig overrides: {"enable_silu_mul": False}
-    cudagraph_mode: str = "full_and_piecewise"  # none | piecewise | full | full_and_piecewise
+    """Read and write the compile cache."""
+    dump_dir: str | None = None
+    """Write the graphs before and after each pass, and Inductor's code, per piece here
+    (default: $COMPILED_LLM_DUMP_DIR)."""
+    passes: dict = field(default_factory=dict)
+    """PassConfig overrides, e.g. {"enable_silu_mul": false}."""
+    cudagraph_mode: CUDAGraphMode = "full_and_piecewise"
+    """Which CUDA graphs to capture: none, piecewise (per compiled piece), full (whole decode
+    steps) or both."""
     cudagraph_batch_sizes: list[int] | None = None
+    """Batch sizes to capture full CUDA graphs for (default: 1, 2, 4, 8, 16, 24, 32, then
+    every 16 up to max_num_seqs)."""
     piecewise_max_tokens: int = 512
+    """Largest token count that gets piecewise CUDA graphs."""
 
     def __post_init__(self) -> None:
-        if self.mode not in ("backend", "stock", "none"):
-            raise ValueError(f"compile_mode must be backend, stock or none, got {self.mode!r}")
-        modes = ("none", "piecewise", "full", "full_and_piecewise")
-        if self.cudagraph_mode not in modes:
-            raise ValueError(f"cudagraph_mode must be one of {modes}, got {self.cudagraph_mode!r}")
+        if self.mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {self.mode!r}")
+        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ValueError(f"cudagraph_mode must be one of {CUDAGRAPH_MODES}, "
+                             f"got {self.cudagraph_mode!r}")
 
 
 @dataclass
 class EngineArgs:
-    """Everything LLM(...) and `compiled-llm` accept; `build()` derives the sub-configs."""
+    """Everything LLM(...) and `compiled-llm` accept; the *_config() methods derive the
+    sub-configs. Every field has a docstring: it is the help of the field's flag."""
 
     model: str | None = None
+    """Hugging Face model directory to load (default: the demo model shipped in the
+    package)."""
     tokenizer: str | None = None
+    """Tokenizer directory or name (default: the model's)."""
     dtype: str = "auto"
+    """Weight and activation dtype: auto (the checkpoint's; float16 becomes bfloat16 on CPU),
+    float32, bfloat16 or float16."""
     device: str = "auto"
+    """Device to run on: auto (cuda if available, else cpu) or a torch device name."""
     max_model_len: int | None = None
+    """Longest sequence, prompt plus output, in tokens (default: the model's
+    max_position_embeddings)."""
     max_num_seqs: int = 256
+    """Most sequences in one step."""
     max_num_batched_tokens: int | None = None
+    """Most tokens in one step (default: 8192, or max_model_len if larger and chunked prefill
+    is off)."""
     block_size: int = 16
+    """Tokens per KV-cache block (a power of two)."""
     gpu_memory_utilization: float = 0.9
+    """Fraction of the GPU's memory this engine may use: weights, activations and KV cache."""
     kv_cache_memory_bytes: int | None = field(default_factory=lambda: _env_int(ENV_KV_BYTES))
+    """KV-cache budget in bytes: the budget on CPU (1 GiB if unset), and on GPU an override
+    of gpu_memory_utilization (default: $COMPILED_LLM_KV_CACHE_MEMORY_BYTES)."""
     num_gpu_blocks_override: int | None = None
+    """Allocate exactly this many KV blocks, whatever the memory budget."""
     enforce_eager: bool = False
-    compile_mode: str = "backend"
+    """Run eagerly: no compilation and no CUDA graphs (overrides compile_mode and
+    cudagraph_mode)."""
+    compile_mode: CompileMode = "backend"
+    """backend: compiled-llm's torch.compile backend; stock: torch.compile with Inductor;
+    none: eager."""
     compile_cache_dir: str | None = None
+    """Compile cache directory (default: $COMPILED_LLM_CACHE_DIR or ~/.cache/compiled_llm)."""
     dump_dir: str | None = None
+    """Write the graphs before and after each pass, and Inductor's code, per piece here
+    (default: $COMPILED_LLM_DUMP_DIR)."""
     passes: dict = field(default_factory=dict)
-    cudagraph_mode: str = "full_and_piecewise"
+    """PassConfig overrides, e.g. {"enable_silu_mul": false}."""
+    cudagraph_mode: CUDAGraphMode = "full_and_piecewise"
+    """Which CUDA graphs to capture: none, piecewise (per compiled piece), full (whole decode
+    steps) or both."""
     cudagraph_batch_sizes: list[int] | None = None
+    """Batch sizes to capture full CUDA graphs for (default: 1, 2, 4, 8, 16, 24, 32, then
+    every 16 up to max_num_seqs)."""
     enable_chunked_prefill: bool = True
-    load_format: str = "auto"
-    quantization: str | None = None  # None or "fp8" (W8A8, weights quantized at load)
+    """Split long prompts over several steps so prefill shares steps with decode."""
+    load_format: LoadFormat = "auto"
+    """Checkpoint format: auto (safetensors; pickle .bin files refused), safetensors, or pt
+    (allow pickle .bin files)."""
+    quantization: QuantizationMethods | None = None
+    """Quantize at load: fp8 is W8A8 (weights per channel, activations per token)."""
     enable_prefix_caching: bool = True
-    prefix_caching_hash_algo: str = "xxhash"  # or "sha256"
-    scheduling_policy: str = "fcfs"  # or "priority": lower request priority value runs first
-    # schedule and launch step N+1 before reading step N's tokens, so host work overlaps the
-    # device (requests whose sampling needs the previous token on the host run step by step)
+    """Reuse the KV blocks of prompt prefixes already computed."""
+    prefix_caching_hash_algo: PrefixCachingHashAlgo = "xxhash"
+    """Block hash for prefix caching: xxhash (fast) or sha256."""
+    scheduling_policy: SchedulerPolicy = "fcfs"
+    """fcfs: first come, first served; priority: the lowest request priority value first."""
     async_scheduling: bool = False
+    """Schedule and launch step N+1 before reading step N's tokens, so host work overlaps the
+    device (requests whose sampling needs the previous token on the host run step by step)."""
     seed: int = 0
+    """torch's global seed, set at engine start: sampling without a per-request seed draws
+    from it."""
     skip_tokenizer_init: bool = False
-    attention_backend: str = "auto"  # "auto": triton on CUDA, torch elsewhere
+    """Load no tokenizer: prompts must be token ids and outputs carry no text."""
+    attention_backend: AttentionBackendName = "auto"
+    """Attention kernels: auto (triton on CUDA, torch elsewhere), torch or triton."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
 
     def attention_backend_for(self, device_type: str) -> str:
         if self.attention_backend == "auto":
@@ -125,11 +274,6 @@ class EngineArgs:
                                                     else max_len)
         return SchedulerConfig(self.max_num_seqs, tokens, max_len, self.enable_chunked_prefill,
                                self.scheduling_policy)
-
-    def __post_init__(self) -> None:
-        from compiled_llm.core.prefix_hash import hash_fn
-
-        hash_fn(self.prefix_caching_hash_algo)  # ValueError naming the field if unknown
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(self.block_size, self.gpu_memory_utilization,

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 
 import xxhash
 
-HASH_ALGOS = ("xxhash", "sha256")
+from compiled_llm.config import PREFIX_CACHING_HASH_ALGOS as HASH_ALGOS
+
 ROOT_HASH = b"compiled-llm-prefix-root"  # the parent of every first block
 
 

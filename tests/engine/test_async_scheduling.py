@@ -140,17 +140,6 @@ def test_seeded_sampling_and_logprobs_match_sync(ckpt, llm, prompts):
                 assert da[k].logprob == pytest.approx(db[k].logprob, abs=1e-5)
 
 
-def test_cli_flag():
-    import argparse
-
-    from compiled_llm.entrypoints.cli.main import add_engine_args, engine_args
-
-    p = argparse.ArgumentParser()
-    add_engine_args(p)
-    assert engine_args(p.parse_args(["--async-scheduling"])).async_scheduling
-    assert not engine_args(p.parse_args([])).async_scheduling
-
-
 def test_streaming_server_engine(ckpt):
     """The server's AsyncLLM over an async-scheduling engine: streamed deltas add up to the
     final output, which matches a step-by-step engine."""

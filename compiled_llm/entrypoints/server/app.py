@@ -4,7 +4,6 @@ with uvicorn (what `compiled-llm serve` calls)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -21,15 +20,11 @@ from compiled_llm.entrypoints.server.protocol import (
     ModelList,
     TokenizeRequest,
 )
+from compiled_llm.entrypoints.server.server_config import ServerConfig
 from compiled_llm.entrypoints.server.serving_chat import ServingChat
 from compiled_llm.entrypoints.server.serving_completion import ServingCompletion
 
-
-@dataclass
-class ServerConfig:
-    model_name: str
-    api_key: str | None = None
-    max_body_bytes: int = 16 << 20
+__all__ = ["ServerConfig", "build_app", "serve"]
 
 
 def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> FastAPI:

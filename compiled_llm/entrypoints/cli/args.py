@@ -1,0 +1,112 @@
+"""Flags generated from config dataclasses: one flag per field, its help the field's docstring,
+its type and choices from the field's hint; `engine_args` builds EngineArgs back from them, so a
+new EngineArgs field gets its flag with no edit here."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import typing
+from typing import Any
+
+from compiled_llm.config import EngineArgs, config_docs, field_choices, split_optional
+
+# earlier spellings that keep working, and vLLM's where it names a field differently
+ENGINE_ARG_ALIASES: dict[str, tuple[str, ...]] = {
+    "compile_cache_dir": ("--cache-dir",),
+    "cudagraph_batch_sizes": ("--batch-sizes", "--cuda-graph-sizes"),
+}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default unless it is None or the help already says it (the field docs
+    say what None means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "(default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def json_object(text: str) -> dict:
+    """argparse type for dict fields: a JSON object, e.g. '{"enable_silu_mul": false}'."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
+def flag_name(field_name: str) -> str:
+    """The flag a field gets: max_model_len -> --max-model-len."""
+    return "--" + field_name.replace("_", "-")
+
+
+def _type_kwargs(cls: type, field: dataclasses.Field, hint: object) -> dict[str, Any]:
+    """add_argument's type, nargs, choices or action for one field, from its type hint."""
+    choices = field_choices(cls).get(field.name)
+    if choices is not None:  # None cannot be spelled on the command line: leave it out
+        values = [c for c in choices if c is not None]
+        return {"type": type(values[0]), "choices": values}
+    inner, _ = split_optional(hint)
+    origin, args = typing.get_origin(inner), typing.get_args(inner)
+    if inner is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if inner in (int, float, str):
+        return {"type": inner}
+    if inner is dict or origin is dict:
+        return {"type": json_object, "metavar": "JSON"}
+    if origin is list and len(args) == 1 and args[0] in (int, float, str):
+        return {"type": args[0], "nargs": "+", "metavar": args[0].__name__.upper()}
+    raise TypeError(f"{cls.__name__}.{field.name}: no flag for type {hint!r}")
+
+
+def _default_kwargs(field: dataclasses.Field) -> dict[str, Any]:
+    """The dataclass's default; a default_factory field's flag has none (SUPPRESS leaves it
+    out of the namespace), so the factory runs when the dataclass is built, as it would."""
+    if field.default is not dataclasses.MISSING:
+        return {"default": field.default}
+    if field.default_factory is not dataclasses.MISSING:
+        return {"default": argparse.SUPPRESS}
+    return {"required": True}
+
+
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, *,
+                       exclude: tuple[str, ...] = (),
+                       aliases: dict[str, tuple[str, ...]] | None = None,
+                       title: str | None = None) -> None:
+    """One flag per field of dataclass cls but `exclude`, in a group titled `title`; each
+    flag's dest is the field's name, so `dataclass_from(cls, namespace)` rebuilds cls."""
+    hints, docs = typing.get_type_hints(cls), config_docs(cls)
+    group = parser.add_argument_group(title or f"{cls.__name__} options")
+    for field in dataclasses.fields(cls):
+        if field.name in exclude:
+            continue
+        flags = (flag_name(field.name), *(aliases or {}).get(field.name, ()))
+        group.add_argument(*flags, dest=field.name,
+                           help=docs.get(field.name, "").replace("%", "%%"),
+                           **_type_kwargs(cls, field, hints[field.name]),
+                           **_default_kwargs(field))
+
+
+def dataclass_from(cls: type, namespace: argparse.Namespace, **overrides: Any) -> Any:
+    """cls built from the namespace's attributes named like its fields (one absent, a
+    default_factory flag not given, takes the dataclass's default), then `overrides`."""
+    values = {field.name: getattr(namespace, field.name) for field in dataclasses.fields(cls)
+              if hasattr(namespace, field.name)}
+    return cls(**{**values, **overrides})
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The engine flags every subcommand that builds an engine takes: one per EngineArgs
+    field, vLLM's spellings, plus the aliases in ENGINE_ARG_ALIASES."""
+    add_dataclass_args(parser, EngineArgs, aliases=ENGINE_ARG_ALIASES,
+                       title="engine options (EngineArgs)")
+
+
+def engine_args(namespace: argparse.Namespace) -> EngineArgs:
+    """EngineArgs from a namespace that add_engine_args' flags filled."""
+    return dataclass_from(EngineArgs, namespace)

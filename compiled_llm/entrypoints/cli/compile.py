@@ -1,0 +1,60 @@
+"""`compiled-llm compile` (prebuild the compile cache, print what it cost) and
+`compiled-llm cache` (list or clear it)."""
+
+from __future__ import annotations
+
+import argparse
+
+from compiled_llm.entrypoints.cli.args import HelpFormatter, add_engine_args, engine_args
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `compile` (the engine flags) and `cache ls|clear`."""
+    parser = subparsers.add_parser("compile", formatter_class=HelpFormatter,
+                                   help="prebuild the compile cache for a model")
+    add_engine_args(parser)
+    parser.set_defaults(func=run_compile)
+    cache = subparsers.add_parser("cache", formatter_class=HelpFormatter,
+                                  help="list or clear the compile cache")
+    cache.add_argument("action", choices=["ls", "clear"])
+    cache.add_argument("--cache-dir", default=None,
+                       help="compile cache directory (default: $COMPILED_LLM_CACHE_DIR or "
+                            "~/.cache/compiled_llm)")
+    cache.set_defaults(func=run_cache)
+
+
+def run_compile(ns: argparse.Namespace) -> int:
+    """Build an engine (which compiles, or loads from the cache) and report its startup."""
+    from compiled_llm.compile import counters
+    from compiled_llm.engine.llm_engine import LLMEngine
+
+    counters.reset()
+    args = engine_args(ns)
+    engine = LLMEngine(args)
+    print(f"model: {args.model or 'embedded demo'}  device: {engine.device}  "
+          f"dtype: {engine.dtype}")
+    print(f"graphs captured {counters.graphs_captured}, pieces {counters.pieces}, "
+          f"unique {counters.unique_pieces}, Inductor compiles {counters.inductor_compiles}, "
+          f"cache hits {counters.cache_hits}, graph breaks {counters.graph_breaks}")
+    for name, matches in sorted(counters.pass_matches.items()):
+        print(f"  pass {name}: {matches} matches")
+    for stage, secs in {**engine.startup_seconds, **counters.stage_seconds}.items():
+        print(f"  {stage:<34} {secs:8.2f} s")
+    if engine.cudagraph_batch_sizes:
+        print(f"  CUDA graphs for batch sizes {engine.cudagraph_batch_sizes}")
+    for kind, secs in engine.cudagraph_capture_seconds.items():
+        print(f"  capture {kind:<26} {secs:8.2f} s")
+    return 0
+
+
+def run_cache(ns: argparse.Namespace) -> int:
+    """`cache clear` removes every entry; `cache ls` prints one line per entry."""
+    from compiled_llm.compile import cache
+
+    if ns.action == "clear":
+        print(f"removed {cache.clear(ns.cache_dir)} cache entries")
+        return 0
+    for entry in cache.list_entries(ns.cache_dir):
+        print(f"{entry['key']}  {entry['pieces']} pieces  {entry['bytes'] / 1e6:.1f} MB  "
+              f"{entry['info']}")
+    return 0

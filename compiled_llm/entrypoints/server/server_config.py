@@ -1,0 +1,18 @@
+"""ServerConfig: what the HTTP layer enforces around the engine. It imports nothing heavy, so
+the CLI can build `serve`'s flags from it without loading the server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ServerConfig:
+    """The served model's name and the guards on every request."""
+
+    model_name: str
+    """The model name clients must send; the only model /v1/models lists."""
+    api_key: str | None = None
+    """Require `Authorization: Bearer KEY` on /v1 routes (default: no key)."""
+    max_body_bytes: int = 16 << 20
+    """Largest request body accepted, in bytes; larger bodies get 413."""
