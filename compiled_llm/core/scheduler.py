@@ -18,7 +18,6 @@ from compiled_llm.core.kv_cache_manager import KVCacheManager
 from compiled_llm.core.request import Request, RequestStatus
 from compiled_llm.core.request_queue import make_queue, victim_key
 
-
 # what may replace a finish decided on the same step's token (an abort never is replaced)
 _LATER_VERDICTS = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ERROR)
 
