@@ -67,12 +67,14 @@ def main() -> None:
     ap.add_argument("--workload", nargs="+", default=["decode", "nano-vllm"],
                     choices=["decode", "nano-vllm"])
     ap.add_argument("--label", default="")
+    ap.add_argument("--skip-tokenizer-init", action="store_true",
+                    help="for a checkpoint without a usable tokenizer (decode only)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from compiled_llm import LLM, SamplingParams
 
     start = time.perf_counter()
-    llm = LLM(model=args.model)
+    llm = LLM(model=args.model, skip_tokenizer_init=args.skip_tokenizer_init)
     row = {"label": args.label, "model": args.model, "startup_s": time.perf_counter() - start}
     if "decode" in args.workload:
         row["decode"] = run_decode(llm, SamplingParams)

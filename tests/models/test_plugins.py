@@ -75,7 +75,7 @@ def test_registered_class_generates_like_the_builtin(tmp_path, reference_tokens)
     assert "MyLlamaForCausalLM" in ModelRegistry.get_supported_archs()
     llm = LLM(model=str(renamed_checkpoint(tmp_path, "MyLlamaForCausalLM")), enforce_eager=True,
               dtype="float32")
-    assert type(llm.engine.runner.model) is MyLlamaForCausalLM
+    assert type(llm.engine.executor.worker.runner.model) is MyLlamaForCausalLM
     assert greedy(llm) == reference_tokens
 
 
@@ -120,7 +120,7 @@ def test_plugin_by_entry_point_loads_through_llm(tmp_path, monkeypatch, caplog, 
     with caplog.at_level(logging.ERROR, logger="compiled_llm.models.plugins"):
         llm = LLM(model=str(ckpt), enforce_eager=True, dtype="float32")
     assert "plugin broken raised" in caplog.text  # logged and skipped, the others still load
-    assert type(llm.engine.runner.model) is sys.modules[PLUGIN].PluginLlama
+    assert type(llm.engine.executor.worker.runner.model) is sys.modules[PLUGIN].PluginLlama
     assert greedy(llm) == reference_tokens
 
 
