@@ -8,7 +8,7 @@ for offline smoke tests and demos only; it is not a useful assistant.
 
 Usage::
 
-    python -m compiled_llm.demo_train --out compiled_llm/data/demo_model [--minutes 10] [--seed 0]
+    python -m benchmarks.demo_train --out compiled_llm/data/demo_model [--minutes 10] [--seed 0]
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def write_readme(
     dtype: torch.dtype,
 ) -> None:
     """Describe the model, its exact training command and its data sources."""
-    command = "python -m compiled_llm.demo_train " + shlex.join(sys.argv[1:])
+    command = "python -m benchmarks.demo_train " + shlex.join(sys.argv[1:])
     sources = "\n".join(f"- `{p}`" for p, _ in docs)
     text = f"""# compiled-llm demo model
 

@@ -405,3 +405,25 @@ def test_an_all_greedy_batch_builds_no_sampling_tensors():
     assert mixed.temperature.tolist() == pytest.approx([0.0, 0.7])
     assert mixed.max_top_k == 9 and mixed.any_repetition_penalty and len(made) == 2
     assert mixed.prompt_token_ids == [[1, 2], [1, 2]]
+
+
+def test_the_sampler_prepares_and_releases_its_own_request_state():
+    """From requests alone: a seeded request keeps one generator across steps (a stream of
+    draws), released with the request; a re-admitted seed replays the same stream."""
+    from compiled_llm.core.request import Request
+    from compiled_llm.sampling_params import SamplingParams
+
+    sampler = Sampler("cpu", vocab_size=V)
+    logits = torch.zeros(2, V)  # uniform: every draw comes from the generator alone
+    reqs = [Request("seeded", [1, 2], SamplingParams(temperature=1.0, seed=7)),
+            Request("free", [1, 2], SamplingParams(temperature=1.0))]
+
+    def draws() -> list[int]:
+        return [int(sampler(logits, sampler.prepare(reqs)).sampled_token_ids[0])
+                for _ in range(6)]
+
+    first = draws()
+    assert set(sampler.generators) == {"seeded"} and len(set(first)) > 1
+    sampler.release({"seeded", "unknown"})
+    assert not sampler.generators
+    assert draws() == first

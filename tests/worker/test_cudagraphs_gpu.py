@@ -52,3 +52,23 @@ def test_async_scheduling_with_cudagraphs(tmp_path):
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
     assert counters.full_graph_replays > 0 and counters.piecewise_steps > 0
     assert llm.engine.num_used_blocks == 0
+
+
+def test_two_engines_each_own_their_graph_pool(tmp_path):
+    """Engines in one process capture into their own pools: both replay correctly at once,
+    and one made after another was deleted captures and replays too."""
+    ckpt = make_checkpoint("qwen3_deep")
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(5, 300, lo=2, hi=40, seed=3)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    kw = dict(dtype="float32", max_num_seqs=8, gpu_memory_utilization=0.3,
+              compile_cache_dir=str(tmp_path))
+    first, second = LLM(str(ckpt), **kw), LLM(str(ckpt), **kw)
+    pools = {llm.engine.executor.worker.runner.graph_pool for llm in (first, second)}
+    assert len(pools) == 2
+    ref = [o.outputs[0].token_ids for o in first.generate(prompts, params, use_tqdm=False)]
+    assert [o.outputs[0].token_ids for o in second.generate(prompts, params,
+                                                            use_tqdm=False)] == ref
+    del first, second
+    third = LLM(str(ckpt), **kw)
+    assert [o.outputs[0].token_ids for o in third.generate(prompts, params,
+                                                           use_tqdm=False)] == ref
