@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
@@ -97,10 +98,9 @@ class ModelRunner:
             return model
         from compiled_llm.compile import compile_model
 
-        wrap = None
-        if self._wants(PIECEWISE):
-            def wrap(piece: nn.Module) -> nn.Module:
-                return CUDAGraphWrapper(piece, PIECEWISE, self.graph_pool)
+        # a partial, not a method: the compiled pieces must not hold the runner (no cycle)
+        wrap = (partial(CUDAGraphWrapper, mode=PIECEWISE, pool=self.graph_pool)
+                if self._wants(PIECEWISE) else None)
         return compile_model(model, cfg, self.dtype, wrap)
 
     def _make_input_batch(self, max_num_seqs: int, max_num_batched_tokens: int) -> InputBatch:
