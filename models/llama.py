@@ -58,7 +58,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, hidden, residual, rope):
-        """(hidden, residual) -> (this layer's output, the residual stream before it)."""
+        """(hidden, residual) -> (MLP output, residual stream without it); the next norm adds
+        the two (residual is None for the first layer)."""
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
