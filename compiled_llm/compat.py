@@ -31,8 +31,8 @@ def mark_tokens_dynamic(*tensors: torch.Tensor) -> None:
     counts a buffer sized by an unhinted unbacked symbol as 0 bytes, so without a hint no
     reduction fuses with its [T, D] producers or consumers (an RMSNorm became 2-3 kernels)."""
     _count_hinted_unbacked_deps()
-    for t in tensors:
-        torch._dynamo.decorators.mark_unbacked(t, 0, hint_override=token_hint())
+    for tensor in tensors:
+        torch._dynamo.decorators.mark_unbacked(tensor, 0, hint_override=token_hint())
 
 
 def _count_hinted_unbacked_deps() -> None:
@@ -88,4 +88,5 @@ def capture_inductor_code() -> Iterator[list[str]]:
 
 
 def graph_break_count() -> int:
+    """Graph breaks Dynamo has counted in this process."""
     return sum(torch._dynamo.utils.counters["graph_break"].values())

@@ -63,6 +63,7 @@ class StructuredOutputsParams:
 
     @property
     def kind(self) -> str:
+        """The one constraint given: "json", "regex", "choice", "grammar" or "json_object"."""
         return next(k for k in _KINDS if getattr(self, k) not in (None, False))
 
     def key(self) -> tuple[str, str, bool]:
@@ -73,12 +74,13 @@ class StructuredOutputsParams:
         return self.kind, str(value), self.any_whitespace
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StructuredOutputsParams:
+    def from_dict(cls, spec: dict[str, Any]) -> StructuredOutputsParams:
+        """Build from a dict of fields; ValueError on an unknown field."""
         known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
+        unknown = set(spec) - known
         if unknown:
             raise ValueError(f"structured_outputs: unknown fields {sorted(unknown)}")
-        return cls(**d)
+        return cls(**spec)
 
 
 class RequestOutputKind(enum.Enum):
@@ -91,6 +93,8 @@ class RequestOutputKind(enum.Enum):
 
 
 class SamplingType(enum.IntEnum):
+    """How a request draws its tokens: argmax, a shared random stream, or its own seed."""
+
     GREEDY = 0
     RANDOM = 1
     RANDOM_SEED = 2
@@ -111,9 +115,9 @@ def _check_real(name: str, value: Any) -> float:
     return float(value)
 
 
-def _check_range(name: str, value: Any, lo: float, hi: float, desc: str) -> float:
+def _check_range(name: str, value: Any, low: float, high: float, desc: str) -> float:
     value = _check_real(name, value)
-    if not lo <= value <= hi:
+    if not low <= value <= high:
         raise ValueError(f"{name} must be {desc}, got {value}")
     return value
 
@@ -136,9 +140,9 @@ def _normalise_stop(stop: Any) -> list[str]:
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, (list, tuple)):
         raise ValueError(f"stop must be a string, a list of strings or None, got {stop!r}")
-    for s in stops:
-        if not isinstance(s, str) or not s:
-            raise ValueError(f"stop must contain only non-empty strings, got {s!r}")
+    for stop_str in stops:
+        if not isinstance(stop_str, str) or not stop_str:
+            raise ValueError(f"stop must contain only non-empty strings, got {stop_str!r}")
     return list(stops)
 
 
@@ -210,17 +214,17 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             value = _check_range(name, getattr(self, name), -2.0, 2.0, "in [-2, 2]")
             setattr(self, name, value)
-        rep = _check_real("repetition_penalty", self.repetition_penalty)
-        if not (rep > 0.0 and math.isfinite(rep)):
-            raise ValueError(f"repetition_penalty must be a finite number > 0, got {rep}")
-        self.repetition_penalty = rep
+        repetition = _check_real("repetition_penalty", self.repetition_penalty)
+        if not (repetition > 0.0 and math.isfinite(repetition)):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {repetition}")
+        self.repetition_penalty = repetition
 
     def _verify_sampling(self) -> None:
-        temp = _check_real("temperature", self.temperature)
-        if temp < 0.0:
-            raise ValueError(f"temperature must be non-negative, got {temp}")
-        if not math.isfinite(temp):
-            raise ValueError(f"temperature must be finite, got {temp}")
+        temperature = _check_real("temperature", self.temperature)
+        if temperature < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {temperature}")
+        if not math.isfinite(temperature):
+            raise ValueError(f"temperature must be finite, got {temperature}")
         top_p = _check_real("top_p", self.top_p)
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p:g}")
@@ -229,7 +233,7 @@ class SamplingParams:
                 f"top_k must be -1 or 0 (disabled) or a positive integer, got {self.top_k!r}"
             )
         self.min_p = _check_range("min_p", self.min_p, 0.0, 1.0, "in [0, 1]")
-        self.temperature, self.top_p = temp, top_p
+        self.temperature, self.top_p = temperature, top_p
         self.top_k = max(self.top_k, 0)
         if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed must be None or an integer, got {self.seed!r}")
@@ -254,22 +258,25 @@ class SamplingParams:
             if not isinstance(procs, (list, tuple)) or not all(callable(p) for p in procs):
                 raise ValueError(f"logits_processors must be a list of callables, got {procs!r}")
             self.logits_processors = list(procs)
-        so = self.structured_outputs
-        if isinstance(so, dict):
-            self.structured_outputs = StructuredOutputsParams.from_dict(so)
-        elif so is not None and not isinstance(so, StructuredOutputsParams):
-            raise ValueError(f"structured_outputs must be StructuredOutputsParams, got {so!r}")
+        structured = self.structured_outputs
+        if isinstance(structured, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(structured)
+        elif structured is not None and not isinstance(structured, StructuredOutputsParams):
+            raise ValueError(
+                f"structured_outputs must be StructuredOutputsParams, got {structured!r}")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
 
     @property
     def sampling_type(self) -> SamplingType:
+        """GREEDY below SAMPLING_EPS, else RANDOM or (with a seed) RANDOM_SEED."""
         if self.temperature < SAMPLING_EPS:
             return SamplingType.GREEDY
         return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
 
     @property
     def is_greedy(self) -> bool:
+        """Whether the request takes the argmax token."""
         return self.sampling_type == SamplingType.GREEDY
 
     @property

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _rope_params(hf: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+def _rope_params(hf_config: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     """(rope_theta, scaling dict) from either the older rope_scaling or newer rope_parameters."""
-    params = dict(hf.get("rope_parameters") or {})
-    scaling = dict(hf.get("rope_scaling") or {})
-    theta = params.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    params = dict(hf_config.get("rope_parameters") or {})
+    scaling = dict(hf_config.get("rope_scaling") or {})
+    theta = params.pop("rope_theta", hf_config.get("rope_theta", 10000.0))
     merged = {**params, **scaling}
     kind = merged.get("rope_type", merged.get("type", "default"))
     merged["rope_type"] = kind
@@ -41,20 +41,22 @@ class DecoderConfig:
     architecture: str = ""
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any], **defaults: Any) -> DecoderConfig:
+    def from_hf(cls, hf_config: dict[str, Any], **defaults: Any) -> DecoderConfig:
         """Read an HF config dict; `defaults` fill keys the architecture leaves out."""
-        get = lambda k, d=None: hf.get(k, defaults.get(k, d))  # noqa: E731
-        heads = hf["num_attention_heads"]
-        theta, scaling = _rope_params(hf)
+        def get(key: str, fallback: Any = None) -> Any:
+            return hf_config.get(key, defaults.get(key, fallback))
+
+        heads = hf_config["num_attention_heads"]
+        theta, scaling = _rope_params(hf_config)
         window = get("sliding_window") if get("use_sliding_window", True) else None
         return cls(
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=hf["num_hidden_layers"],
+            vocab_size=hf_config["vocab_size"],
+            hidden_size=hf_config["hidden_size"],
+            intermediate_size=hf_config["intermediate_size"],
+            num_hidden_layers=hf_config["num_hidden_layers"],
             num_attention_heads=heads,
-            num_key_value_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            num_key_value_heads=hf_config.get("num_key_value_heads") or heads,
+            head_dim=hf_config.get("head_dim") or hf_config["hidden_size"] // heads,
             rms_norm_eps=get("rms_norm_eps", 1e-6),
             rope_theta=theta,
             rope_scaling=scaling,
@@ -62,5 +64,5 @@ class DecoderConfig:
             tie_word_embeddings=get("tie_word_embeddings", False),
             attention_bias=get("attention_bias", False),
             sliding_window=window or -1,
-            architecture=(hf.get("architectures") or [""])[0],
+            architecture=(hf_config.get("architectures") or [""])[0],
         )

@@ -15,12 +15,12 @@ from torch import nn
 from compiled_llm.models.config import DecoderConfig
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32 and cast back, as the HF reference does."""
-    dtype = x.dtype
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(dtype)
+    dtype = hidden.dtype
+    hidden_f32 = hidden.float()
+    hidden_f32 = hidden_f32 * torch.rsqrt(hidden_f32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * hidden_f32.to(dtype)
 
 
 class RMSNorm(nn.Module):
@@ -31,11 +31,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(hidden), or (norm(hidden + residual), hidden + residual)."""
         if residual is None:
-            return rms_norm(x, self.weight, self.eps)
-        x = x + residual
-        return rms_norm(x, self.weight, self.eps), x
+            return rms_norm(hidden, self.weight, self.eps)
+        hidden = hidden + residual
+        return rms_norm(hidden, self.weight, self.eps), hidden
 
 
 def _scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict, max_len: int) -> torch.Tensor:
@@ -43,26 +44,27 @@ def _scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict, max_len: int) -> tor
     if kind == "linear":
         return inv_freq / scaling["factor"]
     if kind == "llama3":
-        factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
+        factor, original_len = scaling["factor"], scaling["original_max_position_embeddings"]
         low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
         wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
-        smooth = (old / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > original_len / low, inv_freq / factor, inv_freq)
+        smooth = (original_len / wavelen - low) / (high - low)
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        medium = (wavelen >= original_len / high) & (wavelen <= original_len / low)
         return torch.where(medium, smoothed, scaled)
     if kind in ("default", "dynamic"):
         return inv_freq
     raise ValueError(f"rope_scaling.rope_type {kind!r} is not supported")
 
 
-def _dynamic_theta(theta: float, dim: int, scaling: dict, orig: int, max_len: int) -> float:
+def _dynamic_theta(theta: float, dim: int, scaling: dict, original_len: int,
+                   max_len: int) -> float:
     # NTK-aware dynamic scaling is batch-dependent in HF; a static engine picks the base for its
     # max_model_len once, which equals HF's for every sequence within the original length.
-    if scaling.get("rope_type") != "dynamic" or max_len <= orig:
+    if scaling.get("rope_type") != "dynamic" or max_len <= original_len:
         return theta
     factor = scaling["factor"]
-    return theta * ((factor * max_len / orig) - (factor - 1)) ** (dim / (dim - 2))
+    return theta * ((factor * max_len / original_len) - (factor - 1)) ** (dim / (dim - 2))
 
 
 class RotaryEmbedding(nn.Module):
@@ -70,11 +72,12 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, cfg: DecoderConfig, max_len: int) -> None:
         super().__init__()
-        dim, orig = cfg.head_dim, cfg.max_position_embeddings
-        theta = _dynamic_theta(cfg.rope_theta, dim, cfg.rope_scaling, orig, max_len)
+        dim, original_len = cfg.head_dim, cfg.max_position_embeddings
+        theta = _dynamic_theta(cfg.rope_theta, dim, cfg.rope_scaling, original_len, max_len)
         inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
         inv_freq = _scaled_inv_freq(inv_freq, cfg.rope_scaling, max_len)
-        freqs = torch.outer(torch.arange(max(max_len, orig), dtype=torch.float32), inv_freq)
+        table_len = max(max_len, original_len)
+        freqs = torch.outer(torch.arange(table_len, dtype=torch.float32), inv_freq)
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], -1), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,10 +93,10 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, tor
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+def _rotate(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    cos, sin = cos.to(heads.dtype), sin.to(heads.dtype)
+    first_half, second_half = heads.chunk(2, dim=-1)
+    return heads * cos + torch.cat([-second_half, first_half], -1) * sin
 
 
 class GatedMLP(nn.Module):
@@ -105,8 +108,9 @@ class GatedMLP(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [T, hidden] -> [T, hidden]."""
+        return self.down_proj(F.silu(self.gate_proj(hidden)) * self.up_proj(hidden))
 
 
 class LMHead(nn.Linear):

@@ -15,6 +15,8 @@ from compiled_llm.models.layers import GatedMLP, LMHead, RMSNorm, RotaryEmbeddin
 
 
 class LlamaAttention(nn.Module):
+    """Self-attention with GQA and RoPE; owns q/k/v/o_proj and calls the attention op."""
+
     def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
@@ -33,16 +35,19 @@ class LlamaAttention(nn.Module):
         """Hook for per-head q/k norms (Qwen3); identity here."""
         return q, k
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
-        q = self.q_proj(x).view(-1, self.num_heads, self.head_dim)  # [T, H, D]
-        k = self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+    def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """hidden [T, hidden] -> [T, hidden]; writes this layer's K/V into the cache."""
+        q = self.q_proj(hidden).view(-1, self.num_heads, self.head_dim)  # [T, H, D]
+        k = self.k_proj(hidden).view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = self.v_proj(hidden).view(-1, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(*self.qk_norm(q, k), rope)
-        o = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
-        return self.o_proj(o.flatten(1))  # [T, H*D] -> [T, hidden]
+        attn_out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
+        return self.o_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
 
 class LlamaDecoderLayer(nn.Module):
+    """Pre-norm decoder layer; the residual add rides in the next norm (fused add + norm)."""
+
     attention_cls = LlamaAttention
 
     def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
@@ -52,17 +57,21 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, residual, rope):
+    def forward(self, hidden, residual, rope):
+        """(hidden, residual) -> (MLP output, residual stream without it); the next norm adds
+        the two (residual is None for the first layer)."""
         if residual is None:
-            residual, x = x, self.input_layernorm(x)
+            residual, hidden = hidden, self.input_layernorm(hidden)
         else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, rope)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, rope)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
+    """Embedding, the decoder layers, the final norm, and the rotary table they share."""
+
     layer_cls = LlamaDecoderLayer
 
     def __init__(self, cfg: DecoderConfig, max_len: int) -> None:
@@ -73,12 +82,13 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(cfg, max_len)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None  # [T, hidden]
+        """input_ids, positions [T] -> final hidden states [T, hidden]."""
+        hidden, residual = self.embed_tokens(input_ids), None  # [T, hidden]
         rope = self.rotary_emb(positions)  # (cos, sin) [T, 1, D]
         for layer in self.layers:
-            x, residual = layer(x, residual, rope)
-        x, _ = self.norm(x, residual)
-        return x
+            hidden, residual = layer(hidden, residual, rope)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
 
 
 class LlamaForCausalLM(nn.Module):
@@ -96,9 +106,11 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = LMHead(cfg, self.model.embed_tokens)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions [T] -> hidden states [T, hidden] (no logits)."""
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab]."""
         return self.lm_head(hidden)
 
     @classmethod
@@ -108,8 +120,10 @@ class LlamaForCausalLM(nn.Module):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    pass
+    """Mistral: the Llama layout (its sliding window comes from config.json)."""
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2: the Llama layout with biased q/k/v projections."""
+
     hf_defaults = {"attention_bias": True}

@@ -1,7 +1,7 @@
 """AddRMSNormFusionPass: residual add + RMSNorm -> one `compiled_llm::fused_add_rms_norm` node.
 
 Two spellings reach the post-grad graph: `x + residual` followed by the norm, and, where Inductor
-has already folded the residual into the preceding projection, `addmm(residual, a, w)`. The
+has already folded the residual into the preceding projection, `addmm(residual, mat1, mat2)`. The
 second is unfolded into `mm` + the fused op so the add rides in the norm's kernel.
 """
 
@@ -22,34 +22,35 @@ from compiled_llm.passes.fx_utils import same_shape, val
 
 
 def _add_pattern(x, residual, weight, eps):
-    r = x + residual
-    return ops.rms_norm_ref(r, weight, eps), r
+    summed = x + residual
+    return ops.rms_norm_ref(summed, weight, eps), summed
 
 
-def _addmm_pattern(residual, a, b, weight, eps):
-    r = torch.addmm(residual, a, b)
-    return ops.rms_norm_ref(r, weight, eps), r
+def _addmm_pattern(residual, mat1, mat2, weight, eps):
+    summed = torch.addmm(residual, mat1, mat2)
+    return ops.rms_norm_ref(summed, weight, eps), summed
 
 
 def _add_replacement(x, residual, weight, eps):
-    out, r = torch.ops.compiled_llm.fused_add_rms_norm.default(x, residual, weight, eps)
-    return out, r
+    normed, summed = torch.ops.compiled_llm.fused_add_rms_norm.default(x, residual, weight, eps)
+    return normed, summed
 
 
-def _addmm_replacement(residual, a, b, weight, eps):
-    out, r = torch.ops.compiled_llm.fused_add_rms_norm.default(a @ b, residual, weight, eps)
-    return out, r
+def _addmm_replacement(residual, mat1, mat2, weight, eps):
+    normed, summed = torch.ops.compiled_llm.fused_add_rms_norm.default(
+        mat1 @ mat2, residual, weight, eps)
+    return normed, summed
 
 
 def _is_residual(match: Match) -> bool:
     """Only a same-shape residual, not a broadcast bias, makes an add + norm site."""
-    rv = val(match.kwargs["residual"])
-    if "a" in match.kwargs:  # addmm: residual [T, N] against a [T, K]
-        av = val(match.kwargs["a"])
-        return rv is not None and av is not None and rv.dim() == 2 \
-            and statically_known_true(rv.shape[0] == av.shape[0])
-    xv = val(match.kwargs["x"])
-    return rv is not None and xv is not None and same_shape(rv, xv)
+    residual = val(match.kwargs["residual"])
+    if "mat1" in match.kwargs:  # addmm: residual [T, N] against mat1 [T, K]
+        mat1 = val(match.kwargs["mat1"])
+        return residual is not None and mat1 is not None and residual.dim() == 2 \
+            and statically_known_true(residual.shape[0] == mat1.shape[0])
+    x = val(match.kwargs["x"])
+    return residual is not None and x is not None and same_shape(residual, x)
 
 
 class AddRMSNormFusionPass(PatternPass):
@@ -58,6 +59,7 @@ class AddRMSNormFusionPass(PatternPass):
     flag = "enable_rms_norm"
 
     def register(self, patterns: PatternMatcherPass) -> None:
+        """Both spellings (add and addmm), traced once per activation dtype."""
         for dtype in float_dtypes():
             add_args = example_tensors(dtype, (4, 16), (4, 16), (16,))
             mm_args = example_tensors(dtype, (4, 16), (4, 8), (8, 16), (16,))

@@ -37,6 +37,7 @@ class GraphPass:
 
     @property
     def name(self) -> str:
+        """The pass's class name (how stats, counters and dumps refer to it)."""
         return type(self).__name__
 
     @classmethod
@@ -46,15 +47,16 @@ class GraphPass:
             (source_hash(cls.__module__) + source_hash(__name__)).encode()).hexdigest()
 
     def apply(self, graph: Graph) -> int:
+        """Rewrite graph in place; returns how many sites were rewritten."""
         raise NotImplementedError
 
     def __call__(self, graph: Graph) -> int:
         """Run once; adds to the counter and timer, and returns this run's matches."""
-        t0 = time.perf_counter()
-        n = self.apply(graph)
-        self.seconds += time.perf_counter() - t0
-        self.matches += n
-        return n
+        start = time.perf_counter()
+        matches = self.apply(graph)
+        self.seconds += time.perf_counter() - start
+        self.matches += matches
+        return matches
 
 
 class PatternPass(GraphPass):
@@ -67,14 +69,16 @@ class PatternPass(GraphPass):
         raise NotImplementedError
 
     def patterns(self) -> PatternMatcherPass:
+        """This pass class's patterns, traced and registered once per process."""
         cls = type(self)
         if cls not in PatternPass._registry:
-            pm = PatternMatcherPass(pass_name=self.name)
-            self.register(pm)
-            PatternPass._registry[cls] = pm
+            patterns = PatternMatcherPass(pass_name=self.name)
+            self.register(patterns)
+            PatternPass._registry[cls] = patterns
         return PatternPass._registry[cls]
 
     def apply(self, graph: Graph) -> int:
+        """Run the patterns over graph; returns the matches replaced."""
         return self.patterns().apply(graph)
 
 
@@ -93,19 +97,23 @@ class NormSitePass(GraphPass):
     `with_residual` for compiled_llm::fused_add_rms_norm, each returning 1 if it rewrote it."""
 
     def apply(self, graph: Graph) -> int:
+        """Visit every fused norm node in graph order; returns the sites rewritten."""
         from compiled_llm.passes import ops  # noqa: F401 (registers the ops)
 
-        plain, with_res = torch.ops.compiled_llm.rms_norm, torch.ops.compiled_llm.fused_add_rms_norm
-        n = 0
+        plain_op = torch.ops.compiled_llm.rms_norm.default
+        residual_op = torch.ops.compiled_llm.fused_add_rms_norm.default
+        rewritten = 0
         for node in list(graph.nodes):
-            if node.target is plain.default:
-                n += self.plain(graph, node)
-            elif node.target is with_res.default:
-                n += self.with_residual(graph, node)
-        return n
+            if node.target is plain_op:
+                rewritten += self.plain(graph, node)
+            elif node.target is residual_op:
+                rewritten += self.with_residual(graph, node)
+        return rewritten
 
     def plain(self, graph: Graph, norm) -> int:
+        """Rewrite one rms_norm node if it fits; 1 if rewritten, else 0."""
         raise NotImplementedError
 
     def with_residual(self, graph: Graph, norm) -> int:
+        """Rewrite one fused_add_rms_norm node if it fits; 1 if rewritten, else 0."""
         raise NotImplementedError

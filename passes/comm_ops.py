@@ -35,11 +35,12 @@ def all_reduce_fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group_name: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(all_reduce(x) + residual), all_reduce(x) + residual)."""
-    out, r = fused_add_rms_norm_ref(all_reduce_sum(x, group_name), residual, weight, eps)
-    return out, r
+    normed, summed = fused_add_rms_norm_ref(all_reduce_sum(x, group_name), residual, weight, eps)
+    return normed, summed
 
 
 @all_reduce_fused_add_rms_norm.register_fake
 def _(x, residual, weight, eps, group_name):
-    r = torch.empty_like(x + residual)
-    return r.new_empty(r.shape, dtype=torch.promote_types(r.dtype, weight.dtype)), r
+    summed = torch.empty_like(x + residual)
+    normed = summed.new_empty(summed.shape, dtype=torch.promote_types(summed.dtype, weight.dtype))
+    return normed, summed

@@ -20,6 +20,7 @@ def graph_source(graph: Graph) -> str:
 
 
 def safe_name(name: str) -> str:
+    """name with every run of characters unsafe in a file name replaced by '_'."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "graph"
 
 

@@ -12,10 +12,10 @@ from torch.fx import Graph, Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 
-def same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_shape(lhs: torch.Tensor, rhs: torch.Tensor) -> bool:
     """True only when the shapes are provably equal (no guard is added for symbolic dims)."""
-    return a.dim() == b.dim() and all(statically_known_true(x == y)
-                                      for x, y in zip(a.shape, b.shape))
+    return lhs.dim() == rhs.dim() and all(statically_known_true(x == y)
+                                          for x, y in zip(lhs.shape, rhs.shape))
 
 
 def val(node) -> torch.Tensor | None:
@@ -24,15 +24,15 @@ def val(node) -> torch.Tensor | None:
 
 
 def _fake_call(op, args: Sequence):
-    vals = [val(a) if isinstance(a, Node) else a for a in args]
-    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
-    if any(isinstance(a, Node) and val(a) is None for a in args):
+    values = [val(arg) if isinstance(arg, Node) else arg for arg in args]
+    tensors = [value for value in values if isinstance(value, torch.Tensor)]
+    if any(isinstance(arg, Node) and val(arg) is None for arg in args):
         return None
     mode = detect_fake_mode(tensors)
     if mode is None:
         return None
     with mode:
-        return op(*vals)
+        return op(*values)
 
 
 def insert_op(graph: Graph, before: Node, op, args: Sequence, n_out: int) -> list[Node]:
@@ -45,27 +45,27 @@ def insert_op(graph: Graph, before: Node, op, args: Sequence, n_out: int) -> lis
         if n_out == 1:
             return [node]
         outs = [graph.call_function(operator.getitem, (node, i)) for i in range(n_out)]
-    for i, o in enumerate(outs):
+    for i, out in enumerate(outs):
         if fake is not None:
-            o.meta["val"] = fake[i]
+            out.meta["val"] = fake[i]
     return outs
 
 
 def getitem_users(node: Node) -> dict[int, list[Node]] | None:
     """{index: [getitem nodes]} of a tuple-returning node, or None if some user is not one."""
-    out: dict[int, list[Node]] = {}
-    for u in node.users:
-        if u.target is not operator.getitem:
+    by_index: dict[int, list[Node]] = {}
+    for user in node.users:
+        if user.target is not operator.getitem:
             return None
-        out.setdefault(u.args[1], []).append(u)
-    return out
+        by_index.setdefault(user.args[1], []).append(user)
+    return by_index
 
 
 def replace_tuple(graph: Graph, node: Node, new: Sequence[Node | None]) -> None:
     """Point node's getitem(i) users at new[i], then erase node and its getitems."""
-    for i, users in (getitem_users(node) or {}).items():
-        for g in users:
-            if g.users:
-                g.replace_all_uses_with(new[i])
-            graph.erase_node(g)
+    for i, getitems in (getitem_users(node) or {}).items():
+        for getitem in getitems:
+            if getitem.users:
+                getitem.replace_all_uses_with(new[i])
+            graph.erase_node(getitem)
     graph.erase_node(node)

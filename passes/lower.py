@@ -45,6 +45,7 @@ class FusedOpLoweringPass(PatternPass):
     flag = "inline_fused_ops"
 
     def register(self, patterns: PatternMatcherPass) -> None:
-        for name, (nargs, decomp) in LOWERINGS.items():
-            pattern = CallFunction(getattr(OPS, name).default, *[Arg() for _ in range(nargs)])
+        """One pattern per fused op: the call, replaced by its decomposition."""
+        for name, (num_args, decomp) in LOWERINGS.items():
+            pattern = CallFunction(getattr(OPS, name).default, *[Arg() for _ in range(num_args)])
             register_graph_pattern(pattern, pass_dict=patterns)(_inliner(decomp))

@@ -37,6 +37,7 @@ class DeadCodeEliminationPass(GraphPass):
     """Tail: drop nodes nothing reads (impure ops are kept by FX)."""
 
     def apply(self, graph: Graph) -> int:
+        """Eliminate dead nodes; returns how many went."""
         before = len(graph.nodes)
         graph.eliminate_dead_code()
         return before - len(graph.nodes)
@@ -56,14 +57,14 @@ class PassConfig:
 
     def pass_classes(self) -> list[type[GraphPass]]:
         """The configured passes in order, then the tail."""
-        head = [p for p in PASSES if getattr(self, p.flag)]
+        head = [cls for cls in PASSES if getattr(self, cls.flag)]
         tail = [FusedOpLoweringPass] if self.inline_fused_ops else []
         return head + tail + [DeadCodeEliminationPass]
 
     def key(self) -> str:
         """Stable hash of the flags and of the source of every pass that runs."""
         flags = {k: v for k, v in asdict(self).items() if k != "dump_dir"}
-        ids = [f"{p.__name__}:{p.uuid()}" for p in self.pass_classes()]
+        ids = [f"{cls.__name__}:{cls.uuid()}" for cls in self.pass_classes()]
         blob = json.dumps({"flags": flags, "passes": ids, "manager": source_hash(__name__)},
                           sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
@@ -86,25 +87,28 @@ class PassManager(CustomGraphPass):
     @property
     def stats(self) -> list[tuple[str, int, float]]:
         """(pass name, matches, seconds) per pass, summed over every graph run so far."""
-        return [(p.name, p.matches, p.seconds) for p in self.passes]
+        return [(graph_pass.name, graph_pass.matches, graph_pass.seconds)
+                for graph_pass in self.passes]
 
     def matches(self, name: str) -> int:
         """Total matches of the pass called name (0 if it is not configured)."""
-        return sum(m for n, m, _ in self.stats if n == name)
+        return sum(matches for pass_name, matches, _ in self.stats if pass_name == name)
 
     def uuid(self) -> str:
+        """Inductor's cache key for this manager: PassConfig.key()."""
         return self.config.key()
 
     def __call__(self, graph: Graph) -> None:
         dump = (GraphDump(self.config.dump_dir, self.piece_name, graph)
                 if self.config.dump_dir else None)
         self.last_stats = []
-        for i, p in enumerate(self.passes, start=1):
-            before = p.seconds
-            n = p(graph)
-            self.last_stats.append((p.name, n, p.seconds - before))
+        for index, graph_pass in enumerate(self.passes, start=1):
+            before = graph_pass.seconds
+            matches = graph_pass(graph)
+            seconds = graph_pass.seconds - before
+            self.last_stats.append((graph_pass.name, matches, seconds))
             if dump is not None:
-                dump.after_pass(i, p.name, n, p.seconds - before, graph)
+                dump.after_pass(index, graph_pass.name, matches, seconds, graph)
         graph.lint()
         if dump is not None:
             dump.finish()

@@ -34,32 +34,33 @@ def _full_slice(node: Node, src: torch.Tensor) -> bool:
     return start_ok and end_ok and step == 1
 
 
-def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.dtype == b.dtype and a.device == b.device and same_shape(a, b)
-            and all(statically_known_true(x == y) for x, y in zip(a.stride(), b.stride())))
+def _same_layout(lhs: torch.Tensor, rhs: torch.Tensor) -> bool:
+    return (lhs.dtype == rhs.dtype and lhs.device == rhs.device and same_shape(lhs, rhs)
+            and all(statically_known_true(x == y) for x, y in zip(lhs.stride(), rhs.stride())))
 
 
 def source_if_noop(node: Node) -> Node | None:
     """The node this one can be replaced by, or None if it does real work."""
     if node.op != "call_function" or not node.args or not isinstance(node.args[0], (Node, list)):
         return None
-    t = node.target
-    if t is aten.cat.default:
+    target = node.target
+    if target is aten.cat.default:
         src = node.args[0][0] if len(node.args[0]) == 1 else None
-    elif t is aten.slice_scatter.default:
+    elif target is aten.slice_scatter.default:
         src = node.args[1]
     else:
         src = node.args[0]
-    sv, ov = val(src), val(node)
-    if not isinstance(sv, torch.Tensor) or not isinstance(ov, torch.Tensor):
+    src_val, out_val = val(src), val(node)
+    if not isinstance(src_val, torch.Tensor) or not isinstance(out_val, torch.Tensor):
         return None
-    if t in _SAME_SHAPE or t is aten.permute.default:
-        keep = same_shape(sv, ov) and (t is not aten.permute.default
-                                       or list(node.args[1]) == list(range(sv.dim())))
-    elif t is aten.slice.Tensor:
-        keep = _full_slice(node, sv)
-    elif t in _COPIES or t in (aten.cat.default, aten.slice_scatter.default):
-        keep = _same_layout(sv, ov)
+    if target in _SAME_SHAPE or target is aten.permute.default:
+        keep = same_shape(src_val, out_val) and (
+            target is not aten.permute.default
+            or list(node.args[1]) == list(range(src_val.dim())))
+    elif target is aten.slice.Tensor:
+        keep = _full_slice(node, src_val)
+    elif target in _COPIES or target in (aten.cat.default, aten.slice_scatter.default):
+        keep = _same_layout(src_val, out_val)
     else:
         return None
     return src if keep else None
@@ -67,10 +68,10 @@ def source_if_noop(node: Node) -> Node | None:
 
 def _written_later(node: Node) -> bool:
     """A user might write into node (a mutating op or anything not a plain ATen op)."""
-    for u in node.users:
-        if u.op == "output" or u.target is operator.getitem:
+    for user in node.users:
+        if user.op == "output" or user.target is operator.getitem:
             continue
-        schema = getattr(u.target, "_schema", None)
+        schema = getattr(user.target, "_schema", None)
         if schema is None or schema.is_mutable:
             return True
     return False
@@ -78,14 +79,18 @@ def _written_later(node: Node) -> bool:
 
 def _aliases_input(src: Node, node: Node) -> bool:
     # a graph output must not become a graph input: callers may write into outputs
-    return src.op == "placeholder" and any(u.op == "output" for u in node.users)
+    return src.op == "placeholder" and any(user.op == "output" for user in node.users)
 
 
 class NoOpEliminationPass(GraphPass):
+    """Replaces each no-op node by its source (never a graph input that is also an output, nor
+    a copy that a later op may write into)."""
+
     flag = "enable_noop"
 
     def apply(self, graph: Graph) -> int:
-        n = 0
+        """Drop every no-op node; returns how many went."""
+        removed = 0
         for node in list(graph.nodes):
             src = source_if_noop(node)
             if src is None or _aliases_input(src, node):
@@ -94,5 +99,5 @@ class NoOpEliminationPass(GraphPass):
                 continue
             node.replace_all_uses_with(src)
             graph.erase_node(node)
-            n += 1
-        return n
+            removed += 1
+        return removed

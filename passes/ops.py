@@ -15,16 +15,16 @@ LIB = "compiled_llm"
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The models' RMSNorm: float32 statistics, cast back, then scaled by weight."""
     dtype = x.dtype
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(dtype)
+    x_f32 = x.float()
+    x_f32 = x_f32 * torch.rsqrt(x_f32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x_f32.to(dtype)
 
 
 def fused_add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual)."""
-    r = x + residual
-    return rms_norm_ref(r, weight, eps), r
+    summed = x + residual
+    return rms_norm_ref(summed, weight, eps), summed
 
 
 def silu_and_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -51,14 +51,14 @@ def _rms_norm_fake(x, weight, eps):
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual [..., D] -> (normed [..., D], x + residual)."""
-    out, r = fused_add_rms_norm_ref(x, residual, weight, eps)
-    return out, r
+    normed, summed = fused_add_rms_norm_ref(x, residual, weight, eps)
+    return normed, summed
 
 
 @fused_add_rms_norm.register_fake
 def _fused_add_rms_norm_fake(x, residual, weight, eps):
-    r = torch.empty_like(x + residual)
-    return _norm_out(r, weight), r
+    summed = torch.empty_like(x + residual)
+    return _norm_out(summed, weight), summed
 
 
 @torch.library.custom_op(f"{LIB}::silu_and_mul", mutates_args=())

@@ -20,8 +20,8 @@ def quant_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, K] -> (q [T, K] fp8, scale [T, 1] float32) with x ~= q * scale, per row."""
     amax = x.abs().amax(-1, keepdim=True).float()
     scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
-    q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return q, scale
+    quantized = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return quantized, scale
 
 
 def _quant_fake(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,8 +47,8 @@ def rms_norm_quant_fp8_ref(x, weight, eps):
 
 def fused_add_rms_norm_quant_fp8_ref(x, residual, weight, eps):
     """(*quant_fp8(rms_norm(x + residual)), x + residual)."""
-    out, r = fused_add_rms_norm_ref(x, residual, weight, eps)
-    return (*quant_fp8_ref(out), r)
+    normed, summed = fused_add_rms_norm_ref(x, residual, weight, eps)
+    return (*quant_fp8_ref(normed), summed)
 
 
 def silu_and_mul_quant_fp8_ref(gate, up):
@@ -73,14 +73,14 @@ def fused_add_rms_norm_quant_fp8(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, residual [T, D] -> (q fp8 [T, D], scale [T, 1], x + residual)."""
-    q, s, r = fused_add_rms_norm_quant_fp8_ref(x, residual, weight, eps)
-    return q, s, r
+    quantized, scale, summed = fused_add_rms_norm_quant_fp8_ref(x, residual, weight, eps)
+    return quantized, scale, summed
 
 
 @fused_add_rms_norm_quant_fp8.register_fake
 def _(x, residual, weight, eps):
-    r = torch.empty_like(x + residual)
-    return (*_quant_fake(r), r)
+    summed = torch.empty_like(x + residual)
+    return (*_quant_fake(summed), summed)
 
 
 @torch.library.custom_op(f"{LIB}::silu_and_mul_quant_fp8", mutates_args=())

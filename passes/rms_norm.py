@@ -27,6 +27,7 @@ class RMSNormFusionPass(PatternPass):
     flag = "enable_rms_norm"
 
     def register(self, patterns: PatternMatcherPass) -> None:
+        """The decomposed norm, traced once per activation dtype."""
         for dtype in float_dtypes():
             args = [*example_tensors(dtype, (4, 16), (16,)), 1e-6]
             register_replacement(_pattern, _replacement, args, fwd_only, patterns,

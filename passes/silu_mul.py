@@ -23,6 +23,7 @@ class SiluMulFusionPass(PatternPass):
     flag = "enable_silu_mul"
 
     def register(self, patterns: PatternMatcherPass) -> None:
+        """silu(gate) * up, traced once per activation dtype."""
         for dtype in float_dtypes():
             args = example_tensors(dtype, (4, 16), (4, 16))
             register_replacement(_pattern, _replacement, args, fwd_only, patterns)

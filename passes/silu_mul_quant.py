@@ -14,18 +14,22 @@ OPS = torch.ops.compiled_llm
 
 
 class SiluMulQuantFusionPass(GraphPass):
+    """quant_fp8(silu_and_mul(gate, up)) -> silu_and_mul_quant_fp8(gate, up)."""
+
     flag = "enable_fp8_quant_fusion"
 
     def apply(self, graph: Graph) -> int:
-        n = 0
+        """Fuse every silu_and_mul that only quant ops read; returns how many."""
+        rewritten = 0
         for node in list(graph.nodes):
             if node.target is not OPS.silu_and_mul.default:
                 continue
             quants = quant_users(node)
             if quants is None:
                 continue
-            q, s = insert_op(graph, node, OPS.silu_and_mul_quant_fp8.default, node.args, 2)
-            rewire_quants(graph, quants, q, s)
+            quantized, scale = insert_op(graph, node, OPS.silu_and_mul_quant_fp8.default,
+                                         node.args, 2)
+            rewire_quants(graph, quants, quantized, scale)
             graph.erase_node(node)
-            n += 1
-        return n
+            rewritten += 1
+        return rewritten

@@ -23,9 +23,10 @@ _BACKENDS = {"torch": attention_forward}
 _LAZY_BACKENDS = {"triton": "compiled_llm.attention.triton_backend"}
 
 
-def register_backend(name: str, fn) -> None:
-    """Add an attention implementation selectable through ForwardContext.backend."""
-    _BACKENDS[name] = fn
+def register_backend(name: str, forward) -> None:
+    """Add an attention implementation selectable through ForwardContext.backend; forward
+    has the reference's signature (q, k, v, kv_cache, metadata, scale, sliding_window)."""
+    _BACKENDS[name] = forward
 
 
 def get_backend(name: str):
@@ -44,8 +45,8 @@ def attention(
 ) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; also writes k/v into layer_idx's cache."""
     ctx = get_forward_context()
-    fn = get_backend(ctx.backend)
-    return fn(q, k, v, ctx.kv_caches[layer_idx], ctx.attn_metadata, scale, sliding_window)
+    forward = get_backend(ctx.backend)
+    return forward(q, k, v, ctx.kv_caches[layer_idx], ctx.attn_metadata, scale, sliding_window)
 
 
 @attention.register_fake

@@ -31,8 +31,5 @@ class AttentionMetadata:
 
     @property
     def num_seqs(self) -> int:
+        """B, the sequences of the batch (padding sequences included when padded)."""
         return self.seq_lens_cpu.shape[0]
-
-    @property
-    def is_pure_decode(self) -> bool:
-        return self.max_query_len == 1

@@ -14,9 +14,9 @@ from compiled_llm.attention.metadata import AttentionMetadata
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> None:
     """Scatter this step's K/V rows into the paged cache [2, N, bs, Hkv, D] at `slots`."""
-    n = slots.shape[0]
-    kv_cache[0].view(-1, *k.shape[1:]).index_copy_(0, slots, k[:n])
-    kv_cache[1].view(-1, *v.shape[1:]).index_copy_(0, slots, v[:n])
+    num_rows = slots.shape[0]
+    kv_cache[0].view(-1, *k.shape[1:]).index_copy_(0, slots, k[:num_rows])
+    kv_cache[1].view(-1, *v.shape[1:]).index_copy_(0, slots, v[:num_rows])
 
 
 def _mask(q_len: int, kv_len: int, window: int, device: torch.device) -> torch.Tensor | None:
@@ -40,20 +40,19 @@ def attention_forward(
     sliding_window: int,
 ) -> torch.Tensor:
     """Write K/V into the cache, then attend each sequence's queries over its whole context."""
-    n = meta.num_actual_tokens
-    write_kv(k, v, kv_cache, meta.slot_mapping[:n])
+    write_kv(k, v, kv_cache, meta.slot_mapping[:meta.num_actual_tokens])
     if meta.max_query_len == 1:
         return _decode(q, kv_cache, meta, scale, sliding_window)
     out = torch.zeros_like(q)
     block_size = kv_cache.shape[2]
-    qsl, lens = meta.query_start_loc_cpu.tolist(), meta.seq_lens_cpu.tolist()
-    for i, kv_len in enumerate(lens):
-        start, end = qsl[i], qsl[i + 1]
+    query_starts, seq_lens = meta.query_start_loc_cpu.tolist(), meta.seq_lens_cpu.tolist()
+    for i, kv_len in enumerate(seq_lens):
+        start, end = query_starts[i], query_starts[i + 1]
         blocks = meta.block_tables[i, : (kv_len + block_size - 1) // block_size].long()
         keys = kv_cache[0][blocks].flatten(0, 1)[:kv_len]  # [L, Hkv, D]
         vals = kv_cache[1][blocks].flatten(0, 1)[:kv_len]
         mask = _mask(end - start, kv_len, sliding_window, q.device)
-        o = F.scaled_dot_product_attention(
+        attended = F.scaled_dot_product_attention(
             q[start:end].transpose(0, 1),  # [Hq, Tq, D]
             keys.transpose(0, 1),
             vals.transpose(0, 1),
@@ -61,15 +60,15 @@ def attention_forward(
             scale=scale,
             enable_gqa=True,
         )
-        out[start:end] = o.transpose(0, 1)
+        out[start:end] = attended.transpose(0, 1)
     return out
 
 
 def _decode(q, kv_cache, meta: AttentionMetadata, scale: float, window: int) -> torch.Tensor:
     """All-decode batch in one SDPA call: gather each sequence's blocks, mask past its length."""
-    b, block_size = meta.num_seqs, kv_cache.shape[2]
-    nblk = -(-meta.max_seq_len // block_size)
-    table = meta.block_tables[:, :nblk].long()  # [B, nblk]
+    num_seqs, block_size = meta.num_seqs, kv_cache.shape[2]
+    num_blocks = -(-meta.max_seq_len // block_size)
+    table = meta.block_tables[:, :num_blocks].long()  # [B, num_blocks]
     keys = kv_cache[0][table].flatten(1, 2)  # [B, L, Hkv, D]
     vals = kv_cache[1][table].flatten(1, 2)
     pos = torch.arange(keys.shape[1], device=q.device)[None, :]
@@ -78,13 +77,13 @@ def _decode(q, kv_cache, meta: AttentionMetadata, scale: float, window: int) -> 
     if window > 0:
         mask &= pos >= lens - window
     out = torch.zeros_like(q)
-    o = F.scaled_dot_product_attention(
-        q[:b].unsqueeze(2),  # [B, Hq, 1, D]
+    attended = F.scaled_dot_product_attention(
+        q[:num_seqs].unsqueeze(2),  # [B, Hq, 1, D]
         keys.transpose(1, 2),  # [B, Hkv, L, D]
         vals.transpose(1, 2),
         attn_mask=mask[:, None, None, :],
         scale=scale,
         enable_gqa=True,
     )
-    out[:b] = o.squeeze(2)
+    out[:num_seqs] = attended.squeeze(2)
     return out

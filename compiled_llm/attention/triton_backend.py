@@ -1,9 +1,8 @@
-"""The "triton" attention backend: paged KV writes, varlen prefill and split-K decode kernels.
+"""The "triton" attention backend (registered on import): paged KV writes, varlen prefill, decode.
 
-Importing this module registers the backend. All-decode batches (max_query_len == 1) take the
-split-K path, which is CUDA-graph capturable; every other batch (prefill, chunked prefill, and
-prefills mixed with decodes) runs the varlen prefill kernel. CPU tensors run the same kernels
-through Triton's interpreter (slow: meant for tests).
+All-decode batches (max_query_len == 1) take the split-K path, which is CUDA-graph capturable;
+every other batch (prefill, chunked prefill, mixed) runs the varlen prefill kernel. CPU tensors
+run the same kernels through Triton's interpreter (slow: meant for tests).
 """
 
 from __future__ import annotations
@@ -44,12 +43,14 @@ def decode_config(head_dim: int) -> DecodeConfig:
 
 def check_shapes(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
     """Raise ValueError for inputs the kernels do not handle."""
-    hq, d = q.shape[1], q.shape[2]
-    hkv, cache_d = kv_cache.shape[3], kv_cache.shape[4]
-    if d < 16 or d & (d - 1) or d != cache_d:
-        raise ValueError(f"head_dim must be a power of two >= 16 matching the cache, got {d}")
-    if hq % hkv:
-        raise ValueError(f"num query heads {hq} is not a multiple of num KV heads {hkv}")
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads, cache_head_dim = kv_cache.shape[3], kv_cache.shape[4]
+    if head_dim < 16 or head_dim & (head_dim - 1) or head_dim != cache_head_dim:
+        raise ValueError(
+            f"head_dim must be a power of two >= 16 matching the cache, got {head_dim}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num query heads {num_q_heads} is not a multiple of num KV heads "
+                         f"{num_kv_heads}")
     if q.dtype not in SUPPORTED_DTYPES or kv_cache.dtype != q.dtype:
         raise ValueError(f"q and kv_cache need one dtype of {SUPPORTED_DTYPES}, got "
                          f"q={q.dtype}, kv_cache={kv_cache.dtype}")
@@ -73,16 +74,16 @@ def triton_attention(
     check_shapes(q, kv_cache)
     write_kv_cache(k, v, kv_cache, meta.slot_mapping)
     out = torch.empty_like(q)
-    d = q.shape[2]
+    head_dim = q.shape[2]
     if meta.max_query_len == 1:
-        b = meta.seq_lens.shape[0]
+        num_seqs = meta.seq_lens.shape[0]
         decode_attention(q, kv_cache, meta.seq_lens, meta.block_tables, scale, sliding_window,
-                         out, decode_config(d))
-        if q.shape[0] > b:
-            out[b:].zero_()  # padded rows, as the reference leaves them
+                         out, decode_config(head_dim))
+        if q.shape[0] > num_seqs:
+            out[num_seqs:].zero_()  # padded rows, as the reference leaves them
         return out
     prefill_attention(q, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-                      meta.max_query_len, scale, sliding_window, out, prefill_config(d))
+                      meta.max_query_len, scale, sliding_window, out, prefill_config(head_dim))
     if q.shape[0] > meta.num_actual_tokens:
         out[meta.num_actual_tokens:].zero_()
     return out

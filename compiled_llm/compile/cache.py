@@ -28,21 +28,23 @@ ENV_DISABLE = "COMPILED_LLM_DISABLE_CACHE"
 
 
 def default_cache_root() -> Path:
+    """$COMPILED_LLM_CACHE_DIR, else ~/.cache/compiled_llm."""
     return Path(os.environ.get(ENV_DIR) or Path.home() / ".cache" / "compiled_llm")
 
 
 def source_hash(*paths: Path) -> str:
     """Hash of every .py file under paths (sorted; a path may be one file), so an edit
     invalidates the cache."""
-    h = hashlib.sha256()
-    for d in map(Path, paths):
-        for f in [d] if d.is_file() else sorted(d.rglob("*.py")):
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
+    digest = hashlib.sha256()
+    for root in map(Path, paths):
+        for source in [root] if root.is_file() else sorted(root.rglob("*.py")):
+            digest.update(source.name.encode())
+            digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def cache_key(factors: dict) -> str:
+    """The directory name for factors plus the torch and Triton versions."""
     versions = {"torch": torch.__version__, "triton": _triton_version()}
     blob = json.dumps({**factors, **versions}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
@@ -70,19 +72,20 @@ class CompileCache:
 
     def write_info(self, info: dict) -> None:
         """A human-readable note of what this key is, for `compiled-llm cache ls`."""
-        fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(info, f, default=str)
+        tmp_fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
+        with os.fdopen(tmp_fd, "w") as out:
+            json.dump(info, out, default=str)
         os.replace(tmp, self.dir / "info.json")
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        with open(self.dir / ".lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        """Hold this key's file lock (one compiler of a key at a time, across processes)."""
+        with open(self.dir / ".lock", "w") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
 
     def _paths(self, piece: str) -> tuple[Path, Path]:
         """(data, manifest); a piece's data is `.bin`, a blob's name carries its own suffix."""
@@ -102,14 +105,15 @@ class CompileCache:
             from torch._inductor import CompiledArtifact
 
             loaded = CompiledArtifact.load(path=str(art), format="binary")
-        except Exception as e:  # any damage means: rebuild, never crash
-            self.discard(piece, e)
+        except Exception as exc:  # any damage means: rebuild, never crash
+            self.discard(piece, exc)
             counters.cache_misses += 1
             return None
         counters.cache_hits += 1
         return loaded
 
     def save(self, piece: str, artifact, info: dict | None = None) -> None:
+        """Store a piece's Inductor artifact (atomic; info joins its manifest)."""
         self._commit(piece, lambda tmp: artifact.save(path=tmp, format="binary"), info)
 
     def save_blob(self, name: str, data: bytes, info: dict | None = None) -> None:
@@ -125,8 +129,8 @@ class CompileCache:
             data = art.read_bytes()
             if hashlib.sha256(data).hexdigest() != json.loads(manifest.read_text())["sha256"]:
                 raise ValueError("checksum mismatch")
-        except Exception as e:
-            self.discard(name, e)
+        except Exception as exc:
+            self.discard(name, exc)
             return None
         return data
 
@@ -140,33 +144,35 @@ class CompileCache:
 
     def _commit(self, name: str, write, info: dict | None) -> None:
         art, manifest = self._paths(name)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
-        os.close(fd)
+        tmp_fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
+        os.close(tmp_fd)
         write(tmp)
         meta = {"sha256": _sha(Path(tmp)), "bytes": Path(tmp).stat().st_size, **(info or {})}
         os.replace(tmp, art)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(meta, f)
+        tmp_fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
+        with os.fdopen(tmp_fd, "w") as out:
+            json.dump(meta, out)
         os.replace(tmp, manifest)  # the manifest commits the entry
 
 
 def list_entries(root: Path | str | None = None) -> list[dict]:
     """Every cache key directory with its piece count and size."""
     root = Path(root or default_cache_root())
-    out = []
-    for d in sorted(p for p in root.glob("*") if p.is_dir()) if root.exists() else []:
-        files = list(d.glob("*.bin"))
-        info = d / "info.json"
-        out.append({"key": d.name, "pieces": len(files),
-                    "bytes": sum(f.stat().st_size for f in files),
-                    "info": json.loads(info.read_text()) if info.exists() else {}})
-    return out
+    entries = []
+    key_dirs = sorted(p for p in root.glob("*") if p.is_dir()) if root.exists() else []
+    for key_dir in key_dirs:
+        files = list(key_dir.glob("*.bin"))
+        info = key_dir / "info.json"
+        entries.append({"key": key_dir.name, "pieces": len(files),
+                        "bytes": sum(f.stat().st_size for f in files),
+                        "info": json.loads(info.read_text()) if info.exists() else {}})
+    return entries
 
 
 def clear(root: Path | str | None = None) -> int:
+    """Delete the whole cache under root; returns how many keys it held."""
     root = Path(root or default_cache_root())
-    n = len(list_entries(root))
+    num_entries = len(list_entries(root))
     if root.exists():
         shutil.rmtree(root)
-    return n
+    return num_entries

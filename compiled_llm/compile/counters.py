@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class CompileCounters:
+    """Process-wide totals since the last reset(); the dicts are keyed by pass and stage."""
+
     graphs_captured: int = 0  # backend invocations (Dynamo graphs)
     recompiles: int = 0  # captures after the first for the same model
     pieces: int = 0  # pieces between attention ops, over all captures
@@ -33,18 +35,18 @@ class CompileCounters:
         return graph_break_count()
 
     def add_time(self, stage: str, seconds: float) -> None:
+        """Add seconds spent in a compile stage."""
         self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
 
-    def add_matches(self, name: str, n: int) -> None:
-        self.pass_matches[name] = self.pass_matches.get(name, 0) + n
+    def add_matches(self, name: str, count: int) -> None:
+        """Add count rewrites by the pass called name."""
+        self.pass_matches[name] = self.pass_matches.get(name, 0) + count
 
     def reset(self) -> None:
-        for f in dataclasses.fields(self):
-            default = f.default_factory() if callable(f.default_factory) else f.default
-            setattr(self, f.name, default)
-
-    def as_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "graph_breaks": self.graph_breaks}
+        """Every counter back to its default."""
+        for spec in dataclasses.fields(self):
+            default = spec.default_factory() if callable(spec.default_factory) else spec.default
+            setattr(self, spec.name, default)
 
 
 counters = CompileCounters()

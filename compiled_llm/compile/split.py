@@ -17,6 +17,7 @@ SPLIT_OPS = ("compiled_llm::attention",)
 
 
 def is_split_node(node: fx.Node) -> bool:
+    """Whether node calls an op the graph is split at (the attention op)."""
     target = node.target
     name = getattr(target, "_schema", None)
     return node.op == "call_function" and name is not None and name.name in SPLIT_OPS
@@ -24,33 +25,36 @@ def is_split_node(node: fx.Node) -> bool:
 
 @dataclass
 class Piece:
+    """One submodule of the split graph: a compute piece, or an attention op alone."""
+
     name: str  # submodule name in the split graph
     module: fx.GraphModule
     is_split_op: bool
 
 
-def split_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[Piece]]:
-    """Partition gm so each attention op sits alone between compute pieces."""
-    part, sid = {}, 0
-    for node in gm.graph.nodes:
+def split_graph(graph_module: fx.GraphModule) -> tuple[fx.GraphModule, list[Piece]]:
+    """Partition graph_module so each attention op sits alone between compute pieces."""
+    partition, piece_id = {}, 0
+    for node in graph_module.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
         if is_split_node(node):
-            part[node] = sid + 1
-            sid += 2
+            partition[node] = piece_id + 1
+            piece_id += 2
         else:
-            part[node] = sid
-    split = split_module(gm, None, lambda n: part[n], keep_original_order=True)
+            partition[node] = piece_id
+    split = split_module(graph_module, None, lambda node: partition[node], keep_original_order=True)
     pieces = []
-    for name, mod in split.named_children():
-        pieces.append(Piece(name, mod, any(is_split_node(n) for n in mod.graph.nodes)))
+    for name, module in split.named_children():
+        is_split_op = any(is_split_node(node) for node in module.graph.nodes)
+        pieces.append(Piece(name, module, is_split_op))
     return split, pieces
 
 
-def _describe(val) -> str:
-    if isinstance(val, torch.Tensor):
-        return f"{val.dtype}{tuple(val.shape)}{tuple(val.stride())}{val.device.type}"
-    return repr(val)
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype}{tuple(value.shape)}{tuple(value.stride())}{value.device.type}"
+    return repr(value)
 
 
 def _target_name(target) -> str:
@@ -61,14 +65,14 @@ def _target_name(target) -> str:
     return f"{getattr(target, '__module__', '')}.{name}" if name else str(target)
 
 
-def piece_hash(gm: fx.GraphModule) -> str:
+def piece_hash(graph_module: fx.GraphModule) -> str:
     """Hash of the piece's computation, blind to node names (layer 3 == layer 7)."""
     index: dict[fx.Node, str] = {}
     lines = []
-    for i, node in enumerate(gm.graph.nodes):
+    for i, node in enumerate(graph_module.graph.nodes):
         index[node] = f"%{i}"
-        args = fx.node.map_arg((node.args, node.kwargs), lambda a: index[a])
+        args = fx.node.map_arg((node.args, node.kwargs), lambda arg: index[arg])
         target = "" if node.op == "placeholder" else _target_name(node.target)
-        val = node.meta.get("example_value", node.meta.get("val"))
-        lines.append(f"{node.op}|{target}|{args}|{_describe(val)}")
+        value = node.meta.get("example_value", node.meta.get("val"))
+        lines.append(f"{node.op}|{target}|{args}|{_describe(value)}")
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:24]

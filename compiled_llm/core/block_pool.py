@@ -1,5 +1,4 @@
-"""The KV block pool: reference-counted blocks, an O(1) LRU free queue, and the prefix-cache map
-from block hash to block.
+"""The KV block pool: reference-counted blocks, an O(1) LRU free queue, the hash -> block map.
 
 Pure Python. Block 0 is the null block (padding writes there); it is never handed out. A block
 with ref_cnt 0 sits in the free queue; if it still carries a hash it stays reusable by a prefix
@@ -35,10 +34,11 @@ class FreeBlockQueue:
         self._tail = KVBlock(-1)
         self._head.next, self._tail.prev = self._tail, self._head
         self.num_free = 0
-        for b in blocks:
-            self.append(b)
+        for block in blocks:
+            self.append(block)
 
     def append(self, block: KVBlock) -> None:
+        """Put block at the tail: it becomes the most recently freed."""
         last = self._tail.prev
         assert last is not None
         block.prev, block.next = last, self._tail
@@ -46,6 +46,7 @@ class FreeBlockQueue:
         self.num_free += 1
 
     def remove(self, block: KVBlock) -> None:
+        """Take block out from wherever it sits; RuntimeError if it is not queued."""
         if block.prev is None or block.next is None:
             raise RuntimeError(f"block {block.block_id} is not in the free queue")
         block.prev.next, block.next.prev = block.next, block.prev
@@ -53,6 +54,7 @@ class FreeBlockQueue:
         self.num_free -= 1
 
     def popleft(self) -> KVBlock:
+        """Take the least recently freed block; RuntimeError when none is free."""
         first = self._head.next
         if first is self._tail or first is None:
             raise RuntimeError("no free blocks")
@@ -85,24 +87,25 @@ class BlockPool:
 
     @property
     def num_used(self) -> int:
+        """Blocks with at least one owner (the null block is never counted)."""
         return self.num_blocks - 1 - self.free_queue.num_free
 
-    def allocate(self, n: int) -> list[int]:
-        """n fresh blocks (ref_cnt 1), evicting the least recently freed cached ones."""
-        if n > self.num_free:
-            raise RuntimeError(f"asked for {n} blocks, {self.num_free} free")
-        out = []
-        for _ in range(n):
+    def allocate(self, count: int) -> list[int]:
+        """count fresh blocks (ref_cnt 1), evicting the least recently freed cached ones."""
+        if count > self.num_free:
+            raise RuntimeError(f"asked for {count} blocks, {self.num_free} free")
+        block_ids = []
+        for _ in range(count):
             block = self.free_queue.popleft()
             self._evict(block)
             block.ref_cnt = 1
-            out.append(block.block_id)
-        return out
+            block_ids.append(block.block_id)
+        return block_ids
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Take a reference on cached blocks (a prefix hit); free ones leave the free queue."""
-        for bid in block_ids:
-            block = self.blocks[bid]
+        for block_id in block_ids:
+            block = self.blocks[block_id]
             if block.ref_cnt == 0:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
@@ -110,15 +113,16 @@ class BlockPool:
     def free(self, block_ids: Iterable[int]) -> None:
         """Drop one reference each; blocks reaching 0 join the free queue's tail in the given
         order (callers pass a request's blocks tail first, so its prefix is evicted last)."""
-        for bid in block_ids:
-            block = self.blocks[bid]
-            if block.ref_cnt <= 0 or bid == NULL_BLOCK:
-                raise RuntimeError(f"block {bid} freed while not held (double free)")
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.ref_cnt <= 0 or block_id == NULL_BLOCK:
+                raise RuntimeError(f"block {block_id} freed while not held (double free)")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
 
     def lookup(self, block_hash: bytes) -> int | None:
+        """The block caching block_hash, or None (no reference is taken)."""
         block = self.cached.get(block_hash)
         return None if block is None else block.block_id
 

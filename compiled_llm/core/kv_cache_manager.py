@@ -1,10 +1,8 @@
-"""KV cache manager: gives requests the blocks their tokens need, reuses cached prefix blocks,
-and takes blocks back.
+"""KV cache manager: the blocks each request's tokens need, cached prefix reuse, block release.
 
-Pure Python; never touches the device. A block becomes cached (hash -> block) when a step is
-scheduled to fill it, prompt or generated tokens alike; a new or preempted request first takes
-the longest run of cached full blocks matching its tokens, always leaving at least one token to
-compute so the step has logits to sample from.
+Pure Python. A block is cached (hash -> block) when a step is scheduled to fill it; a new or
+preempted request first takes the longest run of cached full blocks matching its tokens, always
+leaving at least one token to compute so the step has logits to sample from.
 """
 
 from __future__ import annotations
@@ -30,15 +28,17 @@ class PrefixCacheStats:
 
     @property
     def token_hit_rate(self) -> float:
+        """Fraction of looked-up tokens served from the cache (0.0 before any lookup)."""
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
 
     @property
     def block_hit_rate(self) -> float:
+        """Fraction of looked-up full blocks served from the cache (0.0 before any lookup)."""
         return self.hit_blocks / self.queried_blocks if self.queried_blocks else 0.0
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+def _ceil_div(count: int, size: int) -> int:
+    return -(-count // size)
 
 
 class KVCacheManager:
@@ -59,19 +59,22 @@ class KVCacheManager:
 
     @property
     def usage(self) -> float:
+        """Fraction of allocatable blocks (all but the null block) held by requests."""
         return self.pool.num_used / max(1, self.pool.num_blocks - 1)
 
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        """New blocks req needs to hold num_new_tokens more tokens (0 if it has room)."""
         total = req.num_computed_tokens + num_new_tokens
         return max(0, _ceil_div(total, self.block_size) - len(req.block_ids))
 
     def can_ever_fit(self, num_tokens: int) -> bool:
+        """Whether num_tokens fit the whole pool (a request alone could hold them)."""
         return _ceil_div(num_tokens, self.block_size) <= self.pool.num_blocks - 1
 
     # ------------------------------------------------------------------ prefix lookups
     def _hash_blocks(self, req: Request, num_tokens: int) -> None:
         extend_block_hashes(self._digest, req.block_hashes, req.all_token_ids, self.block_size,
-                            req.extra_keys, num_tokens)
+                            num_tokens=num_tokens)
 
     def get_computed_blocks(self, req: Request) -> list[int]:
         """Cached blocks matching req's leading full blocks (no references taken). Capped so
@@ -82,19 +85,19 @@ class KVCacheManager:
         self._hash_blocks(req, req.num_tokens)
         hits: list[int] = []
         for block_hash in req.block_hashes[: (req.num_tokens - 1) // self.block_size]:
-            bid = self.pool.lookup(block_hash)
-            if bid is None:
+            block_id = self.pool.lookup(block_hash)
+            if block_id is None:
                 break
-            hits.append(bid)
+            hits.append(block_id)
         return hits
 
     def _record_lookup(self, req: Request, num_hit_blocks: int) -> None:
-        s = self.stats
-        s.requests += 1
-        s.queried_tokens += req.num_tokens
-        s.hit_tokens += num_hit_blocks * self.block_size
-        s.queried_blocks += req.num_tokens // self.block_size
-        s.hit_blocks += num_hit_blocks
+        stats = self.stats
+        stats.requests += 1
+        stats.queried_tokens += req.num_tokens
+        stats.hit_tokens += num_hit_blocks * self.block_size
+        stats.queried_blocks += req.num_tokens // self.block_size
+        stats.hit_blocks += num_hit_blocks
 
     # ------------------------------------------------------------------ allocation
     def allocate_slots(self, req: Request, num_new_tokens: int,
@@ -110,7 +113,7 @@ class KVCacheManager:
         total = req.num_computed_tokens + len(hits) * self.block_size + num_new_tokens
         need = max(0, _ceil_div(total, self.block_size) - len(req.block_ids) - len(hits))
         # hits sitting in the free queue stop being allocatable once taken
-        reclaimed = sum(1 for b in hits if self.pool.blocks[b].ref_cnt == 0)
+        reclaimed = sum(1 for block_id in hits if self.pool.blocks[block_id].ref_cnt == 0)
         if need > self.pool.num_free - reclaimed:
             return False
         if self.enable_prefix_caching and not req.block_ids and not req.skips_prefix_cache:
@@ -157,8 +160,9 @@ class KVCacheManager:
 
     def drop_uncomputed(self, req: Request) -> None:
         """Forget the hashes of blocks a failed step was to fill: their KV is not trustworthy."""
-        for bid in req.block_ids[req.num_computed_tokens // self.block_size :]:
-            self.pool.uncache(bid)
+        for block_id in req.block_ids[req.num_computed_tokens // self.block_size :]:
+            self.pool.uncache(block_id)
 
     def reset_prefix_cache(self) -> None:
+        """Forget every cached block hash; blocks held by requests stay theirs."""
         self.pool.reset_cache()

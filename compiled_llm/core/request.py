@@ -15,6 +15,8 @@ from compiled_llm.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
+    """Where a request is in its life; the value of a finished status is its finish_reason."""
+
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
@@ -25,6 +27,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
+        """Whether this status ends the request (stop, length, abort or error)."""
         # by value: a str hash is C-level, an Enum member's is Python (hot: every request, step)
         return self._value_ in _FINISHED
 
@@ -54,10 +57,8 @@ class Request:
     pending_src: int = -1  # row of the newest pending token in its step's sampled tensor
     needs_feedback: bool = False  # set from sampling_params: no async steps for this request
     block_ids: list[int] = field(default_factory=list)
-    # prefix caching: hashes of the full blocks of all_token_ids (filled in by the KV manager),
-    # and what besides the tokens shapes this request's KV (LoRA id, multimodal hashes)
+    # prefix caching: hashes of the full blocks of all_token_ids (filled in by the KV manager)
     block_hashes: list[bytes] = field(default_factory=list)
-    extra_keys: tuple = ()
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     error: str | None = None
@@ -89,25 +90,29 @@ class Request:
 
     @property
     def num_prompt_tokens(self) -> int:
+        """Length of the prompt."""
         return len(self.prompt_token_ids)
 
     @property
     def num_tokens(self) -> int:
+        """Prompt plus output tokens, pending ones (sampled, not yet read) included."""
         return len(self.all_token_ids) + self.num_pending
 
     @property
     def num_output_tokens(self) -> int:
+        """Generated tokens the host has read."""
         return len(self.output_token_ids)
 
     @property
     def is_finished(self) -> bool:
+        """Whether the scheduler has finished this request."""
         return self.status.finished
 
     @property
     def needs_prompt_logprobs(self) -> bool:
         """Prompt logprobs are produced once, on the first pass over the prompt."""
-        pl = self.prompt_logprobs
-        return pl is not None and len(pl) < self.num_prompt_tokens
+        scored = self.prompt_logprobs
+        return scored is not None and len(scored) < self.num_prompt_tokens
 
     @property
     def skips_prefix_cache(self) -> bool:
@@ -116,9 +121,11 @@ class Request:
         return self.needs_prompt_logprobs
 
     def append_token(self, token_id: int) -> None:
+        """Record a generated token the host has read."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
 
     @property
     def finish_reason(self) -> str | None:
+        """"stop", "length", "abort" or "error" once finished, else None."""
         return self.status.value if self.status.finished else None

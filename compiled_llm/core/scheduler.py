@@ -1,12 +1,8 @@
-"""Scheduler: decides each step which requests run and how many tokens each.
+"""Scheduler: decides each step which requests run and how many tokens each (pure Python).
 
-Continuous batching under a token budget and a sequence cap, chunked prefill (running requests
-first, decodes before prefill chunks), prefix-cache hits on admission, a waiting order set by
-the policy (fcfs or priority), and preemption by recompute when KV blocks run out (the newest,
-or under priority the least urgent, running request). Pure Python: its output is a plain
-description of the step. The scheduler is the one writer of a request's status and the one
-place that decides it is finished (stop tokens, length, grammar, and the stop strings and
-errors that output processing reports through `finish`).
+Continuous batching under a token budget and a sequence cap, chunked prefill (decodes first),
+prefix-cache hits on admission, fcfs or priority order, preemption by recompute when KV blocks
+run out. The one writer of a request's status and the one place that decides it is finished.
 """
 
 from __future__ import annotations
@@ -33,15 +29,22 @@ class SchedulerOutput:
 
     @property
     def total_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
+        """New tokens over every scheduled request."""
+        return sum(num_new for _, num_new in self.scheduled)
 
     @property
     def is_empty(self) -> bool:
+        """Whether the step runs no request."""
         return not self.scheduled
 
 
 class Scheduler:
-    """Synchronous scheduling: a step's tokens are read before the next step is scheduled."""
+    """Synchronous scheduling: a step's tokens are read before the next step is scheduled.
+
+    Preemption picks the newest running request (under priority, the least urgent). A request
+    finishes here on stop tokens, length or its grammar, and through `finish` on the stop
+    strings and errors that output processing reports.
+    """
 
     def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager) -> None:
         self.cfg = cfg
@@ -66,9 +69,12 @@ class Scheduler:
         self.waiting.add(req)
 
     def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running."""
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
+        """The next step: running requests first, then admissions while budget and seats
+        last (none in a step that had to preempt)."""
         out = SchedulerOutput(finished_req_ids=self._finished_ids)
         self._finished_ids = set()
         budget = self._schedule_running(out, self.cfg.max_num_batched_tokens)
@@ -78,7 +84,7 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         # decodes first, then ongoing prefill chunks: a long prompt never stalls token streams
-        order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
+        order = sorted(self.running, key=lambda req: req.num_tokens - req.num_computed_tokens > 1)
         for req in order:
             if budget <= 0:
                 break
@@ -86,18 +92,18 @@ class Scheduler:
                 continue
             if self._nothing_to_compute(req):
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(req, n, out):
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self._allocate_or_preempt(req, num_new, out):
                 continue
-            out.scheduled.append((req, n))
-            budget -= n
+            out.scheduled.append((req, num_new))
+            budget -= num_new
         return budget
 
-    def _allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> bool:
-        while not self.kv.allocate_slots(req, n):
-            scheduled = {id(r) for r, _ in out.scheduled}  # only on the rare failure path
-            victims = [r for r in self.running if id(r) not in scheduled]
-            if victims == [req] and not self.kv.can_ever_fit(req.num_computed_tokens + n):
+    def _allocate_or_preempt(self, req: Request, num_new: int, out: SchedulerOutput) -> bool:
+        while not self.kv.allocate_slots(req, num_new):
+            scheduled = {id(other) for other, _ in out.scheduled}  # only on the rare failure path
+            victims = [other for other in self.running if id(other) not in scheduled]
+            if victims == [req] and not self.kv.can_ever_fit(req.num_computed_tokens + num_new):
                 # alone and still too big: the pool, not the batch, is the limit
                 self.finish(req, RequestStatus.FINISHED_LENGTH)
                 return False
@@ -114,16 +120,16 @@ class Scheduler:
             req = self.waiting.peek()
             hits = self.kv.get_computed_blocks(req)  # waiting requests hold no blocks
             left = req.num_tokens - len(hits) * self.kv.block_size
-            n = min(left, budget)
-            if not self.cfg.enable_chunked_prefill and n < left:
+            num_new = min(left, budget)
+            if not self.cfg.enable_chunked_prefill and num_new < left:
                 break
-            if not self.kv.allocate_slots(req, n, hits):
+            if not self.kv.allocate_slots(req, num_new, hits):
                 break
             self.waiting.pop()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.scheduled.append((req, n))
-            budget -= n
+            out.scheduled.append((req, num_new))
+            budget -= num_new
 
     def preempt(self, req: Request) -> None:
         """Free req's blocks (cached ones stay reusable) and requeue it, to be recomputed."""
@@ -143,9 +149,9 @@ class Scheduler:
         """The step ran (or, under async scheduling, was launched): its tokens count as
         computed. sample_reqs, the step's sampling requests in row order, matter only to the
         async scheduler."""
-        for req, n in out.scheduled:
+        for req, num_new in out.scheduled:
             if not req.is_finished:  # finished (aborted) while the step ran
-                req.num_computed_tokens += n
+                req.num_computed_tokens += num_new
 
     def _token_landed(self, req: Request) -> None:
         """A sampled token of req reached the host (async bookkeeping; nothing here)."""
@@ -178,18 +184,18 @@ class Scheduler:
                 req.error = "structured_outputs: a sampled token was rejected by the grammar"
                 return RequestStatus.FINISHED_ERROR, None
             return (RequestStatus.FINISHED_STOPPED if req.grammar.is_terminated() else None), None
-        except Exception as e:  # the matcher is third-party code: contain it
-            req.error = f"output processing failed: {type(e).__name__}: {e}"
+        except Exception as exc:  # the matcher is third-party code: contain it
+            req.error = f"output processing failed: {type(exc).__name__}: {exc}"
             return RequestStatus.FINISHED_ERROR, None
 
     def _check_stop(self, req: Request, token: int) -> tuple[RequestStatus | None, int | None]:
-        p = req.sampling_params
-        if req.num_output_tokens >= p.min_tokens:
-            if not p.ignore_eos and token in req.eos_token_ids:
+        params = req.sampling_params
+        if req.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token in req.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED, None
-            if token in p.stop_token_ids:
+            if token in params.stop_token_ids:
                 return RequestStatus.FINISHED_STOPPED, token
-        if p.max_tokens is not None and req.num_output_tokens >= p.max_tokens:
+        if params.max_tokens is not None and req.num_output_tokens >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH, None
         if len(req.all_token_ids) >= self.cfg.max_model_len:  # known tokens, not pending
             return RequestStatus.FINISHED_LENGTH, None
@@ -227,6 +233,7 @@ class Scheduler:
         return reqs
 
     def abort(self, request_id: str) -> Request | None:
+        """Finish the request as aborted; returns it, or None if it is not live."""
         req = self.requests.get(request_id)
         if req is not None:
             self.finish(req, RequestStatus.FINISHED_ABORTED)

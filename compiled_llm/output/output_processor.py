@@ -15,27 +15,32 @@ from compiled_llm.worker.model_runner import LogprobRow, StepResult
 
 
 class OutputProcessor:
+    """Turns each step's tokens into a request's text and logprob records (the tokenizer may
+    be None: then no text is made)."""
+
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
 
     def start(self, req: Request) -> None:
-        p = req.sampling_params
-        if self.tokenizer is not None and p.detokenize:
+        """Give a new request its incremental detokenizer, if it wants text."""
+        params = req.sampling_params
+        if self.tokenizer is not None and params.detokenize:
             req.detokenizer = IncrementalDetokenizer(
-                self.tokenizer, req.prompt_token_ids, p.skip_special_tokens,
-                p.spaces_between_special_tokens)
+                self.tokenizer, req.prompt_token_ids, params.skip_special_tokens,
+                params.spaces_between_special_tokens)
 
     def _record(self, row: LogprobRow) -> dict[int, Logprob]:
-        ids, lps, rank = row
-        out = {ids[0]: Logprob(lps[0], rank, self._decode(ids[0]))}
-        for j, (tid, lp) in enumerate(zip(ids[1:], lps[1:]), start=1):
-            out.setdefault(tid, Logprob(lp, j, self._decode(tid)))
-        return out
+        token_ids, logprobs, rank = row
+        record = {token_ids[0]: Logprob(logprobs[0], rank, self._decode(token_ids[0]))}
+        for top_rank, (token_id, logprob) in enumerate(zip(token_ids[1:], logprobs[1:]), start=1):
+            record.setdefault(token_id, Logprob(logprob, top_rank, self._decode(token_id)))
+        return record
 
     def _decode(self, token_id: int) -> str | None:
         return None if self.tokenizer is None else self.tokenizer.decode([token_id])
 
     def add_prompt_logprobs(self, req: Request, rows: list[LogprobRow]) -> None:
+        """Append the records of the prompt positions this step scored."""
         req.prompt_logprobs.extend(self._record(r) for r in rows)
 
     def process_token(self, req: Request, result: StepResult) -> str | None:
@@ -47,10 +52,11 @@ class OutputProcessor:
         if req.detokenizer is None:
             return None
         delta = req.detokenizer.add_tokens([req.output_token_ids[-1]])
-        p = req.sampling_params
-        if delta and p.stop:
+        params = req.sampling_params
+        if delta and params.stop:
             text = req.detokenizer.output_text
-            hit = find_stop_string(text, len(delta), p.stop, p.include_stop_str_in_output)
+            hit = find_stop_string(text, len(delta), params.stop,
+                                   params.include_stop_str_in_output)
             if hit is not None:
                 req.detokenizer.truncate(hit[1])
                 return hit[0]
@@ -59,10 +65,10 @@ class OutputProcessor:
 
 def visible_text(req: Request) -> str:
     """Output text minus a tail that may still turn into a stop string (shown once resolved)."""
-    text, p = req.output_text, req.sampling_params
-    if req.is_finished or not p.stop or p.include_stop_str_in_output:
+    text, params = req.output_text, req.sampling_params
+    if req.is_finished or not params.stop or params.include_stop_str_in_output:
         return text
-    return text[: len(text) - held_back_chars(text, p.stop)]
+    return text[: len(text) - held_back_chars(text, params.stop)]
 
 
 def completion_of(req: Request, index: int) -> CompletionOutput:
@@ -109,7 +115,7 @@ def request_output(request_id: str, children: list[Request]) -> RequestOutput | 
     if kind == RequestOutputKind.FINAL_ONLY and not finished:
         return None
     if kind == RequestOutputKind.DELTA:
-        outs = [d for i, c in enumerate(children) if (d := delta_of(c, i)) is not None]
+        outs = [delta for i, c in enumerate(children) if (delta := delta_of(c, i)) is not None]
         if not outs:
             return None
     else:

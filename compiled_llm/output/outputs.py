@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Logprob:
+    """One token's log probability, its 1-based vocab rank, and its text when decoded."""
+
     logprob: float
     rank: int | None = None
     decoded_token: str | None = None
@@ -18,6 +20,8 @@ PromptLogprobs = list[dict[int, Logprob] | None]
 
 @dataclass
 class CompletionOutput:
+    """One generated sequence of a request (a delta of it when streaming DELTA outputs)."""
+
     index: int
     text: str
     token_ids: list[int]
@@ -27,11 +31,15 @@ class CompletionOutput:
     stop_reason: int | str | None = None
 
     def finished(self) -> bool:
+        """Whether the sequence has a finish_reason (vLLM's API)."""
         return self.finish_reason is not None
 
 
 @dataclass
 class RequestOutput:
+    """What a request produced so far: its prompt and one CompletionOutput per sequence;
+    error is set when a sequence finished with finish_reason "error"."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]

@@ -1,10 +1,8 @@
-"""FP8 W8A8 linear layers: weights quantized at load to float8_e4m3fn with per-output-channel
-scales, activations quantized per token at run time.
+"""FP8 W8A8 linears: float8_e4m3fn weights with per-output-channel scales, per-token activations.
 
-`quantize_model(model, "fp8")` swaps every nn.Linear but the LM head for an Fp8Linear. Its
-forward calls `compiled_llm::quant_fp8_per_token` and `compiled_llm::fp8_gemm`, the ops the quant
-fusion passes match. The GEMM is `torch._scaled_mm` (row-wise scales) on CUDA and a float32
-reference matmul elsewhere.
+`quantize_model(model, "fp8")` swaps every nn.Linear but the LM head for an Fp8Linear, whose
+forward calls `compiled_llm::quant_fp8_per_token` (what the quant fusion passes match) and
+`compiled_llm::fp8_gemm`: `torch._scaled_mm` (row-wise scales) on CUDA, a float32 matmul elsewhere.
 """
 
 from __future__ import annotations
@@ -17,16 +15,16 @@ from compiled_llm.passes.quant_ops import FP8_DTYPE, FP8_MAX, MIN_SCALE, quant_f
 QUANTIZATIONS = (None, "fp8")
 
 
-def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] -> (w_q fp8 [N, K], scale f32 [N, 1]) with w ~= w_q * scale per output row."""
-    amax = w.abs().amax(-1, keepdim=True).float()
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (w_q fp8 [N, K], scale f32 [N, 1]), weight ~= w_q * scale per row."""
+    amax = weight.abs().amax(-1, keepdim=True).float()
     scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
-    return (w.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+    return (weight.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
-def _scaled_mm_ok(q: torch.Tensor, w_q: torch.Tensor) -> bool:
+def _scaled_mm_ok(x_q: torch.Tensor, w_q: torch.Tensor) -> bool:
     # _scaled_mm wants CUDA and dims that are multiples of 16
-    return q.is_cuda and q.shape[1] % 16 == 0 and w_q.shape[0] % 16 == 0
+    return x_q.is_cuda and x_q.shape[1] % 16 == 0 and w_q.shape[0] % 16 == 0
 
 
 @torch.library.custom_op("compiled_llm::fp8_gemm", mutates_args=())
@@ -59,9 +57,10 @@ class Fp8Linear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.in_features)  # [T, K]
-        q, x_scale = quant_fp8_per_token(x2)
-        out = fp8_gemm(q, x_scale, self.weight, self.weight_scale, self.bias, x.dtype)
+        """x [..., K] -> [..., N] in x's dtype."""
+        rows = x.reshape(-1, self.in_features)  # [T, K]
+        x_q, x_scale = quant_fp8_per_token(rows)
+        out = fp8_gemm(x_q, x_scale, self.weight, self.weight_scale, self.bias, x.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -79,7 +78,7 @@ def quantize_model(model: nn.Module, quantization: str | None) -> nn.Module:
     lm_head = getattr(model, "lm_head", None)
     targets = [(name, mod) for name, mod in model.named_modules()
                if type(mod) is nn.Linear and mod is not lm_head]
-    for name, mod in targets:
+    for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, Fp8Linear(mod))
+        setattr(model.get_submodule(parent_name), child, Fp8Linear(linear))
     return model

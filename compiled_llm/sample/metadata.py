@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class SamplingMetadata:
+    """One step's sampling parameters by row [B]; an optional tensor is None when no row
+    uses it, so an all-greedy batch carries none of temperature, top-k/p, min-p."""
+
     temperature: torch.Tensor | None  # [B] float32, 0.0 = greedy row; None when all_greedy
     all_greedy: bool
     top_k: torch.Tensor | None  # [B] int64, 0 = off; None if no row uses it
@@ -57,40 +60,42 @@ def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
 def build_sampling_metadata(reqs: list[Request], device: torch.device, gen_for) -> SamplingMetadata:
     """The batch view of the requests' SamplingParams; optional tensors only when used (an
     all-greedy batch builds none for temperature, top-k/p, min-p or generators)."""
-    ps = [r.sampling_params for r in reqs]
-    f32 = lambda xs: torch.tensor(xs, dtype=torch.float32, device=device)  # noqa: E731
-    all_greedy = all(p.is_greedy for p in ps)
-    rep = any(p.repetition_penalty != 1.0 for p in ps)
-    use_pen = rep or any(p.presence_penalty or p.frequency_penalty for p in ps)
+    params = [r.sampling_params for r in reqs]
+    floats = lambda values: torch.tensor(values, dtype=torch.float32, device=device)  # noqa: E731
+    all_greedy = all(p.is_greedy for p in params)
+    any_repetition = any(p.repetition_penalty != 1.0 for p in params)
+    any_penalty = any_repetition or any(p.presence_penalty or p.frequency_penalty for p in params)
     banned = {i: [*(() if r.sampling_params.ignore_eos else r.eos_token_ids),
                   *r.sampling_params.stop_token_ids]
               for i, r in enumerate(reqs) if r.num_output_tokens < r.sampling_params.min_tokens}
-    procs = {i: p.logits_processors for i, p in enumerate(ps) if p.logits_processors}
-    k = [p.logprobs for p in ps if p.logprobs is not None]
+    processors = {i: p.logits_processors for i, p in enumerate(params) if p.logits_processors}
+    logprob_counts = [p.logprobs for p in params if p.logprobs is not None]
     meta = SamplingMetadata(
         temperature=None, all_greedy=all_greedy, top_k=None, top_p=None, min_p=None,
         generators={},
-        presence_penalty=f32([p.presence_penalty for p in ps]) if use_pen else None,
-        frequency_penalty=f32([p.frequency_penalty for p in ps]) if use_pen else None,
-        repetition_penalty=f32([p.repetition_penalty for p in ps]) if use_pen else None,
-        prompt_token_ids=[r.prompt_token_ids for r in reqs] if rep else [],
+        presence_penalty=floats([p.presence_penalty for p in params]) if any_penalty else None,
+        frequency_penalty=floats([p.frequency_penalty for p in params]) if any_penalty else None,
+        repetition_penalty=floats([p.repetition_penalty for p in params]) if any_penalty else None,
+        prompt_token_ids=[r.prompt_token_ids for r in reqs] if any_repetition else [],
         output_token_ids=[r.output_token_ids for r in reqs],
         banned_token_ids=banned,
-        logits_processors=procs,
-        max_num_logprobs=max(k) if k else None,
-        any_repetition_penalty=rep,
+        logits_processors=processors,
+        max_num_logprobs=max(logprob_counts) if logprob_counts else None,
+        any_repetition_penalty=any_repetition,
     )
     if not all_greedy:
-        _random_sampling_fields(meta, reqs, ps, f32, gen_for)
+        _random_sampling_fields(meta, reqs, params, floats, gen_for)
     return meta
 
 
-def _random_sampling_fields(meta: SamplingMetadata, reqs: list[Request], ps, f32, gen_for):
-    meta.temperature = f32([0.0 if p.is_greedy else p.temperature for p in ps])
-    top_k = [p.top_k for p in ps]
+def _random_sampling_fields(meta: SamplingMetadata, reqs: list[Request], params, floats,
+                            gen_for) -> None:
+    """Temperature, top-k/p, min-p and seeded generators: only a batch with a random row."""
+    meta.temperature = floats([0.0 if p.is_greedy else p.temperature for p in params])
+    top_k = [p.top_k for p in params]
     if any(top_k):
         meta.top_k = torch.tensor(top_k, device=meta.temperature.device)
         meta.max_top_k = max(top_k)
-    meta.top_p = f32([p.top_p for p in ps]) if any(p.top_p < 1.0 for p in ps) else None
-    meta.min_p = f32([p.min_p for p in ps]) if any(p.min_p > 0.0 for p in ps) else None
-    meta.generators = {i: g for i, r in enumerate(reqs) if (g := gen_for(r)) is not None}
+    meta.top_p = floats([p.top_p for p in params]) if any(p.top_p < 1.0 for p in params) else None
+    meta.min_p = floats([p.min_p for p in params]) if any(p.min_p > 0.0 for p in params) else None
+    meta.generators = {i: gen for i, r in enumerate(reqs) if (gen := gen_for(r)) is not None}

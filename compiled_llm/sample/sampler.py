@@ -34,11 +34,14 @@ class LogprobsTensors:
     ranks: torch.Tensor  # [B] int64, 1-based vocab rank of the column-0 token
 
     def tolists(self) -> tuple[list[list[int]], list[list[float]], list[int]]:
+        """(token ids, logprobs, ranks) as host lists (one device sync)."""
         return self.token_ids.tolist(), self.logprobs.tolist(), self.ranks.tolist()
 
 
 @dataclass
 class SamplerOutput:
+    """One sampled token per row, and the logprobs asked for (None when no row asked)."""
+
     sampled_token_ids: torch.Tensor  # [B] int64
     logprobs: LogprobsTensors | None
 
@@ -46,16 +49,18 @@ class SamplerOutput:
 # ----------------------------------------------------------------------------- logprobs
 
 
-def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> LogprobsTensors:
-    """Pack chosen-token logprob + rank and the top-k of already-normalised ``logprobs``."""
+def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor,
+                    num_top: int) -> LogprobsTensors:
+    """Pack chosen-token logprob + rank and the num_top best of already-normalised
+    ``logprobs``."""
     token_ids = token_ids.to(torch.int64)
     chosen = logprobs.gather(1, token_ids.unsqueeze(1))
     # Same convention as vLLM: ties count against the token (rank = #logprobs >= its own).
     ranks = (logprobs >= chosen).sum(dim=-1)
-    k = min(k, logprobs.shape[-1])
-    if k <= 0:
+    num_top = min(num_top, logprobs.shape[-1])
+    if num_top <= 0:
         return LogprobsTensors(token_ids.unsqueeze(1), chosen, ranks)
-    top_vals, top_ids = logprobs.topk(k, dim=-1)
+    top_vals, top_ids = logprobs.topk(num_top, dim=-1)
     return LogprobsTensors(
         token_ids=torch.cat([token_ids.unsqueeze(1), top_ids], dim=1),
         logprobs=torch.cat([chosen, top_vals], dim=1),
@@ -64,11 +69,11 @@ def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> 
 
 
 def compute_prompt_logprobs(
-    logits: torch.Tensor, target_ids: torch.Tensor, k: int
+    logits: torch.Tensor, target_ids: torch.Tensor, num_top: int
 ) -> LogprobsTensors:
     """Logprobs of each next prompt token given its prefix (logits[i] predicts target_ids[i])."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    return gather_logprobs(logprobs, target_ids, k)
+    return gather_logprobs(logprobs, target_ids, num_top)
 
 
 # ----------------------------------------------------------------------------- masks
@@ -83,20 +88,21 @@ def apply_logits_processors(logits: torch.Tensor, meta: SamplingMetadata) -> Non
                 row_logits = proc(meta.output_token_ids[row], row_logits)
             # Processors may return a fresh tensor rather than edit the view in place.
             logits[row].copy_(row_logits)
-        except Exception as e:  # user code: contain it to its request
-            meta.row_errors[row] = f"logits processor raised {type(e).__name__}: {e}"
+        except Exception as exc:  # user code: contain it to its request
+            meta.row_errors[row] = f"logits processor raised {type(exc).__name__}: {exc}"
 
 
 def apply_banned_ids(logits: torch.Tensor, banned: dict[int, list[int]]) -> None:
+    """Set each row's banned token ids to -inf, in place, in one indexed write."""
     rows: list[int] = []
     cols: list[int] = []
     for row, ids in banned.items():
         rows.extend([row] * len(ids))
         cols.extend(ids)
     if rows:
-        idx_r = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-        idx_c = torch.tensor(cols, dtype=torch.int64, device=logits.device)
-        logits[idx_r, idx_c] = _NEG_INF
+        row_index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+        col_index = torch.tensor(cols, dtype=torch.int64, device=logits.device)
+        logits[row_index, col_index] = _NEG_INF
 
 
 def _token_counts(ids: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
@@ -121,12 +127,12 @@ def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tenso
     vocab = logits.shape[-1]
     out_counts = _token_counts(meta.output_token_ids, vocab, logits.device)
     out_seen = out_counts > 0
-    rep = meta.repetition_penalty.to(logits.dtype).unsqueeze(1)
-    any_rep = meta.any_repetition_penalty
-    if any_rep or (any_rep is None and bool((rep != 1.0).any())):
+    repetition = meta.repetition_penalty.to(logits.dtype).unsqueeze(1)
+    any_repetition = meta.any_repetition_penalty
+    if any_repetition or (any_repetition is None and bool((repetition != 1.0).any())):
         # Prompt counts are the costly part (long prompts); skip them when no row needs them.
         seen = out_seen | (_token_counts(meta.prompt_token_ids, vocab, logits.device) > 0)
-        scale = torch.where(seen, rep, torch.ones_like(rep))
+        scale = torch.where(seen, repetition, torch.ones_like(repetition))
         logits = torch.where(logits > 0, logits / scale, logits * scale)
     logits = logits - meta.frequency_penalty.to(logits.dtype).unsqueeze(1) * out_counts
     return logits - meta.presence_penalty.to(logits.dtype).unsqueeze(1) * out_seen
@@ -136,47 +142,48 @@ def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tenso
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
+    """Mask (in place) tokens less likely than min_p times their row's most likely one."""
     probs = torch.softmax(logits, dim=-1)
     threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
     logits.masked_fill_(probs < threshold, _NEG_INF)
 
 
-def _top_k_only(logits: torch.Tensor, k: torch.Tensor, k_max: int | None = None) -> None:
+def _top_k_only(logits: torch.Tensor, top_k: torch.Tensor, max_top_k: int | None = None) -> None:
     vocab = logits.shape[-1]
-    k = k.to(torch.int64).clamp(min=0, max=vocab)
-    k_max = min(int(k.max()) if k_max is None else k_max, vocab)
-    if k_max == 0:
+    top_k = top_k.to(torch.int64).clamp(min=0, max=vocab)
+    max_top_k = min(int(top_k.max()) if max_top_k is None else max_top_k, vocab)
+    if max_top_k == 0:
         return
-    # topk(k_max) instead of a full sort; ties at the k-th value are all kept.
-    top = logits.topk(k_max, dim=-1).values
-    kth = top.gather(1, (k - 1).clamp(min=0).unsqueeze(1))
-    kth = kth.masked_fill(k.unsqueeze(1) == 0, _NEG_INF)
+    # topk(max_top_k) instead of a full sort; ties at the k-th value are all kept.
+    top = logits.topk(max_top_k, dim=-1).values
+    kth = top.gather(1, (top_k - 1).clamp(min=0).unsqueeze(1))
+    kth = kth.masked_fill(top_k.unsqueeze(1) == 0, _NEG_INF)
     logits.masked_fill_(logits < kth, _NEG_INF)
 
 
-def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
-                      k_max: int | None = None) -> None:
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
+                      top_p: torch.Tensor | None, max_top_k: int | None = None) -> None:
     """Mask (in place) outside top-k, then outside the top-p nucleus of what remains.
 
     Both cut by value threshold, so tokens tied with the last kept one are kept too: the
     result does not depend on how a sort orders ties.
     """
-    if p is None:
-        if k is not None:
-            _top_k_only(logits, k, k_max)
+    if top_p is None:
+        if top_k is not None:
+            _top_k_only(logits, top_k, max_top_k)
         return
     vocab = logits.shape[-1]
-    vals = logits.sort(dim=-1).values  # ascending
-    if k is not None:
-        k = k.to(torch.int64).clamp(min=0, max=vocab)
-        kth = vals.gather(1, (vocab - k.clamp(min=1)).unsqueeze(1))
-        kth = kth.masked_fill(k.unsqueeze(1) == 0, _NEG_INF)
-        vals.masked_fill_(vals < kth, _NEG_INF)
+    ascending = logits.sort(dim=-1).values
+    if top_k is not None:
+        top_k = top_k.to(torch.int64).clamp(min=0, max=vocab)
+        kth = ascending.gather(1, (vocab - top_k.clamp(min=1)).unsqueeze(1))
+        kth = kth.masked_fill(top_k.unsqueeze(1) == 0, _NEG_INF)
+        ascending.masked_fill_(ascending < kth, _NEG_INF)
         logits.masked_fill_(logits < kth, _NEG_INF)
-    cum = torch.softmax(vals, dim=-1).cumsum(dim=-1)
-    # cum is non-decreasing, so the dropped tail is a prefix; always keep the top token.
-    n_drop = (cum <= (1.0 - p).unsqueeze(1)).sum(dim=-1).clamp(max=vocab - 1)
-    cutoff = vals.gather(1, n_drop.unsqueeze(1))
+    cum_probs = torch.softmax(ascending, dim=-1).cumsum(dim=-1)
+    # cum_probs is non-decreasing, so the dropped tail is a prefix; always keep the top token.
+    num_dropped = (cum_probs <= (1.0 - top_p).unsqueeze(1)).sum(dim=-1).clamp(max=vocab - 1)
+    cutoff = ascending.gather(1, num_dropped.unsqueeze(1))
     logits.masked_fill_(logits < cutoff, _NEG_INF)
 
 
@@ -234,6 +241,7 @@ class Sampler(nn.Module):
         return gen
 
     def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        """One token per row of logits [B, V]; the caller's logits are never edited."""
         raw_logprobs = None
         if meta.max_num_logprobs is not None:
             # vLLM v1 default: logprobs describe the model's distribution, pre-processing.
@@ -244,10 +252,10 @@ class Sampler(nn.Module):
             # Copy even when already float32 so the caller's logits are never edited in place.
             logits = logits.to(torch.float32, copy=True)
             sampled = self.sample(self.process_logits(logits, meta), meta)
-        lp = None
+        logprobs = None
         if raw_logprobs is not None:
-            lp = gather_logprobs(raw_logprobs, sampled, meta.max_num_logprobs or 0)
-        return SamplerOutput(sampled_token_ids=sampled, logprobs=lp)
+            logprobs = gather_logprobs(raw_logprobs, sampled, meta.max_num_logprobs or 0)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
 
     @staticmethod
     def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -260,13 +268,16 @@ class Sampler(nn.Module):
 
     @staticmethod
     def sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """Tokens [B] from processed float32 logits (edited in place): argmax for greedy
+        rows, else temperature, min-p, top-k/p and a draw."""
         greedy = logits.argmax(dim=-1)
         if meta.all_greedy:
             return greedy
-        temp = meta.temperature.to(logits.dtype)
-        is_greedy = temp < SAMPLING_EPS
+        temperature = meta.temperature.to(logits.dtype)
+        is_greedy = temperature < SAMPLING_EPS
         # Greedy rows are overwritten below; dividing them by 1 just avoids inf/NaN.
-        logits = logits.div_(torch.where(is_greedy, torch.ones_like(temp), temp).unsqueeze(1))
+        divisor = torch.where(is_greedy, torch.ones_like(temperature), temperature)
+        logits = logits.div_(divisor.unsqueeze(1))
         if meta.min_p is not None:
             apply_min_p(logits, meta.min_p)
         apply_top_k_top_p(logits, meta.top_k, meta.top_p, meta.max_top_k)

@@ -49,8 +49,8 @@ class GrammarManager:
             return hit
         try:
             compiled = self._compile(spec)
-        except RuntimeError as e:  # xgrammar reports parse errors as RuntimeError
-            reason = str(e).strip().splitlines()[-1].split(": ", 1)[-1]
+        except RuntimeError as exc:  # xgrammar reports parse errors as RuntimeError
+            reason = str(exc).strip().splitlines()[-1].split(": ", 1)[-1]
             raise ValueError(f"structured_outputs.{spec.kind} is invalid: {reason}") from None
         self._cache[key] = compiled
         if len(self._cache) > _CACHE_SIZE:
@@ -58,20 +58,21 @@ class GrammarManager:
         return compiled
 
     def _compile(self, spec: StructuredOutputsParams):
-        c = self._compiler
+        compiler = self._compiler
         if spec.kind in ("json", "json_object"):
-            return c.compile_grammar(self._json_ebnf(spec))
+            return compiler.compile_grammar(self._json_ebnf(spec))
         if spec.kind == "regex":
-            return c.compile_regex(spec.regex)
+            return compiler.compile_regex(spec.regex)
         if spec.kind == "choice":
-            return c.compile_grammar(choice_ebnf(spec.choice))
-        return c.compile_grammar(spec.grammar)
+            return compiler.compile_grammar(choice_ebnf(spec.choice))
+        return compiler.compile_grammar(spec.grammar)
 
     def _json_ebnf(self, spec: StructuredOutputsParams) -> str:
-        ws = spec.any_whitespace
+        any_whitespace = spec.any_whitespace
         schema = '{"type": "object"}' if spec.json_object else spec.json
         grammar = self._xgr.Grammar.from_json_schema(
-            schema, any_whitespace=ws, separators=None if ws else (",", ":"),
+            schema, any_whitespace=any_whitespace,
+            separators=None if any_whitespace else (",", ":"),
             strict_mode=not spec.json_object)
         # Length-bounded strings use a class that lets raw control characters through, which
         # JSON forbids; narrow it to the one unbounded strings use.
@@ -79,12 +80,12 @@ class GrammarManager:
 
     @property
     def num_cached(self) -> int:
+        """Compiled grammars held in the LRU cache."""
         return len(self._cache)
 
     def matcher(self, spec: StructuredOutputsParams):
         """A fresh matcher at the start of spec's grammar."""
         return self._xgr.GrammarMatcher(self.compile(spec))
-
 
 
 def fill_bitmask(reqs: list, vocab_size: int) -> tuple[torch.Tensor | None, list[int]]:

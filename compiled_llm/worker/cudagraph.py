@@ -1,9 +1,7 @@
-"""CUDA graphs, owned by the worker: which sizes are captured, the dispatcher that maps a step
-to its graph key, and the one wrapper that captures and replays full and piecewise graphs.
-
-A full graph is the whole model for a pure-decode batch padded to a captured size; piecewise
-graphs are each compiled piece (attention eager between them) for any batch padded to a
-captured token count. Every graph of one engine shares that engine's memory pool.
+"""CUDA graphs, owned by the worker: the captured sizes, the dispatcher mapping a step to its
+graph key, and the one wrapper that captures and replays full and piecewise graphs. A full graph
+is the whole model for a padded pure-decode batch; piecewise graphs are the compiled pieces
+(attention eager between) for any batch padded to a captured token count; one pool per engine.
 """
 
 from __future__ import annotations
@@ -72,6 +70,7 @@ class CUDAGraphWrapper(nn.Module):
         self.graphs: dict[int, _Captured] = {}
 
     def forward(self, *args):
+        """runnable(*args): plainly, or through the graph the forward context's key names."""
         ctx = current_forward_context()
         key = None if ctx is None else ctx.cudagraph_key
         if key is None or key.mode != self.mode:

@@ -1,10 +1,8 @@
-"""The input batch: turns a SchedulerOutput into the flat inputs of one forward (ids,
-positions, slots, attention metadata, which hidden rows need logits), padded to the CUDA graph
-the dispatcher picks, in persistent buffers sized once (see step_buffers.py).
-
-A Python pass per request for its scalars and token ids, numpy over the batch for the rest;
-no per-token Python loops. `prepare` fills a step, `pad` a step of padding rows only (graph
-capture), `release` gives finished or preempted requests' block-table rows back.
+"""The input batch: a SchedulerOutput as the flat inputs of one forward (ids, positions, slots,
+attention metadata, the hidden rows that need logits), padded to the dispatched CUDA graph, in
+persistent buffers (step_buffers.py). A Python pass per request, numpy over the batch, no
+per-token loops. `prepare` fills a step, `pad` a step of padding rows only (graph capture),
+`release` gives finished or preempted requests' block-table rows back.
 """
 
 from __future__ import annotations
@@ -54,12 +52,12 @@ class StepInputs:
         return len(self.sample_reqs) == self.num_tokens
 
 
-def _prompt_rows(req: Request, pos: np.ndarray, row0: int) -> PromptLogprobRows:
-    # row at position p scores token p+1; only tokens not yet scored and still in the prompt
-    have = len(req.prompt_logprobs)
-    keep = (pos + 1 >= have) & (pos + 1 < req.num_prompt_tokens)
-    rows = row0 + np.nonzero(keep)[0]
-    targets = np.asarray(req.prompt_token_ids, dtype=np.int64)[pos[keep] + 1]
+def _prompt_rows(req: Request, positions: np.ndarray, first_row: int) -> PromptLogprobRows:
+    # the row at position i scores token i+1; only tokens not yet scored and still in the prompt
+    scored = len(req.prompt_logprobs)
+    keep = (positions + 1 >= scored) & (positions + 1 < req.num_prompt_tokens)
+    rows = first_row + np.nonzero(keep)[0]
+    targets = np.asarray(req.prompt_token_ids, dtype=np.int64)[positions[keep] + 1]
     return PromptLogprobRows(req, rows, targets)
 
 
@@ -72,9 +70,9 @@ class InputBatch:
         self.max_tokens, self.max_seqs, self.device = max_tokens, max_seqs, device
         self.block_size = block_size
         self.dispatcher = dispatcher or CUDAGraphDispatcher()
-        cap = Layout(max_tokens, max_seqs, max_seqs, max_seqs * max_blocks)
-        self.i64 = PackedBuffer(cap.end64, torch.int64, device)
-        self.i32 = PackedBuffer(cap.end32, torch.int32, device)
+        capacity = Layout(max_tokens, max_seqs, max_seqs, max_seqs * max_blocks)
+        self.packed64 = PackedBuffer(capacity.end64, torch.int64, device)
+        self.packed32 = PackedBuffer(capacity.end32, torch.int32, device)
         self.table = BlockTableRows(max_seqs, max_blocks, device)
         self.batch_table = torch.zeros(max_seqs, max_blocks, dtype=torch.int32, device=device)
         self._event = torch.cuda.Event() if device.type == "cuda" else None
@@ -84,8 +82,8 @@ class InputBatch:
     def prepare(self, sched: SchedulerOutput) -> StepInputs:
         """Fill the buffers from the scheduled requests (padded to the dispatched graph) and
         send them to the device."""
-        reqs = [r for r, _ in sched.scheduled]
-        counts = [n for _, n in sched.scheduled]
+        reqs = [req for req, _ in sched.scheduled]
+        counts = [num_new for _, num_new in sched.scheduled]
         # [B, 3]: (tokens computed, tokens on the host, tokens pending) per request, one pass
         known = np.array([(r.num_computed_tokens, len(r.all_token_ids), r.num_pending)
                           for r in reqs], np.int64)
@@ -115,18 +113,18 @@ class InputBatch:
         self.send(layout, views)
         attn = attention_metadata(views, num_tokens, num_seqs, max_query_len, int(ends.max()),
                                   self.block_size)
-        prompt = [_prompt_rows(r, np.arange(s, s + c), int(q)) for r, s, c, q
-                  in zip(reqs, starts, counts, query_starts) if r.needs_prompt_logprobs]
-        dev = views.dev
+        prompt = [_prompt_rows(req, np.arange(start, start + count), int(first_row))
+                  for req, start, count, first_row in zip(reqs, starts, counts, query_starts)
+                  if req.needs_prompt_logprobs]
         sample_reqs = reqs if len(sample) == num_seqs else [reqs[i] for i in sample]
-        sample_rows = self.i64.dev[layout.sample:layout.sample + len(sample)]
-        return StepInputs(dev["ids"], dev["pos"], attn, num_tokens, sample_rows, sample_reqs,
-                          prompt, key, pending)
+        sample_rows = self.packed64.dev[layout.sample:layout.sample + len(sample)]
+        return StepInputs(views.dev["ids"], views.dev["pos"], attn, num_tokens, sample_rows,
+                          sample_reqs, prompt, key, pending)
 
     def _fill_sample_and_entries(self, layout: Layout, sample_ends: np.ndarray,
                                  entries: np.ndarray) -> None:
         """The hidden row of each sampling request (its last token) and the new table entries."""
-        int64s, int32s = self.i64.np, self.i32.np
+        int64s, int32s = self.packed64.host_np, self.packed32.host_np
         int64s[layout.sample:layout.sample + len(sample_ends)] = sample_ends - 1
         if len(entries):
             int64s[layout.entry_idx:layout.end64] = entries
@@ -182,15 +180,15 @@ class InputBatch:
 
     def send(self, layout: Layout, views: Views) -> None:
         """Copy the step's packed inputs, write new table entries, gather the step's rows."""
-        self.i64.send(layout.end64)
-        self.i32.send(layout.end32)
+        self.packed64.send(layout.end64)
+        self.packed32.send(layout.end32)
         if self._event is not None:
             self._event.record()
             self._in_flight = True
         if layout.num_entries:
-            idx = self.i64.dev[layout.entry_idx:layout.end64]
-            vals = self.i32.dev[layout.entry_val:layout.end32]
-            self.table.device.view(-1).index_copy_(0, idx, vals)
+            entry_index = self.packed64.dev[layout.entry_idx:layout.end64]
+            entry_values = self.packed32.dev[layout.entry_val:layout.end32]
+            self.table.device.view(-1).index_copy_(0, entry_index, entry_values)
         torch.index_select(self.table.device, 0, views.dev["rows"],
                            out=views.dev["block_tables"])
 
@@ -198,68 +196,77 @@ class InputBatch:
 _ARANGE = np.arange(4097, dtype=np.int64)  # query starts of a pure-decode batch
 
 
-def attention_metadata(views, n: int, b: int, max_q: int, max_len: int,
-                       block_size: int) -> AttentionMetadata:
-    """Metadata over the buffer views of a step: its n real tokens and b real sequences."""
-    d, h = views.dev, views.host32
-    width = -(-max_len // block_size)
-    cut = n < len(d["slots"]) or b < len(d["seq_lens"])  # padded: show the real rows only
+def attention_metadata(views: Views, num_tokens: int, num_seqs: int, max_query_len: int,
+                       max_seq_len: int, block_size: int) -> AttentionMetadata:
+    """Metadata over the buffer views of a step: its num_tokens real tokens and num_seqs real
+    sequences."""
+    dev, host = views.dev, views.host32
+    width = -(-max_seq_len // block_size)
+    # padded: show the real rows only
+    cut = num_tokens < len(dev["slots"]) or num_seqs < len(dev["seq_lens"])
+    query_start_loc, seq_lens = dev["query_start_loc"], dev["seq_lens"]
+    query_start_loc_cpu, seq_lens_cpu = host["query_start_loc"], host["seq_lens"]
     return AttentionMetadata(
-        slot_mapping=d["slots"][:n] if cut else d["slots"],
-        query_start_loc=d["qsl"][:b + 1] if cut else d["qsl"],
-        seq_lens=d["seq_lens"][:b] if cut else d["seq_lens"],
-        block_tables=d["block_tables"][:b, :width],
-        num_actual_tokens=n, max_query_len=max_q, max_seq_len=max_len,
-        query_start_loc_cpu=h["qsl"][:b + 1] if cut else h["qsl"],
-        seq_lens_cpu=h["seq_lens"][:b] if cut else h["seq_lens"])
+        slot_mapping=dev["slots"][:num_tokens] if cut else dev["slots"],
+        query_start_loc=query_start_loc[:num_seqs + 1] if cut else query_start_loc,
+        seq_lens=seq_lens[:num_seqs] if cut else seq_lens,
+        block_tables=dev["block_tables"][:num_seqs, :width],
+        num_actual_tokens=num_tokens, max_query_len=max_query_len, max_seq_len=max_seq_len,
+        query_start_loc_cpu=query_start_loc_cpu[:num_seqs + 1] if cut else query_start_loc_cpu,
+        seq_lens_cpu=seq_lens_cpu[:num_seqs] if cut else seq_lens_cpu)
 
 
-def _fill_tokens(v: dict, reqs: list[Request], starts: np.ndarray, counts: list[int],
-                 qsl: np.ndarray, rows: np.ndarray, block_size: int, table: np.ndarray,
+def _fill_tokens(host: dict, reqs: list[Request], starts: np.ndarray, counts: list[int],
+                 query_starts: np.ndarray, rows: np.ndarray, block_size: int, table: np.ndarray,
                  pending: bool = False) -> None:
     """ids, positions and slots of the real rows; padded rows read token 0 at position 0 and
     write the null slot 0. Pending tokens (async scheduling) are written as ~row."""
-    n, decode = int(qsl[-1]), len(reqs) == int(qsl[-1])
-    ids, pos, slots = v["ids"], v["pos"], v["slots"]
+    num_tokens = int(query_starts[-1])
+    decode = len(reqs) == num_tokens
+    ids, pos, slots = host["ids"], host["pos"], host["slots"]
     if decode:
-        ids[:n] = ([_token(r, s) for r, s in zip(reqs, starts.tolist())] if pending else
-                   [r.all_token_ids[s] for r, s in zip(reqs, starts.tolist())])
-        pos[:n] = starts
-        tok_rows = rows
+        ids[:num_tokens] = (
+            [_token(r, s) for r, s in zip(reqs, starts.tolist())] if pending else
+            [r.all_token_ids[s] for r, s in zip(reqs, starts.tolist())])
+        pos[:num_tokens] = starts
+        token_rows = rows
     else:  # position = start of its request + offset within the request's chunk
         chunks = _chunk_with_pending if pending else _chunk
-        ids[:n] = np.fromiter(chain.from_iterable(
-            chunks(r, s, c) for r, s, c in zip(reqs, starts.tolist(), counts)), np.int64, n)
-        pos[:n] = np.arange(n) + np.repeat(starts - qsl[:-1], counts)
-        tok_rows = np.repeat(rows, counts)
-    p = pos[:n]
-    slots[:n] = table[tok_rows, p // block_size].astype(np.int64) * block_size + p % block_size
-    ids[n:] = 0
-    pos[n:] = 0
-    slots[n:] = 0
+        ids[:num_tokens] = np.fromiter(chain.from_iterable(
+            chunks(req, start, count) for req, start, count in zip(reqs, starts.tolist(), counts)),
+            np.int64, num_tokens)
+        pos[:num_tokens] = np.arange(num_tokens) + np.repeat(starts - query_starts[:-1], counts)
+        token_rows = np.repeat(rows, counts)
+    real_pos = pos[:num_tokens]
+    blocks = table[token_rows, real_pos // block_size].astype(np.int64)
+    slots[:num_tokens] = blocks * block_size + real_pos % block_size
+    ids[num_tokens:] = 0
+    pos[num_tokens:] = 0
+    slots[num_tokens:] = 0
 
 
-def _token(r: Request, i: int) -> int:
-    """Token i of r, or ~(its row in the previous step's sampled tensor) while pending."""
-    return r.all_token_ids[i] if i < len(r.all_token_ids) else ~r.pending_src
+def _token(req: Request, index: int) -> int:
+    """Token index of req, or ~(its row in the previous step's sampled tensor) while pending."""
+    return req.all_token_ids[index] if index < len(req.all_token_ids) else ~req.pending_src
 
 
-def _chunk(r: Request, start: int, count: int) -> list[int]:
-    return r.all_token_ids[start:start + count]
+def _chunk(req: Request, start: int, count: int) -> list[int]:
+    return req.all_token_ids[start:start + count]
 
 
-def _chunk_with_pending(r: Request, start: int, count: int) -> list[int]:
-    ids = r.all_token_ids[start:start + count]
-    return ids + [~r.pending_src] * (count - len(ids))  # at most the one pending token
+def _chunk_with_pending(req: Request, start: int, count: int) -> list[int]:
+    ids = req.all_token_ids[start:start + count]
+    return ids + [~req.pending_src] * (count - len(ids))  # at most the one pending token
 
 
-def _fill_seqs(v: dict, qsl: np.ndarray, ends: np.ndarray, rows: np.ndarray, n: int) -> None:
+def _fill_seqs(host: dict, query_starts: np.ndarray, ends: np.ndarray, rows: np.ndarray,
+               num_tokens: int) -> None:
     """Per-sequence segments; padded sequences hold one token of context in the null row."""
-    b = len(rows)
-    seqs = len(v["rows"])
-    v["qsl"][:b + 1] = qsl
-    v["qsl"][b + 1:] = np.arange(n + 1, n + 1 + seqs - b)
-    v["seq_lens"][:b] = ends
-    v["seq_lens"][b:] = 1
-    v["rows"][:b] = rows
-    v["rows"][b:] = 0
+    num_seqs, padded_seqs = len(rows), len(host["rows"])
+    host["query_start_loc"][:num_seqs + 1] = query_starts
+    host["query_start_loc"][num_seqs + 1:] = np.arange(num_tokens + 1,
+                                                       num_tokens + 1 + padded_seqs - num_seqs)
+    host["seq_lens"][:num_seqs] = ends
+    host["seq_lens"][num_seqs:] = 1
+    host["rows"][:num_seqs] = rows
+    host["rows"][num_seqs:] = 0

@@ -19,22 +19,24 @@ from compiled_llm.models.plugins import load_general_plugins
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in path, or {} when the file does not exist."""
     return json.loads(path.read_text()) if path.exists() else {}
 
 
 def load_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:
+    """model_dir's config.json as a dict; ValueError naming the model when it is missing."""
     path = Path(model_dir) / "config.json"
     if not path.exists():
         raise ValueError(f"model: no config.json in {model_dir!s}")
     return read_json(path)
 
 
-def build_model_config(hf: dict[str, Any]) -> tuple[type[nn.Module], DecoderConfig]:
+def build_model_config(hf_config: dict[str, Any]) -> tuple[type[nn.Module], DecoderConfig]:
     """Resolve the architecture (after the plugins have registered theirs) and read its config
     (ValueError on an unknown one)."""
     load_general_plugins()
-    cls = ModelRegistry.resolve_model_cls(hf.get("architectures") or [])
-    return cls, DecoderConfig.from_hf(hf, **cls.hf_defaults)
+    model_cls = ModelRegistry.resolve_model_cls(hf_config.get("architectures") or [])
+    return model_cls, DecoderConfig.from_hf(hf_config, **model_cls.hf_defaults)
 
 
 def checkpoint_files(model_dir: Path, load_format: str) -> list[Path]:
@@ -59,56 +61,56 @@ def _files_with(model_dir: Path, ext: str, index_name: str) -> list[Path]:
     index = model_dir / index_name
     if index.exists():
         names = sorted(set(read_json(index)["weight_map"].values()))
-        return [model_dir / n for n in names]
+        return [model_dir / name for name in names]
     return sorted(model_dir.glob(f"*{ext}"))
 
 
 def iter_tensors(files: list[Path]):
     """Yield (name, tensor, file) over every tensor in the checkpoint files."""
-    for f in files:
-        if f.suffix == ".safetensors":
+    for path in files:
+        if path.suffix == ".safetensors":
             from safetensors import safe_open
 
-            with safe_open(str(f), framework="pt") as sf:
-                for name in sf.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    yield name, sf.get_tensor(name), f
+            with safe_open(str(path), framework="pt") as reader:
+                for name in reader.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    yield name, reader.get_tensor(name), path
         else:
-            for name, t in torch.load(f, map_location="cpu", weights_only=True).items():
-                yield name, t, f
+            for name, tensor in torch.load(path, map_location="cpu", weights_only=True).items():
+                yield name, tensor, path
 
 
 def load_weights(model: nn.Module, files: list[Path]) -> None:
     """Copy checkpoint tensors into model parameters; every parameter must be loaded."""
     params = dict(model.named_parameters())  # tied weights appear once
     loaded: set[str] = set()
-    for name, tensor, f in iter_tensors(files):
+    for name, tensor, path in iter_tensors(files):
         ours = model.weight_name(name)
         if ours is None:
             continue
         if ours not in params:
             if ours == "lm_head.weight" and model.config.tie_word_embeddings:
                 continue
-            raise ValueError(f"{f.name}: tensor {name!r} matches no parameter of the model")
-        p = params[ours]
-        if tuple(p.shape) != tuple(tensor.shape):
+            raise ValueError(f"{path.name}: tensor {name!r} matches no parameter of the model")
+        param = params[ours]
+        if tuple(param.shape) != tuple(tensor.shape):
             raise ValueError(
-                f"{f.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                f"the model expects {tuple(p.shape)}"
+                f"{path.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                f"the model expects {tuple(param.shape)}"
             )
         with torch.no_grad():
-            p.copy_(tensor)
+            param.copy_(tensor)
         loaded.add(ours)
     missing = sorted(set(params) - loaded)
     if missing:
         raise ValueError(f"checkpoint is missing tensors: {missing[:8]}")
 
 
-def resolve_dtype(dtype: str | torch.dtype, hf: dict[str, Any], device: torch.device):
+def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: torch.device):
     """'auto' takes the checkpoint's dtype (float32 if absent); float16 becomes bfloat16 on CPU."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        name = hf.get("torch_dtype") or hf.get("dtype") or "float32"
+        name = hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32"
         out = getattr(torch, name)
         return torch.bfloat16 if out == torch.float16 and device.type == "cpu" else out
     names = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
@@ -126,11 +128,10 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
 
     check_quantization(quantization)
-    hf = load_hf_config(model_dir)
-    cls, cfg = build_model_config(hf)
+    model_cls, model_config = build_model_config(load_hf_config(model_dir))
     files = checkpoint_files(Path(model_dir), load_format)
     with torch.device(device):
-        model = cls(cfg, max_len=max_len)
+        model = model_cls(model_config, max_len=max_len)
     model.to(dtype=dtype)
     load_weights(model, files)
     model = quantize_model(model, quantization)

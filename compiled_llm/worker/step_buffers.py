@@ -17,16 +17,17 @@ if TYPE_CHECKING:
 _ALIGN = 16  # segment starts in elements: keeps every view 64-byte aligned for the kernels
 
 
-def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
+def _aligned(count: int) -> int:
+    return -(-count // _ALIGN) * _ALIGN
 
 
 @dataclass(frozen=True)
 class Layout:
     """Offsets of one step's segments in the packed buffers. ids/positions/slots/rows depend
-    on the padded token count only and qsl/seq_lens on the padded sequence count only, so a
-    CUDA graph captured at one size reads the same addresses that every step of that size
-    fills."""
+    on the padded token count only and query starts/seq_lens on the padded sequence count only,
+    so a CUDA graph captured at one size reads the same addresses that every step of that size
+    fills. int64 buffer: ids, pos, slots, rows, sample, entry_idx; int32: query starts,
+    seq_lens, entry_val."""
 
     tokens: int  # P: padded token rows
     seqs: int  # padded sequences
@@ -35,38 +36,47 @@ class Layout:
 
     @property
     def pos(self) -> int:
+        """int64 start of the positions [P] (the token ids [P] start at 0)."""
         return _aligned(self.tokens)
 
     @property
     def slots(self) -> int:
+        """int64 start of the cache slots [P]."""
         return 2 * _aligned(self.tokens)
 
     @property
     def rows(self) -> int:
+        """int64 start of each sequence's block-table row [seqs]."""
         return 3 * _aligned(self.tokens)
 
     @property
     def sample(self) -> int:
+        """int64 start of the hidden row of each sampling request [num_sample]."""
         return self.rows + _aligned(self.seqs)
 
     @property
     def entry_idx(self) -> int:
+        """int64 start of the flat block-table indices written this step [num_entries]."""
         return self.sample + _aligned(self.num_sample)
 
     @property
     def end64(self) -> int:
+        """int64 elements the step fills (and copies)."""
         return self.entry_idx + self.num_entries
 
     @property
     def seq_lens(self) -> int:
+        """int32 start of the seq_lens [seqs] (the query starts [seqs + 1] start at 0)."""
         return _aligned(self.seqs + 1)
 
     @property
     def entry_val(self) -> int:
+        """int32 start of the block ids written this step [num_entries]."""
         return self.seq_lens + _aligned(self.seqs)
 
     @property
     def end32(self) -> int:
+        """int32 elements the step fills (and copies)."""
         return self.entry_val + self.num_entries
 
 
@@ -75,22 +85,24 @@ class Views:
     `seqs` padded sequences fills; made once per shape (torch slicing costs microseconds)."""
 
     def __init__(self, bufs: InputBatch, tokens: int, seqs: int) -> None:
-        lay = Layout(tokens, seqs)
-        p, s, a, b = lay.pos, lay.slots, lay.rows, lay.seq_lens
-        self.np64 = {"ids": slice(0, tokens), "pos": slice(p, p + tokens),
-                     "slots": slice(s, s + tokens), "rows": slice(a, a + seqs)}
-        self.np32 = {"qsl": slice(0, seqs + 1), "seq_lens": slice(b, b + seqs)}
-        d64, d32 = bufs.i64.dev, bufs.i32.dev
-        self.dev = {k: d64[v] for k, v in self.np64.items()}
-        self.dev.update({k: d32[v] for k, v in self.np32.items()})
+        layout = Layout(tokens, seqs)
+        self.slices64 = {"ids": slice(0, tokens),
+                         "pos": slice(layout.pos, layout.pos + tokens),
+                         "slots": slice(layout.slots, layout.slots + tokens),
+                         "rows": slice(layout.rows, layout.rows + seqs)}
+        self.slices32 = {"query_start_loc": slice(0, seqs + 1),
+                         "seq_lens": slice(layout.seq_lens, layout.seq_lens + seqs)}
+        dev64, dev32 = bufs.packed64.dev, bufs.packed32.dev
+        self.dev = {name: dev64[span] for name, span in self.slices64.items()}
+        self.dev.update({name: dev32[span] for name, span in self.slices32.items()})
         self.dev["block_tables"] = bufs.batch_table[:seqs]
-        self.host32 = {k: bufs.i32.host[v] for k, v in self.np32.items()}
+        self.host32 = {name: bufs.packed32.host[span] for name, span in self.slices32.items()}
 
     def host(self, bufs: InputBatch) -> dict[str, np.ndarray]:
         """Numpy views to fill in place."""
-        a, b = bufs.i64.np, bufs.i32.np
-        return {**{k: a[v] for k, v in self.np64.items()},
-                **{k: b[v] for k, v in self.np32.items()}}
+        host64, host32 = bufs.packed64.host_np, bufs.packed32.host_np
+        return {**{name: host64[span] for name, span in self.slices64.items()},
+                **{name: host32[span] for name, span in self.slices32.items()}}
 
 
 class PackedBuffer:
@@ -100,13 +112,13 @@ class PackedBuffer:
     def __init__(self, size: int, dtype: torch.dtype, device: torch.device) -> None:
         cuda = device.type == "cuda"
         self.host = torch.zeros(size, dtype=dtype, pin_memory=cuda)
-        self.np = self.host.numpy()
+        self.host_np = self.host.numpy()
         self.dev = torch.zeros(size, dtype=dtype, device=device) if cuda else self.host
 
-    def send(self, n: int) -> None:
-        """Copy host[:n] to the device without blocking the host."""
-        if self.dev is not self.host and n:
-            self.dev[:n].copy_(self.host[:n], non_blocking=True)
+    def send(self, count: int) -> None:
+        """Copy host[:count] to the device without blocking the host."""
+        if self.dev is not self.host and count:
+            self.dev[:count].copy_(self.host[:count], non_blocking=True)
 
 
 class BlockTableRows:
@@ -123,16 +135,18 @@ class BlockTableRows:
 
     @property
     def num_owned(self) -> int:
+        """Requests holding a row."""
         return len(self._owned)
 
     def row_of(self, request_id: str) -> int | None:
+        """The row the request holds, or None."""
         entry = self._owned.get(request_id)
         return None if entry is None else entry[0]
 
     def release(self, request_ids) -> None:
         """Give the rows of these requests back (unknown ids are ignored)."""
-        for rid in request_ids:
-            entry = self._owned.pop(rid, None)
+        for request_id in request_ids:
+            entry = self._owned.pop(request_id, None)
             if entry is not None:
                 self._free.append(entry[0])
 
@@ -147,15 +161,15 @@ class BlockTableRows:
                 entry = owned[req.request_id] = [self._take(), blocks, 0]
             elif entry[1] is not blocks or len(blocks) < entry[2]:
                 entry[1], entry[2] = blocks, 0
-            row, done, n = entry[0], entry[2], len(blocks)
+            row, written, num_blocks = entry[0], entry[2], len(blocks)
             rows[i] = row
-            if n != done:
-                if n > width:
-                    raise ValueError(f"request {req.request_id} holds {n} blocks; the table "
-                                     f"has {width} per row (max_model_len)")
-                self.host[row, done:n] = blocks[done:]
-                spans.append(np.arange(row * width + done, row * width + n))
-                entry[2] = n
+            if num_blocks != written:
+                if num_blocks > width:
+                    raise ValueError(f"request {req.request_id} holds {num_blocks} blocks; the "
+                                     f"table has {width} per row (max_model_len)")
+                self.host[row, written:num_blocks] = blocks[written:]
+                spans.append(np.arange(row * width + written, row * width + num_blocks))
+                entry[2] = num_blocks
         if not spans:
             return np.zeros(0, dtype=np.int64)
         return spans[0] if len(spans) == 1 else np.concatenate(spans)

@@ -35,12 +35,13 @@ class StepStats:
 
     def per_step_ms(self) -> dict[str, float]:
         """Mean milliseconds per step of each part; cpu_pct_of_gpu = host overhead / GPU time."""
-        n, g = max(self.steps, 1), max(self.gpu_steps, 1)
-        gpu_ms = 1e3 * self.gpu_s / g
-        cpu_ms = 1e3 * self.cpu_s / n
-        return {"schedule_ms": 1e3 * self.schedule_s / n, "prepare_ms": 1e3 * self.prepare_s / n,
-                "output_ms": 1e3 * self.output_s / n, "cpu_ms": cpu_ms,
-                "forward_wall_ms": 1e3 * self.forward_s / n, "gpu_ms": gpu_ms,
+        steps, gpu_steps = max(self.steps, 1), max(self.gpu_steps, 1)
+        gpu_ms = 1e3 * self.gpu_s / gpu_steps
+        cpu_ms = 1e3 * self.cpu_s / steps
+        return {"schedule_ms": 1e3 * self.schedule_s / steps,
+                "prepare_ms": 1e3 * self.prepare_s / steps,
+                "output_ms": 1e3 * self.output_s / steps, "cpu_ms": cpu_ms,
+                "forward_wall_ms": 1e3 * self.forward_s / steps, "gpu_ms": gpu_ms,
                 "cpu_pct_of_gpu": 100 * cpu_ms / gpu_ms if gpu_ms else float("nan")}
 
 
@@ -52,22 +53,24 @@ class StepTimer:
         self.cuda = device.type == "cuda"
         self.stats = StepStats()
         self._open = False
-        self._t: dict[str, float] = {}
+        self._marks: dict[str, float] = {}
         self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._free: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._pair: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
     def begin(self) -> None:
-        self._open, self._t = True, {"begin": time.perf_counter()}
+        """A step starts (before scheduling)."""
+        self._open, self._marks = True, {"begin": time.perf_counter()}
 
     def scheduled(self) -> None:
-        self._t["scheduled"] = time.perf_counter()
+        """The scheduler has decided the step."""
+        self._marks["scheduled"] = time.perf_counter()
 
     def forward_start(self) -> None:
         """Just before the forward is launched (inputs prepared)."""
         if not self._open:
             return
-        self._t["forward"] = time.perf_counter()
+        self._marks["forward"] = time.perf_counter()
         if self.cuda:
             self._pair = self._free.pop() if self._free else (
                 torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -75,9 +78,9 @@ class StepTimer:
 
     def gpu_done(self) -> None:
         """After the last sampling kernel is launched, before its result is read on the host."""
-        if not self._open or "forward" not in self._t or "gpu_done" in self._t:
+        if not self._open or "forward" not in self._marks or "gpu_done" in self._marks:
             return
-        self._t["gpu_done"] = time.perf_counter()
+        self._marks["gpu_done"] = time.perf_counter()
         if self._pair is not None:
             self._pair[1].record()
             self._pending.append(self._pair)
@@ -86,22 +89,24 @@ class StepTimer:
     def executed(self) -> None:
         """The runner returned (sampled tokens are on the host)."""
         self.gpu_done()  # a step that sampled nothing ends its device span here
-        self._t["executed"] = time.perf_counter()
+        self._marks["executed"] = time.perf_counter()
 
     def end(self) -> None:
-        t, self._open = self._t, False
-        if "forward" not in t:  # nothing ran (empty step) or the step failed before the model
+        """The step's outputs are made: add its spans to the stats (device time once ready)."""
+        marks, self._open = self._marks, False
+        if "forward" not in marks:  # nothing ran (empty step) or the step failed before the model
             return
-        now, s = time.perf_counter(), self.stats
-        s.steps += 1
-        s.schedule_s += t.get("scheduled", t["begin"]) - t["begin"]
-        s.prepare_s += t["forward"] - t.get("scheduled", t["begin"])
-        executed = t.get("executed", now)
-        s.forward_s += executed - t["forward"]
-        s.output_s += now - executed
+        now, stats = time.perf_counter(), self.stats
+        begin, scheduled = marks["begin"], marks.get("scheduled", marks["begin"])
+        stats.steps += 1
+        stats.schedule_s += scheduled - begin
+        stats.prepare_s += marks["forward"] - scheduled
+        executed = marks.get("executed", now)
+        stats.forward_s += executed - marks["forward"]
+        stats.output_s += now - executed
         if not self.cuda:
-            s.gpu_steps += 1
-            s.gpu_s += t.get("gpu_done", executed) - t["forward"]
+            stats.gpu_steps += 1
+            stats.gpu_s += marks.get("gpu_done", executed) - marks["forward"]
         self._collect()
 
     def _collect(self) -> None:

@@ -179,11 +179,11 @@ def test_graph_padding_fills_what_the_graph_reads(b, size):
     inputs = bufs.prepare(sched)
     check_step(inputs, sched)
     assert inputs.cudagraph_key == CUDAGraphKey(FULL, size) and inputs.all_rows_sample
-    v = bufs.views(size, size).dev  # exactly the views a graph of this size captured
-    assert v["ids"][b:].tolist() == [0] * (size - b) == v["slots"][b:].tolist()
-    assert v["seq_lens"][b:].tolist() == [1] * (size - b)
-    assert v["qsl"].tolist() == list(range(size + 1))
-    assert not v["block_tables"][b:].any()
+    views = bufs.views(size, size).dev  # exactly the views a graph of this size captured
+    assert views["ids"][b:].tolist() == [0] * (size - b) == views["slots"][b:].tolist()
+    assert views["seq_lens"][b:].tolist() == [1] * (size - b)
+    assert views["query_start_loc"].tolist() == list(range(size + 1))
+    assert not views["block_tables"][b:].any()
 
 
 def test_piecewise_padding_pads_tokens_not_sequences():

@@ -35,8 +35,8 @@ def _write_kv_kernel(
     tl.store(v_cache_ptr + dst_offs, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
+def _last_dim_contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
 
 
 def write_kv_cache(
@@ -46,18 +46,18 @@ def write_kv_cache(
     slot_mapping: torch.Tensor,  # [>= n] int: slot per row, < 0 skips the row
 ) -> None:
     """Scatter rows min(T, len(slot_mapping)) of k/v into the cache; no host sync."""
-    n = min(k.shape[0], slot_mapping.shape[0])
-    if n == 0:
+    num_rows = min(k.shape[0], slot_mapping.shape[0])
+    if num_rows == 0:
         return
-    _, _, block_size, hkv, d = kv_cache.shape
+    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     if kv_cache.stride(-1) != 1 or kv_cache[0].stride() != kv_cache[1].stride():
         raise ValueError("kv_cache must have a contiguous last dim and equal K/V strides")
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    _write_kv_kernel[(n,)](
+    _write_kv_kernel[(num_rows,)](
         k, v, slot_mapping, k_cache, v_cache,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        BS=block_size, H=hkv, H_PAD=triton.next_power_of_2(hkv), D=d,
-        num_warps=4 if hkv * d >= 1024 else 1,
+        BS=block_size, H=num_kv_heads, H_PAD=triton.next_power_of_2(num_kv_heads), D=head_dim,
+        num_warps=4 if num_kv_heads * head_dim >= 1024 else 1,
     )

@@ -1,10 +1,8 @@
 """Split-K paged decode attention (flash-decoding) in two Triton kernels.
 
-Kernel 1: program (seq, KV head, split) attends the G query heads of that KV head over one
-contiguous slice of the sequence's keys, and writes a partial (max, sum, acc). Kernel 2 merges
-the splits. The grid depends only on tensor shapes and the split count, never on lengths held on
-the host, so the path can be captured in a CUDA graph; sequences with seq_len 0 (padding) write
-zeros. With one split, kernel 1 writes the normalized output directly.
+Kernel 1: program (seq, KV head, split) attends that KV head's G query heads over one slice of
+the keys and writes a partial (max, sum, acc), or with one split the output; kernel 2 merges the
+splits. The grid depends on shapes only, so it is CUDA-graph capturable; seq_len 0 writes zeros.
 """
 
 from __future__ import annotations
@@ -110,10 +108,10 @@ def _sm_count(device: torch.device) -> int:
     return 4  # interpreter: a few splits still exercise the merge
 
 
-def choose_num_splits(num_seqs: int, hkv: int, max_tokens: int, config: DecodeConfig,
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_tokens: int, config: DecodeConfig,
                       device: torch.device) -> int:
     """Splits so that about two programs per SM run, from shapes only (CUDA-graph stable)."""
-    want = triton.cdiv(2 * _sm_count(device), max(1, num_seqs * hkv))
+    want = triton.cdiv(2 * _sm_count(device), max(1, num_seqs * num_kv_heads))
     return max(1, min(want, config.max_splits, triton.cdiv(max_tokens, config.block_n)))
 
 
@@ -129,34 +127,36 @@ def decode_attention(
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """One query per sequence over its paged context; no host sync, graph-capturable."""
-    num_seqs, hq, d = seq_lens.shape[0], q.shape[1], q.shape[2]
-    _, _, block_size, hkv, _ = kv_cache.shape
+    num_seqs, num_q_heads, head_dim = seq_lens.shape[0], q.shape[1], q.shape[2]
+    _, _, block_size, num_kv_heads, _ = kv_cache.shape
     if q.shape[0] < num_seqs:
         raise ValueError(f"decode needs a query row per sequence: {q.shape[0]} < {num_seqs}")
-    g = hq // hkv
+    group_size = num_q_heads // num_kv_heads
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, hkv, block_tables.shape[1] * block_size,
-                                       config, q.device)
+        num_splits = choose_num_splits(num_seqs, num_kv_heads,
+                                       block_tables.shape[1] * block_size, config, q.device)
     direct = num_splits == 1
     if direct:
         part_acc = part_ml = out  # unused
     else:
-        part_acc = torch.empty(num_seqs, hq, num_splits, d, dtype=torch.float32, device=q.device)
-        part_ml = torch.empty(num_seqs, hq, num_splits, 2, dtype=torch.float32, device=q.device)
+        partial_shape = (num_seqs, num_q_heads, num_splits)
+        part_acc = torch.empty(*partial_shape, head_dim, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(*partial_shape, 2, dtype=torch.float32, device=q.device)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    _decode_split_kernel[(num_seqs, hkv, num_splits)](
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
         scale * LOG2E, sliding_window, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        G=g, G_PAD=max(16, triton.next_power_of_2(g)), BLOCK_N=config.block_n, D=d,
+        G=group_size, G_PAD=max(16, triton.next_power_of_2(group_size)),
+        BLOCK_N=config.block_n, D=head_dim,
         BS=block_size, HAS_WINDOW=sliding_window > 0, DIRECT=direct,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if not direct:
-        _decode_reduce_kernel[(num_seqs, hq)](
+        _decode_reduce_kernel[(num_seqs, num_q_heads)](
             part_acc, part_ml, out, num_splits, out.stride(0), out.stride(1),
-            S_PAD=triton.next_power_of_2(num_splits), D=d, num_warps=4,
+            S_PAD=triton.next_power_of_2(num_splits), D=head_dim, num_warps=4,
         )
     return out

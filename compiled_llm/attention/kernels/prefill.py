@@ -1,10 +1,8 @@
 """Varlen paged attention (prefill, chunked prefill, and mixed batches) as one Triton kernel.
 
-One program owns BLOCK_Q query tokens of one sequence times the G query heads of one KV head
-(rows packed token-major, so each K/V tile is read once per GQA group). Keys come from the paged
-cache through the block table; a chunk's queries sit after its cached context
-(context = seq_len - query_len). Online softmax in fp32 with exp2; only tiles on the causal
-diagonal or the sliding-window edge pay for masking.
+A program owns BLOCK_Q query tokens of one sequence x the G query heads of one KV head (token-
+major rows: each K/V tile read once per GQA group); a chunk's queries follow its cached context
+(seq_len - query_len). Online softmax in fp32 with exp2; only diagonal and window-edge tiles mask.
 """
 
 from __future__ import annotations
@@ -121,22 +119,23 @@ def prefill_attention(
     config: PrefillConfig,
 ) -> torch.Tensor:
     """Causal varlen attention of every sequence's queries over its cached context."""
-    num_seqs, hq, d = seq_lens.shape[0], q.shape[1], q.shape[2]
-    _, _, block_size, hkv, _ = kv_cache.shape
-    g = hq // hkv
+    num_seqs, num_q_heads, head_dim = seq_lens.shape[0], q.shape[1], q.shape[2]
+    _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    group_size = num_q_heads // num_kv_heads
     # short chunks (mixed batches of small prefills): smaller tiles waste fewer rows
-    rows = triton.next_power_of_2(max_query_len * g)
-    block_m = max(min(config.block_m, rows), triton.next_power_of_2(g), 16)
-    block_q = block_m // g
+    rows = triton.next_power_of_2(max_query_len * group_size)
+    block_m = max(min(config.block_m, rows), triton.next_power_of_2(group_size), 16)
+    block_q = block_m // group_size
     num_warps = config.num_warps if block_m >= config.block_m else min(config.num_warps, 4)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    grid = (triton.cdiv(max_query_len, block_q), num_seqs, hkv)
+    grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
         scale * LOG2E, sliding_window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        G=g, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, D=d, BS=block_size,
+        G=group_size, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, D=head_dim,
+        BS=block_size,
         HAS_WINDOW=sliding_window > 0, PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=config.num_stages,
     )

@@ -33,11 +33,13 @@ class OpenAIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> dict:
+        """The OpenAI error object: {"error": {message, type, param, code}}."""
         kind = _TYPES.get(self.status, "invalid_request_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param,
                           "code": self.code}}
 
     def response(self) -> JSONResponse:
+        """The error as a JSON response with its status."""
         return JSONResponse(self.body(), status_code=self.status)
 
 
@@ -46,11 +48,11 @@ _PARAMS = ({f.name for f in dataclasses.fields(SamplingParams)}
            | set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields))
 
 
-def from_value_error(e: ValueError) -> OpenAIError:
+def from_value_error(exc: ValueError) -> OpenAIError:
     """A 400 for a ValueError from validation; its leading field name becomes `param`."""
-    msg = str(e)
-    m = _FIELD.match(msg)
-    word = m.group(1) if m else None
+    msg = str(exc)
+    match = _FIELD.match(msg)
+    word = match.group(1) if match else None
     param = "prompt" if word == "prompt_token_ids" else word if word in _PARAMS else None
     return OpenAIError(400, msg, param=param, code="invalid_value")
 
@@ -82,8 +84,8 @@ def _internal_error(_: Request, exc: Exception) -> JSONResponse:
 
 def install_handlers(app: FastAPI) -> None:
     """Every error the app can produce becomes an OpenAI error object."""
-    app.add_exception_handler(OpenAIError, lambda _, e: e.response())
-    app.add_exception_handler(ValueError, lambda _, e: from_value_error(e).response())
+    app.add_exception_handler(OpenAIError, lambda _, exc: exc.response())
+    app.add_exception_handler(ValueError, lambda _, exc: from_value_error(exc).response())
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)

@@ -17,7 +17,7 @@ from prometheus_client import (
 
 from compiled_llm.entrypoints.async_llm import AsyncLLM, RequestObserver
 
-_P = "compiled_llm:"
+_PREFIX = "compiled_llm:"
 OUTCOMES = ("stop", "length", "abort", "error", "rejected")
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
             5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -27,24 +27,24 @@ class ServerMetrics(RequestObserver):
     """Implements AsyncLLM's RequestObserver; `bind(engine)` adds the engine gauges."""
 
     def __init__(self, model_name: str) -> None:
-        self.registry = r = CollectorRegistry()
+        self.registry = registry = CollectorRegistry()
         labels = {"model_name": model_name}
         self._labels = labels
-        self.requests = Counter(f"{_P}request_success", "Finished requests by outcome "
+        self.requests = Counter(f"{_PREFIX}request_success", "Finished requests by outcome "
                                 "(stop, length, abort, error, rejected)",
-                                ["model_name", "outcome"], registry=r)
+                                ["model_name", "outcome"], registry=registry)
         for outcome in OUTCOMES:  # exported at 0 from the start
             self.requests.labels(outcome=outcome, **labels)
-        self.prompt_tokens = Counter(f"{_P}prompt_tokens", "Prefill tokens processed",
-                                     ["model_name"], registry=r).labels(**labels)
-        self.gen_tokens = Counter(f"{_P}generation_tokens", "Tokens generated",
-                                  ["model_name"], registry=r).labels(**labels)
+        self.prompt_tokens = Counter(f"{_PREFIX}prompt_tokens", "Prefill tokens processed",
+                                     ["model_name"], registry=registry).labels(**labels)
+        self.gen_tokens = Counter(f"{_PREFIX}generation_tokens", "Tokens generated",
+                                  ["model_name"], registry=registry).labels(**labels)
         self.ttft = self._histogram("time_to_first_token_seconds", "Time to first token")
         self.itl = self._histogram("inter_token_latency_seconds", "Time between output tokens")
         self.e2e = self._histogram("e2e_request_latency_seconds", "End-to-end request latency")
 
     def _histogram(self, name: str, doc: str):
-        return Histogram(f"{_P}{name}", doc, ["model_name"], buckets=_LATENCY,
+        return Histogram(f"{_PREFIX}{name}", doc, ["model_name"], buckets=_LATENCY,
                          registry=self.registry).labels(**self._labels)
 
     def bind(self, engine: AsyncLLM) -> None:
@@ -57,11 +57,13 @@ class ServerMetrics(RequestObserver):
             "num_preemptions": ("Preemptions so far", "num_preemptions"),
         }
         for name, (doc, attr) in gauges.items():
-            g = Gauge(f"{_P}{name}", doc, ["model_name"], registry=self.registry)
-            g.labels(**self._labels).set_function(lambda a=attr: getattr(engine.stats, a))
+            gauge = Gauge(f"{_PREFIX}{name}", doc, ["model_name"], registry=self.registry)
+            gauge.labels(**self._labels).set_function(
+                lambda attr=attr: getattr(engine.stats, attr))
 
     # RequestObserver hooks (called on the event loop)
     def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float) -> None:
+        """Observe time to first token, or the gap per token since the previous output."""
         if first:
             self.ttft.observe(gap_s)
             return
@@ -71,13 +73,16 @@ class ServerMetrics(RequestObserver):
 
     def on_finish(self, outcome: str, prompt_tokens: int, gen_tokens: int,
                   e2e_s: float) -> None:
+        """Count a finished request by outcome, its tokens, and its end-to-end latency."""
         self.requests.labels(outcome=outcome, **self._labels).inc()
         self.prompt_tokens.inc(prompt_tokens)
         self.gen_tokens.inc(gen_tokens)
         self.e2e.observe(e2e_s)
 
     def rejected(self) -> None:
+        """Count a request refused at admission."""
         self.requests.labels(outcome="rejected", **self._labels).inc()
 
     def render(self) -> tuple[bytes, str]:
+        """(body, content type) of a /metrics scrape."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

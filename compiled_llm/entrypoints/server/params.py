@@ -15,11 +15,12 @@ MAX_LOGPROBS = 20
 def structured_spec(req: SamplingFields) -> StructuredOutputsParams | None:
     """The one structured-output constraint the request asks for, if any."""
     specs = []
-    rf = req.response_format
-    if rf is not None and rf.type == "json_object":
+    response_format = req.response_format
+    if response_format is not None and response_format.type == "json_object":
         specs.append(("response_format", {"json_object": True}))
-    elif rf is not None and rf.type == "json_schema":
-        schema = rf.json_schema.schema_ if rf.json_schema else None
+    elif response_format is not None and response_format.type == "json_schema":
+        json_schema = response_format.json_schema
+        schema = json_schema.schema_ if json_schema else None
         if schema is None:
             raise OpenAIError(400, "response_format.json_schema.schema is required",
                               param="response_format")
@@ -39,13 +40,13 @@ def structured_spec(req: SamplingFields) -> StructuredOutputsParams | None:
     if isinstance(spec.get("json"), str):
         try:
             json.loads(spec["json"])
-        except json.JSONDecodeError as e:
-            raise OpenAIError(400, f"{field}: the JSON schema is not valid JSON: {e}",
+        except json.JSONDecodeError as exc:
+            raise OpenAIError(400, f"{field}: the JSON schema is not valid JSON: {exc}",
                               param=field) from None
     try:
         return StructuredOutputsParams.from_dict(spec)
-    except (TypeError, ValueError) as e:
-        raise OpenAIError(400, f"{field}: {e}", param=field) from None
+    except (TypeError, ValueError) as exc:
+        raise OpenAIError(400, f"{field}: {exc}", param=field) from None
 
 
 def output_budget(requested: int | None, prompt_len: int, max_model_len: int) -> int:
@@ -64,19 +65,20 @@ def output_budget(requested: int | None, prompt_len: int, max_model_len: int) ->
 
 
 def _logit_bias(bias: dict[str, float] | None):
+    """A logits processor adding each token's bias, or None; 400 on bad keys or values."""
     if not bias:
         return None
     try:
-        items = [(int(k), float(v)) for k, v in bias.items()]
+        items = [(int(token), float(value)) for token, value in bias.items()]
     except ValueError:
         raise OpenAIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
-    if any(not -100 <= v <= 100 for _, v in items):
+    if any(not -100 <= value <= 100 for _, value in items):
         raise OpenAIError(400, "logit_bias values must be in [-100, 100]", param="logit_bias")
 
     def apply(_: list[int], row):
-        for tid, v in items:
-            if 0 <= tid < row.shape[-1]:
-                row[tid] += v
+        for token_id, value in items:
+            if 0 <= token_id < row.shape[-1]:
+                row[token_id] += value
         return row
 
     return [apply]
@@ -91,10 +93,9 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
     if req.stream_options is not None and not req.stream:
         raise OpenAIError(400, "stream_options is only allowed with stream=true",
                           param="stream_options")
-    optional = {k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p),
-                                  ("top_k", req.top_k), ("min_p", req.min_p),
-                                  ("repetition_penalty", req.repetition_penalty))
-                if v is not None}
+    optional = {name: value for name, value in (
+        ("temperature", req.temperature), ("top_p", req.top_p), ("top_k", req.top_k),
+        ("min_p", req.min_p), ("repetition_penalty", req.repetition_penalty)) if value is not None}
     return SamplingParams(
         n=req.n, max_tokens=max_tokens, stop=req.stop, seed=req.seed, logprobs=logprobs,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,

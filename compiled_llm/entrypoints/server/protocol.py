@@ -12,10 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 
 class StreamOptions(BaseModel):
+    """stream_options: whether a final chunk carries the usage."""
+
     include_usage: StrictBool = False
 
 
 class JsonSchemaFormat(BaseModel):
+    """response_format.json_schema: the schema the output must match, under `schema`."""
+
     name: str = "schema"
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
@@ -23,6 +27,8 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
+    """response_format: free text, any JSON object, or JSON matching a schema."""
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -62,6 +68,8 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
+    """The body of /v1/completions: one prompt or several, as text or token ids."""
+
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: StrictInt | None = 16
     logprobs: StrictInt | None = None
@@ -71,22 +79,29 @@ class CompletionRequest(SamplingFields):
 
 
 class ContentPart(BaseModel):
+    """One text part of a message's content."""
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
+    """One chat message; content is a string or a list of text parts."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
     def text(self) -> str:
+        """The content as one string (parts joined, "" when absent)."""
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)
         return self.content or ""
 
 
 class ChatCompletionRequest(SamplingFields):
+    """The body of /v1/chat/completions."""
+
     messages: list[ChatMessage]
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
@@ -98,6 +113,8 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(BaseModel):
+    """The body of /tokenize: a prompt, or messages rendered by the chat template."""
+
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -106,28 +123,15 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
+    """The body of /detokenize."""
+
     model: str | None = None
     tokens: list[StrictInt]
 
 
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-
 class ModelCard(BaseModel):
+    """One served model in /v1/models."""
+
     id: str
     object: str = "model"
     created: int
@@ -136,5 +140,7 @@ class ModelCard(BaseModel):
 
 
 class ModelList(BaseModel):
+    """The body /v1/models answers."""
+
     object: str = "list"
     data: list[ModelCard]

@@ -14,11 +14,14 @@ from compiled_llm.sampling_params import SamplingParams
 
 
 class Serving:
+    """Base of the API handlers: owns the engine handle, the served name and the metrics."""
+
     def __init__(self, engine: AsyncLLM, model_name: str, metrics: ServerMetrics) -> None:
         self.engine, self.model_name, self.metrics = engine, model_name, metrics
         self.max_model_len = engine.max_model_len
 
     def check_model(self, name: str | None) -> None:
+        """404 unless name is None or the served model's name."""
         if name is not None and name != self.model_name:
             raise OpenAIError(404, f"the model {name!r} does not exist; this server serves "
                               f"{self.model_name!r}", param="model", code="model_not_found")
@@ -31,18 +34,20 @@ class Serving:
 
     def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
                     kwargs: dict | None = None, tools: list | None = None) -> str:
+        """The chat template applied to messages, as text; 400 when the template fails."""
         convo = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
                  for m in messages]
         try:
             return self.engine.tokenizer.apply_chat_template(
                 convo, tokenize=False, add_generation_prompt=add_generation_prompt,
                 tools=tools, **(kwargs or {}))
-        except Exception as e:  # template errors (jinja raise_exception, bad roles)
-            raise OpenAIError(400, f"messages: the chat template failed: {e}",
+        except Exception as exc:  # template errors (jinja raise_exception, bad roles)
+            raise OpenAIError(400, f"messages: the chat template failed: {exc}",
                               param="messages") from None
 
     async def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
                           kwargs: dict | None = None, tools: list | None = None) -> list[int]:
+        """Token ids of the rendered chat (the template adds any special tokens itself)."""
         text = self.render_chat(messages, add_generation_prompt, kwargs, tools)
         return await self.encode(text, add_special_tokens=False)
 
@@ -56,6 +61,7 @@ class Serving:
 
     @staticmethod
     async def last(stream) -> RequestOutput:
+        """The final output of a stream (read to its end)."""
         final = None
         async for out in stream:
             final = out
@@ -63,5 +69,6 @@ class Serving:
 
     @staticmethod
     def check_output(out: RequestOutput) -> None:
+        """500 when the request finished with an error."""
         if out.error:
             raise OpenAIError(500, f"generation failed: {out.error}", code="generation_error")

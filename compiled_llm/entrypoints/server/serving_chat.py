@@ -25,30 +25,33 @@ from compiled_llm.output.outputs import CompletionOutput, RequestOutput
 
 
 class ServingChat(Serving):
+    """The /v1/chat/completions handler."""
+
     async def create(self, req: ChatCompletionRequest, raw: Request):
+        """Answer one chat request: a JSON body, or an event stream when req.stream."""
         self.check_model(req.model)
         if not req.messages:
             raise OpenAIError(400, "messages must be a non-empty list", param="messages")
         ids = await self.encode_chat(req.messages, req.add_generation_prompt,
                                      req.chat_template_kwargs, req.tools)
         requested = req.max_completion_tokens or req.max_tokens
-        k = (req.top_logprobs or 0) if req.logprobs else None
+        num_top = (req.top_logprobs or 0) if req.logprobs else None
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         params = sampling_params(req, output_budget(requested, len(ids), self.max_model_len),
-                                 k, req.stream)
+                                 num_top, req.stream)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self.start(rid, ids, params)
         if req.stream:
-            chunks = self._chunks(stream, rid, req, len(ids), k)
+            chunks = self._chunks(stream, rid, req, len(ids), num_top)
             return StreamingResponse(chunks, media_type="text/event-stream")
         final = await abort_on_disconnect(raw, self.last(stream))
-        return JSONResponse(self._response(final, rid, k))
+        return JSONResponse(self._response(final, rid, num_top))
 
-    def _response(self, out: RequestOutput, rid: str, k: int | None) -> dict:
+    def _response(self, out: RequestOutput, rid: str, num_top: int | None) -> dict:
         self.check_output(out)
         choices = [{"index": o.index, "message": {"role": "assistant", "content": o.text},
-                    "logprobs": self._logprobs(o, k), "finish_reason": o.finish_reason,
+                    "logprobs": self._logprobs(o, num_top), "finish_reason": o.finish_reason,
                     "stop_reason": o.stop_reason} for o in out.outputs]
         gen = sum(len(o.token_ids) for o in out.outputs)
         return {"id": rid, "object": "chat.completion", "created": int(time.time()),
@@ -56,13 +59,13 @@ class ServingChat(Serving):
                 "usage": usage(len(out.prompt_token_ids), gen)}
 
     @staticmethod
-    def _logprobs(o: CompletionOutput, k: int | None) -> dict | None:
-        if k is None or o.logprobs is None:
+    def _logprobs(completion: CompletionOutput, num_top: int | None) -> dict | None:
+        if num_top is None or completion.logprobs is None:
             return None
-        return chat_logprobs(o.token_ids, o.logprobs, k)
+        return chat_logprobs(completion.token_ids, completion.logprobs, num_top)
 
     async def _chunks(self, stream, rid: str, req: ChatCompletionRequest, prompt_len: int,
-                      k: int | None) -> AsyncIterator[str]:
+                      num_top: int | None) -> AsyncIterator[str]:
         created = int(time.time())
 
         def chunk(choices: list, **extra) -> str:
@@ -76,14 +79,14 @@ class ServingChat(Serving):
                               "logprobs": None, "finish_reason": None}])
             async for out in stream:
                 self.check_output(out)
-                for o in out.outputs:
-                    gen += len(o.token_ids)
-                    delta = {"content": o.text} if o.text else {}
-                    yield chunk([{"index": o.index, "delta": delta,
-                                  "logprobs": self._logprobs(o, k),
-                                  "finish_reason": o.finish_reason}])
-        except OpenAIError as e:
-            yield sse(e.body())
+                for completion in out.outputs:
+                    gen += len(completion.token_ids)
+                    delta = {"content": completion.text} if completion.text else {}
+                    yield chunk([{"index": completion.index, "delta": delta,
+                                  "logprobs": self._logprobs(completion, num_top),
+                                  "finish_reason": completion.finish_reason}])
+        except OpenAIError as exc:
+            yield sse(exc.body())
         finally:  # a client gone mid-stream closes us: free its blocks now
             stream.abort()
         if req.stream_options and req.stream_options.include_usage:

@@ -26,7 +26,10 @@ from compiled_llm.output.outputs import CompletionOutput
 
 
 class ServingCompletion(Serving):
+    """The /v1/completions handler."""
+
     async def create(self, req: CompletionRequest, raw: Request):
+        """Answer one completions request: a JSON body, or an event stream when req.stream."""
         self.check_model(req.model)
         self._check_unsupported(req)
         prompts = await self._prompts(req.prompt)
@@ -35,11 +38,11 @@ class ServingCompletion(Serving):
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = []
         try:
-            for i, (ids, p) in enumerate(zip(prompts, params)):
-                streams.append(await self.start(f"{rid}-{i}", ids, p))
+            for i, (ids, prompt_params) in enumerate(zip(prompts, params)):
+                streams.append(await self.start(f"{rid}-{i}", ids, prompt_params))
         except BaseException:
-            for s in streams:
-                s.abort()
+            for stream in streams:
+                stream.abort()
             raise
         echo = [await self.engine.call(self.engine.tokenizer.decode, p) if req.echo else ""
                 for p in prompts]
@@ -65,22 +68,24 @@ class ServingCompletion(Serving):
             raise OpenAIError(400, "prompt must not be empty", param="prompt")
         return [p if isinstance(p, list) else await self.encode(p) for p in prompt]
 
-    def _choice(self, i: int, o: CompletionOutput, req: CompletionRequest, text: str,
-                offset: int) -> dict:
-        lps = None
-        if req.logprobs is not None and o.logprobs is not None:
-            lps = completion_logprobs(o.token_ids, o.logprobs, req.logprobs, offset)
-        return {"index": i * req.n + o.index, "text": text, "logprobs": lps,
-                "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
+    def _choice(self, prompt_index: int, completion: CompletionOutput, req: CompletionRequest,
+                text: str, offset: int) -> dict:
+        logprobs = None
+        if req.logprobs is not None and completion.logprobs is not None:
+            logprobs = completion_logprobs(completion.token_ids, completion.logprobs,
+                                           req.logprobs, offset)
+        return {"index": prompt_index * req.n + completion.index, "text": text,
+                "logprobs": logprobs, "finish_reason": completion.finish_reason,
+                "stop_reason": completion.stop_reason}
 
     async def _collect(self, streams, rid: str, req: CompletionRequest, prompts, echo) -> dict:
         choices, gen = [], 0
         async for i, out in merge_streams(streams):
             self.check_output(out)
-            for o in out.outputs:
-                gen += len(o.token_ids)
-                choices.append(self._choice(i, o, req, echo[i] + o.text, 0))
-        choices.sort(key=lambda c: c["index"])
+            for completion in out.outputs:
+                gen += len(completion.token_ids)
+                choices.append(self._choice(i, completion, req, echo[i] + completion.text, 0))
+        choices.sort(key=lambda choice: choice["index"])
         return {"id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,
                 "usage": usage(sum(map(len, prompts)), gen)}
@@ -92,19 +97,19 @@ class ServingCompletion(Serving):
         try:
             async for i, out in merge_streams(streams):
                 self.check_output(out)
-                for o in out.outputs:
-                    index = i * req.n + o.index
-                    text = o.text if index in offsets else echo[i] + o.text
-                    choice = self._choice(i, o, req, text, offsets.get(index, 0))
+                for completion in out.outputs:
+                    index = i * req.n + completion.index
+                    text = completion.text if index in offsets else echo[i] + completion.text
+                    choice = self._choice(i, completion, req, text, offsets.get(index, 0))
                     offsets[index] = offsets.get(index, 0) + len(text)
-                    gen += len(o.token_ids)
+                    gen += len(completion.token_ids)
                     yield sse({"id": rid, "object": "text_completion", "created": created,
                                "model": self.model_name, "choices": [choice]})
-        except OpenAIError as e:
-            yield sse(e.body())
+        except OpenAIError as exc:
+            yield sse(exc.body())
         finally:
-            for s in streams:
-                s.abort()
+            for stream in streams:
+                stream.abort()
         if req.stream_options and req.stream_options.include_usage:
             yield sse({"id": rid, "object": "text_completion", "created": created,
                        "model": self.model_name, "choices": [],

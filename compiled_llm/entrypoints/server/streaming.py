@@ -13,15 +13,17 @@ from fastapi import Request
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.output.outputs import Logprob
 
-T = TypeVar("T")
+ResultT = TypeVar("ResultT")
 DONE = "data: [DONE]\n\n"
 
 
 def sse(payload: dict) -> str:
+    """payload as one server-sent event."""
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    """OpenAI's `usage` object."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 
@@ -37,31 +39,31 @@ async def merge_streams(streams: list) -> AsyncIterator[tuple[int, Any]]:
         return
     queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(i: int, stream) -> None:
+    async def pump(index: int, stream) -> None:
         try:
             async for out in stream:
-                queue.put_nowait((i, out))
-        except Exception as e:
-            queue.put_nowait((i, e))
+                queue.put_nowait((index, out))
+        except Exception as exc:
+            queue.put_nowait((index, exc))
         finally:
-            queue.put_nowait((i, None))
+            queue.put_nowait((index, None))
 
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    tasks = [asyncio.create_task(pump(i, stream)) for i, stream in enumerate(streams)]
     try:
         remaining = len(tasks)
         while remaining:
-            i, item = await queue.get()
+            index, item = await queue.get()
             if item is None:
                 remaining -= 1
             elif isinstance(item, Exception):
                 raise item
             else:
-                yield i, item
+                yield index, item
     finally:
-        for t in tasks:
-            t.cancel()
-        for s in streams:
-            s.abort()
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            stream.abort()
 
 
 async def _disconnected(raw: Request) -> None:
@@ -69,7 +71,7 @@ async def _disconnected(raw: Request) -> None:
         pass
 
 
-async def abort_on_disconnect(raw: Request, work: Awaitable[T]) -> T:
+async def abort_on_disconnect(raw: Request, work: Awaitable[ResultT]) -> ResultT:
     """Await work, cancelling it (which aborts its requests) if the client goes away."""
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_disconnected(raw))
@@ -84,39 +86,41 @@ async def abort_on_disconnect(raw: Request, work: Awaitable[T]) -> T:
     raise OpenAIError(499, "client disconnected", code="client_closed_request")
 
 
-def _top(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
-    ranked = sorted(((t, lp) for t, lp in entry.items() if lp.rank is not None and lp.rank <= k),
-                    key=lambda x: x[1].rank)
-    return ranked[:k]
+def _top(entry: dict[int, Logprob], num_top: int) -> list[tuple[int, Logprob]]:
+    ranked = sorted(((token_id, logprob) for token_id, logprob in entry.items()
+                     if logprob.rank is not None and logprob.rank <= num_top),
+                    key=lambda item: item[1].rank)
+    return ranked[:num_top]
 
 
-def _token_text(tid: int, lp: Logprob) -> str:
-    return lp.decoded_token if lp.decoded_token is not None else f"token_id:{tid}"
+def _token_text(token_id: int, logprob: Logprob) -> str:
+    return logprob.decoded_token if logprob.decoded_token is not None else f"token_id:{token_id}"
 
 
-def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], k: int) -> dict:
+def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], num_top: int) -> dict:
     """OpenAI chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}, ...]}."""
     content = []
-    for tid, entry in zip(token_ids, entries):
-        lp = entry[tid]
-        text = _token_text(tid, lp)
-        tops = [{"token": (s := _token_text(t, x)), "logprob": x.logprob,
-                 "bytes": list(s.encode())} for t, x in _top(entry, k)]
-        content.append({"token": text, "logprob": lp.logprob, "bytes": list(text.encode()),
+    for token_id, entry in zip(token_ids, entries):
+        chosen = entry[token_id]
+        text = _token_text(token_id, chosen)
+        tops = [{"token": (top_text := _token_text(top_id, top)), "logprob": top.logprob,
+                 "bytes": list(top_text.encode())} for top_id, top in _top(entry, num_top)]
+        content.append({"token": text, "logprob": chosen.logprob, "bytes": list(text.encode()),
                         "top_logprobs": tops})
     return {"content": content}
 
 
-def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], k: int,
+def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], num_top: int,
                         offset: int) -> dict:
     """OpenAI completions `logprobs`; text offsets start at offset."""
-    tokens, lps, tops, offsets = [], [], [], []
-    for tid, entry in zip(token_ids, entries):
-        text = _token_text(tid, entry[tid])
+    tokens, logprobs, tops, offsets = [], [], [], []
+    for token_id, entry in zip(token_ids, entries):
+        text = _token_text(token_id, entry[token_id])
         tokens.append(text)
-        lps.append(entry[tid].logprob)
-        tops.append({_token_text(t, x): x.logprob for t, x in _top(entry, k)})
+        logprobs.append(entry[token_id].logprob)
+        tops.append({_token_text(top_id, top): top.logprob
+                     for top_id, top in _top(entry, num_top)})
         offsets.append(offset)
         offset += len(text)
-    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops,
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops,
             "text_offset": offsets}
