@@ -259,11 +259,13 @@ class EngineArgs:
         check_choices(self)
 
     def attention_backend_for(self, device_type: str) -> str:
+        """The attention backend to use on a device type (auto: Triton on CUDA)."""
         if self.attention_backend == "auto":
             return "triton" if device_type == "cuda" else "torch"
         return self.attention_backend
 
     def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
+        """The scheduler's settings, max_model_len capped by the model's positions."""
         max_len = self.max_model_len or model_max_len
         if max_len > model_max_len:
             raise ValueError(
@@ -276,10 +278,12 @@ class EngineArgs:
                                self.scheduling_policy)
 
     def cache_config(self) -> CacheConfig:
+        """The KV cache's settings."""
         return CacheConfig(self.block_size, self.gpu_memory_utilization,
                            self.kv_cache_memory_bytes, self.num_gpu_blocks_override)
 
     def compile_config(self) -> CompileConfig:
+        """The compiler's settings (enforce_eager turns compilation and CUDA graphs off)."""
         return CompileConfig(
             mode="none" if self.enforce_eager else self.compile_mode,
             cache_dir=self.compile_cache_dir, dump_dir=self.dump_dir, passes=dict(self.passes),

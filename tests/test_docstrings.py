@@ -19,29 +19,7 @@ MAX_MODULE_DOC_LINES = 5
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 400
 
-EXEMPT = {
-    "compiled_llm/__init__.py",
-    "compiled_llm/compile/__init__.py",
-    "compiled_llm/compile/backend.py",
-    "compiled_llm/compile/snapshot.py",
-    "compiled_llm/config.py",
-    "compiled_llm/engine/__init__.py",
-    "compiled_llm/engine/input_processor.py",
-    "compiled_llm/engine/llm_engine.py",
-    "compiled_llm/entrypoints/__init__.py",
-    "compiled_llm/entrypoints/async_llm.py",
-    "compiled_llm/entrypoints/cli/__init__.py",
-    "compiled_llm/entrypoints/cli/__main__.py",
-    "compiled_llm/entrypoints/cli/main.py",
-    "compiled_llm/entrypoints/llm.py",
-    "compiled_llm/entrypoints/server/__init__.py",
-    "compiled_llm/entrypoints/server/app.py",
-    "compiled_llm/executor/__init__.py",
-    "compiled_llm/executor/uniproc_executor.py",
-    "compiled_llm/worker/__init__.py",
-    "compiled_llm/worker/model_runner.py",
-    "compiled_llm/worker/worker.py",
-}
+EXEMPT: set[str] = set()
 
 
 def source_files() -> list[str]:

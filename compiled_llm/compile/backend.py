@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class BackendOptions:
+    """What one backend instance uses: cache, dumps, the post-grad pass, the piece wrapper."""
+
     cache: CompileCache | None = None
     dump_dir: str | None = None
     post_grad_pass: object = None  # a CustomGraphPass run by Inductor after its own passes
@@ -43,6 +45,7 @@ class CompiledPiece(nn.Module):
         self.fn, self.key, self.returns_tuple = fn, key, returns_tuple
 
     def forward(self, *args):
+        """The compiled piece's outputs, shaped as the graph it replaced returned them."""
         out = self.fn(*args)
         # a loaded artifact returns a flat list even where the graph returned one value
         if isinstance(out, (list, tuple)):
@@ -192,6 +195,7 @@ class _PieceCompiler(fx.Interpreter):
         self.refs: dict[str, snapshot.PieceRef] = {}  # split target -> its compiled piece's key
 
     def call_module(self, target, args, kwargs):
+        """Run the piece on fake inputs, then swap it for its compiled form."""
         out = super().call_module(target, args, kwargs)
         piece = self.pieces.get(target)
         if piece is not None and not piece.is_split_op:

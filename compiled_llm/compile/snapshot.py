@@ -1,11 +1,8 @@
 """Warm start without Dynamo: the split graph and the source of each of its inputs, on disk.
 
-Every input of Dynamo's graph has a source expression (`L['self']._modules[...]._parameters
-['weight']`, `L['input_ids']`, `L['input_ids'].size()[0]`). After a compile the backend stores
-the split graph, compiled pieces replaced by their cache keys, with those expressions; a warm
-start rebuilds the same callable from the cache alone. The cache key (config, dtype, versions,
-sources) and the parameter signature in the file name stand in for Dynamo's guards.
-"""
+The backend stores the split graph (compiled pieces replaced by their cache keys) with each
+input's source expression (`L['self']._modules[...]._parameters['weight']`, `L['input_ids']`);
+a warm start rebuilds the callable from the cache alone (the key stands in for Dynamo's guards)."""
 
 from __future__ import annotations
 
@@ -79,6 +76,7 @@ def dumps(split: fx.GraphModule, refs: dict[str, PieceRef], sources: list[str]) 
 
 
 def loads(data: bytes) -> tuple[fx.GraphModule, list[str]]:
+    """The split graph and its inputs' sources from a stored snapshot; ValueError if stale."""
     snap = pickle.loads(data)  # noqa: S301 (written by this backend into the user's cache)
     if snap.get("format") != FORMAT:
         raise ValueError(f"snapshot format {snap.get('format')} != {FORMAT}")

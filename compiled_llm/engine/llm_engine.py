@@ -49,6 +49,7 @@ class EngineStats:
 
 
 def resolve_device(device: str) -> torch.device:
+    """The torch device for EngineArgs.device (auto: CUDA when present, else CPU)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)

@@ -31,6 +31,7 @@ class UniProcExecutor:
 
     @property
     def vocab_size(self) -> int:
+        """The model's vocabulary size."""
         return self.model_config.vocab_size
 
     def launch(self, sched: SchedulerOutput, prev: LaunchedStep | None = None) -> LaunchedStep:

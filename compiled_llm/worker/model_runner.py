@@ -1,9 +1,7 @@
 """ModelRunner: owns every device tensor (weights, KV cache, step inputs, CUDA graphs and their
-memory pool) and runs one step.
-
-Step: the input batch fills flat inputs (padded to the graph the dispatcher picks) -> forward
-under the forward context (a full graph, piecewise graphs or plain) -> logits for the rows that
-need them -> Sampler. Returns plain Python results for the scheduler and output processing.
+memory pool) and runs one step: the input batch fills flat inputs padded to the graph the
+dispatcher picks -> forward under the forward context (full graph, piecewise or plain) -> logits
+for the rows that need them -> Sampler -> plain Python results for the scheduler.
 """
 
 from __future__ import annotations
