@@ -8,6 +8,11 @@ import time
 from pathlib import Path
 
 import torch
+
+# Imported here, not on an engine's first compile: importing Dynamo leaves frames alive in
+# reference cycles (torch.fx.wrap keeps its caller's frame), and inside LLMEngine.__init__ those
+# frames would hold the engine until the garbage collector ran.
+import torch._dynamo  # noqa: F401
 from torch import nn
 
 from compiled_llm.compat import allow_many_models, graph_break_count, mark_tokens_dynamic

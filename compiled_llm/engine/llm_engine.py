@@ -13,6 +13,10 @@ from typing import Any
 
 import torch
 
+# At import, not in _load_tokenizer: importing transformers leaves frames alive in reference
+# cycles, and inside LLMEngine.__init__ they would hold the engine until the garbage collector.
+from transformers import AutoTokenizer
+
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from compiled_llm.core.request import Request, RequestStatus
@@ -85,8 +89,6 @@ class LLMEngine:
         logger.info("engine ready: %s on %s, %d KV blocks", model_dir, self.device, num_blocks)
 
     def _load_tokenizer(self, model_dir: str):
-        from transformers import AutoTokenizer
-
         return AutoTokenizer.from_pretrained(self.args.tokenizer or model_dir)
 
     # ------------------------------------------------------------------ requests

@@ -97,7 +97,10 @@ class RequestStream:
             self.owner._streams.pop(self.request_id, None)
             self.owner.observer.on_finish("error", self.num_prompt_tokens, self.num_gen_tokens,
                                           stamp - self.arrival)
-            raise out
+            try:
+                raise out
+            finally:  # this frame is in the error's traceback: holding the error is a cycle
+                out = item = None
         self._observe(stamp, out)
         return out
 

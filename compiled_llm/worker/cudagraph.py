@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 
 import torch
 
@@ -31,7 +32,9 @@ def default_sizes(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, runner, sizes: list[int], max_len: int) -> None:
-        self.runner, self.sizes = runner, sorted(set(sizes))
+        # a proxy: the runner holds these graphs, and a cycle would keep the runner (and its
+        # KV cache) alive after the engine is dropped, until the garbage collector runs
+        self.runner, self.sizes = weakref.proxy(runner), sorted(set(sizes))
         self.bufs = runner.buffers
         if self.sizes[-1] > min(self.bufs.max_seqs, self.bufs.max_tokens):
             raise ValueError(f"cudagraph_batch_sizes go up to {self.sizes[-1]}; the step "
