@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -60,8 +61,7 @@ def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype):
         backend.snapshot_name = snapshot_name(model)
         warm = backend.load_snapshot(model)
         if warm is not None:
-            warm.backend = backend
-            return warm
+            return _released_with(warm, backend)
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend=backend)
 
     def forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -74,5 +74,17 @@ def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype):
                                        "positions": positions}
         return compiled(input_ids, positions)
 
+    if isinstance(backend, CompiledLLMBackend):
+        return _released_with(forward, backend)
     forward.backend = backend
+    return forward
+
+
+def _released_with(forward, backend: CompiledLLMBackend):
+    """forward, whose backend releases its compiled pieces and CUDA graphs when forward is
+    dropped or forward.release() is called, whichever comes first (once): Dynamo and fx
+    reference cycles would keep them alive long after the engine."""
+    forward.backend = backend
+    forward.release = weakref.finalize(forward, backend.release)
+    forward.release.atexit = False  # nothing to give back at interpreter exit
     return forward
