@@ -49,6 +49,11 @@ def eos_ids(model_dir: str, hf: dict[str, Any], tokenizer) -> tuple[int, ...]:
 
 
 class LLMEngine:
+    """One model on one device: requests in, RequestOutputs out, a step at a time. After
+    shutdown() it holds no device memory and refuses add_request and step."""
+
+    _shut_down = False
+
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
         model_dir = str(args.model or DEMO_MODEL)
@@ -110,6 +115,7 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int] | dict,
                     params: SamplingParams | None = None, priority: int = 0) -> None:
         """Validate and queue; raises ValueError (naming the field) without side effects."""
+        self._check_open()
         if request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = params or SamplingParams()
@@ -192,6 +198,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model, sample, and return outputs of requests that progressed
         or failed."""
+        self._check_open()
         timer = self.runner.step_timer
         timer.begin()
         try:
@@ -325,3 +332,23 @@ class LLMEngine:
             outs.append(out)
         return outs
 
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self) -> None:
+        """Abort every request and release the KV cache, step buffers, CUDA graphs, compiled
+        code and weights (idempotent); add_request and step raise RuntimeError after."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        for request_id in list(self.parents):
+            self.abort_request(request_id)
+        self._inflight = None  # a launched step's tensors go with the runner's
+        self.runner.shutdown()
+
+    @property
+    def is_shut_down(self) -> bool:
+        """True once shutdown() ran."""
+        return self._shut_down
+
+    def _check_open(self) -> None:
+        if self._shut_down:
+            raise RuntimeError("engine is shut down: build a new one to generate again")

@@ -229,6 +229,23 @@ class ModelRunner:
             meta.grammar_rows = rows
         return meta
 
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self) -> None:
+        """Release the KV cache, step buffers, CUDA graphs, the compiled forward and the
+        weights, and give the freed memory back to the device (idempotent). No step can run
+        after; the engine refuses them first."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # a launched step may still read what goes
+        release = getattr(self.forward_fn, "release", None)
+        self.kv_caches, self.buffers, self.decode_graphs = [], None, None
+        self.forward_fn = self.model = None
+        self.piecewise_sizes = []
+        self.generators.clear()
+        if release is not None:  # Dynamo keeps the compiled graphs: empty them
+            release()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
     """A copy of t on the host that does not block: pinned memory on CUDA (read it only after
