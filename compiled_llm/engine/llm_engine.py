@@ -342,6 +342,7 @@ class LLMEngine:
         for request_id in list(self.parents):
             self.abort_request(request_id)
         self._inflight = None  # a launched step's tensors go with the runner's
+        self.grammars = None
         self.runner.shutdown()
 
     @property
