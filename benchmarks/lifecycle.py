@@ -1,10 +1,11 @@
 """Engine lifecycle in one process: device memory at start, after building an LLM (default
 settings, CUDA graphs on), after generate, after shutdown(), after `del llm`; then a second LLM
 built once the first is gone (dropped with `del` alone), then two LLMs at once
-(gpu_memory_utilization=0.4 each). Every LLM must give the first one's greedy tokens, and memory
-must be back within --tolerance-gb of the start after each shutdown or drop, else the exit code
-is 1. The collector is off throughout: what comes back, reference counting gave back; a last
-gc.collect() row shows whether anything waited for it. On CPU the memory columns are the RSS.
+(gpu_memory_utilization=0.4 each). Every LLM must give the first one's greedy tokens, a dropped
+engine must be freed at once, and memory must be back within --tolerance-gb of the start after
+each shutdown or drop, else the exit code is 1. The collector is off throughout: what comes
+back, reference counting gave back; a last gc.collect() row shows whether anything waited for
+it. On CPU the memory columns are the process's RSS.
 
     python -m benchmarks.lifecycle --checkpoint-dir /tmp/ckpt                  # qwen3-0.6b
     python -m benchmarks.lifecycle --shape cpu-small --compile-mode none --new-tokens 4
@@ -17,6 +18,7 @@ import gc
 import os
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -60,12 +62,17 @@ class Phases:
         self.failures: list[str] = []
         self._t = time.perf_counter()
 
-    def mark(self, phase: str, back: bool = False, tokens_match: bool | None = None) -> None:
-        """Record a phase; back=True checks memory is within the tolerance of the start."""
+    def mark(self, phase: str, back: bool = False, tokens_match: bool | None = None,
+             dropped: weakref.ref | None = None) -> None:
+        """Record a phase; back=True checks memory is within the tolerance of the start,
+        dropped (a weak reference to an engine just deleted) that nothing still holds it."""
         now = time.perf_counter()
         row = {"shape": self.shape, "phase": phase, **memory(), "seconds": now - self._t,
                "back": "", "tokens": "" if tokens_match is None else
-               ("match" if tokens_match else "DIFFER")}
+               ("match" if tokens_match else "DIFFER"),
+               "engine freed": "" if dropped is None else ("yes" if dropped() is None else "NO")}
+        if row["engine freed"] == "NO":
+            self.failures.append(f"{self.shape} {phase}: the engine is still alive")
         if back:
             over = [k for k in MEMORY if row[k] - self.rows[0][k] > self.tolerance]
             row["back"] = "no: " + ", ".join(over) if over else "yes"
@@ -103,8 +110,9 @@ def run_shape(shape: str, args) -> Phases:
     phases.mark("generated")
     llm.shutdown()
     phases.mark("shut down", back=True)
+    engine = weakref.ref(llm.engine)
     del llm  # no gc.collect
-    phases.mark("deleted", back=True)
+    phases.mark("deleted", back=True, dropped=engine)
     second_run(args, model_dir, prompts, want, phases)
     two_at_once(args, model_dir, prompts, want, phases)
     phases.mark(f"gc.collect() found {gc.collect()} objects", back=True)
@@ -116,10 +124,11 @@ def second_run(args, model_dir: str, prompts, want, phases: Phases) -> None:
     llm = build(args, model_dir)
     phases.mark("second built")
     phases.mark("second generated", tokens_match=greedy(llm, prompts, args.new_tokens) == want)
+    engine = weakref.ref(llm.engine)
     del llm
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    phases.mark("second deleted + empty_cache", back=True)
+    phases.mark("second deleted + empty_cache", back=True, dropped=engine)
 
 
 def two_at_once(args, model_dir: str, prompts, want, phases: Phases) -> None:

@@ -1,5 +1,6 @@
 """The lifecycle benchmark, run on CPU at a tiny scale: every phase is in its JSON, memory is
-back after each shutdown or drop, and every LLM gives the first one's greedy tokens."""
+back after each shutdown or drop, dropped engines are freed, and every LLM gives the first
+one's greedy tokens."""
 
 from __future__ import annotations
 
@@ -29,4 +30,5 @@ def test_lifecycle_benchmark(tmp_path, ckpt_root):
     checked = [r for r in result["rows"] if r["back"]]
     assert len(checked) == 5 and all(r["back"] == "yes" for r in checked)
     assert [r["tokens"] for r in result["rows"] if r["tokens"]] == ["match", "match"]
+    assert [r["engine freed"] for r in result["rows"] if r["engine freed"]] == ["yes", "yes"]
     assert all(r["allocated GB"] > 0 for r in result["rows"])
