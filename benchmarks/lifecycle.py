@@ -1,11 +1,8 @@
-"""Engine lifecycle in one process: device memory at start, after building an LLM (default
-settings, CUDA graphs on), after generate, after shutdown(), after `del llm`; then a second LLM
-built once the first is gone (dropped with `del` alone), then two LLMs at once
-(gpu_memory_utilization=0.4 each). Every LLM must give the first one's greedy tokens, a dropped
-engine must be freed at once, and memory must be back within --tolerance-gb of the start after
-each shutdown or drop, else the exit code is 1. The collector is off throughout: what comes
-back, reference counting gave back; a last gc.collect() row shows whether anything waited for
-it. On CPU the memory columns are the process's RSS.
+"""Engine lifecycle in one process, the collector off: memory at start, built (defaults, CUDA
+graphs on), generated, shut down, deleted; a second LLM once the first is gone (dropped only);
+two LLMs at once (0.4 of the device each). Exit code 1 unless every LLM gives the first one's
+greedy tokens, dropped engines are freed at once, and memory is back within --tolerance-gb of
+the start after each shutdown or drop. On CPU the memory columns are the process's RSS.
 
     python -m benchmarks.lifecycle --checkpoint-dir /tmp/ckpt                  # qwen3-0.6b
     python -m benchmarks.lifecycle --shape cpu-small --compile-mode none --new-tokens 4
@@ -181,7 +178,7 @@ def main() -> None:
 
     if torch.cuda.is_available():
         torch.empty(1, device="cuda")  # the CUDA context is part of the start, not the engine
-    gc.disable()  # see the module docstring
+    gc.disable()  # what comes back, reference counting gave back (a last row runs gc.collect)
     results = [run_shape(shape, args) for shape in args.shape]
     rows = [r for p in results for r in p.rows]
     failures = [f for p in results for f in p.failures]
