@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+# Imported here, not on an engine's first compile: importing Dynamo leaves frames alive in
+# reference cycles (torch.fx.wrap keeps its caller's frame), and inside LLMEngine.__init__ those
+# frames would hold the engine until the garbage collector ran.
+import torch._dynamo  # noqa: F401
 from torch import nn
 
 from compiled_llm.compat import allow_many_models, graph_break_count, mark_tokens_dynamic
@@ -60,8 +66,7 @@ def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype,
         backend.snapshot_name = snapshot_name(model)
         warm = backend.load_snapshot(model)
         if warm is not None:
-            warm.backend = backend
-            return warm
+            return _released_with(warm, backend)
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend=backend)
 
     def forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -74,5 +79,17 @@ def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype,
                                        "positions": positions}
         return compiled(input_ids, positions)
 
+    if isinstance(backend, CompiledLLMBackend):
+        return _released_with(forward, backend)
     forward.backend = backend
+    return forward
+
+
+def _released_with(forward, backend: CompiledLLMBackend):
+    """forward, whose backend releases its compiled pieces and CUDA graphs when forward is
+    dropped or forward.release() is called, whichever comes first (once): Dynamo and fx
+    reference cycles would keep them alive long after the engine."""
+    forward.backend = backend
+    forward.release = weakref.finalize(forward, backend.release)
+    forward.release.atexit = False  # nothing to give back at interpreter exit
     return forward

@@ -65,6 +65,7 @@ class CompiledLLMBackend:
         self.snapshot_name: str | None = None  # set to store a warm-start snapshot
         self.captures = 0
         self.dumper = PieceDumper(opts.dump_dir) if opts.dump_dir else None
+        self.graphs: list[fx.GraphModule] = []  # every split graph returned or loaded
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> fx.GraphModule:
         t0 = time.perf_counter()
@@ -84,6 +85,7 @@ class CompiledLLMBackend:
         if self.captures == 1:
             self._save_snapshot(gm, split, compiler.refs, example_inputs)
             self.call_locals = None  # holds the first call's inputs
+        self.graphs.append(split)
         return split
 
     def wrap(self, fn, key: str, returns_tuple: bool) -> nn.Module:
@@ -131,7 +133,21 @@ class CompiledLLMBackend:
                 setattr(graph, target, self.wrap(fn, target, ref.returns_tuple))
         counters.snapshot_loads += 1
         counters.add_time("snapshot_load", time.perf_counter() - t0)
+        self.graphs.append(graph)
         return snapshot.warm_forward(graph, sources, model)
+
+    def release(self) -> None:
+        """Drop every compiled piece and the piecewise CUDA graphs they captured; the split
+        graphs are left empty. Dynamo keeps this backend and the graphs it returned for the
+        life of the process (cache entries on the model class's forward, compiled-function
+        globals) and an fx GraphModule is in a reference cycle with its Graph, so dropping
+        references alone would free none of it. Nothing can run through this backend after."""
+        for graph in self.graphs:
+            for name, _ in list(graph.named_children()):
+                delattr(graph, name)
+        self.graphs.clear()
+        self.compiled.clear()
+        self.call_locals = None
 
     def _load_cached(self, key: str):
         with self.opts.cache.lock():

@@ -13,6 +13,10 @@ from typing import Any
 
 import torch
 
+# At import, not in _load_tokenizer: importing transformers leaves frames alive in reference
+# cycles, and inside LLMEngine.__init__ they would hold the engine until the garbage collector.
+from transformers import AutoTokenizer
+
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.async_scheduler import AsyncScheduler
 from compiled_llm.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
@@ -67,7 +71,10 @@ def eos_ids(model_dir: str, hf: dict[str, Any], tokenizer) -> tuple[int, ...]:
 class LLMEngine:
     """The engine core: input processing, the scheduler over the KV cache manager, the
     executor's worker, and output processing; `step()` runs one step. Invariant: every
-    request the engine accepted finishes (or is aborted) with its KV blocks back in the pool."""
+    request the engine accepted finishes (or is aborted) with its KV blocks back in the pool.
+    After shutdown() it holds no device memory and refuses add_request and step."""
+
+    _shut_down = False
 
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
@@ -97,8 +104,6 @@ class LLMEngine:
                     self.executor.num_blocks)
 
     def _load_tokenizer(self, model_dir: str):
-        from transformers import AutoTokenizer
-
         return AutoTokenizer.from_pretrained(self.args.tokenizer or model_dir)
 
     # ------------------------------------------------------------------ requests
@@ -109,6 +114,7 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: PromptType,
                     params: SamplingParams | None = None, priority: int = 0) -> None:
         """Validate and queue; raises ValueError (naming the field) without side effects."""
+        self._check_open()
         if request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
         children = self.inputs.process(request_id, prompt, params or SamplingParams(), priority)
@@ -160,6 +166,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model, sample, and return outputs of requests that progressed
         or failed."""
+        self._check_open()
         timer = self.executor.step_timer
         timer.begin()
         try:
@@ -281,6 +288,29 @@ class LLMEngine:
     def cudagraph_capture_seconds(self) -> dict[str, float]:
         """Seconds spent capturing CUDA graphs, per mode (full, piecewise)."""
         return self.executor.cudagraph_capture_seconds()
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self) -> None:
+        """Abort every request and release the KV cache, step buffers, CUDA graphs, compiled
+        code and weights (idempotent); add_request and step raise RuntimeError after."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        for request_id in list(self.parents):
+            self.abort_request(request_id)
+        self._inflight = None  # a launched step's tensors go with the runner's
+        self.inputs.grammars = None
+        self.executor.shutdown()
+
+    @property
+    def is_shut_down(self) -> bool:
+        """True once shutdown() ran."""
+        return self._shut_down
+
+    def _check_open(self) -> None:
+        """RuntimeError once the engine is shut down."""
+        if self._shut_down:
+            raise RuntimeError("engine is shut down: build a new one to generate again")
 
 
 def _scheduled_request(request_id: str, sched: SchedulerOutput) -> Request:

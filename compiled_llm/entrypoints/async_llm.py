@@ -82,7 +82,10 @@ class RequestStream:
             self.owner._streams.pop(self.request_id, None)
             self.owner.observer.on_finish("error", self.num_prompt_tokens, self.num_gen_tokens,
                                           stamp - self.arrival)
-            raise out
+            try:
+                raise out
+            finally:  # this frame is in the error's traceback: holding the error is a cycle
+                out = item = None
         self._observe(stamp, out)
         return out
 
@@ -118,7 +121,10 @@ class RequestStream:
 
 
 class AsyncLLM:
-    """An LLMEngine driven by a background thread; see the module docstring."""
+    """An LLMEngine driven by a background thread; see the module docstring. The thread holds
+    the engine until shutdown()."""
+
+    _shut_down = False
 
     def __init__(self, args: EngineArgs, observer: RequestObserver | None = None) -> None:
         self.engine = LLMEngine(args)
@@ -135,6 +141,8 @@ class AsyncLLM:
     # ------------------------------------------------------------------ caller side
     async def call(self, fn: Callable, *args: Any) -> Any:
         """Run fn(*args) on the engine thread, between steps, and return its result."""
+        if self._shut_down:
+            raise RuntimeError("engine is shut down")
         if self.error is not None:
             raise RuntimeError(f"engine loop is dead: {self.error}")
         return await asyncio.wrap_future(self._submit(fn, *args))
@@ -181,8 +189,24 @@ class AsyncLLM:
             stream.abort()
 
     def shutdown(self) -> None:
+        """Stop the loop thread, fail open streams and queued calls with "engine is shut
+        down", then shut the engine down, freeing its device memory (idempotent)."""
+        if self._shut_down:
+            return
+        self._shut_down = True
         self._commands.put(None)
         self._thread.join(timeout=30)
+        error = RuntimeError("engine is shut down")
+        self._fail_all(error)
+        # call() now reports the shutdown; an error kept here would hold this object through
+        # the frames in its traceback (the loop's, or a consumer's that raised it)
+        self.error = None
+        self._streams.clear()
+        _fail_pending(self._commands, error)
+        if self._thread.is_alive():  # a step still running: the engine is not ours to free
+            logger.error("engine loop did not stop within 30 s; the engine is not shut down")
+            return
+        self.engine.shutdown()
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
@@ -238,6 +262,17 @@ class AsyncLLM:
 
     def _publish_stats(self) -> None:
         self.stats = self.engine.get_stats()
+
+
+def _fail_pending(commands: queue.SimpleQueue, error: BaseException) -> None:
+    """Fail every call still queued after the loop stopped, so no caller waits forever."""
+    while True:
+        try:
+            item = commands.get_nowait()
+        except queue.Empty:
+            return
+        if item is not None and not item[2].done():  # a cancelled caller wants no answer
+            item[2].set_exception(error)
 
 
 def _put_all(items: list) -> None:

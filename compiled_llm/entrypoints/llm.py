@@ -18,11 +18,23 @@ PromptType = str | list[int] | dict
 
 
 class LLM:
-    """An engine for batch generation. Keyword arguments are EngineArgs fields."""
+    """An engine for batch generation. Keyword arguments are EngineArgs fields. `with LLM(...)
+    as llm:` shuts it down on exit; dropping the last reference frees it too."""
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         self.engine = LLMEngine(EngineArgs(model=model, **kwargs))
         self._ids = count()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Abort what is running and give back the device memory and compiled code the engine
+        holds, while `llm` may still be referenced (idempotent); generate raises after."""
+        self.engine.shutdown()
 
     def get_tokenizer(self):
         return self.engine.tokenizer

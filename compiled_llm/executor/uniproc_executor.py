@@ -1,6 +1,6 @@
 """The uniprocess executor: the engine's one worker, in the engine's own process. Its methods
 are the interface every executor offers the engine: launch a step, finish it, release
-per-request state, and report what the worker built at start-up."""
+per-request state, report what the worker built at start-up, and shut down."""
 
 from __future__ import annotations
 
@@ -57,3 +57,7 @@ class UniProcExecutor:
     def cudagraph_capture_seconds(self) -> dict[str, float]:
         """Seconds spent capturing, per graph mode."""
         return dict(self.worker.runner.cudagraph_capture_seconds)
+
+    def shutdown(self) -> None:
+        """Shut the worker down: its device memory goes back (idempotent)."""
+        self.worker.shutdown()

@@ -263,6 +263,25 @@ class ModelRunner:
         self.dispatcher.full_sizes = sizes
         return time.perf_counter() - start
 
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self) -> None:
+        """Release the KV cache, step buffers, CUDA graphs, the compiled forward and the
+        weights, and give the freed memory back to the device (idempotent). No step can run
+        after; the engine refuses them first."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # a launched step may still read what goes
+        release = getattr(self.forward_fn, "release", None)
+        if self.full_graph is not None:
+            self.full_graph.release()
+        self.dispatcher.full_sizes, self.dispatcher.piecewise_sizes = [], []
+        self.kv_caches, self.input_batch, self.full_graph = [], None, None
+        self.forward_fn = self.model = self.graph_pool = None
+        self.sampler.generators.clear()
+        if release is not None:  # Dynamo keeps the compiled graphs (and their piece graphs)
+            release()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
     """A copy of t on the host that does not block: pinned memory on CUDA (read it only after

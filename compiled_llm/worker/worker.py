@@ -53,6 +53,10 @@ class Worker:
                                 "warmup": warm - profiled,
                                 "cudagraphs": time.perf_counter() - warm}
 
+    def shutdown(self) -> None:
+        """Free everything the worker holds on its device (idempotent)."""
+        self.runner.shutdown()
+
 
 def num_kv_blocks(runner: ModelRunner, max_tokens: int, max_len: int, baseline: int = 0) -> int:
     """Blocks that fit the budget: a byte budget on CPU, gpu_memory_utilization on GPU after a
