@@ -1,10 +1,8 @@
 """AsyncLLM: the engine loop in a background thread, streamed to asyncio callers.
 
-Every engine call (add, abort, tokenize, step) runs on the loop thread, fed by a command queue,
-so the engine needs no locks. Outputs travel back per request through asyncio queues. Requests
-are made DELTA on the engine side (each output carries only what is new, stop-string prefixes
-held back), so the work per step is O(new tokens); deltas that pile up while a consumer is slow
-are merged before it sees them.
+Every engine call runs on the loop thread, fed by a command queue, so the engine needs no locks.
+Outputs travel back per request through asyncio queues as DELTA outputs (only what is new, so a
+step's work is O(new tokens)); deltas that pile up while a consumer is slow are merged.
 """
 
 from __future__ import annotations
@@ -30,10 +28,12 @@ logger = logging.getLogger(__name__)
 class RequestObserver:
     """Per-request timing hooks (the server's metrics implement them); all no-ops here."""
 
-    def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float) -> None: ...
+    def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float) -> None:
+        """A request got new tokens, gap_s after its previous output (or its arrival)."""
 
     def on_finish(self, outcome: str, prompt_tokens: int, gen_tokens: int,
-                  e2e_s: float) -> None: ...
+                  e2e_s: float) -> None:
+        """A request ended (stop, length, abort or error) e2e_s after it arrived."""
 
 
 def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:
@@ -184,6 +184,7 @@ class AsyncLLM:
             stream.abort()
 
     async def abort(self, request_id: str) -> None:
+        """Abort a request by id if its stream is still open."""
         stream = self._streams.get(request_id)
         if stream is not None:
             stream.abort()
@@ -287,6 +288,7 @@ class _Cumulative:
         self.stream = stream
 
     def abort(self) -> None:
+        """Abort the underlying request."""
         self.stream.abort()
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:

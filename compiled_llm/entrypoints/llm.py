@@ -37,6 +37,7 @@ class LLM:
         self.engine.shutdown()
 
     def get_tokenizer(self):
+        """The engine's HF tokenizer (None with skip_tokenizer_init)."""
         return self.engine.tokenizer
 
     def generate(

@@ -37,7 +37,7 @@ for mode, kw in (("eager", {"enforce_eager": True}), ("backend", {"compile_cache
     llm = LLM(ckpt, device="cpu", dtype="float32", **kw)
     llm.generate([[5, 9, 17, 3]], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
     refs = {"llm": weakref.ref(llm), "engine": weakref.ref(llm.engine),
-            "model": weakref.ref(llm.engine.runner.model)}
+            "model": weakref.ref(llm.engine.executor.worker.runner.model)}
     del llm
     alive[mode] = [name for name, ref in refs.items() if ref() is not None]
 print(json.dumps(alive))
@@ -74,8 +74,8 @@ def tokens(llm: LLM) -> list[list[int]]:
 def held(llm: LLM) -> dict[str, weakref.ref]:
     """Weak references to the LLM, its engine, the weights and a compiled piece if any."""
     refs = {"llm": weakref.ref(llm), "engine": weakref.ref(llm.engine),
-            "model": weakref.ref(llm.engine.runner.model)}
-    backend = getattr(llm.engine.runner.forward_fn, "backend", None)
+            "model": weakref.ref(llm.engine.executor.worker.runner.model)}
+    backend = getattr(llm.engine.executor.worker.runner.forward_fn, "backend", None)
     if backend is not None:
         refs["compiled piece"] = weakref.ref(next(iter(backend.compiled.values())))
     return refs
@@ -115,8 +115,8 @@ def test_shutdown_frees_what_the_engine_holds(ckpt, tmp_path, gc_off, mode):
     del refs["llm"], refs["engine"]
     llm.shutdown()
     assert alive(refs) == []  # the weights and compiled code, with `llm` still held
-    runner = llm.engine.runner
-    assert runner.kv_caches == [] and runner.buffers is None and runner.forward_fn is None
+    runner = llm.engine.executor.worker.runner
+    assert runner.kv_caches == [] and runner.input_batch is None and runner.forward_fn is None
     llm.shutdown()  # idempotent
     with pytest.raises(RuntimeError, match="engine is shut down"):
         llm.generate(PROMPTS, GREEDY, use_tqdm=False)
