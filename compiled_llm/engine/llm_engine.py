@@ -6,6 +6,7 @@ model step fails that step's requests, and the engine goes on serving."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,10 @@ class LLMEngine:
         self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling
         logger.info("engine ready: %s on %s, %d KV blocks", model_dir, self.device,
                     self.executor.num_blocks)
+        # Imports done lazily while this engine was built (tokenizer classes, Triton, Inductor)
+        # can leave garbage cycles whose frames reach this frame and so the engine: collect
+        # them now, so dropping the engine frees it without waiting for the collector.
+        gc.collect()
 
     def _load_tokenizer(self, model_dir: str):
         return AutoTokenizer.from_pretrained(self.args.tokenizer or model_dir)

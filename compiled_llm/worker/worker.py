@@ -14,6 +14,8 @@ from compiled_llm.config import EngineArgs, SchedulerConfig
 from compiled_llm.worker.loader import load_model
 from compiled_llm.worker.model_runner import ModelRunner
 
+_HEADROOM = 2 << 30  # bytes kept free beyond the KV cache for graphs and sampling
+
 
 @dataclass
 class WorkerSpec:
@@ -91,5 +93,8 @@ def _gpu_budget(utilization: float, baseline: int) -> int:
     free, total = torch.cuda.mem_get_info()
     cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
     own = torch.cuda.max_memory_allocated() - baseline
-    # keep the same headroom as `utilization` implies (CUDA graphs, sampler, other processes)
-    return min(int(total * utilization) - own, free + cached - int(total * (1 - utilization)))
+    # what is free now, less room for this engine's CUDA graphs and sampler: the headroom that
+    # `utilization` implies, but at most _HEADROOM, so a second engine beside the first (each
+    # 0.4 of the device, say) still gets its share
+    headroom = min(int(total * (1 - utilization)), _HEADROOM)
+    return min(int(total * utilization) - own, free + cached - headroom)
