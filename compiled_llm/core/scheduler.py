@@ -90,7 +90,7 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            if self._nothing_to_compute(req):
+            if req.num_pending and self._nothing_to_compute(req):  # (hot: test the field first)
                 continue
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             if not self._allocate_or_preempt(req, num_new, out):
@@ -166,7 +166,8 @@ class Scheduler:
             token = sampled.get(req.request_id)
             if token is None:
                 continue
-            self._token_landed(req)
+            if req.num_pending:  # only under async scheduling (hot: test the field first)
+                self._token_landed(req)
             req.append_token(token)
             progressed.append(req)
             status, reason = self._check_stop(req, token)
