@@ -49,7 +49,7 @@ if [ "$CALL" = 1 ]; then
   run_streams "\
 $MK
 $py -m benchmarks.compile_bench --shape llama3-8b --checkpoint-dir $CK/llama3-8b --max-model-len 4096 --phases startup --json $J/compile_startup_llama3-8b.json" "\
-$py -m pytest -q -x -p no:cacheprovider tests/compile/test_cudagraphs_gpu.py tests/kernels/test_triton_gpu.py tests/models"
+$py -m pytest -q -x -p no:cacheprovider tests/worker/test_cudagraphs_gpu.py tests/kernels/test_triton_gpu.py tests/models"
 elif [ "$CALL" = 2 ]; then
   run_streams "\
 $MK
@@ -72,7 +72,7 @@ $MK
 $py -m benchmarks.batch_sweep --shape llama3-8b --checkpoint-dir $CK --peer-budget-s 0 --json $J/sweep_async_llama3-8b.json
 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --json $J/decode_async_llama3-8b.json
 $py -m benchmarks.offline_throughput --shape llama3-8b --checkpoint-dir $CK --peer-max-seconds 0 --json $J/offline_async_llama3-8b.json" "\
-$py -m pytest -q -x -p no:cacheprovider tests/compile/test_cudagraphs_gpu.py -k async
+$py -m pytest -q -x -p no:cacheprovider tests/worker/test_cudagraphs_gpu.py -k async
 $py -m benchmarks.offline_throughput --shape qwen3-0.6b --checkpoint-dir $CK --json $J/offline_async_qwen3-0.6b.json
 $py -m benchmarks.batch_sweep --shape qwen3-0.6b --checkpoint-dir $CK --peer-budget-s 0 --json $J/sweep_async_qwen3-0.6b.json
 $py -m benchmarks.decode_latency --shape qwen3-0.6b --checkpoint-dir $CK --json $J/decode_async_qwen3-0.6b.json"
