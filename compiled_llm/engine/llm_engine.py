@@ -88,8 +88,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_ids = eos_ids(model_dir, hf, self.tokenizer)
         self.inputs = InputProcessor(self.tokenizer, self.executor.vocab_size,
-                                     self.eos_token_ids, self.max_model_len,
-                                     args.scheduling_policy)
+                                     self.eos_token_ids, self.max_model_len, args)
         self.parents: dict[str, list[Request]] = {}
         self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling
         logger.info("engine ready: %s on %s, %d KV blocks", model_dir, self.device,

@@ -105,6 +105,32 @@ def apply_banned_ids(logits: torch.Tensor, banned: dict[int, list[int]]) -> None
         logits[row_index, col_index] = _NEG_INF
 
 
+def apply_logit_bias(logits: torch.Tensor, bias: dict[int, dict[int, float]]) -> None:
+    """Add each row's per-token biases, in place, in one indexed write."""
+    rows = [row for row, by_id in bias.items() for _ in by_id]
+    if not rows:
+        return
+    cols = [token_id for by_id in bias.values() for token_id in by_id]
+    values = [value for by_id in bias.values() for value in by_id.values()]
+    device = logits.device
+    index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+    logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=device),
+                      accumulate=True)
+
+
+def apply_allowed_ids(logits: torch.Tensor, allowed: dict[int, list[int]]) -> None:
+    """Set every id but each row's allowed ones to -inf, in place."""
+    if not allowed:
+        return
+    device = logits.device
+    rows = torch.tensor(list(allowed), device=device)
+    keep = torch.zeros(len(allowed), logits.shape[-1], dtype=torch.bool, device=device)
+    local = [k for k, ids in enumerate(allowed.values()) for _ in ids]
+    cols = [token_id for ids in allowed.values() for token_id in ids]
+    keep[torch.tensor(local, device=device), torch.tensor(cols, device=device)] = True
+    logits[rows] = logits[rows].masked_fill(~keep, _NEG_INF)
+
+
 def _token_counts(ids: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
     """[B, V] int64 occurrence counts of each token id per row."""
     max_len = max((len(r) for r in ids), default=0)
@@ -259,8 +285,10 @@ class Sampler(nn.Module):
 
     @staticmethod
     def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        """Temperature-independent steps: processors, bans, grammar bitmask, penalties."""
+        """Edits before temperature: processors, bias, allowed ids, bans, grammar, penalties."""
         apply_logits_processors(logits, meta)
+        apply_logit_bias(logits, meta.logit_bias)
+        apply_allowed_ids(logits, meta.allowed_token_ids)
         apply_banned_ids(logits, meta.banned_token_ids)
         if meta.grammar_bitmask is not None:
             apply_bitmask(logits, meta.grammar_bitmask, meta.grammar_rows)
