@@ -58,7 +58,9 @@ class InputProcessor:
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """(text, token ids) for a str, a token-id list, or {"prompt"|"prompt_token_ids": ...};
         ValueError for anything else, an empty prompt or an id outside the vocabulary."""
-        if isinstance(prompt, dict):
+        text = None
+        if isinstance(prompt, dict):  # ids given with their text: the text is kept for output
+            text = prompt.get("prompt") if isinstance(prompt.get("prompt"), str) else None
             prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -66,7 +68,7 @@ class InputProcessor:
             self.check_text_prompt(prompt)
             text, ids = prompt, self.tokenizer.encode(prompt)
         elif is_token_ids(prompt):
-            text, ids = None, prompt
+            ids = prompt
         else:
             raise ValueError(f"prompt must be a str or a list of int token ids, got "
                              f"{_describe(prompt)}")

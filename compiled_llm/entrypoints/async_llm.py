@@ -1,7 +1,8 @@
 """AsyncLLM: the engine loop in a background thread, streamed to asyncio callers.
 
-Every engine call (add, abort, tokenize, step) runs on the loop thread, fed by a command queue,
-so the engine needs no locks. Outputs travel back per request through asyncio queues. Requests
+Every engine call (add, abort, step) runs on the loop thread, fed by a command queue, so the
+engine needs no locks; tokenizing runs on a thread of its own, so a long text never holds a
+step back. Outputs travel back per request through asyncio queues. Requests
 are made DELTA on the engine side (each output carries only what is new, stop-string prefixes
 held back), so the work per step is O(new tokens); deltas that pile up while a consumer is slow
 are merged before it sees them.
@@ -124,6 +125,9 @@ class AsyncLLM:
         self.engine = LLMEngine(args)
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
+        self.max_prompt_bytes = self.engine.inputs.max_prompt_bytes
+        self._tokenizer_pool = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="tokenizer")  # one thread: a fast tokenizer is not reentrant
         self.observer = observer or RequestObserver()
         self.stats: EngineStats = self.engine.get_stats()
         self.error: BaseException | None = None
@@ -139,6 +143,21 @@ class AsyncLLM:
             raise RuntimeError(f"engine loop is dead: {self.error}")
         return await asyncio.wrap_future(self._submit(fn, *args))
 
+    async def encode(self, text: str, name: str = "prompt", **kwargs: Any) -> list[int]:
+        """Token ids of text, off the engine thread and the event loop; ValueError naming
+        `name` for text that is not valid UTF-8 or is over max_prompt_bytes (checked before
+        any tokenizer time is spent). kwargs go to tokenizer.encode."""
+        if self.tokenizer is None:
+            raise ValueError(f"{name}: a text prompt needs a tokenizer")
+        self.engine.inputs.check_text_prompt(text, name)
+        return await asyncio.wrap_future(
+            self._tokenizer_pool.submit(self.tokenizer.encode, text, **kwargs))
+
+    async def decode(self, token_ids: list[int]) -> str:
+        """The text of token_ids, off the engine thread and the event loop."""
+        return await asyncio.wrap_future(self._tokenizer_pool.submit(self.tokenizer.decode,
+                                                                     token_ids))
+
     def _submit(self, fn: Callable, *args: Any) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._commands.put((fn, args, fut))
@@ -153,6 +172,7 @@ class AsyncLLM:
         user_kind = params.output_kind
         if user_kind == RequestOutputKind.CUMULATIVE:
             params.output_kind = RequestOutputKind.DELTA
+        prompt = await self._tokenized(prompt)
         stream = RequestStream(self, request_id)
         self._streams[request_id] = stream
         try:
@@ -164,6 +184,14 @@ class AsyncLLM:
         if user_kind == RequestOutputKind.CUMULATIVE:
             return _Cumulative(stream)
         return stream
+
+    async def _tokenized(self, prompt: Any) -> Any:
+        """A text prompt as {"prompt", "prompt_token_ids"}, tokenized here rather than on the
+        engine thread; any other prompt as it is (the engine checks it)."""
+        text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
+        if not isinstance(text, str) or isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return prompt
+        return {"prompt": text, "prompt_token_ids": await self.encode(text)}
 
     async def generate(self, prompt: Any, params: SamplingParams | None,
                        request_id: str) -> AsyncIterator[RequestOutput]:
@@ -181,6 +209,7 @@ class AsyncLLM:
             stream.abort()
 
     def shutdown(self) -> None:
+        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         self._commands.put(None)
         self._thread.join(timeout=30)
 

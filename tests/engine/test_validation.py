@@ -124,3 +124,23 @@ def test_row1_values_at_the_edges_run_without_failing_a_step(llm, vocab):
     assert {t for o in outs[5].outputs for t in o.token_ids} <= {vocab - 1, 7}
     assert outs[4].outputs[0].token_ids == [vocab - 1] * 4
     assert llm.engine.num_used_blocks == 0
+
+
+def test_row15_chat_content_none_counts_as_empty(llm):
+    empty = llm.chat([{"role": "user", "content": ""}], HEALTHY, use_tqdm=False)[0]
+    none = llm.chat([{"role": "user", "content": None}], HEALTHY, use_tqdm=False)[0]
+    assert none.error is None and none.prompt_token_ids == empty.prompt_token_ids
+    assert none.outputs[0].token_ids == empty.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("messages,field", [
+    ([{"role": "user", "content": 5}], r"messages\[0\]\.content"),
+    ([{"role": "user", "content": [{"type": "image", "url": "x"}]}], r"messages\[0\]\.content"),
+    ([{"role": "user", "content": "ok"}, {"content": "no role"}], r"messages\[1\]\.role"),
+    ([{"role": "user", "content": "a\udfffb"}], r"messages\[0\]\.content"),
+    ([[]], "messages"),
+], ids=["int", "image_part", "no_role", "surrogate", "empty"])
+def test_row15_malformed_chat_messages_are_refused(llm, messages, field):
+    with pytest.raises(ValueError, match=rf"^{field}"):
+        llm.chat(messages, HEALTHY, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()

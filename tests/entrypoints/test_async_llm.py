@@ -4,6 +4,7 @@ held back, requests share steps, and cancelling a consumer frees its blocks at o
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -93,3 +94,28 @@ def test_cancel_frees_blocks_at_once_and_bad_input_queues_nothing(engine):
         return used, busy, after_cancel
 
     assert asyncio.run(main()) == (0, False, 0)
+
+
+def test_row7_text_prompts_are_tokenized_off_the_engine_thread(engine):
+    threads = []
+    real = engine.tokenizer.encode
+
+    def spy(*args, **kwargs):  # records where the real tokenizer runs
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    async def main():
+        outs = await _collect(engine, "text", Kind.FINAL_ONLY, max_tokens=4)
+        with pytest.raises(ValueError, match="^prompt is .* bytes"):
+            await engine.add_request("huge", "x" * (engine.max_prompt_bytes + 1))
+        return outs
+
+    engine.tokenizer.encode = spy
+    try:
+        outs = asyncio.run(main())
+    finally:
+        del engine.tokenizer.encode
+    assert outs[-1].prompt == "The quick brown" and outs[-1].error is None
+    assert threads and all(name.startswith("tokenizer") for name in threads), threads
+    assert len(threads) == 1  # the oversized prompt was refused before any tokenizer time
+    assert engine.engine.num_used_blocks == 0

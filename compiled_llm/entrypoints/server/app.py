@@ -33,8 +33,8 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
     install_handlers(app)
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
     metrics.bind(engine)
-    chat = ServingChat(engine, cfg.model_name, metrics)
-    completion = ServingCompletion(engine, cfg.model_name, metrics)
+    chat = ServingChat(engine, cfg, metrics)
+    completion = ServingCompletion(engine, cfg, metrics)
     created = int(time.time())
 
     @app.post("/v1/chat/completions")
@@ -85,7 +85,9 @@ def _add_token_routes(app: FastAPI, serving: ServingChat) -> None:
         if (req.prompt is None) == (req.messages is None):
             raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt")
         if req.messages is not None:
-            ids = await serving.encode_chat(req.messages, req.add_generation_prompt)
+            ids = await serving.encode_chat(req.messages, req.add_generation_prompt,
+                                            req.chat_template_kwargs, req.tools,
+                                            req.chat_template)
         else:
             ids = await serving.encode(req.prompt, req.add_special_tokens)
         return JSONResponse({"tokens": ids, "count": len(ids),
@@ -99,7 +101,7 @@ def _add_token_routes(app: FastAPI, serving: ServingChat) -> None:
         if bad:
             raise OpenAIError(400, f"tokens must be ids in [0, {vocab}), got {bad[:5]}",
                               param="tokens")
-        text = await serving.engine.call(serving.engine.tokenizer.decode, req.tokens)
+        text = await serving.engine.decode(req.tokens)
         return JSONResponse({"prompt": text})
 
 

@@ -65,6 +65,9 @@ def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return OpenAIError(400, msg, code="invalid_json").response()
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
+    if first.get("type") == "invalid_utf8":  # raised for the whole body: the path is in ctx
+        param = first["ctx"]["path"]
+        return OpenAIError(400, first["msg"], param=param, code="invalid_utf8").response()
     msg = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
     if len(errors) > 1:
         msg += f" (and {len(errors) - 1} more error(s))"

@@ -33,13 +33,16 @@ class ServingChat(Serving):
         if not req.messages:
             raise OpenAIError(400, "messages must be a non-empty list", param="messages")
         ids = await self.encode_chat(req.messages, req.add_generation_prompt,
-                                     req.chat_template_kwargs, req.tools)
-        requested = req.max_completion_tokens or req.max_tokens
+                                     req.chat_template_kwargs, req.tools, req.chat_template)
+        # max_completion_tokens: 0 is a value (refused), not "unset"
+        budget_param = "max_tokens" if req.max_completion_tokens is None else \
+            "max_completion_tokens"
+        requested = getattr(req, budget_param)
         num_top = (req.top_logprobs or 0) if req.logprobs else None
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
-        params = sampling_params(req, output_budget(requested, len(ids), self.max_model_len),
-                                 num_top, req.stream)
+        budget = output_budget(requested, len(ids), self.max_model_len, budget_param=budget_param)
+        params = sampling_params(req, budget, num_top, req.stream)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self.start(rid, ids, params)
         if req.stream:

@@ -33,7 +33,8 @@ class ServingCompletion(Serving):
         self.check_model(req.model)
         self._check_unsupported(req)
         prompts = await self._prompts(req.prompt)
-        params = [sampling_params(req, output_budget(req.max_tokens, len(p), self.max_model_len),
+        params = [sampling_params(req, output_budget(req.max_tokens, len(p), self.max_model_len,
+                                                     prompt_param="prompt"),
                                   req.logprobs, req.stream) for p in prompts]
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = []
@@ -44,8 +45,7 @@ class ServingCompletion(Serving):
             for stream in streams:
                 stream.abort()
             raise
-        echo = [await self.engine.call(self.engine.tokenizer.decode, p) if req.echo else ""
-                for p in prompts]
+        echo = [await self.engine.decode(p) if req.echo else "" for p in prompts]
         if req.stream:
             body = self._chunks(streams, rid, req, prompts, echo)
             return StreamingResponse(body, media_type="text/event-stream")
