@@ -53,6 +53,19 @@ class SamplingMetadata:
                     or self.grammar_bitmask is not None)
 
 
+def drop_out_of_vocab(meta: SamplingMetadata, vocab_size: int) -> None:
+    """Fail (in row_errors) each row whose banned, biased or allowed ids fall outside
+    [0, vocab_size), and drop those ids: a device index out of range would fail the step
+    for every row (on CUDA, the whole context)."""
+    for name in ("banned_token_ids", "logit_bias", "allowed_token_ids"):
+        by_row = getattr(meta, name)
+        for row in [row for row, ids in by_row.items()
+                    if not all(0 <= t < vocab_size for t in ids)]:
+            meta.row_errors[row] = (f"sampling failed: {name} outside the vocabulary "
+                                    f"[0, {vocab_size})")
+            del by_row[row]
+
+
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
     """One generator per seeded request, so its draws are independent of batch makeup."""
     gen = torch.Generator(device=device)

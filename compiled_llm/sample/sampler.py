@@ -7,20 +7,28 @@ limited to seeded rows, logits processors and banned ids.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from compiled_llm.sample.metadata import SamplingMetadata, build_sampling_metadata, make_generator
+from compiled_llm.core.request import Request
+from compiled_llm.sample.metadata import (
+    SamplingMetadata,
+    build_sampling_metadata,
+    drop_out_of_vocab,
+    make_generator,
+)
 from compiled_llm.sample.structured_outputs import apply_bitmask, fill_bitmask
-from compiled_llm.sampling_params import SAMPLING_EPS
+from compiled_llm.sampling_params import SAMPLING_EPS, SamplingParams
 
-if TYPE_CHECKING:
-    from compiled_llm.core.request import Request
+# what a row whose own data broke the batch samples with (its request fails; nothing is read)
+_STAND_IN_PARAMS = SamplingParams(temperature=0.0, max_tokens=1)
 
 __all__ = ["Sampler", "SamplingMetadata", "make_generator", "compute_prompt_logprobs"]
+
+logger = logging.getLogger(__name__)
 
 _NEG_INF = float("-inf")
 
@@ -243,13 +251,40 @@ class Sampler(nn.Module):
         self.generators: dict[str, torch.Generator] = {}
 
     def prepare(self, reqs: list[Request]) -> SamplingMetadata:
-        """The metadata of one step's sampling rows, in row order."""
+        """The metadata of one step's sampling rows, in row order. A row whose own data
+        cannot be batched (an id outside the vocabulary, a value no tensor holds, a grammar
+        that raises) is named in row_errors and neutralised; the other rows are unchanged."""
+        try:
+            return self._build(reqs)
+        except Exception as exc:  # one row's data broke the batch: find it, build the rest
+            logger.exception("sampling metadata failed for a batch of %d rows", len(reqs))
+            return self._build_without_bad_rows(reqs, exc)
+
+    def _build(self, reqs: list[Request]) -> SamplingMetadata:
         meta = build_sampling_metadata(reqs, self.device, self._generator)
         if self.vocab_size is not None:
-            bitmask, rows = fill_bitmask(reqs, self.vocab_size)
+            drop_out_of_vocab(meta, self.vocab_size)
+            bitmask, rows = fill_bitmask(reqs, self.vocab_size, meta.row_errors)
             if bitmask is not None:
                 meta.grammar_bitmask = bitmask.to(self.device, non_blocking=True)
                 meta.grammar_rows = rows
+        return meta
+
+    def _build_without_bad_rows(self, reqs: list[Request], exc: Exception) -> SamplingMetadata:
+        """Build each row alone to find the ones that raise; batch the others with stand-ins
+        (greedy, no state) in the bad rows' places. Re-raises if no single row raises."""
+        errors = {}
+        for row, req in enumerate(reqs):
+            try:
+                self._build([req])  # builds no tensors a later step depends on
+            except Exception as row_exc:
+                errors[row] = f"sampling failed: {type(row_exc).__name__}: {row_exc}"
+        if not errors:
+            raise exc
+        stand_ins = [Request(req.request_id, [0], _STAND_IN_PARAMS) if row in errors else req
+                     for row, req in enumerate(reqs)]
+        meta = self._build(stand_ins)
+        meta.row_errors.update(errors)
         return meta
 
     def release(self, request_ids) -> None:

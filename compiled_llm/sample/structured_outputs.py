@@ -88,10 +88,12 @@ class GrammarManager:
         return self._xgr.GrammarMatcher(self.compile(spec))
 
 
-def fill_bitmask(reqs: list, vocab_size: int) -> tuple[torch.Tensor | None, list[int]]:
+def fill_bitmask(reqs: list, vocab_size: int, row_errors: dict[int, str] | None = None
+                 ) -> tuple[torch.Tensor | None, list[int]]:
     """One host bitmask [B, ceil(V/32)] int32 for the batch, and the rows it constrains.
 
-    Rows without a grammar are left all-allowed; (None, []) when no row has one.
+    Rows without a grammar are left all-allowed; (None, []) when no row has one. A matcher
+    that raises fails its row alone (in row_errors, when given) and leaves it unconstrained.
     """
     rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
     if not rows:
@@ -99,9 +101,18 @@ def fill_bitmask(reqs: list, vocab_size: int) -> tuple[torch.Tensor | None, list
     import xgrammar as xgr
 
     bitmask = xgr.allocate_token_bitmask(len(reqs), vocab_size)
+    failed = []
     for i in rows:
-        reqs[i].grammar.fill_next_token_bitmask(bitmask, i)
-    return bitmask, rows
+        try:
+            reqs[i].grammar.fill_next_token_bitmask(bitmask, i)
+        except Exception as exc:  # third-party code: contain it to its request
+            if row_errors is None:
+                raise
+            row_errors[i] = f"structured_outputs failed: {type(exc).__name__}: {exc}"
+            bitmask[i].fill_(-1)
+            failed.append(i)
+    rows = [i for i in rows if i not in failed]
+    return (bitmask, rows) if rows else (None, [])
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
