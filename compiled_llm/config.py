@@ -104,7 +104,8 @@ def check_minimums(config: object, minimums: dict[str, float]) -> None:
 
 
 # the per-request bounds among EngineArgs' fields, and their smallest values
-_REQUEST_LIMITS = {"max_logprobs": 0, "max_n_sequences": 1, "max_prompt_bytes": 1}
+_REQUEST_LIMITS = {"max_logprobs": 0, "max_n_sequences": 1, "max_prompt_bytes": 1,
+                   "structured_outputs_max_bytes": 1, "structured_outputs_timeout_s": 0.001}
 
 
 @dataclass
@@ -270,6 +271,12 @@ class EngineArgs:
     """Most logprobs (and prompt_logprobs) a request may ask for per token."""
     max_n_sequences: int = 128
     """Largest n (sequences per request); OpenAI's own limit is 128."""
+    structured_outputs_max_bytes: int = 64 << 10
+    """Largest structured-output spec (JSON schema, regex, choices or grammar), in bytes, the
+    engine compiles; larger ones are refused."""
+    structured_outputs_timeout_s: float = 10.0
+    """Longest a request waits for its grammar to compile, in seconds (compiling runs on
+    threads of its own); a spec that runs out of time is refused from then on."""
     max_prompt_bytes: int | None = None
     """Longest text prompt, in UTF-8 bytes, the engine tokenizes at all: longer ones are
     refused before tokenization (default: 64 bytes per token of max_model_len, more than

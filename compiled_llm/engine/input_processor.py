@@ -7,9 +7,12 @@ per child) and attaches grammars. Every check runs before anything is queued: a 
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future
+
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.request import Request
-from compiled_llm.sample.structured_outputs import GrammarManager
+from compiled_llm.sample.grammar_compiler import GrammarManager
 from compiled_llm.sampling_params import (
     INT64_MAX,
     INT64_MIN,
@@ -41,7 +44,9 @@ class InputProcessor:
         self.scheduling_policy = args.scheduling_policy
         self.max_logprobs, self.max_n = args.max_logprobs, args.max_n_sequences
         self.max_prompt_bytes = args.max_prompt_bytes or BYTES_PER_TOKEN_BOUND * max_model_len
+        self.grammar_limits = (args.structured_outputs_max_bytes, args.structured_outputs_timeout_s)
         self.grammars: GrammarManager | None = None
+        self._grammars_lock = threading.Lock()  # the first grammar may come from any thread
 
     def check_text_prompt(self, text: str, name: str = "prompt") -> None:
         """ValueError unless text is valid UTF-8 of at most max_prompt_bytes bytes; called
@@ -140,14 +145,28 @@ class InputProcessor:
                 f"{self.max_model_len}; the prompt plus output must fit"
             )
 
-    def _attach_grammars(self, children: list[Request], spec: StructuredOutputsParams) -> None:
+    def prepare_grammar(self, params: SamplingParams) -> Future | None:
+        """Start compiling params' grammar on the compiler's threads: a future of it (await
+        it before add_request to keep the engine thread from waiting), None without one;
+        ValueError now for a spec refused outright. Thread-safe."""
+        spec = params.structured_outputs if isinstance(params, SamplingParams) else None
+        return None if spec is None else self._grammar_manager().prepare(spec)
+
+    def _grammar_manager(self) -> GrammarManager:
         if self.tokenizer is None:
             raise ValueError("structured_outputs need a tokenizer")
-        if self.grammars is None:
-            self.grammars = GrammarManager(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        self.grammars.compile(spec)  # raises ValueError before any child gets a matcher
+        with self._grammars_lock:
+            if self.grammars is None:
+                max_bytes, timeout_s = self.grammar_limits
+                self.grammars = GrammarManager(self.tokenizer, self.vocab_size,
+                                               self.eos_token_ids, max_bytes, timeout_s)
+            return self.grammars
+
+    def _attach_grammars(self, children: list[Request], spec: StructuredOutputsParams) -> None:
+        grammars = self._grammar_manager()
+        grammars.compile(spec)  # raises ValueError before any child gets a matcher
         for child in children:
-            child.grammar = self.grammars.matcher(spec)
+            child.grammar = grammars.matcher(spec)
 
 
 def _wrap_int64(value: int) -> int:

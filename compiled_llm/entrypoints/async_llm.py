@@ -173,6 +173,9 @@ class AsyncLLM:
         if user_kind == RequestOutputKind.CUMULATIVE:
             params.output_kind = RequestOutputKind.DELTA
         prompt = await self._tokenized(prompt)
+        grammar = self.engine.inputs.prepare_grammar(params)
+        if grammar is not None:  # compiled off the engine thread; shield: others may share it
+            await asyncio.shield(asyncio.wrap_future(grammar))
         stream = RequestStream(self, request_id)
         self._streams[request_id] = stream
         try:

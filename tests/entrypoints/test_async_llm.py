@@ -119,3 +119,35 @@ def test_row7_text_prompts_are_tokenized_off_the_engine_thread(engine):
     assert threads and all(name.startswith("tokenizer") for name in threads), threads
     assert len(threads) == 1  # the oversized prompt was refused before any tokenizer time
     assert engine.engine.num_used_blocks == 0
+
+
+def test_row2_a_slow_grammar_compiles_off_the_engine_thread_and_is_refused_in_time():
+    from tests.sample.test_grammar_compiler import SLOW
+
+    engine = AsyncLLM(EngineArgs(model=str(make_checkpoint("llama")), enforce_eager=True,
+                                 dtype="float32", structured_outputs_timeout_s=0.3))
+    healthy_tokens = []
+
+    async def healthy():
+        async for out in engine.generate("The quick", _params(Kind.DELTA, max_tokens=400),
+                                         "healthy"):
+            healthy_tokens.extend(out.outputs[0].token_ids)
+
+    async def main():
+        task = asyncio.ensure_future(healthy())
+        while not healthy_tokens:
+            await asyncio.sleep(0.01)
+        before = len(healthy_tokens)
+        with pytest.raises(ValueError, match="did not compile within 0.3 s"):
+            await engine.add_request("hostile", "x", SamplingParams(structured_outputs=SLOW))
+        during = len(healthy_tokens) - before
+        await task
+        return during
+
+    try:
+        during = asyncio.run(main())
+        assert during > 0  # the engine kept stepping while the grammar compiled
+        assert len(healthy_tokens) == 400
+        assert engine.engine.num_used_blocks == 0 and "hostile" not in engine.engine.parents
+    finally:
+        engine.shutdown()

@@ -80,6 +80,11 @@ CASES = [
     ("row8 surrogate tokenize", "/tokenize", {"prompt": "\ud800"}, 400, "prompt"),
     ("row8 surrogate schema", *comp(guided_json={"enum": ["\ud800"]}), 400,
      "guided_json.enum.0"),
+    ("row2 schema over structured_outputs_max_bytes",
+     *chat(guided_json={"type": "object", "properties": {
+         f"p{i}": {"type": "string"} for i in range(3500)}}), 400, "structured_outputs"),
+    ("row3 choices over structured_outputs_max_bytes",
+     *comp(guided_choice=[f"choice {i}" for i in range(8000)]), 400, "structured_outputs"),
     ("row10 any_whitespace yes", *comp(structured_outputs={"json_object": True,
                                                            "any_whitespace": "yes"}), 400,
      "structured_outputs"),
