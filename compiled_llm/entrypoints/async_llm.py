@@ -133,6 +133,8 @@ class AsyncLLM:
         self.error: BaseException | None = None
         self._streams: dict[str, RequestStream] = {}
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        # the loop's heartbeat: when it last made progress, and whether it waits with no work
+        self._beat, self._idle = time.monotonic(), True
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -142,6 +144,11 @@ class AsyncLLM:
         if self.error is not None:
             raise RuntimeError(f"engine loop is dead: {self.error}")
         return await asyncio.wrap_future(self._submit(fn, *args))
+
+    def stalled_for(self) -> float:
+        """Seconds the engine loop has gone without progress while it has work (a command
+        or an unfinished request); 0.0 while it waits idle. Read from any thread."""
+        return 0.0 if self._idle else max(0.0, time.monotonic() - self._beat)
 
     async def encode(self, text: str, name: str = "prompt", **kwargs: Any) -> list[int]:
         """Token ids of text, off the engine thread and the event loop; ValueError naming
@@ -180,9 +187,11 @@ class AsyncLLM:
         self._streams[request_id] = stream
         try:
             await self.call(self.engine.add_request, request_id, prompt, params)
-        except BaseException:
+        except BaseException as exc:
             stream.finished = True
             self._streams.pop(request_id, None)
+            if not isinstance(exc, ValueError):  # cancelled: the add may still run, and the
+                self._submit(self.engine.abort_request, request_id)  # abort runs after it
             raise
         if user_kind == RequestOutputKind.CUMULATIVE:
             return _Cumulative(stream)
@@ -229,22 +238,28 @@ class AsyncLLM:
                     self._fail_all(e)
                     return
                 self._deliver(outs)
+            self._beat = time.monotonic()
             self._publish_stats()
 
     def _drain(self, block: bool) -> bool:
         """Run queued commands; False on shutdown."""
+        self._idle = block
         try:
             item = self._commands.get(block=block)
         except queue.Empty:
             return True
         while True:
+            self._beat, self._idle = time.monotonic(), False
             if item is None:
                 return False
             fn, args, fut = item
-            try:
-                fut.set_result(fn(*args))
-            except Exception as e:
-                fut.set_exception(e)
+            # a caller cancelled before its command ran (a client that left) gets nothing
+            # run, and a cancelled future must never see set_result: it would kill this loop
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args))
+                except Exception as e:
+                    fut.set_exception(e)
             try:
                 item = self._commands.get_nowait()
             except queue.Empty:

@@ -151,3 +151,19 @@ def test_row2_a_slow_grammar_compiles_off_the_engine_thread_and_is_refused_in_ti
         assert engine.engine.num_used_blocks == 0 and "hostile" not in engine.engine.parents
     finally:
         engine.shutdown()
+
+
+def test_row11_a_caller_that_leaves_before_its_command_runs_leaves_the_loop_alive(engine):
+    async def main():
+        release = threading.Event()
+        blocker = asyncio.ensure_future(engine.call(release.wait))  # holds the engine thread
+        await asyncio.sleep(0.05)
+        gone = asyncio.ensure_future(engine.call(lambda: "never run"))
+        await asyncio.sleep(0.05)
+        gone.cancel()  # as when a client disconnects while its request is being admitted
+        await asyncio.gather(gone, return_exceptions=True)
+        release.set()
+        await blocker
+        return await asyncio.wait_for(engine.call(lambda: "alive"), timeout=30)
+
+    assert asyncio.run(main()) == "alive" and engine.error is None

@@ -52,9 +52,17 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
 
     @app.get("/health")
     async def health() -> Response:
+        """200 with an empty body while the engine serves; 503 when its loop is dead or has
+        made no progress for engine_iteration_timeout_s with work pending."""
         if engine.error is not None:
             raise OpenAIError(503, f"engine loop is dead: {engine.error}")
+        stalled = engine.stalled_for()
+        if stalled > cfg.engine_iteration_timeout_s:
+            raise OpenAIError(503, f"engine loop has made no progress for {stalled:.1f} s "
+                              "with work pending", code="engine_stalled")
         return Response(status_code=200)
+
+    app.add_api_route("/ping", health, methods=["GET", "POST"])  # vLLM's alias of /health
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -114,6 +122,17 @@ def serve(args: EngineArgs, host: str, port: int, cfg: ServerConfig,
     engine = AsyncLLM(args, observer=metrics)
     app = build_app(engine, cfg, metrics)
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30)
+        uvicorn.Server(uvicorn_config(app, host, port, cfg, log_level)).run()
     finally:
         engine.shutdown()
+
+
+def uvicorn_config(app: FastAPI, host: str, port: int, cfg: ServerConfig,
+                   log_level: str = "info"):
+    """How uvicorn serves app: SIGTERM gives requests in flight timeout_graceful_shutdown
+    seconds, then cuts them off (uvicorn alone would wait for them forever)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                          timeout_keep_alive=30,
+                          timeout_graceful_shutdown=cfg.timeout_graceful_shutdown)
