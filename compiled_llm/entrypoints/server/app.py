@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from compiled_llm.config import EngineArgs
@@ -32,6 +33,10 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
     app = FastAPI(title="compiled-llm", docs_url=None, redoc_url=None)
     install_handlers(app)
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
+    # added last, so outermost: a browser's preflight is answered without the key
+    app.add_middleware(CORSMiddleware, allow_origins=cfg.allowed_origins,
+                       allow_methods=cfg.allowed_methods, allow_headers=cfg.allowed_headers,
+                       allow_credentials=cfg.allow_credentials)
     metrics.bind(engine)
     chat = ServingChat(engine, cfg, metrics)
     completion = ServingCompletion(engine, cfg, metrics)
