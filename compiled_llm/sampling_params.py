@@ -96,10 +96,12 @@ class StructuredOutputsParams:
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> StructuredOutputsParams:
         """Build from a dict of fields; ValueError on an unknown field."""
+        if not isinstance(spec, dict):
+            raise ValueError(f"structured_outputs must be a dict of fields, got {spec!r}")
         known = {f.name for f in fields(cls)}
-        unknown = set(spec) - known
-        if unknown:
-            raise ValueError(f"structured_outputs: unknown fields {sorted(unknown)}")
+        unknown = sorted((name for name in spec if name not in known), key=repr)
+        if unknown:  # sorted by repr: the keys may be of any type
+            raise ValueError(f"structured_outputs: unknown fields {unknown}")
         return cls(**spec)
 
 

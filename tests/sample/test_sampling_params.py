@@ -187,3 +187,11 @@ def test_clone_is_independent_but_shares_processors():
     q.logits_processors.append(proc)
     assert p.stop == ["a"] and p.stop_token_ids == [1] and len(p.logits_processors) == 1
     assert q.logits_processors[0] is proc and q.structured_outputs is grammar
+
+
+def test_structured_outputs_keys_that_are_no_fields_are_refused():
+    # found by the hypothesis run: an int key among str ones made sorting the keys raise
+    with pytest.raises(ValueError, match=r"^structured_outputs: unknown fields \['', 0\]"):
+        SamplingParams(structured_outputs={0: None, "": None})
+    with pytest.raises(ValueError, match="^structured_outputs must be a dict"):
+        StructuredOutputsParams.from_dict([("regex", "a")])

@@ -7,19 +7,27 @@ import time
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.entrypoints.async_llm import AsyncLLM
-from compiled_llm.entrypoints.server.errors import GuardMiddleware, OpenAIError, install_handlers
+from compiled_llm.entrypoints.server.errors import (
+    OPEN_PATHS,
+    GuardMiddleware,
+    OpenAIError,
+    install_handlers,
+)
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
+from compiled_llm.entrypoints.server.openapi import STREAM, errors, install_openapi
 from compiled_llm.entrypoints.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    DetokenizeResponse,
     ModelCard,
     ModelList,
     TokenizeRequest,
+    TokenizeResponse,
 )
 from compiled_llm.entrypoints.server.server_config import ServerConfig
 from compiled_llm.entrypoints.server.serving_chat import ServingChat
@@ -32,6 +40,7 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
     """The app for engine; metrics must be the engine's observer."""
     app = FastAPI(title="compiled-llm", docs_url=None, redoc_url=None)
     install_handlers(app)
+    install_openapi(app, OPEN_PATHS, keyed=cfg.api_key is not None)
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
     # added last, so outermost: a browser's preflight is answered without the key
     app.add_middleware(CORSMiddleware, allow_origins=cfg.allowed_origins,
@@ -39,26 +48,39 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
                        allow_credentials=cfg.allow_credentials)
     metrics.bind(engine)
     chat = ServingChat(engine, cfg, metrics)
-    completion = ServingCompletion(engine, cfg, metrics)
-    created = int(time.time())
+    _add_generation_routes(app, chat, ServingCompletion(engine, cfg, metrics), metrics)
+    _add_probe_routes(app, engine, cfg, metrics)
+    _add_token_routes(app, chat)
+    return app
 
-    @app.post("/v1/chat/completions")
+
+def _add_generation_routes(app: FastAPI, chat: ServingChat, completion: ServingCompletion,
+                           metrics: ServerMetrics) -> None:
+    answers = {**STREAM, **errors(400, 401, 404, 413)}
+
+    @app.post("/v1/chat/completions", responses=answers)
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
         return await _counting(metrics, chat.create(req, raw))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=answers)
     async def completions(req: CompletionRequest, raw: Request):
         return await _counting(metrics, completion.create(req, raw))
 
-    @app.get("/v1/models")
-    async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=cfg.model_name, created=created,
-                                         max_model_len=engine.max_model_len)])
+    created = int(time.time())
 
-    @app.get("/health")
+    @app.get("/v1/models", responses=errors(400, 401))
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=chat.model_name, created=created,
+                                         max_model_len=chat.max_model_len)])
+
+
+def _add_probe_routes(app: FastAPI, engine: AsyncLLM, cfg: ServerConfig,
+                      metrics: ServerMetrics) -> None:
+    """/health and /ping (an empty 200 while the engine serves), /metrics; no key needed."""
+
     async def health() -> Response:
-        """200 with an empty body while the engine serves; 503 when its loop is dead or has
-        made no progress for engine_iteration_timeout_s with work pending."""
+        # 503 when the engine loop is dead, or has made no progress for
+        # engine_iteration_timeout_s while it has work
         if engine.error is not None:
             raise OpenAIError(503, f"engine loop is dead: {engine.error}")
         stalled = engine.stalled_for()
@@ -67,15 +89,15 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
                               "with work pending", code="engine_stalled")
         return Response(status_code=200)
 
-    app.add_api_route("/ping", health, methods=["GET", "POST"])  # vLLM's alias of /health
+    probe = {"response_class": Response, "responses": errors(400, 503)}
+    app.add_api_route("/health", health, methods=["GET"], name="health", **probe)
+    # vLLM's alias of /health; one route, so that a 405 lists both methods in Allow
+    app.add_api_route("/ping", health, methods=["GET", "POST"], name="ping", **probe)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses=errors(400))
     async def prometheus() -> Response:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
-
-    _add_token_routes(app, chat)
-    return app
 
 
 async def _counting(metrics: ServerMetrics, work):
@@ -92,7 +114,7 @@ async def _counting(metrics: ServerMetrics, work):
 
 
 def _add_token_routes(app: FastAPI, serving: ServingChat) -> None:
-    @app.post("/tokenize")
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=errors(400, 401, 404, 413))
     async def tokenize(req: TokenizeRequest) -> JSONResponse:
         serving.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
@@ -106,7 +128,8 @@ def _add_token_routes(app: FastAPI, serving: ServingChat) -> None:
         return JSONResponse({"tokens": ids, "count": len(ids),
                              "max_model_len": serving.max_model_len})
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", response_model=DetokenizeResponse,
+              responses=errors(400, 401, 404, 413))
     async def detokenize(req: DetokenizeRequest) -> JSONResponse:
         serving.check_model(req.model)
         vocab = len(serving.engine.tokenizer)

@@ -189,3 +189,32 @@ class ModelList(BaseModel):
 
     object: str = "list"
     data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    """The fields of an OpenAI error object."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error answer: {"error": {message, type, param, code}}."""
+
+    error: ErrorInfo
+
+
+class TokenizeResponse(BaseModel):
+    """The body /tokenize answers."""
+
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(BaseModel):
+    """The body /detokenize answers."""
+
+    prompt: str
