@@ -1,9 +1,8 @@
 """Input processing: a user's prompt and SamplingParams become validated child Requests.
 
-Tokenizes text prompts (after a size check), checks token ids against the vocabulary, the
-engine's per-request limits, priority and length, fans n > 1 out into n children (seeds offset
-per child) and attaches grammars. Every check runs before anything is queued: a ValueError
-(naming the field) leaves no trace."""
+Tokenizes text prompts (after a size check), checks ids against the vocabulary, the engine's
+limits, priority and length, fans n > 1 out into n children (seeds offset per child) and
+attaches grammars. Every check runs before anything is queued: a ValueError leaves no trace."""
 
 from __future__ import annotations
 

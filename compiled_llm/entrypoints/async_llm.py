@@ -1,11 +1,10 @@
 """AsyncLLM: the engine loop in a background thread, streamed to asyncio callers.
 
 Every engine call (add, abort, step) runs on the loop thread, fed by a command queue, so the
-engine needs no locks; tokenizing runs on a thread of its own, so a long text never holds a
-step back. Outputs travel back per request through asyncio queues. Requests
-are made DELTA on the engine side (each output carries only what is new, stop-string prefixes
-held back), so the work per step is O(new tokens); deltas that pile up while a consumer is slow
-are merged before it sees them.
+engine needs no locks; tokenizing runs on a thread of its own. Outputs travel back per request
+through asyncio queues. Requests are made DELTA on the engine side (each output carries only
+what is new, stop-string prefixes held back), so the work per step is O(new tokens); deltas
+that pile up while a consumer is slow are merged before it sees them.
 """
 
 from __future__ import annotations
@@ -179,6 +178,7 @@ class AsyncLLM:
         user_kind = params.output_kind
         if user_kind == RequestOutputKind.CUMULATIVE:
             params.output_kind = RequestOutputKind.DELTA
+        self.engine.inputs.check_params(params)  # refused before any tokenizer or grammar work
         prompt = await self._tokenized(prompt)
         grammar = self.engine.inputs.prepare_grammar(params)
         if grammar is not None:  # compiled off the engine thread; shield: others may share it
