@@ -95,6 +95,19 @@ def check_choices(config: object) -> None:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
+def check_minimums(config: object, minimums: dict[str, float]) -> None:
+    """ValueError naming the first field (None is let through) below its minimum."""
+    for name, minimum in minimums.items():
+        value = getattr(config, name)
+        if value is not None and value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+# the per-request bounds among EngineArgs' fields, and their smallest values
+_REQUEST_LIMITS = {"max_logprobs": 0, "max_n_sequences": 1, "max_prompt_bytes": 1,
+                   "structured_outputs_max_bytes": 1, "structured_outputs_timeout_s": 0.001}
+
+
 @dataclass
 class CacheConfig:
     """How the KV cache is laid out and how much memory it may take."""
@@ -254,9 +267,24 @@ class EngineArgs:
     """Load no tokenizer: prompts must be token ids and outputs carry no text."""
     attention_backend: AttentionBackendName = "auto"
     """Attention kernels: auto (triton on CUDA, torch elsewhere), torch or triton."""
+    max_logprobs: int = 20
+    """Most logprobs (and prompt_logprobs) a request may ask for per token."""
+    max_n_sequences: int = 128
+    """Largest n (sequences per request); OpenAI's own limit is 128."""
+    structured_outputs_max_bytes: int = 64 << 10
+    """Largest structured-output spec (JSON schema, regex, choices or grammar), in bytes, the
+    engine compiles; larger ones are refused."""
+    structured_outputs_timeout_s: float = 10.0
+    """Longest a request waits for its grammar to compile, in seconds (compiling runs on
+    threads of its own); a spec that runs out of time is refused from then on."""
+    max_prompt_bytes: int | None = None
+    """Longest text prompt, in UTF-8 bytes, the engine tokenizes at all: longer ones are
+    refused before tokenization (default: 64 bytes per token of max_model_len, more than
+    any prompt that fits needs)."""
 
     def __post_init__(self) -> None:
         check_choices(self)
+        check_minimums(self, _REQUEST_LIMITS)
 
     def attention_backend_for(self, device_type: str) -> str:
         """The attention backend to use on a device type (auto: Triton on CUDA)."""

@@ -24,6 +24,10 @@ SAMPLING_EPS = 1e-5
 LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
+# What the sampler's int64 tensors and torch generators hold: vLLM's seed range.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+# top_k is an int32 row of the sampler (clamped to the vocabulary there).
+MAX_TOP_K = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -47,19 +51,35 @@ class StructuredOutputsParams:
         self._check_types()
 
     def _check_types(self) -> None:
-        if self.json is not None and not isinstance(self.json, (str, dict)):
-            raise ValueError("structured_outputs.json must be a JSON schema (object or string)")
+        if self.json is not None:
+            if not isinstance(self.json, (str, dict)):
+                raise ValueError("structured_outputs.json must be a JSON schema (object or "
+                                 "string)")
+            check_text("structured_outputs.json", _schema_text(self.json))
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+            if value is not None:
+                check_text(f"structured_outputs.{name}", value)
         if self.choice is not None:
-            if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
-                raise ValueError("structured_outputs.choice must be a non-empty list of "
-                                 "non-empty strings")
-            object.__setattr__(self, "choice", tuple(self.choice))
-        if self.json_object not in (None, True, False):
+            self._check_choice()
+        if self.json_object is not None and not isinstance(self.json_object, bool):
             raise ValueError("structured_outputs.json_object must be a bool")
+        if not isinstance(self.any_whitespace, bool):
+            raise ValueError(f"structured_outputs.any_whitespace must be a bool, got "
+                             f"{self.any_whitespace!r}")
+
+    def _check_choice(self) -> None:
+        # a bare string is a sequence of characters: refused, never split into choices
+        choice = self.choice
+        if (not isinstance(choice, (list, tuple)) or not choice
+                or not all(isinstance(c, str) and c for c in choice)):
+            raise ValueError("structured_outputs.choice must be a non-empty list of "
+                             "non-empty strings")
+        for text in choice:
+            check_text("structured_outputs.choice", text)
+        object.__setattr__(self, "choice", tuple(choice))
 
     @property
     def kind(self) -> str:
@@ -76,10 +96,12 @@ class StructuredOutputsParams:
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> StructuredOutputsParams:
         """Build from a dict of fields; ValueError on an unknown field."""
+        if not isinstance(spec, dict):
+            raise ValueError(f"structured_outputs must be a dict of fields, got {spec!r}")
         known = {f.name for f in fields(cls)}
-        unknown = set(spec) - known
-        if unknown:
-            raise ValueError(f"structured_outputs: unknown fields {sorted(unknown)}")
+        unknown = sorted((name for name in spec if name not in known), key=repr)
+        if unknown:  # sorted by repr: the keys may be of any type
+            raise ValueError(f"structured_outputs: unknown fields {unknown}")
         return cls(**spec)
 
 
@@ -98,6 +120,26 @@ class SamplingType(enum.IntEnum):
     GREEDY = 0
     RANDOM = 1
     RANDOM_SEED = 2
+
+
+def check_text(name: str, text: str) -> str:
+    """text, or ValueError naming the field when it is not valid UTF-8 (a lone surrogate
+    such as "\\ud800", which JSON can spell, has no UTF-8 encoding)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{name} must be valid UTF-8 text, got a lone surrogate at "
+                         f"character {exc.start}") from None
+    return text
+
+
+def _schema_text(schema: str | dict) -> str:
+    if isinstance(schema, str):
+        return schema
+    try:
+        return json.dumps(schema, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"structured_outputs.json must be a JSON object: {exc}") from None
 
 
 def _is_int(value: Any) -> bool:
@@ -143,14 +185,44 @@ def _normalise_stop(stop: Any) -> list[str]:
     for stop_str in stops:
         if not isinstance(stop_str, str) or not stop_str:
             raise ValueError(f"stop must contain only non-empty strings, got {stop_str!r}")
+        check_text("stop", stop_str)
     return list(stops)
+
+
+def _is_token_id(value: Any) -> bool:
+    # the vocabulary bound is the engine's check (input processor): it knows the model
+    return _is_int(value) and 0 <= value <= INT64_MAX
 
 
 def _normalise_stop_ids(ids: Any) -> list[int]:
     if ids is None:
         return []
-    if not isinstance(ids, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in ids):
+    if not isinstance(ids, (list, tuple)) or not all(_is_token_id(t) for t in ids):
         raise ValueError(f"stop_token_ids must be a list of non-negative ints, got {ids!r}")
+    return list(ids)
+
+
+def _normalise_logit_bias(bias: Any) -> dict[int, float] | None:
+    if bias is None:
+        return None
+    if not isinstance(bias, dict) or not all(_is_token_id(t) for t in bias):
+        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}")
+    out = {}
+    for token_id, value in bias.items():
+        value = _check_real(f"logit_bias[{token_id}]", value)
+        if not math.isfinite(value):
+            raise ValueError(f"logit_bias values must be finite, got {value} for {token_id}")
+        out[token_id] = value
+    return out
+
+
+def _normalise_allowed_ids(ids: Any) -> list[int] | None:
+    if ids is None:
+        return None
+    if (not isinstance(ids, (list, tuple)) or not ids
+            or not all(_is_token_id(t) for t in ids)):
+        raise ValueError(f"allowed_token_ids must be a non-empty list of non-negative ints, "
+                         f"got {ids!r}")
     return list(ids)
 
 
@@ -183,6 +255,10 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     logits_processors: list[LogitsProcessor] | None = None
     include_stop_str_in_output: bool = False
+    # added to the logits of these token ids before sampling (OpenAI's logit_bias)
+    logit_bias: dict[int, float] | None = None
+    # sample only among these token ids
+    allowed_token_ids: list[int] | None = None
     # Grammar-constrained decoding; a dict is converted to StructuredOutputsParams.
     structured_outputs: StructuredOutputsParams | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
@@ -228,19 +304,22 @@ class SamplingParams:
         top_p = _check_real("top_p", self.top_p)
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p:g}")
-        if not _is_int(self.top_k) or self.top_k < -1:
-            raise ValueError(
-                f"top_k must be -1 or 0 (disabled) or a positive integer, got {self.top_k!r}"
-            )
+        if not _is_int(self.top_k) or not -1 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must be -1 or 0 (disabled) or an integer in [1, "
+                             f"{MAX_TOP_K}], got {self.top_k!r}")
         self.min_p = _check_range("min_p", self.min_p, 0.0, 1.0, "in [0, 1]")
         self.temperature, self.top_p = temperature, top_p
         self.top_k = max(self.top_k, 0)
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be None or an integer, got {self.seed!r}")
+        seed = self.seed
+        if seed is not None and (not _is_int(seed) or not INT64_MIN <= seed <= INT64_MAX):
+            raise ValueError(f"seed must be None or an integer in [-2**63, 2**63 - 1], "
+                             f"got {seed!r}")
 
     def _verify_stops(self) -> None:
         self.stop = _normalise_stop(self.stop)
         self.stop_token_ids = _normalise_stop_ids(self.stop_token_ids)
+        self.logit_bias = _normalise_logit_bias(self.logit_bias)
+        self.allowed_token_ids = _normalise_allowed_ids(self.allowed_token_ids)
         if self.stop and not self.detokenize:
             raise ValueError("stop strings require detokenize=True")
 
@@ -297,9 +376,12 @@ class SamplingParams:
     def clone(self) -> SamplingParams:
         """Copy with fresh lists; processors and structured_outputs are shared (may hold state)."""
         procs = None if self.logits_processors is None else list(self.logits_processors)
+        allowed = self.allowed_token_ids
         return dataclasses.replace(
             self,
             stop=list(self.stop or []),
             stop_token_ids=list(self.stop_token_ids or []),
             logits_processors=procs,
+            logit_bias=None if self.logit_bias is None else dict(self.logit_bias),
+            allowed_token_ids=None if allowed is None else list(allowed),
         )

@@ -1,49 +1,92 @@
 """Input processing: a user's prompt and SamplingParams become validated child Requests.
 
-Tokenizes text prompts, checks token ids, priority and length, fans n > 1 out into n child
-sequences (seeds offset per child) and attaches structured-output matchers. Every check runs
-before anything is queued, so a ValueError (naming the field) leaves no trace.
-"""
+Tokenizes text prompts (after a size check), checks ids against the vocabulary, the engine's
+limits, priority and length, fans n > 1 out into n children (seeds offset per child) and
+attaches grammars. Every check runs before anything is queued: a ValueError leaves no trace."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future
+
+from compiled_llm.config import EngineArgs
 from compiled_llm.core.request import Request
-from compiled_llm.sample.structured_outputs import GrammarManager
-from compiled_llm.sampling_params import SamplingParams, StructuredOutputsParams
+from compiled_llm.sample.grammar_compiler import GrammarManager
+from compiled_llm.sampling_params import (
+    INT64_MAX,
+    INT64_MIN,
+    SamplingParams,
+    StructuredOutputsParams,
+    check_text,
+)
 
 PromptType = str | list[int] | dict
+# A token covers at least one byte of text for byte-level and byte-fallback tokenizers, and
+# rarely more than 16; 64 bytes a token refuses no prompt that could fit the context.
+BYTES_PER_TOKEN_BOUND = 64
+
+
+def is_token_ids(prompt: object) -> bool:
+    """Whether prompt is a list of token ids: exact ints (a bool is not a token id)."""
+    return isinstance(prompt, list) and all(type(t) is int for t in prompt)
 
 
 class InputProcessor:
     """Builds the child requests of one user request; the grammar compiler starts on first
-    use (costly for large vocabularies)."""
+    use (costly for large vocabularies). Invariant: a request it returns passes every check
+    a model step relies on (ids in the vocabulary, limits, a non-empty prompt that fits)."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 max_model_len: int, scheduling_policy: str) -> None:
+                 max_model_len: int, args: EngineArgs) -> None:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
-        self.scheduling_policy = scheduling_policy
+        self.scheduling_policy = args.scheduling_policy
+        self.max_logprobs, self.max_n = args.max_logprobs, args.max_n_sequences
+        self.max_prompt_bytes = args.max_prompt_bytes or BYTES_PER_TOKEN_BOUND * max_model_len
+        self.grammar_limits = (args.structured_outputs_max_bytes, args.structured_outputs_timeout_s)
         self.grammars: GrammarManager | None = None
+        self._grammars_lock = threading.Lock()  # the first grammar may come from any thread
+
+    def check_text_prompt(self, text: str, name: str = "prompt") -> None:
+        """ValueError unless text is valid UTF-8 of at most max_prompt_bytes bytes; called
+        before tokenizing, so an oversized prompt costs no tokenizer time."""
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            check_text(name, text)  # raises, naming the field and the position
+            raise
+        if size > self.max_prompt_bytes:
+            raise ValueError(f"{name} is {size} bytes; this engine tokenizes at most "
+                             f"{self.max_prompt_bytes} (max_prompt_bytes)")
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        """(text, token ids) for a str, a token-id list, or {"prompt"|"prompt_token_ids": ...}."""
-        if isinstance(prompt, dict):
+        """(text, token ids) for a str, a token-id list, or {"prompt"|"prompt_token_ids": ...};
+        ValueError for anything else, an empty prompt or an id outside the vocabulary."""
+        text = None
+        if isinstance(prompt, dict):  # ids given with their text: the text is kept for output
+            text = prompt.get("prompt") if isinstance(prompt.get("prompt"), str) else None
             prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("prompt: a text prompt needs a tokenizer")
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            if not prompt or any(t < 0 or t >= self.vocab_size for t in prompt):
-                raise ValueError(
-                    f"prompt_token_ids must be non-empty ids in [0, {self.vocab_size})")
-            return None, prompt
-        raise ValueError(f"prompt must be a str or a list of token ids, got {type(prompt)}")
+            self.check_text_prompt(prompt)
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        elif is_token_ids(prompt):
+            ids = prompt
+        else:
+            raise ValueError(f"prompt must be a str or a list of int token ids, got "
+                             f"{_describe(prompt)}")
+        if not ids:
+            raise ValueError("prompt must not be empty (it has no tokens)")
+        if not all(0 <= t < self.vocab_size for t in ids):
+            raise ValueError(f"prompt_token_ids must be ids in [0, {self.vocab_size})")
+        return text, ids
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams,
                 priority: int = 0) -> list[Request]:
         """The request's n child sequences, validated, with grammars attached."""
         self._check_priority(priority)
+        self.check_params(params)
         text, ids = self.tokenize(prompt)
         children = [self._child(request_id, i, text, ids, params, priority)
                     for i in range(params.n)]
@@ -53,6 +96,26 @@ class InputProcessor:
             self._attach_grammars(children, params.structured_outputs)
         return children
 
+    def check_params(self, params: SamplingParams) -> None:
+        """ValueError naming the field for what only the engine can check: its limits on n
+        and logprobs, and token ids against the model's vocabulary."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams, got {_describe(params)}")
+        if params.n > self.max_n:
+            raise ValueError(f"n must be <= {self.max_n} (max_n_sequences), got {params.n}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                raise ValueError(f"{name} must be <= {self.max_logprobs} (max_logprobs), "
+                                 f"got {value}")
+        for name, ids in (("stop_token_ids", params.stop_token_ids),
+                          ("logit_bias", params.logit_bias or ()),
+                          ("allowed_token_ids", params.allowed_token_ids or ())):
+            bad = [t for t in ids if t >= self.vocab_size]
+            if bad:
+                raise ValueError(f"{name} must be token ids in [0, {self.vocab_size}), got "
+                                 f"{bad[:5]}")
+
     def _child(self, request_id: str, index: int, text: str | None, ids: list[int],
                params: SamplingParams, priority: int) -> Request:
         child_params = params
@@ -60,7 +123,7 @@ class InputProcessor:
             child_params = params.clone()
             child_params.n = 1
             if child_params.seed is not None:
-                child_params.seed += index
+                child_params.seed = _wrap_int64(child_params.seed + index)
             if index > 0:  # one child reports the prompt's logprobs
                 child_params.prompt_logprobs = None
         child_id = request_id if params.n == 1 else f"{index}_{request_id}"
@@ -81,11 +144,36 @@ class InputProcessor:
                 f"{self.max_model_len}; the prompt plus output must fit"
             )
 
-    def _attach_grammars(self, children: list[Request], spec: StructuredOutputsParams) -> None:
+    def prepare_grammar(self, params: SamplingParams) -> Future | None:
+        """Start compiling params' grammar on the compiler's threads: a future of it (await
+        it before add_request to keep the engine thread from waiting), None without one;
+        ValueError now for a spec refused outright. Thread-safe."""
+        spec = params.structured_outputs if isinstance(params, SamplingParams) else None
+        return None if spec is None else self._grammar_manager().prepare(spec)
+
+    def _grammar_manager(self) -> GrammarManager:
         if self.tokenizer is None:
             raise ValueError("structured_outputs need a tokenizer")
-        if self.grammars is None:
-            self.grammars = GrammarManager(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        self.grammars.compile(spec)  # raises ValueError before any child gets a matcher
+        with self._grammars_lock:
+            if self.grammars is None:
+                max_bytes, timeout_s = self.grammar_limits
+                self.grammars = GrammarManager(self.tokenizer, self.vocab_size,
+                                               self.eos_token_ids, max_bytes, timeout_s)
+            return self.grammars
+
+    def _attach_grammars(self, children: list[Request], spec: StructuredOutputsParams) -> None:
+        grammars = self._grammar_manager()
+        grammars.compile(spec)  # raises ValueError before any child gets a matcher
         for child in children:
-            child.grammar = self.grammars.matcher(spec)
+            child.grammar = grammars.matcher(spec)
+
+
+def _wrap_int64(value: int) -> int:
+    """value folded into [-2**63, 2**63 - 1] (a child's seed past the top wraps around)."""
+    return (value - INT64_MIN) % (1 << 64) + INT64_MIN if value > INT64_MAX else value
+
+
+def _describe(value: object) -> str:
+    """A short description of a wrong value for an error message (no 10 MB reprs)."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"

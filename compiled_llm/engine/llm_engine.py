@@ -97,8 +97,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_ids = eos_ids(model_dir, hf, self.tokenizer)
         self.inputs = InputProcessor(self.tokenizer, self.executor.vocab_size,
-                                     self.eos_token_ids, self.max_model_len,
-                                     args.scheduling_policy)
+                                     self.eos_token_ids, self.max_model_len, args)
         self.parents: dict[str, list[Request]] = {}
         self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling
         logger.info("engine ready: %s on %s, %d KV blocks", model_dir, self.device,
@@ -190,8 +189,9 @@ class LLMEngine:
         except Exception as e:  # the model step: fail its requests, keep serving the rest
             return self._fail_step(sched, e)
         timer.executed()
+        skipped = self._fail_skipped(sched, result.skipped)
         self.scheduler.advance(sched)
-        return self._process(sched, result)
+        return self._process(sched, result, skipped)
 
     def _step_async(self, timer: StepTimer) -> list[RequestOutput]:
         """Launch step N+1, then read step N's tokens while the device runs N+1. Requests whose
@@ -211,6 +211,7 @@ class LLMEngine:
                 outs += self._fail_step(sched, e)
             else:
                 timer.gpu_done()
+                outs += self._collect(self._fail_skipped(sched, step.result.skipped))
                 self.scheduler.advance(sched, step.sample_reqs)
                 self._inflight = (sched, step)
         if prev is not None:
@@ -229,10 +230,21 @@ class LLMEngine:
             timer.executed()
         return self._process(sched, result)
 
-    def _process(self, sched: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+    def _fail_skipped(self, sched: SchedulerOutput, skipped: dict[str, str]) -> list[Request]:
+        """Fail the requests the input batch left out of the step (their data cannot run),
+        before the step counts as computed: the blocks they were to fill lose their hashes."""
+        failed = []
+        for req, num_new in sched.scheduled:
+            if req.request_id in skipped:
+                failed += self.scheduler.fail_step(SchedulerOutput([(req, num_new)]),
+                                                   skipped[req.request_id])
+        return failed
+
+    def _process(self, sched: SchedulerOutput, result: StepResult,
+                 failed: list[Request] = ()) -> list[RequestOutput]:
         """A finished step's results: failures, logprobs, tokens, stop checks, outputs."""
-        failed = [self._fail(_scheduled_request(rid, sched), err)
-                  for rid, err in result.errors.items()]
+        failed = [*failed, *(self._fail(_scheduled_request(rid, sched), err)
+                             for rid, err in result.errors.items())]
         for rid, rows in result.prompt_logprobs.items():
             req = _scheduled_request(rid, sched)
             self._guarded(req, lambda req=req, rows=rows: self.outputs.add_prompt_logprobs(

@@ -1,8 +1,8 @@
 """AsyncLLM: the engine loop in a background thread, streamed to asyncio callers.
 
-Every engine call runs on the loop thread, fed by a command queue, so the engine needs no locks.
-Outputs travel back per request through asyncio queues as DELTA outputs (only what is new, so a
-step's work is O(new tokens)); deltas that pile up while a consumer is slow are merged.
+Every engine call (add, abort, step) runs on the loop thread, fed by a command queue, so the
+engine needs no locks; tokenizing runs on a thread of its own. Outputs travel back per request
+as DELTA outputs (only what is new, so a step's work is O(new tokens)), merged if they pile up.
 """
 
 from __future__ import annotations
@@ -130,11 +130,16 @@ class AsyncLLM:
         self.engine = LLMEngine(args)
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
+        self.max_prompt_bytes = self.engine.inputs.max_prompt_bytes
+        self._tokenizer_pool = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="tokenizer")  # one thread: a fast tokenizer is not reentrant
         self.observer = observer or RequestObserver()
         self.stats: EngineStats = self.engine.get_stats()
         self.error: BaseException | None = None
         self._streams: dict[str, RequestStream] = {}
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        # the loop's heartbeat: when it last made progress, and whether it waits with no work
+        self._beat, self._idle = time.monotonic(), True
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -146,6 +151,26 @@ class AsyncLLM:
         if self.error is not None:
             raise RuntimeError(f"engine loop is dead: {self.error}")
         return await asyncio.wrap_future(self._submit(fn, *args))
+
+    def stalled_for(self) -> float:
+        """Seconds the engine loop has gone without progress while it has work (a command
+        or an unfinished request); 0.0 while it waits idle. Read from any thread."""
+        return 0.0 if self._idle else max(0.0, time.monotonic() - self._beat)
+
+    async def encode(self, text: str, name: str = "prompt", **kwargs: Any) -> list[int]:
+        """Token ids of text, off the engine thread and the event loop; ValueError naming
+        `name` for text that is not valid UTF-8 or is over max_prompt_bytes (checked before
+        any tokenizer time is spent). kwargs go to tokenizer.encode."""
+        if self.tokenizer is None:
+            raise ValueError(f"{name}: a text prompt needs a tokenizer")
+        self.engine.inputs.check_text_prompt(text, name)
+        return await asyncio.wrap_future(
+            self._tokenizer_pool.submit(self.tokenizer.encode, text, **kwargs))
+
+    async def decode(self, token_ids: list[int]) -> str:
+        """The text of token_ids, off the engine thread and the event loop."""
+        return await asyncio.wrap_future(self._tokenizer_pool.submit(self.tokenizer.decode,
+                                                                     token_ids))
 
     def _submit(self, fn: Callable, *args: Any) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -161,17 +186,32 @@ class AsyncLLM:
         user_kind = params.output_kind
         if user_kind == RequestOutputKind.CUMULATIVE:
             params.output_kind = RequestOutputKind.DELTA
+        self.engine.inputs.check_params(params)  # refused before any tokenizer or grammar work
+        prompt = await self._tokenized(prompt)
+        grammar = self.engine.inputs.prepare_grammar(params)
+        if grammar is not None:  # compiled off the engine thread; shield: others may share it
+            await asyncio.shield(asyncio.wrap_future(grammar))
         stream = RequestStream(self, request_id)
         self._streams[request_id] = stream
         try:
             await self.call(self.engine.add_request, request_id, prompt, params)
-        except BaseException:
+        except BaseException as exc:
             stream.finished = True
             self._streams.pop(request_id, None)
+            if not isinstance(exc, ValueError):  # cancelled: the add may still run, and the
+                self._submit(self.engine.abort_request, request_id)  # abort runs after it
             raise
         if user_kind == RequestOutputKind.CUMULATIVE:
             return _Cumulative(stream)
         return stream
+
+    async def _tokenized(self, prompt: Any) -> Any:
+        """A text prompt as {"prompt", "prompt_token_ids"}, tokenized here rather than on the
+        engine thread; any other prompt as it is (the engine checks it)."""
+        text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
+        if not isinstance(text, str) or isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return prompt
+        return {"prompt": text, "prompt_token_ids": await self.encode(text)}
 
     async def generate(self, prompt: Any, params: SamplingParams | None,
                        request_id: str) -> AsyncIterator[RequestOutput]:
@@ -195,6 +235,7 @@ class AsyncLLM:
         if self._shut_down:
             return
         self._shut_down = True
+        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         self._commands.put(None)
         self._thread.join(timeout=30)
         error = RuntimeError("engine is shut down")
@@ -222,22 +263,28 @@ class AsyncLLM:
                     self._fail_all(e)
                     return
                 self._deliver(outs)
+            self._beat = time.monotonic()
             self._publish_stats()
 
     def _drain(self, block: bool) -> bool:
         """Run queued commands; False on shutdown."""
+        self._idle = block
         try:
             item = self._commands.get(block=block)
         except queue.Empty:
             return True
         while True:
+            self._beat, self._idle = time.monotonic(), False
             if item is None:
                 return False
             fn, args, fut = item
-            try:
-                fut.set_result(fn(*args))
-            except Exception as e:
-                fut.set_exception(e)
+            # a caller cancelled before its command ran (a client that left) gets nothing
+            # run, and a cancelled future must never see set_result: it would kill this loop
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args))
+                except Exception as e:
+                    fut.set_exception(e)
             try:
                 item = self._commands.get_nowait()
             except queue.Empty:

@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.engine.llm_engine import LLMEngine
+from compiled_llm.entrypoints.chat_utils import conversation, render
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -73,12 +74,14 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
     ) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to each conversation, then generate."""
+        """Apply the tokenizer's chat template to each conversation, then generate; ValueError
+        naming the message when one is malformed (content None counts as empty)."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
-        prompts = [tok.apply_chat_template(c, tokenize=False, chat_template=chat_template,
-                                           add_generation_prompt=add_generation_prompt)
-                   for c in convs]
+        prompts = [render(tok, conversation(c), chat_template=chat_template,
+                          add_generation_prompt=add_generation_prompt) for c in convs]
+        for text in prompts:
+            self.engine.inputs.check_text_prompt(text, "messages")
         ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate([{"prompt_token_ids": i} for i in ids], sampling_params, use_tqdm)
 

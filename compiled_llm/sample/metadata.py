@@ -35,6 +35,8 @@ class SamplingMetadata:
     logits_processors: dict[int, list[Callable]]  # row -> (output_ids, row_logits) -> row
     max_num_logprobs: int | None  # top-k logprobs for sampled tokens; None = none
     row_errors: dict[int, str] = field(default_factory=dict)  # row -> why it failed (filled in)
+    logit_bias: dict[int, dict[int, float]] = field(default_factory=dict)  # row -> id -> bias
+    allowed_token_ids: dict[int, list[int]] = field(default_factory=dict)  # row -> only these
     # structured outputs: xgrammar bitmask [B, ceil(V/32)] int32 on the logits' device, and
     # the rows it constrains (others are unconstrained)
     grammar_bitmask: torch.Tensor | None = None
@@ -46,8 +48,22 @@ class SamplingMetadata:
     @property
     def edits_logits(self) -> bool:
         """Whether any step before sampling rewrites logits (else they are used as they are)."""
-        return bool(self.logits_processors or self.banned_token_ids
-                    or self.presence_penalty is not None or self.grammar_bitmask is not None)
+        return bool(self.logits_processors or self.banned_token_ids or self.logit_bias
+                    or self.allowed_token_ids or self.presence_penalty is not None
+                    or self.grammar_bitmask is not None)
+
+
+def drop_out_of_vocab(meta: SamplingMetadata, vocab_size: int) -> None:
+    """Fail (in row_errors) each row whose banned, biased or allowed ids fall outside
+    [0, vocab_size), and drop those ids: a device index out of range would fail the step
+    for every row (on CUDA, the whole context)."""
+    for name in ("banned_token_ids", "logit_bias", "allowed_token_ids"):
+        by_row = getattr(meta, name)
+        for row in [row for row, ids in by_row.items()
+                    if not all(0 <= t < vocab_size for t in ids)]:
+            meta.row_errors[row] = (f"sampling failed: {name} outside the vocabulary "
+                                    f"[0, {vocab_size})")
+            del by_row[row]
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -82,6 +98,9 @@ def build_sampling_metadata(reqs: list[Request], device: torch.device, gen_for) 
         logits_processors=processors,
         max_num_logprobs=max(logprob_counts) if logprob_counts else None,
         any_repetition_penalty=any_repetition,
+        logit_bias={i: p.logit_bias for i, p in enumerate(params) if p.logit_bias},
+        allowed_token_ids={i: p.allowed_token_ids for i, p in enumerate(params)
+                           if p.allowed_token_ids},
     )
     if not all_greedy:
         _random_sampling_fields(meta, reqs, params, floats, gen_for)

@@ -7,20 +7,28 @@ limited to seeded rows, logits processors and banned ids.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from compiled_llm.sample.metadata import SamplingMetadata, build_sampling_metadata, make_generator
+from compiled_llm.core.request import Request
+from compiled_llm.sample.metadata import (
+    SamplingMetadata,
+    build_sampling_metadata,
+    drop_out_of_vocab,
+    make_generator,
+)
 from compiled_llm.sample.structured_outputs import apply_bitmask, fill_bitmask
-from compiled_llm.sampling_params import SAMPLING_EPS
+from compiled_llm.sampling_params import SAMPLING_EPS, SamplingParams
 
-if TYPE_CHECKING:
-    from compiled_llm.core.request import Request
+# what a row whose own data broke the batch samples with (its request fails; nothing is read)
+_STAND_IN_PARAMS = SamplingParams(temperature=0.0, max_tokens=1)
 
 __all__ = ["Sampler", "SamplingMetadata", "make_generator", "compute_prompt_logprobs"]
+
+logger = logging.getLogger(__name__)
 
 _NEG_INF = float("-inf")
 
@@ -103,6 +111,32 @@ def apply_banned_ids(logits: torch.Tensor, banned: dict[int, list[int]]) -> None
         row_index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
         col_index = torch.tensor(cols, dtype=torch.int64, device=logits.device)
         logits[row_index, col_index] = _NEG_INF
+
+
+def apply_logit_bias(logits: torch.Tensor, bias: dict[int, dict[int, float]]) -> None:
+    """Add each row's per-token biases, in place, in one indexed write."""
+    rows = [row for row, by_id in bias.items() for _ in by_id]
+    if not rows:
+        return
+    cols = [token_id for by_id in bias.values() for token_id in by_id]
+    values = [value for by_id in bias.values() for value in by_id.values()]
+    device = logits.device
+    index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+    logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=device),
+                      accumulate=True)
+
+
+def apply_allowed_ids(logits: torch.Tensor, allowed: dict[int, list[int]]) -> None:
+    """Set every id but each row's allowed ones to -inf, in place."""
+    if not allowed:
+        return
+    device = logits.device
+    rows = torch.tensor(list(allowed), device=device)
+    keep = torch.zeros(len(allowed), logits.shape[-1], dtype=torch.bool, device=device)
+    local = [k for k, ids in enumerate(allowed.values()) for _ in ids]
+    cols = [token_id for ids in allowed.values() for token_id in ids]
+    keep[torch.tensor(local, device=device), torch.tensor(cols, device=device)] = True
+    logits[rows] = logits[rows].masked_fill(~keep, _NEG_INF)
 
 
 def _token_counts(ids: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
@@ -217,13 +251,40 @@ class Sampler(nn.Module):
         self.generators: dict[str, torch.Generator] = {}
 
     def prepare(self, reqs: list[Request]) -> SamplingMetadata:
-        """The metadata of one step's sampling rows, in row order."""
+        """The metadata of one step's sampling rows, in row order. A row whose own data
+        cannot be batched (an id outside the vocabulary, a value no tensor holds, a grammar
+        that raises) is named in row_errors and neutralised; the other rows are unchanged."""
+        try:
+            return self._build(reqs)
+        except Exception as exc:  # one row's data broke the batch: find it, build the rest
+            logger.exception("sampling metadata failed for a batch of %d rows", len(reqs))
+            return self._build_without_bad_rows(reqs, exc)
+
+    def _build(self, reqs: list[Request]) -> SamplingMetadata:
         meta = build_sampling_metadata(reqs, self.device, self._generator)
         if self.vocab_size is not None:
-            bitmask, rows = fill_bitmask(reqs, self.vocab_size)
+            drop_out_of_vocab(meta, self.vocab_size)
+            bitmask, rows = fill_bitmask(reqs, self.vocab_size, meta.row_errors)
             if bitmask is not None:
                 meta.grammar_bitmask = bitmask.to(self.device, non_blocking=True)
                 meta.grammar_rows = rows
+        return meta
+
+    def _build_without_bad_rows(self, reqs: list[Request], exc: Exception) -> SamplingMetadata:
+        """Build each row alone to find the ones that raise; batch the others with stand-ins
+        (greedy, no state) in the bad rows' places. Re-raises if no single row raises."""
+        errors = {}
+        for row, req in enumerate(reqs):
+            try:
+                self._build([req])  # builds no tensors a later step depends on
+            except Exception as row_exc:
+                errors[row] = f"sampling failed: {type(row_exc).__name__}: {row_exc}"
+        if not errors:
+            raise exc
+        stand_ins = [Request(req.request_id, [0], _STAND_IN_PARAMS) if row in errors else req
+                     for row, req in enumerate(reqs)]
+        meta = self._build(stand_ins)
+        meta.row_errors.update(errors)
         return meta
 
     def release(self, request_ids) -> None:
@@ -259,8 +320,10 @@ class Sampler(nn.Module):
 
     @staticmethod
     def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        """Temperature-independent steps: processors, bans, grammar bitmask, penalties."""
+        """Edits before temperature: processors, bias, allowed ids, bans, grammar, penalties."""
         apply_logits_processors(logits, meta)
+        apply_logit_bias(logits, meta.logit_bias)
+        apply_allowed_ids(logits, meta.allowed_token_ids)
         apply_banned_ids(logits, meta.banned_token_ids)
         if meta.grammar_bitmask is not None:
             apply_bitmask(logits, meta.grammar_bitmask, meta.grammar_rows)

@@ -1,8 +1,8 @@
 """The input batch: a SchedulerOutput as the flat inputs of one forward (ids, positions, slots,
 attention metadata, the hidden rows that need logits), padded to the dispatched CUDA graph, in
 persistent buffers (step_buffers.py). A Python pass per request, numpy over the batch, no
-per-token loops. `prepare` fills a step, `pad` a step of padding rows only (graph capture),
-`release` gives finished or preempted requests' block-table rows back.
+per-token loops. `prepare` fills a step (a request whose data cannot run is left out, named in
+`skipped`), `pad` a step of padding rows only (capture), `release` frees table rows.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ class StepInputs:
     # async scheduling: some input_ids are ~row of the previous step's sampled tensor, to be
     # filled on the device (the host has not read those tokens yet)
     has_pending: bool = False
+    # requests of the schedule left out of this step, and why (their data cannot run)
+    skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def all_rows_sample(self) -> bool:
@@ -61,14 +63,24 @@ def _prompt_rows(req: Request, positions: np.ndarray, first_row: int) -> PromptL
     return PromptLogprobRows(req, rows, targets)
 
 
+class _BadRows(Exception):
+    """Rows of a schedule (by index) whose own data cannot run, and why."""
+
+    def __init__(self, errors: dict[int, str]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+
 class InputBatch:
     """Every persistent tensor one step's inputs live in, and the fill of one step. Owned by
-    the model runner; the dispatcher (shared with it) decides each step's padding."""
+    the model runner; the dispatcher (shared with it) decides each step's padding. Invariant:
+    a step it fills indexes no block-table slot and no token id out of range."""
 
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks: int, block_size: int,
-                 device: torch.device, dispatcher: CUDAGraphDispatcher | None = None) -> None:
+                 device: torch.device, dispatcher: CUDAGraphDispatcher | None = None,
+                 vocab_size: int | None = None) -> None:
         self.max_tokens, self.max_seqs, self.device = max_tokens, max_seqs, device
-        self.block_size = block_size
+        self.block_size, self.max_blocks, self.vocab_size = block_size, max_blocks, vocab_size
         self.dispatcher = dispatcher or CUDAGraphDispatcher()
         capacity = Layout(max_tokens, max_seqs, max_seqs, max_seqs * max_blocks)
         self.packed64 = PackedBuffer(capacity.end64, torch.int64, device)
@@ -81,12 +93,32 @@ class InputBatch:
 
     def prepare(self, sched: SchedulerOutput) -> StepInputs:
         """Fill the buffers from the scheduled requests (padded to the dispatched graph) and
-        send them to the device."""
+        send them to the device. A request whose own data cannot run (tokens past the blocks
+        it holds, an id outside the vocabulary) is left out and named in `skipped`; ValueError
+        when no request is left."""
+        skipped: dict[str, str] = {}
+        while True:
+            try:
+                inputs = self._prepare(sched)
+            except _BadRows as bad:
+                self.table.unsent(req.request_id for req, _ in sched.scheduled)
+                skipped.update({sched.scheduled[i][0].request_id: error
+                                for i, error in bad.errors.items()})
+                left = [item for i, item in enumerate(sched.scheduled) if i not in bad.errors]
+                if not left:
+                    raise ValueError(f"no request of the step can run: {skipped}") from None
+                sched = SchedulerOutput(left, sched.finished_req_ids, sched.preempted_req_ids)
+                continue
+            inputs.skipped = skipped
+            return inputs
+
+    def _prepare(self, sched: SchedulerOutput) -> StepInputs:
         reqs = [req for req, _ in sched.scheduled]
         counts = [num_new for _, num_new in sched.scheduled]
-        # [B, 3]: (tokens computed, tokens on the host, tokens pending) per request, one pass
-        known = np.array([(r.num_computed_tokens, len(r.all_token_ids), r.num_pending)
-                          for r in reqs], np.int64)
+        # [B, 4]: (tokens computed, on the host, pending, blocks held) per request, one pass
+        known = np.array([(r.num_computed_tokens, len(r.all_token_ids), r.num_pending,
+                           len(r.block_ids)) for r in reqs], np.int64)
+        self._check_fit(known, counts)
         starts = known[:, 0]
         pending = bool(known[:, 2].any())
         num_seqs, num_tokens = len(reqs), sum(counts)
@@ -108,6 +140,7 @@ class InputBatch:
         host = views.host(self)
         _fill_tokens(host, reqs, starts, counts, query_starts, rows, self.block_size,
                      self.table.host, pending)
+        self._check_ids(host["ids"][:num_tokens], query_starts, pending)
         _fill_seqs(host, query_starts, ends, rows, num_tokens)
         self._fill_sample_and_entries(layout, query_starts[1:][sample], entries)
         self.send(layout, views)
@@ -120,6 +153,28 @@ class InputBatch:
         sample_rows = self.packed64.dev[layout.sample:layout.sample + len(sample)]
         return StepInputs(views.dev["ids"], views.dev["pos"], attn, num_tokens, sample_rows,
                           sample_reqs, prompt, key, pending)
+
+    def _check_fit(self, known: np.ndarray, counts: list[int]) -> None:
+        """_BadRows for requests that compute no token, or tokens past the blocks they hold
+        or past a block-table row."""
+        news, blocks = np.asarray(counts, np.int64), known[:, 3]
+        unfit = ((news < 1) | (blocks > self.max_blocks)
+                 | (known[:, 0] + news > blocks * self.block_size))
+        if unfit.any():
+            raise _BadRows({int(i): "input batch: the request's tokens do not fit the KV "
+                            "blocks it holds" for i in np.flatnonzero(unfit)})
+
+    def _check_ids(self, ids: np.ndarray, query_starts: np.ndarray, pending: bool) -> None:
+        """_BadRows for requests with a token id outside the vocabulary (pending ids, ~row
+        of the previous step's tokens, are negative by design)."""
+        if self.vocab_size is None or not len(ids):
+            return
+        if ids.max() < self.vocab_size and (pending or ids.min() >= 0):
+            return
+        bad = (ids >= self.vocab_size) | (False if pending else ids < 0)
+        rows = np.searchsorted(query_starts, np.flatnonzero(bad), side="right") - 1
+        raise _BadRows({int(i): f"input batch: token ids outside the vocabulary "
+                        f"[0, {self.vocab_size})" for i in np.unique(rows)})
 
     def _fill_sample_and_entries(self, layout: Layout, sample_ends: np.ndarray,
                                  entries: np.ndarray) -> None:

@@ -44,6 +44,8 @@ class StepResult:
     logprobs: dict[str, LogprobRow] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[LogprobRow]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # request id -> why it failed
+    # request id -> why it was left out of the step before the forward (its KV is unwritten)
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,7 +111,7 @@ class ModelRunner:
         seqs = max(max_num_seqs, graphs, -(-max_num_batched_tokens // self.max_model_len))
         tokens = max(max_num_batched_tokens, seqs, cfg.piecewise_max_tokens)
         return InputBatch(tokens, seqs, self.max_blocks_per_seq, self.cache_cfg.block_size,
-                          self.device, self.dispatcher)
+                          self.device, self.dispatcher, self.model.config.vocab_size)
 
     # ------------------------------------------------------------------ KV cache
     def kv_bytes_per_block(self) -> int:
@@ -158,7 +160,7 @@ class ModelRunner:
             fill_pending(inputs.input_ids, prev)
         self.step_timer.forward_start()
         hidden = self.run_forward(inputs)
-        step = LaunchedStep(StepResult(), inputs.sample_reqs)
+        step = LaunchedStep(StepResult(skipped=inputs.skipped), inputs.sample_reqs)
         if inputs.sample_reqs:
             self._sample(hidden, inputs, step)
         if inputs.prompt_rows:

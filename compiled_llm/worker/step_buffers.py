@@ -150,6 +150,14 @@ class BlockTableRows:
             if entry is not None:
                 self._free.append(entry[0])
 
+    def unsent(self, request_ids) -> None:
+        """Mark these requests' rows as not yet on the device (a fill that was never sent):
+        the next update writes them whole."""
+        for request_id in request_ids:
+            entry = self._owned.get(request_id)
+            if entry is not None:
+                entry[2] = 0
+
     def update(self, reqs: list, rows: np.ndarray) -> np.ndarray:
         """Fill rows[i] with reqs[i]'s row and the host mirror with its new entries; returns
         the flat indices of the entries to write on the device."""

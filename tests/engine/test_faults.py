@@ -3,6 +3,8 @@ a model step that raises fails that step's requests, frees their blocks, and the
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from compiled_llm import LLM, SamplingParams
@@ -126,3 +128,47 @@ def test_a_failed_model_step_fails_its_requests_and_the_engine_goes_on(
     assert [o.outputs[0].token_ids for o in again] == baseline
     assert all(o.error is None for o in again)
     assert eng.num_used_blocks == 0
+
+
+# data a bug upstream of the sampler could leave on a request, past validation
+SAMPLER_FAULTS = {
+    "stop_id_outside_vocab": {"stop_token_ids": [10 ** 6], "min_tokens": 8},
+    "logit_bias_outside_vocab": {"logit_bias": {10 ** 6: 1.0}},
+    "allowed_id_outside_vocab": {"allowed_token_ids": [3, 10 ** 6]},
+    "top_k_past_int64": {"top_k": 2 ** 70, "temperature": 1.0},
+    "seed_past_int64": {"seed": 2 ** 70, "temperature": 1.0},
+}
+
+
+@pytest.mark.parametrize("fault", SAMPLER_FAULTS)
+def test_item2_a_bad_row_in_the_sampler_fails_its_request_alone(llm, prompts, baseline, fault):
+    eng = llm.engine
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, GREEDY)
+    victim = eng.scheduler.requests["2"]
+    victim.sampling_params = copy.copy(GREEDY)  # its own params, edited past validation
+    for name, value in SAMPLER_FAULTS[fault].items():
+        setattr(victim.sampling_params, name, value)
+    done = run_all(eng)
+    assert set(done) == {"0", "1", "2", "3"}
+    assert done["2"].error.startswith("sampling failed"), done["2"].error
+    assert done["2"].outputs[0].finish_reason == "error" and victim.block_ids == []
+    check_others(done, baseline, "2")
+    assert eng.num_used_blocks == 0
+
+
+def test_item2_a_bad_row_in_the_input_batch_fails_its_request_alone(llm, prompts, baseline):
+    eng = llm.engine
+    eng.reset_prefix_cache()
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, GREEDY)
+    victim = eng.scheduler.requests["1"]
+    victim.all_token_ids[3] = 10 ** 6  # an id the embedding cannot look up
+    done = run_all(eng)
+    assert "token ids outside the vocabulary" in done["1"].error
+    assert done["1"].outputs[0].token_ids == [] and victim.block_ids == []
+    check_others(done, baseline, "1")
+    assert eng.num_used_blocks == 0
+    # the blocks the victim was to fill were not cached: its prompt reruns afresh
+    again = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == baseline

@@ -4,6 +4,7 @@ held back, requests share steps, and cancelling a consumer frees its blocks at o
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -93,3 +94,76 @@ def test_cancel_frees_blocks_at_once_and_bad_input_queues_nothing(engine):
         return used, busy, after_cancel
 
     assert asyncio.run(main()) == (0, False, 0)
+
+
+def test_row7_text_prompts_are_tokenized_off_the_engine_thread(engine):
+    threads = []
+    real = engine.tokenizer.encode
+
+    def spy(*args, **kwargs):  # records where the real tokenizer runs
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    async def main():
+        outs = await _collect(engine, "text", Kind.FINAL_ONLY, max_tokens=4)
+        with pytest.raises(ValueError, match="^prompt is .* bytes"):
+            await engine.add_request("huge", "x" * (engine.max_prompt_bytes + 1))
+        return outs
+
+    engine.tokenizer.encode = spy
+    try:
+        outs = asyncio.run(main())
+    finally:
+        del engine.tokenizer.encode
+    assert outs[-1].prompt == "The quick brown" and outs[-1].error is None
+    assert threads and all(name.startswith("tokenizer") for name in threads), threads
+    assert len(threads) == 1  # the oversized prompt was refused before any tokenizer time
+    assert engine.engine.num_used_blocks == 0
+
+
+def test_row2_a_slow_grammar_compiles_off_the_engine_thread_and_is_refused_in_time():
+    from tests.sample.test_grammar_compiler import SLOW
+
+    engine = AsyncLLM(EngineArgs(model=str(make_checkpoint("llama")), enforce_eager=True,
+                                 dtype="float32", structured_outputs_timeout_s=0.3))
+    healthy_tokens = []
+
+    async def healthy():
+        async for out in engine.generate("The quick", _params(Kind.DELTA, max_tokens=400),
+                                         "healthy"):
+            healthy_tokens.extend(out.outputs[0].token_ids)
+
+    async def main():
+        task = asyncio.ensure_future(healthy())
+        while not healthy_tokens:
+            await asyncio.sleep(0.01)
+        before = len(healthy_tokens)
+        with pytest.raises(ValueError, match="did not compile within 0.3 s"):
+            await engine.add_request("hostile", "x", SamplingParams(structured_outputs=SLOW))
+        during = len(healthy_tokens) - before
+        await task
+        return during
+
+    try:
+        during = asyncio.run(main())
+        assert during > 0  # the engine kept stepping while the grammar compiled
+        assert len(healthy_tokens) == 400
+        assert engine.engine.num_used_blocks == 0 and "hostile" not in engine.engine.parents
+    finally:
+        engine.shutdown()
+
+
+def test_row11_a_caller_that_leaves_before_its_command_runs_leaves_the_loop_alive(engine):
+    async def main():
+        release = threading.Event()
+        blocker = asyncio.ensure_future(engine.call(release.wait))  # holds the engine thread
+        await asyncio.sleep(0.05)
+        gone = asyncio.ensure_future(engine.call(lambda: "never run"))
+        await asyncio.sleep(0.05)
+        gone.cancel()  # as when a client disconnects while its request is being admitted
+        await asyncio.gather(gone, return_exceptions=True)
+        release.set()
+        await blocker
+        return await asyncio.wait_for(engine.call(lambda: "alive"), timeout=30)
+
+    assert asyncio.run(main()) == "alive" and engine.error is None

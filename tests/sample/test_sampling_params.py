@@ -56,6 +56,25 @@ BAD_VALUES = [
     ("include_stop_str_in_output", 1),
     ("logits_processors", [1]),
     ("logits_processors", lambda ids, row: row),
+    # row 1: what the sampler's int64/int32 tensors and torch generators cannot hold
+    ("seed", 2 ** 64),
+    ("seed", 2 ** 63),
+    ("seed", -(2 ** 63) - 1),
+    ("seed", True),
+    ("top_k", 2 ** 63),
+    ("top_k", 2 ** 31),
+    ("stop_token_ids", [2 ** 64]),
+    ("stop_token_ids", [True]),
+    # row 8: a lone surrogate has no UTF-8 encoding
+    ("stop", ["ok\ud800"]),
+    ("logit_bias", {1: float("inf")}),
+    ("logit_bias", {-1: 1.0}),
+    ("logit_bias", {"1": 1.0}),
+    ("logit_bias", {True: 1.0}),
+    ("logit_bias", [1]),
+    ("allowed_token_ids", []),
+    ("allowed_token_ids", [1, -2]),
+    ("allowed_token_ids", [False]),
 ]
 
 
@@ -78,6 +97,38 @@ def test_min_tokens_bounded_by_max_tokens():
         SamplingParams(min_tokens=5, max_tokens=4)
     assert SamplingParams(min_tokens=4, max_tokens=4).min_tokens == 4
     assert SamplingParams(min_tokens=100, max_tokens=None).max_tokens is None
+
+
+BAD_STRUCTURED = [
+    ("choice", {"choice": "abc"}),  # row 14: a string is not split into choices a, b, c
+    ("any_whitespace", {"json_object": True, "any_whitespace": "yes"}),  # row 10
+    ("any_whitespace", {"regex": "a", "any_whitespace": 1}),
+    ("json_object", {"json_object": 1}),
+    ("regex", {"regex": "a\udc00"}),  # row 8
+    ("grammar", {"grammar": 'root ::= "\ud800"'}),
+    ("choice", {"choice": ["ok", "\ud800"]}),
+    ("json", {"json": {"type": "string", "enum": ["\ud800"]}}),
+    ("json", {"json": {"type": "object", "x": {1, 2}}}),  # not JSON at all
+]
+
+
+@pytest.mark.parametrize("field,spec", BAD_STRUCTURED,
+                         ids=[f"{field}_{i}" for i, (field, _) in enumerate(BAD_STRUCTURED)])
+def test_row10_row14_structured_outputs_values_are_checked(field, spec):
+    with pytest.raises(ValueError, match=rf"^structured_outputs.{field} "):
+        StructuredOutputsParams.from_dict(spec)
+    with pytest.raises(ValueError, match=rf"^structured_outputs.{field} "):
+        SamplingParams(structured_outputs=spec)
+
+
+def test_logit_bias_and_allowed_ids_are_normalised():
+    p = SamplingParams(logit_bias={3: 1, 4: -2.5}, allowed_token_ids=(5, 6))
+    assert p.logit_bias == {3: 1.0, 4: -2.5} and isinstance(p.logit_bias[3], float)
+    assert p.allowed_token_ids == [5, 6]
+    q = p.clone()
+    q.logit_bias[9] = 1.0
+    q.allowed_token_ids.append(7)
+    assert 9 not in p.logit_bias and p.allowed_token_ids == [5, 6]
 
 
 def test_stop_strings_need_detokenize():
@@ -136,3 +187,11 @@ def test_clone_is_independent_but_shares_processors():
     q.logits_processors.append(proc)
     assert p.stop == ["a"] and p.stop_token_ids == [1] and len(p.logits_processors) == 1
     assert q.logits_processors[0] is proc and q.structured_outputs is grammar
+
+
+def test_structured_outputs_keys_that_are_no_fields_are_refused():
+    # found by the hypothesis run: an int key among str ones made sorting the keys raise
+    with pytest.raises(ValueError, match=r"^structured_outputs: unknown fields \['', 0\]"):
+        SamplingParams(structured_outputs={0: None, "": None})
+    with pytest.raises(ValueError, match="^structured_outputs must be a dict"):
+        StructuredOutputsParams.from_dict([("regex", "a")])

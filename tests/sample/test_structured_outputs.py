@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from compiled_llm import LLM, SamplingParams
-from compiled_llm.sample.structured_outputs import GrammarManager
+from compiled_llm.sample.grammar_compiler import GrammarManager
 from compiled_llm.sampling_params import StructuredOutputsParams
 from tests.utils import SMALL, tokenizer_dir
 

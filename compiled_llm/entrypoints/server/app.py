@@ -6,19 +6,28 @@ from __future__ import annotations
 import time
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.entrypoints.async_llm import AsyncLLM
-from compiled_llm.entrypoints.server.errors import GuardMiddleware, OpenAIError, install_handlers
+from compiled_llm.entrypoints.server.errors import (
+    OPEN_PATHS,
+    GuardMiddleware,
+    OpenAIError,
+    install_handlers,
+)
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
+from compiled_llm.entrypoints.server.openapi import STREAM, errors, install_openapi
 from compiled_llm.entrypoints.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    DetokenizeResponse,
     ModelCard,
     ModelList,
     TokenizeRequest,
+    TokenizeResponse,
 )
 from compiled_llm.entrypoints.server.server_config import ServerConfig
 from compiled_llm.entrypoints.server.serving_chat import ServingChat
@@ -31,38 +40,64 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
     """The app for engine; metrics must be the engine's observer."""
     app = FastAPI(title="compiled-llm", docs_url=None, redoc_url=None)
     install_handlers(app)
+    install_openapi(app, OPEN_PATHS, keyed=cfg.api_key is not None)
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
+    # added last, so outermost: a browser's preflight is answered without the key
+    app.add_middleware(CORSMiddleware, allow_origins=cfg.allowed_origins,
+                       allow_methods=cfg.allowed_methods, allow_headers=cfg.allowed_headers,
+                       allow_credentials=cfg.allow_credentials)
     metrics.bind(engine)
-    chat = ServingChat(engine, cfg.model_name, metrics)
-    completion = ServingCompletion(engine, cfg.model_name, metrics)
-    created = int(time.time())
+    chat = ServingChat(engine, cfg, metrics)
+    _add_generation_routes(app, chat, ServingCompletion(engine, cfg, metrics), metrics)
+    _add_probe_routes(app, engine, cfg, metrics)
+    _add_token_routes(app, chat)
+    return app
 
-    @app.post("/v1/chat/completions")
+
+def _add_generation_routes(app: FastAPI, chat: ServingChat, completion: ServingCompletion,
+                           metrics: ServerMetrics) -> None:
+    answers = {**STREAM, **errors(400, 401, 404, 413)}
+
+    @app.post("/v1/chat/completions", responses=answers)
     async def chat_completions(req: ChatCompletionRequest, raw: Request):
         return await _counting(metrics, chat.create(req, raw))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=answers)
     async def completions(req: CompletionRequest, raw: Request):
         return await _counting(metrics, completion.create(req, raw))
 
-    @app.get("/v1/models")
-    async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=cfg.model_name, created=created,
-                                         max_model_len=engine.max_model_len)])
+    created = int(time.time())
 
-    @app.get("/health")
+    @app.get("/v1/models", responses=errors(400, 401))
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=chat.model_name, created=created,
+                                         max_model_len=chat.max_model_len)])
+
+
+def _add_probe_routes(app: FastAPI, engine: AsyncLLM, cfg: ServerConfig,
+                      metrics: ServerMetrics) -> None:
+    """/health and /ping (an empty 200 while the engine serves), /metrics; no key needed."""
+
     async def health() -> Response:
+        # 503 when the engine loop is dead, or has made no progress for
+        # engine_iteration_timeout_s while it has work
         if engine.error is not None:
             raise OpenAIError(503, f"engine loop is dead: {engine.error}")
+        stalled = engine.stalled_for()
+        if stalled > cfg.engine_iteration_timeout_s:
+            raise OpenAIError(503, f"engine loop has made no progress for {stalled:.1f} s "
+                              "with work pending", code="engine_stalled")
         return Response(status_code=200)
 
-    @app.get("/metrics")
+    probe = {"response_class": Response, "responses": errors(400, 503)}
+    app.add_api_route("/health", health, methods=["GET"], name="health", **probe)
+    # vLLM's alias of /health; one route, so that a 405 lists both methods in Allow
+    app.add_api_route("/ping", health, methods=["GET", "POST"], name="ping", **probe)
+
+    @app.get("/metrics", response_class=PlainTextResponse, responses=errors(400))
     async def prometheus() -> Response:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
-
-    _add_token_routes(app, chat)
-    return app
 
 
 async def _counting(metrics: ServerMetrics, work):
@@ -79,19 +114,22 @@ async def _counting(metrics: ServerMetrics, work):
 
 
 def _add_token_routes(app: FastAPI, serving: ServingChat) -> None:
-    @app.post("/tokenize")
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=errors(400, 401, 404, 413))
     async def tokenize(req: TokenizeRequest) -> JSONResponse:
         serving.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt")
         if req.messages is not None:
-            ids = await serving.encode_chat(req.messages, req.add_generation_prompt)
+            ids = await serving.encode_chat(req.messages, req.add_generation_prompt,
+                                            req.chat_template_kwargs, req.tools,
+                                            req.chat_template)
         else:
             ids = await serving.encode(req.prompt, req.add_special_tokens)
         return JSONResponse({"tokens": ids, "count": len(ids),
                              "max_model_len": serving.max_model_len})
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", response_model=DetokenizeResponse,
+              responses=errors(400, 401, 404, 413))
     async def detokenize(req: DetokenizeRequest) -> JSONResponse:
         serving.check_model(req.model)
         vocab = len(serving.engine.tokenizer)
@@ -99,7 +137,7 @@ def _add_token_routes(app: FastAPI, serving: ServingChat) -> None:
         if bad:
             raise OpenAIError(400, f"tokens must be ids in [0, {vocab}), got {bad[:5]}",
                               param="tokens")
-        text = await serving.engine.call(serving.engine.tokenizer.decode, req.tokens)
+        text = await serving.engine.decode(req.tokens)
         return JSONResponse({"prompt": text})
 
 
@@ -112,6 +150,17 @@ def serve(args: EngineArgs, host: str, port: int, cfg: ServerConfig,
     engine = AsyncLLM(args, observer=metrics)
     app = build_app(engine, cfg, metrics)
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30)
+        uvicorn.Server(uvicorn_config(app, host, port, cfg, log_level)).run()
     finally:
         engine.shutdown()
+
+
+def uvicorn_config(app: FastAPI, host: str, port: int, cfg: ServerConfig,
+                   log_level: str = "info"):
+    """How uvicorn serves app: SIGTERM gives requests in flight timeout_graceful_shutdown
+    seconds, then cuts them off (uvicorn alone would wait for them forever)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                          timeout_keep_alive=30,
+                          timeout_graceful_shutdown=cfg.timeout_graceful_shutdown)

@@ -1,10 +1,11 @@
 """OpenAI-style error objects: the exception the handlers raise, the FastAPI exception
 handlers that render every failure as `{"error": {message, type, param, code}}`, and the ASGI
-guard that answers 401 (API key) and 413 (body size) before a route runs."""
+guard that answers 400 (headers not UTF-8), 401 (API key) and 413 (body size) before a route."""
 
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import json
 import logging
 import re
@@ -65,6 +66,9 @@ def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return OpenAIError(400, msg, code="invalid_json").response()
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
+    if first.get("type") == "invalid_utf8":  # raised for the whole body: the path is in ctx
+        param = first["ctx"]["path"]
+        return OpenAIError(400, first["msg"], param=param, code="invalid_utf8").response()
     msg = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
     if len(errors) > 1:
         msg += f" (and {len(errors) - 1} more error(s))"
@@ -91,19 +95,28 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _internal_error)
 
 
+# what a load balancer or a scraper reads without the key
+OPEN_PATHS = frozenset({"/health", "/metrics", "/ping"})
+
+
 class GuardMiddleware:
-    """ASGI: /v1 routes need `Authorization: Bearer <api_key>` when a key is set, and no body
-    may exceed max_body_bytes (by Content-Length, or counted as it streams in)."""
+    """ASGI: every route but OPEN_PATHS needs `Authorization: Bearer <api_key>` when a key is
+    set (compared in constant time), headers must be UTF-8, and no body may exceed
+    max_body_bytes (by Content-Length, or counted as it streams in)."""
 
     def __init__(self, app, api_key: str | None, max_body_bytes: int) -> None:
-        self.app, self.api_key, self.limit = app, api_key, max_body_bytes
+        self.app, self.limit = app, max_body_bytes
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        if self.api_key and scope["path"].startswith("/v1") \
-                and headers.get("authorization") != f"Bearer {self.api_key}":
+        try:
+            headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        except UnicodeDecodeError:
+            return await _send_error(send, OpenAIError(400, "request headers must be UTF-8",
+                                                       code="invalid_header"))
+        if not self._authorized(scope["path"], headers.get("authorization", "")):
             err = OpenAIError(401, "missing or invalid API key (Authorization: Bearer ...)",
                               code="invalid_api_key")
             return await _send_error(send, err)
@@ -116,6 +129,13 @@ class GuardMiddleware:
                 return await _send_error(send, self._too_large())
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+    def _authorized(self, path: str, authorization: str) -> bool:
+        """Whether the request may reach path: an open path, no key set, or the right key
+        (compare_digest: the time taken says nothing about how much of a guess matched)."""
+        if self.expected is None or path in OPEN_PATHS:
+            return True
+        return hmac.compare_digest(authorization.encode(), self.expected)
 
     def _too_large(self) -> OpenAIError:
         return OpenAIError(413, f"request body exceeds {self.limit} bytes",

@@ -9,8 +9,6 @@ from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.protocol import SamplingFields
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
-MAX_LOGPROBS = 20
-
 
 def structured_spec(req: SamplingFields) -> StructuredOutputsParams | None:
     """The one structured-output constraint the request asks for, if any."""
@@ -49,47 +47,44 @@ def structured_spec(req: SamplingFields) -> StructuredOutputsParams | None:
         raise OpenAIError(400, f"{field}: {exc}", param=field) from None
 
 
-def output_budget(requested: int | None, prompt_len: int, max_model_len: int) -> int:
-    """max_tokens: the request's, checked to fit the context, else what the context leaves."""
+def output_budget(requested: int | None, prompt_len: int, max_model_len: int, *,
+                  prompt_param: str = "messages", budget_param: str = "max_tokens") -> int:
+    """max_tokens: the request's, checked to be >= 1 and to fit the context, else what the
+    context leaves; a 400 names prompt_param or budget_param, the field at fault."""
     if prompt_len >= max_model_len:
         raise OpenAIError(400, f"the prompt is {prompt_len} tokens; this model's maximum "
-                          f"context length is {max_model_len} tokens", param="messages",
+                          f"context length is {max_model_len} tokens", param=prompt_param,
                           code="context_length_exceeded")
     if requested is None:
         return max_model_len - prompt_len
-    if requested >= 1 and prompt_len + requested > max_model_len:
+    if requested < 1:
+        raise OpenAIError(400, f"{budget_param} must be >= 1, got {requested}",
+                          param=budget_param, code="invalid_value")
+    if prompt_len + requested > max_model_len:
         raise OpenAIError(400, f"this model's maximum context length is {max_model_len} "
                           f"tokens; you asked for {prompt_len} prompt + {requested} output "
-                          "tokens", param="max_tokens", code="context_length_exceeded")
+                          "tokens", param=budget_param, code="context_length_exceeded")
     return requested
 
 
-def _logit_bias(bias: dict[str, float] | None):
-    """A logits processor adding each token's bias, or None; 400 on bad keys or values."""
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias (token id strings -> bias in [-100, 100]) keyed by int; 400 on
+    bad keys or values (ids outside the vocabulary are the engine's 400)."""
     if not bias:
         return None
     try:
-        items = [(int(token), float(value)) for token, value in bias.items()]
+        items = {int(token): value for token, value in bias.items()}
     except ValueError:
         raise OpenAIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
-    if any(not -100 <= value <= 100 for _, value in items):
+    if any(not -100 <= value <= 100 for value in items.values()):
         raise OpenAIError(400, "logit_bias values must be in [-100, 100]", param="logit_bias")
-
-    def apply(_: list[int], row):
-        for token_id, value in items:
-            if 0 <= token_id < row.shape[-1]:
-                row[token_id] += value
-        return row
-
-    return [apply]
+    return items
 
 
 def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
                     stream: bool) -> SamplingParams:
-    """SamplingParams for req; ValueError (-> 400, naming the field) on bad values."""
-    if logprobs is not None and logprobs > MAX_LOGPROBS:
-        raise OpenAIError(400, f"logprobs must be <= {MAX_LOGPROBS}, got {logprobs}",
-                          param="logprobs")
+    """SamplingParams for req; ValueError (-> 400, naming the field) on bad values (the
+    engine checks what needs the model: ids in the vocabulary, n and logprobs limits)."""
     if req.stream_options is not None and not req.stream:
         raise OpenAIError(400, "stream_options is only allowed with stream=true",
                           param="stream_options")
@@ -102,6 +97,7 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
         min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
         stop_token_ids=req.stop_token_ids, skip_special_tokens=req.skip_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output,
-        logits_processors=_logit_bias(req.logit_bias), structured_outputs=structured_spec(req),
+        logit_bias=_logit_bias(req.logit_bias), allowed_token_ids=req.allowed_token_ids,
+        structured_outputs=structured_spec(req),
         output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         **optional)

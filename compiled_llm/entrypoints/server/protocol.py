@@ -1,14 +1,54 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic), with vLLM's extras.
 
-Types are checked here; value ranges are checked once, by SamplingParams, so the rules live in
-one place. Unknown fields are ignored, as OpenAI's own server does.
+Types are checked here, and every string in a body must be valid UTF-8; value ranges are
+checked once, by SamplingParams and the engine. Unknown fields are ignored, as OpenAI's own
+server does.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic_core import PydanticCustomError
+
+from compiled_llm.sampling_params import check_text
+
+
+def _first_bad_text(value: Any, path: str) -> tuple[str, str] | None:
+    """(path, message) of the first string (or key) in value with no UTF-8 encoding."""
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    if isinstance(value, str):
+        try:
+            check_text(path or "body", value)
+        except ValueError as exc:
+            return path or "body", str(exc)
+    for key, item in items:
+        inner = f"{path}.{key}" if path else str(key)
+        found = _first_bad_text(key, inner) if isinstance(key, str) else None
+        found = found or _first_bad_text(item, inner)
+        if found:
+            return found
+    return None
+
+
+class RequestBody(BaseModel):
+    """A request body: before any field is read, every string in it must be valid UTF-8
+    (JSON can spell a lone surrogate, "\\ud800", which no tokenizer or grammar takes)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8_only(cls, data: Any) -> Any:
+        try:  # one C-speed pass; the walk that names the field only runs on a failure
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            path, message = _first_bad_text(data, "")
+            raise PydanticCustomError("invalid_utf8", message, {"path": path}) from None
+        except (TypeError, ValueError):
+            pass  # not JSON data (built in Python): the fields' own types decide
+        return data
 
 
 class StreamOptions(BaseModel):
@@ -33,7 +73,7 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(RequestBody):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model_config = ConfigDict(populate_by_name=True)
@@ -58,6 +98,7 @@ class SamplingFields(BaseModel):
     min_tokens: StrictInt = 0
     ignore_eos: StrictBool = False
     stop_token_ids: list[StrictInt] | None = None
+    allowed_token_ids: list[StrictInt] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     structured_outputs: dict[str, Any] | None = None
@@ -108,11 +149,12 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
     add_generation_prompt: StrictBool = True
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestBody):
     """The body of /tokenize: a prompt, or messages rendered by the chat template."""
 
     model: str | None = None
@@ -120,9 +162,12 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: StrictBool = True
     add_generation_prompt: StrictBool = True
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(RequestBody):
     """The body of /detokenize."""
 
     model: str | None = None
@@ -144,3 +189,32 @@ class ModelList(BaseModel):
 
     object: str = "list"
     data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    """The fields of an OpenAI error object."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error answer: {"error": {message, type, param, code}}."""
+
+    error: ErrorInfo
+
+
+class TokenizeResponse(BaseModel):
+    """The body /tokenize answers."""
+
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(BaseModel):
+    """The body /detokenize answers."""
+
+    prompt: str

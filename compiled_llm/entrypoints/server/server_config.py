@@ -3,7 +3,7 @@ the CLI can build `serve`'s flags from it without loading the server."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -13,6 +13,29 @@ class ServerConfig:
     model_name: str
     """The model name clients must send; the only model /v1/models lists."""
     api_key: str | None = None
-    """Require `Authorization: Bearer KEY` on /v1 routes (default: no key)."""
+    """Require `Authorization: Bearer KEY` on every route but /health, /metrics and /ping
+    (default: no key)."""
     max_body_bytes: int = 16 << 20
     """Largest request body accepted, in bytes; larger bodies get 413."""
+    max_completion_prompts: int = 1024
+    """Most prompts in one /v1/completions request (vLLM's default); more get 400."""
+    trust_request_chat_template: bool = False
+    """Render a chat template sent with a request (chat_template, or chat_template_kwargs'
+    chat_template); off, such a request gets 400."""
+    chat_template_timeout_s: float = 2.0
+    """Longest a chat template may render, in seconds; a render past it is interrupted and
+    the request gets 400."""
+    engine_iteration_timeout_s: float = 60.0
+    """/health answers 503 once the engine loop has made no progress for this long, in
+    seconds, while it has work (vLLM's VLLM_ENGINE_ITERATION_TIMEOUT_S)."""
+    allowed_origins: list[str] = field(default_factory=lambda: ["*"])
+    """CORS: origins a browser may call the API from (vLLM's default: any)."""
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    """CORS: methods allowed from those origins (default: any)."""
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    """CORS: request headers allowed from those origins (default: any)."""
+    allow_credentials: bool = False
+    """CORS: let browsers send credentials (cookies, HTTP auth) cross-origin."""
+    timeout_graceful_shutdown: float = 10.0
+    """On SIGTERM, seconds requests in flight get to finish before they are cut off and the
+    server exits (a stuck engine included)."""

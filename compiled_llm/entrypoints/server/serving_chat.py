@@ -28,25 +28,39 @@ class ServingChat(Serving):
     """The /v1/chat/completions handler."""
 
     async def create(self, req: ChatCompletionRequest, raw: Request):
-        """Answer one chat request: a JSON body, or an event stream when req.stream."""
+        """Answer one chat request: a JSON body, or an event stream when req.stream. A client
+        that leaves aborts the request, admitted or not yet."""
         self.check_model(req.model)
         if not req.messages:
             raise OpenAIError(400, "messages must be a non-empty list", param="messages")
+        if req.stream:
+            admitted = await abort_on_disconnect(raw, self._admit(req))
+            return StreamingResponse(self._chunks(req, *admitted), media_type="text/event-stream")
+        return JSONResponse(await abort_on_disconnect(raw, self._answer(req)))
+
+    async def _admit(self, req: ChatCompletionRequest) -> tuple:
+        """(stream, id, prompt length, top logprobs): the chat rendered, tokenized, admitted."""
         ids = await self.encode_chat(req.messages, req.add_generation_prompt,
-                                     req.chat_template_kwargs, req.tools)
-        requested = req.max_completion_tokens or req.max_tokens
+                                     req.chat_template_kwargs, req.tools, req.chat_template)
+        # max_completion_tokens: 0 is a value (refused), not "unset"
+        budget_param = "max_tokens" if req.max_completion_tokens is None else \
+            "max_completion_tokens"
+        requested = getattr(req, budget_param)
         num_top = (req.top_logprobs or 0) if req.logprobs else None
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
-        params = sampling_params(req, output_budget(requested, len(ids), self.max_model_len),
-                                 num_top, req.stream)
+        budget = output_budget(requested, len(ids), self.max_model_len, budget_param=budget_param)
+        params = sampling_params(req, budget, num_top, req.stream)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await self.start(rid, ids, params)
-        if req.stream:
-            chunks = self._chunks(stream, rid, req, len(ids), num_top)
-            return StreamingResponse(chunks, media_type="text/event-stream")
-        final = await abort_on_disconnect(raw, self.last(stream))
-        return JSONResponse(self._response(final, rid, num_top))
+        return await self.start(rid, ids, params), rid, len(ids), num_top
+
+    async def _answer(self, req: ChatCompletionRequest) -> dict:
+        """The whole JSON body (cancelled, it aborts the request)."""
+        stream, rid, _, num_top = await self._admit(req)
+        try:
+            return self._response(await self.last(stream), rid, num_top)
+        finally:
+            stream.abort()
 
     def _response(self, out: RequestOutput, rid: str, num_top: int | None) -> dict:
         self.check_output(out)
@@ -64,7 +78,7 @@ class ServingChat(Serving):
             return None
         return chat_logprobs(completion.token_ids, completion.logprobs, num_top)
 
-    async def _chunks(self, stream, rid: str, req: ChatCompletionRequest, prompt_len: int,
+    async def _chunks(self, req: ChatCompletionRequest, stream, rid: str, prompt_len: int,
                       num_top: int | None) -> AsyncIterator[str]:
         created = int(time.time())
 

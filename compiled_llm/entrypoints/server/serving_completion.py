@@ -29,28 +29,39 @@ class ServingCompletion(Serving):
     """The /v1/completions handler."""
 
     async def create(self, req: CompletionRequest, raw: Request):
-        """Answer one completions request: a JSON body, or an event stream when req.stream."""
+        """Answer one completions request: a JSON body, or an event stream when req.stream.
+        A client that leaves aborts every prompt's request, admitted or not yet."""
         self.check_model(req.model)
         self._check_unsupported(req)
+        if req.stream:
+            admitted = await abort_on_disconnect(raw, self._admit(req))
+            return StreamingResponse(self._chunks(req, *admitted),
+                                     media_type="text/event-stream")
+        return JSONResponse(await abort_on_disconnect(raw, self._answer(req)))
+
+    async def _admit(self, req: CompletionRequest) -> tuple[list, str, list, list]:
+        """(streams, id, prompts, echo texts): every prompt tokenized and admitted, or none
+        (a failure or a cancel aborts those already admitted)."""
         prompts = await self._prompts(req.prompt)
-        params = [sampling_params(req, output_budget(req.max_tokens, len(p), self.max_model_len),
+        params = [sampling_params(req, output_budget(req.max_tokens, len(p), self.max_model_len,
+                                                     prompt_param="prompt"),
                                   req.logprobs, req.stream) for p in prompts]
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = []
         try:
             for i, (ids, prompt_params) in enumerate(zip(prompts, params)):
                 streams.append(await self.start(f"{rid}-{i}", ids, prompt_params))
+            echo = [await self.engine.decode(p) if req.echo else "" for p in prompts]
         except BaseException:
             for stream in streams:
                 stream.abort()
             raise
-        echo = [await self.engine.call(self.engine.tokenizer.decode, p) if req.echo else ""
-                for p in prompts]
-        if req.stream:
-            body = self._chunks(streams, rid, req, prompts, echo)
-            return StreamingResponse(body, media_type="text/event-stream")
-        return JSONResponse(await abort_on_disconnect(raw, self._collect(streams, rid, req,
-                                                                          prompts, echo)))
+        return streams, rid, prompts, echo
+
+    async def _answer(self, req: CompletionRequest) -> dict:
+        """The whole JSON body (cancelled, it aborts every prompt's request)."""
+        streams, rid, prompts, echo = await self._admit(req)
+        return await self._collect(streams, rid, req, prompts, echo)
 
     @staticmethod
     def _check_unsupported(req: CompletionRequest) -> None:
@@ -66,6 +77,10 @@ class ServingCompletion(Serving):
             prompt = [prompt]
         if not prompt:
             raise OpenAIError(400, "prompt must not be empty", param="prompt")
+        limit = self.cfg.max_completion_prompts
+        if len(prompt) > limit:
+            raise OpenAIError(400, f"prompt is a list of {len(prompt)} prompts; at most {limit} "
+                              "(max_completion_prompts)", param="prompt")
         return [p if isinstance(p, list) else await self.encode(p) for p in prompt]
 
     def _choice(self, prompt_index: int, completion: CompletionOutput, req: CompletionRequest,
@@ -79,6 +94,7 @@ class ServingCompletion(Serving):
                 "stop_reason": completion.stop_reason}
 
     async def _collect(self, streams, rid: str, req: CompletionRequest, prompts, echo) -> dict:
+        """Read every stream to its end into one body."""
         choices, gen = [], 0
         async for i, out in merge_streams(streams):
             self.check_output(out)
@@ -90,7 +106,7 @@ class ServingCompletion(Serving):
                 "model": self.model_name, "choices": choices,
                 "usage": usage(sum(map(len, prompts)), gen)}
 
-    async def _chunks(self, streams, rid: str, req: CompletionRequest, prompts,
+    async def _chunks(self, req: CompletionRequest, streams, rid: str, prompts,
                       echo) -> AsyncIterator[str]:
         created, gen = int(time.time()), 0
         offsets: dict[int, int] = {}

@@ -8,6 +8,8 @@ import pytest
 
 from tests.entrypoints.server.conftest import API_KEY
 
+AUTH = {"Authorization": f"Bearer {API_KEY}"}  # every route but /health, /metrics, /ping
+
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The quick"}]
 
 
@@ -21,11 +23,13 @@ def test_models_health_tokenize_detokenize(client, server):
     assert [m.id for m in models] == [server.model]
     assert httpx.get(f"{server.url}/health").status_code == 200
     text = "The quick brown fox"
-    tok = httpx.post(f"{server.url}/tokenize", json={"prompt": text}).json()
+    tok = httpx.post(f"{server.url}/tokenize", json={"prompt": text}, headers=AUTH).json()
     assert tok["count"] == len(tok["tokens"]) > 0 and tok["max_model_len"] == 512
-    back = httpx.post(f"{server.url}/detokenize", json={"tokens": tok["tokens"]}).json()
+    back = httpx.post(f"{server.url}/detokenize", json={"tokens": tok["tokens"]},
+                      headers=AUTH).json()
     assert back["prompt"] == text
-    chat_tok = httpx.post(f"{server.url}/tokenize", json={"messages": CHAT}).json()
+    chat_tok = httpx.post(f"{server.url}/tokenize", json={"messages": CHAT},
+                          headers=AUTH).json()
     usage = _chat(client, server, max_tokens=1).usage
     assert usage.prompt_tokens == chat_tok["count"]
 
@@ -80,7 +84,8 @@ def test_completions_batch_n_logprobs_and_stream(client, server):
 
 
 def test_token_prompt_penalties_and_user(client, server):
-    ids = httpx.post(f"{server.url}/tokenize", json={"prompt": "The quick"}).json()["tokens"]
+    ids = httpx.post(f"{server.url}/tokenize", json={"prompt": "The quick"},
+                     headers=AUTH).json()["tokens"]
     by_ids = client.completions.create(model=server.model, prompt=ids, max_tokens=6,
                                        temperature=0)
     by_text = client.completions.create(model=server.model, prompt="The quick", max_tokens=6,

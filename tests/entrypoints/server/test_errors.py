@@ -32,9 +32,9 @@ CASES = [
     ("wrong type stream", *comp(stream="yes"), 400, "stream"),
     ("missing prompt", "/v1/completions", {"max_tokens": 3}, 400, "prompt"),
     ("unknown model", *chat(model="gpt-9"), 404, "model"),
-    ("prompt too long", *comp(prompt=[5] * 600), 400, None),
+    ("row16 prompt too long names prompt", *comp(prompt=[5] * 600), 400, "prompt"),
     ("chat too long", "/v1/chat/completions",
-     {"messages": [{"role": "user", "content": "fox " * 600}]}, 400, None),
+     {"messages": [{"role": "user", "content": "fox " * 600}]}, 400, "messages"),
     ("prompt + max_tokens too long", *comp(prompt=[5] * 500, max_tokens=50), 400, "max_tokens"),
     ("max_tokens 0", *chat(max_tokens=0), 400, "max_tokens"),
     ("max_tokens negative", *comp(max_tokens=-3), 400, "max_tokens"),
@@ -60,6 +60,47 @@ CASES = [
     ("suffix unsupported", *comp(suffix="x"), 400, "suffix"),
     ("detokenize bad ids", "/detokenize", {"tokens": [-1]}, 400, "tokens"),
     ("tokenize neither", "/tokenize", {}, 400, "prompt"),
+    # issue 12's table: each hostile value a 400 naming its field, never a 500
+    ("row1 seed 2**64", *comp(seed=2 ** 64), 400, "seed"),
+    ("row1 seed below int64", *chat(seed=-(2 ** 63) - 1), 400, "seed"),
+    ("row1 top_k 2**63", *comp(top_k=2 ** 63), 400, "top_k"),
+    ("row1 stop id outside vocab", *comp(stop_token_ids=[10 ** 6], min_tokens=1), 400,
+     "stop_token_ids"),
+    ("row1 logit_bias id outside vocab", *chat(logit_bias={"100000": 5}), 400, "logit_bias"),
+    ("row1 logit_bias key not an id", *chat(logit_bias={"x": 5}), 400, "logit_bias"),
+    ("row1 allowed id outside vocab", *comp(allowed_token_ids=[1, 10 ** 6]), 400,
+     "allowed_token_ids"),
+    ("row1 n over max_n_sequences", *comp(n=129), 400, "n"),
+    ("row6 n 100000", *chat(n=100_000), 400, "n"),
+    ("row4 tokenize over max_prompt_bytes", "/tokenize", {"prompt": "fox " * 9000}, 400,
+     "prompt"),
+    ("row7 prompt over max_prompt_bytes", *comp(prompt="fox " * 9000), 400, "prompt"),
+    ("row8 surrogate prompt", *comp(prompt="a\ud800b"), 400, "prompt"),
+    ("row8 surrogate in a prompt list", *comp(prompt=["ok", "\udfff"]), 400, "prompt.1"),
+    ("row8 surrogate chat", *chat(messages=[{"role": "user", "content": "\ud800"}]), 400,
+     "messages.0.content"),
+    ("row8 surrogate stop", *chat(stop=["\ud800"]), 400, "stop.0"),
+    ("row8 surrogate tokenize", "/tokenize", {"prompt": "\ud800"}, 400, "prompt"),
+    ("row8 surrogate schema", *comp(guided_json={"enum": ["\ud800"]}), 400,
+     "guided_json.enum.0"),
+    ("row2 schema over structured_outputs_max_bytes",
+     *chat(guided_json={"type": "object", "properties": {
+         f"p{i}": {"type": "string"} for i in range(3500)}}), 400, "structured_outputs"),
+    ("row3 choices over structured_outputs_max_bytes",
+     *comp(guided_choice=[f"choice {i}" for i in range(8000)]), 400, "structured_outputs"),
+    ("row10 any_whitespace yes", *comp(structured_outputs={"json_object": True,
+                                                           "any_whitespace": "yes"}), 400,
+     "structured_outputs"),
+    ("row14 max_completion_tokens 0", *chat(max_completion_tokens=0), 400,
+     "max_completion_tokens"),
+    ("row14 choice a string", *comp(structured_outputs={"choice": "abc"}), 400,
+     "structured_outputs"),
+    ("row15 bools as token ids", *comp(prompt=[True, 5]), 400, None),
+    ("row5 chat_template_kwargs template untrusted",
+     *chat(chat_template_kwargs={"chat_template": "{{ 'x' * 10 }}"}), 400, "chat_template"),
+    ("row5 chat_template untrusted", *chat(chat_template="{{ 'x' }}"), 400, "chat_template"),
+    ("chat_template_kwargs reserved", *chat(chat_template_kwargs={"tokenize": True}), 400,
+     "chat_template_kwargs"),
 ]
 
 
@@ -99,7 +140,9 @@ def background(server):
 def test_bad_request(server, background, case):
     _, path, body, status, param = case
     body = {"model": server.model, **body} if path.startswith("/v1") else body
-    r = httpx.post(f"{server.url}{path}", json=body, headers=AUTH, timeout=30)
+    # ASCII JSON: a lone surrogate travels as its escape, as a hostile client would send it
+    r = httpx.post(f"{server.url}{path}", content=json.dumps(body).encode(),
+                   headers={**AUTH, "Content-Type": "application/json"}, timeout=30)
     check_error(r, status, param)
 
 
@@ -145,6 +188,30 @@ def test_openai_client_raises_typed_errors(client, server, background):
         client.chat.completions.create(model="nope", messages=MSG)
     ok = client.chat.completions.create(model=server.model, messages=MSG, max_tokens=3)
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_row15_chat_content_none_is_empty(server, background):
+    bodies = [{"model": server.model, "messages": [{"role": "user", "content": content}],
+               "max_tokens": 3, "temperature": 0} for content in (None, "")]
+    none, empty = (httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=AUTH,
+                              timeout=30) for body in bodies)
+    assert none.status_code == 200, none.text
+    assert none.json()["usage"] == empty.json()["usage"]
+    assert none.json()["choices"][0]["message"] == empty.json()["choices"][0]["message"]
+
+
+REJECTED = "compiled_llm:request_success_total[rejected]"
+
+
+@pytest.mark.parametrize("case", [comp(stop_token_ids=[10 ** 6]), comp(seed=2 ** 64),
+                                  comp(prompt=[5] * 600)],
+                         ids=["by_the_engine", "by_sampling_params", "by_the_server"])
+def test_row16_a_rejection_counts_once(server, background, case):
+    path, body = case
+    before = server.metrics()[REJECTED]
+    r = httpx.post(f"{server.url}{path}", json={"model": server.model, **body}, headers=AUTH)
+    check_error(r, 400)
+    assert server.metrics()[REJECTED] == before + 1
 
 
 def test_rejections_counted_and_pool_empty(server, background):

@@ -1,0 +1,128 @@
+"""Chat messages to prompt text, shared by LLM.chat and the server: messages normalised and
+checked (content a string, text parts or None), the tokenizer's chat template rendered in its
+jinja sandbox under a time limit and an output-size limit."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import inspect
+import threading
+from typing import Any
+
+from compiled_llm.sampling_params import check_text
+
+
+def conversation(messages: list) -> list[dict[str, Any]]:
+    """The messages as template input: each a dict with a str role and a str content (None
+    becomes "", a list of {"type": "text", "text": ...} parts is joined); ValueError naming
+    the message otherwise. Other keys (name, tool_calls ...) are kept."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of messages")
+    return [_message(i, message) for i, message in enumerate(messages)]
+
+
+def _message(index: int, message: Any) -> dict[str, Any]:
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise ValueError(f"{where} must be a dict with role and content")
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise ValueError(f"{where}.role must be a non-empty string, got {role!r}")
+    return {**message, "role": check_text(f"{where}.role", role),
+            "content": check_text(f"{where}.content", _content_text(where, message))}
+
+
+def _content_text(where: str, message: dict) -> str:
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+            isinstance(part, dict) and part.get("type") == "text"
+            and isinstance(part.get("text"), str) for part in content):
+        return "".join(part["text"] for part in content)
+    raise ValueError(f"{where}.content must be a string, a list of text parts or None")
+
+
+@functools.cache
+def _reserved(tokenizer_cls: type) -> frozenset[str]:
+    """apply_chat_template's own parameters: not template variables a request may set."""
+    params = inspect.signature(tokenizer_cls.apply_chat_template).parameters
+    return frozenset(name for name, param in params.items()
+                     if name != "self" and param.kind is not param.VAR_KEYWORD)
+
+
+def render(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+           tools: list | None = None, template_kwargs: dict | None = None,
+           chat_template: str | None = None, timeout_s: float = 2.0,
+           max_chars: int | None = None) -> str:
+    """The chat template (the tokenizer's, or chat_template) applied to messages, as text.
+    ValueError when the template fails, runs past timeout_s (it is interrupted: the calling
+    thread is never held longer) or renders more than max_chars characters."""
+    extra = dict(template_kwargs or {})
+    clash = sorted(set(extra) & _reserved(type(tokenizer)))
+    if clash:
+        raise ValueError(f"chat_template_kwargs.{clash[0]} is not a template variable")
+    try:
+        with Deadline(timeout_s):
+            text = tokenizer.apply_chat_template(
+                messages, tools=tools, chat_template=chat_template, tokenize=False,
+                add_generation_prompt=add_generation_prompt, **extra)
+    except (TimeoutError, _Expired):  # _Expired: it fired as the render was returning
+        raise ValueError(f"messages: the chat template ran past {timeout_s:g} s") from None
+    except Exception as exc:  # jinja raise_exception, undefined names, bad roles ...
+        raise ValueError(f"messages: the chat template failed: {exc}") from None
+    if max_chars is not None and len(text) > max_chars:
+        raise ValueError(f"messages: the chat template rendered {len(text)} characters, "
+                         f"more than {max_chars}")
+    return text
+
+
+class _Expired(BaseException):
+    """Raised inside a render that ran past its deadline; a BaseException so that no
+    `except Exception` in the template machinery swallows it."""
+
+
+class Deadline:
+    """Interrupts the thread that entered it if it is still inside after timeout_s, by an
+    asynchronous exception (what bounds pure-Python work such as a jinja loop); leaving it
+    in time cancels the interrupt, one that is pending included. Raises TimeoutError."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._inside = self._fired = False
+        self._thread_id = 0
+        self._timer: threading.Timer | None = None
+
+    def __enter__(self) -> Deadline:
+        self._thread_id, self._inside = threading.get_ident(), True
+        self._timer = threading.Timer(self.timeout_s, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+        return self
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._inside:
+                self._fired = True
+                _set_async_exc(self._thread_id, _Expired)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._timer.cancel()
+        with self._lock:
+            self._inside = False
+            if self._fired and exc_type is not _Expired:
+                _set_async_exc(self._thread_id, None)  # finished in time: drop the interrupt
+        if exc_type is _Expired:
+            raise TimeoutError(f"ran past {self.timeout_s:g} s") from None
+        return False
+
+
+def _set_async_exc(thread_id: int, exc_type: type | None) -> None:
+    """Raise exc_type in the thread at its next bytecode (None clears a pending one)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
+                                               ctypes.py_object(exc_type) if exc_type
+                                               else ctypes.c_void_p(None))
