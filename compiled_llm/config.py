@@ -105,6 +105,7 @@ def check_minimums(config: object, minimums: dict[str, float]) -> None:
 
 # the per-request bounds among EngineArgs' fields, and their smallest values
 _REQUEST_LIMITS = {"max_logprobs": 0, "max_n_sequences": 1, "max_prompt_bytes": 1,
+                   "max_stop_strings": 0, "max_stop_string_chars": 1,
                    "structured_outputs_max_bytes": 1, "structured_outputs_timeout_s": 0.001}
 
 
@@ -271,6 +272,10 @@ class EngineArgs:
     """Most logprobs (and prompt_logprobs) a request may ask for per token."""
     max_n_sequences: int = 128
     """Largest n (sequences per request); OpenAI's own limit is 128."""
+    max_stop_strings: int = 64
+    """Most stop strings a request may give (each is searched for at every token)."""
+    max_stop_string_chars: int = 1024
+    """Longest stop string, in characters (a prefix of one is held back while streaming)."""
     structured_outputs_max_bytes: int = 64 << 10
     """Largest structured-output spec (JSON schema, regex, choices or grammar), in bytes, the
     engine compiles; larger ones are refused."""

@@ -42,6 +42,7 @@ class InputProcessor:
         self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
         self.scheduling_policy = args.scheduling_policy
         self.max_logprobs, self.max_n = args.max_logprobs, args.max_n_sequences
+        self.max_stops = (args.max_stop_strings, args.max_stop_string_chars)
         self.max_prompt_bytes = args.max_prompt_bytes or BYTES_PER_TOKEN_BOUND * max_model_len
         self.grammar_limits = (args.structured_outputs_max_bytes, args.structured_outputs_timeout_s)
         self.grammars: GrammarManager | None = None
@@ -103,6 +104,7 @@ class InputProcessor:
             raise ValueError(f"sampling_params must be SamplingParams, got {_describe(params)}")
         if params.n > self.max_n:
             raise ValueError(f"n must be <= {self.max_n} (max_n_sequences), got {params.n}")
+        self._check_stops(params.stop)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > self.max_logprobs:
@@ -115,6 +117,16 @@ class InputProcessor:
             if bad:
                 raise ValueError(f"{name} must be token ids in [0, {self.vocab_size}), got "
                                  f"{bad[:5]}")
+
+    def _check_stops(self, stops: list[str]) -> None:
+        # every stop string is searched for, and its prefixes held back, at every token
+        most, longest = self.max_stops
+        if len(stops) > most:
+            raise ValueError(f"stop must hold at most {most} strings (max_stop_strings), got "
+                             f"{len(stops)}")
+        if any(len(stop) > longest for stop in stops):
+            raise ValueError(f"stop strings must be at most {longest} characters "
+                             "(max_stop_string_chars)")
 
     def _child(self, request_id: str, index: int, text: str | None, ids: list[int],
                params: SamplingParams, priority: int) -> Request:

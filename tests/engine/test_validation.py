@@ -74,6 +74,9 @@ ENGINE_CHECKS = [
     ("n", lambda vocab: SamplingParams(n=9)),
     ("logprobs", lambda vocab: SamplingParams(logprobs=6)),
     ("prompt_logprobs", lambda vocab: SamplingParams(prompt_logprobs=6)),
+    # each stop string is searched for at every token: 5,000 slowed every step 50-fold
+    ("stop", lambda vocab: SamplingParams(stop=[f"s{i}" for i in range(65)])),
+    ("stop", lambda vocab: SamplingParams(stop=["x" * 1025])),
 ]
 
 

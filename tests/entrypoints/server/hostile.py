@@ -48,6 +48,8 @@ def hostile_requests(slow_properties: int) -> list[tuple[str, str, dict, dict]]:
                              "{% endfor %}{% endfor %}"}}, {}),
         ("row6 n=100000", "/v1/completions", {**comp, "n": 100_000}, {}),
         ("row7 10 MB prompt", "/v1/completions", {**comp, "prompt": BIG}, {}),
+        ("5,000 stop strings", "/v1/completions",
+         {**comp, "stop": [f"{i}" + "y" * 200 for i in range(5000)]}, {}),
         ("row8 lone surrogate", "/v1/completions", {**comp, "prompt": "a\ud800b"}, {}),
         ("row9 header not UTF-8", "/health", {}, {"x-note": b"caf\xe9"}),
         ("row10 any_whitespace yes", "/v1/completions", {**comp, "structured_outputs": {

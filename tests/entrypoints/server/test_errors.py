@@ -72,6 +72,7 @@ CASES = [
      "allowed_token_ids"),
     ("row1 n over max_n_sequences", *comp(n=129), 400, "n"),
     ("row6 n 100000", *chat(n=100_000), 400, "n"),
+    ("5000 stop strings", *comp(stop=[f"{i}" + "y" * 20 for i in range(5000)]), 400, "stop"),
     ("row4 tokenize over max_prompt_bytes", "/tokenize", {"prompt": "fox " * 9000}, 400,
      "prompt"),
     ("row7 prompt over max_prompt_bytes", *comp(prompt="fox " * 9000), 400, "prompt"),
