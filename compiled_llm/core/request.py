@@ -1,7 +1,8 @@
 """Request: the single source of truth for one sequence's state, from arrival to finish.
 
-Tokens, progress (num_computed_tokens), KV blocks, status, detokenized text and logprobs all
-live here. The scheduler, KV manager and output processing read and update this one object.
+Tokens, progress (num_computed_tokens), KV blocks, status and the grammar matcher live here;
+the scheduler and KV manager read and update this one object. What the user sees (text,
+logprob records, stream offsets) lives on the front end's RequestState.
 """
 
 from __future__ import annotations
@@ -63,30 +64,16 @@ class Request:
     stop_reason: int | str | None = None
     error: str | None = None
     num_preemptions: int = 0
-    # output side
-    detokenizer: Any = None
-    logprobs: list[dict] | None = None
-    prompt_logprobs: list[dict | None] | None = None
-    cumulative_logprob: float = 0.0
-    # streaming: how much of the output earlier DELTA outputs already carried
-    num_sent_tokens: int = 0
-    num_sent_chars: int = 0
-    final_sent: bool = False
+    # prompt logprob rows produced so far (progress through the prompt; the front end decodes)
+    prompt_logprobs: list | None = None
     # structured outputs: an xgrammar GrammarMatcher while the request is unfinished
     grammar: Any = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
         self.needs_feedback = self.sampling_params.needs_host_feedback
-        if self.sampling_params.logprobs is not None:
-            self.logprobs = []
         if self.sampling_params.prompt_logprobs is not None:
             self.prompt_logprobs = [None]  # the first prompt token has no logprob
-
-    @property
-    def output_text(self) -> str:
-        """The detokenized output so far (the detokenizer owns it; "" without one)."""
-        return "" if self.detokenizer is None else self.detokenizer.output_text
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -54,6 +54,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_ids: set[str] = set()
+        self._newly_finished: list[Request] = []  # to report, in finish order
         self.num_preemptions = 0
 
     def add_request(self, req: Request) -> None:
@@ -223,6 +224,13 @@ class Scheduler:
         self.kv.free(req)
         self.requests.pop(req.request_id, None)
         self._finished_ids.add(req.request_id)
+        self._newly_finished.append(req)
+
+    def take_newly_finished(self) -> list[Request]:
+        """The requests finished since the last call, each once (their verdict is final by
+        the time the step that finished them returns)."""
+        done, self._newly_finished = self._newly_finished, []
+        return done
 
     def fail_step(self, out: SchedulerOutput, error: str) -> list[Request]:
         """A step's model run failed: its unfinished requests finish with the error, and the

@@ -46,6 +46,7 @@ class InputProcessor:
         self.max_prompt_bytes = args.max_prompt_bytes or BYTES_PER_TOKEN_BOUND * max_model_len
         self.grammar_limits = (args.structured_outputs_max_bytes, args.structured_outputs_timeout_s)
         self.grammars: GrammarManager | None = None
+        self.attach_matchers = True  # False when the engine core builds its own matchers
         self._grammars_lock = threading.Lock()  # the first grammar may come from any thread
 
     def check_text_prompt(self, text: str, name: str = "prompt") -> None:
@@ -161,9 +162,10 @@ class InputProcessor:
         it before add_request to keep the engine thread from waiting), None without one;
         ValueError now for a spec refused outright. Thread-safe."""
         spec = params.structured_outputs if isinstance(params, SamplingParams) else None
-        return None if spec is None else self._grammar_manager().prepare(spec)
+        return None if spec is None else self.grammar_manager().prepare(spec)
 
-    def _grammar_manager(self) -> GrammarManager:
+    def grammar_manager(self) -> GrammarManager:
+        """The grammar compiler for this tokenizer, built on first use (any thread)."""
         if self.tokenizer is None:
             raise ValueError("structured_outputs need a tokenizer")
         with self._grammars_lock:
@@ -174,8 +176,10 @@ class InputProcessor:
             return self.grammars
 
     def _attach_grammars(self, children: list[Request], spec: StructuredOutputsParams) -> None:
-        grammars = self._grammar_manager()
+        grammars = self.grammar_manager()
         grammars.compile(spec)  # raises ValueError before any child gets a matcher
+        if not self.attach_matchers:
+            return
         for child in children:
             child.grammar = grammars.matcher(spec)
 

@@ -1,14 +1,13 @@
-"""LLMEngine: wires input processing, the scheduler and KV manager, the executor and output
-processing, and runs one step at a time. Requests with n > 1 fan out into n child sequences.
-Faults stay contained: an error in one request's processing fails that request alone, a failed
-model step fails that step's requests, and the engine goes on serving."""
+"""LLMEngine: the front end of one engine. It processes inputs (validate, tokenize, fan n > 1
+out into child sequences), hands child requests to the engine core (in this process, or in a
+process of its own) and turns the core's outputs into RequestOutputs (text, logprob records,
+stop strings). Faults stay contained: an error in one request's processing fails that request
+alone, a failed model step fails that step's requests, and the engine goes on serving."""
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,38 +18,22 @@ import torch
 from transformers import AutoTokenizer
 
 from compiled_llm.config import EngineArgs
-from compiled_llm.core.async_scheduler import AsyncScheduler
-from compiled_llm.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
-from compiled_llm.core.request import Request, RequestStatus
-from compiled_llm.core.scheduler import Scheduler, SchedulerOutput
+from compiled_llm.core.kv_cache_manager import PrefixCacheStats
+from compiled_llm.core.request import Request
+from compiled_llm.engine.core import EngineCore, EngineStats
 from compiled_llm.engine.input_processor import InputProcessor, PromptType
-from compiled_llm.executor.uniproc_executor import UniProcExecutor
 from compiled_llm.output.output_processor import OutputProcessor, request_output
 from compiled_llm.output.outputs import RequestOutput
+from compiled_llm.output.request_state import RequestState
 from compiled_llm.sampling_params import SamplingParams
 from compiled_llm.worker.loader import load_hf_config, read_json, resolve_dtype
-from compiled_llm.worker.model_runner import LaunchedStep, StepResult
-from compiled_llm.worker.step_timer import StepStats, StepTimer
+from compiled_llm.worker.step_timer import StepStats
 from compiled_llm.worker.worker import WorkerSpec
+
+__all__ = ["LLMEngine", "EngineStats", "resolve_device", "eos_ids", "DEMO_MODEL"]
 
 logger = logging.getLogger(__name__)
 DEMO_MODEL = Path(__file__).parents[1] / "data" / "demo_model"
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot of the engine's load (read by the server's metrics from any thread)."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    num_used_blocks: int = 0
-    num_blocks: int = 1
-    num_preemptions: int = 0
-
-    @property
-    def kv_usage(self) -> float:
-        """Fraction of the usable KV blocks (all but the null block) held by requests."""
-        return self.num_used_blocks / max(1, self.num_blocks - 1)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -70,42 +53,48 @@ def eos_ids(model_dir: str, hf: dict[str, Any], tokenizer) -> tuple[int, ...]:
 
 
 class LLMEngine:
-    """The engine core: input processing, the scheduler over the KV cache manager, the
-    executor's worker, and output processing; `step()` runs one step. Invariant: every
-    request the engine accepted finishes (or is aborted) with its KV blocks back in the pool.
-    After shutdown() it holds no device memory and refuses add_request and step."""
+    """The front end over one engine core; `step()` runs (or, with the core in its own
+    process, waits for) one step. Invariant: every request the engine accepted finishes (or
+    is aborted) with its KV blocks back in the pool. After shutdown() it holds no device
+    memory and refuses add_request and step. With the core in this process, step() runs
+    the step; under async scheduling (the default) it returns the tokens of the step
+    launched before, one step behind, so one more step() than tokens is needed at the end,
+    and has_unfinished_requests() stays true until every launched step is read."""
 
     _shut_down = False
 
-    def __init__(self, args: EngineArgs) -> None:
+    def __init__(self, args: EngineArgs, core_process: bool = False) -> None:
         self.args = args
         model_dir = str(args.model or DEMO_MODEL)
         torch.manual_seed(args.seed)
-        self.device = resolve_device(args.device)
+        device = resolve_device(args.device)
         hf = load_hf_config(model_dir)
-        self.dtype = resolve_dtype(args.dtype, hf, self.device)
+        dtype = resolve_dtype(args.dtype, hf, device)
         self.tokenizer = None if args.skip_tokenizer_init else self._load_tokenizer(model_dir)
         sched_cfg = args.scheduler_config(hf.get("max_position_embeddings", 2048))
         self.max_model_len = sched_cfg.max_model_len
-        self.executor = UniProcExecutor(args, WorkerSpec(model_dir, self.dtype, self.device,
-                                                         sched_cfg))
-        self.startup_seconds = self.executor.startup_seconds
-        self.kv = KVCacheManager(self.executor.num_blocks, args.block_size,
-                                 args.enable_prefix_caching, args.prefix_caching_hash_algo)
-        scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler
-        self.scheduler = scheduler_cls(sched_cfg, self.kv)
-        self.outputs = OutputProcessor(self.tokenizer)
         self.eos_token_ids = eos_ids(model_dir, hf, self.tokenizer)
-        self.inputs = InputProcessor(self.tokenizer, self.executor.vocab_size,
+        spec = WorkerSpec(model_dir, dtype, device, sched_cfg)
+        self.core = self._make_core(args, spec, core_process)
+        self.startup_seconds = self.core.startup_seconds
+        self.inputs = InputProcessor(self.tokenizer, self.core.vocab_size,
                                      self.eos_token_ids, self.max_model_len, args)
-        self.parents: dict[str, list[Request]] = {}
-        self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling
-        logger.info("engine ready: %s on %s, %d KV blocks", model_dir, self.device,
-                    self.executor.num_blocks)
+        self.inputs.attach_matchers = not core_process  # a process core builds its own
+        self.outputs = OutputProcessor(self.tokenizer)
+        self.parents: dict[str, list[RequestState]] = {}
+        logger.info("engine ready: %s on %s, %d KV blocks", model_dir, device,
+                    self.core.num_blocks)
         # Imports done lazily while this engine was built (tokenizer classes, Triton, Inductor)
         # can leave garbage cycles whose frames reach this frame and so the engine: collect
         # them now, so dropping the engine frees it without waiting for the collector.
         gc.collect()
+
+    def _make_core(self, args: EngineArgs, spec: WorkerSpec, core_process: bool):
+        if core_process:
+            from compiled_llm.engine.core_client import CoreClient
+
+            return CoreClient(args, spec)
+        return InProcCore(args, spec, lambda: self.inputs.grammar_manager())
 
     def _load_tokenizer(self, model_dir: str):
         return AutoTokenizer.from_pretrained(self.args.tokenizer or model_dir)
@@ -122,168 +111,81 @@ class LLMEngine:
         if request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
         children = self.inputs.process(request_id, prompt, params or SamplingParams(), priority)
-        for child in children:
-            self.outputs.start(child)
-            self.scheduler.add_request(child)
-        self.parents[request_id] = children
+        self.core.check_fits(children)
+        self.parents[request_id] = [self.outputs.start(child) for child in children]
+        self.core.add_requests(children)
 
     def abort_request(self, request_id: str) -> None:
         """Abort a request and its children; unknown or finished ids are ignored."""
-        for child in self.parents.pop(request_id, []):
-            self.scheduler.abort(child.request_id)
+        children = self.parents.pop(request_id, [])
+        for child in children:
+            self.outputs.drop(child.request_id)
+        if children:
+            self.core.abort_requests([child.request_id for child in children])
 
     def has_unfinished_requests(self) -> bool:
-        """Whether any request is waiting, running or has a launched step not yet read."""
-        return self.scheduler.has_unfinished() or self._inflight is not None
+        """Whether any request is unfinished or a launched step is not yet read."""
+        return bool(self.parents) or self.core.has_unfinished()
 
     @property
     def num_used_blocks(self) -> int:
         """Blocks held by live requests (cached blocks nobody holds are free)."""
-        return self.kv.num_used_blocks
+        return self.core.get_stats().num_used_blocks
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
         """Cumulative prefix-cache hits and queries, in tokens and in blocks."""
-        return self.kv.stats
+        return self.core.prefix_cache_stats
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block hash (blocks held by requests stay theirs)."""
-        self.kv.reset_prefix_cache()
+        self.core.reset_prefix_cache()
 
     @property
     def model_config(self):
         """The loaded model's config (a DecoderConfig: vocab_size, layers, heads ...)."""
-        return self.executor.model_config
+        return self.core.model_config
 
     def get_stats(self) -> EngineStats:
         """The engine's load now: running and waiting requests, blocks, preemptions."""
-        sched = self.scheduler
-        return EngineStats(len(sched.running), len(sched.waiting), self.kv.num_used_blocks,
-                           self.kv.pool.num_blocks, sched.num_preemptions)
+        return self.core.get_stats()
+
+    # the in-process core's parts, for tests and tools that reach inside (AttributeError
+    # with the core in its own process)
+    @property
+    def executor(self):
+        """The in-process core's executor."""
+        return self.core.executor
+
+    @property
+    def scheduler(self):
+        """The in-process core's scheduler."""
+        return self.core.scheduler
+
+    @property
+    def kv(self):
+        """The in-process core's KV cache manager."""
+        return self.core.kv
 
     # ------------------------------------------------------------------ step
     @property
     def step_stats(self) -> StepStats:
         """A snapshot of the per-step host and device time totals (subtract two for a window)."""
-        return dataclasses.replace(self.executor.step_timer.stats)
+        return self.core.step_stats
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model, sample, and return outputs of requests that progressed
-        or failed."""
+        """Run one core step (or wait for one) and return the outputs of requests that
+        progressed or failed."""
         self._check_open()
-        timer = self.executor.step_timer
-        timer.begin()
-        try:
-            return self._step_async(timer) if self.args.async_scheduling else self._step(timer)
-        finally:
-            timer.end()
+        touched, finishes = self.outputs.process(self.core.step())
+        if finishes:
+            self.core.finish_requests(finishes)
+        return self._collect(touched)
 
-    def _step(self, timer: StepTimer) -> list[RequestOutput]:
-        sched = self.scheduler.schedule()
-        timer.scheduled()
-        if sched.is_empty:
-            self.executor.release(sched.finished_req_ids, sched.preempted_req_ids)
-            return []
-        try:
-            result = self.executor.execute(sched)
-        except Exception as e:  # the model step: fail its requests, keep serving the rest
-            return self._fail_step(sched, e)
-        timer.executed()
-        skipped = self._fail_skipped(sched, result.skipped)
-        self.scheduler.advance(sched)
-        return self._process(sched, result, skipped)
-
-    def _step_async(self, timer: StepTimer) -> list[RequestOutput]:
-        """Launch step N+1, then read step N's tokens while the device runs N+1. Requests whose
-        sampling needs their previous token on the host make N land before N+1 is scheduled."""
-        outs: list[RequestOutput] = []
-        if self._inflight is not None and self.scheduler.needs_sync():
-            outs, self._inflight = self._land(self._inflight), None
-        sched = self.scheduler.schedule()
-        timer.scheduled()
-        prev, self._inflight = self._inflight, None
-        if sched.is_empty:
-            self.executor.release(sched.finished_req_ids, sched.preempted_req_ids)
-        else:
-            try:
-                step = self.executor.launch(sched, prev[1] if prev else None)
-            except Exception as e:
-                outs += self._fail_step(sched, e)
-            else:
-                timer.gpu_done()
-                outs += self._collect(self._fail_skipped(sched, step.result.skipped))
-                self.scheduler.advance(sched, step.sample_reqs)
-                self._inflight = (sched, step)
-        if prev is not None:
-            outs += self._land(prev, timer)
-        return outs
-
-    def _land(self, inflight: tuple[SchedulerOutput, LaunchedStep],
-              timer: StepTimer | None = None) -> list[RequestOutput]:
-        """Wait for a launched step and process its results."""
-        sched, step = inflight
-        try:
-            result = self.executor.finish(step)
-        except Exception as e:
-            return self._fail_step(sched, e)
-        if timer is not None:
-            timer.executed()
-        return self._process(sched, result)
-
-    def _fail_skipped(self, sched: SchedulerOutput, skipped: dict[str, str]) -> list[Request]:
-        """Fail the requests the input batch left out of the step (their data cannot run),
-        before the step counts as computed: the blocks they were to fill lose their hashes."""
-        failed = []
-        for req, num_new in sched.scheduled:
-            if req.request_id in skipped:
-                failed += self.scheduler.fail_step(SchedulerOutput([(req, num_new)]),
-                                                   skipped[req.request_id])
-        return failed
-
-    def _process(self, sched: SchedulerOutput, result: StepResult,
-                 failed: list[Request] = ()) -> list[RequestOutput]:
-        """A finished step's results: failures, logprobs, tokens, stop checks, outputs."""
-        failed = [*failed, *(self._fail(_scheduled_request(rid, sched), err)
-                             for rid, err in result.errors.items())]
-        for rid, rows in result.prompt_logprobs.items():
-            req = _scheduled_request(rid, sched)
-            self._guarded(req, lambda req=req, rows=rows: self.outputs.add_prompt_logprobs(
-                req, rows))
-        touched = self.scheduler.resolve(sched, result.sampled)
-        for req in touched:
-            if req.detokenizer is None and req.logprobs is None:
-                continue  # no text, no logprobs: nothing to process for this token
-            stop = self._guarded(req, lambda req=req: self.outputs.process_token(req, result))
-            if stop is not None:  # a stop string beats a length finish on the same token
-                self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED, stop)
-        return self._collect(touched + failed)
-
-    def _guarded(self, req: Request, fn):
-        """Run one request's host-side processing; an exception fails that request alone."""
-        try:
-            return fn()
-        except Exception as e:
-            logger.exception("request %s failed in output processing", req.request_id)
-            self._fail(req, f"output processing failed: {type(e).__name__}: {e}")
-            return None
-
-    def _fail(self, req: Request, error: str) -> Request:
-        """Finish req with FINISHED_ERROR and a message; its blocks go back at once. A request
-        that finished in this very step (its last token) is marked failed too."""
-        self.scheduler.finish(req, RequestStatus.FINISHED_ERROR, error=error)
-        return req
-
-    def _fail_step(self, sched: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
-        """The model step raised: fail its requests, keep serving the rest."""
-        logger.exception("model step failed; failing its %d requests", len(sched.scheduled),
-                         exc_info=exc)
-        error = f"model step failed: {type(exc).__name__}: {exc}"
-        return self._collect(self.scheduler.fail_step(sched, error))
-
-    def _collect(self, touched: list[Request]) -> list[RequestOutput]:
+    def _collect(self, touched: list[RequestState]) -> list[RequestOutput]:
         """One RequestOutput per user request among touched (children merged), if any news."""
         outs = []
-        for parent_id in dict.fromkeys(req.parent_id for req in touched):
+        for parent_id in dict.fromkeys(state.parent_id for state in touched):
             children = self.parents.get(parent_id)
             if children is None:  # aborted meanwhile
                 continue
@@ -292,6 +194,8 @@ class LLMEngine:
                 continue
             if out.finished:
                 del self.parents[parent_id]
+                for child in children:
+                    self.outputs.drop(child.request_id)
             outs.append(out)
         return outs
 
@@ -299,12 +203,12 @@ class LLMEngine:
     @property
     def cudagraph_batch_sizes(self) -> list[int]:
         """The batch sizes with a captured whole-model graph ([] without CUDA graphs)."""
-        return self.executor.cudagraph_batch_sizes()
+        return self.core.cudagraph_batch_sizes
 
     @property
     def cudagraph_capture_seconds(self) -> dict[str, float]:
         """Seconds spent capturing CUDA graphs, per mode (full, piecewise)."""
-        return self.executor.cudagraph_capture_seconds()
+        return self.core.cudagraph_capture_seconds
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
@@ -315,9 +219,8 @@ class LLMEngine:
         self._shut_down = True
         for request_id in list(self.parents):
             self.abort_request(request_id)
-        self._inflight = None  # a launched step's tensors go with the runner's
         self.inputs.grammars = None
-        self.executor.shutdown()
+        self.core.shutdown()
 
     @property
     def is_shut_down(self) -> bool:
@@ -330,5 +233,51 @@ class LLMEngine:
             raise RuntimeError("engine is shut down: build a new one to generate again")
 
 
-def _scheduled_request(request_id: str, sched: SchedulerOutput) -> Request:
-    return next(req for req, _ in sched.scheduled if req.request_id == request_id)
+class InProcCore(EngineCore):
+    """The engine core in the front end's process, offering what CoreClient offers."""
+
+    @property
+    def startup_seconds(self) -> dict[str, float]:
+        """Seconds per start-up stage of the worker."""
+        return self.executor.startup_seconds
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks in the pool (the null block included)."""
+        return self.executor.num_blocks
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size."""
+        return self.executor.vocab_size
+
+    @property
+    def model_config(self):
+        """The loaded model's config."""
+        return self.executor.model_config
+
+    @property
+    def cudagraph_batch_sizes(self) -> list[int]:
+        """Batch sizes with a captured whole-model graph."""
+        return self.executor.cudagraph_batch_sizes()
+
+    @property
+    def cudagraph_capture_seconds(self) -> dict[str, float]:
+        """Seconds spent capturing, per graph mode."""
+        return self.executor.cudagraph_capture_seconds()
+
+    def check_fits(self, reqs: list[Request]) -> None:
+        """ValueError if a request's prompt can never fit the KV cache."""
+        for req in reqs:
+            if not self.kv.can_ever_fit(req.num_prompt_tokens + 1):
+                raise ValueError(f"prompt of {req.num_prompt_tokens} tokens can never fit the "
+                                 "KV cache")
+
+    def add_requests(self, reqs: list[Request]) -> None:
+        """Queue validated child requests."""
+        for req in reqs:
+            self.add_request(req)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block hash."""
+        self.kv.reset_prefix_cache()

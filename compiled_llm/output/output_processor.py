@@ -1,33 +1,119 @@
-"""Output processing: logprob records, incremental detokenization, stop strings, and the
-RequestOutput objects users see. Runs on the host after each step."""
+"""Output processing on the front end: each step's EngineCoreOutputs become a request's tokens,
+logprob records and text (incremental detokenization only where text is read while the request
+runs; else one decode at the finish), stop strings, and the RequestOutput objects users see."""
 
 from __future__ import annotations
 
-from compiled_llm.core.request import Request, RequestStatus
+import logging
+
+from compiled_llm.core.engine_output import EngineCoreOutput, LogprobRow
+from compiled_llm.core.request import Request
 from compiled_llm.output.detokenizer import (
     IncrementalDetokenizer,
     find_stop_string,
     held_back_chars,
 )
 from compiled_llm.output.outputs import CompletionOutput, Logprob, RequestOutput
+from compiled_llm.output.request_state import RequestState
 from compiled_llm.sampling_params import RequestOutputKind
-from compiled_llm.worker.model_runner import LogprobRow, StepResult
+
+logger = logging.getLogger(__name__)
+Finish = tuple[str, str, int | str | None]  # (request id, "stop" | "error", stop str or error)
 
 
 class OutputProcessor:
-    """Turns each step's tokens into a request's text and logprob records (the tokenizer may
-    be None: then no text is made)."""
+    """Keeps a RequestState per live child sequence and folds the core's outputs into them
+    (the tokenizer may be None: then no text is made). Invariant: a state is dropped once its
+    finished output is built, or when its request is aborted."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+        self.states: dict[str, RequestState] = {}
 
-    def start(self, req: Request) -> None:
-        """Give a new request its incremental detokenizer, if it wants text."""
+    def start(self, req: Request) -> RequestState:
+        """The front-end state of a new child request (with its detokenizer, if it wants text
+        while it runs)."""
         params = req.sampling_params
-        if self.tokenizer is not None and params.detokenize:
-            req.detokenizer = IncrementalDetokenizer(
+        state = RequestState(req.request_id, req.parent_id, req.prompt,
+                             req.prompt_token_ids, params)
+        if self.tokenizer is not None and params.detokenize and state.text_while_running:
+            state.detokenizer = IncrementalDetokenizer(
                 self.tokenizer, req.prompt_token_ids, params.skip_special_tokens,
                 params.spaces_between_special_tokens)
+        self.states[req.request_id] = state
+        return state
+
+    def drop(self, request_id: str) -> None:
+        """Forget a child's state (aborted or reported finished)."""
+        self.states.pop(request_id, None)
+
+    def process(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestState],
+                                                                list[Finish]]:
+        """Fold one step's outputs in: the states that changed, and the finishes the core must
+        learn of (stop strings found here, errors in processing a request's output)."""
+        touched, finishes = [], []
+        for out in outputs:
+            state = self.states.get(out.request_id)
+            if state is None or state.is_finished:  # aborted, or ended here already
+                continue
+            try:
+                finish = self._apply(state, out)
+            except Exception as e:  # one request's output processing: fail it alone
+                logger.exception("request %s failed in output processing", out.request_id)
+                error = f"output processing failed: {type(e).__name__}: {e}"
+                state.finish("error", error=error)
+                finish = (out.request_id, "error", error)
+            if finish is not None:
+                finishes.append(finish)
+            touched.append(state)
+        return touched, finishes
+
+    def _apply(self, state: RequestState, out: EngineCoreOutput) -> Finish | None:
+        if out.prompt_logprobs:
+            state.prompt_logprobs.extend(self._record(row) for row in out.prompt_logprobs)
+        for index, token in enumerate(out.new_token_ids):
+            state.output_token_ids.append(token)
+            if out.new_logprobs is not None:
+                self._add_logprobs(state, out.new_logprobs[index])
+            stop = self._detokenize(state, token)
+            if stop is not None:  # a stop string beats the core's verdict on this token
+                state.finish("stop", stop)
+                self._finish_text(state)
+                return state.request_id, "stop", stop
+        if out.finish_reason is not None:
+            state.finish(out.finish_reason, out.stop_reason, out.error)
+            self._finish_text(state)
+        return None
+
+    def _add_logprobs(self, state: RequestState, row: LogprobRow) -> None:
+        if state.logprobs is not None:
+            state.logprobs.append(self._record(row))
+            state.cumulative_logprob += row[1][0]
+
+    def _detokenize(self, state: RequestState, token: int) -> str | None:
+        """Add the token's text; the stop string it completes, if any."""
+        if state.detokenizer is None:
+            return None
+        delta = state.detokenizer.add_tokens([token])
+        params = state.sampling_params
+        if delta and params.stop:
+            hit = find_stop_string(state.detokenizer.output_text, len(delta), params.stop,
+                                   params.include_stop_str_in_output)
+            if hit is not None:
+                state.detokenizer.truncate(hit[1])
+                return hit[0]
+        return None
+
+    def _finish_text(self, state: RequestState) -> None:
+        """Decode, once, the text of a request that needed none while it ran."""
+        params = state.sampling_params
+        if state.detokenizer is not None or self.tokenizer is None or not params.detokenize:
+            return
+        detok = IncrementalDetokenizer(self.tokenizer, state.prompt_token_ids,
+                                       params.skip_special_tokens,
+                                       params.spaces_between_special_tokens)
+        detok.add_tokens(state.output_token_ids)
+        state.final_text = detok.output_text
 
     def _record(self, row: LogprobRow) -> dict[int, Logprob]:
         token_ids, logprobs, rank = row
@@ -39,31 +125,8 @@ class OutputProcessor:
     def _decode(self, token_id: int) -> str | None:
         return None if self.tokenizer is None else self.tokenizer.decode([token_id])
 
-    def add_prompt_logprobs(self, req: Request, rows: list[LogprobRow]) -> None:
-        """Append the records of the prompt positions this step scored."""
-        req.prompt_logprobs.extend(self._record(r) for r in rows)
 
-    def process_token(self, req: Request, result: StepResult) -> str | None:
-        """Record logprobs and text for req's newest token; returns a stop string hit, if any."""
-        row = result.logprobs.get(req.request_id)
-        if row is not None:
-            req.logprobs.append(self._record(row))
-            req.cumulative_logprob += row[1][0]
-        if req.detokenizer is None:
-            return None
-        delta = req.detokenizer.add_tokens([req.output_token_ids[-1]])
-        params = req.sampling_params
-        if delta and params.stop:
-            text = req.detokenizer.output_text
-            hit = find_stop_string(text, len(delta), params.stop,
-                                   params.include_stop_str_in_output)
-            if hit is not None:
-                req.detokenizer.truncate(hit[1])
-                return hit[0]
-        return None
-
-
-def visible_text(req: Request) -> str:
+def visible_text(req: RequestState) -> str:
     """Output text minus a tail that may still turn into a stop string (shown once resolved)."""
     text, params = req.output_text, req.sampling_params
     if req.is_finished or not params.stop or params.include_stop_str_in_output:
@@ -71,7 +134,7 @@ def visible_text(req: Request) -> str:
     return text[: len(text) - held_back_chars(text, params.stop)]
 
 
-def completion_of(req: Request, index: int) -> CompletionOutput:
+def completion_of(req: RequestState, index: int) -> CompletionOutput:
     """Everything req produced so far."""
     return CompletionOutput(
         index=index,
@@ -84,7 +147,7 @@ def completion_of(req: Request, index: int) -> CompletionOutput:
     )
 
 
-def delta_of(req: Request, index: int) -> CompletionOutput | None:
+def delta_of(req: RequestState, index: int) -> CompletionOutput | None:
     """What req produced since its last delta; None if nothing new and not finished."""
     if req.final_sent:
         return None
@@ -105,7 +168,7 @@ def delta_of(req: Request, index: int) -> CompletionOutput | None:
     )
 
 
-def request_output(request_id: str, children: list[Request]) -> RequestOutput | None:
+def request_output(request_id: str, children: list[RequestState]) -> RequestOutput | None:
     """One RequestOutput for a (possibly n > 1) request from its child sequences, shaped by
     its output_kind; None when there is nothing to report (a DELTA with no news, or a
     FINAL_ONLY request still running). A finished child's delta is sent only once."""
@@ -120,8 +183,7 @@ def request_output(request_id: str, children: list[Request]) -> RequestOutput | 
             return None
     else:
         outs = [completion_of(c, i) for i, c in enumerate(children)]
-    errors = [c.error for c in children if c.error is not None and
-              c.status is RequestStatus.FINISHED_ERROR]
+    errors = [c.error for c in children if c.error is not None and c.finish_reason == "error"]
     return RequestOutput(
         request_id=request_id,
         prompt=first.prompt,

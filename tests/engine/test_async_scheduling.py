@@ -53,7 +53,7 @@ def test_steps_overlap_one_step_behind(llm, prompts):
     e.add_request("a", prompts[0], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     assert e.step() == []  # prefill launched, nothing landed yet
     assert e.step()[0].outputs[0].token_ids.__len__() == 1  # decode launched, prefill landed
-    req = e.parents["a"][0]
+    req = e.scheduler.requests["a"]
     assert req.num_pending == 1 and len(req.output_token_ids) == 1
     while e.has_unfinished_requests():
         e.step()

@@ -74,11 +74,12 @@ def test_a_raising_detokenizer_fails_only_its_request(llm, prompts, baseline):
     for i, p in enumerate(prompts):
         eng.add_request(str(i), p, GREEDY)
     victim = eng.scheduler.requests["2"]
+    state = eng.outputs.states["2"]
 
     def broken(token_ids):
         raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
 
-    victim.detokenizer.add_tokens = broken  # fault injection for this one request
+    state.detokenizer.add_tokens = broken  # fault injection for this one request
     done = run_all(eng)
     assert set(done) == {"0", "1", "2", "3"}
     assert "output processing failed" in done["2"].error

@@ -74,7 +74,7 @@ def test_matchers_freed_on_finish_and_abort(llm):
     spec = StructuredOutputsParams(regex=r"[a-c]{3,40}")
     engine.add_request("done", "The quick", SamplingParams(max_tokens=50, structured_outputs=spec))
     engine.add_request("gone", "The quick", SamplingParams(max_tokens=50, structured_outputs=spec))
-    reqs = engine.parents["done"] + engine.parents["gone"]
+    reqs = [engine.scheduler.requests["done"], engine.scheduler.requests["gone"]]
     assert all(r.grammar is not None for r in reqs)
     engine.step()
     engine.abort_request("gone")

@@ -1,0 +1,263 @@
+"""EngineCore: the scheduler over the KV cache manager and the executor's worker, stepped one
+step at a time; each step reports EngineCoreOutputs (new token ids, logprob rows, finishes).
+It runs in the front end's process (LLM) or in a process of its own (core_proc). Faults stay
+contained: a failed model step fails that step's requests, and the core goes on serving."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from compiled_llm.config import EngineArgs
+from compiled_llm.core.async_scheduler import AsyncScheduler
+from compiled_llm.core.engine_output import EngineCoreOutput
+from compiled_llm.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
+from compiled_llm.core.request import Request, RequestStatus
+from compiled_llm.core.scheduler import Scheduler, SchedulerOutput
+from compiled_llm.executor.uniproc_executor import UniProcExecutor
+from compiled_llm.worker.model_runner import LaunchedStep, StepResult
+from compiled_llm.worker.step_timer import StepStats, StepTimer
+from compiled_llm.worker.worker import WorkerSpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's load (read by the server's metrics from any thread)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_used_blocks: int = 0
+    num_blocks: int = 1
+    num_preemptions: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the usable KV blocks (all but the null block) held by requests."""
+        return self.num_used_blocks / max(1, self.num_blocks - 1)
+
+
+class EngineCore:
+    """Schedules, launches and collects steps. Invariant: every request added finishes (or is
+    aborted) with its KV blocks back in the pool, and each finish is reported exactly once in
+    a step's outputs (aborts, which the caller asked for, are not reported)."""
+
+    def __init__(self, args: EngineArgs, spec: WorkerSpec, grammars=None) -> None:
+        self.args = args
+        self.executor = UniProcExecutor(args, spec)
+        self.kv = KVCacheManager(self.executor.num_blocks, args.block_size,
+                                 args.enable_prefix_caching, args.prefix_caching_hash_algo)
+        scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler
+        self.scheduler = scheduler_cls(spec.scheduler, self.kv)
+        self.grammars = grammars  # a callable giving the GrammarManager, built on first use
+        self._awaiting_grammar: list[tuple[Request, Future]] = []
+        self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling
+        self._news: dict[str, EngineCoreOutput] = {}
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, req: Request) -> None:
+        """Queue a validated request; ValueError if it can never fit. A request whose grammar
+        is still compiling joins the scheduler once it is compiled."""
+        spec = req.sampling_params.structured_outputs
+        if spec is None or req.grammar is not None:
+            self.scheduler.add_request(req)
+            return
+        self._awaiting_grammar.append((req, self.grammars().prepare(spec)))
+
+    def _admit_compiled(self) -> None:
+        """Move requests whose grammar finished compiling into the scheduler."""
+        waiting, self._awaiting_grammar = self._awaiting_grammar, []
+        for req, future in waiting:
+            if not future.done():
+                self._awaiting_grammar.append((req, future))
+                continue
+            try:
+                req.grammar = self.grammars().matcher(req.sampling_params.structured_outputs)
+                self.scheduler.add_request(req)
+            except Exception as exc:  # refused by the compiler (or the pool): this one fails
+                self._report(EngineCoreOutput(req.request_id, [], finish_reason="error",
+                                              error=str(exc)))
+
+    def abort_requests(self, request_ids) -> None:
+        """Abort these requests (unknown or finished ids are ignored); not reported back."""
+        ids = set(request_ids)
+        self._awaiting_grammar = [(r, f) for r, f in self._awaiting_grammar
+                                  if r.request_id not in ids]
+        for request_id in ids:
+            self.scheduler.abort(request_id)
+
+    def finish_requests(self, finishes) -> None:
+        """Finish requests the front end ended: (request id, finish reason, stop reason or
+        error) each; a stop string, or an error in output processing."""
+        for request_id, reason, detail in finishes:
+            req = self.scheduler.requests.get(request_id)
+            if req is None:
+                continue
+            if reason == "error":
+                self.scheduler.finish(req, RequestStatus.FINISHED_ERROR, error=detail)
+            else:
+                self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED, detail)
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting (or compiling), running, or in a launched step."""
+        return (self.scheduler.has_unfinished() or self._inflight is not None
+                or bool(self._awaiting_grammar) or bool(self._news))
+
+    def get_stats(self) -> EngineStats:
+        """The load now: running and waiting requests, blocks, preemptions."""
+        sched = self.scheduler
+        return EngineStats(len(sched.running), len(sched.waiting) + len(self._awaiting_grammar),
+                           self.kv.num_used_blocks, self.kv.pool.num_blocks,
+                           sched.num_preemptions)
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Cumulative prefix-cache hits and queries."""
+        return self.kv.stats
+
+    @property
+    def step_stats(self) -> StepStats:
+        """A snapshot of the per-step host and device time totals."""
+        return dataclasses.replace(self.executor.step_timer.stats)
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> list[EngineCoreOutput]:
+        """Schedule, launch and collect one step; the outputs of requests that progressed or
+        finished. Under async scheduling a step returns the tokens of the step launched
+        before it (one step behind), and has_unfinished() stays true until they are read."""
+        if self._awaiting_grammar:
+            self._admit_compiled()
+        timer = self.executor.step_timer
+        timer.begin()
+        try:
+            if self.args.async_scheduling:
+                self._step_async(timer)
+            else:
+                self._step(timer)
+        finally:
+            timer.end()
+        news, self._news = self._news, {}
+        return list(news.values())
+
+    def _step(self, timer: StepTimer) -> None:
+        sched = self.scheduler.schedule()
+        timer.scheduled()
+        if sched.is_empty:
+            self.executor.release(sched.finished_req_ids, sched.preempted_req_ids)
+            self._report_finished()
+            return
+        try:
+            result = self.executor.execute(sched)
+        except Exception as e:  # the model step: fail its requests, keep serving the rest
+            self._fail_step(sched, e)
+            return
+        timer.executed()
+        self._fail_skipped(sched, result.skipped)
+        self.scheduler.advance(sched)
+        self._process(sched, result)
+
+    def _step_async(self, timer: StepTimer) -> None:
+        """Launch step N+1, then read step N's tokens while the device runs N+1. Requests whose
+        sampling needs their previous token on the host make N land before N+1 is scheduled."""
+        if self._inflight is not None and self.scheduler.needs_sync():
+            self._land(self._inflight)
+            self._inflight = None
+        sched = self.scheduler.schedule()
+        timer.scheduled()
+        prev, self._inflight = self._inflight, None
+        if sched.is_empty:
+            self.executor.release(sched.finished_req_ids, sched.preempted_req_ids)
+        else:
+            try:
+                step = self.executor.launch(sched, prev[1] if prev else None)
+            except Exception as e:
+                self._fail_step(sched, e)
+            else:
+                timer.gpu_done()
+                self._fail_skipped(sched, step.result.skipped)
+                self.scheduler.advance(sched, step.sample_reqs)
+                self._inflight = (sched, step)
+        if prev is not None:
+            self._land(prev, timer)
+        self._report_finished()
+
+    def _land(self, inflight: tuple[SchedulerOutput, LaunchedStep],
+              timer: StepTimer | None = None) -> None:
+        """Wait for a launched step and process its results."""
+        sched, step = inflight
+        try:
+            result = self.executor.finish(step)
+        except Exception as e:
+            self._fail_step(sched, e)
+            return
+        if timer is not None:
+            timer.executed()
+        self._process(sched, result)
+
+    def _fail_skipped(self, sched: SchedulerOutput, skipped: dict[str, str]) -> None:
+        """Fail the requests the input batch left out of the step (their data cannot run),
+        before the step counts as computed: the blocks they were to fill lose their hashes."""
+        for req, num_new in sched.scheduled:
+            if req.request_id in skipped:
+                self.scheduler.fail_step(SchedulerOutput([(req, num_new)]),
+                                         skipped[req.request_id])
+
+    def _process(self, sched: SchedulerOutput, result: StepResult) -> None:
+        """A finished step's results: failures, prompt logprobs, tokens and stop checks."""
+        for rid, err in result.errors.items():
+            self.scheduler.finish(_scheduled_request(rid, sched), RequestStatus.FINISHED_ERROR,
+                                  error=err)
+        for rid, rows in result.prompt_logprobs.items():
+            req = _scheduled_request(rid, sched)
+            req.prompt_logprobs.extend(rows)  # the core counts progress by them
+            self._news_of(rid).prompt_logprobs = rows
+        for req in self.scheduler.resolve(sched, result.sampled):
+            out = self._news_of(req.request_id)
+            out.new_token_ids.append(req.output_token_ids[-1])
+            row = result.logprobs.get(req.request_id)
+            if row is not None:
+                if out.new_logprobs is None:
+                    out.new_logprobs = []
+                out.new_logprobs.append(row)
+        self._report_finished()
+
+    def _news_of(self, request_id: str) -> EngineCoreOutput:
+        out = self._news.get(request_id)
+        if out is None:
+            out = self._news[request_id] = EngineCoreOutput(request_id, [])
+        return out
+
+    def _report(self, out: EngineCoreOutput) -> None:
+        self._news[out.request_id] = out
+
+    def _report_finished(self) -> None:
+        """Report every request the scheduler finished (aborts excepted) since the last call."""
+        for req in self.scheduler.take_newly_finished():
+            if req.status is RequestStatus.FINISHED_ABORTED:
+                continue
+            out = self._news_of(req.request_id)
+            out.finish_reason, out.stop_reason = req.finish_reason, req.stop_reason
+            out.error = req.error if req.status is RequestStatus.FINISHED_ERROR else None
+
+    def _fail_step(self, sched: SchedulerOutput, exc: Exception) -> None:
+        """The model step raised: fail its requests, keep serving the rest."""
+        logger.exception("model step failed; failing its %d requests", len(sched.scheduled),
+                         exc_info=exc)
+        self.scheduler.fail_step(sched, f"model step failed: {type(exc).__name__}: {exc}")
+        self._report_finished()
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self) -> None:
+        """Abort every request and release the device memory the worker holds (idempotent)."""
+        for request_id in list(self.scheduler.requests):
+            self.scheduler.abort(request_id)
+        self._awaiting_grammar = []
+        self._inflight = None  # a launched step's tensors go with the runner's
+        self.executor.shutdown()
+
+
+def _scheduled_request(request_id: str, sched: SchedulerOutput) -> Request:
+    return next(req for req, _ in sched.scheduled if req.request_id == request_id)
