@@ -138,11 +138,11 @@ def summarize(records: list, duration: float) -> dict:
                         if r.output_tokens > 1],
                "e2el": [r.latency for r in ok]}
     for name, secs in samples.items():
-        ms = [s * 1000 for s in secs] or [float("nan")]
-        result.update({f"mean_{name}_ms": statistics.fmean(ms),
-                       f"median_{name}_ms": statistics.median(ms),
-                       f"std_{name}_ms": statistics.pstdev(ms),
-                       f"p99_{name}_ms": percentile(ms, 99)})
+        ms = [s * 1000 for s in secs]
+        stats = (statistics.fmean(ms), statistics.median(ms), statistics.pstdev(ms),
+                 percentile(ms, 99)) if ms else (float("nan"),) * 4
+        result.update({f"{stat}_{name}_ms": value
+                       for stat, value in zip(("mean", "median", "std", "p99"), stats)})
     result.update(input_lens=[r.prompt_len for r in records],
                   output_lens=[r.output_tokens for r in records],
                   ttfts=[r.ttft for r in records], itls=[r.itl for r in records],
