@@ -1,11 +1,11 @@
-"""`compiled-llm bench serve` against a live `compiled-llm serve` of the tiny test model, from
-two client processes: vLLM's report lines and JSON keys, and figures that agree with each
-other and with the workload; the request split and the nano-vllm workload on their own."""
+"""`compiled-llm bench serve` against the live `compiled-llm serve` of the tiny test model (the
+shared server fixture, which wants an API key) from two client processes: vLLM's report lines
+and JSON keys, figures that agree with each other and with the workload; the request split and
+the random and nano-vllm workloads on their own."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
@@ -17,8 +17,7 @@ from compiled_llm.entrypoints.cli.bench import (
 from compiled_llm.entrypoints.cli.bench_serve import ServeBenchArgs, random_requests
 from compiled_llm.entrypoints.cli.main import main
 from compiled_llm.entrypoints.cli.serve_client import split
-from tests.entrypoints.server.conftest import start_server
-from tests.utils import make_checkpoint
+from tests.entrypoints.server.conftest import API_KEY
 
 NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 6, 12, 5
 REPORT_LINES = [
@@ -34,15 +33,9 @@ JSON_KEYS = ["duration", "completed", "total_input_tokens", "total_output_tokens
              "input_lens", "output_lens", "ttfts", "itls", "errors"]
 
 
-@pytest.fixture(scope="module")
-def server():
-    proc, srv = start_server(make_checkpoint("llama"))
-    yield srv
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+@pytest.fixture(autouse=True)
+def _api_key(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)  # bench serve's client sends it, as vLLM's
 
 
 def _bench(server, tmp_path, *extra: str) -> dict:
