@@ -47,10 +47,41 @@ def random_checkpoint(shape: str, dtype: torch.dtype = torch.bfloat16, out: str 
     return out_dir
 
 
-def shape_checkpoint(shape: str, root: str | None, dtype: torch.dtype = torch.bfloat16) -> str:
-    """The checkpoint of `shape` under `root/shape`, made there on first use (else a temp dir)."""
-    out = str(Path(root) / shape) if root else None
-    return str(random_checkpoint(shape, dtype, out=out))
+def shape_checkpoint(shape: str, root: str | None, dtype: torch.dtype = torch.bfloat16,
+                     tokenizer: bool = False) -> str:
+    """The checkpoint of `shape` under `root/shape`, made there on first use (else a temp dir);
+    with `tokenizer`, also a made-up tokenizer of the shape's vocabulary (see shape_tokenizer)."""
+    out = random_checkpoint(shape, dtype, out=str(Path(root) / shape) if root else None)
+    if tokenizer and not (out / "tokenizer.json").exists():
+        shape_tokenizer(SHAPES[shape]["vocab_size"]).save_pretrained(out)
+    return str(out)
+
+
+def shape_tokenizer(vocab_size: int, max_token_chars: int = 12):
+    """A byte-level BPE tokenizer of exactly vocab_size ids, <|endoftext|> the last, whose
+    merges are made up (random weights need no trained vocabulary): it lets a random-weight
+    checkpoint take the user's path, detokenizing every token as a real tokenizer would."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens, merges, rng = list(alphabet), [], random.Random(0)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    while len(tokens) < vocab_size - 1:
+        left, right = tokens[rng.randrange(len(tokens))], rng.choice(alphabet)
+        if len(left) < max_token_chars and left + right not in vocab:
+            vocab[left + right] = len(tokens)
+            tokens.append(left + right)
+            merges.append((left, right))
+    vocab["<|endoftext|>"] = len(tokens)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    fast.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n"
+                          "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    return fast
 
 
 def default_dtype() -> str:

@@ -7,6 +7,7 @@
 #     bash benchmarks/h200_suite.sh 4     # batch sweep (peer at every size), norm kernels
 #     bash benchmarks/h200_suite.sh 5     # sync against async scheduling
 #     bash benchmarks/h200_suite.sh 6     # compile speed in all five modes, with profiles
+#     bash benchmarks/h200_suite.sh 7     # serving against offline throughput (one GPU)
 # SKIP=batch_sweep leaves out every command that contains that text.
 # Logs and results go to $OUT (default bench_out/suite) as one .tgz and one log per stream.
 export PYTHONPATH=${PYTHONPATH:-}
@@ -43,7 +44,7 @@ run_streams() {  # run_streams "GPU 0 commands" "GPU 1 commands", one command a 
 }
 
 J=/tmp/suite/res
-CALL=${1:?usage: h200_suite.sh 1|2|3|4|5|6}
+CALL=${1:?usage: h200_suite.sh 1|2|3|4|5|6|7}
 MK="$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\")'"
 if [ "$CALL" = 1 ]; then
   run_streams "\
@@ -83,6 +84,17 @@ $MK
 $py $SPEED --checkpoint-dir $CK/llama3-8b --speed-modes backend backend+cudagraphs --json $J/compile_speed_a.json" "\
 ${MK//$CK/${CK}2}
 $py $SPEED --checkpoint-dir ${CK}2/llama3-8b --speed-modes eager stock backend-nopasses --json $J/compile_speed_b.json"
+elif [ "$CALL" = 7 ]; then  # one GPU: the user's path offline, then served; JSON to $R
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" SIZES="--num-prompts 1024"
+  # 1024 requests of 512 prompt tokens and 256 output tokens, temperature 1.0, EOS ignored:
+  # offline all at once (max_num_seqs 256 runs at most 256), served at 256 concurrent streams
+  SERVE="$CLI bench serve --port 8100 $SIZES --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 4 --ready-check-timeout-sec 300 --result-dir $R --result-filename serve_qwen3-0.6b.json"
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$CLI bench throughput --model $Q $SIZES --input-len 512 --output-len 256 --output-json $R/throughput_qwen3-0.6b.json
+$CLI serve --model $Q --port 8100 --log-level warning & s=\$!; $SERVE; r=\$?; kill \$s; wait \$s; exit \$r
+$CLI bench throughput --model $Q --dataset-name nano-vllm --output-json $R/nano_vllm_qwen3-0.6b.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
 else
   run_streams "\
 $MK

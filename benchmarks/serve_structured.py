@@ -2,7 +2,7 @@
 unconstrained and then constrained by a JSON schema (xgrammar bitmask every step); prints both
 and the ratio of output tokens/s and TPOT.
 
-    python -m benchmarks.serve_structured --num-prompts 128 --result-file out/structured.json
+    python -m benchmarks.serve_structured --num-prompts 128 --result-filename out/structured.json
 
 The schema is an array of exactly --items one-digit integers. The unconstrained run then
 asks each request for exactly as many tokens as its constrained output had, so both runs
@@ -13,12 +13,17 @@ J P P J J P ..., and the best run of each kind is reported (the machine may be s
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from pathlib import Path
 
 from benchmarks.common import print_table
-from benchmarks.serve import add_args, random_dataset, run_load, serving, summarize, vocab_size
+from benchmarks.serve import add_args, serving, stop
+from compiled_llm.entrypoints.cli.bench_serve import (
+    load_tokenizer,
+    random_requests,
+    request_bodies,
+    run_load,
+)
 
 
 def schema(items: int) -> dict:
@@ -64,10 +69,11 @@ def grammar_step_ms(model: str, tokenizer: str | None, items: int, rows: int) ->
     return (time.perf_counter() - start) * 1000 / steps
 
 
-def run_keeping_lengths(base_url, model, data, ns, extra) -> tuple[dict, list[int]]:
-    results, secs = asyncio.run(run_load(base_url, model, data, ns.request_rate,
-                                         ns.max_concurrency, extra, ns.seed))
-    return summarize(results, secs), [max(1, r.output_tokens) for r in results]
+def run(ns, data, **fields) -> dict:
+    """bench serve's summary of one load of data, greedy with ignore_eos, plus `fields`."""
+    bodies = request_bodies(data, ns.model, False, temperature=0.0, ignore_eos=True, **fields)
+    return run_load(ns.base_url, "/v1/completions", bodies, ns.num_client_processes,
+                    ns.max_concurrency, ns.request_rate, ns.seed)
 
 
 def _keep_best(runs: dict, name: str, summary: dict) -> None:
@@ -80,29 +86,28 @@ def main() -> None:
     add_args(ap)
     ap.add_argument("--items", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.set_defaults(max_concurrency=32, num_prompts=128, random_output_len=64)
+    ap.set_defaults(max_concurrency=32, num_prompts=128, random_input_len=128,
+                    random_range_ratio=0.5)
     ns = ap.parse_args()
-    base_url, model, proc = serving(ns)
-    guided = {"guided_json": schema(ns.items), "max_tokens": 8 * ns.items}
+    proc = serving(ns)
     try:
-        data = random_dataset(ns.num_prompts, ns.random_input_len, ns.random_output_len,
-                              ns.random_range_ratio, vocab_size(ns.tokenizer or model), ns.seed)
-        run = lambda d, extra: summarize(*asyncio.run(run_load(  # noqa: E731
-            base_url, model, d, ns.request_rate, ns.max_concurrency, extra, ns.seed)))
-        run(data[:8], guided)  # warm-up: compiles the grammar
-        summary, lengths = run_keeping_lengths(base_url, model, data, ns, guided)
+        vocab = len(load_tokenizer(ns.tokenizer or ns.model))
+        data = random_requests(ns.num_prompts, ns.random_input_len, 8 * ns.items,
+                               ns.random_range_ratio, vocab, ns.seed)
+        guided = {"guided_json": schema(ns.items)}
+        run(ns, data[:8], **guided)  # warm-up: compiles the grammar
+        summary = run(ns, data, **guided)
         runs: dict[str, dict] = {"json schema": summary}
+        lengths = [max(1, n) for n in summary["output_lens"]]
         matched = [(prompt, n) for (prompt, _), n in zip(data, lengths)]
         # then plain, plain, json, json, plain, ...: drift in machine load hits both alike
         for i in range(2 * ns.repeats - 1):
             if i % 4 in (0, 1):
-                _keep_best(runs, "plain", run(matched, None))
+                _keep_best(runs, "plain", run(ns, matched))
             else:
-                _keep_best(runs, "json schema", run(data, guided))
+                _keep_best(runs, "json schema", run(ns, data, **guided))
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait()
+        stop(proc)
     rows = [{"run": k, "requests": v["completed"], "output tok/s": v["output_throughput"],
              "mean TPOT ms": v["mean_tpot_ms"], "p99 ITL ms": v["p99_itl_ms"],
              "mean TTFT ms": v["mean_ttft_ms"]} for k, v in runs.items()]
@@ -112,13 +117,16 @@ def main() -> None:
     tpot = constrained["mean_tpot_ms"] / plain["mean_tpot_ms"]
     print(f"\njson-schema / plain: output tok/s x{ratio:.3f} "
           f"(overhead {100 * (1 - ratio):.1f}%), mean TPOT x{tpot:.3f}")
-    host_ms = grammar_step_ms(model, ns.tokenizer, ns.items, ns.max_concurrency)
+    host_ms = grammar_step_ms(ns.model, ns.tokenizer, ns.items, ns.max_concurrency)
     print(f"grammar host work per decode step at {ns.max_concurrency} rows: {host_ms:.2f} ms "
           f"({100 * host_ms / plain['mean_tpot_ms']:.1f}% of the plain run's mean TPOT)")
-    if ns.result_file:
-        Path(ns.result_file).parent.mkdir(parents=True, exist_ok=True)
-        Path(ns.result_file).write_text(json.dumps(
-            {"config": vars(ns), "runs": runs, "throughput_ratio": ratio, "tpot_ratio": tpot,
+    if ns.result_filename:
+        path = Path(ns.result_dir or ".") / ns.result_filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(
+            {"config": vars(ns), "throughput_ratio": ratio,
+             "runs": {k: {m: x for m, x in v.items() if not isinstance(x, list)}
+                      for k, v in runs.items()}, "tpot_ratio": tpot,
              "grammar_step_ms": host_ms},
             indent=2, default=str))
 

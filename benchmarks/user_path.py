@@ -1,6 +1,7 @@
 """The user's path, timed: `LLM(model=DIR)` with default settings and `LLM.generate` with the
-workload's own sampling. Imports only the public `compiled_llm` API, so the same file times any
-tree put on PYTHONPATH (e.g. a tree before and after a refactor, in one run).
+workload's own sampling. Imports only the public `compiled_llm` API and the nano-vllm workload
+of `compiled-llm bench throughput --dataset-name nano-vllm`, so the same file times any tree
+from that command's on put on PYTHONPATH (e.g. a tree before and after a refactor, in one run).
 
     python benchmarks/user_path.py --model /tmp/ckpt/qwen3-0.6b --workload nano-vllm
     python benchmarks/user_path.py --model /tmp/ckpt/llama3-8b --workload decode --json out.json
@@ -14,30 +15,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
-
-
-def nano_vllm_requests(vocab: int, count: int = 256, seed: int = 0):
-    """(prompt token ids, output length) per request, as nano-vllm's bench makes them."""
-    rng = random.Random(seed)
-    return [([rng.randrange(vocab) for _ in range(rng.randint(100, 1024))],
-             rng.randint(100, 1024)) for _ in range(count)]
 
 
 def run_nano_vllm(llm, sampling_params_cls) -> dict:
     """Output tokens/s of the nano-vllm workload (one warm-up request first)."""
-    vocab = llm.get_tokenizer().vocab_size
-    reqs = nano_vllm_requests(vocab)
-    params = [sampling_params_cls(temperature=0.6, ignore_eos=True, max_tokens=n)
-              for _, n in reqs]
+    from compiled_llm.entrypoints.cli.bench import nano_vllm_workload
+
+    prompts, params = nano_vllm_workload(llm)
     llm.generate([{"prompt_token_ids": [1] * 16}], sampling_params_cls(max_tokens=4),
                  use_tqdm=False)
     start = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": ids} for ids, _ in reqs], params, use_tqdm=False)
+    outs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"requests": len(reqs), "output_tokens": tokens, "seconds": seconds,
+    return {"requests": len(prompts), "output_tokens": tokens, "seconds": seconds,
             "output_tok_s": tokens / seconds}
 
 

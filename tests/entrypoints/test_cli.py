@@ -32,6 +32,7 @@ from compiled_llm.entrypoints.cli.args import (
     flag_name,
 )
 from compiled_llm.entrypoints.cli.bench import LatencyArgs, ThroughputArgs
+from compiled_llm.entrypoints.cli.bench_serve import ServeBenchArgs
 from compiled_llm.entrypoints.cli.main import build_parser, main
 from compiled_llm.entrypoints.cli.serve import ServeArgs
 from compiled_llm.entrypoints.server.server_config import ServerConfig
@@ -54,7 +55,8 @@ def _refused(argv: list[str], capsys) -> str:
 
 
 @pytest.mark.parametrize("cls", [EngineArgs, CacheConfig, SchedulerConfig, CompileConfig,
-                                 ServerConfig, ServeArgs, LatencyArgs, ThroughputArgs])
+                                 ServerConfig, ServeArgs, LatencyArgs, ThroughputArgs,
+                                 ServeBenchArgs])
 def test_every_config_field_is_documented(cls):
     docs = config_docs(cls)
     assert [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)] == []

@@ -1,5 +1,6 @@
-"""`compiled-llm bench latency|throughput`, as vLLM's `vllm bench`: random token-id prompts
-through the public LLM API, on an engine built from the flags every subcommand takes."""
+"""`compiled-llm bench latency|throughput|serve`, as vLLM's `vllm bench`: latency and throughput
+time the user's path (LLM.generate, detokenizing, on the engine the shared flags build, their
+defaults EngineArgs'); serve (bench_serve.py) streams to a running server."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+from compiled_llm.config import check_choices, check_minimums
+from compiled_llm.entrypoints.cli import bench_serve
 from compiled_llm.entrypoints.cli.args import (
     HelpFormatter,
     add_dataclass_args,
@@ -19,12 +23,7 @@ from compiled_llm.entrypoints.cli.args import (
     dataclass_from,
     engine_args,
 )
-
-
-def _check_at_least(config: object, minimums: dict[str, int]) -> None:
-    for name, low in minimums.items():
-        if getattr(config, name) < low:
-            raise ValueError(f"{name} must be >= {low}, got {getattr(config, name)}")
+from compiled_llm.entrypoints.cli.bench_serve import percentile
 
 
 @dataclass
@@ -46,7 +45,7 @@ class LatencyArgs:
     """Also write the latencies to this JSON file."""
 
     def __post_init__(self) -> None:
-        _check_at_least(self, {"batch_size": 1, "input_len": 1, "output_len": 1,
+        check_minimums(self, {"batch_size": 1, "input_len": 1, "output_len": 1,
                                "num_iters_warmup": 0, "num_iters": 1})
 
 
@@ -54,24 +53,34 @@ class LatencyArgs:
 class ThroughputArgs:
     """`bench throughput`: every prompt submitted at once, timed until the last finishes."""
 
-    num_prompts: int = 1000
-    """Prompts to generate for."""
+    dataset_name: Literal["random", "nano-vllm"] = "random"
+    """random: --num-prompts prompts of --input-len random token ids, --output-len tokens
+    each, temperature 1.0 (vLLM's bench throughput). nano-vllm: nano-vllm's bench workload,
+    256 prompts, prompt and output lengths each uniform in [100, 1024], temperature 0.6
+    (--input-len and --output-len do not apply)."""
+    num_prompts: int | None = None
+    """Prompts to generate for (default: 1000 random, 256 nano-vllm)."""
     input_len: int = 128
-    """Prompt length in tokens."""
+    """Prompt length in tokens (random)."""
     output_len: int = 128
-    """Tokens generated for each prompt (EOS is ignored)."""
+    """Tokens generated for each prompt (random); EOS is ignored in both datasets."""
+    temperature: float | None = None
+    """Sampling temperature (default: the dataset's, 1.0 random, 0.6 nano-vllm)."""
     output_json: str | None = None
     """Also write the figures to this JSON file."""
 
     def __post_init__(self) -> None:
-        _check_at_least(self, {"num_prompts": 1, "input_len": 1, "output_len": 1})
+        check_choices(self)
+        check_minimums(self, {"num_prompts": 1, "input_len": 1, "output_len": 1,
+                              "temperature": 0.0})
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register `bench latency` and `bench throughput`: the engine flags plus their own."""
-    bench = subparsers.add_parser("bench", help="benchmark latency or throughput")
+    """Register `bench latency` and `bench throughput` (the engine flags plus their own) and
+    `bench serve`."""
+    bench = subparsers.add_parser("bench", help="benchmark latency, throughput or a server")
     kinds = bench.add_subparsers(dest="bench_command", required=True,
-                                 metavar="{latency,throughput}")
+                                 metavar="{latency,throughput,serve}")
     for name, cls, func, about in (
             ("latency", LatencyArgs, run_latency, "seconds per batch: average and percentiles"),
             ("throughput", ThroughputArgs, run_throughput, "requests/s and tokens/s")):
@@ -79,30 +88,53 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         add_engine_args(parser)
         add_dataclass_args(parser, cls, title=f"bench {name} options")
         parser.set_defaults(func=func)
+    bench_serve.add_parser(kinds)
 
 
-def _setup(ns: argparse.Namespace, count: int, input_len: int, output_len: int):
-    """(LLM, prompts, params): `count` random prompts of input_len token ids."""
-    from compiled_llm import LLM, SamplingParams
+def _engine(ns: argparse.Namespace):
+    """The LLM the engine flags describe; it must have a tokenizer (the prompt ids are drawn
+    from its vocabulary and the outputs detokenized, as a user's are)."""
+    from compiled_llm import LLM
 
-    args = engine_args(ns)
-    llm = LLM(**dataclasses.asdict(args))
+    llm = LLM(**dataclasses.asdict(engine_args(ns)))
     if llm.get_tokenizer() is None:
         raise ValueError("skip_tokenizer_init: bench draws prompt ids from the tokenizer")
-    vocab, rng = len(llm.get_tokenizer()), random.Random(args.seed)
-    prompts = [{"prompt_token_ids": [rng.randrange(vocab) for _ in range(input_len)]}
-               for _ in range(count)]
-    params = SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=output_len)
-    return llm, prompts, params
+    return llm
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile with linear interpolation (numpy's default)."""
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+def _random_prompts(llm, seed: int, count: int, input_len: int) -> list[dict]:
+    vocab, rng = len(llm.get_tokenizer()), random.Random(seed)
+    return [{"prompt_token_ids": [rng.randrange(vocab) for _ in range(input_len)]}
+            for _ in range(count)]
+
+
+def nano_vllm_requests(vocab: int, count: int = 256, seed: int = 0):
+    """(prompt token ids, output length) per request, as nano-vllm's bench makes them."""
+    rng = random.Random(seed)
+    return [([rng.randrange(vocab) for _ in range(rng.randint(100, 1024))],
+             rng.randint(100, 1024)) for _ in range(count)]
+
+
+def nano_vllm_workload(llm, count: int = 256, temperature: float = 0.6, seed: int = 0):
+    """(prompts, one SamplingParams per prompt) of the nano-vllm workload: ignore_eos, each
+    request its own output length."""
+    from compiled_llm import SamplingParams
+
+    reqs = nano_vllm_requests(llm.get_tokenizer().vocab_size, count, seed)
+    return ([{"prompt_token_ids": ids} for ids, _ in reqs],
+            [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=n)
+             for _, n in reqs])
+
+
+def _setup(ns: argparse.Namespace, count: int, input_len: int, output_len: int,
+           temperature: float = 1.0):
+    """(LLM, prompts, params): `count` random prompts of input_len token ids."""
+    from compiled_llm import SamplingParams
+
+    llm = _engine(ns)
+    params = SamplingParams(temperature=temperature, top_p=1.0, ignore_eos=True,
+                            max_tokens=output_len)
+    return llm, _random_prompts(llm, ns.seed, count, input_len), params
 
 
 def _timed_generate(llm, prompts, params) -> tuple[float, list]:
@@ -132,19 +164,34 @@ def run_latency(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _throughput_workload(ns: argparse.Namespace, opts: ThroughputArgs):
+    """(LLM, prompts, params) of the chosen dataset."""
+    if opts.dataset_name == "nano-vllm":
+        llm = _engine(ns)
+        temperature = 0.6 if opts.temperature is None else opts.temperature
+        return (llm, *nano_vllm_workload(llm, opts.num_prompts or 256, temperature, ns.seed))
+    temperature = 1.0 if opts.temperature is None else opts.temperature
+    return _setup(ns, opts.num_prompts or 1000, opts.input_len, opts.output_len, temperature)
+
+
 def run_throughput(ns: argparse.Namespace) -> int:
-    """Generate for num_prompts prompts at once; print requests/s and tokens/s."""
+    """Generate for every prompt at once; print requests/s and tokens/s."""
+    from compiled_llm import SamplingParams
+
     opts = dataclass_from(ThroughputArgs, ns)
-    llm, prompts, params = _setup(ns, opts.num_prompts, opts.input_len, opts.output_len)
+    llm, prompts, params = _throughput_workload(ns, opts)
     # one untimed request first: the first step pays one-off costs (a prompt of zeros shares
     # no prefix with the random ones)
-    llm.generate({"prompt_token_ids": [0] * opts.input_len}, params, use_tqdm=False)
+    llm.generate({"prompt_token_ids": [0] * 16}, SamplingParams(max_tokens=4, ignore_eos=True),
+                 use_tqdm=False)
     elapsed, outputs = _timed_generate(llm, prompts, params)
     output_tokens = sum(len(out.outputs[0].token_ids) for out in outputs)
-    total_tokens = output_tokens + opts.num_prompts * opts.input_len
-    result = {"elapsed_time": elapsed, "num_requests": opts.num_prompts,
-              "total_num_tokens": total_tokens, "total_output_tokens": output_tokens,
-              "requests_per_second": opts.num_prompts / elapsed,
+    prompt_tokens = sum(len(out.prompt_token_ids) for out in outputs)
+    total_tokens = output_tokens + prompt_tokens
+    result = {"dataset_name": opts.dataset_name, "elapsed_time": elapsed,
+              "num_requests": len(prompts), "total_num_tokens": total_tokens,
+              "total_output_tokens": output_tokens,
+              "requests_per_second": len(prompts) / elapsed,
               "tokens_per_second": total_tokens / elapsed,
               "output_tokens_per_second": output_tokens / elapsed}
     print(f"Throughput: {result['requests_per_second']:.2f} requests/s, "
