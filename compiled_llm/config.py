@@ -286,6 +286,10 @@ class EngineArgs:
     """Longest text prompt, in UTF-8 bytes, the engine tokenizes at all: longer ones are
     refused before tokenization (default: 64 bytes per token of max_model_len, more than
     any prompt that fits needs)."""
+    engine_core_process: bool | None = None
+    """Run the engine core (scheduler, model, sampler) in a process of its own, so that
+    tokenization, detokenization, output building and HTTP overlap it (default: on behind
+    AsyncLLM and the server, off for LLM, where one process measured faster)."""
 
     def __post_init__(self) -> None:
         check_choices(self)

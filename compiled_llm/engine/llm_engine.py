@@ -173,11 +173,14 @@ class LLMEngine:
         """A snapshot of the per-step host and device time totals (subtract two for a window)."""
         return self.core.step_stats
 
-    def step(self) -> list[RequestOutput]:
-        """Run one core step (or wait for one) and return the outputs of requests that
-        progressed or failed."""
+    def step(self, timeout_s: float | None = None) -> list[RequestOutput]:
+        """Run one core step and return the outputs of requests that progressed or failed.
+        With the core in its own process, wait for its next outputs instead: at most
+        timeout_s (None: until some come), and [] at once when nothing is unfinished."""
         self._check_open()
-        touched, finishes = self.outputs.process(self.core.step())
+        if not self.has_unfinished_requests():
+            return []
+        touched, finishes = self.outputs.process(self.core.step(timeout_s))
         if finishes:
             self.core.finish_requests(finishes)
         return self._collect(touched)
@@ -272,6 +275,10 @@ class InProcCore(EngineCore):
             if not self.kv.can_ever_fit(req.num_prompt_tokens + 1):
                 raise ValueError(f"prompt of {req.num_prompt_tokens} tokens can never fit the "
                                  "KV cache")
+
+    def step(self, timeout_s: float | None = None):
+        """Run one step now (timeout_s is for a core in another process; unused here)."""
+        return super().step()
 
     def add_requests(self, reqs: list[Request]) -> None:
         """Queue validated child requests."""

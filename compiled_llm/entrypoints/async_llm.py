@@ -23,6 +23,8 @@ from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
+STEP_WAIT_S = 0.02  # longest the loop waits for a process core's outputs between commands
+IDLE_WAKE_S = 0.1  # an idle loop refreshes the engine's stats this often
 
 
 class RequestObserver:
@@ -127,7 +129,7 @@ class AsyncLLM:
     _shut_down = False
 
     def __init__(self, args: EngineArgs, observer: RequestObserver | None = None) -> None:
-        self.engine = LLMEngine(args)
+        self.engine = LLMEngine(args, core_process=args.engine_core_process is not False)
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
         self.max_prompt_bytes = self.engine.inputs.max_prompt_bytes
@@ -256,8 +258,8 @@ class AsyncLLM:
             if not self._drain(block=not self.engine.has_unfinished_requests()):
                 return
             if self.engine.has_unfinished_requests():
-                try:
-                    outs = self.engine.step()
+                try:  # a process core: wake for commands at least every STEP_WAIT_S
+                    outs = self.engine.step(STEP_WAIT_S)
                 except Exception as e:  # the engine state is unknown now: fail everyone
                     logger.exception("engine step failed")
                     self._fail_all(e)
@@ -269,8 +271,8 @@ class AsyncLLM:
     def _drain(self, block: bool) -> bool:
         """Run queued commands; False on shutdown."""
         self._idle = block
-        try:
-            item = self._commands.get(block=block)
+        try:  # an idle loop still wakes now and then: the core's load changes after aborts
+            item = self._commands.get(block=block, timeout=IDLE_WAKE_S if block else None)
         except queue.Empty:
             return True
         while True:

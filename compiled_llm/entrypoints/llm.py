@@ -23,7 +23,8 @@ class LLM:
     as llm:` shuts it down on exit; dropping the last reference frees it too."""
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
-        self.engine = LLMEngine(EngineArgs(model=model, **kwargs))
+        args = EngineArgs(model=model, **kwargs)
+        self.engine = LLMEngine(args, core_process=bool(args.engine_core_process))
         self._ids = count()
 
     def __enter__(self) -> LLM:

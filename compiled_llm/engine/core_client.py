@@ -1,0 +1,239 @@
+"""CoreClient: the front end's handle on an engine core running in a process of its own
+(core_proc). It starts the process (spawn: CUDA cannot be forked), sends requests, aborts and
+finishes as they happen, and reads the outputs of each step. A core that dies is detected
+within a poll interval, and every later call raises EngineDeadError instead of hanging."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import zmq
+
+from compiled_llm.config import EngineArgs
+from compiled_llm.core.engine_output import EngineCoreOutput
+from compiled_llm.core.request import Request
+from compiled_llm.engine.core import EngineStats
+from compiled_llm.engine.core_proc import (
+    ABORT,
+    ADD,
+    CALL,
+    FAILED,
+    FINISH,
+    OUTPUTS,
+    READY,
+    REPLY,
+    SHUTDOWN,
+    pack,
+    unpack,
+)
+from compiled_llm.worker.worker import WorkerSpec
+
+LIVENESS_POLL_MS = 200  # how often a waiting front end checks that the core is alive
+SHUTDOWN_WAIT_S = 10.0
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core process died; the engine cannot serve any more requests."""
+
+
+class CoreClient:
+    """The engine core in its own process, offering what the in-process core offers. Not
+    thread-safe: one thread (the engine loop) calls it."""
+
+    def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
+        self._dir = tempfile.mkdtemp(prefix="compiled-llm-core-")
+        self._context = zmq.Context()
+        self._to_core = self._bind(zmq.PUSH, "in")
+        self._from_core = self._bind(zmq.PULL, "out")
+        self._calls = itertools.count()
+        self._replies: dict[int, tuple[bool, bytes]] = {}
+        self._pending_outputs: list[EngineCoreOutput] = []
+        self._dead: str | None = None
+        self.block_size = args.block_size
+        # a fresh interpreter, not multiprocessing's spawn: that re-runs the caller's main
+        # module, which a script without a __main__ guard cannot survive
+        self.process = subprocess.Popen([sys.executable, "-m", "compiled_llm.engine.core_proc"],
+                                        stdin=subprocess.PIPE)
+        self.process.stdin.write(pickle.dumps((args, spec, self._addr("in"),
+                                               self._addr("out"), os.getpid())))
+        self.process.stdin.close()
+        try:
+            self._apply_ready(self._wait_ready())
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _addr(self, name: str) -> str:
+        return f"ipc://{self._dir}/{name}"
+
+    def _bind(self, kind: int, name: str):
+        sock = self._context.socket(kind)
+        sock.bind(self._addr(name))
+        return sock
+
+    def _wait_ready(self) -> dict:
+        while True:
+            if self._from_core.poll(LIVENESS_POLL_MS):
+                kind, payload = unpack(self._from_core.recv())
+                if kind == READY:
+                    return pickle.loads(payload)
+                if kind == FAILED:
+                    raise RuntimeError(f"engine core failed to start:\n{payload}")
+            elif self.process.poll() is not None:
+                raise RuntimeError(f"engine core process exited during start-up (exit code "
+                                   f"{self.process.returncode})")
+
+    def _apply_ready(self, info: dict) -> None:
+        self.num_blocks, self.vocab_size = info["num_blocks"], info["vocab_size"]
+        self.model_config, self.startup_seconds = info["model_config"], info["startup_seconds"]
+        self.cudagraph_batch_sizes = info["cudagraph_batch_sizes"]
+        self.cudagraph_capture_seconds = info["cudagraph_capture_seconds"]
+        self._stats: EngineStats = info["stats"]
+
+    # ------------------------------------------------------------------ requests
+    def check_fits(self, reqs: list[Request]) -> None:
+        """ValueError if a request's prompt can never fit the core's KV cache."""
+        capacity = (self.num_blocks - 1) * self.block_size  # block 0 is the null block
+        for req in reqs:
+            if req.num_prompt_tokens + 1 > capacity:
+                raise ValueError(f"prompt of {req.num_prompt_tokens} tokens can never fit the "
+                                 "KV cache")
+
+    def add_requests(self, reqs: list[Request]) -> None:
+        """Send validated child requests; ValueError if one cannot cross to the process."""
+        try:
+            frame = pickle.dumps([_portable(req) for req in reqs])
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise ValueError("sampling_params: logits_processors must be picklable to run in "
+                             f"the engine core process ({exc})") from None
+        self._send(ADD, frame)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Abort these requests in the core."""
+        self._send(ABORT, list(request_ids))
+
+    def finish_requests(self, finishes: list) -> None:
+        """Tell the core of requests the front end finished (stop strings, errors)."""
+        self._send(FINISH, [list(item) for item in finishes])
+
+    def has_unfinished(self) -> bool:
+        """Whether outputs already received wait to be read (the front end tracks the rest)."""
+        return bool(self._pending_outputs)
+
+    def get_stats(self) -> EngineStats:
+        """The core's load as of its latest message (read now, without waiting)."""
+        if self._dead is None:
+            self._pending_outputs.extend(self._read_all())
+        return self._stats
+
+    @property
+    def prefix_cache_stats(self):
+        """Cumulative prefix-cache hits and queries (asks the core)."""
+        return self._call("prefix_cache_stats")
+
+    @property
+    def step_stats(self):
+        """The core's per-step timing totals (asks the core)."""
+        return self._call("step_stats")
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block hash in the core."""
+        self._call("reset_prefix_cache")
+
+    # ------------------------------------------------------------------ outputs
+    def step(self, timeout_s: float | None = None) -> list[EngineCoreOutput]:
+        """The outputs of the core's next step(s) that sent any: waits up to timeout_s (None:
+        until some arrive); [] on timeout. EngineDeadError if the core is gone."""
+        if self._pending_outputs:
+            outs, self._pending_outputs = self._pending_outputs, []
+            return outs
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            self._check_alive()
+            wait_ms = LIVENESS_POLL_MS
+            if deadline is not None:
+                wait_ms = max(0, min(wait_ms, int(1e3 * (deadline - time.monotonic()))))
+            if self._from_core.poll(wait_ms):
+                outs = self._read_all()
+                if outs:
+                    return outs
+            elif deadline is not None and time.monotonic() >= deadline:
+                return []
+
+    def _read_all(self) -> list[EngineCoreOutput]:
+        """Every frame waiting now: outputs returned, replies kept for their callers."""
+        outs: list[EngineCoreOutput] = []
+        while self._from_core.poll(0):
+            kind, payload = unpack(self._from_core.recv())
+            if kind == OUTPUTS:
+                wire, stats = payload
+                outs.extend(EngineCoreOutput.from_wire(item) for item in wire)
+                self._stats = EngineStats(*stats)
+            elif kind == REPLY:
+                call_id, ok, result = payload
+                self._replies[call_id] = (ok, result)
+            elif kind == FAILED:
+                self._dead = f"engine core failed:\n{payload}"
+        return outs
+
+    def _call(self, method: str, *call_args):
+        call_id = next(self._calls)
+        self._send(CALL, (call_id, method, list(call_args)))
+        while call_id not in self._replies:
+            self._check_alive()
+            if self._from_core.poll(LIVENESS_POLL_MS):
+                self._pending_outputs.extend(self._read_all())
+        ok, result = self._replies.pop(call_id)
+        if not ok:
+            raise RuntimeError(pickle.loads(result))
+        return pickle.loads(result)
+
+    def _send(self, kind: str, payload) -> None:
+        self._check_alive()
+        self._to_core.send(pack(kind, payload))
+
+    def _check_alive(self) -> None:
+        if self._dead is None and self.process.poll() is not None:
+            self._dead = f"engine core process died (exit code {self.process.returncode})"
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self) -> None:
+        """Stop the core process (asking first, then terminating, then killing) and close
+        the sockets (idempotent)."""
+        if self.process.poll() is None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._to_core.send(pack(SHUTDOWN, None), zmq.NOBLOCK)
+            _wait(self.process, SHUTDOWN_WAIT_S)
+        if self.process.poll() is None:
+            self.process.terminate()
+            _wait(self.process, SHUTDOWN_WAIT_S)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._dead = self._dead or "engine core is shut down"
+        if not self._context.closed:
+            self._to_core.close(linger=0)
+            self._from_core.close(linger=0)
+            self._context.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _wait(process: subprocess.Popen, seconds: float) -> None:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(seconds)
+
+
+def _portable(req: Request) -> Request:
+    """The request as the core process needs it: no prompt text (the front end keeps it)."""
+    req.prompt = None
+    return req

@@ -1,0 +1,179 @@
+"""The engine core's own process: a busy loop of take requests, schedule, launch, collect, send
+outputs, over two ZMQ sockets (requests in, outputs out; msgpack frames, pickle only for new
+requests and utility results). It exits on a shutdown message, or when its parent is gone."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+import traceback
+
+import msgpack
+import zmq
+
+from compiled_llm.config import EngineArgs
+from compiled_llm.core.engine_output import EngineCoreOutput
+from compiled_llm.worker.worker import WorkerSpec
+
+logger = logging.getLogger(__name__)
+IDLE_POLL_MS = 1000  # how often an idle core checks that its parent is alive
+GRAMMAR_POLL_MS = 1  # while only compiling grammars wait: sleep briefly rather than spin
+
+# message kinds, front end -> core
+ADD, ABORT, FINISH, CALL, SHUTDOWN = "add", "abort", "finish", "call", "shutdown"
+# core -> front end
+READY, FAILED, OUTPUTS, REPLY = "ready", "failed", "outputs", "reply"
+
+
+def pack(kind: str, payload) -> bytes:
+    """One message frame."""
+    return msgpack.packb((kind, payload), use_bin_type=True)
+
+
+def unpack(frame: bytes) -> tuple[str, object]:
+    """(kind, payload) of a message frame."""
+    kind, payload = msgpack.unpackb(frame, raw=False)
+    return kind, payload
+
+
+def run_engine_core(args: EngineArgs, spec: WorkerSpec, in_addr: str, out_addr: str,
+                    parent_pid: int) -> None:
+    """The core process's main: build the core, report ready (or the start-up error), then
+    serve until shut down or orphaned."""
+    context = zmq.Context()
+    inbox, outbox = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    inbox.connect(in_addr)
+    outbox.connect(out_addr)
+    try:
+        core = _build_core(args, spec)
+    except BaseException:
+        outbox.send(pack(FAILED, traceback.format_exc()))
+        outbox.close(linger=5000)
+        context.term()
+        return
+    outbox.send(pack(READY, pickle.dumps(_ready_info(core))))
+    try:
+        _serve(core, inbox, outbox, parent_pid)
+    except BaseException:  # the core is broken: say why before the process goes
+        logger.exception("engine core failed")
+        outbox.send(pack(FAILED, traceback.format_exc()))
+    finally:
+        core.shutdown()
+        inbox.close(linger=0)
+        outbox.close(linger=2000)
+        context.term()
+
+
+def _build_core(args: EngineArgs, spec: WorkerSpec):
+    from compiled_llm.engine.core import EngineCore
+
+    grammars = _LazyGrammars(args, spec)
+    return EngineCore(args, spec, grammars)
+
+
+class _LazyGrammars:
+    """The core process's grammar compiler, built (with its tokenizer) on the first grammar."""
+
+    def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
+        self.args, self.spec, self.manager = args, spec, None
+        self.vocab_size = 0
+        self.eos_token_ids: tuple[int, ...] = ()
+
+    def __call__(self):
+        if self.manager is None:
+            from transformers import AutoTokenizer
+
+            from compiled_llm.sample.grammar_compiler import GrammarManager
+
+            args = self.args
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or self.spec.model_dir)
+            self.manager = GrammarManager(tokenizer, self.vocab_size, self.eos_token_ids,
+                                          args.structured_outputs_max_bytes,
+                                          args.structured_outputs_timeout_s)
+        return self.manager
+
+
+def _ready_info(core) -> dict:
+    executor = core.executor
+    core.grammars.vocab_size = executor.vocab_size
+    return {"num_blocks": executor.num_blocks, "vocab_size": executor.vocab_size,
+            "model_config": executor.model_config, "startup_seconds": executor.startup_seconds,
+            "cudagraph_batch_sizes": executor.cudagraph_batch_sizes(),
+            "cudagraph_capture_seconds": executor.cudagraph_capture_seconds(),
+            "stats": core.get_stats()}
+
+
+def _serve(core, inbox, outbox, parent_pid: int) -> None:
+    poller = zmq.Poller()
+    poller.register(inbox, zmq.POLLIN)
+    sent_stats = None
+    while True:
+        busy = core.scheduler.has_unfinished() or core._inflight is not None
+        if not busy:
+            timeout = GRAMMAR_POLL_MS if core.has_unfinished() else IDLE_POLL_MS
+            if not poller.poll(timeout) and os.getppid() != parent_pid:
+                logger.error("engine core: the front end is gone; exiting")
+                return
+        while inbox.poll(0):
+            if not _handle(core, *unpack(inbox.recv()), outbox):
+                return
+        outputs = core.step() if core.has_unfinished() else []
+        stats = _stats_wire(core)
+        if outputs or stats != sent_stats:  # an idle core still reports aborts' freed blocks
+            outbox.send(pack(OUTPUTS, ([out.to_wire() for out in outputs], stats)))
+            sent_stats = stats
+
+
+def _stats_wire(core) -> tuple:
+    stats = core.get_stats()
+    return (stats.num_running, stats.num_waiting, stats.num_used_blocks, stats.num_blocks,
+            stats.num_preemptions)
+
+
+def _handle(core, kind: str, payload, outbox) -> bool:
+    """Apply one message; False on shutdown."""
+    if kind == ADD:
+        for req in pickle.loads(payload):
+            core.grammars.eos_token_ids = req.eos_token_ids
+            try:
+                core.add_request(req)
+            except ValueError as exc:  # checked by the front end first; refused here anyway
+                out = EngineCoreOutput(req.request_id, [], finish_reason="error", error=str(exc))
+                outbox.send(pack(OUTPUTS, ([out.to_wire()], _stats_wire(core))))
+    elif kind == ABORT:
+        core.abort_requests(payload)
+    elif kind == FINISH:
+        core.finish_requests(payload)
+    elif kind == CALL:
+        call_id, method, call_args = payload
+        outbox.send(pack(REPLY, (call_id, *_call(core, method, call_args))))
+    elif kind == SHUTDOWN:
+        return False
+    return True
+
+
+def _call(core, method: str, call_args: list) -> tuple[bool, bytes]:
+    """(ok, pickled result or error text) of a utility call on the core."""
+    try:
+        if method == "reset_prefix_cache":
+            result = core.kv.reset_prefix_cache()
+        elif method in ("prefix_cache_stats", "step_stats"):
+            result = getattr(core, method)
+        else:
+            raise ValueError(f"no engine core utility {method!r}")
+        return True, pickle.dumps(result)
+    except Exception as exc:
+        return False, pickle.dumps(f"{type(exc).__name__}: {exc}")
+
+
+def main() -> None:
+    """`python -m compiled_llm.engine.core_proc`: the core's arguments come pickled on stdin."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine-core %(message)s")
+    args, spec, in_addr, out_addr, parent_pid = pickle.load(sys.stdin.buffer)
+    run_engine_core(args, spec, in_addr, out_addr, parent_pid)
+
+
+if __name__ == "__main__":
+    main()
