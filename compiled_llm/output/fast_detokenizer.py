@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,9 +45,19 @@ class DecodePlan:
     special_ids: frozenset[int]
     byte_ids: frozenset[int]  # ByteFallback's <0xHH> tokens; empty without ByteFallback
 
-    def keep(self, token_ids: Iterable[int], skip_special_tokens: bool) -> list[int]:
+    def keep(self, token_ids: Sequence[int], skip_special_tokens: bool) -> list[int]:
         """The ids that carry text, filtered exactly as IncrementalDetokenizer filters them."""
         skip = self.special_ids if skip_special_tokens else frozenset()
+        # The usual case, a list with nothing to drop, is checked by C loops.
+        if type(token_ids) is list and (
+            not token_ids
+            or (
+                min(token_ids) >= 0
+                and max(token_ids) < self.vocab_len
+                and skip.isdisjoint(token_ids)
+            )
+        ):
+            return token_ids.copy()
         return [int(i) for i in token_ids if 0 <= i < self.vocab_len and int(i) not in skip]
 
 
@@ -107,6 +117,8 @@ class FastDetokenizer:
         self._skip_special_tokens = skip_special_tokens
         self._spaces_between_special_tokens = spaces_between_special_tokens
         self._plan = plan_for(tokenizer)
+        self._vocab_len = self._plan.vocab_len
+        self._skip_ids = self._plan.special_ids if skip_special_tokens else frozenset()
         context = self._plan.keep(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:], skip_special_tokens)
         self._stream = DecodeStream(context, skip_special_tokens=False)
         self._ids: list[int] = []  # every id decoded so far, replayed if the stream gives up
@@ -126,8 +138,13 @@ class FastDetokenizer:
         """Append generated token ids; return the newly decoded text ("" if none is ready)."""
         if self._python is not None:
             return self._python.add_tokens(token_ids)
-        kept = self._plan.keep(token_ids, self._skip_special_tokens)
-        delta = self._decode_batch(kept) if len(kept) > 1 else self._decode_each(kept)
+        if len(token_ids) == 1:  # the common step, kept short: a few attribute loads
+            token = int(token_ids[0])
+            keep = 0 <= token < self._vocab_len and token not in self._skip_ids
+            delta = self._decode_one(token) if keep else ""
+        else:
+            kept = self._plan.keep(token_ids, self._skip_special_tokens)
+            delta = self._decode_batch(kept) if kept else ""
         if delta and self._python is None:
             self._chunks.append(delta)
         return delta
@@ -155,13 +172,21 @@ class FastDetokenizer:
             self._stream = saved
         return self._decode_each(kept)
 
+    def _decode_one(self, token: int) -> str:
+        try:
+            piece = self._stream.step(self._plan.backend, token)
+        except Exception:  # DecodeStream's prefix check failed; the Python algorithm goes on
+            return self._switch_to_python([token], "")
+        self._ids.append(token)
+        return piece or ""
+
     def _decode_each(self, kept: list[int]) -> str:
         pieces: list[str] = []
         backend = self._plan.backend
         for pos, token in enumerate(kept):
             try:
                 piece = self._stream.step(backend, token)
-            except Exception:  # DecodeStream's prefix check failed; the Python algorithm goes on
+            except Exception:  # as in _decode_one
                 return "".join(pieces) + self._switch_to_python(kept[pos:], "".join(pieces))
             self._ids.append(token)
             if piece:

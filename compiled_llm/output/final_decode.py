@@ -43,11 +43,15 @@ def _per_request(flag: bool | Sequence[bool], count: int) -> list[bool]:
     return [flag] * count if isinstance(flag, bool) else list(flag)
 
 
-def _held_back_text(plan: DecodePlan, context: list[int], output: list[int]) -> list[str]:
-    """Decodes of context + output[:j] for the last few j, longest first."""
-    stop = max(len(output) - 1 - _MAX_BACKOFF, -1)
-    prefixes = [context + output[:j] for j in range(len(output) - 1, stop, -1)]
-    return plan.backend.decode_batch(prefixes, skip_special_tokens=False) if prefixes else []
+def _held_back_text(plan: DecodePlan, context: list[int], output: list[int]) -> str | None:
+    """The decode of context + output[:j] for the largest j after which it ends in a whole
+    character, or None if that is more than _MAX_BACKOFF tokens back."""
+    # One at a time: an incomplete character is usually one or two tokens long.
+    for end in range(len(output) - 1, max(len(output) - 1 - _MAX_BACKOFF, -1), -1):
+        text = plan.backend.decode(context + output[:end], skip_special_tokens=False)
+        if not text.endswith(REPLACEMENT_CHAR):
+            return text
+    return None
 
 
 def _finish(plan: DecodePlan, context: list[int], output: list[int], context_text: str,
@@ -57,10 +61,7 @@ def _finish(plan: DecodePlan, context: list[int], output: list[int], context_tex
         return None
     if full.endswith(REPLACEMENT_CHAR):
         # The incremental detokenizer stops at the last token after which the text was whole.
-        full = next(
-            (t for t in _held_back_text(plan, context, output) if not t.endswith(REPLACEMENT_CHAR)),
-            None,
-        )
+        full = _held_back_text(plan, context, output)
         if full is None:
             return None
     if not full.startswith(context_text):
