@@ -12,10 +12,10 @@ if TYPE_CHECKING:
 
 # Prompt tokens decoded ahead of the first generated token, so that tokenizers whose decoders
 # strip a leading space from the first token (SentencePiece/Metaspace) give it its space.
-_PROMPT_CONTEXT_TOKENS = 5
+PROMPT_CONTEXT_TOKENS = 5
 # Consumed tokens are dropped once this many pile up, keeping memory and slicing bounded.
 _COMPACT_AFTER = 512
-_REPLACEMENT_CHAR = "\ufffd"
+REPLACEMENT_CHAR = "\ufffd"
 
 
 class IncrementalDetokenizer:
@@ -52,7 +52,7 @@ class IncrementalDetokenizer:
         # Slow tokenizers' convert_tokens_to_string does not understand added tokens.
         self._split_added = not getattr(tokenizer, "is_fast", False) and bool(added_vocab)
 
-        self._tokens: list[str] = self._ids_to_tokens(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
+        self._tokens: list[str] = self._ids_to_tokens(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._tokens)
         self._prefix_text: str | None = None  # decode of tokens[prefix:read]; None = stale
@@ -78,6 +78,14 @@ class IncrementalDetokenizer:
         """Cut output_text to its first n_chars characters (e.g. at a stop string)."""
         self._chunks = [self.output_text[: max(n_chars, 0)]]
 
+    def resume(self, token_ids: list[int], text: str) -> None:
+        """Take over a request whose token_ids were already turned into text elsewhere.
+
+        Decodes token_ids only to reach the state they leave behind; output_text becomes text.
+        """
+        self.add_tokens(token_ids)
+        self._chunks = [text]
+
     def _ids_to_tokens(self, token_ids: Sequence[int]) -> list[str]:
         # Ids past the tokenizer (padded model vocab) and skipped specials carry no text.
         kept = [
@@ -95,7 +103,7 @@ class IncrementalDetokenizer:
         prefix_text = self._prefix_text
         new_text = self._decode(self._tokens[self._prefix_offset :])
         # Nothing new, or the last character is still missing bytes: wait for more tokens.
-        if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT_CHAR):
+        if len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT_CHAR):
             return ""
         self._prefix_offset, self._read_offset = self._read_offset, len(self._tokens)
         self._prefix_text = None

@@ -14,6 +14,7 @@ from compiled_llm.output.detokenizer import (
     find_stop_string,
     held_back_chars,
 )
+from compiled_llm.output.fast_detokenizer import make_detokenizer
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. Hello world, hello there!",
@@ -133,13 +134,20 @@ TOKENIZERS = {
 SENTENCEPIECE = ["llama2_bpe", "metaspace_unigram"]
 
 
+@pytest.fixture(scope="module", params=[IncrementalDetokenizer, make_detokenizer],
+                ids=["python", "fast"])
+def make_det(request):
+    """Each invariant test runs on the Python algorithm and on what make_detokenizer picks."""
+    return request.param
+
+
 def _encode(tok, text: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-def _stream(tok, prompt_ids, output_ids, chunks=None, **kwargs) -> tuple[str, list[str]]:
+def _stream(make, tok, prompt_ids, output_ids, chunks=None, **kwargs) -> tuple[str, list[str]]:
     """Feed output_ids in the given chunk sizes (default one id at a time)."""
-    det = IncrementalDetokenizer(tok, prompt_ids, **kwargs)
+    det = make(tok, prompt_ids, **kwargs)
     deltas, pos = [], 0
     for size in chunks or [1] * len(output_ids):
         deltas.append(det.add_tokens(output_ids[pos : pos + size]))
@@ -181,12 +189,12 @@ def _generation(draw):
 
 @HYPO
 @given(_generation())
-def test_random_ids_match_full_decode(case):
+def test_random_ids_match_full_decode(make_det, case):
     name, ids, chunks, skip, prompt = case
     tok = TOKENIZERS[name]
     prompt_ids = _encode(tok, prompt)
     kwargs = {"skip_special_tokens": skip, "spaces_between_special_tokens": False}
-    text, _ = _stream(tok, prompt_ids, ids, chunks, **kwargs)
+    text, _ = _stream(make_det, tok, prompt_ids, ids, chunks, **kwargs)
     full = tok.decode(prompt_ids + ids, skip_special_tokens=skip)
     assert tok.decode(prompt_ids, skip_special_tokens=skip) + text == full
     if name not in SENTENCEPIECE or not prompt:
@@ -195,77 +203,78 @@ def test_random_ids_match_full_decode(case):
 
 @pytest.mark.parametrize("name", sorted(TOKENIZERS))
 @pytest.mark.parametrize("sample", SAMPLES)
-def test_encoded_text_round_trips(name, sample):
+def test_encoded_text_round_trips(make_det, name, sample):
     tok = TOKENIZERS[name]
     prompt_ids = _encode(tok, PROMPT)
     # Encoding prompt + sample together is what a model continuing the prompt would emit.
     full_ids = _encode(tok, PROMPT + " " + sample)
     assert full_ids[: len(prompt_ids)] == prompt_ids
     ids = full_ids[len(prompt_ids) :]
-    text, _ = _stream(tok, prompt_ids, ids)
+    text, _ = _stream(make_det, tok, prompt_ids, ids)
     full = tok.decode(prompt_ids + ids, skip_special_tokens=True)
     assert tok.decode(prompt_ids, skip_special_tokens=True) + text == full
 
 
 @pytest.mark.parametrize("name", ["byte_level", "llama2_bpe", "byt5_slow"])
-def test_emoji_split_across_byte_tokens_waits_until_complete(name):
+def test_emoji_split_across_byte_tokens_waits_until_complete(make_det, name):
     tok = TOKENIZERS[name]
     prompt_ids = _encode(tok, "Hi")
     full_ids = _encode(tok, "Hi🦀")  # 🦀 is not in the training corpus, so it splits into bytes
     assert full_ids[: len(prompt_ids)] == prompt_ids
     ids = full_ids[len(prompt_ids) :]
     assert len(ids) >= 2
-    _, deltas = _stream(tok, prompt_ids, ids)
+    _, deltas = _stream(make_det, tok, prompt_ids, ids)
     assert deltas[: len(ids)] == [""] * (len(ids) - 1) + ["🦀"]
 
 
-def test_incomplete_character_is_not_emitted_at_end():
+def test_incomplete_character_is_not_emitted_at_end(make_det):
     tok = TOKENIZERS["byte_level"]
     ids = _encode(tok, "ok 🦀")
-    text, _ = _stream(tok, [], ids[:-1])
+    text, _ = _stream(make_det, tok, [], ids[:-1])
     assert text == "ok" or text == "ok "
     assert "\ufffd" not in text
 
 
 @pytest.mark.parametrize("name", SENTENCEPIECE)
-def test_first_generated_token_keeps_leading_space(name):
+def test_first_generated_token_keeps_leading_space(make_det, name):
     tok = TOKENIZERS[name]
     prompt_ids = _encode(tok, "Hello")
     ids = _encode(tok, "world")  # a word-initial piece, "▁w..."
     assert tok.convert_ids_to_tokens(ids)[0].startswith("▁")
     assert tok.decode(prompt_ids + ids) == "Hello world"
     assert tok.decode(ids) == "world"  # decoding the output alone drops the space
-    assert _stream(tok, prompt_ids, ids)[0] == " world"
-    assert _stream(tok, [], ids)[0] == "world"  # no prompt: nothing to seed with
+    assert _stream(make_det, tok, prompt_ids, ids)[0] == " world"
+    assert _stream(make_det, tok, [], ids)[0] == "world"  # no prompt: nothing to seed with
 
 
 @pytest.mark.parametrize("name", ["byte_level", "llama2_bpe", "metaspace_unigram"])
 @pytest.mark.parametrize("skip", [True, False])
-def test_special_tokens(name, skip):
+def test_special_tokens(make_det, name, skip):
     tok = TOKENIZERS[name]
     eos = tok.eos_token_id
     ids = _encode(tok, "Hello") + [eos] + _encode(tok, "world") + [eos]
     prompt_ids = _encode(tok, PROMPT)
-    text, _ = _stream(tok, prompt_ids, ids, skip_special_tokens=skip)
+    text, _ = _stream(make_det, tok, prompt_ids, ids, skip_special_tokens=skip)
     assert (tok.eos_token in text) is not skip
     full = tok.decode(prompt_ids + ids, skip_special_tokens=skip)
     assert tok.decode(prompt_ids, skip_special_tokens=skip) + text == full
 
 
-def test_slow_tokenizer_added_tokens_spacing():
+def test_slow_tokenizer_added_tokens_spacing(make_det):
     tok = TOKENIZERS["byt5_slow"]
     ids = _encode(tok, "a") + tok.convert_tokens_to_ids(["<extra_id_0>"]) + _encode(tok, "bé")
-    text = _stream(tok, [], ids, skip_special_tokens=False)[0]
+    text = _stream(make_det, tok, [], ids, skip_special_tokens=False)[0]
     assert text == "a <extra_id_0> bé"
-    text = _stream(tok, [], ids, skip_special_tokens=False, spaces_between_special_tokens=False)[0]
+    kwargs = {"skip_special_tokens": False, "spaces_between_special_tokens": False}
+    text = _stream(make_det, tok, [], ids, **kwargs)[0]
     assert text == "a<extra_id_0>bé" == tok.decode(ids)
-    assert _stream(tok, [], ids)[0] == "abé"
+    assert _stream(make_det, tok, [], ids)[0] == "abé"
 
 
-def test_out_of_range_ids_are_ignored():
+def test_out_of_range_ids_are_ignored(make_det):
     tok = TOKENIZERS["byte_level"]
     ids = _encode(tok, "Hello world")
-    assert _stream(tok, [], [len(tok) + 7, *ids, -1, 10**6])[0] == "Hello world"
+    assert _stream(make_det, tok, [], [len(tok) + 7, *ids, -1, 10**6])[0] == "Hello world"
 
 
 def test_long_generation_decodes_only_a_small_window(monkeypatch):
@@ -287,9 +296,9 @@ def test_long_generation_decodes_only_a_small_window(monkeypatch):
     assert len(det._tokens) < 1024  # consumed tokens are compacted away
 
 
-def test_truncate():
+def test_truncate(make_det):
     tok = TOKENIZERS["byte_level"]
-    det = IncrementalDetokenizer(tok, [])
+    det = make_det(tok, [])
     det.add_tokens(_encode(tok, "Hello world"))
     det.truncate(5)
     assert det.output_text == "Hello"
@@ -346,12 +355,12 @@ def test_overlapping_stops_first_to_complete_wins():
 @pytest.mark.parametrize("name", sorted(TOKENIZERS))
 @pytest.mark.parametrize("stop", ["\n\nUser:", "é 🦀!"])
 @pytest.mark.parametrize("include", [False, True])
-def test_stop_string_across_token_boundaries(name, stop, include):
+def test_stop_string_across_token_boundaries(make_det, name, stop, include):
     tok = TOKENIZERS[name]
     if tok.decode(_encode(tok, stop), skip_special_tokens=True) != stop:
         pytest.skip("the stop string has characters this tokenizer maps to <unk>")
     assert len(_encode(tok, stop)) > 1
-    det = IncrementalDetokenizer(tok, _encode(tok, PROMPT))
+    det = make_det(tok, _encode(tok, PROMPT))
     found = None
     for i in _encode(tok, "Hello world" + stop + " more" + stop):
         delta = det.add_tokens([i])
