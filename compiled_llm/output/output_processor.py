@@ -8,11 +8,9 @@ import logging
 
 from compiled_llm.core.engine_output import EngineCoreOutput, LogprobRow
 from compiled_llm.core.request import Request
-from compiled_llm.output.detokenizer import (
-    IncrementalDetokenizer,
-    find_stop_string,
-    held_back_chars,
-)
+from compiled_llm.output.detokenizer import find_stop_string, held_back_chars
+from compiled_llm.output.fast_detokenizer import make_detokenizer
+from compiled_llm.output.final_decode import decode_outputs
 from compiled_llm.output.outputs import CompletionOutput, Logprob, RequestOutput
 from compiled_llm.output.request_state import RequestState
 from compiled_llm.sampling_params import RequestOutputKind
@@ -29,6 +27,7 @@ class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.states: dict[str, RequestState] = {}
+        self._to_decode: list[RequestState] = []  # finished this step, text not yet made
 
     def start(self, req: Request) -> RequestState:
         """The front-end state of a new child request (with its detokenizer, if it wants text
@@ -37,7 +36,7 @@ class OutputProcessor:
         state = RequestState(req.request_id, req.parent_id, req.prompt,
                              req.prompt_token_ids, params)
         if self.tokenizer is not None and params.detokenize and state.text_while_running:
-            state.detokenizer = IncrementalDetokenizer(
+            state.detokenizer = make_detokenizer(
                 self.tokenizer, req.prompt_token_ids, params.skip_special_tokens,
                 params.spaces_between_special_tokens)
         self.states[req.request_id] = state
@@ -51,7 +50,7 @@ class OutputProcessor:
                                                                 list[Finish]]:
         """Fold one step's outputs in: the states that changed, and the finishes the core must
         learn of (stop strings found here, errors in processing a request's output)."""
-        touched, finishes = [], []
+        touched, finishes, self._to_decode = [], [], []
         for out in outputs:
             state = self.states.get(out.request_id)
             if state is None or state.is_finished:  # aborted, or ended here already
@@ -66,6 +65,8 @@ class OutputProcessor:
             if finish is not None:
                 finishes.append(finish)
             touched.append(state)
+        if self._to_decode:
+            self._decode_final(self._to_decode)
         return touched, finishes
 
     def _apply(self, state: RequestState, out: EngineCoreOutput) -> Finish | None:
@@ -105,15 +106,29 @@ class OutputProcessor:
         return None
 
     def _finish_text(self, state: RequestState) -> None:
-        """Decode, once, the text of a request that needed none while it ran."""
+        """Queue, for one batched decode at the end of the step, the text of a request that
+        needed none while it ran."""
         params = state.sampling_params
-        if state.detokenizer is not None or self.tokenizer is None or not params.detokenize:
+        if state.detokenizer is None and self.tokenizer is not None and params.detokenize:
+            self._to_decode.append(state)
+
+    def _decode_final(self, states: list[RequestState]) -> None:
+        """The text of each finished state, from one batched decode (the same text the
+        incremental detokenizer would have made). A failure fails those requests alone."""
+        try:
+            texts = decode_outputs(
+                self.tokenizer, [s.prompt_token_ids for s in states],
+                [s.output_token_ids for s in states],
+                [s.sampling_params.skip_special_tokens for s in states],
+                [s.sampling_params.spaces_between_special_tokens for s in states])
+        except Exception as e:
+            logger.exception("final decode failed for %d requests", len(states))
+            for state in states:
+                state.finish_reason = "error"
+                state.error = f"output processing failed: {type(e).__name__}: {e}"
             return
-        detok = IncrementalDetokenizer(self.tokenizer, state.prompt_token_ids,
-                                       params.skip_special_tokens,
-                                       params.spaces_between_special_tokens)
-        detok.add_tokens(state.output_token_ids)
-        state.final_text = detok.output_text
+        for state, text in zip(states, texts):
+            state.final_text = text
 
     def _record(self, row: LogprobRow) -> dict[int, Logprob]:
         token_ids, logprobs, rank = row
