@@ -117,8 +117,9 @@ class CoreClient:
         self._send(ADD, frame)
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        """Abort these requests in the core."""
-        self._send(ABORT, list(request_ids))
+        """Abort these requests in the core (nothing to do once the core is gone)."""
+        if self._dead is None and self.process.poll() is None:
+            self._send(ABORT, list(request_ids))
 
     def finish_requests(self, finishes: list) -> None:
         """Tell the core of requests the front end finished (stop strings, errors)."""

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from compiled_llm.config import EngineArgs
+from compiled_llm.engine.core_client import EngineDeadError
 from compiled_llm.engine.llm_engine import EngineStats, LLMEngine
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
@@ -151,7 +152,7 @@ class AsyncLLM:
         if self._shut_down:
             raise RuntimeError("engine is shut down")
         if self.error is not None:
-            raise RuntimeError(f"engine loop is dead: {self.error}")
+            raise EngineDeadError(f"engine loop is dead: {self.error}")
         return await asyncio.wrap_future(self._submit(fn, *args))
 
     def stalled_for(self) -> float:

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from compiled_llm.engine.core_client import EngineDeadError
 from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest
 from compiled_llm.sampling_params import SamplingParams
 
@@ -90,6 +91,8 @@ def install_handlers(app: FastAPI) -> None:
     """Every error the app can produce becomes an OpenAI error object."""
     app.add_exception_handler(OpenAIError, lambda _, exc: exc.response())
     app.add_exception_handler(ValueError, lambda _, exc: from_value_error(exc).response())
+    app.add_exception_handler(EngineDeadError, lambda _, exc: OpenAIError(
+        503, str(exc), code="engine_dead").response())
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)

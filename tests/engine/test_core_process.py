@@ -1,0 +1,119 @@
+"""The engine core in its own process: same tokens as the in-process core, every request
+answered, a crash detected (errors, not hangs, and an unhealthy server), a new engine after
+one, a clean shutdown, no orphan when the front end is killed, no KV blocks left."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+import pytest
+
+from compiled_llm import LLM, AsyncLLM, SamplingParams
+from compiled_llm.engine.core_client import CoreClient, EngineDeadError
+from tests.entrypoints.server.inprocess import MODEL, engine_args, serving
+
+PROMPTS = ["The quick brown fox", "Once upon a time", "In a hole in the ground", "Hello"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its parent) counts as gone
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ")[1][0] != "Z"
+
+
+async def _collect(engine: AsyncLLM, prompt: str, params: SamplingParams, rid: str):
+    final = None
+    async for out in engine.generate(prompt, params, rid):
+        final = out
+    return final
+
+
+def test_process_core_matches_in_process_core_and_frees_everything():
+    with LLM(**vars(engine_args())) as llm:
+        expected = [o.outputs[0] for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    engine = AsyncLLM(engine_args())
+    core = engine.engine.core
+    assert isinstance(core, CoreClient)
+
+    async def run():
+        return await asyncio.gather(*[_collect(engine, p, GREEDY, str(i))
+                                      for i, p in enumerate(PROMPTS)])
+
+    try:
+        got = [o.outputs[0] for o in asyncio.run(run())]
+        assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+        assert [o.text for o in got] == [o.text for o in expected]
+        deadline = time.monotonic() + 10
+        while engine.engine.get_stats().num_used_blocks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.engine.get_stats().num_used_blocks == 0
+    finally:
+        engine.shutdown()
+    assert core.process.returncode == 0  # asked to stop, it stopped by itself
+    assert not os.path.exists(core._dir)  # its sockets are gone
+
+
+def test_a_crashed_core_fails_every_request_and_the_server_reports_unhealthy():
+    long = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)  # to max_model_len
+    with serving() as srv:
+        engine = srv.engine
+        core = engine.engine.core
+
+        async def run():
+            tasks = [asyncio.create_task(_collect(engine, p, long, str(i)))
+                     for i, p in enumerate(PROMPTS)]
+            await asyncio.sleep(1.0)
+            os.kill(core.process.pid, signal.SIGKILL)
+            return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+
+        results = asyncio.run(run())
+        assert all(isinstance(r, EngineDeadError) for r in results), results
+        assert "engine core process died" in str(results[0])
+        health = httpx.get(f"{srv.url}/health", timeout=10)
+        assert health.status_code == 503
+        reply = srv.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert reply.status_code == 503 and reply.json()["error"]["code"] == "engine_dead"
+    # a new engine starts and serves after the crash
+    with serving() as srv:
+        reply = srv.post("/v1/completions", {"prompt": "hi", "max_tokens": 3})
+        assert reply.status_code == 200 and reply.json()["model"] == MODEL
+
+
+@pytest.mark.slow
+def test_no_orphan_core_when_the_front_end_is_killed():
+    script = textwrap.dedent("""
+        from compiled_llm import AsyncLLM
+        from tests.entrypoints.server.inprocess import engine_args
+        engine = AsyncLLM(engine_args())
+        print("CORE", engine.engine.core.process.pid, flush=True)
+        import time; time.sleep(600)
+    """)
+    front = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    try:
+        line = ""
+        while not line.startswith("CORE "):
+            line = front.stdout.readline()
+            assert line, "the front end exited before its core started"
+        core_pid = int(line.split()[1])
+        assert _alive(core_pid)
+        front.kill()
+        front.wait()
+        deadline = time.monotonic() + 15
+        while _alive(core_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(core_pid), "the engine core outlived its front end"
+    finally:
+        front.kill()
