@@ -18,7 +18,7 @@ import torch
 # cycles, and inside LLMEngine.__init__ they would hold the engine until the garbage collector.
 from transformers import AutoTokenizer
 
-from compiled_llm.config import EngineArgs
+from compiled_llm.config import EngineArgs, model_len_bounds
 from compiled_llm.core.async_scheduler import AsyncScheduler
 from compiled_llm.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from compiled_llm.core.request import Request, RequestStatus
@@ -85,10 +85,12 @@ class LLMEngine:
         hf = load_hf_config(model_dir)
         self.dtype = resolve_dtype(args.dtype, hf, self.device)
         self.tokenizer = None if args.skip_tokenizer_init else self._load_tokenizer(model_dir)
-        sched_cfg = args.scheduler_config(hf.get("max_position_embeddings", 2048))
-        self.max_model_len = sched_cfg.max_model_len
+        # max_model_len is an upper bound here: the worker settles it from the KV cache's size
+        sched_cfg = args.scheduler_config(*model_len_bounds(hf))
         self.executor = UniProcExecutor(args, WorkerSpec(model_dir, self.dtype, self.device,
                                                          sched_cfg))
+        sched_cfg = dataclasses.replace(sched_cfg, max_model_len=self.executor.max_model_len)
+        self.max_model_len = sched_cfg.max_model_len
         self.startup_seconds = self.executor.startup_seconds
         self.kv = KVCacheManager(self.executor.num_blocks, args.block_size,
                                  args.enable_prefix_caching, args.prefix_caching_hash_algo)
@@ -100,8 +102,8 @@ class LLMEngine:
                                      self.eos_token_ids, self.max_model_len, args)
         self.parents: dict[str, list[Request]] = {}
         self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling
-        logger.info("engine ready: %s on %s, %d KV blocks", model_dir, self.device,
-                    self.executor.num_blocks)
+        logger.info("engine ready: %s on %s, %d KV blocks, max_model_len %d", model_dir,
+                    self.device, self.executor.num_blocks, self.max_model_len)
         # Imports done lazily while this engine was built (tokenizer classes, Triton, Inductor)
         # can leave garbage cycles whose frames reach this frame and so the engine: collect
         # them now, so dropping the engine frees it without waiting for the collector.
