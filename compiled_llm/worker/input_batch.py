@@ -18,7 +18,13 @@ from compiled_llm.attention.forward_context import CUDAGraphKey
 from compiled_llm.core.request import Request
 from compiled_llm.core.scheduler import SchedulerOutput
 from compiled_llm.worker.cudagraph import FULL, CUDAGraphDispatcher
-from compiled_llm.worker.step_buffers import BlockTableRows, Layout, PackedBuffer, Views
+from compiled_llm.worker.step_buffers import (
+    BlockTableRows,
+    Layout,
+    PackedBuffer,
+    Views,
+    table_width,
+)
 
 
 @dataclass
@@ -237,10 +243,10 @@ class InputBatch:
 
     def send(self, layout: Layout, views: Views, width: int) -> None:
         """Copy the step's packed inputs, write new table entries, gather the step's rows:
-        their first `width` columns only (the longest sequence's blocks), so a step's table
-        work does not grow with max_model_len. The columns past `width` keep stale block ids
-        of earlier steps; attention reads no block past a sequence's length, and a full graph
-        captured at the whole width reads the same rows at the same addresses."""
+        the columns of the longest sequence's `width` blocks only (rounded up by table_width),
+        so a step's table work does not grow with max_model_len. Columns past those keep stale
+        block ids of earlier steps: attention reads no block past a sequence's length, and a
+        full graph captured at the whole width reads the same rows at the same addresses."""
         self.packed64.send(layout.end64)
         self.packed32.send(layout.end32)
         if self._event is not None:
@@ -250,9 +256,10 @@ class InputBatch:
             entry_index = self.packed64.dev[layout.entry_idx:layout.end64]
             entry_values = self.packed32.dev[layout.entry_val:layout.end32]
             self.table.device.view(-1).index_copy_(0, entry_index, entry_values)
+        width = table_width(width, self.max_blocks)
         self.table_width = width
-        torch.index_select(self.table.device[:, :width], 0, views.dev["rows"],
-                           out=views.dev["block_tables"][:, :width])
+        torch.index_select(self.table.columns(width), 0, views.dev["rows"],
+                           out=views.table_columns(width))
 
 
 _ARANGE = np.arange(4097, dtype=np.int64)  # query starts of a pure-decode batch

@@ -1,6 +1,7 @@
 """Worker: one rank's model on one device. It loads the weights, builds the model runner, sizes
-the KV cache from a profiling step (the first compiled call), allocates it, warms up and
-captures CUDA graphs; afterwards it runs the engine's steps through the runner.
+the KV cache from a profiling step (the first compiled call) at max_model_len's upper bound,
+settles max_model_len from the blocks that fit, allocates the cache, warms up and captures CUDA
+graphs; afterwards it runs the engine's steps through the runner.
 """
 
 from __future__ import annotations

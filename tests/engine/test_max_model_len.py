@@ -14,6 +14,7 @@ from compiled_llm import LLM, SamplingParams
 from compiled_llm.config import EngineArgs, model_len_bounds
 from compiled_llm.engine.llm_engine import DEMO_MODEL
 from compiled_llm.entrypoints.cli.args import add_engine_args, engine_args
+from compiled_llm.worker.step_buffers import table_width
 from compiled_llm.worker.worker import settle_max_model_len
 from tests.utils import random_prompts
 
@@ -139,14 +140,15 @@ def long_model(tmp_path_factory):
 
 
 def _step_copies(model: str, max_model_len: int | None, prompts):
-    """(tokens, [per step: int64 and int32 elements copied, table columns gathered])."""
+    """(max_model_len, table width, tokens, [per step: int64 and int32 elements copied,
+    block-table columns gathered])."""
     llm = _llm(model=model, max_model_len=max_model_len, kv_cache_memory_bytes=9000 * BLOCK_BYTES)
     batch = llm.engine.executor.worker.runner.input_batch
     copies, send = [], batch.send
 
     def spy(layout, views, width):
-        copies.append((layout.end64, layout.end32, width))
-        return send(layout, views, width)
+        send(layout, views, width)
+        copies.append((layout.end64, layout.end32, batch.table_width))
 
     batch.send = spy
     out = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
@@ -161,4 +163,4 @@ def test_step_copies_do_not_grow_with_max_model_len(long_model, prompts, baselin
     assert short[2] == long[2] == baseline
     assert short[3] == long[3]  # the same elements copied and columns gathered, step by step
     longest = max(len(p["prompt_token_ids"]) for p in prompts) + GREEDY.max_tokens
-    assert max(width for _, _, width in long[3]) == -(-longest // 16)
+    assert max(width for _, _, width in long[3]) == table_width(-(-longest // 16), 8192) < 16
