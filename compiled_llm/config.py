@@ -38,6 +38,34 @@ def _env_int(name: str) -> int | None:
     return int(value) if value else None
 
 
+AUTO_MAX_MODEL_LEN = ("auto", -1)  # vLLM's spellings of "fit the model and the KV cache"
+# the config.json keys that bound the sequence length, as vLLM reads them (the smallest wins)
+_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "model_max_length", "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def max_model_len_arg(text: str) -> int | str:
+    """argparse type of --max-model-len: a token count, or auto (also -1)."""
+    return "auto" if text.strip().lower() == "auto" else int(text)
+
+
+def model_len_bounds(hf_config: dict) -> tuple[int, int]:
+    """(limit, default) of max_model_len for an HF config, derived as vLLM does: the smallest
+    length key (2048 when there is none), times the rope scaling factor for linear and dynamic
+    scaling (yarn: its original length times the factor). Dynamic NTK scaling picks its base
+    from max_model_len, so above the trained length it changes every position: the default
+    stays at the trained length and only an explicit value goes past it."""
+    lengths = [hf_config[key] for key in _LENGTH_KEYS if isinstance(hf_config.get(key), int)]
+    trained = min(lengths, default=2048)
+    scaling = {**(hf_config.get("rope_parameters") or {}), **(hf_config.get("rope_scaling") or {})}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    factor = float(scaling.get("factor") or 1.0)
+    if kind == "yarn" and "original_max_position_embeddings" in scaling:
+        trained = scaling["original_max_position_embeddings"]
+    limit = int(trained * factor) if kind in ("linear", "dynamic", "yarn") else trained
+    return limit, (trained if kind == "dynamic" else limit)
+
+
 @functools.cache
 def config_docs(cls: type) -> dict[str, str]:
     """{field name: its attribute docstring} for a dataclass and its dataclass bases, read
@@ -141,7 +169,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     """Most tokens (prefill and decode together) in one step."""
     max_model_len: int = 2048
-    """Longest sequence, prompt plus output, in tokens."""
+    """Longest sequence, prompt plus output, in tokens (the engine settles it from the model
+    and the KV cache's size)."""
     enable_chunked_prefill: bool = True
     """Split long prompts over several steps so prefill shares steps with decode."""
     scheduling_policy: SchedulerPolicy = "fcfs"
@@ -209,9 +238,11 @@ class EngineArgs:
     float32, bfloat16 or float16."""
     device: str = "auto"
     """Device to run on: auto (cuda if available, else cpu) or a torch device name."""
-    max_model_len: int | None = None
-    """Longest sequence, prompt plus output, in tokens (default: the model's
-    max_position_embeddings)."""
+    max_model_len: int | str | None = field(default=None,
+                                            metadata={"parse": max_model_len_arg})
+    """Longest sequence, prompt plus output, in tokens (default, also auto or -1: the model's
+    max_position_embeddings, or fewer if the KV cache cannot hold one sequence that long; an
+    explicit value the KV cache cannot hold is an error)."""
     max_num_seqs: int = 256
     """Most sequences in one step."""
     max_num_batched_tokens: int | None = None
@@ -294,6 +325,11 @@ class EngineArgs:
     def __post_init__(self) -> None:
         check_choices(self)
         check_minimums(self, _REQUEST_LIMITS)
+        if self.max_model_len in AUTO_MAX_MODEL_LEN:
+            self.max_model_len = None  # one spelling of auto from here on
+        elif self.max_model_len is not None and (
+                not isinstance(self.max_model_len, int) or self.max_model_len < 1):
+            raise ValueError(f"max_model_len must be >= 1, auto or -1, got {self.max_model_len!r}")
 
     def attention_backend_for(self, device_type: str) -> str:
         """The attention backend to use on a device type (auto: Triton on CUDA)."""
@@ -301,13 +337,16 @@ class EngineArgs:
             return "triton" if device_type == "cuda" else "torch"
         return self.attention_backend
 
-    def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
-        """The scheduler's settings, max_model_len capped by the model's positions."""
-        max_len = self.max_model_len or model_max_len
+    def scheduler_config(self, model_max_len: int,
+                         default_len: int | None = None) -> SchedulerConfig:
+        """The scheduler's settings, max_model_len capped by the model's positions: the value
+        given, else default_len (else model_max_len). With no value given this is an upper
+        bound the worker lowers to what the KV cache holds."""
+        max_len = self.max_model_len or default_len or model_max_len
         if max_len > model_max_len:
             raise ValueError(
-                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
-                f"{model_max_len}"
+                f"max_model_len {max_len} exceeds the model's maximum length {model_max_len} "
+                "(max_position_embeddings, times a linear or dynamic rope scaling factor)"
             )
         tokens = self.max_num_batched_tokens or max(8192, 0 if self.enable_chunked_prefill
                                                     else max_len)

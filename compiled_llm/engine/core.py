@@ -51,7 +51,10 @@ class EngineCore:
         self.kv = KVCacheManager(self.executor.num_blocks, args.block_size,
                                  args.enable_prefix_caching, args.prefix_caching_hash_algo)
         scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler
-        self.scheduler = scheduler_cls(spec.scheduler, self.kv)
+        # the worker settled max_model_len from the KV cache's size
+        sched_cfg = dataclasses.replace(spec.scheduler,
+                                        max_model_len=self.executor.max_model_len)
+        self.scheduler = scheduler_cls(sched_cfg, self.kv)
         self.grammars = grammars  # a callable giving the GrammarManager, built on first use
         self._awaiting_grammar: list[tuple[Request, Future]] = []
         self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling

@@ -93,6 +93,7 @@ class CoreClient:
 
     def _apply_ready(self, info: dict) -> None:
         self.num_blocks, self.vocab_size = info["num_blocks"], info["vocab_size"]
+        self.max_model_len = info["max_model_len"]
         self.model_config, self.startup_seconds = info["model_config"], info["startup_seconds"]
         self.cudagraph_batch_sizes = info["cudagraph_batch_sizes"]
         self.cudagraph_capture_seconds = info["cudagraph_capture_seconds"]

@@ -99,6 +99,7 @@ def _ready_info(core) -> dict:
     executor = core.executor
     core.grammars.vocab_size = executor.vocab_size
     return {"num_blocks": executor.num_blocks, "vocab_size": executor.vocab_size,
+            "max_model_len": executor.max_model_len,
             "model_config": executor.model_config, "startup_seconds": executor.startup_seconds,
             "cudagraph_batch_sizes": executor.cudagraph_batch_sizes(),
             "cudagraph_capture_seconds": executor.cudagraph_capture_seconds(),

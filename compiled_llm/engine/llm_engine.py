@@ -17,7 +17,7 @@ import torch
 # cycles, and inside LLMEngine.__init__ they would hold the engine until the garbage collector.
 from transformers import AutoTokenizer
 
-from compiled_llm.config import EngineArgs
+from compiled_llm.config import EngineArgs, model_len_bounds
 from compiled_llm.core.kv_cache_manager import PrefixCacheStats
 from compiled_llm.core.request import Request
 from compiled_llm.engine.core import EngineCore, EngineStats
@@ -71,19 +71,20 @@ class LLMEngine:
         hf = load_hf_config(model_dir)
         dtype = resolve_dtype(args.dtype, hf, device)
         self.tokenizer = None if args.skip_tokenizer_init else self._load_tokenizer(model_dir)
-        sched_cfg = args.scheduler_config(hf.get("max_position_embeddings", 2048))
-        self.max_model_len = sched_cfg.max_model_len
+        # max_model_len is an upper bound here: the worker settles it from the KV cache's size
+        sched_cfg = args.scheduler_config(*model_len_bounds(hf))
         self.eos_token_ids = eos_ids(model_dir, hf, self.tokenizer)
         spec = WorkerSpec(model_dir, dtype, device, sched_cfg)
         self.core = self._make_core(args, spec, core_process)
+        self.max_model_len = self.core.max_model_len
         self.startup_seconds = self.core.startup_seconds
         self.inputs = InputProcessor(self.tokenizer, self.core.vocab_size,
                                      self.eos_token_ids, self.max_model_len, args)
         self.inputs.attach_matchers = not core_process  # a process core builds its own
         self.outputs = OutputProcessor(self.tokenizer)
         self.parents: dict[str, list[RequestState]] = {}
-        logger.info("engine ready: %s on %s, %d KV blocks", model_dir, device,
-                    self.core.num_blocks)
+        logger.info("engine ready: %s on %s, %d KV blocks, max_model_len %d", model_dir,
+                    device, self.core.num_blocks, self.max_model_len)
         # Imports done lazily while this engine was built (tokenizer classes, Triton, Inductor)
         # can leave garbage cycles whose frames reach this frame and so the engine: collect
         # them now, so dropping the engine frees it without waiting for the collector.
@@ -248,6 +249,11 @@ class InProcCore(EngineCore):
     def num_blocks(self) -> int:
         """KV blocks in the pool (the null block included)."""
         return self.executor.num_blocks
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence, as the worker settled it from the KV cache's size."""
+        return self.executor.max_model_len
 
     @property
     def vocab_size(self) -> int:

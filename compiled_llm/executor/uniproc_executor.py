@@ -17,6 +17,7 @@ class UniProcExecutor:
     def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
         self.worker = Worker(args, spec)
         self.num_blocks = self.worker.num_blocks
+        self.max_model_len = self.worker.max_model_len  # settled from the KV cache's size
         self.startup_seconds = self.worker.startup_seconds
 
     @property

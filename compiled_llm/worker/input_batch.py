@@ -18,7 +18,13 @@ from compiled_llm.attention.forward_context import CUDAGraphKey
 from compiled_llm.core.request import Request
 from compiled_llm.core.scheduler import SchedulerOutput
 from compiled_llm.worker.cudagraph import FULL, CUDAGraphDispatcher
-from compiled_llm.worker.step_buffers import BlockTableRows, Layout, PackedBuffer, Views
+from compiled_llm.worker.step_buffers import (
+    BlockTableRows,
+    Layout,
+    PackedBuffer,
+    Views,
+    table_width,
+)
 
 
 @dataclass
@@ -87,6 +93,7 @@ class InputBatch:
         self.packed32 = PackedBuffer(capacity.end32, torch.int32, device)
         self.table = BlockTableRows(max_seqs, max_blocks, device)
         self.batch_table = torch.zeros(max_seqs, max_blocks, dtype=torch.int32, device=device)
+        self.table_width = 0  # block-table columns the last step gathered (all it sends)
         self._event = torch.cuda.Event() if device.type == "cuda" else None
         self._in_flight = False
         self._views: dict[tuple[int, int], Views] = {}
@@ -143,8 +150,9 @@ class InputBatch:
         self._check_ids(host["ids"][:num_tokens], query_starts, pending)
         _fill_seqs(host, query_starts, ends, rows, num_tokens)
         self._fill_sample_and_entries(layout, query_starts[1:][sample], entries)
-        self.send(layout, views)
-        attn = attention_metadata(views, num_tokens, num_seqs, max_query_len, int(ends.max()),
+        max_seq_len = int(ends.max())
+        self.send(layout, views, -(-max_seq_len // self.block_size))
+        attn = attention_metadata(views, num_tokens, num_seqs, max_query_len, max_seq_len,
                                   self.block_size)
         prompt = [_prompt_rows(req, np.arange(start, start + count), int(first_row))
                   for req, start, count, first_row in zip(reqs, starts, counts, query_starts)
@@ -196,7 +204,7 @@ class InputBatch:
             host[name][:] = 0
         empty = np.zeros(0, dtype=np.int64)
         _fill_seqs(host, np.zeros(1, dtype=np.int64), empty, empty, 0)
-        self.send(layout, views)
+        self.send(layout, views, 1)
 
     def padded_inputs(self, size: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor,
                                                               AttentionMetadata]:
@@ -233,8 +241,12 @@ class InputBatch:
             views = self._views[tokens, seqs] = Views(self, tokens, seqs)
         return views
 
-    def send(self, layout: Layout, views: Views) -> None:
-        """Copy the step's packed inputs, write new table entries, gather the step's rows."""
+    def send(self, layout: Layout, views: Views, width: int) -> None:
+        """Copy the step's packed inputs, write new table entries, gather the step's rows:
+        the columns of the longest sequence's `width` blocks only (rounded up by table_width),
+        so a step's table work does not grow with max_model_len. Columns past those keep stale
+        block ids of earlier steps: attention reads no block past a sequence's length, and a
+        full graph captured at the whole width reads the same rows at the same addresses."""
         self.packed64.send(layout.end64)
         self.packed32.send(layout.end32)
         if self._event is not None:
@@ -244,8 +256,10 @@ class InputBatch:
             entry_index = self.packed64.dev[layout.entry_idx:layout.end64]
             entry_values = self.packed32.dev[layout.entry_val:layout.end32]
             self.table.device.view(-1).index_copy_(0, entry_index, entry_values)
-        torch.index_select(self.table.device, 0, views.dev["rows"],
-                           out=views.dev["block_tables"])
+        width = table_width(width, self.max_blocks)
+        self.table_width = width
+        torch.index_select(self.table.columns(width), 0, views.dev["rows"],
+                           out=views.table_columns(width))
 
 
 _ARANGE = np.arange(4097, dtype=np.int64)  # query starts of a pure-decode batch

@@ -84,7 +84,20 @@ class ModelRunner:
         self.forward_fn = self._build_forward(model, compile_cfg)
         self.full_graph = (CUDAGraphWrapper(self.forward_fn, FULL, self.graph_pool)
                            if self._wants(FULL) else None)
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.input_batch = self._make_input_batch(max_num_seqs, max_num_batched_tokens)
+
+    def set_max_model_len(self, max_model_len: int) -> None:
+        """Settle the longest sequence once the KV cache is sized (the profiling run used an
+        upper bound): the step buffers are remade at its block-table width. Only before any
+        graph is captured, since graphs read the buffers' addresses."""
+        if max_model_len == self.max_model_len:
+            return
+        if self.dispatcher.full_sizes or self.dispatcher.piecewise_sizes:
+            raise RuntimeError("max_model_len cannot change once CUDA graphs are captured")
+        self.max_model_len = max_model_len
+        self.max_blocks_per_seq = -(-max_model_len // self.cache_cfg.block_size)
+        self.input_batch = self._make_input_batch(self.max_num_seqs, self.max_num_batched_tokens)
 
     def _wants(self, mode: str) -> bool:
         """Whether cudagraph_mode asks for graphs of this mode (and the device has them)."""

@@ -21,6 +21,12 @@ def _aligned(count: int) -> int:
     return -(-count // _ALIGN) * _ALIGN
 
 
+def table_width(blocks: int, max_blocks: int) -> int:
+    """Block-table columns a step gathers for its longest sequence's `blocks`: the next power
+    of two (at most max_blocks), so a handful of widths, each with its views made once."""
+    return min(1 << max(0, blocks - 1).bit_length(), max_blocks)
+
+
 @dataclass(frozen=True)
 class Layout:
     """Offsets of one step's segments in the packed buffers. ids/positions/slots/rows depend
@@ -97,6 +103,14 @@ class Views:
         self.dev.update({name: dev32[span] for name, span in self.slices32.items()})
         self.dev["block_tables"] = bufs.batch_table[:seqs]
         self.host32 = {name: bufs.packed32.host[span] for name, span in self.slices32.items()}
+        self._tables: dict[int, torch.Tensor] = {}
+
+    def table_columns(self, width: int) -> torch.Tensor:
+        """The block table's first `width` columns of these rows (the gather's output)."""
+        view = self._tables.get(width)
+        if view is None:
+            view = self._tables[width] = self.dev["block_tables"][:, :width]
+        return view
 
     def host(self, bufs: InputBatch) -> dict[str, np.ndarray]:
         """Numpy views to fill in place."""
@@ -132,6 +146,14 @@ class BlockTableRows:
         self.device = torch.zeros(num_rows + 1, width, dtype=torch.int32, device=device)
         self._free = list(range(num_rows, 0, -1))
         self._owned: dict[str, list] = {}  # request id -> [row, block list, entries written]
+        self._columns: dict[int, torch.Tensor] = {}
+
+    def columns(self, width: int) -> torch.Tensor:
+        """The device table's first `width` columns, every row (the gather's source)."""
+        view = self._columns.get(width)
+        if view is None:
+            view = self._columns[width] = self.device[:, :width]
+        return view
 
     @property
     def num_owned(self) -> int:
@@ -192,4 +214,5 @@ class BlockTableRows:
         old = self.host.shape[0]
         self.host = np.concatenate([self.host, np.zeros_like(self.host)])
         self.device = torch.cat([self.device, torch.zeros_like(self.device)])
+        self._columns.clear()
         self._free = list(range(2 * old - 1, old - 1, -1))

@@ -1,10 +1,12 @@
 """Worker: one rank's model on one device. It loads the weights, builds the model runner, sizes
-the KV cache from a profiling step (the first compiled call), allocates it, warms up and
-captures CUDA graphs; afterwards it runs the engine's steps through the runner.
+the KV cache from a profiling step (the first compiled call) at max_model_len's upper bound,
+settles max_model_len from the blocks that fit, allocates the cache, warms up and captures CUDA
+graphs; afterwards it runs the engine's steps through the runner.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -14,6 +16,7 @@ from compiled_llm.config import EngineArgs, SchedulerConfig
 from compiled_llm.worker.loader import load_model
 from compiled_llm.worker.model_runner import ModelRunner
 
+logger = logging.getLogger(__name__)
 _HEADROOM = 2 << 30  # bytes kept free beyond the KV cache for graphs and sampling
 
 
@@ -47,6 +50,16 @@ class Worker:
         self.num_blocks = num_kv_blocks(self.runner, sched.max_num_batched_tokens,
                                         sched.max_model_len, baseline)
         profiled = time.perf_counter()
+        # the KV cache's size is known only now: settle max_model_len before the buffers of
+        # its width (block tables) are made for good and before any graph reads them
+        try:
+            self.max_model_len = settle_max_model_len(
+                sched.max_model_len, args.max_model_len is not None, self.num_blocks,
+                args.block_size)
+        except ValueError:
+            self.runner.shutdown()
+            raise
+        self.runner.set_max_model_len(self.max_model_len)
         self.runner.allocate_kv_cache(self.num_blocks)
         self.runner.execute_dummy(1, 1)  # the decode shape
         warm = time.perf_counter()
@@ -85,6 +98,24 @@ def num_kv_blocks(runner: ModelRunner, max_tokens: int, max_len: int, baseline: 
     if blocks < 2:
         raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks")
     return int(blocks)
+
+
+def settle_max_model_len(max_len: int, explicit: bool, num_blocks: int, block_size: int) -> int:
+    """max_model_len once the KV cache's size is known: max_len (the model's, or the one given)
+    if one sequence that long fits the usable blocks (all but the null block), else, when
+    none was given, the tokens they hold; a given value they cannot hold is a ValueError."""
+    kv_tokens = (num_blocks - 1) * block_size
+    if max_len <= kv_tokens:
+        return max_len
+    if explicit:
+        raise ValueError(
+            f"max_model_len {max_len} does not fit the KV cache, which holds {kv_tokens} tokens "
+            f"({num_blocks - 1} blocks of {block_size}): lower max_model_len to at most "
+            f"{kv_tokens}, or raise kv_cache_memory_bytes, gpu_memory_utilization or "
+            "num_gpu_blocks_override")
+    logger.warning("max_model_len %d: the KV cache holds %d tokens, fewer than the model's %d",
+                   kv_tokens, kv_tokens, max_len)
+    return kv_tokens
 
 
 def _gpu_budget(utilization: float, baseline: int) -> int:

@@ -46,7 +46,10 @@ def flag_name(field_name: str) -> str:
 
 
 def _type_kwargs(cls: type, field: dataclasses.Field, hint: object) -> dict[str, Any]:
-    """add_argument's type, nargs, choices or action for one field, from its type hint."""
+    """add_argument's type, nargs, choices or action for one field, from its type hint (or
+    the parser in its metadata, for a hint no flag type spells, such as `int | str`)."""
+    if "parse" in field.metadata:
+        return {"type": field.metadata["parse"]}
     choices = field_choices(cls).get(field.name)
     if choices is not None:  # None cannot be spelled on the command line: leave it out
         values = [c for c in choices if c is not None]
