@@ -8,6 +8,9 @@
 #     bash benchmarks/h200_suite.sh 5     # sync against async scheduling
 #     bash benchmarks/h200_suite.sh 6     # compile speed in all five modes, with profiles
 #     bash benchmarks/h200_suite.sh 7     # serving against offline throughput (one GPU)
+#     bash benchmarks/h200_suite.sh 8     # the user's path: default against tuned, sync,
+#                                         # process core and the tree in .before/ (one GPU)
+#     bash benchmarks/h200_suite.sh 9     # the user's path on Llama-3-8B, then call 7
 # SKIP=batch_sweep leaves out every command that contains that text.
 # Logs and results go to $OUT (default bench_out/suite) as one .tgz and one log per stream.
 export PYTHONPATH=${PYTHONPATH:-}
@@ -95,6 +98,24 @@ $CLI bench throughput --model $Q $SIZES --input-len 512 --output-len 256 --outpu
 $CLI serve --model $Q --port 8100 --log-level warning & s=\$!; $SERVE; r=\$?; kill \$s; wait \$s; exit \$r
 $CLI bench throughput --model $Q --dataset-name nano-vllm --output-json $R/nano_vllm_qwen3-0.6b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 8 ]; then  # one GPU: nano-vllm through LLM.generate, each path its own process
+  Q=$CK/qwen3-0.6b UP="$py benchmarks/user_path.py --model $CK/qwen3-0.6b --workload nano-vllm --json $R/user_path_h200.jsonl"
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$py -m pytest -q -x -p no:cacheprovider tests/worker/test_cudagraphs_gpu.py tests/kernels/test_triton_gpu.py
+PYTHONPATH=$PWD/.before/tree:$PYTHONPATH COMPILED_LLM_CACHE_DIR=/tmp/cache-before $py .before/user_path_old.py --model $Q --workload nano-vllm --label before-default --json $R/user_path_h200.jsonl
+$UP --label default
+$UP --label tuned --preset tuned
+$UP --label default-sync --engine-args '{\"async_scheduling\":false}'
+$UP --label default-core-process --engine-args '{\"engine_core_process\":true}'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 9 ]; then  # one GPU: Llama-3-8B's user path, then serving against offline
+  L=$CK/llama3-8b
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
+$py benchmarks/user_path.py --model $L --workload nano-vllm --label default --json $R/user_path_h200.jsonl"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+  SUITE_SECONDS=$((END - $(date +%s))) CALL=7 bash benchmarks/h200_suite.sh 7
 else
   run_streams "\
 $MK

@@ -14,15 +14,21 @@ decode: one 128-token prompt, 256 new tokens, greedy, ignore_eos; tokens/s after
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
+TUNED_ENGINE = {"enable_prefix_caching": False, "max_model_len": 2048}
+TUNED_SAMPLING = {"temperature": 0.0, "detokenize": False}
 
-def run_nano_vllm(llm, sampling_params_cls) -> dict:
-    """Output tokens/s of the nano-vllm workload (one warm-up request first)."""
+
+def run_nano_vllm(llm, sampling_params_cls, overrides: dict | None = None) -> dict:
+    """Output tokens/s of the nano-vllm workload (one warm-up request first); overrides
+    replace SamplingParams fields (a tuned path: greedy, detokenize off ...)."""
     from compiled_llm.entrypoints.cli.bench import nano_vllm_workload
 
     prompts, params = nano_vllm_workload(llm)
+    params = [dataclasses.replace(p, **(overrides or {})) for p in params]
     llm.generate([{"prompt_token_ids": [1] * 16}], sampling_params_cls(max_tokens=4),
                  use_tqdm=False)
     start = time.perf_counter()
@@ -62,16 +68,28 @@ def main() -> None:
     ap.add_argument("--skip-tokenizer-init", action="store_true",
                     help="for a checkpoint without a usable tokenizer (decode only)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--engine-args", type=json.loads, default={},
+                    help="EngineArgs overrides as JSON (a tuned path; default: none)")
+    ap.add_argument("--sampling", type=json.loads, default={},
+                    help="SamplingParams overrides for nano-vllm as JSON (default: none)")
+    ap.add_argument("--preset", choices=["default", "tuned"], default="default",
+                    help="tuned: the benchmark's old path (greedy, no detokenization, no prefix "
+                         "caching, max_model_len 2048) under the overrides")
     args = ap.parse_args()
+    if args.preset == "tuned":
+        args.engine_args = {**TUNED_ENGINE, **args.engine_args}
+        args.sampling = {**TUNED_SAMPLING, **args.sampling}
     from compiled_llm import LLM, SamplingParams
 
     start = time.perf_counter()
-    llm = LLM(model=args.model, skip_tokenizer_init=args.skip_tokenizer_init)
-    row = {"label": args.label, "model": args.model, "startup_s": time.perf_counter() - start}
+    llm = LLM(model=args.model, skip_tokenizer_init=args.skip_tokenizer_init,
+              **args.engine_args)
+    row = {"label": args.label, "model": args.model, "startup_s": time.perf_counter() - start,
+           "engine_args": args.engine_args, "sampling": args.sampling}
     if "decode" in args.workload:
         row["decode"] = run_decode(llm, SamplingParams)
     if "nano-vllm" in args.workload:
-        row["nano_vllm"] = run_nano_vllm(llm, SamplingParams)
+        row["nano_vllm"] = run_nano_vllm(llm, SamplingParams, args.sampling)
     print(json.dumps(row))
     if args.json:
         with open(args.json, "a") as out:
