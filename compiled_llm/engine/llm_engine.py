@@ -81,6 +81,8 @@ class LLMEngine:
         self.inputs = InputProcessor(self.tokenizer, self.core.vocab_size,
                                      self.eos_token_ids, self.max_model_len, args)
         self.inputs.attach_matchers = not core_process  # a process core builds its own
+        if not core_process:  # a bound method of the processor: no cycle through the engine
+            self.core.grammars = self.inputs.grammar_manager
         self.outputs = OutputProcessor(self.tokenizer)
         self.parents: dict[str, list[RequestState]] = {}
         logger.info("engine ready: %s on %s, %d KV blocks, max_model_len %d", model_dir,
@@ -95,7 +97,7 @@ class LLMEngine:
             from compiled_llm.engine.core_client import CoreClient
 
             return CoreClient(args, spec)
-        return InProcCore(args, spec, lambda: self.inputs.grammar_manager())
+        return InProcCore(args, spec)  # its grammars come from the input processor, below
 
     def _load_tokenizer(self, model_dir: str):
         return AutoTokenizer.from_pretrained(self.args.tokenizer or model_dir)
