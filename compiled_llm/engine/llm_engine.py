@@ -169,7 +169,13 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model, sample, and return outputs of requests that progressed
-        or failed."""
+        or failed.
+
+        Under async scheduling (the default) a step launches the next model step and returns
+        the outputs of the one launched before it: outputs lag one step, so the first step
+        after an idle engine returns no tokens, and has_unfinished_requests() stays true while
+        a launched step is unread (keep stepping until it is false). With
+        async_scheduling=False each step runs to the end and returns its own outputs."""
         self._check_open()
         timer = self.executor.step_timer
         timer.begin()
@@ -194,29 +200,42 @@ class LLMEngine:
         return self._process(sched, result, skipped)
 
     def _step_async(self, timer: StepTimer) -> list[RequestOutput]:
-        """Launch step N+1, then read step N's tokens while the device runs N+1. Requests whose
-        sampling needs their previous token on the host make N land before N+1 is scheduled."""
-        outs: list[RequestOutput] = []
-        if self._inflight is not None and self.scheduler.needs_sync():
-            outs, self._inflight = self._land(self._inflight), None
+        """Schedule step N+1 and launch it, landing step N (reading its tokens, processing
+        them) while the device runs N+1's forward; see _launch_async for the order."""
         sched = self.scheduler.schedule()
         timer.scheduled()
         prev, self._inflight = self._inflight, None
+        outs: list[RequestOutput] = []
         if sched.is_empty:
             self.executor.release(sched.finished_req_ids, sched.preempted_req_ids)
         else:
-            try:
-                step = self.executor.launch(sched, prev[1] if prev else None)
-            except Exception as e:
-                outs += self._fail_step(sched, e)
-            else:
-                timer.gpu_done()
-                outs += self._collect(self._fail_skipped(sched, step.result.skipped))
-                self.scheduler.advance(sched, step.sample_reqs)
-                self._inflight = (sched, step)
+            outs, prev = self._launch_async(sched, prev, timer)
         if prev is not None:
             outs += self._land(prev, timer)
         return outs
+
+    def _launch_async(self, sched: SchedulerOutput,
+                      prev: tuple[SchedulerOutput, LaunchedStep] | None, timer: StepTimer
+                      ) -> tuple[list[RequestOutput], tuple[SchedulerOutput, LaunchedStep] | None]:
+        """Launch N+1's forward; land N now if a sampling row of N+1 needs N's token on the
+        host (a grammar, a logits processor); launch N+1's sampling. Returns the outputs so
+        far and N when it is still to land (after the sampling, as the device runs)."""
+        try:
+            step = self.executor.launch_forward(sched, prev[1] if prev else None)
+        except Exception as e:
+            return self._fail_step(sched, e), prev
+        outs = self._collect(self._fail_skipped(sched, step.result.skipped))
+        if prev is not None and self.scheduler.must_land_first(step.sample_reqs):
+            outs += self._land(prev)
+            prev = None
+        try:
+            self.executor.launch_sampling(step)
+        except Exception as e:
+            return outs + self._fail_step(sched, e), prev
+        timer.gpu_done()
+        self.scheduler.advance(sched, step.sample_reqs)
+        self._inflight = (sched, step)
+        return outs, prev
 
     def _land(self, inflight: tuple[SchedulerOutput, LaunchedStep],
               timer: StepTimer | None = None) -> list[RequestOutput]:
