@@ -1,11 +1,8 @@
 """The async scheduler: scheduling when step N+1 is launched before step N's tokens are read.
-
-A launched step's sampled token is *pending* on its request (counted in num_tokens, not yet in
-all_token_ids) until the host reads it; the input batch writes such a token as ~row of the
-launched step's sampled tensor, which the worker fills in on the device. A step whose sampling
-needs a pending token on the host has the step in flight land between its forward and its
-sampling (must_land_first).
-"""
+A launched step's sampled token is *pending* on its request (in num_tokens, not all_token_ids)
+until the host reads it; the input batch writes it as ~row of the launched step's sampled
+tensor, filled in on the device. A step whose sampling needs a pending token on the host has
+the step in flight land between its forward and its sampling (must_land_first)."""
 
 from __future__ import annotations
 
