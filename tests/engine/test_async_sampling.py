@@ -202,3 +202,18 @@ def test_sampling_launches_copy_without_blocking_and_read_nothing(llm, sync, pro
         del runner.launch_sampling
     assert watch.calls == []
     same_outputs(got, run(sync, batch, plist))
+
+
+def test_penalties_and_seeds_through_preemption_and_chunked_prefill(ckpt):
+    """Counts and slots stay with a preempted request (it resumes by recompute) and with a
+    prompt chunked over steps: async and sync still agree token for token."""
+    kw = dict(enforce_eager=True, dtype="float32", num_gpu_blocks_override=14,
+              max_num_batched_tokens=32)
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(6, 300, lo=20, hi=90, seed=3)]
+    plist = [SamplingParams(max_tokens=20, ignore_eos=True, temperature=1.0, seed=i,
+                            presence_penalty=0.4, frequency_penalty=0.3,
+                            repetition_penalty=1.2 if i % 2 else 1.0) for i in range(6)]
+    a = LLM(str(ckpt), **kw)
+    got = run(a, prompts, plist)
+    assert a.engine.scheduler.num_preemptions > 0
+    same_outputs(got, run(LLM(str(ckpt), async_scheduling=False, **kw), prompts, plist))
