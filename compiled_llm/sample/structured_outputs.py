@@ -68,16 +68,12 @@ def fill_bitmask(reqs: list, vocab_size: int, row_errors: dict[int, str] | None 
     return (bitmask, rows) if rows else (None, [])
 
 
-_BITS: dict[torch.device, torch.Tensor] = {}
-
-
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
     """Set disallowed logits to -inf, in place, with tensor ops on logits' device: rows
     without a grammar are all-allowed in the bitmask, so every row is masked and no row list
     goes to the device (`rows` is informational)."""
-    bits = _BITS.get(logits.device)
-    if bits is None:
-        bits = _BITS[logits.device] = torch.arange(32, dtype=torch.int32, device=logits.device)
+    # made per call: a cached device tensor would outlive the engine's device memory
+    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
     vocab = logits.shape[-1]
     allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).flatten(1)[:, :vocab]
     logits.masked_fill_(allowed == 0, float("-inf"))

@@ -217,3 +217,24 @@ def test_penalties_and_seeds_through_preemption_and_chunked_prefill(ckpt):
     got = run(a, prompts, plist)
     assert a.engine.scheduler.num_preemptions > 0
     same_outputs(got, run(LLM(str(ckpt), async_scheduling=False, **kw), prompts, plist))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sampling_launches_never_synchronize_on_cuda(ckpt, prompts):
+    """On CUDA, torch's sync debug mode raises on any synchronizing call (a blocking or
+    pageable copy, a device read) made while a step's sampling is launched."""
+    llm = LLM(str(ckpt), enforce_eager=True, dtype="float32")
+    runner = llm.engine.executor.worker.runner
+    real = runner.launch_sampling
+
+    def strict(step):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return real(step)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    names = [n for n in CASES if n != "logits_processors"]
+    runner.launch_sampling = strict
+    run(llm, [prompts[i % len(prompts)] for i in range(len(names))],
+        [params(name) for name in names])
