@@ -289,9 +289,10 @@ class EngineArgs:
     """Block hash for prefix caching: xxhash (fast) or sha256."""
     scheduling_policy: SchedulerPolicy = "fcfs"
     """fcfs: first come, first served; priority: the lowest request priority value first."""
-    async_scheduling: bool = False
+    async_scheduling: bool = True
     """Schedule and launch step N+1 before reading step N's tokens, so host work overlaps the
-    device (requests whose sampling needs the previous token on the host run step by step)."""
+    device; a step returns the previous step's outputs. Sampling that needs the previous token
+    on the host (grammars, logits processors) reads it while step N+1's forward runs."""
     seed: int = 0
     """torch's global seed, set at engine start: sampling without a per-request seed draws
     from it."""

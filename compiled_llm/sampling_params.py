@@ -360,11 +360,11 @@ class SamplingParams:
 
     @property
     def needs_host_feedback(self) -> bool:
-        """Sampling reads the previous token on the host (penalties, logits processors,
-        min_tokens, a grammar), so async scheduling runs such a request step by step."""
-        return bool(self.repetition_penalty != 1.0 or self.presence_penalty
-                    or self.frequency_penalty or self.logits_processors or self.min_tokens
-                    or self.structured_outputs is not None)
+        """Sampling reads the previous token on the host (logits processors read the output
+        ids, a grammar's bitmask follows them), so under async scheduling the step in flight
+        lands before such a request's next sampling (penalties and min_tokens need no token
+        on the host)."""
+        return bool(self.logits_processors or self.structured_outputs is not None)
 
     @property
     def output_text_buffer_length(self) -> int:

@@ -92,3 +92,51 @@ def random_prompts(n: int, vocab: int, lo: int = 3, hi: int = 60, seed: int = 0)
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(lo, hi, (n,), generator=g).tolist()
     return [torch.randint(1, vocab, (length,), generator=g).tolist() for length in lens]
+
+
+class HostSyncWatch:
+    """While active, records the calls that make the host wait for the device on CUDA, so a
+    CPU test can catch them: a tensor made straight on a device (torch.tensor(..., device=):
+    a pageable, blocking copy), a move to a device without non_blocking=True, and every read
+    of a tensor's values (item, tolist, numpy, bool, int, float). Use as a context manager;
+    `calls` lists what was seen."""
+
+    _READS = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__")
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self._saved: list[tuple[object, str, object]] = []
+
+    def _patch(self, owner, name: str, check) -> None:
+        real = getattr(owner, name)
+        self._saved.append((owner, name, real))
+
+        def wrapper(*args, **kwargs):
+            if check(args, kwargs):
+                self.calls.append(name)
+            return real(*args, **kwargs)
+
+        setattr(owner, name, wrapper)
+
+    def __enter__(self) -> HostSyncWatch:
+        on_device = lambda args, kwargs: kwargs.get("device") is not None  # noqa: E731
+        self._patch(torch, "tensor", on_device)
+        self._patch(torch, "as_tensor", on_device)
+        self._patch(torch.Tensor, "to", _blocking_move)
+        self._patch(torch.Tensor, "cuda", lambda args, kwargs: not kwargs.get("non_blocking"))
+        for name in self._READS:
+            self._patch(torch.Tensor, name, lambda args, kwargs: True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, real in reversed(self._saved):
+            setattr(owner, name, real)
+        self._saved.clear()
+
+
+def _blocking_move(args, kwargs) -> bool:
+    """Whether a Tensor.to call names a device (or another tensor) but not non_blocking=True."""
+    moves = "device" in kwargs or any(isinstance(a, (torch.device, str, torch.Tensor))
+                                      for a in args[1:])
+    non_blocking = kwargs.get("non_blocking") or any(a is True for a in args[1:])
+    return moves and not non_blocking

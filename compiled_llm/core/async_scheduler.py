@@ -1,9 +1,8 @@
 """The async scheduler: scheduling when step N+1 is launched before step N's tokens are read.
-
-A launched step's sampled token is *pending* on its request (counted in num_tokens, not yet in
-all_token_ids) until the host reads it; the input batch writes such a token as ~row of the
-launched step's sampled tensor, which the worker fills in on the device.
-"""
+A launched step's sampled token is *pending* on its request (in num_tokens, not all_token_ids)
+until the host reads it; the input batch writes it as ~row of the launched step's sampled
+tensor, filled in on the device. A step whose sampling needs a pending token on the host has
+the step in flight land between its forward and its sampling (must_land_first)."""
 
 from __future__ import annotations
 
@@ -34,7 +33,8 @@ class AsyncScheduler(Scheduler):
         return req.num_tokens >= self.cfg.max_model_len or (
             max_tokens is not None and req.num_output_tokens + req.num_pending >= max_tokens)
 
-    def needs_sync(self) -> bool:
-        """Whether a running request samples from its previous token on the host (penalties,
-        logits processors, min_tokens, grammars): then the launched step must land first."""
-        return any(req.needs_feedback for req in self.running)
+    def must_land_first(self, sample_reqs: list[Request]) -> bool:
+        """Whether a sampling row of the step being launched reads its pending token on the
+        host (a grammar's bitmask, a logits processor's output ids): then the step in flight
+        lands before this step's sampling is built (its forward already runs)."""
+        return any(req.num_pending and req.needs_feedback for req in sample_reqs)

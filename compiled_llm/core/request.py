@@ -56,7 +56,7 @@ class Request:
     num_computed_tokens: int = 0
     num_pending: int = 0  # sampled by launched steps, not yet appended
     pending_src: int = -1  # row of the newest pending token in its step's sampled tensor
-    needs_feedback: bool = False  # set from sampling_params: no async steps for this request
+    needs_feedback: bool = False  # sampling reads the previous token on the host
     block_ids: list[int] = field(default_factory=list)
     # prefix caching: hashes of the full blocks of all_token_ids (filled in by the KV manager)
     block_hashes: list[bytes] = field(default_factory=list)

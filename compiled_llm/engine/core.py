@@ -129,8 +129,11 @@ class EngineCore:
     # ------------------------------------------------------------------ step
     def step(self) -> list[EngineCoreOutput]:
         """Schedule, launch and collect one step; the outputs of requests that progressed or
-        finished. Under async scheduling a step returns the tokens of the step launched
-        before it (one step behind), and has_unfinished() stays true until they are read."""
+        finished. Under async scheduling (the default) a step launches the next model step
+        and returns the tokens of the one launched before it: outputs lag one step, so the
+        first step after an idle engine returns no tokens, and has_unfinished() stays true
+        while a launched step is unread. With async_scheduling=False each step runs to the
+        end and returns its own outputs."""
         if self._awaiting_grammar:
             self._admit_compiled()
         timer = self.executor.step_timer
@@ -163,29 +166,43 @@ class EngineCore:
         self._process(sched, result)
 
     def _step_async(self, timer: StepTimer) -> None:
-        """Launch step N+1, then read step N's tokens while the device runs N+1. Requests whose
-        sampling needs their previous token on the host make N land before N+1 is scheduled."""
-        if self._inflight is not None and self.scheduler.needs_sync():
-            self._land(self._inflight)
-            self._inflight = None
+        """Schedule step N+1 and launch it, landing step N (reading its tokens, processing
+        them) while the device runs N+1's forward; see _launch_async for the order."""
         sched = self.scheduler.schedule()
         timer.scheduled()
         prev, self._inflight = self._inflight, None
         if sched.is_empty:
             self.executor.release(sched.finished_req_ids, sched.preempted_req_ids)
         else:
-            try:
-                step = self.executor.launch(sched, prev[1] if prev else None)
-            except Exception as e:
-                self._fail_step(sched, e)
-            else:
-                timer.gpu_done()
-                self._fail_skipped(sched, step.result.skipped)
-                self.scheduler.advance(sched, step.sample_reqs)
-                self._inflight = (sched, step)
+            prev = self._launch_async(sched, prev, timer)
         if prev is not None:
             self._land(prev, timer)
         self._report_finished()
+
+    def _launch_async(self, sched: SchedulerOutput,
+                      prev: tuple[SchedulerOutput, LaunchedStep] | None,
+                      timer: StepTimer) -> tuple[SchedulerOutput, LaunchedStep] | None:
+        """Launch N+1's forward; land N now if a sampling row of N+1 needs N's token on the
+        host (a grammar, a logits processor); launch N+1's sampling. Returns N when it is
+        still to land (after the sampling, as the device runs)."""
+        try:
+            step = self.executor.launch_forward(sched, prev[1] if prev else None)
+        except Exception as e:
+            self._fail_step(sched, e)
+            return prev
+        self._fail_skipped(sched, step.result.skipped)
+        if prev is not None and self.scheduler.must_land_first(step.sample_reqs):
+            self._land(prev)
+            prev = None
+        try:
+            self.executor.launch_sampling(step)
+        except Exception as e:
+            self._fail_step(sched, e)
+            return prev
+        timer.gpu_done()
+        self.scheduler.advance(sched, step.sample_reqs)
+        self._inflight = (sched, step)
+        return prev
 
     def _land(self, inflight: tuple[SchedulerOutput, LaunchedStep],
               timer: StepTimer | None = None) -> None:

@@ -1,6 +1,7 @@
 """The uniprocess executor: the engine's one worker, in the engine's own process. Its methods
-are the interface every executor offers the engine: launch a step, finish it, release
-per-request state, report what the worker built at start-up, and shut down."""
+are the interface every executor offers the engine: launch a step's forward, then its
+sampling, finish it (or run a step to the end), release per-request state, report what the
+worker built at start-up, and shut down."""
 
 from __future__ import annotations
 
@@ -35,9 +36,14 @@ class UniProcExecutor:
         """The model's vocabulary size."""
         return self.model_config.vocab_size
 
-    def launch(self, sched: SchedulerOutput, prev: LaunchedStep | None = None) -> LaunchedStep:
-        """Queue one step on the device (see ModelRunner.launch)."""
-        return self.worker.runner.launch(sched, prev)
+    def launch_forward(self, sched: SchedulerOutput,
+                       prev: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue one step's forward on the device (see ModelRunner.launch_forward)."""
+        return self.worker.runner.launch_forward(sched, prev)
+
+    def launch_sampling(self, step: LaunchedStep) -> LaunchedStep:
+        """Queue a launched forward's sampling (see ModelRunner.launch_sampling)."""
+        return self.worker.runner.launch_sampling(step)
 
     def finish(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step and read its results."""

@@ -1,6 +1,7 @@
 """The batch view of the requests' SamplingParams for one step (SamplingMetadata): tensors
-for temperature, top-k/p, min-p and penalties only when some row uses them, seeded generators,
-banned ids, logits processors, and the structured-output bitmask."""
+for temperature, top-k/p, min-p and penalties only when some row uses them (gathered by slot
+from the sampler's device state), seeded generators, banned ids, logits processors, and the
+structured-output bitmask."""
 
 from __future__ import annotations
 
@@ -10,14 +11,31 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from compiled_llm.sample.state import (
+    FREQUENCY,
+    MIN_P,
+    PRESENCE,
+    REPETITION,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+    SamplingState,
+)
+from compiled_llm.sample.uploads import upload
+from compiled_llm.sampling_params import SamplingParams
+
 if TYPE_CHECKING:
     from compiled_llm.core.request import Request
+
+# what a neutral row samples with: greedy, nothing on (its token is never read)
+STAND_IN_PARAMS = SamplingParams(temperature=0.0, max_tokens=1)
 
 
 @dataclass
 class SamplingMetadata:
     """One step's sampling parameters by row [B]; an optional tensor is None when no row
-    uses it, so an all-greedy batch carries none of temperature, top-k/p, min-p."""
+    uses it, so an all-greedy batch carries none of temperature, top-k/p, min-p. Built by the
+    sampler from its persistent device state (gathered by slot), or by hand."""
 
     temperature: torch.Tensor | None  # [B] float32, 0.0 = greedy row; None when all_greedy
     all_greedy: bool
@@ -29,8 +47,7 @@ class SamplingMetadata:
     presence_penalty: torch.Tensor | None
     frequency_penalty: torch.Tensor | None
     repetition_penalty: torch.Tensor | None
-    prompt_token_ids: list[list[int]]  # per row; only read (and set) for repetition penalty
-    output_token_ids: list[list[int]]  # per row
+    output_token_ids: list[list[int]]  # per row, on the host: what logits processors read
     banned_token_ids: dict[int, list[int]]  # row -> ids forced to -inf (e.g. min_tokens)
     logits_processors: dict[int, list[Callable]]  # row -> (output_ids, row_logits) -> row
     max_num_logprobs: int | None  # top-k logprobs for sampled tokens; None = none
@@ -38,10 +55,16 @@ class SamplingMetadata:
     logit_bias: dict[int, dict[int, float]] = field(default_factory=dict)  # row -> id -> bias
     allowed_token_ids: dict[int, list[int]] = field(default_factory=dict)  # row -> only these
     # structured outputs: xgrammar bitmask [B, ceil(V/32)] int32 on the logits' device, and
-    # the rows it constrains (others are unconstrained)
+    # the rows it constrains (others are all-allowed)
     grammar_bitmask: torch.Tensor | None = None
     grammar_rows: list[int] = field(default_factory=list)
-    # known on the host when the batch is built; None means read them off the tensors (a sync)
+    # penalties: [B, V] output-token counts, and the prompt-token mask (None when no row has a
+    # repetition penalty); set whenever presence_penalty is
+    output_counts: torch.Tensor | None = None
+    prompt_mask: torch.Tensor | None = None
+    # the sampler's counts row of each row [B] (0: none), to count the sampled tokens in
+    penalty_rows: torch.Tensor | None = None
+    # known on the host when the batch is built; None means all of the vocabulary
     any_repetition_penalty: bool | None = None
     max_top_k: int | None = None
 
@@ -73,48 +96,66 @@ def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
     return gen
 
 
-def build_sampling_metadata(reqs: list[Request], device: torch.device, gen_for) -> SamplingMetadata:
-    """The batch view of the requests' SamplingParams; optional tensors only when used (an
-    all-greedy batch builds none for temperature, top-k/p, min-p or generators)."""
-    params = [r.sampling_params for r in reqs]
-    floats = lambda values: torch.tensor(values, dtype=torch.float32, device=device)  # noqa: E731
-    all_greedy = all(p.is_greedy for p in params)
+
+
+def build_sampling_metadata(reqs: list[Request], state: SamplingState, gen_for,
+                            neutral: frozenset[int] | set[int] = frozenset()) -> SamplingMetadata:
+    """The batch view of the requests' SamplingParams. Per-row values are gathered on the
+    device from `state` by slot (one small index copy; none for an all-greedy batch without
+    penalties). Neutral rows sample greedily with nothing on: rows whose own data broke the
+    batch, and requests that finished after the step was launched (their token is dropped)."""
+    neutral = set(neutral).union(i for i, r in enumerate(reqs) if r.is_finished)
+    params = [STAND_IN_PARAMS if i in neutral else r.sampling_params for i, r in enumerate(reqs)]
+    live = [(i, r, p) for i, (r, p) in enumerate(zip(reqs, params)) if i not in neutral]
     any_repetition = any(p.repetition_penalty != 1.0 for p in params)
     any_penalty = any_repetition or any(p.presence_penalty or p.frequency_penalty for p in params)
-    banned = {i: [*(() if r.sampling_params.ignore_eos else r.eos_token_ids),
-                  *r.sampling_params.stop_token_ids]
-              for i, r in enumerate(reqs) if r.num_output_tokens < r.sampling_params.min_tokens}
-    processors = {i: p.logits_processors for i, p in enumerate(params) if p.logits_processors}
     logprob_counts = [p.logprobs for p in params if p.logprobs is not None]
     meta = SamplingMetadata(
-        temperature=None, all_greedy=all_greedy, top_k=None, top_p=None, min_p=None,
-        generators={},
-        presence_penalty=floats([p.presence_penalty for p in params]) if any_penalty else None,
-        frequency_penalty=floats([p.frequency_penalty for p in params]) if any_penalty else None,
-        repetition_penalty=floats([p.repetition_penalty for p in params]) if any_penalty else None,
-        prompt_token_ids=[r.prompt_token_ids for r in reqs] if any_repetition else [],
+        temperature=None, all_greedy=all(p.is_greedy for p in params), top_k=None, top_p=None,
+        min_p=None, generators={}, presence_penalty=None, frequency_penalty=None,
+        repetition_penalty=None,
         output_token_ids=[r.output_token_ids for r in reqs],
-        banned_token_ids=banned,
-        logits_processors=processors,
+        # min_tokens: the row samples output token number num_output_tokens + num_pending
+        banned_token_ids={i: [*(() if p.ignore_eos else r.eos_token_ids), *p.stop_token_ids]
+                          for i, r, p in live
+                          if r.num_output_tokens + r.num_pending < p.min_tokens},
+        logits_processors={i: p.logits_processors for i, _, p in live if p.logits_processors},
         max_num_logprobs=max(logprob_counts) if logprob_counts else None,
         any_repetition_penalty=any_repetition,
-        logit_bias={i: p.logit_bias for i, p in enumerate(params) if p.logit_bias},
-        allowed_token_ids={i: p.allowed_token_ids for i, p in enumerate(params)
-                           if p.allowed_token_ids},
+        logit_bias={i: p.logit_bias for i, _, p in live if p.logit_bias},
+        allowed_token_ids={i: p.allowed_token_ids for i, _, p in live if p.allowed_token_ids},
     )
-    if not all_greedy:
-        _random_sampling_fields(meta, reqs, params, floats, gen_for)
+    if not meta.all_greedy or any_penalty:
+        _gather_params(meta, reqs, params, state, neutral, any_penalty)
+    if not meta.all_greedy:
+        meta.generators = {i: gen for i, r, _ in live if (gen := gen_for(r)) is not None}
     return meta
 
 
-def _random_sampling_fields(meta: SamplingMetadata, reqs: list[Request], params, floats,
-                            gen_for) -> None:
-    """Temperature, top-k/p, min-p and seeded generators: only a batch with a random row."""
-    meta.temperature = floats([0.0 if p.is_greedy else p.temperature for p in params])
-    top_k = [p.top_k for p in params]
-    if any(top_k):
-        meta.top_k = torch.tensor(top_k, device=meta.temperature.device)
-        meta.max_top_k = max(top_k)
-    meta.top_p = floats([p.top_p for p in params]) if any(p.top_p < 1.0 for p in params) else None
-    meta.min_p = floats([p.min_p for p in params]) if any(p.min_p > 0.0 for p in params) else None
-    meta.generators = {i: gen for i, r in enumerate(reqs) if (gen := gen_for(r)) is not None}
+def _gather_params(meta: SamplingMetadata, reqs: list[Request], params: list[SamplingParams],
+                   state: SamplingState, neutral: set[int], any_penalty: bool) -> None:
+    """Temperature, top-k/p, min-p and penalties of each row, gathered from the state's
+    tables by slot; a tensor only when some row uses it."""
+    slots = state.slots_for(reqs, neutral)
+    penalty_rows = state.penalty_rows_for(reqs, neutral) if any_penalty else []
+    index = upload(slots + penalty_rows, torch.int64, state.device)
+    rows = state.params.index_select(0, index[:len(slots)])
+    if not meta.all_greedy:
+        meta.temperature = rows[:, TEMPERATURE]
+        max_top_k = max(p.top_k for p in params)
+        if max_top_k:
+            meta.top_k = rows[:, TOP_K].to(torch.int64)
+            meta.max_top_k = min(max_top_k, state.vocab_size or max_top_k)
+        if any(p.top_p < 1.0 for p in params):
+            meta.top_p = rows[:, TOP_P]
+        if any(p.min_p > 0.0 for p in params):
+            meta.min_p = rows[:, MIN_P]
+    if any_penalty:
+        counts_index = index[len(slots):]
+        meta.presence_penalty = rows[:, PRESENCE]
+        meta.frequency_penalty = rows[:, FREQUENCY]
+        meta.repetition_penalty = rows[:, REPETITION]
+        meta.output_counts = state.counts.index_select(0, counts_index)
+        if meta.any_repetition_penalty:
+            meta.prompt_mask = state.prompt_seen.index_select(0, counts_index)
+        meta.penalty_rows = counts_index

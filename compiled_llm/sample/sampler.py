@@ -1,8 +1,8 @@
 """Batched token sampling on device: penalties, masks, temperature, min-p/top-k/top-p, logprobs.
 
-Owns ``Sampler``, which also keeps its per-request device state (seeded generators) and
-builds each step's ``SamplingMetadata`` from the requests alone. Per-row Python work is
-limited to seeded rows, logits processors and banned ids.
+Owns ``Sampler``, which also keeps its per-request state (seeded generators, and parameter
+slots and penalty counts on the device) and builds each step's ``SamplingMetadata`` from the
+requests alone. A step copies to the device only from pinned memory, never reads the device.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from compiled_llm.sample.metadata import (
     drop_out_of_vocab,
     make_generator,
 )
+from compiled_llm.sample.state import SamplingState
 from compiled_llm.sample.structured_outputs import apply_bitmask, fill_bitmask
-from compiled_llm.sampling_params import SAMPLING_EPS, SamplingParams
+from compiled_llm.sample.uploads import send, upload
+from compiled_llm.sampling_params import SAMPLING_EPS
 
-# what a row whose own data broke the batch samples with (its request fails; nothing is read)
-_STAND_IN_PARAMS = SamplingParams(temperature=0.0, max_tokens=1)
-
-__all__ = ["Sampler", "SamplingMetadata", "make_generator", "compute_prompt_logprobs"]
+__all__ = ["Sampler", "SamplingMetadata", "make_generator", "compute_prompt_logprobs",
+           "token_counts"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +108,8 @@ def apply_banned_ids(logits: torch.Tensor, banned: dict[int, list[int]]) -> None
         rows.extend([row] * len(ids))
         cols.extend(ids)
     if rows:
-        row_index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-        col_index = torch.tensor(cols, dtype=torch.int64, device=logits.device)
-        logits[row_index, col_index] = _NEG_INF
+        index = upload([rows, cols], torch.int64, logits.device)
+        logits[index[0], index[1]] = _NEG_INF
 
 
 def apply_logit_bias(logits: torch.Tensor, bias: dict[int, dict[int, float]]) -> None:
@@ -120,9 +119,8 @@ def apply_logit_bias(logits: torch.Tensor, bias: dict[int, dict[int, float]]) ->
         return
     cols = [token_id for by_id in bias.values() for token_id in by_id]
     values = [value for by_id in bias.values() for value in by_id.values()]
-    device = logits.device
-    index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
-    logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=device),
+    index = upload([rows, cols], torch.int64, logits.device)
+    logits.index_put_((index[0], index[1]), upload(values, logits.dtype, logits.device),
                       accumulate=True)
 
 
@@ -131,44 +129,41 @@ def apply_allowed_ids(logits: torch.Tensor, allowed: dict[int, list[int]]) -> No
     if not allowed:
         return
     device = logits.device
-    rows = torch.tensor(list(allowed), device=device)
-    keep = torch.zeros(len(allowed), logits.shape[-1], dtype=torch.bool, device=device)
     local = [k for k, ids in enumerate(allowed.values()) for _ in ids]
     cols = [token_id for ids in allowed.values() for token_id in ids]
-    keep[torch.tensor(local, device=device), torch.tensor(cols, device=device)] = True
+    # one copy: [rows | local row of each allowed id | the ids]
+    index = upload([*allowed, *local, *cols], torch.int64, device)
+    rows, n = index[:len(allowed)], len(allowed)
+    keep = torch.zeros(n, logits.shape[-1], dtype=torch.bool, device=device)
+    keep[index[n:n + len(local)], index[n + len(local):]] = True
     logits[rows] = logits[rows].masked_fill(~keep, _NEG_INF)
 
 
-def _token_counts(ids: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    """[B, V] int64 occurrence counts of each token id per row."""
-    max_len = max((len(r) for r in ids), default=0)
-    if max_len == 0:
-        return torch.zeros(len(ids), vocab, dtype=torch.int64, device=device)
-    # Pad with an extra bin (id == vocab) that is dropped afterwards.
-    padded = torch.tensor(
-        [r + [vocab] * (max_len - len(r)) for r in ids], dtype=torch.int64, device=device
-    )
-    counts = torch.zeros(len(ids), vocab + 1, dtype=torch.int64, device=device)
-    counts.scatter_add_(1, padded, torch.ones_like(padded))
-    return counts[:, :vocab]
+def token_counts(ids: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """[B, V] int32 occurrence counts of each token id per row (for metadata built by hand;
+    the sampler keeps its own counts on the device)."""
+    counts = torch.zeros(len(ids), vocab, dtype=torch.int32, device=device)
+    rows = [row for row, r in enumerate(ids) for _ in r]
+    if rows:
+        index = upload([rows, [t for r in ids for t in r]], torch.int64, device)
+        counts.index_put_((index[0], index[1]), torch.ones_like(index[0], dtype=torch.int32),
+                          accumulate=True)
+    return counts
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-    """vLLM semantics: repetition over prompt+output tokens, presence/frequency over output."""
+    """vLLM semantics: repetition over prompt+output tokens, presence/frequency over output,
+    from the metadata's [B, V] output counts and prompt mask."""
     if meta.presence_penalty is None:
         return logits
     assert meta.frequency_penalty is not None and meta.repetition_penalty is not None
-    vocab = logits.shape[-1]
-    out_counts = _token_counts(meta.output_token_ids, vocab, logits.device)
-    out_seen = out_counts > 0
-    repetition = meta.repetition_penalty.to(logits.dtype).unsqueeze(1)
-    any_repetition = meta.any_repetition_penalty
-    if any_repetition or (any_repetition is None and bool((repetition != 1.0).any())):
-        # Prompt counts are the costly part (long prompts); skip them when no row needs them.
-        seen = out_seen | (_token_counts(meta.prompt_token_ids, vocab, logits.device) > 0)
-        scale = torch.where(seen, repetition, torch.ones_like(repetition))
+    counts = meta.output_counts
+    out_seen = counts > 0
+    if meta.prompt_mask is not None:  # some row has a repetition penalty
+        repetition = meta.repetition_penalty.to(logits.dtype).unsqueeze(1)
+        scale = torch.where(out_seen | meta.prompt_mask, repetition, 1.0)
         logits = torch.where(logits > 0, logits / scale, logits * scale)
-    logits = logits - meta.frequency_penalty.to(logits.dtype).unsqueeze(1) * out_counts
+    logits = logits - meta.frequency_penalty.to(logits.dtype).unsqueeze(1) * counts
     return logits - meta.presence_penalty.to(logits.dtype).unsqueeze(1) * out_seen
 
 
@@ -185,7 +180,8 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
 def _top_k_only(logits: torch.Tensor, top_k: torch.Tensor, max_top_k: int | None = None) -> None:
     vocab = logits.shape[-1]
     top_k = top_k.to(torch.int64).clamp(min=0, max=vocab)
-    max_top_k = min(int(top_k.max()) if max_top_k is None else max_top_k, vocab)
+    # no bound known on the host: the whole vocabulary (reading top_k.max() would sync)
+    max_top_k = vocab if max_top_k is None else min(max_top_k, vocab)
     if max_top_k == 0:
         return
     # topk(max_top_k) instead of a full sort; ties at the k-th value are all kept.
@@ -242,13 +238,15 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 
 class Sampler(nn.Module):
     """logits [B, V] + SamplingMetadata -> one sampled token per row (+ optional logprobs).
-    `prepare` builds a step's metadata from its requests; the sampler keeps each seeded
-    request's generator from its first step until `release`."""
+    `prepare` builds a step's metadata from its requests; the sampler keeps each request's
+    state (its seeded generator, its parameter slot and penalty counts on the device) from its
+    first sampling step until `release`."""
 
     def __init__(self, device: torch.device | str = "cpu", vocab_size: int | None = None) -> None:
         super().__init__()
         self.device, self.vocab_size = torch.device(device), vocab_size
         self.generators: dict[str, torch.Generator] = {}
+        self.state = SamplingState(self.device, vocab_size)
 
     def prepare(self, reqs: list[Request]) -> SamplingMetadata:
         """The metadata of one step's sampling rows, in row order. A row whose own data
@@ -260,37 +258,40 @@ class Sampler(nn.Module):
             logger.exception("sampling metadata failed for a batch of %d rows", len(reqs))
             return self._build_without_bad_rows(reqs, exc)
 
-    def _build(self, reqs: list[Request]) -> SamplingMetadata:
-        meta = build_sampling_metadata(reqs, self.device, self._generator)
+    def _build(self, reqs: list[Request], neutral: frozenset[int] = frozenset()
+               ) -> SamplingMetadata:
+        meta = build_sampling_metadata(reqs, self.state, self._generator, neutral)
         if self.vocab_size is not None:
             drop_out_of_vocab(meta, self.vocab_size)
-            bitmask, rows = fill_bitmask(reqs, self.vocab_size, meta.row_errors)
+            skip = neutral.union(i for i, r in enumerate(reqs) if r.is_finished)
+            bitmask, rows = fill_bitmask(reqs, self.vocab_size, meta.row_errors, skip,
+                                         self.device)
             if bitmask is not None:
-                meta.grammar_bitmask = bitmask.to(self.device, non_blocking=True)
+                meta.grammar_bitmask = send(bitmask, self.device)
                 meta.grammar_rows = rows
         return meta
 
     def _build_without_bad_rows(self, reqs: list[Request], exc: Exception) -> SamplingMetadata:
-        """Build each row alone to find the ones that raise; batch the others with stand-ins
-        (greedy, no state) in the bad rows' places. Re-raises if no single row raises."""
+        """Build each row alone to find the ones that raise; batch the others with the bad
+        rows neutral (greedy, no state). Re-raises if no single row raises."""
         errors = {}
         for row, req in enumerate(reqs):
             try:
-                self._build([req])  # builds no tensors a later step depends on
+                self._build([req])  # state it makes is the request's own, released with it
             except Exception as row_exc:
                 errors[row] = f"sampling failed: {type(row_exc).__name__}: {row_exc}"
         if not errors:
             raise exc
-        stand_ins = [Request(req.request_id, [0], _STAND_IN_PARAMS) if row in errors else req
-                     for row, req in enumerate(reqs)]
-        meta = self._build(stand_ins)
+        meta = self._build(reqs, frozenset(errors))
         meta.row_errors.update(errors)
         return meta
 
     def release(self, request_ids) -> None:
         """Forget the per-request state of these requests (unknown ids are ignored)."""
+        request_ids = list(request_ids)
         for request_id in request_ids:
             self.generators.pop(request_id, None)
+        self.state.release(request_ids)
 
     def _generator(self, req: Request) -> torch.Generator | None:
         seed = req.sampling_params.seed
@@ -313,6 +314,8 @@ class Sampler(nn.Module):
             # Copy even when already float32 so the caller's logits are never edited in place.
             logits = logits.to(torch.float32, copy=True)
             sampled = self.sample(self.process_logits(logits, meta), meta)
+        if meta.penalty_rows is not None:  # the next step's counts include this token
+            self.state.add_sampled(meta.penalty_rows, sampled)
         logprobs = None
         if raw_logprobs is not None:
             logprobs = gather_logprobs(raw_logprobs, sampled, meta.max_num_logprobs or 0)

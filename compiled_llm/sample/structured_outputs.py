@@ -10,6 +10,7 @@ import json
 
 import torch
 
+from compiled_llm.sample.uploads import host_full
 from compiled_llm.sampling_params import StructuredOutputsParams
 
 _LOOSE_CHAR = r'[^\"\\\r\n]'
@@ -38,19 +39,21 @@ def grammar_text(xgr, spec: StructuredOutputsParams) -> str | None:
     return None if spec.kind == "regex" else spec.grammar
 
 
-def fill_bitmask(reqs: list, vocab_size: int, row_errors: dict[int, str] | None = None
-                 ) -> tuple[torch.Tensor | None, list[int]]:
-    """One host bitmask [B, ceil(V/32)] int32 for the batch, and the rows it constrains.
+def fill_bitmask(reqs: list, vocab_size: int, row_errors: dict[int, str] | None = None,
+                 skip: frozenset[int] | set[int] = frozenset(),
+                 device: torch.device | None = None) -> tuple[torch.Tensor | None, list[int]]:
+    """One host bitmask [B, ceil(V/32)] int32 for the batch, and the rows it constrains; in
+    pinned memory when `device` is CUDA, so that it goes to the device without a sync.
 
-    Rows without a grammar are left all-allowed; (None, []) when no row has one. A matcher
-    that raises fails its row alone (in row_errors, when given) and leaves it unconstrained.
+    Rows without a grammar (or in `skip`) are left all-allowed; (None, []) when no row has
+    one. A matcher that raises fails its row alone (in row_errors, when given) and leaves it
+    unconstrained.
     """
-    rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+    rows = [i for i, r in enumerate(reqs) if r.grammar is not None and i not in skip]
     if not rows:
         return None, []
-    import xgrammar as xgr
-
-    bitmask = xgr.allocate_token_bitmask(len(reqs), vocab_size)
+    bitmask = host_full((len(reqs), -(-vocab_size // 32)), -1, torch.int32,
+                        device or torch.device("cpu"))
     failed = []
     for i in rows:
         try:
@@ -66,7 +69,11 @@ def fill_bitmask(reqs: list, vocab_size: int, row_errors: dict[int, str] | None 
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
-    """Set disallowed logits of the given rows to -inf, in place, on logits' device."""
-    import xgrammar as xgr
-
-    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[-1], indices=rows)
+    """Set disallowed logits to -inf, in place, with tensor ops on logits' device: rows
+    without a grammar are all-allowed in the bitmask, so every row is masked and no row list
+    goes to the device (`rows` is informational)."""
+    # made per call: a cached device tensor would outlive the engine's device memory
+    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
+    vocab = logits.shape[-1]
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).flatten(1)[:, :vocab]
+    logits.masked_fill_(allowed == 0, float("-inf"))

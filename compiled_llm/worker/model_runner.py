@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -20,6 +21,7 @@ from compiled_llm.config import CacheConfig, CompileConfig
 from compiled_llm.core.request import Request
 from compiled_llm.core.scheduler import SchedulerOutput
 from compiled_llm.sample.sampler import Sampler, compute_prompt_logprobs
+from compiled_llm.sample.uploads import upload
 from compiled_llm.sampling_params import SamplingParams
 from compiled_llm.worker.cudagraph import (
     FULL,
@@ -50,13 +52,19 @@ class StepResult:
 
 @dataclass
 class LaunchedStep:
-    """A step queued on the device: forward and sampling launched, results copied back
-    without blocking. `finish` reads them; the next step may read `sampled` on the device."""
+    """A step queued on the device: first its forward (`launch_forward`: `hidden` and
+    `inputs` kept for the sampling), then its sampling (`launch_sampling`), with the results
+    copied back without blocking. `finish` reads them; the next step may read `sampled` on
+    the device."""
 
-    result: StepResult  # errors and prompt logprobs, known at launch
+    result: StepResult  # errors, known at launch
     sample_reqs: list[Request] = field(default_factory=list)
+    hidden: torch.Tensor | None = None  # [T, hidden] until the sampling is launched
+    inputs: StepInputs | None = None
     sampled: torch.Tensor | None = None  # [S] device int64
     host: list[torch.Tensor] = field(default_factory=list)  # host copies: tokens, logprobs
+    # request id -> host copies of its prompt logprobs (ids, logprobs, ranks)
+    prompt_host: dict[str, tuple[torch.Tensor, ...]] = field(default_factory=dict)
     event: torch.cuda.Event | None = None  # recorded after the copies
 
 
@@ -161,11 +169,13 @@ class ModelRunner:
 
     def execute(self, sched: SchedulerOutput) -> StepResult:
         """Run one step to the end: sampled tokens on the host."""
-        return self.finish(self.launch(sched))
+        return self.finish(self.launch_sampling(self.launch_forward(sched)))
 
     @torch.inference_mode()
-    def launch(self, sched: SchedulerOutput, prev: LaunchedStep | None = None) -> LaunchedStep:
-        """Queue one step without waiting for it. Input ids still pending on the host are
+    def launch_forward(self, sched: SchedulerOutput,
+                       prev: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue one step's forward (and its prompt logprobs) without waiting for it; its
+        sampling is launched by `launch_sampling`. Input ids still pending on the host are
         taken from prev's sampled tokens on the device (async scheduling)."""
         self.release(sched.finished_req_ids, sched.preempted_req_ids)
         inputs = self.input_batch.prepare(sched)
@@ -173,20 +183,38 @@ class ModelRunner:
             fill_pending(inputs.input_ids, prev)
         self.step_timer.forward_start()
         hidden = self.run_forward(inputs)
-        step = LaunchedStep(StepResult(skipped=inputs.skipped), inputs.sample_reqs)
-        if inputs.sample_reqs:
-            self._sample(hidden, inputs, step)
+        step = LaunchedStep(StepResult(skipped=inputs.skipped), inputs.sample_reqs, hidden,
+                            inputs)
         if inputs.prompt_rows:
-            self._prompt_logprobs(hidden, inputs, step.result)
+            self._prompt_logprobs(hidden, inputs, step)
+        return step
+
+    @torch.inference_mode()
+    def launch_sampling(self, step: LaunchedStep) -> LaunchedStep:
+        """Queue a launched forward's sampling, its metadata built from the requests as they
+        are now (async scheduling: after the previous step landed, when a row needs it), and
+        the copies of the results to the host."""
+        hidden, inputs, step.hidden, step.inputs = step.hidden, step.inputs, None, None
+        if inputs is not None and inputs.sample_reqs:
+            self._sample(hidden, inputs, step)
+        self.step_timer.gpu_done()
+        if self.device.type == "cuda" and (step.host or step.prompt_host):
+            step.event = torch.cuda.Event()
+            step.event.record()
         return step
 
     def finish(self, step: LaunchedStep) -> StepResult:
-        """Wait for a launched step's copies and turn them into Python results."""
-        if not step.host:
-            return step.result
+        """Wait for a launched step's copies and turn them into Python results (the one read
+        of device results in a step)."""
         if step.event is not None:
             step.event.synchronize()
         result, reqs = step.result, step.sample_reqs
+        for rid, host in step.prompt_host.items():
+            ids, logprobs, ranks = (t.tolist() for t in host)
+            result.prompt_logprobs[rid] = list(zip(ids, logprobs, ranks))
+        step.prompt_host = {}
+        if not step.host:
+            return result
         for req, token in zip(reqs, step.host[0].tolist()):
             result.sampled[req.request_id] = token
         if len(step.host) > 1:
@@ -195,6 +223,7 @@ class ModelRunner:
                 if req.sampling_params.logprobs is not None:
                     k = req.sampling_params.logprobs + 1
                     result.logprobs[req.request_id] = (ids[i][:k], logprobs[i][:k], ranks[i])
+        step.host = []
         return result
 
     def execute_dummy(self, num_tokens: int, max_len: int) -> None:
@@ -213,24 +242,22 @@ class ModelRunner:
         out = self.sampler(logits, meta)
         for row, err in meta.row_errors.items():
             step.result.errors[inputs.sample_reqs[row].request_id] = err
-        self.step_timer.gpu_done()
         step.sampled = out.sampled_token_ids
         lp = out.logprobs
         dev = [step.sampled] + ([] if lp is None else [lp.token_ids, lp.logprobs, lp.ranks])
         step.host = [to_host(t) for t in dev]
-        if self.device.type == "cuda":
-            step.event = torch.cuda.Event()
-            step.event.record()
 
     def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs,
-                         result: StepResult) -> None:
+                         step: LaunchedStep) -> None:
+        """Score the step's prompt tokens on the device; `finish` reads the host copies."""
         for prompt_rows in inputs.prompt_rows:
             k = prompt_rows.req.sampling_params.prompt_logprobs
-            rows = torch.from_numpy(prompt_rows.rows).to(self.device)
-            logits = self.model.compute_logits(hidden[rows]).float()
-            targets = torch.from_numpy(prompt_rows.targets).to(self.device)
-            ids, logprobs, ranks = compute_prompt_logprobs(logits, targets, k).tolists()
-            result.prompt_logprobs[prompt_rows.req.request_id] = list(zip(ids, logprobs, ranks))
+            index = upload(np.stack([prompt_rows.rows, prompt_rows.targets]), torch.int64,
+                           self.device)
+            logits = self.model.compute_logits(hidden[index[0]]).float()
+            lp = compute_prompt_logprobs(logits, index[1], k)
+            step.prompt_host[prompt_rows.req.request_id] = tuple(
+                to_host(t) for t in (lp.token_ids, lp.logprobs, lp.ranks))
 
     # ------------------------------------------------------------------ CUDA graphs
     @torch.inference_mode()  # captures made as inference tensors, as steps run

@@ -17,6 +17,7 @@ def _tokens(outs):
 
 
 def _llm(ckpt, **kw) -> LLM:
+    kw.setdefault("async_scheduling", False)  # the baselines run step by step
     return LLM(str(ckpt), enforce_eager=True, dtype="float32", **kw)
 
 
@@ -116,8 +117,9 @@ def test_abort_while_in_flight(llm, prompts):
 
 
 def test_feedback_requests_match_sync(ckpt, llm, prompts):
-    """Penalties and min_tokens read the previous token on the host: such requests land each
-    step before the next is scheduled, and match step-by-step execution."""
+    """Penalties and min_tokens need no token on the host (counts on the device, the pending
+    count on the host): such requests overlap like any other and match step-by-step
+    execution."""
     params = [SamplingParams(temperature=0.0, max_tokens=12, repetition_penalty=1.3,
                              ignore_eos=True),
               SamplingParams(temperature=0.0, max_tokens=12, min_tokens=6),

@@ -106,8 +106,8 @@ def test_bool_flags_negate():
 def test_cli_flag():
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
-    assert engine_args(parser.parse_args(["--async-scheduling"])).async_scheduling
-    assert not engine_args(parser.parse_args([])).async_scheduling
+    assert engine_args(parser.parse_args([])).async_scheduling  # on by default
+    assert not engine_args(parser.parse_args(["--no-async-scheduling"])).async_scheduling
 
 
 @pytest.mark.parametrize("flag", ["--batch-sizes", "--cuda-graph-sizes",

@@ -14,13 +14,15 @@ from compiled_llm.sample.sampler import (
     apply_top_k_top_p,
     compute_prompt_logprobs,
     make_generator,
+    token_counts,
 )
 
 V = 32
 
 
 def make_meta(batch: int, **kw) -> SamplingMetadata:
-    """Metadata with everything off; per-row lists/values given in kw are tensorised."""
+    """Metadata with everything off; per-row lists/values given in kw are tensorised (prompt
+    and output token lists become the [B, V] counts and prompt mask penalties read)."""
     temp = torch.tensor(kw.pop("temperature", [1.0] * batch), dtype=torch.float32)
     tensors = {}
     for name, dtype in [("top_k", torch.int64), ("top_p", torch.float32), ("min_p", torch.float32)]:
@@ -30,12 +32,18 @@ def make_meta(batch: int, **kw) -> SamplingMetadata:
     for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
         vals = kw.pop(name, None)
         pens[name] = None if vals is None else torch.tensor(vals, dtype=torch.float32)
+    prompts = kw.pop("prompt_token_ids", [[] for _ in range(batch)])
+    outputs = kw.pop("output_token_ids", [[] for _ in range(batch)])
+    vocab = kw.pop("vocab", V)
+    if pens["presence_penalty"] is not None:
+        pens["output_counts"] = token_counts(outputs, vocab, torch.device("cpu"))
+        if (pens["repetition_penalty"] != 1.0).any():
+            pens["prompt_mask"] = token_counts(prompts, vocab, torch.device("cpu")) > 0
     meta = SamplingMetadata(
         temperature=temp,
         all_greedy=bool((temp == 0).all()),
         generators=kw.pop("generators", {}),
-        prompt_token_ids=kw.pop("prompt_token_ids", [[] for _ in range(batch)]),
-        output_token_ids=kw.pop("output_token_ids", [[] for _ in range(batch)]),
+        output_token_ids=outputs,
         banned_token_ids=kw.pop("banned_token_ids", {}),
         logits_processors=kw.pop("logits_processors", {}),
         max_num_logprobs=kw.pop("max_num_logprobs", None),
@@ -215,6 +223,7 @@ def test_seeded_row_independent_of_batch():
             if batched:
                 meta = make_meta(
                     batch,
+                    vocab=64,
                     generators={target: gen, **other_gens},
                     prompt_token_ids=prompts,
                     output_token_ids=history,
@@ -225,6 +234,7 @@ def test_seeded_row_independent_of_batch():
                 solo = {k: [v] for k, v in params.items()}
                 meta = make_meta(
                     1,
+                    vocab=64,
                     generators={0: gen},
                     prompt_token_ids=[prompts[target]],
                     output_token_ids=[history[target]],
@@ -388,6 +398,7 @@ def test_prompt_logprobs():
 def test_an_all_greedy_batch_builds_no_sampling_tensors():
     from compiled_llm.core.request import Request
     from compiled_llm.sample.metadata import build_sampling_metadata
+    from compiled_llm.sample.state import SamplingState
     from compiled_llm.sampling_params import SamplingParams
 
     def reqs(*params):
@@ -396,15 +407,18 @@ def test_an_all_greedy_batch_builds_no_sampling_tensors():
     made = []
     gen_for = lambda r: made.append(r) or None  # noqa: E731
     greedy = SamplingParams(temperature=0.0, seed=3, top_k=5)
-    meta = build_sampling_metadata(reqs(greedy, greedy), torch.device("cpu"), gen_for)
+    state = SamplingState(torch.device("cpu"), V)
+    meta = build_sampling_metadata(reqs(greedy, greedy), state, gen_for)
     assert meta.all_greedy and meta.temperature is None and meta.top_k is None
     assert meta.presence_penalty is None and not made and not meta.edits_logits
+    assert state.num_live == 0  # an all-greedy batch needs no slot
     mixed = build_sampling_metadata(
         reqs(greedy, SamplingParams(temperature=0.7, top_k=9, repetition_penalty=1.2)),
-        torch.device("cpu"), gen_for)
+        state, gen_for)
     assert mixed.temperature.tolist() == pytest.approx([0.0, 0.7])
     assert mixed.max_top_k == 9 and mixed.any_repetition_penalty and len(made) == 2
-    assert mixed.prompt_token_ids == [[1, 2], [1, 2]]
+    assert mixed.prompt_mask.nonzero().tolist() == [[1, 1], [1, 2]]  # row 0 has none
+    assert mixed.penalty_rows.tolist()[0] == 0 and state.num_live == 2
 
 
 def test_the_sampler_prepares_and_releases_its_own_request_state():
