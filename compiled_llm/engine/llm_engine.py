@@ -75,6 +75,7 @@ class LLMEngine:
         sched_cfg = args.scheduler_config(*model_len_bounds(hf))
         self.eos_token_ids = eos_ids(model_dir, hf, self.tokenizer)
         spec = WorkerSpec(model_dir, dtype, device, sched_cfg)
+        self._core_process = core_process
         self.core = self._make_core(args, spec, core_process)
         self.max_model_len = self.core.max_model_len
         self.startup_seconds = self.core.startup_seconds
@@ -181,8 +182,8 @@ class LLMEngine:
         With the core in its own process, wait for its next outputs instead: at most
         timeout_s (None: until some come), and [] at once when nothing is unfinished."""
         self._check_open()
-        if not self.has_unfinished_requests():
-            return []
+        if self._core_process and not self.has_unfinished_requests():
+            return []  # nothing will come (an in-process core's idle step releases state)
         touched, finishes = self.outputs.process(self.core.step(timeout_s))
         if finishes:
             self.core.finish_requests(finishes)

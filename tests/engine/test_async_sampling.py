@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-import compiled_llm.engine.llm_engine as llm_engine
+import compiled_llm.engine.core as engine_core
 from compiled_llm import LLM, SamplingParams
 from compiled_llm.executor.uniproc_executor import UniProcExecutor
 from compiled_llm.sampling_params import StructuredOutputsParams
@@ -97,7 +97,7 @@ def sync(ckpt):
 @pytest.fixture(scope="module")
 def llm(ckpt):
     mp = pytest.MonkeyPatch()
-    mp.setattr(llm_engine, "UniProcExecutor", RecordingExecutor)
+    mp.setattr(engine_core, "UniProcExecutor", RecordingExecutor)
     try:
         llm = LLM(str(ckpt), enforce_eager=True, dtype="float32")
     finally:
