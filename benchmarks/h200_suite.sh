@@ -102,7 +102,7 @@ elif [ "$CALL" = 8 ]; then  # one GPU: nano-vllm through LLM.generate, each path
   Q=$CK/qwen3-0.6b UP="$py benchmarks/user_path.py --model $CK/qwen3-0.6b --workload nano-vllm --json $R/user_path_h200.jsonl"
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
-$py -m pytest -q -x -p no:cacheprovider tests/worker/test_cudagraphs_gpu.py tests/kernels/test_triton_gpu.py tests/engine/test_async_sampling.py tests/engine/test_core_process.py
+$py -m pytest -q -x -p no:cacheprovider tests/worker/test_cudagraphs_gpu.py tests/kernels/test_triton_gpu.py tests/engine/test_async_sampling.py
 PYTHONPATH=$PWD/.before/tree:$PYTHONPATH COMPILED_LLM_CACHE_DIR=/tmp/cache-before $py .before/user_path_old.py --model $Q --workload nano-vllm --label before-default --json $R/user_path_h200.jsonl
 $UP --label default
 $UP --label tuned --preset tuned
