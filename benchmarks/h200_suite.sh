@@ -113,7 +113,8 @@ elif [ "$CALL" = 9 ]; then  # one GPU: Llama-3-8B's user path, then serving agai
   L=$CK/llama3-8b
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
-$py benchmarks/user_path.py --model $L --workload nano-vllm --label default --json $R/user_path_h200.jsonl"
+$py benchmarks/user_path.py --model $L --workload nano-vllm --label default --json $R/user_path_h200.jsonl
+$py benchmarks/user_path.py --model $L --workload nano-vllm --label default-core-process --engine-args '{\"engine_core_process\":true}' --json $R/user_path_h200.jsonl"
   stream 0 "gpu0_call$CALL" "${a[@]}"
   SUITE_SECONDS=$((END - $(date +%s))) CALL=7 bash benchmarks/h200_suite.sh 7
 else
