@@ -63,7 +63,8 @@ class CoreClient:
         self.process = subprocess.Popen([sys.executable, "-m", "compiled_llm.engine.core_proc"],
                                         stdin=subprocess.PIPE)
         self.process.stdin.write(pickle.dumps((args, spec, self._addr("in"),
-                                               self._addr("out"), os.getpid())))
+                                               self._addr("out"), os.getpid(),
+                                               registered_models(), sys.path)))
         self.process.stdin.close()
         try:
             self._apply_ready(self._wait_ready())
@@ -228,6 +229,20 @@ class CoreClient:
             self._from_core.close(linger=0)
             self._context.term()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def registered_models() -> dict[str, str]:
+    """The model registry as "module:Class" references the core process can import (classes
+    defined in a __main__ module cannot cross: register them from a module or a plugin)."""
+    from compiled_llm.models import ModelRegistry
+
+    refs = {}
+    for arch, model_cls in ModelRegistry.models.items():
+        if isinstance(model_cls, str):
+            refs[arch] = model_cls
+        elif model_cls.__module__ != "__main__" and "." not in model_cls.__qualname__:
+            refs[arch] = f"{model_cls.__module__}:{model_cls.__qualname__}"
+    return refs
 
 
 def _wait(process: subprocess.Popen, seconds: float) -> None:

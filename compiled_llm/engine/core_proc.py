@@ -172,8 +172,20 @@ def _call(core, method: str, call_args: list) -> tuple[bool, bytes]:
 def main() -> None:
     """`python -m compiled_llm.engine.core_proc`: the core's arguments come pickled on stdin."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine-core %(message)s")
-    args, spec, in_addr, out_addr, parent_pid = pickle.load(sys.stdin.buffer)
+    args, spec, in_addr, out_addr, parent_pid, models, path = pickle.load(sys.stdin.buffer)
+    sys.path[:] = path  # the front end's: its models' modules import here too
+    _register_models(models)
     run_engine_core(args, spec, in_addr, out_addr, parent_pid)
+
+
+def _register_models(models: dict[str, str]) -> None:
+    """Register the front end's models that this process does not know (registered at
+    runtime there), as lazy references."""
+    from compiled_llm.models import ModelRegistry
+
+    for arch, ref in models.items():
+        if arch not in ModelRegistry.models:
+            ModelRegistry.register_model(arch, ref)
 
 
 if __name__ == "__main__":

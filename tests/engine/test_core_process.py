@@ -91,6 +91,21 @@ def test_a_crashed_core_fails_every_request_and_the_server_reports_unhealthy():
         assert reply.status_code == 200 and reply.json()["model"] == MODEL
 
 
+def test_a_model_registered_at_runtime_reaches_the_core_process(tmp_path, monkeypatch):
+    from compiled_llm import ModelRegistry
+    from tests.models.test_plugins import MyLlamaForCausalLM, renamed_checkpoint
+
+    monkeypatch.setattr(ModelRegistry, "models", dict(ModelRegistry.models))
+    ModelRegistry.register_model("MyLlamaForCausalLM", MyLlamaForCausalLM)
+    ckpt = renamed_checkpoint(tmp_path, "MyLlamaForCausalLM")
+    engine = AsyncLLM(engine_args(model=str(ckpt)))
+    try:
+        out = asyncio.run(_collect(engine, PROMPTS[0], GREEDY, "a"))
+        assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
+    finally:
+        engine.shutdown()
+
+
 @pytest.mark.slow
 def test_no_orphan_core_when_the_front_end_is_killed():
     script = textwrap.dedent("""
