@@ -11,6 +11,7 @@
 #     bash benchmarks/h200_suite.sh 8     # the user's path: default against tuned, sync,
 #                                         # process core and the tree in .before/ (one GPU)
 #     bash benchmarks/h200_suite.sh 9     # the user's path on Llama-3-8B, then call 7
+#     bash benchmarks/h200_suite.sh 10    # GPU tests, LLM's default path, then call 7
 # SKIP=batch_sweep leaves out every command that contains that text.
 # Logs and results go to $OUT (default bench_out/suite) as one .tgz and one log per stream.
 export PYTHONPATH=${PYTHONPATH:-}
@@ -91,7 +92,7 @@ elif [ "$CALL" = 7 ]; then  # one GPU: the user's path offline, then served; JSO
   Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" SIZES="--num-prompts 1024"
   # 1024 requests of 512 prompt tokens and 256 output tokens, temperature 1.0, EOS ignored:
   # offline all at once (max_num_seqs 256 runs at most 256), served at 256 concurrent streams
-  SERVE="$CLI bench serve --port 8100 $SIZES --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 4 --ready-check-timeout-sec 300 --result-dir $R --result-filename serve_qwen3-0.6b.json"
+  SERVE="$CLI bench serve --port 8100 $SIZES --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 4 --ready-check-timeout-sec 120 --result-dir $R --result-filename serve_qwen3-0.6b.json"
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $CLI bench throughput --model $Q $SIZES --input-len 512 --output-len 256 --output-json $R/throughput_qwen3-0.6b.json
@@ -115,6 +116,13 @@ elif [ "$CALL" = 9 ]; then  # one GPU: Llama-3-8B's user path, then serving agai
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
 $py benchmarks/user_path.py --model $L --workload nano-vllm --label default --json $R/user_path_h200.jsonl
 $py benchmarks/user_path.py --model $L --workload nano-vllm --label default-core-process --engine-args '{\"engine_core_process\":true}' --json $R/user_path_h200.jsonl"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+  SUITE_SECONDS=$((END - $(date +%s))) CALL=7 bash benchmarks/h200_suite.sh 7
+elif [ "$CALL" = 10 ]; then  # one GPU: tests, the default path as LLM picks it, then call 7
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$py -m pytest -q -x -p no:cacheprovider tests/worker/test_cudagraphs_gpu.py tests/engine/test_async_sampling.py
+$py benchmarks/user_path.py --model $CK/qwen3-0.6b --workload nano-vllm --label default-auto --json $R/user_path_h200.jsonl"
   stream 0 "gpu0_call$CALL" "${a[@]}"
   SUITE_SECONDS=$((END - $(date +%s))) CALL=7 bash benchmarks/h200_suite.sh 7
 else

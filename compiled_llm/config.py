@@ -321,7 +321,7 @@ class EngineArgs:
     engine_core_process: bool | None = None
     """Run the engine core (scheduler, model, sampler) in a process of its own, so that
     tokenization, detokenization, output building and HTTP overlap it (default: on behind
-    AsyncLLM and the server, off for LLM, where one process measured faster)."""
+    AsyncLLM and the server; for LLM on CUDA, off on the CPU)."""
 
     def __post_init__(self) -> None:
         check_choices(self)

@@ -10,7 +10,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from compiled_llm.config import EngineArgs
-from compiled_llm.engine.llm_engine import LLMEngine
+from compiled_llm.engine.llm_engine import LLMEngine, resolve_device
 from compiled_llm.entrypoints.chat_utils import conversation, render
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
@@ -24,7 +24,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         args = EngineArgs(model=model, **kwargs)
-        self.engine = LLMEngine(args, core_process=bool(args.engine_core_process))
+        self.engine = LLMEngine(args, core_process=offline_core_process(args))
         self._ids = count()
 
     def __enter__(self) -> LLM:
@@ -96,6 +96,15 @@ class LLM:
                     bar.update(1)
         bar.close()
         return [done[i] for i in ids]
+
+
+def offline_core_process(args: EngineArgs) -> bool:
+    """Whether LLM runs its engine core in a process of its own: as asked, else on CUDA
+    (measured faster offline: output processing overlaps the device) and not on the CPU,
+    where the model computes on the same few cores the second process would take."""
+    if args.engine_core_process is not None:
+        return args.engine_core_process
+    return resolve_device(args.device).type == "cuda"
 
 
 def _as_list(prompts) -> list[PromptType]:

@@ -16,6 +16,8 @@ from compiled_llm.executor.uniproc_executor import UniProcExecutor
 from compiled_llm.sampling_params import StructuredOutputsParams
 from tests.utils import HostSyncWatch, make_checkpoint, random_prompts
 
+IN_PROCESS = {"engine_core_process": False}  # these tests reach inside the engine
+
 N = 10  # tokens per request
 SCHEMA = {"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}}
 
@@ -91,7 +93,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def sync(ckpt):
-    return LLM(str(ckpt), enforce_eager=True, dtype="float32", async_scheduling=False)
+    return LLM(str(ckpt), **IN_PROCESS, enforce_eager=True, dtype="float32", async_scheduling=False)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +101,7 @@ def llm(ckpt):
     mp = pytest.MonkeyPatch()
     mp.setattr(engine_core, "UniProcExecutor", RecordingExecutor)
     try:
-        llm = LLM(str(ckpt), enforce_eager=True, dtype="float32")
+        llm = LLM(str(ckpt), **IN_PROCESS, enforce_eager=True, dtype="float32")
     finally:
         mp.undo()
     assert llm.engine.args.async_scheduling  # the default
@@ -213,17 +215,18 @@ def test_penalties_and_seeds_through_preemption_and_chunked_prefill(ckpt):
     plist = [SamplingParams(max_tokens=20, ignore_eos=True, temperature=1.0, seed=i,
                             presence_penalty=0.4, frequency_penalty=0.3,
                             repetition_penalty=1.2 if i % 2 else 1.0) for i in range(6)]
-    a = LLM(str(ckpt), **kw)
+    a = LLM(str(ckpt), **IN_PROCESS, **kw)
     got = run(a, prompts, plist)
     assert a.engine.scheduler.num_preemptions > 0
-    same_outputs(got, run(LLM(str(ckpt), async_scheduling=False, **kw), prompts, plist))
+    sync = LLM(str(ckpt), **IN_PROCESS, async_scheduling=False, **kw)
+    same_outputs(got, run(sync, prompts, plist))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_sampling_launches_never_synchronize_on_cuda(ckpt, prompts):
     """On CUDA, torch's sync debug mode raises on any synchronizing call (a blocking or
     pageable copy, a device read) made while a step's sampling is launched."""
-    llm = LLM(str(ckpt), enforce_eager=True, dtype="float32")
+    llm = LLM(str(ckpt), **IN_PROCESS, enforce_eager=True, dtype="float32")
     runner = llm.engine.executor.worker.runner
     real = runner.launch_sampling
 
