@@ -69,10 +69,23 @@ def _carries_tokens(event: dict, chat: bool) -> bool:
     return bool(choices) and not (chat and "role" in choices[0].get("delta", {}))
 
 
+async def sse_lines(response: httpx.Response):
+    """The lines of an event stream, split at LF only (SSE's line ends; str.splitlines, which
+    httpx's aiter_lines follows, would also split JSON strings at U+2028, U+0085 ...)."""
+    pending = b""
+    async for chunk in response.aiter_bytes():
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8")
+    if pending:
+        yield pending.rstrip(b"\r").decode("utf-8")
+
+
 async def _read_stream(response: httpx.Response, rec: RequestRecord, chat: bool) -> None:
     """Fill rec from the events of one streamed answer."""
     last = rec.start
-    async for line in response.aiter_lines():
+    async for line in sse_lines(response):
         if not line.startswith("data: "):
             continue
         now = time.perf_counter()  # before parsing: the event's arrival, not our work on it

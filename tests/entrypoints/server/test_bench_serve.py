@@ -134,3 +134,19 @@ def test_nano_vllm_workload():
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         ServeBenchArgs(**bad)
+
+
+def test_event_lines_split_at_line_feeds_only():
+    """JSON strings may hold U+2028 or U+0085 raw: they are not line ends in an event stream."""
+    import asyncio
+
+    import httpx
+
+    from compiled_llm.entrypoints.cli.serve_client import sse_lines
+
+    body = 'data: {"t": "a\u2028b\x85c\x1cd"}\r\n\r\ndata: [DONE]\n\n'.encode()
+
+    async def lines():
+        return [line async for line in sse_lines(httpx.Response(200, content=body))]
+
+    assert asyncio.run(lines()) == ['data: {"t": "a\u2028b\x85c\x1cd"}', "", "data: [DONE]", ""]
