@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import zmq
@@ -45,8 +46,9 @@ class EngineDeadError(RuntimeError):
 
 
 class CoreClient:
-    """The engine core in its own process, offering what the in-process core offers. Not
-    thread-safe: one thread (the engine loop) calls it."""
+    """The engine core in its own process, offering what the in-process core offers. One
+    thread (the engine loop) drives it; get_stats may be called from any thread (reads from
+    the core's socket hold a lock)."""
 
     def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
         self._dir = tempfile.mkdtemp(prefix="compiled-llm-core-")
@@ -57,6 +59,7 @@ class CoreClient:
         self._replies: dict[int, tuple[bool, bytes]] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
         self._dead: str | None = None
+        self._reading = threading.Lock()  # a ZMQ socket is not thread-safe
         self.block_size = args.block_size
         # a fresh interpreter, not multiprocessing's spawn: that re-runs the caller's main
         # module, which a script without a __main__ guard cannot survive
@@ -82,7 +85,7 @@ class CoreClient:
 
     def _wait_ready(self) -> dict:
         while True:
-            if self._from_core.poll(LIVENESS_POLL_MS):
+            if self._from_core.poll(LIVENESS_POLL_MS):  # before any other thread has it
                 kind, payload = unpack(self._from_core.recv())
                 if kind == READY:
                     return pickle.loads(payload)
@@ -134,7 +137,7 @@ class CoreClient:
     def get_stats(self) -> EngineStats:
         """The core's load as of its latest message (read now, without waiting)."""
         if self._dead is None:
-            self._pending_outputs.extend(self._read_all())
+            self._poll(0)
         return self._stats
 
     @property
@@ -155,8 +158,8 @@ class CoreClient:
     def step(self, timeout_s: float | None = None) -> list[EngineCoreOutput]:
         """The outputs of the core's next step(s) that sent any: waits up to timeout_s (None:
         until some arrive); [] on timeout. EngineDeadError if the core is gone."""
-        if self._pending_outputs:
-            outs, self._pending_outputs = self._pending_outputs, []
+        outs = self._take_pending()
+        if outs:
             return outs
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
@@ -164,15 +167,27 @@ class CoreClient:
             wait_ms = LIVENESS_POLL_MS
             if deadline is not None:
                 wait_ms = max(0, min(wait_ms, int(1e3 * (deadline - time.monotonic()))))
-            if self._from_core.poll(wait_ms):
-                outs = self._read_all()
-                if outs:
-                    return outs
-            elif deadline is not None and time.monotonic() >= deadline:
+            self._poll(wait_ms)
+            outs = self._take_pending()
+            if outs:
+                return outs
+            if deadline is not None and time.monotonic() >= deadline:
                 return []
 
+    def _poll(self, wait_ms: int) -> None:
+        """Read what arrives within wait_ms into the pending outputs."""
+        with self._reading:
+            if self._from_core.poll(wait_ms):
+                self._pending_outputs.extend(self._read_all())
+
+    def _take_pending(self) -> list[EngineCoreOutput]:
+        with self._reading:
+            outs, self._pending_outputs = self._pending_outputs, []
+        return outs
+
     def _read_all(self) -> list[EngineCoreOutput]:
-        """Every frame waiting now: outputs returned, replies kept for their callers."""
+        """Every frame waiting now (the caller holds the reading lock): outputs returned,
+        replies kept for their callers."""
         outs: list[EngineCoreOutput] = []
         while self._from_core.poll(0):
             kind, payload = unpack(self._from_core.recv())
@@ -192,8 +207,7 @@ class CoreClient:
         self._send(CALL, (call_id, method, list(call_args)))
         while call_id not in self._replies:
             self._check_alive()
-            if self._from_core.poll(LIVENESS_POLL_MS):
-                self._pending_outputs.extend(self._read_all())
+            self._poll(LIVENESS_POLL_MS)
         ok, result = self._replies.pop(call_id)
         if not ok:
             raise RuntimeError(pickle.loads(result))

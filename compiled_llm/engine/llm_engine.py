@@ -67,9 +67,9 @@ class LLMEngine:
         self.args = args
         model_dir = str(args.model or DEMO_MODEL)
         torch.manual_seed(args.seed)
-        device = resolve_device(args.device)
+        self.device = device = resolve_device(args.device)
         hf = load_hf_config(model_dir)
-        dtype = resolve_dtype(args.dtype, hf, device)
+        self.dtype = dtype = resolve_dtype(args.dtype, hf, device)
         self.tokenizer = None if args.skip_tokenizer_init else self._load_tokenizer(model_dir)
         # max_model_len is an upper bound here: the worker settles it from the KV cache's size
         sched_cfg = args.scheduler_config(*model_len_bounds(hf))
