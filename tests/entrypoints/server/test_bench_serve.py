@@ -61,9 +61,9 @@ def test_bench_serve_reports_consistent_figures(server, tmp_path, capsys):
     assert result["output_lens"] == [OUTPUT_LEN] * NUM_PROMPTS
     for ttft, e2el, itl in zip(result["ttfts"], result["e2els"], result["itls"]):
         assert 0 < ttft <= e2el
-        # one event a token here (a light load: a client slower than the server would get
-        # several tokens in one event)
-        assert len(itl) == OUTPUT_LEN - 1
+        # one gap per event after the first: one event a token unless the client reads
+        # slower than the server writes (a loaded machine), when one event carries several
+        assert 0 <= len(itl) <= OUTPUT_LEN - 1
         assert ttft + sum(itl) <= e2el
     duration = result["duration"]
     assert result["output_throughput"] == pytest.approx(NUM_PROMPTS * OUTPUT_LEN / duration)
@@ -80,7 +80,7 @@ def test_bench_serve_chat_endpoint(server, tmp_path):
                     "--request-rate", "50")
     assert result["completed"] == NUM_PROMPTS
     assert result["output_lens"] == [OUTPUT_LEN] * NUM_PROMPTS
-    assert all(len(itl) == OUTPUT_LEN - 1 for itl in result["itls"])
+    assert all(0 <= len(itl) <= OUTPUT_LEN - 1 for itl in result["itls"])
     assert all(n > 0 for n in result["input_lens"])
 
 
