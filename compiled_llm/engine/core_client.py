@@ -60,6 +60,7 @@ class CoreClient:
         self._pending_outputs: list[EngineCoreOutput] = []
         self._dead: str | None = None
         self._reading = threading.Lock()  # a ZMQ socket is not thread-safe
+        self._sending = threading.Lock()
         self.block_size = args.block_size
         # a fresh interpreter, not multiprocessing's spawn: that re-runs the caller's main
         # module, which a script without a __main__ guard cannot survive
@@ -141,6 +142,12 @@ class CoreClient:
         return self._stats
 
     @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by live requests, asked of the core after every message sent before
+        (so an abort sent earlier is counted)."""
+        return self._call("num_used_blocks")
+
+    @property
     def prefix_cache_stats(self):
         """Cumulative prefix-cache hits and queries (asks the core)."""
         return self._call("prefix_cache_stats")
@@ -203,6 +210,7 @@ class CoreClient:
         return outs
 
     def _call(self, method: str, *call_args):
+        """A utility call on the core, answered in order after every message sent before."""
         call_id = next(self._calls)
         self._send(CALL, (call_id, method, list(call_args)))
         while call_id not in self._replies:
@@ -215,7 +223,8 @@ class CoreClient:
 
     def _send(self, kind: str, payload) -> None:
         self._check_alive()
-        self._to_core.send(pack(kind, payload))
+        with self._sending:
+            self._to_core.send(pack(kind, payload))
 
     def _check_alive(self) -> None:
         if self._dead is None and self.process.poll() is not None:

@@ -160,6 +160,8 @@ def _call(core, method: str, call_args: list) -> tuple[bool, bytes]:
     try:
         if method == "reset_prefix_cache":
             result = core.kv.reset_prefix_cache()
+        elif method == "num_used_blocks":
+            result = core.kv.num_used_blocks
         elif method in ("prefix_cache_stats", "step_stats"):
             result = getattr(core, method)
         else:

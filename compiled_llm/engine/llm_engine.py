@@ -134,7 +134,7 @@ class LLMEngine:
     @property
     def num_used_blocks(self) -> int:
         """Blocks held by live requests (cached blocks nobody holds are free)."""
-        return self.core.get_stats().num_used_blocks
+        return self.core.num_used_blocks
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
@@ -252,6 +252,11 @@ class InProcCore(EngineCore):
     def num_blocks(self) -> int:
         """KV blocks in the pool (the null block included)."""
         return self.executor.num_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by live requests."""
+        return self.kv.num_used_blocks
 
     @property
     def max_model_len(self) -> int:
