@@ -9,6 +9,7 @@ import dataclasses
 import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.async_scheduler import AsyncScheduler
@@ -40,6 +41,29 @@ class EngineStats:
         return self.num_used_blocks / max(1, self.num_blocks - 1)
 
 
+@dataclass(frozen=True)
+class CoreInfo:
+    """What a core built at start-up, as its front end needs it (plain data: it crosses to
+    the front end's process as it is)."""
+
+    num_blocks: int  # KV blocks in the pool, the null block included
+    block_size: int
+    vocab_size: int
+    max_model_len: int  # as the worker settled it from the KV cache's size
+    model_config: Any
+    startup_seconds: dict[str, float]
+    cudagraph_batch_sizes: list[int]
+    cudagraph_capture_seconds: dict[str, float]
+
+    def check_fits(self, reqs: list[Request]) -> None:
+        """ValueError if a request's prompt can never fit the KV cache (the null block
+        aside), the check the scheduler makes, made before anything is queued."""
+        for req in reqs:
+            if -(-(req.num_prompt_tokens + 1) // self.block_size) > self.num_blocks - 1:
+                raise ValueError(f"prompt of {req.num_prompt_tokens} tokens can never fit the "
+                                 "KV cache")
+
+
 class EngineCore:
     """Schedules, launches and collects steps. Invariant: every request added finishes (or is
     aborted) with its KV blocks back in the pool, and each finish is reported exactly once in
@@ -59,6 +83,10 @@ class EngineCore:
         self._awaiting_grammar: list[tuple[Request, Future]] = []
         self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling
         self._news: dict[str, EngineCoreOutput] = {}
+        ex = self.executor
+        self.info = CoreInfo(ex.num_blocks, args.block_size, ex.vocab_size, ex.max_model_len,
+                             ex.model_config, ex.startup_seconds, ex.cudagraph_batch_sizes(),
+                             ex.cudagraph_capture_seconds())
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: Request) -> None:
@@ -106,8 +134,11 @@ class EngineCore:
 
     def has_unfinished(self) -> bool:
         """Whether any request is waiting (or compiling), running, or in a launched step."""
-        return (self.scheduler.has_unfinished() or self._inflight is not None
-                or bool(self._awaiting_grammar) or bool(self._news))
+        return self.has_steps() or bool(self._awaiting_grammar)
+
+    def has_steps(self) -> bool:
+        """Whether a step would schedule or land something (a grammar still compiling aside)."""
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     def get_stats(self) -> EngineStats:
         """The load now: running and waiting requests, blocks, preemptions."""

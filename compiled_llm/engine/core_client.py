@@ -21,7 +21,7 @@ import zmq
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.engine_output import EngineCoreOutput
 from compiled_llm.core.request import Request
-from compiled_llm.engine.core import EngineStats
+from compiled_llm.engine.core import CoreInfo, EngineStats
 from compiled_llm.engine.core_proc import (
     ABORT,
     ADD,
@@ -50,7 +50,8 @@ class CoreClient:
     thread (the engine loop) drives it; get_stats may be called from any thread (reads from
     the core's socket hold a lock)."""
 
-    def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
+    def __init__(self, args: EngineArgs, spec: WorkerSpec,
+                 eos_token_ids: tuple[int, ...]) -> None:
         self._dir = tempfile.mkdtemp(prefix="compiled-llm-core-")
         self._context = zmq.Context()
         self._to_core = self._bind(zmq.PUSH, "in")
@@ -61,17 +62,16 @@ class CoreClient:
         self._dead: str | None = None
         self._reading = threading.Lock()  # a ZMQ socket is not thread-safe
         self._sending = threading.Lock()
-        self.block_size = args.block_size
         # a fresh interpreter, not multiprocessing's spawn: that re-runs the caller's main
         # module, which a script without a __main__ guard cannot survive
         self.process = subprocess.Popen([sys.executable, "-m", "compiled_llm.engine.core_proc"],
                                         stdin=subprocess.PIPE)
-        self.process.stdin.write(pickle.dumps((args, spec, self._addr("in"),
+        self.process.stdin.write(pickle.dumps((args, spec, eos_token_ids, self._addr("in"),
                                                self._addr("out"), os.getpid(),
                                                registered_models(), sys.path)))
         self.process.stdin.close()
         try:
-            self._apply_ready(self._wait_ready())
+            self.info, self._stats = self._wait_ready()
         except BaseException:
             self.shutdown()
             raise
@@ -84,7 +84,7 @@ class CoreClient:
         sock.bind(self._addr(name))
         return sock
 
-    def _wait_ready(self) -> dict:
+    def _wait_ready(self) -> tuple[CoreInfo, EngineStats]:
         while True:
             if self._from_core.poll(LIVENESS_POLL_MS):  # before any other thread has it
                 kind, payload = unpack(self._from_core.recv())
@@ -96,23 +96,7 @@ class CoreClient:
                 raise RuntimeError(f"engine core process exited during start-up (exit code "
                                    f"{self.process.returncode})")
 
-    def _apply_ready(self, info: dict) -> None:
-        self.num_blocks, self.vocab_size = info["num_blocks"], info["vocab_size"]
-        self.max_model_len = info["max_model_len"]
-        self.model_config, self.startup_seconds = info["model_config"], info["startup_seconds"]
-        self.cudagraph_batch_sizes = info["cudagraph_batch_sizes"]
-        self.cudagraph_capture_seconds = info["cudagraph_capture_seconds"]
-        self._stats: EngineStats = info["stats"]
-
     # ------------------------------------------------------------------ requests
-    def check_fits(self, reqs: list[Request]) -> None:
-        """ValueError if a request's prompt can never fit the core's KV cache."""
-        capacity = (self.num_blocks - 1) * self.block_size  # block 0 is the null block
-        for req in reqs:
-            if req.num_prompt_tokens + 1 > capacity:
-                raise ValueError(f"prompt of {req.num_prompt_tokens} tokens can never fit the "
-                                 "KV cache")
-
     def add_requests(self, reqs: list[Request]) -> None:
         """Send validated child requests; ValueError if one cannot cross to the process."""
         try:

@@ -38,8 +38,8 @@ def unpack(frame: bytes) -> tuple[str, object]:
     return kind, payload
 
 
-def run_engine_core(args: EngineArgs, spec: WorkerSpec, in_addr: str, out_addr: str,
-                    parent_pid: int) -> None:
+def run_engine_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int, ...],
+                    in_addr: str, out_addr: str, parent_pid: int) -> None:
     """The core process's main: build the core, report ready (or the start-up error), then
     serve until shut down or orphaned."""
     context = zmq.Context()
@@ -47,13 +47,13 @@ def run_engine_core(args: EngineArgs, spec: WorkerSpec, in_addr: str, out_addr: 
     inbox.connect(in_addr)
     outbox.connect(out_addr)
     try:
-        core = _build_core(args, spec)
+        core = _build_core(args, spec, eos_token_ids)
     except BaseException:
         outbox.send(pack(FAILED, traceback.format_exc()))
         outbox.close(linger=5000)
         context.term()
         return
-    outbox.send(pack(READY, pickle.dumps(_ready_info(core))))
+    outbox.send(pack(READY, pickle.dumps((core.info, core.get_stats()))))
     try:
         _serve(core, inbox, outbox, parent_pid)
     except BaseException:  # the core is broken: say why before the process goes
@@ -66,20 +66,23 @@ def run_engine_core(args: EngineArgs, spec: WorkerSpec, in_addr: str, out_addr: 
         context.term()
 
 
-def _build_core(args: EngineArgs, spec: WorkerSpec):
+def _build_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int, ...]):
     from compiled_llm.engine.core import EngineCore
 
-    grammars = _LazyGrammars(args, spec)
-    return EngineCore(args, spec, grammars)
+    grammars = _LazyGrammars(args, spec, eos_token_ids)
+    core = EngineCore(args, spec, grammars)
+    grammars.vocab_size = core.info.vocab_size
+    return core
 
 
 class _LazyGrammars:
     """The core process's grammar compiler, built (with its tokenizer) on the first grammar."""
 
-    def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
+    def __init__(self, args: EngineArgs, spec: WorkerSpec,
+                 eos_token_ids: tuple[int, ...]) -> None:
         self.args, self.spec, self.manager = args, spec, None
-        self.vocab_size = 0
-        self.eos_token_ids: tuple[int, ...] = ()
+        self.vocab_size = 0  # known once the model is loaded
+        self.eos_token_ids = eos_token_ids
 
     def __call__(self):
         if self.manager is None:
@@ -95,24 +98,12 @@ class _LazyGrammars:
         return self.manager
 
 
-def _ready_info(core) -> dict:
-    executor = core.executor
-    core.grammars.vocab_size = executor.vocab_size
-    return {"num_blocks": executor.num_blocks, "vocab_size": executor.vocab_size,
-            "max_model_len": executor.max_model_len,
-            "model_config": executor.model_config, "startup_seconds": executor.startup_seconds,
-            "cudagraph_batch_sizes": executor.cudagraph_batch_sizes(),
-            "cudagraph_capture_seconds": executor.cudagraph_capture_seconds(),
-            "stats": core.get_stats()}
-
-
 def _serve(core, inbox, outbox, parent_pid: int) -> None:
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
     sent_stats = None
     while True:
-        busy = core.scheduler.has_unfinished() or core._inflight is not None
-        if not busy:
+        if not core.has_steps():
             timeout = GRAMMAR_POLL_MS if core.has_unfinished() else IDLE_POLL_MS
             if not poller.poll(timeout) and os.getppid() != parent_pid:
                 logger.error("engine core: the front end is gone; exiting")
@@ -137,7 +128,6 @@ def _handle(core, kind: str, payload, outbox) -> bool:
     """Apply one message; False on shutdown."""
     if kind == ADD:
         for req in pickle.loads(payload):
-            core.grammars.eos_token_ids = req.eos_token_ids
             try:
                 core.add_request(req)
             except ValueError as exc:  # checked by the front end first; refused here anyway
@@ -174,10 +164,10 @@ def _call(core, method: str, call_args: list) -> tuple[bool, bytes]:
 def main() -> None:
     """`python -m compiled_llm.engine.core_proc`: the core's arguments come pickled on stdin."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine-core %(message)s")
-    args, spec, in_addr, out_addr, parent_pid, models, path = pickle.load(sys.stdin.buffer)
+    args, spec, eos, in_addr, out_addr, parent_pid, models, path = pickle.load(sys.stdin.buffer)
     sys.path[:] = path  # the front end's: its models' modules import here too
     _register_models(models)
-    run_engine_core(args, spec, in_addr, out_addr, parent_pid)
+    run_engine_core(args, spec, eos, in_addr, out_addr, parent_pid)
 
 
 def _register_models(models: dict[str, str]) -> None:

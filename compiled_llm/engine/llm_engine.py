@@ -77,9 +77,9 @@ class LLMEngine:
         spec = WorkerSpec(model_dir, dtype, device, sched_cfg)
         self._core_process = core_process
         self.core = self._make_core(args, spec, core_process)
-        self.max_model_len = self.core.max_model_len
-        self.startup_seconds = self.core.startup_seconds
-        self.inputs = InputProcessor(self.tokenizer, self.core.vocab_size,
+        info = self.core.info
+        self.max_model_len, self.startup_seconds = info.max_model_len, info.startup_seconds
+        self.inputs = InputProcessor(self.tokenizer, info.vocab_size,
                                      self.eos_token_ids, self.max_model_len, args)
         self.inputs.attach_matchers = not core_process  # a process core builds its own
         if not core_process:  # a bound method of the processor: no cycle through the engine
@@ -87,7 +87,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer)
         self.parents: dict[str, list[RequestState]] = {}
         logger.info("engine ready: %s on %s, %d KV blocks, max_model_len %d", model_dir,
-                    device, self.core.num_blocks, self.max_model_len)
+                    device, info.num_blocks, self.max_model_len)
         # Imports done lazily while this engine was built (tokenizer classes, Triton, Inductor)
         # can leave garbage cycles whose frames reach this frame and so the engine: collect
         # them now, so dropping the engine frees it without waiting for the collector.
@@ -97,7 +97,7 @@ class LLMEngine:
         if core_process:
             from compiled_llm.engine.core_client import CoreClient
 
-            return CoreClient(args, spec)
+            return CoreClient(args, spec, self.eos_token_ids)
         return InProcCore(args, spec)  # its grammars come from the input processor, below
 
     def _load_tokenizer(self, model_dir: str):
@@ -115,7 +115,7 @@ class LLMEngine:
         if request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
         children = self.inputs.process(request_id, prompt, params or SamplingParams(), priority)
-        self.core.check_fits(children)
+        self.core.info.check_fits(children)
         self.parents[request_id] = [self.outputs.start(child) for child in children]
         self.core.add_requests(children)
 
@@ -148,7 +148,7 @@ class LLMEngine:
     @property
     def model_config(self):
         """The loaded model's config (a DecoderConfig: vocab_size, layers, heads ...)."""
-        return self.core.model_config
+        return self.core.info.model_config
 
     def get_stats(self) -> EngineStats:
         """The engine's load now: running and waiting requests, blocks, preemptions."""
@@ -210,12 +210,12 @@ class LLMEngine:
     @property
     def cudagraph_batch_sizes(self) -> list[int]:
         """The batch sizes with a captured whole-model graph ([] without CUDA graphs)."""
-        return self.core.cudagraph_batch_sizes
+        return self.core.info.cudagraph_batch_sizes
 
     @property
     def cudagraph_capture_seconds(self) -> dict[str, float]:
         """Seconds spent capturing CUDA graphs, per mode (full, piecewise)."""
-        return self.core.cudagraph_capture_seconds
+        return self.core.info.cudagraph_capture_seconds
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
@@ -244,51 +244,9 @@ class InProcCore(EngineCore):
     """The engine core in the front end's process, offering what CoreClient offers."""
 
     @property
-    def startup_seconds(self) -> dict[str, float]:
-        """Seconds per start-up stage of the worker."""
-        return self.executor.startup_seconds
-
-    @property
-    def num_blocks(self) -> int:
-        """KV blocks in the pool (the null block included)."""
-        return self.executor.num_blocks
-
-    @property
     def num_used_blocks(self) -> int:
         """Blocks held by live requests."""
         return self.kv.num_used_blocks
-
-    @property
-    def max_model_len(self) -> int:
-        """The longest sequence, as the worker settled it from the KV cache's size."""
-        return self.executor.max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        """The model's vocabulary size."""
-        return self.executor.vocab_size
-
-    @property
-    def model_config(self):
-        """The loaded model's config."""
-        return self.executor.model_config
-
-    @property
-    def cudagraph_batch_sizes(self) -> list[int]:
-        """Batch sizes with a captured whole-model graph."""
-        return self.executor.cudagraph_batch_sizes()
-
-    @property
-    def cudagraph_capture_seconds(self) -> dict[str, float]:
-        """Seconds spent capturing, per graph mode."""
-        return self.executor.cudagraph_capture_seconds()
-
-    def check_fits(self, reqs: list[Request]) -> None:
-        """ValueError if a request's prompt can never fit the KV cache."""
-        for req in reqs:
-            if not self.kv.can_ever_fit(req.num_prompt_tokens + 1):
-                raise ValueError(f"prompt of {req.num_prompt_tokens} tokens can never fit the "
-                                 "KV cache")
 
     def step(self, timeout_s: float | None = None):
         """Run one step now (timeout_s is for a core in another process; unused here)."""
