@@ -18,6 +18,7 @@ from compiled_llm.passes.add_rms_norm import AddRMSNormFusionPass
 from compiled_llm.passes.allreduce_rms_norm import AllReduceRMSNormFusionPass
 from compiled_llm.passes.base import GraphPass, source_hash
 from compiled_llm.passes.dump import GraphDump
+from compiled_llm.passes.horizontal_gemm import HorizontalGemmFusionPass
 from compiled_llm.passes.lower import FusedOpLoweringPass
 from compiled_llm.passes.noop import NoOpEliminationPass
 from compiled_llm.passes.rms_norm import RMSNormFusionPass
@@ -26,10 +27,12 @@ from compiled_llm.passes.silu_mul import SiluMulFusionPass
 from compiled_llm.passes.silu_mul_quant import SiluMulQuantFusionPass
 
 # Order matters: add+norm before norm (norm is its sub-pattern); the all-reduce and quant passes
-# match the single-node ops the norm and SiLU·mul passes leave behind.
+# match the single-node ops the norm and SiLU·mul passes leave behind. The horizontal GEMM
+# fusion goes last: the patterns before it match the per-projection spelling.
 PASSES: tuple[type[GraphPass], ...] = (
     NoOpEliminationPass, AddRMSNormFusionPass, RMSNormFusionPass, SiluMulFusionPass,
     AllReduceRMSNormFusionPass, RMSNormQuantFusionPass, SiluMulQuantFusionPass,
+    HorizontalGemmFusionPass,
 )
 
 
@@ -52,6 +55,7 @@ class PassConfig:
     enable_silu_mul: bool = True
     enable_fp8_quant_fusion: bool = True  # matches only graphs holding FP8 quant ops
     enable_allreduce_rms: bool = True  # matches only graphs holding all-reduces
+    enable_horizontal_gemm: bool = True  # matches only fused weight layouts (fuse_weights.py)
     inline_fused_ops: bool = True  # tail: let Inductor generate the fused ops' kernels
     dump_dir: str | None = None
 

@@ -124,8 +124,10 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
                max_len: int, load_format: str = "auto",
                quantization: str | None = None) -> nn.Module:
     """Build the model for the checkpoint in model_dir on device, in dtype, with weights,
-    then apply the load-time `quantization` transform (None or "fp8")."""
+    then apply the load-time `quantization` transform (None or "fp8") and lay sibling linears'
+    weights out as one fused tensor each (worker/fuse_weights.py)."""
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
+    from compiled_llm.worker.fuse_weights import fuse_sibling_weights
 
     check_quantization(quantization)
     model_cls, model_config = build_model_config(load_hf_config(model_dir))
@@ -135,4 +137,5 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     model.to(dtype=dtype)
     load_weights(model, files)
     model = quantize_model(model, quantization)
+    fuse_sibling_weights(model)
     return model.eval().requires_grad_(False)

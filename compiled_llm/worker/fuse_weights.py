@@ -1,0 +1,92 @@
+"""Load-time fused weight layout: sibling linears that read the same input (q/k/v under self_attn,
+gate/up under mlp) share one contiguous weight [sum(N_i), K] registered on their parent, and each
+becomes a RowSliceLinear reading its rows of it. The graph then shows slices of one base, which
+`HorizontalGemmFusionPass` turns into one matmul; eager numerics are unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# parent module name -> (fused name, children that read the parent's same input, in order)
+SIBLINGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "self_attn": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    "mlp": ("gate_up_proj", ("gate_proj", "up_proj")),
+}
+
+
+class RowSliceLinear(nn.Module):
+    """y = x W[rows]^T + b[rows], reading rows [offset, offset + out_features) of a fused weight
+    (and bias) that the parent module owns; no copy is made, per step or ever."""
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, offset: int,
+                 out_features: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.offset = weight.shape[1], out_features, offset
+        # Plain attributes, not registered: the parent owns the parameters, so state_dict and
+        # named_parameters list each fused tensor once, and Dynamo lifts it as one graph input.
+        object.__setattr__(self, "fused_weight", weight)
+        object.__setattr__(self, "fused_bias", bias)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """This linear's rows of the fused weight (a view)."""
+        return self.fused_weight.narrow(0, self.offset, self.out_features)
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """This linear's entries of the fused bias (a view), or None."""
+        if self.fused_bias is None:
+            return None
+        return self.fused_bias.narrow(0, self.offset, self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] -> [..., N]."""
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        """in/out features and the rows read."""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"rows={self.offset}:{self.offset + self.out_features}")
+
+
+def _fusable(linears: list[nn.Module]) -> bool:
+    # Only plain linears of one input size and dtype; FP8 linears keep their own weights.
+    if not all(type(lin) is nn.Linear for lin in linears):
+        return False
+    first = linears[0]
+    return all(lin.in_features == first.in_features and lin.weight.dtype == first.weight.dtype
+               and (lin.bias is None) == (first.bias is None) for lin in linears)
+
+
+def _concat(tensors: list[torch.Tensor]) -> nn.Parameter:
+    return nn.Parameter(torch.cat([t.detach() for t in tensors]), requires_grad=False)
+
+
+def fuse_group(parent: nn.Module, fused_name: str, children: tuple[str, ...]) -> bool:
+    """Give parent one `<fused_name>_weight` (and `_bias`) holding children's rows in order, and
+    swap each child for a RowSliceLinear over it. False (nothing changed) if they do not fit."""
+    linears = [getattr(parent, name, None) for name in children]
+    if any(lin is None for lin in linears) or not _fusable(linears):
+        return False
+    weight = _concat([lin.weight for lin in linears])
+    bias = None if linears[0].bias is None else _concat([lin.bias for lin in linears])
+    parent.register_parameter(f"{fused_name}_weight", weight)
+    parent.register_parameter(f"{fused_name}_bias", bias)
+    offset = 0
+    for name, lin in zip(children, linears):
+        setattr(parent, name, RowSliceLinear(weight, bias, offset, lin.out_features))
+        offset += lin.out_features
+    return True
+
+
+def fuse_sibling_weights(model: nn.Module) -> int:
+    """Apply fuse_group to every module named like a SIBLINGS parent; returns groups fused."""
+    fused = 0
+    for name, module in list(model.named_modules()):
+        rule = SIBLINGS.get(name.rpartition(".")[2])
+        if rule is not None:
+            fused += fuse_group(module, *rule)
+    return fused

@@ -1,0 +1,129 @@
+"""HorizontalGemmFusionPass: matmuls that read one activation and adjacent row slices of one
+weight (the fused layout of worker/fuse_weights.py) -> one mm/addmm over the rows they cover,
+whose users read column slices (views) of its output.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch.fx import Graph, Node
+
+from compiled_llm.passes.base import GraphPass
+from compiled_llm.passes.fx_utils import insert_op, val
+
+aten = torch.ops.aten
+
+
+class RowSlice(NamedTuple):
+    """Rows [start, end) of base, read along dim 0."""
+
+    base: Node
+    start: int
+    end: int
+
+
+class Gemm(NamedTuple):
+    """One mm/addmm site: x @ weight_rows^T (+ bias_rows)."""
+
+    node: Node
+    x: Node
+    weight: RowSlice
+    bias: RowSlice | None
+
+
+def _row_slice(node) -> RowSlice | None:
+    """slice(base, 0, start, end[, 1]) with int bounds inside base -> RowSlice."""
+    if not isinstance(node, Node) or node.target is not aten.slice.Tensor:
+        return None
+    base, dim, start, end, *step = (*node.args, *([None] * (4 - len(node.args))))
+    base_val, out = val(base), val(node)
+    if base_val is None or out is None or dim != 0 or step not in ([], [1]):
+        return None
+    if not isinstance(start, int) or not isinstance(end, int) or start < 0:
+        return None
+    # end may be past the base (slice clamps); the output's row count is what is read
+    rows = out.shape[0]
+    return RowSlice(base, start, start + rows) if isinstance(rows, int) else None
+
+
+def _gemm(node: Node) -> Gemm | None:
+    """Decode mm(x, permute(slice(W), [1, 0])) or addmm(slice(b), x, permute(slice(W)))."""
+    if node.target is aten.mm.default and len(node.args) == 2:
+        bias, (x, w_t) = None, node.args
+    elif node.target is aten.addmm.default and len(node.args) == 3 and not node.kwargs:
+        bias, x, w_t = node.args
+    else:
+        return None
+    if not (isinstance(w_t, Node) and w_t.target is aten.permute.default
+            and list(w_t.args[1]) == [1, 0]):
+        return None
+    weight = _row_slice(w_t.args[0])
+    if weight is None or val(weight.base) is None or val(weight.base).dim() != 2:
+        return None
+    bias_rows = None if bias is None else _row_slice(bias)
+    if bias is not None and (bias_rows is None or bias_rows[1:] != weight[1:]):
+        return None
+    return Gemm(node, x, weight, bias_rows)
+
+
+def _runs(gemms: list[Gemm]) -> list[list[Gemm]]:
+    """Maximal runs (2 or more) of gemms whose weight rows chain contiguously."""
+    ordered = sorted(gemms, key=lambda g: g.weight.start)
+    runs, current = [], [ordered[0]]
+    for gemm in ordered[1:]:
+        if gemm.weight.start == current[-1].weight.end:
+            current.append(gemm)
+        else:
+            runs.append(current)
+            current = [gemm]
+    runs.append(current)
+    return [run for run in runs if len(run) > 1]
+
+
+class HorizontalGemmFusionPass(GraphPass):
+    """Groups gemms by (activation, weight base, bias base) and fuses each contiguous run."""
+
+    flag = "enable_horizontal_gemm"
+
+    def apply(self, graph: Graph) -> int:
+        """Fuse every run; returns the number of fused matmuls created."""
+        groups: dict[tuple, list[Gemm]] = {}
+        for node in graph.nodes:
+            gemm = _gemm(node) if node.op == "call_function" else None
+            if gemm is not None:
+                key = (gemm.x, gemm.weight.base, None if gemm.bias is None else gemm.bias.base)
+                groups.setdefault(key, []).append(gemm)
+        fused = 0
+        for gemms in groups.values():
+            for run in _runs(gemms) if len(gemms) > 1 else []:
+                self._fuse(graph, run)
+                fused += 1
+        return fused
+
+    def _fuse(self, graph: Graph, run: list[Gemm]) -> None:
+        order = {node: i for i, node in enumerate(graph.nodes)}
+        first = min((g.node for g in run), key=order.__getitem__)
+        start, end = run[0].weight.start, run[-1].weight.end
+        x = run[0].x
+        weight = self._rows(graph, first, run[0].weight.base, start, end)
+        (w_t,) = insert_op(graph, first, aten.permute.default, (weight, [1, 0]), 1)
+        if run[0].bias is None:
+            (out,) = insert_op(graph, first, aten.mm.default, (x, w_t), 1)
+        else:
+            bias = self._rows(graph, first, run[0].bias.base, start, end)
+            (out,) = insert_op(graph, first, aten.addmm.default, (bias, x, w_t), 1)
+        parts = [insert_op(graph, first, aten.slice.Tensor,
+                           (out, 1, g.weight.start - start, g.weight.end - start), 1)[0]
+                 for g in run]
+        for gemm, part in zip(run, parts):  # erase only now: `first` anchors the inserts
+            gemm.node.replace_all_uses_with(part)
+            graph.erase_node(gemm.node)
+
+    @staticmethod
+    def _rows(graph: Graph, before: Node, base: Node, start: int, end: int) -> Node:
+        """base itself when [start, end) covers it, else a row slice of it."""
+        if start == 0 and end == val(base).shape[0]:
+            return base
+        return insert_op(graph, before, aten.slice.Tensor, (base, 0, start, end), 1)[0]
