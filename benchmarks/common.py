@@ -120,12 +120,13 @@ def add_common_args(ap: argparse.ArgumentParser, shapes: list[str]) -> None:
 
 
 def finish(name: str, args: argparse.Namespace, payload: dict, draw) -> None:
-    """Save the JSON result (with device and arguments) and the plot."""
+    """Save the JSON result (with device and arguments) and the plot (draw None: no plot)."""
     json_path, plot_path = output_paths(name, args.json, args.plot)
     save_json(json_path, {"device": device_name(), "torch": torch.__version__,
                           "args": vars(args), **payload})
     print(f"results: {json_path}")
-    save_plot(plot_path, draw)
+    if draw is not None:
+        save_plot(plot_path, draw)
 
 
 def timed(fn):

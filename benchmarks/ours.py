@@ -16,6 +16,8 @@ def make_llm(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str,
 
     mode = {"enforce_eager": True} if compile_mode == "none" else {
         "compile_mode": compile_mode, "cudagraph_mode": cudagraph_mode}
+    # in-process core: the decode windows drive engine.step and read the executor's model
+    kw.setdefault("engine_core_process", False)
     return LLM(model_dir, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=False,
                seed=0, **mode, **kw)
 
@@ -87,12 +89,13 @@ def decode_window(engine, batch: int, prompt_len: int, new_tokens: int, tag: str
 
 def decode(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str,
            batch_sizes: list[int], prompt_len: int, new_tokens: int,
-           async_scheduling: bool = False) -> dict:
-    """One engine, a decode window per batch size (each after a short warm-up window)."""
+           async_scheduling: bool = False, passes: dict | None = None) -> dict:
+    """One engine, a decode window per batch size (each after a short warm-up window);
+    `passes` overrides PassConfig fields."""
     t0 = time.perf_counter()
     llm = make_llm(model_dir, dtype, compile_mode, cudagraph_mode,
                    max_model_len=prompt_len + new_tokens + 32, max_num_seqs=max(batch_sizes),
-                   async_scheduling=async_scheduling)
+                   async_scheduling=async_scheduling, **({"passes": passes} if passes else {}))
     startup = time.perf_counter() - t0
     rows = []
     for b in batch_sizes:

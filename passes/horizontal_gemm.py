@@ -1,6 +1,7 @@
 """HorizontalGemmFusionPass: matmuls that read one activation and adjacent row slices of one
 weight (the fused layout of worker/fuse_weights.py) -> one mm/addmm over the rows they cover,
-whose users read column slices (views) of its output.
+whose users read column slices (views) of its output. FP8 gemms (`compiled_llm::fp8_gemm`) that
+read one quantized activation fuse the same way, over row slices of the weight and its scales.
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ class RowSlice(NamedTuple):
 
 
 class Gemm(NamedTuple):
-    """One mm/addmm site: x @ weight_rows^T (+ bias_rows)."""
+    """One mm/addmm site, x @ weight_rows^T (+ bias_rows); for fp8_gemm, x is (q, x_scale,
+    out_dtype) and scale the weight's per-row scales."""
 
     node: Node
-    x: Node
+    x: Node | tuple
     weight: RowSlice
     bias: RowSlice | None
+    scale: RowSlice | None = None
+
+    def key(self) -> tuple:
+        """What gemms must share to fuse: the activation and every base tensor."""
+        return (self.node.target, self.x, self.weight.base,
+                *(None if part is None else part.base for part in (self.bias, self.scale)))
 
 
 def _row_slice(node) -> RowSlice | None:
@@ -48,8 +56,27 @@ def _row_slice(node) -> RowSlice | None:
     return RowSlice(base, start, start + rows) if isinstance(rows, int) else None
 
 
+def _same_rows(part: RowSlice | None, weight: RowSlice) -> bool:
+    return part is not None and part[1:] == weight[1:]
+
+
+def _fp8_gemm(node: Node) -> Gemm | None:
+    """Decode fp8_gemm(q, x_scale, slice(W), slice(scale), slice(b) | None, out_dtype)."""
+    q, x_scale, w_q, w_scale, bias, out_dtype = node.args
+    weight, scale = _row_slice(w_q), _row_slice(w_scale)
+    if weight is None or not _same_rows(scale, weight):
+        return None
+    bias_rows = None if bias is None else _row_slice(bias)
+    if bias is not None and not _same_rows(bias_rows, weight):
+        return None
+    return Gemm(node, (q, x_scale, out_dtype), weight, bias_rows, scale)
+
+
 def _gemm(node: Node) -> Gemm | None:
     """Decode mm(x, permute(slice(W), [1, 0])) or addmm(slice(b), x, permute(slice(W)))."""
+    fp8_gemm = getattr(torch.ops.compiled_llm, "fp8_gemm", None)
+    if fp8_gemm is not None and node.target is fp8_gemm.default and len(node.args) == 6:
+        return _fp8_gemm(node)
     if node.target is aten.mm.default and len(node.args) == 2:
         bias, (x, w_t) = None, node.args
     elif node.target is aten.addmm.default and len(node.args) == 3 and not node.kwargs:
@@ -63,7 +90,7 @@ def _gemm(node: Node) -> Gemm | None:
     if weight is None or val(weight.base) is None or val(weight.base).dim() != 2:
         return None
     bias_rows = None if bias is None else _row_slice(bias)
-    if bias is not None and (bias_rows is None or bias_rows[1:] != weight[1:]):
+    if bias is not None and not _same_rows(bias_rows, weight):
         return None
     return Gemm(node, x, weight, bias_rows)
 
@@ -93,8 +120,7 @@ class HorizontalGemmFusionPass(GraphPass):
         for node in graph.nodes:
             gemm = _gemm(node) if node.op == "call_function" else None
             if gemm is not None:
-                key = (gemm.x, gemm.weight.base, None if gemm.bias is None else gemm.bias.base)
-                groups.setdefault(key, []).append(gemm)
+                groups.setdefault(gemm.key(), []).append(gemm)
         fused = 0
         for gemms in groups.values():
             for run in _runs(gemms) if len(gemms) > 1 else []:
@@ -106,20 +132,27 @@ class HorizontalGemmFusionPass(GraphPass):
         order = {node: i for i, node in enumerate(graph.nodes)}
         first = min((g.node for g in run), key=order.__getitem__)
         start, end = run[0].weight.start, run[-1].weight.end
-        x = run[0].x
-        weight = self._rows(graph, first, run[0].weight.base, start, end)
-        (w_t,) = insert_op(graph, first, aten.permute.default, (weight, [1, 0]), 1)
-        if run[0].bias is None:
-            (out,) = insert_op(graph, first, aten.mm.default, (x, w_t), 1)
-        else:
-            bias = self._rows(graph, first, run[0].bias.base, start, end)
-            (out,) = insert_op(graph, first, aten.addmm.default, (bias, x, w_t), 1)
+        out = self._fused_gemm(graph, first, run[0], start, end)
         parts = [insert_op(graph, first, aten.slice.Tensor,
                            (out, 1, g.weight.start - start, g.weight.end - start), 1)[0]
                  for g in run]
         for gemm, part in zip(run, parts):  # erase only now: `first` anchors the inserts
             gemm.node.replace_all_uses_with(part)
             graph.erase_node(gemm.node)
+
+    def _fused_gemm(self, graph: Graph, before: Node, gemm: Gemm, start: int, end: int) -> Node:
+        """The one gemm over rows [start, end) of gemm's bases, inserted before `before`."""
+        rows = lambda part: None if part is None else self._rows(  # noqa: E731
+            graph, before, part.base, start, end)
+        weight, bias = rows(gemm.weight), rows(gemm.bias)
+        if gemm.scale is not None:  # fp8_gemm(q, x_scale, W, W_scale, bias, out_dtype)
+            (q, x_scale, out_dtype) = gemm.x
+            args = (q, x_scale, weight, rows(gemm.scale), bias, out_dtype)
+            return insert_op(graph, before, gemm.node.target, args, 1)[0]
+        (w_t,) = insert_op(graph, before, aten.permute.default, (weight, [1, 0]), 1)
+        if bias is None:
+            return insert_op(graph, before, aten.mm.default, (gemm.x, w_t), 1)[0]
+        return insert_op(graph, before, aten.addmm.default, (bias, gemm.x, w_t), 1)[0]
 
     @staticmethod
     def _rows(graph: Graph, before: Node, base: Node, start: int, end: int) -> Node:

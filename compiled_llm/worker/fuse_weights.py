@@ -1,14 +1,19 @@
 """Load-time fused weight layout: sibling linears that read the same input (q/k/v under self_attn,
 gate/up under mlp) share one contiguous weight [sum(N_i), K] registered on their parent, and each
-becomes a RowSliceLinear reading its rows of it. The graph then shows slices of one base, which
+becomes a RowSliceLinear reading its rows of it (FP8 linears: RowSliceFp8Linear over one fused
+FP8 weight and its concatenated per-row scales). The graph then shows slices of one base, which
 `HorizontalGemmFusionPass` turns into one matmul; eager numerics are unchanged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from compiled_llm.quantization.fp8 import Fp8Linear
 
 # parent module name -> (fused name, children that read the parent's same input, in order)
 SIBLINGS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -52,9 +57,31 @@ class RowSliceLinear(nn.Module):
                 f"rows={self.offset}:{self.offset + self.out_features}")
 
 
+class RowSliceFp8Linear(Fp8Linear):
+    """An Fp8Linear reading rows [offset, offset + out_features) of a fused FP8 weight, its
+    per-row scales (and bias) that the parent owns; no copy is made."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: nn.Parameter | None,
+                 offset: int, out_features: int) -> None:
+        nn.Module.__init__(self)  # Fp8Linear's own init quantizes a weight: nothing to do here
+        self.in_features, self.out_features, self.offset = weight.shape[1], out_features, offset
+        for name, tensor in (("fused_weight", weight), ("fused_scale", scale),
+                             ("fused_bias", bias)):
+            object.__setattr__(self, name, tensor)  # unregistered, as in RowSliceLinear
+
+    weight = RowSliceLinear.weight
+    bias = RowSliceLinear.bias
+
+    @property
+    def weight_scale(self) -> torch.Tensor:
+        """This linear's rows of the fused per-row scales [N, 1] (a view)."""
+        return self.fused_scale.narrow(0, self.offset, self.out_features)
+
+
 def _fusable(linears: list[nn.Module]) -> bool:
-    # Only plain linears of one input size and dtype; FP8 linears keep their own weights.
-    if not all(type(lin) is nn.Linear for lin in linears):
+    # Only linears of one kind (plain or FP8), one input size and dtype, all with or without bias.
+    kind = type(linears[0])
+    if kind not in (nn.Linear, Fp8Linear) or not all(type(lin) is kind for lin in linears):
         return False
     first = linears[0]
     return all(lin.in_features == first.in_features and lin.weight.dtype == first.weight.dtype
@@ -65,19 +92,33 @@ def _concat(tensors: list[torch.Tensor]) -> nn.Parameter:
     return nn.Parameter(torch.cat([t.detach() for t in tensors]), requires_grad=False)
 
 
+def _slice_modules(parent: nn.Module, fused_name: str, linears: list[nn.Module],
+                   bias: nn.Parameter | None) -> Callable[[int, int], nn.Module]:
+    """Register the fused weight (FP8: and scales) on parent; a factory per child's rows."""
+    if type(linears[0]) is nn.Linear:
+        weight = _concat([lin.weight for lin in linears])
+        parent.register_parameter(f"{fused_name}_weight", weight)
+        return lambda offset, rows: RowSliceLinear(weight, bias, offset, rows)
+    # FP8 weights and scales are buffers, as Fp8Linear keeps them
+    weight = torch.cat([lin.weight for lin in linears])
+    scale = torch.cat([lin.weight_scale for lin in linears])
+    parent.register_buffer(f"{fused_name}_weight", weight)
+    parent.register_buffer(f"{fused_name}_weight_scale", scale)
+    return lambda offset, rows: RowSliceFp8Linear(weight, scale, bias, offset, rows)
+
+
 def fuse_group(parent: nn.Module, fused_name: str, children: tuple[str, ...]) -> bool:
     """Give parent one `<fused_name>_weight` (and `_bias`) holding children's rows in order, and
     swap each child for a RowSliceLinear over it. False (nothing changed) if they do not fit."""
     linears = [getattr(parent, name, None) for name in children]
     if any(lin is None for lin in linears) or not _fusable(linears):
         return False
-    weight = _concat([lin.weight for lin in linears])
     bias = None if linears[0].bias is None else _concat([lin.bias for lin in linears])
-    parent.register_parameter(f"{fused_name}_weight", weight)
+    make_slice = _slice_modules(parent, fused_name, linears, bias)
     parent.register_parameter(f"{fused_name}_bias", bias)
     offset = 0
     for name, lin in zip(children, linears):
-        setattr(parent, name, RowSliceLinear(weight, bias, offset, lin.out_features))
+        setattr(parent, name, make_slice(offset, lin.out_features))
         offset += lin.out_features
     return True
 

@@ -37,4 +37,5 @@ def test_compiles_matches_eager_and_fuses(arch, monkeypatch):
     assert m["AddRMSNormFusionPass"] == 2 * layers  # post-attention and next/final norm
     assert m["RMSNormFusionPass"] == 1 + qk_norms  # the first layer's input norm (+ q/k norms)
     assert m["SiluMulFusionPass"] == layers
+    assert m["HorizontalGemmFusionPass"] == 2 * layers  # q/k/v and gate/up, every layer
     assert counters.graph_breaks == 0 and counters.recompiles == 0

@@ -51,11 +51,17 @@ def test_capture_fuses_each_layer_to_two_gemms(name):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_fp8_linears_keep_their_own_weights():
-    ref, out, _, after, m = capture_model(_model("qwen3", "fp8"), 10,
-                                          PassConfig(inline_fused_ops=False))
-    assert m.matches("HorizontalGemmFusionPass") == 0
-    assert after["compiled_llm.fp8_gemm"] == 7 * LAYERS
+def test_fp8_siblings_share_one_fp8_weight_and_its_scales():
+    model = _model("qwen3", "fp8")
+    attn = model.model.layers[0].self_attn
+    assert attn.qkv_proj_weight.dtype == torch.float8_e4m3fn
+    assert attn.qkv_proj_weight_scale.shape == (attn.qkv_proj_weight.shape[0], 1)
+    rows_q = attn.q_proj.out_features
+    assert attn.k_proj.weight_scale.data_ptr() == attn.qkv_proj_weight_scale[rows_q:].data_ptr()
+    ref, out, before, after, m = capture_model(model, 10, PassConfig(inline_fused_ops=False))
+    assert m.matches("HorizontalGemmFusionPass") == 2 * LAYERS
+    assert before["compiled_llm.fp8_gemm"] == 7 * LAYERS
+    assert after["compiled_llm.fp8_gemm"] == 4 * LAYERS
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
 
