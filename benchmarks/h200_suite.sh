@@ -12,6 +12,7 @@
 #                                         # process core and the tree in .before/ (one GPU)
 #     bash benchmarks/h200_suite.sh 9     # the user's path on Llama-3-8B, then call 7
 #     bash benchmarks/h200_suite.sh 10    # GPU tests, LLM's default path, then call 7
+#     bash benchmarks/h200_suite.sh 11    # GPU tests, horizontal GEMM fusion on and off
 # SKIP=batch_sweep leaves out every command that contains that text.
 # Logs and results go to $OUT (default bench_out/suite) as one .tgz and one log per stream.
 export PYTHONPATH=${PYTHONPATH:-}
@@ -125,6 +126,13 @@ $py -m pytest -q -x -p no:cacheprovider tests/worker/test_cudagraphs_gpu.py test
 $py benchmarks/user_path.py --model $CK/qwen3-0.6b --workload nano-vllm --label default-auto --json $R/user_path_h200.jsonl"
   stream 0 "gpu0_call$CALL" "${a[@]}"
   SUITE_SECONDS=$((END - $(date +%s))) CALL=7 bash benchmarks/h200_suite.sh 7
+elif [ "$CALL" = 11 ]; then  # one GPU: tests, then the fused against the unfused layer
+  mapfile -t a <<<"\
+$MK
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\")'
+$py -m pytest -q -x -p no:cacheprovider tests/passes/test_horizontal_gemm.py tests/worker/test_cudagraphs_gpu.py tests/kernels/test_triton_gpu.py tests/passes/test_fp8_linear.py
+$py -m benchmarks.horizontal_gemm --checkpoint-dir $CK --json $R/horizontal_gemm_h200.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
 else
   run_streams "\
 $MK

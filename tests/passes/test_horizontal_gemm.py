@@ -91,3 +91,16 @@ def test_layer_piece_seven_gemms_to_four_same_tokens(name, tmp_path):
     # every weight operand is a graph input (a parameter) read in place, never a buffer that a
     # kernel filled this step: the fused weights are not concatenated per step
     assert all(w.startswith("reinterpret_tensor(arg") for g in fused for w in g)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_gpu_fused_layer_same_tokens(quantization, tmp_path):
+    # CUDA graphs, Triton attention reading q/k/v as column views of the one qkv output
+    ckpt = str(make_checkpoint("qwen3"))
+    kw = dict(dtype="float32", engine_core_process=False, quantization=quantization)
+    off = LLM(ckpt, **kw, compile_cache_dir=str(tmp_path / "c0"),
+              passes={"enable_horizontal_gemm": False})
+    on = LLM(ckpt, **kw, compile_cache_dir=str(tmp_path / "c1"))
+    assert _tokens(on) == _tokens(off)
