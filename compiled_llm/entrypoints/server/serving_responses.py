@@ -1,0 +1,124 @@
+"""/v1/responses: the input rendered by the chat template (the path /v1/chat/completions
+takes), one engine request, answered as one `response` object or streamed as Responses
+events; stateless, nothing is stored."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from compiled_llm.entrypoints.server.errors import OpenAIError
+from compiled_llm.entrypoints.server.params import output_budget, sampling_params
+from compiled_llm.entrypoints.server.protocol_responses import ResponsesRequest
+from compiled_llm.entrypoints.server.responses_items import (
+    LOGPROBS_INCLUDE,
+    check_supported,
+    message_item,
+    messages,
+    response_format,
+    response_object,
+    response_usage,
+)
+from compiled_llm.entrypoints.server.responses_stream import response_events
+from compiled_llm.entrypoints.server.responses_tools import output_items, tool_constraint
+from compiled_llm.entrypoints.server.serving import Serving
+from compiled_llm.entrypoints.server.streaming import abort_on_disconnect, chat_logprobs
+from compiled_llm.output.outputs import CompletionOutput
+
+
+@dataclass
+class Admitted:
+    """One admitted response request: its engine stream, ids and prompt length; num_top is
+    the top-logprob count (None: no logprobs)."""
+
+    stream: Any
+    rid: str
+    prompt_len: int
+    num_top: int | None
+    created: int = field(default_factory=lambda: int(time.time()))
+    item_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
+
+
+class ServingResponses(Serving):
+    """The /v1/responses handler."""
+
+    async def create(self, req: ResponsesRequest, raw: Request):
+        """Answer one request: a `response` object, or its events when req.stream. A client
+        that leaves aborts the request, admitted or not yet."""
+        self.check_model(req.model)
+        check_supported(req)
+        admitted = await abort_on_disconnect(raw, self._admit(req))
+        if req.stream:
+            return StreamingResponse(response_events(self, req, admitted),
+                                     media_type="text/event-stream")
+        try:
+            return JSONResponse(await abort_on_disconnect(raw, self._answer(req, admitted)))
+        finally:
+            admitted.stream.abort()
+
+    async def _admit(self, req: ResponsesRequest) -> Admitted:
+        """Render, tokenize and admit; every 4xx comes before anything is queued."""
+        fmt = tool_constraint(req) or response_format(req)
+        ids = await self.encode_chat(messages(req), add_generation_prompt=True)
+        budget = output_budget(req.max_output_tokens, len(ids), self.max_model_len,
+                               prompt_param="input", budget_param="max_output_tokens")
+        wants_logprobs = LOGPROBS_INCLUDE in (req.include or ()) or req.top_logprobs is not None
+        num_top = (req.top_logprobs or 0) if wants_logprobs else None
+        rid = f"resp_{uuid.uuid4().hex}"
+        with _named_text_format():
+            params = sampling_params(req.model_copy(update={"response_format": fmt}), budget,
+                                     num_top, req.stream)
+            stream = await self.start(rid, ids, params)
+        return Admitted(stream, rid, len(ids), num_top)
+
+    async def _answer(self, req: ResponsesRequest, admitted: Admitted) -> dict:
+        out = await self.last(admitted.stream)
+        self.check_output(out)
+        completion = out.outputs[0]
+        logprobs = self.logprobs(completion, admitted.num_top)
+        return self.final(req, admitted, completion.text, completion.finish_reason,
+                          len(completion.token_ids), logprobs)[0]
+
+    @staticmethod
+    def logprobs(completion: CompletionOutput, num_top: int | None) -> list | None:
+        """The output_text logprobs of completion's tokens (None when not asked for)."""
+        if num_top is None or completion.logprobs is None:
+            return None
+        return chat_logprobs(completion.token_ids, completion.logprobs, num_top)["content"]
+
+    def final(self, req: ResponsesRequest, admitted: Admitted, text: str,
+              finish_reason: str | None, output_tokens: int,
+              logprobs: list | None) -> tuple[dict, list]:
+        """(the finished `response` object, its output items); a generation cut by the
+        token budget is "incomplete"."""
+        status = "incomplete" if finish_reason == "length" else "completed"
+        items = output_items(
+            text, lambda body: message_item(admitted.item_id, body, status, logprobs))
+        body = response_object(req, admitted.rid, self.model_name, admitted.created,
+                               status=status, output=items,
+                               usage=response_usage(admitted.prompt_len, output_tokens))
+        return body, items
+
+
+@contextlib.contextmanager
+def _named_text_format():
+    """A 400 about the output format (from the sampling fields, or the engine compiling the
+    grammar) names text.format, the field the client sent."""
+    try:
+        yield
+    except OpenAIError as exc:
+        if exc.param == "response_format":
+            exc.param = "text.format"
+            exc.message = exc.message.replace("response_format", "text.format")
+        raise
+    except ValueError as exc:
+        if not str(exc).startswith("structured_outputs"):
+            raise
+        raise OpenAIError(400, f"text.format: {exc}", param="text.format",
+                          code="invalid_value") from None
