@@ -40,6 +40,9 @@ def check_supported(req: ResponsesRequest) -> None:
     for field, refused, why in _REFUSED:
         if refused(req):
             raise OpenAIError(400, f"{field}: {why}", param=field, code="unsupported_parameter")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
+        raise OpenAIError(400, f"top_logprobs must be in [0, 20], got {req.top_logprobs}",
+                          param="top_logprobs", code="invalid_value")
     for i, value in enumerate(req.include or ()):
         if value != LOGPROBS_INCLUDE:
             raise OpenAIError(400, f"include[{i}]: {value!r} is not supported; only "

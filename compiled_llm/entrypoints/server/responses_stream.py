@@ -44,7 +44,8 @@ async def response_events(serving: ServingResponses, req: ResponsesRequest,
     yield event("response.content_part.added", **part,
                 part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
     texts: list[str] = []
-    logprobs: list | None = None if admitted.num_top is None else []
+    logprobs: list = []
+    pending: list = []
     output_tokens, finish_reason = 0, None
     try:
         async for out in admitted.stream:
@@ -52,13 +53,13 @@ async def response_events(serving: ServingResponses, req: ResponsesRequest,
             completion = out.outputs[0]
             output_tokens += len(completion.token_ids)
             finish_reason = completion.finish_reason or finish_reason
-            step = serving.logprobs(completion, admitted.num_top)
-            if step:
-                logprobs.extend(step)
-            if completion.text:
+            step = serving.logprobs(completion, admitted.num_top) or []
+            pending += step
+            if completion.text:  # a token held back (part of a character) waits for its text
                 texts.append(completion.text)
                 yield event("response.output_text.delta", **part, delta=completion.text,
-                            logprobs=step or [])
+                            logprobs=pending)
+                logprobs, pending = logprobs + pending, []
     except OpenAIError as exc:
         failed = response_object(req, admitted.rid, serving.model_name, admitted.created,
                                  status="failed", output=[],
@@ -69,8 +70,9 @@ async def response_events(serving: ServingResponses, req: ResponsesRequest,
     finally:  # a client gone mid-stream closes us: free its blocks now
         admitted.stream.abort()
     text = "".join(texts)
+    logprobs += pending
     body, items = serving.final(req, admitted, text, finish_reason, output_tokens, logprobs)
-    yield event("response.output_text.done", **part, text=text, logprobs=logprobs or [])
+    yield event("response.output_text.done", **part, text=text, logprobs=logprobs)
     yield event("response.content_part.done", **part, part=items[0]["content"][0])
     yield event("response.output_item.done", output_index=0, item=items[0])
     yield event(f"response.{body['status']}", response=body)

@@ -53,14 +53,11 @@ class ServingResponses(Serving):
         that leaves aborts the request, admitted or not yet."""
         self.check_model(req.model)
         check_supported(req)
-        admitted = await abort_on_disconnect(raw, self._admit(req))
         if req.stream:
+            admitted = await abort_on_disconnect(raw, self._admit(req))
             return StreamingResponse(response_events(self, req, admitted),
                                      media_type="text/event-stream")
-        try:
-            return JSONResponse(await abort_on_disconnect(raw, self._answer(req, admitted)))
-        finally:
-            admitted.stream.abort()
+        return JSONResponse(await abort_on_disconnect(raw, self._answer(req)))
 
     async def _admit(self, req: ResponsesRequest) -> Admitted:
         """Render, tokenize and admit; every 4xx comes before anything is queued."""
@@ -77,8 +74,13 @@ class ServingResponses(Serving):
             stream = await self.start(rid, ids, params)
         return Admitted(stream, rid, len(ids), num_top)
 
-    async def _answer(self, req: ResponsesRequest, admitted: Admitted) -> dict:
-        out = await self.last(admitted.stream)
+    async def _answer(self, req: ResponsesRequest) -> dict:
+        """The whole `response` object (cancelled, it aborts the request)."""
+        admitted = await self._admit(req)
+        try:
+            out = await self.last(admitted.stream)
+        finally:
+            admitted.stream.abort()
         self.check_output(out)
         completion = out.outputs[0]
         logprobs = self.logprobs(completion, admitted.num_top)
