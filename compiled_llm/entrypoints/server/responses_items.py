@@ -64,6 +64,9 @@ def messages(req: ResponsesRequest) -> list[ChatMessage]:
 
 def _message(item: dict[str, Any], where: str) -> ChatMessage:
     kind = item.get("type", "message")
+    if not isinstance(kind, str):
+        raise OpenAIError(400, f"{where}.type must be a string, got {kind!r}",
+                          param=f"{where}.type")
     if kind in TOOL_ITEM_TYPES:
         return ChatMessage(**tool_input_message(item, where))
     if kind != "message":
