@@ -33,19 +33,12 @@ async def response_events(serving: ServingResponses, req: ResponsesRequest,
                           admitted: Admitted) -> AsyncIterator[str]:
     """The whole event stream of one admitted request; closing it aborts the request."""
     event = _Events()
-    where = {"item_id": admitted.item_id, "output_index": 0}
-    part = {**where, "content_index": 0}
-    started = response_object(req, admitted.rid, serving.model_name, admitted.created,
-                              status="in_progress", output=[])
-    yield event("response.created", response=started)
-    yield event("response.in_progress", response=started)
-    yield event("response.output_item.added", output_index=0,
-                item=message_item(admitted.item_id, "", "in_progress", None))
-    yield event("response.content_part.added", **part,
-                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+    part = {"item_id": admitted.item_id, "output_index": 0, "content_index": 0}
+    for opening in _opening(event, serving, req, admitted, part):
+        yield opening
     texts: list[str] = []
     logprobs: list = []
-    pending: list = []
+    pending: list = []  # logprobs of tokens whose text is held back (part of a character)
     output_tokens, finish_reason = 0, None
     try:
         async for out in admitted.stream:
@@ -53,26 +46,43 @@ async def response_events(serving: ServingResponses, req: ResponsesRequest,
             completion = out.outputs[0]
             output_tokens += len(completion.token_ids)
             finish_reason = completion.finish_reason or finish_reason
-            step = serving.logprobs(completion, admitted.num_top) or []
-            pending += step
-            if completion.text:  # a token held back (part of a character) waits for its text
+            pending += serving.logprobs(completion, admitted.num_top) or []
+            if completion.text:
                 texts.append(completion.text)
                 yield event("response.output_text.delta", **part, delta=completion.text,
                             logprobs=pending)
                 logprobs, pending = logprobs + pending, []
     except OpenAIError as exc:
-        failed = response_object(req, admitted.rid, serving.model_name, admitted.created,
-                                 status="failed", output=[],
-                                 error={"code": exc.code or "server_error",
-                                        "message": exc.message})
-        yield event("response.failed", response=failed)
+        yield _failed(event, serving, req, admitted, exc)
         return
     finally:  # a client gone mid-stream closes us: free its blocks now
         admitted.stream.abort()
-    text = "".join(texts)
-    logprobs += pending
+    text, logprobs = "".join(texts), logprobs + pending
     body, items = serving.final(req, admitted, text, finish_reason, output_tokens, logprobs)
     yield event("response.output_text.done", **part, text=text, logprobs=logprobs)
     yield event("response.content_part.done", **part, part=items[0]["content"][0])
     yield event("response.output_item.done", output_index=0, item=items[0])
     yield event(f"response.{body['status']}", response=body)
+
+
+def _opening(event: _Events, serving: ServingResponses, req: ResponsesRequest,
+             admitted: Admitted, part: dict) -> list[str]:
+    """The events before the first token: the response in progress, its empty message
+    item and empty output_text part."""
+    started = response_object(req, admitted.rid, serving.model_name, admitted.created,
+                              status="in_progress", output=[])
+    empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    return [event("response.created", response=started),
+            event("response.in_progress", response=started),
+            event("response.output_item.added", output_index=0,
+                  item=message_item(admitted.item_id, "", "in_progress", None)),
+            event("response.content_part.added", **part, part=empty)]
+
+
+def _failed(event: _Events, serving: ServingResponses, req: ResponsesRequest,
+            admitted: Admitted, exc: OpenAIError) -> str:
+    """response.failed, carrying the error, for a generation that failed mid-stream."""
+    failed = response_object(req, admitted.rid, serving.model_name, admitted.created,
+                             status="failed", output=[],
+                             error={"code": exc.code or "server_error", "message": exc.message})
+    return event("response.failed", response=failed)

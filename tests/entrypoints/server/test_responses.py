@@ -5,6 +5,7 @@ naming the field for everything it does not support, the server serving on."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
@@ -15,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from tests.entrypoints.server.conftest import API_KEY
 
+ABORTS = "compiled_llm:request_success_total[abort]"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The quick"}]
 YES_NO = {"type": "json_schema", "name": "yes_no", "schema": {"enum": ["yes", "no"]},
@@ -208,3 +210,16 @@ def test_errors_through_the_client_and_still_serving(client, server):
     r = client.responses.create(model=server.model, input="hi", max_output_tokens=2)
     assert r.usage.output_tokens <= 2
     assert server.wait_idle()["compiled_llm:kv_cache_used_blocks"] == 0
+
+
+def test_client_leaving_mid_stream_frees_the_request(server):
+    body = {"model": server.model, "input": "The quick", "max_output_tokens": 400,
+            "stream": True, "ignore_eos": True}
+    aborts = server.wait_idle()[ABORTS]
+    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, headers=AUTH,
+                      timeout=60) as r:
+        kinds = list(itertools.islice(
+            (line for line in r.iter_lines() if line.startswith("event: ")), 6))
+    assert kinds[-1] == "event: response.output_text.delta"  # gone after two deltas
+    idle = server.wait_idle()
+    assert idle[ABORTS] == aborts + 1 and idle["compiled_llm:kv_cache_used_blocks"] == 0
