@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from compiled_llm.entrypoints.server.errors import OpenAIError
+from compiled_llm.entrypoints.server.errors import OpenAIError, from_value_error
 from compiled_llm.entrypoints.server.params import output_budget, sampling_params
 from compiled_llm.entrypoints.server.protocol_responses import ResponsesRequest
 from compiled_llm.entrypoints.server.responses_items import (
@@ -68,7 +68,7 @@ class ServingResponses(Serving):
         wants_logprobs = LOGPROBS_INCLUDE in (req.include or ()) or req.top_logprobs is not None
         num_top = (req.top_logprobs or 0) if wants_logprobs else None
         rid = f"resp_{uuid.uuid4().hex}"
-        with _named_text_format():
+        with _responses_names():
             params = sampling_params(req.model_copy(update={"response_format": fmt}), budget,
                                      num_top, req.stream)
             stream = await self.start(rid, ids, params)
@@ -108,19 +108,22 @@ class ServingResponses(Serving):
         return body, items
 
 
+# what the sampling fields and the engine call a field -> what /v1/responses calls it
+_RESPONSES_NAMES = {"response_format": "text.format", "structured_outputs": "text.format",
+                    "logprobs": "top_logprobs", "max_tokens": "max_output_tokens"}
+
+
 @contextlib.contextmanager
-def _named_text_format():
-    """A 400 about the output format (from the sampling fields, or the engine compiling the
-    grammar) names text.format, the field the client sent."""
+def _responses_names():
+    """A 400 from the shared sampling fields or the engine (a grammar that does not compile,
+    too many logprobs) names the field as this endpoint's client sent it."""
     try:
         yield
-    except OpenAIError as exc:
-        if exc.param == "response_format":
-            exc.param = "text.format"
-            exc.message = exc.message.replace("response_format", "text.format")
-        raise
-    except ValueError as exc:
-        if not str(exc).startswith("structured_outputs"):
+    except (OpenAIError, ValueError) as exc:
+        err = exc if isinstance(exc, OpenAIError) else from_value_error(exc)
+        name = _RESPONSES_NAMES.get(err.param)
+        if name is None:
             raise
-        raise OpenAIError(400, f"text.format: {exc}", param="text.format",
-                          code="invalid_value") from None
+        message = err.message.replace(err.param, name, 1) if err.param in err.message \
+            else f"{name}: {err.message}"
+        raise OpenAIError(err.status, message, param=name, code=err.code) from None
