@@ -29,9 +29,11 @@ from compiled_llm.entrypoints.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from compiled_llm.entrypoints.server.protocol_responses import ResponsesRequest
 from compiled_llm.entrypoints.server.server_config import ServerConfig
 from compiled_llm.entrypoints.server.serving_chat import ServingChat
 from compiled_llm.entrypoints.server.serving_completion import ServingCompletion
+from compiled_llm.entrypoints.server.serving_responses import ServingResponses
 
 __all__ = ["ServerConfig", "build_app", "serve"]
 
@@ -49,6 +51,7 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
     metrics.bind(engine)
     chat = ServingChat(engine, cfg, metrics)
     _add_generation_routes(app, chat, ServingCompletion(engine, cfg, metrics), metrics)
+    _add_responses_routes(app, ServingResponses(engine, cfg, metrics), metrics)
     _add_probe_routes(app, engine, cfg, metrics)
     _add_token_routes(app, chat)
     return app
@@ -72,6 +75,21 @@ def _add_generation_routes(app: FastAPI, chat: ServingChat, completion: ServingC
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=chat.model_name, created=created,
                                          max_model_len=chat.max_model_len)])
+
+
+def _add_responses_routes(app: FastAPI, responses: ServingResponses,
+                          metrics: ServerMetrics) -> None:
+    """POST /v1/responses; GET of a response id is a 404, since none is stored."""
+
+    @app.post("/v1/responses", responses={**STREAM, **errors(400, 401, 404, 413)})
+    async def create_response(req: ResponsesRequest, raw: Request):
+        return await _counting(metrics, responses.create(req, raw))
+
+    @app.get("/v1/responses/{response_id}", responses=errors(401, 404))
+    async def retrieve_response(response_id: str):
+        raise OpenAIError(404, f"response {response_id!r} not found: this server stores no "
+                          "responses (store is treated as false)", param="response_id",
+                          code="response_not_found")
 
 
 def _add_probe_routes(app: FastAPI, engine: AsyncLLM, cfg: ServerConfig,

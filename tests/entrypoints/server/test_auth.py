@@ -15,7 +15,8 @@ GUARDED = [("GET", "/v1/models", None), ("GET", "/openapi.json", None),
            ("POST", "/tokenize", {"prompt": "hi"}), ("POST", "/detokenize", {"tokens": [1]}),
            ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 1}),
            ("POST", "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})]
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+           ("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 1})]
 OPEN = [("GET", "/health"), ("GET", "/metrics"), ("GET", "/ping"), ("POST", "/ping")]
 
 

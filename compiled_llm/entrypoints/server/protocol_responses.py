@@ -1,0 +1,61 @@
+"""The request body of /v1/responses (pydantic): OpenAI's Responses fields on top of the
+sampling fields the other endpoints share (vLLM's extras: seed, stop, top_k ...). Fields this
+server cannot honour are declared so that a request setting them is refused by name."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, StrictBool, StrictInt
+
+from compiled_llm.entrypoints.server.protocol import SamplingFields
+
+
+class TextFormat(BaseModel):
+    """text.format: free text, any JSON object, or JSON matching `schema` (named `name`)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class TextConfig(BaseModel):
+    """text: the output's format; verbosity is a hint this server has no way to follow."""
+
+    format: TextFormat | None = None
+    verbosity: str | None = None
+
+
+class ResponsesStreamOptions(BaseModel):
+    """stream_options of /v1/responses; no obfuscation padding is ever added to events."""
+
+    include_obfuscation: StrictBool = True
+
+
+class ResponsesRequest(SamplingFields):
+    """The body of /v1/responses. Stateless: `store` is read and treated as false (nothing
+    is kept, as vLLM does without its store), so previous_response_id and conversation,
+    which need a stored response, are refused."""
+
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: StrictInt | None = None
+    text: TextConfig | None = None
+    store: StrictBool | None = None
+    stream_options: ResponsesStreamOptions | None = None  # type: ignore[assignment]
+    include: list[str] | None = None
+    top_logprobs: StrictInt | None = None
+    metadata: dict[str, str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    # refused unless unset (each needs state, a tool runtime or a reasoning parser)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    max_tool_calls: StrictInt | None = None
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    background: StrictBool | None = None
+    prompt: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None

@@ -1,0 +1,149 @@
+"""The shapes of /v1/responses: its input (a string or message items) as chat messages for
+the chat template, the refusal of fields it cannot honour (a 400 naming each), text.format as
+a response_format, and the `response` object and its message item."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from compiled_llm.entrypoints.server.errors import OpenAIError
+from compiled_llm.entrypoints.server.protocol import ChatMessage, JsonSchemaFormat, ResponseFormat
+from compiled_llm.entrypoints.server.protocol_responses import ResponsesRequest
+from compiled_llm.entrypoints.server.responses_tools import TOOL_ITEM_TYPES, tool_input_message
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+_ROLES = ("user", "system", "developer", "assistant")
+_TEXT_PARTS = ("input_text", "output_text")
+_STATELESS = "this server stores no responses (store is treated as false); send the whole " \
+    "conversation in input"
+# (field, whether the request sets it to something not honoured, why)
+_REFUSED = (
+    ("previous_response_id", lambda r: r.previous_response_id is not None, _STATELESS),
+    ("conversation", lambda r: r.conversation is not None, _STATELESS),
+    ("background", lambda r: bool(r.background), "background responses are not supported"),
+    ("prompt", lambda r: r.prompt is not None, "stored prompt templates are not supported"),
+    ("truncation", lambda r: r.truncation == "auto",
+     "truncation 'auto' is not supported; an input over the context is a 400"),
+    ("reasoning", lambda r: any(v is not None for v in (r.reasoning or {}).values()),
+     "reasoning options are not supported on /v1/responses yet"),
+    ("text.verbosity", lambda r: r.text is not None and r.text.verbosity is not None,
+     "verbosity is not supported"),
+    ("response_format", lambda r: r.response_format is not None,
+     "response_format belongs to chat completions; /v1/responses takes text.format"),
+    ("n", lambda r: r.n != 1, "/v1/responses makes one output; n must be 1"),
+)
+
+
+def check_supported(req: ResponsesRequest) -> None:
+    """A 400 naming the first field set to something this server does not honour."""
+    for field, refused, why in _REFUSED:
+        if refused(req):
+            raise OpenAIError(400, f"{field}: {why}", param=field, code="unsupported_parameter")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
+        raise OpenAIError(400, f"top_logprobs must be in [0, 20], got {req.top_logprobs}",
+                          param="top_logprobs", code="invalid_value")
+    for i, value in enumerate(req.include or ()):
+        if value != LOGPROBS_INCLUDE:
+            raise OpenAIError(400, f"include[{i}]: {value!r} is not supported; only "
+                              f"{LOGPROBS_INCLUDE!r}", param="include",
+                              code="unsupported_parameter")
+
+
+def messages(req: ResponsesRequest) -> list[ChatMessage]:
+    """The chat messages for the template: instructions as a leading system message, then
+    input (a string is one user message)."""
+    items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else \
+        req.input
+    if not items:
+        raise OpenAIError(400, "input must be a non-empty string or list of items",
+                          param="input")
+    head = [ChatMessage(role="system", content=req.instructions)] if req.instructions else []
+    return head + [_message(item, f"input[{i}]") for i, item in enumerate(items)]
+
+
+def _message(item: dict[str, Any], where: str) -> ChatMessage:
+    kind = item.get("type", "message")
+    if not isinstance(kind, str):
+        raise OpenAIError(400, f"{where}.type must be a string, got {kind!r}",
+                          param=f"{where}.type")
+    if kind in TOOL_ITEM_TYPES:
+        return ChatMessage(**tool_input_message(item, where))
+    if kind != "message":
+        raise OpenAIError(400, f"{where}.type: {kind!r} input items are not supported",
+                          param=f"{where}.type", code="unsupported_parameter")
+    role = item.get("role")
+    if role not in _ROLES:
+        raise OpenAIError(400, f"{where}.role must be one of {list(_ROLES)}, got {role!r}",
+                          param=f"{where}.role")
+    return ChatMessage(role=role, content=_content(item.get("content"), f"{where}.content"))
+
+
+def _content(content: Any, where: str) -> str:
+    """A message's content as text: a string, or a list of input_text/output_text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise OpenAIError(400, f"{where} must be a string or a list of content parts",
+                          param=where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in _TEXT_PARTS:
+            raise OpenAIError(400, f"{where}[{j}].type: {kind!r} content is not supported "
+                              f"(only {list(_TEXT_PARTS)})", param=f"{where}[{j}].type",
+                              code="unsupported_parameter")
+        if not isinstance(part.get("text"), str):
+            raise OpenAIError(400, f"{where}[{j}].text must be a string",
+                              param=f"{where}[{j}].text")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def response_format(req: ResponsesRequest) -> ResponseFormat | None:
+    """text.format as the chat endpoint's response_format (None for free text)."""
+    fmt = req.text.format if req.text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return ResponseFormat(type="json_object")
+    if fmt.schema_ is None:
+        raise OpenAIError(400, "text.format.schema is required for type 'json_schema'",
+                          param="text.format.schema")
+    return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(
+        name=fmt.name or "schema", description=fmt.description, schema=fmt.schema_,
+        strict=fmt.strict))
+
+
+def message_item(item_id: str, text: str, status: str, logprobs: list | None) -> dict:
+    """An assistant `message` output item holding one output_text part."""
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status,
+            "content": [] if status == "in_progress" else [part]}
+
+
+def response_usage(input_tokens: int, output_tokens: int) -> dict:
+    """The Responses `usage` object (no prefix-cache or reasoning split is counted)."""
+    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens}
+
+
+def response_object(req: ResponsesRequest, rid: str, model: str, created: int, *,
+                    status: str, output: list, usage: dict | None = None,
+                    error: dict | None = None) -> dict:
+    """The `response` object; incomplete_details says why when status is "incomplete"."""
+    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+    fmt = req.text.format.model_dump(by_alias=True, exclude_none=True) \
+        if req.text is not None and req.text.format is not None else {"type": "text"}
+    done = status in ("completed", "incomplete")
+    return {"id": rid, "object": "response", "created_at": created, "status": status,
+            "completed_at": int(time.time()) if done else None, "error": error,
+            "incomplete_details": incomplete, "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens, "model": model, "output": output,
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "previous_response_id": None, "reasoning": None, "store": False,
+            "temperature": req.temperature, "top_p": req.top_p, "text": {"format": fmt},
+            "tool_choice": req.tool_choice or "auto", "tools": [], "top_logprobs":
+            req.top_logprobs, "truncation": "disabled", "metadata": req.metadata or {},
+            "background": False, "usage": usage, "user": req.user}
