@@ -33,7 +33,8 @@ LAYERS = [
     ("compiled_llm.models",),
     ("compiled_llm.attention",),
     ("compiled_llm.core",),
-    ("compiled_llm.config", "compiled_llm.compat", "compiled_llm.sampling_params", PKG),
+    ("compiled_llm.config", "compiled_llm.optimization", "compiled_llm.compat",
+     "compiled_llm.sampling_params", PKG),
 ]
 CORE_THIRD_PARTY = {"xxhash"}
 ENGINE_INTERNALS = {"runner", "scheduler", "kv", "executor", "model_runner"}
