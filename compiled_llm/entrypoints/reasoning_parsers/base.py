@@ -1,0 +1,70 @@
+"""Thinking spans marked by <think>...</think>: the split of a reply into reasoning and
+content (prefix-stable, so a streamer diffs it), whether the prompt leaves thinking open,
+and the span's end token (which gates grammars and which a thinking budget forces)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from compiled_llm.entrypoints.tool_parsers.base import holdback
+
+
+class ReasoningParser:
+    """A <think>...</think> span at the start of the reply. open_in_prompt: the prompt
+    ended inside the span (the template wrote the start tag), so the reply starts in it."""
+
+    start: ClassVar[str] = "<think>"
+    end: ClassVar[str] = "</think>"
+    always_thinks: ClassVar[bool] = False
+    """The reply starts in the span even with no start tag anywhere (DeepSeek-R1)."""
+
+    def __init__(self, open_in_prompt: bool = False) -> None:
+        self.open_in_prompt = open_in_prompt
+
+    def split(self, text: str, final: bool) -> tuple[str | None, str]:
+        """(reasoning or None, content) of the reply so far; not final, a partial tag is
+        held back. A span never closed is all reasoning."""
+        body = text.lstrip()
+        opened = body.startswith(self.start)
+        if not final and not opened and self.start.startswith(body) and body:
+            return None, ""  # may still become the start tag
+        if opened:
+            body = body[len(self.start):]
+        elif not (self.open_in_prompt or self.always_thinks):
+            return None, text
+        reasoning, found, content = body.partition(self.end)
+        if not found:
+            return (reasoning if final else holdback(reasoning, self.end)), ""
+        return reasoning, content
+
+    def token_ids(self, tokenizer) -> tuple[int | None, int | None]:
+        """(start, end) tag ids where each tag is one token of tokenizer, else None."""
+        return _single_token(tokenizer, self.start), _single_token(tokenizer, self.end)
+
+    def thinking_open(self, prompt_ids: list[int], tokenizer) -> bool:
+        """Whether the reply to prompt_ids starts inside the span: the prompt's last tag is
+        the start tag, or (always_thinks) the prompt has no end tag after it."""
+        start_id, end_id = self.token_ids(tokenizer)
+        for token in reversed(prompt_ids):
+            if token == end_id:
+                return False
+            if token == start_id:
+                return True
+        return self.always_thinks
+
+
+class Qwen3ReasoningParser(ReasoningParser):
+    """Qwen3: the reply thinks when it opens with <think> or the template opened the span
+    (enable_thinking=False renders an empty span in the prompt: no reasoning)."""
+
+
+class DeepSeekR1ReasoningParser(ReasoningParser):
+    """DeepSeek-R1: the reply is reasoning up to </think>; the start tag may be absent (the
+    template writes it)."""
+
+    always_thinks = True
+
+
+def _single_token(tokenizer, text: str) -> int | None:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
