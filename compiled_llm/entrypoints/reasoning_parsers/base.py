@@ -10,16 +10,36 @@ from compiled_llm.entrypoints.tool_parsers.base import holdback
 
 
 class ReasoningParser:
-    """A <think>...</think> span at the start of the reply. open_in_prompt: the prompt
-    ended inside the span (the template wrote the start tag), so the reply starts in it."""
+    """A <think>...</think> span at the start of the reply. prompt_state: the prompt's last
+    tag ("open": the template wrote the start tag, the reply starts in the span; "closed":
+    it wrote the whole span, as enable_thinking=False does; "none": no tag)."""
 
     start: ClassVar[str] = "<think>"
     end: ClassVar[str] = "</think>"
     always_thinks: ClassVar[bool] = False
     """The reply starts in the span even with no start tag anywhere (DeepSeek-R1)."""
 
-    def __init__(self, open_in_prompt: bool = False) -> None:
-        self.open_in_prompt = open_in_prompt
+    def __init__(self, prompt_state: str = "none") -> None:
+        self.prompt_state = prompt_state
+
+    @classmethod
+    def for_prompt(cls, prompt_ids: list[int], tokenizer) -> ReasoningParser:
+        """The parser for the reply to prompt_ids, its prompt_state read from them."""
+        start_id, end_id = cls.token_ids(tokenizer)
+        for token in reversed(prompt_ids):
+            if token in (start_id, end_id):
+                return cls("open" if token == start_id else "closed")
+        return cls("none")
+
+    @property
+    def starts_thinking(self) -> bool:
+        """Whether the reply starts inside the span (no start tag needed)."""
+        return self.prompt_state == "open" or (self.always_thinks and self.prompt_state == "none")
+
+    @property
+    def may_think(self) -> bool:
+        """Whether the reply may open with a span (constraints wait for its end)."""
+        return self.prompt_state != "closed"
 
     def split(self, text: str, final: bool) -> tuple[str | None, str]:
         """(reasoning or None, content) of the reply so far; not final, a partial tag is
@@ -30,27 +50,17 @@ class ReasoningParser:
             return None, ""  # may still become the start tag
         if opened:
             body = body[len(self.start):]
-        elif not (self.open_in_prompt or self.always_thinks):
+        elif not self.starts_thinking:
             return None, text
         reasoning, found, content = body.partition(self.end)
         if not found:
             return (reasoning if final else holdback(reasoning, self.end)), ""
         return reasoning, content
 
-    def token_ids(self, tokenizer) -> tuple[int | None, int | None]:
+    @classmethod
+    def token_ids(cls, tokenizer) -> tuple[int | None, int | None]:
         """(start, end) tag ids where each tag is one token of tokenizer, else None."""
-        return _single_token(tokenizer, self.start), _single_token(tokenizer, self.end)
-
-    def thinking_open(self, prompt_ids: list[int], tokenizer) -> bool:
-        """Whether the reply to prompt_ids starts inside the span: the prompt's last tag is
-        the start tag, or (always_thinks) the prompt has no end tag after it."""
-        start_id, end_id = self.token_ids(tokenizer)
-        for token in reversed(prompt_ids):
-            if token == end_id:
-                return False
-            if token == start_id:
-                return True
-        return self.always_thinks
+        return _single_token(tokenizer, cls.start), _single_token(tokenizer, cls.end)
 
 
 class Qwen3ReasoningParser(ReasoningParser):
