@@ -23,6 +23,7 @@ from compiled_llm.sampling_params import StructuredOutputsParams
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # OpenAI's function names, plus "." and ":"
 _SCHEMA_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
+_MAX_DEPTH = 32  # schema nesting checked (deeper is refused, not a recursion error)
 Mode = Literal["none", "auto", "required", "named"]
 
 
@@ -54,12 +55,14 @@ def check_tools(tools: Any, param: str = "tools") -> list[dict[str, Any]] | None
     return tools
 
 
-def _check_schema(schema: Any, where: str, top: bool = False) -> None:
+def _check_schema(schema: Any, where: str, top: bool = False, depth: int = 0) -> None:
     """A 400 unless schema is a JSON schema (an object, or a bool below the top) whose type,
     properties, required, items and *Of parts are well formed, recursively; at the top it
     must describe an object (a function's keyword arguments)."""
     if isinstance(schema, bool) and not top:
         return
+    if depth > _MAX_DEPTH:
+        raise OpenAIError(400, f"{where} nests more than {_MAX_DEPTH} levels", param=where)
     if not isinstance(schema, dict):
         raise OpenAIError(400, f"{where} must be a JSON schema object", param=where)
     kinds = schema.get("type", "object" if top else None)
@@ -75,15 +78,17 @@ def _check_schema(schema: Any, where: str, top: bool = False) -> None:
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
         raise OpenAIError(400, f"{where}.required must be a list of names", param=where)
     for key, sub in properties.items():
-        _check_schema(sub, f"{where}.properties.{key}")
+        _check_schema(sub, f"{where}.properties.{key}", depth=depth + 1)
     if "items" in schema:
-        _check_schema(schema["items"], f"{where}.items")
+        _check_schema(schema["items"], f"{where}.items", depth=depth + 1)
     for key in ("anyOf", "oneOf", "allOf"):
-        parts = schema.get(key, [{}])
+        parts = schema.get(key)
+        if parts is None:
+            continue
         if not isinstance(parts, list) or not parts:
             raise OpenAIError(400, f"{where}.{key} must be a non-empty list", param=where)
         for j, sub in enumerate(parts):
-            _check_schema(sub, f"{where}.{key}[{j}]")
+            _check_schema(sub, f"{where}.{key}[{j}]", depth=depth + 1)
 
 
 @dataclass

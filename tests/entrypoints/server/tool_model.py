@@ -70,7 +70,7 @@ def tool_checkpoint() -> Path:
     tok.chat_template = CHAT_TEMPLATE
     cfg = transformers.Qwen3Config(vocab_size=len(tok), eos_token_id=tok.eos_token_id,
                                    bos_token_id=None, head_dim=32, tie_word_embeddings=True,
-                                   **SMALL)
+                                   **{**SMALL, "max_position_embeddings": 4096})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.float32)
     out = Path(tempfile.mkdtemp(prefix="cllm-tools-"))
