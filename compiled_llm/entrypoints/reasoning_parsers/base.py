@@ -44,13 +44,15 @@ class ReasoningParser:
     def split(self, text: str, final: bool) -> tuple[str | None, str]:
         """(reasoning or None, content) of the reply so far; not final, a partial tag is
         held back. A span never closed is all reasoning."""
-        body = text.lstrip()
-        opened = body.startswith(self.start)
-        if not final and not opened and self.start.startswith(body) and body:
+        stripped = text.lstrip()
+        opened = stripped.startswith(self.start)
+        if not final and not opened and self.start.startswith(stripped) and stripped:
             return None, ""  # may still become the start tag
         if opened:
-            body = body[len(self.start):]
-        elif not self.starts_thinking:
+            body = stripped[len(self.start):]
+        elif self.starts_thinking:
+            body = text
+        else:
             return None, text
         reasoning, found, content = body.partition(self.end)
         if not found:
