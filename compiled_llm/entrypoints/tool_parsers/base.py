@@ -1,10 +1,8 @@
-"""What every tool-call parser shares: the parse result (content before the calls, and each
+"""What every tool-call parser shares: the parse result (content before the calls, each
 call's name and JSON arguments so far), the final extraction to OpenAI tool calls, and the
-streamer that turns successive parses of the growing text into OpenAI tool-call deltas.
-
-A parser's `parse(text, final)` is prefix-stable: as text grows, the content and each call's
-arguments only grow, and a call is reported only once its name is complete. That is what
-lets one streamer serve every format."""
+streamer that diffs successive parses into OpenAI tool-call deltas. A parse is prefix-stable
+(content and arguments only grow; a call shows once its name is complete), so one streamer
+serves every format."""
 
 from __future__ import annotations
 
@@ -43,6 +41,16 @@ def holdback(text: str, *markers: str) -> str:
         if any(marker.startswith(text[-size:]) for marker in markers):
             return text[:-size]
     return text
+
+
+def before_marker(text: str, marker: str, final: bool) -> tuple[ParsedText, int]:
+    """The text before the first marker as a parse's content, and where the marker starts
+    (-1 when absent: then all the text is content, a partial marker held back unless
+    final)."""
+    first = text.find(marker)
+    if first < 0:
+        return ParsedText(text if final else holdback(text, marker)), -1
+    return ParsedText(text[:first]), first
 
 
 def tool_call_id() -> str:

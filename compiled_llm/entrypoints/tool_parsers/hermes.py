@@ -4,7 +4,7 @@ before the first call."""
 
 from __future__ import annotations
 
-from compiled_llm.entrypoints.tool_parsers.base import ParsedText, ToolParser, holdback
+from compiled_llm.entrypoints.tool_parsers.base import ParsedText, ToolParser, before_marker
 from compiled_llm.entrypoints.tool_parsers.json_scan import call_from_object, skip_ws
 
 START, END = "<tool_call>", "</tool_call>"
@@ -17,10 +17,10 @@ class HermesToolParser(ToolParser):
 
     def parse(self, text: str, final: bool) -> ParsedText:
         """Content before the first <tool_call>, then each block's call."""
-        first = text.find(START)
+        parsed, first = before_marker(text, START, final)
         if first < 0:
-            return ParsedText(text if final else holdback(text, START))
-        parsed, pos = ParsedText(text[:first]), first
+            return parsed
+        pos = first
         try:
             while pos >= 0:
                 pos = self._block(text, pos + len(START), final, parsed)

@@ -10,6 +10,7 @@ from compiled_llm.entrypoints.tool_parsers.base import (
     ParsedCall,
     ParsedText,
     ToolParser,
+    before_marker,
     holdback,
 )
 from compiled_llm.entrypoints.tool_parsers.json_scan import scan_calls, skip_ws
@@ -25,10 +26,10 @@ class MistralToolParser(ToolParser):
 
     def parse(self, text: str, final: bool) -> ParsedText:
         """Content before [TOOL_CALLS], then the calls in either layout."""
-        first = text.find(BOT)
+        parsed, first = before_marker(text, BOT, final)
         if first < 0:
-            return ParsedText(text if final else holdback(text, BOT))
-        parsed, pos = ParsedText(text[:first]), skip_ws(text, first + len(BOT))
+            return parsed
+        pos = skip_ws(text, first + len(BOT))
         try:
             if text.startswith("[", pos):
                 parsed.calls, _ = scan_calls(text, pos + 1, final, closer="]")

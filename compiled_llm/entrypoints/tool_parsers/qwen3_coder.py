@@ -13,7 +13,7 @@ from compiled_llm.entrypoints.tool_parsers.base import (
     ParsedCall,
     ParsedText,
     ToolParser,
-    holdback,
+    before_marker,
 )
 
 START, END = "<tool_call>", "</tool_call>"
@@ -29,10 +29,9 @@ class Qwen3CoderToolParser(ToolParser):
 
     def parse(self, text: str, final: bool) -> ParsedText:
         """Content before the first <tool_call>, then each block's call."""
-        first = text.find(START)
+        parsed, first = before_marker(text, START, final)
         if first < 0:
-            return ParsedText(text if final else holdback(text, START))
-        parsed = ParsedText(text[:first])
+            return parsed
         for block in text[first:].split(START)[1:]:
             body, closed, _ = block.partition(END)
             call = self._call(body, final or bool(closed))

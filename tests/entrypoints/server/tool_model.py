@@ -6,14 +6,13 @@ enable_thinking=True); and a live server on it with hermes tool calls and qwen3 
 from __future__ import annotations
 
 import functools
-import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.entrypoints.server.conftest import start_server
+from tests.entrypoints.server.conftest import start_server, stop_server
 from tests.utils import SMALL, tokenizer_dir
 
 TAGS = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
@@ -85,11 +84,7 @@ def tool_server():
     proc, srv = start_server(tool_checkpoint(), "--enable-auto-tool-choice",
                              "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
     yield srv
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_server(proc)
 
 
 @pytest.fixture(scope="session")
