@@ -10,7 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from compiled_llm.sampling_params import check_text
@@ -132,12 +140,21 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         """The content as one string (parts joined, "" when absent)."""
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)
         return self.content or ""
+
+    def template_input(self) -> dict[str, Any]:
+        """The message as a chat template reads it: role, content and the fields it set."""
+        extra = self.model_dump(include={"name", "tool_calls", "tool_call_id",
+                                         "reasoning_content"}, exclude_none=True)
+        return {"role": self.role, "content": self.text(), **extra}
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -152,6 +169,11 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    thinking_token_budget: StrictInt | None = Field(
+        default=None, validation_alias=AliasChoices("thinking_token_budget",
+                                                    "max_thinking_tokens"))
 
 
 class TokenizeRequest(RequestBody):

@@ -39,3 +39,23 @@ class ServerConfig:
     timeout_graceful_shutdown: float = 10.0
     """On SIGTERM, seconds requests in flight get to finish before they are cut off and the
     server exits (a stuck engine included)."""
+    enable_auto_tool_choice: bool = False
+    """Let the model decide whether to call tools (tool_choice "auto", the default when a
+    request has tools); its reply is read by --tool-call-parser."""
+    tool_call_parser: str | None = None
+    """How the model writes tool calls: hermes, llama3_json, mistral, qwen3_coder or
+    pythonic."""
+    reasoning_parser: str | None = None
+    """How the model marks its thinking (deepseek_r1, qwen3 or glm45): the span goes to
+    reasoning_content, and structured outputs and tool grammars start after it."""
+
+    def __post_init__(self) -> None:
+        from compiled_llm.entrypoints.reasoning_parsers import get_reasoning_parser
+        from compiled_llm.entrypoints.tool_parsers import check_tool_parser
+
+        if self.tool_call_parser is not None:
+            check_tool_parser(self.tool_call_parser)
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser")
+        if self.reasoning_parser is not None:
+            get_reasoning_parser(self.reasoning_parser)

@@ -12,6 +12,7 @@ from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
 from compiled_llm.entrypoints.server.protocol import ChatMessage
 from compiled_llm.entrypoints.server.server_config import ServerConfig
+from compiled_llm.entrypoints.server.tool_calls import history_message
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import SamplingParams
 
@@ -49,8 +50,8 @@ class Serving:
             raise OpenAIError(400, "chat_template: this server refuses chat templates sent with "
                               "a request (trust_request_chat_template is off)",
                               param="chat_template", code="untrusted_chat_template")
-        convo = conversation([{"role": m.role, "content": m.text(),
-                               **({"name": m.name} if m.name else {})} for m in messages])
+        convo = conversation([history_message(i, m.template_input())
+                              for i, m in enumerate(messages)])
         return await asyncio.to_thread(
             render, self.engine.tokenizer, convo, add_generation_prompt=add_generation_prompt,
             tools=tools, template_kwargs=kwargs, chat_template=chat_template,
