@@ -52,9 +52,11 @@ class RequestBody(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    """stream_options: whether a final chunk carries the usage."""
+    """stream_options: whether a final chunk carries the usage, and whether every chunk
+    does."""
 
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # vLLM: the usage so far on every chunk
 
 
 class JsonSchemaFormat(BaseModel):
@@ -106,6 +108,7 @@ class SamplingFields(RequestBody):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    prompt_logprobs: StrictInt | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -117,6 +120,7 @@ class CompletionRequest(SamplingFields):
     echo: StrictBool = False
     suffix: str | None = None
     best_of: StrictInt | None = None
+    add_special_tokens: StrictBool = True
 
 
 class ContentPart(BaseModel):

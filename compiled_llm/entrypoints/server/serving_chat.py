@@ -18,6 +18,7 @@ from compiled_llm.entrypoints.server.streaming import (
     DONE,
     abort_on_disconnect,
     chat_logprobs,
+    prompt_logprobs_json,
     sse,
     usage,
 )
@@ -70,7 +71,8 @@ class ServingChat(Serving):
         gen = sum(len(o.token_ids) for o in out.outputs)
         return {"id": rid, "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,
-                "usage": usage(len(out.prompt_token_ids), gen)}
+                "usage": usage(len(out.prompt_token_ids), gen),
+                "prompt_logprobs": prompt_logprobs_json(out.prompt_logprobs)}
 
     @staticmethod
     def _logprobs(completion: CompletionOutput, num_top: int | None) -> dict | None:
@@ -82,7 +84,11 @@ class ServingChat(Serving):
                       num_top: int | None) -> AsyncIterator[str]:
         created = int(time.time())
 
+        counts = [0] * req.n
+
         def chunk(choices: list, **extra) -> str:
+            if req.stream_options and req.stream_options.continuous_usage_stats and choices:
+                extra["usage"] = usage(prompt_len, counts[choices[0]["index"]])
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created,
                         "model": self.model_name, "choices": choices, **extra})
 
@@ -95,6 +101,7 @@ class ServingChat(Serving):
                 self.check_output(out)
                 for completion in out.outputs:
                     gen += len(completion.token_ids)
+                    counts[completion.index] += len(completion.token_ids)
                     delta = {"content": completion.text} if completion.text else {}
                     yield chunk([{"index": completion.index, "delta": delta,
                                   "logprobs": self._logprobs(completion, num_top),
