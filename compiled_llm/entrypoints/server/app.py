@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.entrypoints.async_llm import AsyncLLM
+from compiled_llm.entrypoints.server.compat_routes import add_compat_routes
 from compiled_llm.entrypoints.server.errors import (
     OPEN_PATHS,
     GuardMiddleware,
@@ -51,6 +52,7 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
     _add_generation_routes(app, chat, ServingCompletion(engine, cfg, metrics), metrics)
     _add_probe_routes(app, engine, cfg, metrics)
     _add_token_routes(app, chat)
+    add_compat_routes(app, chat)
     return app
 
 

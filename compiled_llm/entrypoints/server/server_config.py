@@ -13,8 +13,8 @@ class ServerConfig:
     model_name: str
     """The model name clients must send; the only model /v1/models lists."""
     api_key: str | None = None
-    """Require `Authorization: Bearer KEY` on every route but /health, /metrics and /ping
-    (default: no key)."""
+    """Require `Authorization: Bearer KEY` on every route but /health, /metrics, /ping and
+    /version (default: no key)."""
     max_body_bytes: int = 16 << 20
     """Largest request body accepted, in bytes; larger bodies get 413."""
     max_completion_prompts: int = 1024
