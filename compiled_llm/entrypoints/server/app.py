@@ -33,6 +33,7 @@ from compiled_llm.entrypoints.server.protocol import (
 from compiled_llm.entrypoints.server.server_config import ServerConfig
 from compiled_llm.entrypoints.server.serving_chat import ServingChat
 from compiled_llm.entrypoints.server.serving_completion import ServingCompletion
+from compiled_llm.entrypoints.server.tracing import TraceHeadersMiddleware
 
 __all__ = ["ServerConfig", "build_app", "serve"]
 
@@ -43,6 +44,8 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
     install_handlers(app)
     install_openapi(app, OPEN_PATHS, keyed=cfg.api_key is not None)
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
+    if cfg.otlp_traces_endpoint is not None:
+        app.add_middleware(TraceHeadersMiddleware)
     # added last, so outermost: a browser's preflight is answered without the key
     app.add_middleware(CORSMiddleware, allow_origins=cfg.allowed_origins,
                        allow_methods=cfg.allowed_methods, allow_headers=cfg.allowed_headers,

@@ -36,6 +36,10 @@ class ServerConfig:
     """CORS: request headers allowed from those origins (default: any)."""
     allow_credentials: bool = False
     """CORS: let browsers send credentials (cookies, HTTP auth) cross-origin."""
+    otlp_traces_endpoint: str | None = None
+    """Send an OpenTelemetry `llm_request` span per request to this OTLP endpoint (gRPC, or
+    http/protobuf by OTEL_EXPORTER_OTLP_TRACES_PROTOCOL), as vLLM does; needs the `otel`
+    extra (default: no tracing)."""
     timeout_graceful_shutdown: float = 10.0
     """On SIGTERM, seconds requests in flight get to finish before they are cut off and the
     server exits (a stuck engine included)."""

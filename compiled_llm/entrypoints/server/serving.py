@@ -5,6 +5,7 @@ before anything streams), and the final output."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from compiled_llm.entrypoints.async_llm import AsyncLLM
 from compiled_llm.entrypoints.chat_utils import conversation, render
@@ -12,6 +13,7 @@ from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
 from compiled_llm.entrypoints.server.protocol import ChatMessage
 from compiled_llm.entrypoints.server.server_config import ServerConfig
+from compiled_llm.entrypoints.server.tracing import request_tracer
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import SamplingParams
 
@@ -23,6 +25,7 @@ class Serving:
         self.engine, self.cfg, self.metrics = engine, cfg, metrics
         self.model_name = cfg.model_name
         self.max_model_len = engine.max_model_len
+        self.tracer = request_tracer(cfg.otlp_traces_endpoint, cfg.model_name)
 
     def check_model(self, name: str | None) -> None:
         """404 unless name is None or the served model's name."""
@@ -66,8 +69,12 @@ class Serving:
 
     async def start(self, rid: str, ids: list[int], params: SamplingParams):
         """Admit a request; its stream of outputs, or a ValueError (a 400) with nothing
-        queued (counted as rejected once, by the route)."""
-        return await self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        queued (counted as rejected once, by the route). Traced, its span starts now."""
+        started_ns = time.time_ns()
+        stream = await self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        if self.tracer is None:
+            return stream
+        return self.tracer.traced(stream, rid, params, started_ns)
 
     @staticmethod
     async def last(stream) -> RequestOutput:
