@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from compiled_llm.entrypoints.server.errors import OpenAIError
-from compiled_llm.entrypoints.server.protocol import SamplingFields
+from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest, SamplingFields
+from compiled_llm.entrypoints.server.unsupported import refuse_unsupported
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 
@@ -86,6 +87,7 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
     """SamplingParams for req; ValueError (-> 400, naming the field) on bad values (the
     engine checks what needs the model: ids in the vocabulary, n and logprobs limits).
     prompt_logprobs is the handler's default for the request's field of that name."""
+    refuse_unsupported(req.model_extra, chat=isinstance(req, ChatCompletionRequest))
     if req.stream_options is not None and not req.stream:
         raise OpenAIError(400, "stream_options is only allowed with stream=true",
                           param="stream_options")

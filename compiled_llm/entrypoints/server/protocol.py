@@ -1,8 +1,8 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic), with vLLM's extras.
 
 Types are checked here, and every string in a body must be valid UTF-8; value ranges are
-checked once, by SamplingParams and the engine. Unknown fields are ignored, as OpenAI's own
-server does.
+checked once, by SamplingParams and the engine. Fields no API defines are ignored, as vLLM
+ignores them; those it defines but this server does not honour are refused (unsupported.py).
 """
 
 from __future__ import annotations
@@ -76,9 +76,10 @@ class ResponseFormat(BaseModel):
 
 
 class SamplingFields(RequestBody):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+    """Fields shared by /v1/completions and /v1/chat/completions. Fields beyond these are
+    kept in model_extra, where the API's own but unsupported ones are refused by name."""
 
-    model_config = ConfigDict(populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
 
     model: str | None = None
     n: StrictInt = 1
@@ -124,10 +125,13 @@ class CompletionRequest(SamplingFields):
 
 
 class ContentPart(BaseModel):
-    """One text part of a message's content."""
+    """One part of a message's content; only text parts are served (any other type is
+    refused by name before the chat template runs)."""
 
-    type: Literal["text"]
-    text: str
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(BaseModel):

@@ -14,6 +14,7 @@ from compiled_llm.entrypoints.server.metrics import ServerMetrics
 from compiled_llm.entrypoints.server.protocol import ChatMessage
 from compiled_llm.entrypoints.server.server_config import ServerConfig
 from compiled_llm.entrypoints.server.tracing import request_tracer
+from compiled_llm.entrypoints.server.unsupported import refuse_non_text_parts
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import SamplingParams
 
@@ -45,6 +46,7 @@ class Serving:
         """The chat template applied to messages, rendered in a worker thread under the
         server's time limit; a 400 when it fails, runs too long or renders too much, and for
         a template sent with the request unless trust_request_chat_template is set."""
+        refuse_non_text_parts(messages)
         kwargs = dict(kwargs or {})
         chat_template = chat_template if chat_template is not None else kwargs.pop(
             "chat_template", None)
