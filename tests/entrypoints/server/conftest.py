@@ -87,6 +87,11 @@ def server():
     proc, srv = start_server(make_checkpoint("llama"), "--api-key", API_KEY,
                              "--max-body-bytes", str(MAX_BODY))
     yield srv
+    stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM a started server, then kill it if it has not exited within 20 s."""
     proc.terminate()
     try:
         proc.wait(timeout=20)

@@ -5,13 +5,12 @@ traceparent, with vLLM's gen_ai.* attributes."""
 from __future__ import annotations
 
 import http.server
-import subprocess
 import threading
 import time
 
 import pytest
 
-from tests.entrypoints.server.conftest import _free_port, start_server
+from tests.entrypoints.server.conftest import _free_port, start_server, stop_server
 from tests.utils import make_checkpoint
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
@@ -54,11 +53,7 @@ def traced(tmp_path_factory):
     finally:
         patch.undo()
     yield srv
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_server(proc)
     receiver.shutdown()
 
 
