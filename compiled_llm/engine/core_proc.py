@@ -121,7 +121,7 @@ def _serve(core, inbox, outbox, parent_pid: int) -> None:
 def _stats_wire(core) -> tuple:
     stats = core.get_stats()
     return (stats.num_running, stats.num_waiting, stats.num_used_blocks, stats.num_blocks,
-            stats.num_preemptions)
+            stats.num_preemptions, stats.prefix_cache_queries, stats.prefix_cache_hits)
 
 
 def _handle(core, kind: str, payload, outbox) -> bool:

@@ -13,8 +13,8 @@ class ServerConfig:
     model_name: str
     """The model name clients must send; the only model /v1/models lists."""
     api_key: str | None = None
-    """Require `Authorization: Bearer KEY` on every route but /health, /metrics and /ping
-    (default: no key)."""
+    """Require `Authorization: Bearer KEY` on every route but /health, /metrics, /ping and
+    /version (default: no key)."""
     max_body_bytes: int = 16 << 20
     """Largest request body accepted, in bytes; larger bodies get 413."""
     max_completion_prompts: int = 1024
@@ -36,6 +36,10 @@ class ServerConfig:
     """CORS: request headers allowed from those origins (default: any)."""
     allow_credentials: bool = False
     """CORS: let browsers send credentials (cookies, HTTP auth) cross-origin."""
+    otlp_traces_endpoint: str | None = None
+    """Send an OpenTelemetry `llm_request` span per request to this OTLP endpoint (gRPC, or
+    http/protobuf by OTEL_EXPORTER_OTLP_TRACES_PROTOCOL), as vLLM does; needs the `otel`
+    extra (default: no tracing)."""
     timeout_graceful_shutdown: float = 10.0
     """On SIGTERM, seconds requests in flight get to finish before they are cut off and the
     server exits (a stuck engine included)."""

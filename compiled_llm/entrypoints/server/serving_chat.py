@@ -21,6 +21,7 @@ from compiled_llm.entrypoints.server.streaming import (
     DONE,
     abort_on_disconnect,
     chat_logprobs,
+    prompt_logprobs_json,
     sse,
     usage,
 )
@@ -107,7 +108,8 @@ class ServingChat(Serving):
         gen = sum(len(o.token_ids) for o in out.outputs)
         return {"id": rid, "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,
-                "usage": usage(len(out.prompt_token_ids), gen)}
+                "usage": usage(len(out.prompt_token_ids), gen),
+                "prompt_logprobs": prompt_logprobs_json(out.prompt_logprobs)}
 
     @staticmethod
     def _logprobs(completion: CompletionOutput, num_top: int | None) -> dict | None:
@@ -119,7 +121,11 @@ class ServingChat(Serving):
                       num_top: int | None, reply: ReplyFormat) -> AsyncIterator[str]:
         created = int(time.time())
 
+        counts = [0] * req.n
+
         def chunk(choices: list, **extra) -> str:
+            if req.stream_options and req.stream_options.continuous_usage_stats and choices:
+                extra["usage"] = usage(prompt_len, counts[choices[0]["index"]])
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created,
                         "model": self.model_name, "choices": choices, **extra})
 
@@ -132,6 +138,7 @@ class ServingChat(Serving):
                 self.check_output(out)
                 for completion in out.outputs:
                     gen += len(completion.token_ids)
+                    counts[completion.index] += len(completion.token_ids)
                     streamer, done = streamers[completion.index], completion.finish_reason
                     delta = streamer.feed(completion.text, done is not None)
                     yield chunk([{"index": completion.index, "delta": delta,
