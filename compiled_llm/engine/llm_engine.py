@@ -22,6 +22,7 @@ from compiled_llm.core.kv_cache_manager import PrefixCacheStats
 from compiled_llm.core.request import Request
 from compiled_llm.engine.core import EngineCore, EngineStats
 from compiled_llm.engine.input_processor import InputProcessor, PromptType
+from compiled_llm.engine.startup import StartupClock, format_timeline
 from compiled_llm.output.output_processor import OutputProcessor, request_output
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.output.request_state import RequestState
@@ -65,6 +66,7 @@ class LLMEngine:
 
     def __init__(self, args: EngineArgs, core_process: bool = False) -> None:
         self.args = args
+        clock = StartupClock()
         model_dir = str(args.model or DEMO_MODEL)
         torch.manual_seed(args.seed)
         self.device = device = resolve_device(args.device)
@@ -75,10 +77,14 @@ class LLMEngine:
         sched_cfg = args.scheduler_config(*model_len_bounds(hf))
         self.eos_token_ids = eos_ids(model_dir, hf, self.tokenizer)
         spec = WorkerSpec(model_dir, dtype, device, sched_cfg)
+        clock.mark("config")  # hf config, tokenizer, EOS ids
         self._core_process = core_process
         self.core = self._make_core(args, spec, core_process)
         info = self.core.info
-        self.max_model_len, self.startup_seconds = info.max_model_len, info.startup_seconds
+        # what building the core took beyond its worker's phases: a core process's start
+        clock.add(info.startup_seconds, within="engine_core_other")
+        self.startup_seconds = clock.finish()
+        self.max_model_len = info.max_model_len
         self.inputs = InputProcessor(self.tokenizer, info.vocab_size,
                                      self.eos_token_ids, self.max_model_len, args)
         self.inputs.attach_matchers = not core_process  # a process core builds its own
@@ -86,8 +92,9 @@ class LLMEngine:
             self.core.grammars = self.inputs.grammar_manager
         self.outputs = OutputProcessor(self.tokenizer)
         self.parents: dict[str, list[RequestState]] = {}
-        logger.info("engine ready: %s on %s, %d KV blocks, max_model_len %d", model_dir,
-                    device, info.num_blocks, self.max_model_len)
+        logger.info("engine ready: %s on %s, %d KV blocks, max_model_len %d; start-up: %s",
+                    model_dir, device, info.num_blocks, self.max_model_len,
+                    format_timeline(self.startup_seconds))
         # Imports done lazily while this engine was built (tokenizer classes, Triton, Inductor)
         # can leave garbage cycles whose frames reach this frame and so the engine: collect
         # them now, so dropping the engine frees it without waiting for the collector.

@@ -65,13 +65,15 @@ def _files_with(model_dir: Path, ext: str, index_name: str) -> list[Path]:
     return sorted(model_dir.glob(f"*{ext}"))
 
 
-def iter_tensors(files: list[Path]):
-    """Yield (name, tensor, file) over every tensor in the checkpoint files."""
+def iter_tensors(files: list[Path], device: torch.device | None = None):
+    """Yield (name, tensor, file) over every tensor in the checkpoint files; safetensors files
+    are read straight onto `device` (a CUDA device: no staging copy in host memory)."""
+    target = str(device) if device is not None and device.type == "cuda" else "cpu"
     for path in files:
         if path.suffix == ".safetensors":
             from safetensors import safe_open
 
-            with safe_open(str(path), framework="pt") as reader:
+            with safe_open(str(path), framework="pt", device=target) as reader:
                 for name in reader.keys():  # noqa: SIM118 (safe_open has no __iter__)
                     yield name, reader.get_tensor(name), path
         else:
@@ -79,11 +81,12 @@ def iter_tensors(files: list[Path]):
                 yield name, tensor, path
 
 
-def load_weights(model: nn.Module, files: list[Path]) -> None:
-    """Copy checkpoint tensors into model parameters; every parameter must be loaded."""
+def load_weights(model: nn.Module, files: list[Path], device: torch.device | None = None) -> None:
+    """Copy checkpoint tensors (read onto `device` where it is CUDA) into model parameters;
+    every parameter must be loaded."""
     params = dict(model.named_parameters())  # tied weights appear once
     loaded: set[str] = set()
-    for name, tensor, path in iter_tensors(files):
+    for name, tensor, path in iter_tensors(files, device):
         ours = model.weight_name(name)
         if ours is None:
             continue
@@ -135,7 +138,7 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     with torch.device(device):
         model = model_cls(model_config, max_len=max_len)
     model.to(dtype=dtype)
-    load_weights(model, files)
+    load_weights(model, files, device)
     model = quantize_model(model, quantization)
     fuse_sibling_weights(model)
     return model.eval().requires_grad_(False)
