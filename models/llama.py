@@ -53,9 +53,13 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
         super().__init__()
         self.self_attn = self.attention_cls(cfg, layer_idx)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = self.make_mlp(cfg, layer_idx)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def make_mlp(self, cfg: DecoderConfig, layer_idx: int) -> nn.Module:
+        """The layer's MLP; mixture-of-experts layers override it."""
+        return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, hidden, residual, rope):
         """(hidden, residual) -> (MLP output, residual stream without it); the next norm adds
