@@ -5,24 +5,11 @@ when norm_topk_prob says so (HF's default: not).
 
 from __future__ import annotations
 
-from compiled_llm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
-from compiled_llm.models.moe import MoeWeightMap, moe_or_dense_mlp
-
-
-class Qwen2MoeDecoderLayer(LlamaDecoderLayer):
-    """The Llama layer whose MLP is a SparseMoeBlock (with a shared expert) where routed."""
-
-    make_mlp = staticmethod(moe_or_dense_mlp)
-
-
-class Qwen2MoeModel(LlamaModel):
-    """The Llama model with Qwen2-MoE layers."""
-
-    layer_cls = Qwen2MoeDecoderLayer
+from compiled_llm.models.llama import LlamaForCausalLM
+from compiled_llm.models.moe import MoeWeightMap
 
 
 class Qwen2MoeForCausalLM(MoeWeightMap, LlamaForCausalLM):
     """Qwen2-MoE for causal LM; q/k/v biases unless config.json sets qkv_bias false."""
 
-    model_cls = Qwen2MoeModel
     hf_defaults = {"qkv_bias": True}
