@@ -49,10 +49,11 @@ class ResponsesRequest(SamplingFields):
     top_logprobs: StrictInt | None = None
     metadata: dict[str, str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    # refused unless unset (each needs state, a tool runtime or a reasoning parser)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None  # function tools, Responses' flat shape
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extra (enable_thinking ...)
+    # refused unless unset (each needs state or a tool runtime this server does not have)
     max_tool_calls: StrictInt | None = None
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
