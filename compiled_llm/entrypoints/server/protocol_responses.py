@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt
+from pydantic import AliasChoices, BaseModel, Field, StrictBool, StrictInt
 
 from compiled_llm.entrypoints.server.protocol import SamplingFields
 
@@ -53,6 +53,9 @@ class ResponsesRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extra (enable_thinking ...)
+    thinking_token_budget: StrictInt | None = Field(  # as on chat: ends the thinking span
+        default=None, validation_alias=AliasChoices("thinking_token_budget",
+                                                    "max_thinking_tokens"))
     # refused unless unset (each needs state or a tool runtime this server does not have)
     max_tool_calls: StrictInt | None = None
     previous_response_id: str | None = None

@@ -90,7 +90,8 @@ class ServingResponses(Serving):
         with _responses_names():
             params = sampling_params(req.model_copy(update={"response_format": fmt}), budget,
                                      num_top, req.stream)
-            params = reply_params(params, reply, self.engine.tokenizer, None)
+            params = reply_params(params, reply, self.engine.tokenizer,
+                                  req.thinking_token_budget)
             stream = await self.start(rid, ids, params, plan)
         end_id = reply.reasoning.token_ids(self.engine.tokenizer)[1] if reply.reasoning \
             else None
