@@ -1,8 +1,7 @@
 """The event stream of a streamed /v1/responses request, in the order OpenAI's SDK parses:
-response.created, response.in_progress, then each output item as the reply reaches it (a
-reasoning item's reasoning_text deltas, the message's output_text deltas, a function call's
-arguments deltas), each opened by output_item.added and closed by its .done events and
-output_item.done before the next opens, then response.completed (or response.incomplete;
+response.created, response.in_progress, then each output item as the reply reaches it
+(reasoning_text, output_text or function_call_arguments deltas between its output_item.added
+and its .done events), one open at a time, then response.completed (or response.incomplete;
 response.failed on an error), every event numbered."""
 
 from __future__ import annotations
