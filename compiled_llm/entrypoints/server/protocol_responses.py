@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt
+from pydantic import AliasChoices, BaseModel, Field, StrictBool, StrictInt
 
 from compiled_llm.entrypoints.server.protocol import SamplingFields
 
@@ -49,10 +49,14 @@ class ResponsesRequest(SamplingFields):
     top_logprobs: StrictInt | None = None
     metadata: dict[str, str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    # refused unless unset (each needs state, a tool runtime or a reasoning parser)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None  # function tools, Responses' flat shape
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extra (enable_thinking ...)
+    thinking_token_budget: StrictInt | None = Field(  # as on chat: ends the thinking span
+        default=None, validation_alias=AliasChoices("thinking_token_budget",
+                                                    "max_thinking_tokens"))
+    # refused unless unset (each needs state or a tool runtime this server does not have)
     max_tool_calls: StrictInt | None = None
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None

@@ -1,19 +1,21 @@
-"""The shapes of /v1/responses: its input (a string or message items) as chat messages for
-the chat template, the refusal of fields it cannot honour (a 400 naming each), text.format as
-a response_format, and the `response` object and its message item."""
+"""The shapes of /v1/responses: its input (a string, message items, function calls and their
+outputs) as chat messages for the chat template, the refusal of fields it cannot honour (a 400
+naming each), text.format as a response_format, and the `response` object and its items."""
 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.protocol import ChatMessage, JsonSchemaFormat, ResponseFormat
 from compiled_llm.entrypoints.server.protocol_responses import ResponsesRequest
-from compiled_llm.entrypoints.server.responses_tools import TOOL_ITEM_TYPES, tool_input_message
+from compiled_llm.entrypoints.server.tool_calls import history_message
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _ROLES = ("user", "system", "developer", "assistant")
+TOOL_ITEM_TYPES = frozenset({"function_call", "function_call_output"})
 _TEXT_PARTS = ("input_text", "output_text")
 _STATELESS = "this server stores no responses (store is treated as false); send the whole " \
     "conversation in input"
@@ -26,7 +28,8 @@ _REFUSED = (
     ("truncation", lambda r: r.truncation == "auto",
      "truncation 'auto' is not supported; an input over the context is a 400"),
     ("reasoning", lambda r: any(v is not None for v in (r.reasoning or {}).values()),
-     "reasoning options are not supported on /v1/responses yet"),
+     "reasoning options (effort, summary) are not supported; thinking follows the chat "
+     "template (chat_template_kwargs, e.g. enable_thinking) and --reasoning-parser"),
     ("text.verbosity", lambda r: r.text is not None and r.text.verbosity is not None,
      "verbosity is not supported"),
     ("response_format", lambda r: r.response_format is not None,
@@ -50,25 +53,32 @@ def check_supported(req: ResponsesRequest) -> None:
                               code="unsupported_parameter")
 
 
-def messages(req: ResponsesRequest) -> list[ChatMessage]:
+def messages(req: ResponsesRequest, tool_names: set[str]) -> list[ChatMessage]:
     """The chat messages for the template: instructions as a leading system message, then
-    input (a string is one user message)."""
+    input (a string is one user message); function_call items join the assistant turn
+    before them, function_call_output items become tool messages."""
     items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else \
         req.input
     if not items:
         raise OpenAIError(400, "input must be a non-empty string or list of items",
                           param="input")
-    head = [ChatMessage(role="system", content=req.instructions)] if req.instructions else []
-    return head + [_message(item, f"input[{i}]") for i, item in enumerate(items)]
+    history = [ChatMessage(role="system", content=req.instructions)] if req.instructions \
+        else []
+    call_ids: set[str] = set()
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.get("type", "message")
+        if not isinstance(kind, str):
+            raise OpenAIError(400, f"{where}.type must be a string, got {kind!r}",
+                              param=f"{where}.type")
+        if kind in TOOL_ITEM_TYPES:
+            _add_tool_item(history, item, where, tool_names, call_ids)
+        else:
+            history.append(_message(item, kind, where))
+    return history
 
 
-def _message(item: dict[str, Any], where: str) -> ChatMessage:
-    kind = item.get("type", "message")
-    if not isinstance(kind, str):
-        raise OpenAIError(400, f"{where}.type must be a string, got {kind!r}",
-                          param=f"{where}.type")
-    if kind in TOOL_ITEM_TYPES:
-        return ChatMessage(**tool_input_message(item, where))
+def _message(item: dict[str, Any], kind: str, where: str) -> ChatMessage:
     if kind != "message":
         raise OpenAIError(400, f"{where}.type: {kind!r} input items are not supported",
                           param=f"{where}.type", code="unsupported_parameter")
@@ -77,6 +87,50 @@ def _message(item: dict[str, Any], where: str) -> ChatMessage:
         raise OpenAIError(400, f"{where}.role must be one of {list(_ROLES)}, got {role!r}",
                           param=f"{where}.role")
     return ChatMessage(role=role, content=_content(item.get("content"), f"{where}.content"))
+
+
+def _add_tool_item(history: list[ChatMessage], item: dict[str, Any], where: str,
+                   tool_names: set[str], call_ids: set[str]) -> None:
+    """A function_call appended to the assistant turn (a new one unless the last message is
+    the assistant's); a function_call_output as the tool message answering call_id, which
+    an earlier function_call must have made."""
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise OpenAIError(400, f"{where}.call_id must be a non-empty string",
+                          param=f"{where}.call_id")
+    if item["type"] == "function_call_output":
+        if call_id not in call_ids:
+            raise OpenAIError(400, f"{where}.call_id {call_id!r} answers no earlier "
+                              "function_call item of input", param=f"{where}.call_id")
+        output = _content(item.get("output"), f"{where}.output")
+        history.append(ChatMessage(role="tool", tool_call_id=call_id, content=output))
+        return
+    if call_id in call_ids:
+        raise OpenAIError(400, f"{where}.call_id {call_id!r} is given twice",
+                          param=f"{where}.call_id")
+    call_ids.add(call_id)
+    call = _history_call(item, call_id, where, tool_names)
+    if history and history[-1].role == "assistant":
+        history[-1].tool_calls = [*(history[-1].tool_calls or []), call]
+    else:
+        history.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+
+
+def _history_call(item: dict[str, Any], call_id: str, where: str,
+                  tool_names: set[str]) -> dict[str, Any]:
+    """A function_call item as a chat tool call, its arguments checked (and made a dict)
+    by chat's history_message; its name must be one of the request's tools."""
+    name = item.get("name")
+    if name not in tool_names:
+        raise OpenAIError(400, f"{where}.name: {name!r} is not the name of a function in "
+                          "tools", param=f"{where}.name")
+    call = {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": item.get("arguments", "{}")}}
+    try:
+        return history_message(0, {"tool_calls": [call]})["tool_calls"][0]
+    except OpenAIError as exc:
+        message = exc.message.replace("messages[0].tool_calls[0].function", where)
+        raise OpenAIError(400, message, param=f"{where}.arguments") from None
 
 
 def _content(content: Any, where: str) -> str:
@@ -122,10 +176,33 @@ def message_item(item_id: str, text: str, status: str, logprobs: list | None) ->
             "content": [] if status == "in_progress" else [part]}
 
 
-def response_usage(input_tokens: int, output_tokens: int) -> dict:
-    """The Responses `usage` object (no prefix-cache or reasoning split is counted)."""
+def reasoning_item(item_id: str, text: str, status: str) -> dict:
+    """A `reasoning` output item holding the thinking span as one reasoning_text part."""
+    content = [] if status == "in_progress" else [{"type": "reasoning_text", "text": text}]
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content,
+            "status": status}
+
+
+def function_call_item(name: str, arguments: str, status: str,
+                       ids: tuple[str, str] | None = None) -> dict:
+    """A `function_call` output item; ids is (item id, call_id), fresh when not given."""
+    item_id, call_id = ids or new_call_ids()
+    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+def new_call_ids() -> tuple[str, str]:
+    """A fresh (item id, call_id) pair for a function_call item."""
+    token = uuid.uuid4().hex
+    return f"fc_{token}", f"call_{token}"
+
+
+def response_usage(input_tokens: int, output_tokens: int, reasoning_tokens: int = 0) -> dict:
+    """The Responses `usage` object (no prefix-cache split is counted); output_tokens
+    includes the reasoning_tokens."""
     return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": input_tokens + output_tokens}
 
 
@@ -144,6 +221,6 @@ def response_object(req: ResponsesRequest, rid: str, model: str, created: int, *
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": None, "reasoning": None, "store": False,
             "temperature": req.temperature, "top_p": req.top_p, "text": {"format": fmt},
-            "tool_choice": req.tool_choice or "auto", "tools": [], "top_logprobs":
+            "tool_choice": req.tool_choice or "auto", "tools": req.tools or [], "top_logprobs":
             req.top_logprobs, "truncation": "disabled", "metadata": req.metadata or {},
             "background": False, "usage": usage, "user": req.user}

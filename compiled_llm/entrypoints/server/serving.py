@@ -1,6 +1,6 @@
-"""What the completion and chat handlers share: the model name check, the chat template and
-tokenization (both off the event loop and the engine thread, both bounded), admission (a 4xx
-before anything streams), and the final output."""
+"""What the API handlers share: the model name check, the chat template and tokenization
+(both off the event loop and the engine thread, both bounded), tools and reasoning resolved
+against the server's flags, admission (a 4xx before anything streams), and the final output."""
 
 from __future__ import annotations
 
@@ -9,13 +9,16 @@ import time
 
 from compiled_llm.entrypoints.async_llm import AsyncLLM
 from compiled_llm.entrypoints.chat_utils import conversation, render
+from compiled_llm.entrypoints.reasoning_parsers import get_reasoning_parser
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
 from compiled_llm.entrypoints.server.protocol import ChatMessage
+from compiled_llm.entrypoints.server.reply import ReplyFormat
 from compiled_llm.entrypoints.server.server_config import ServerConfig
-from compiled_llm.entrypoints.server.tool_calls import history_message
+from compiled_llm.entrypoints.server.tool_calls import ToolPlan, history_message, plan_tools
 from compiled_llm.entrypoints.server.tracing import request_tracer
 from compiled_llm.entrypoints.server.unsupported import refuse_non_text_parts
+from compiled_llm.entrypoints.tool_parsers import get_tool_parser
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import SamplingParams
 
@@ -70,11 +73,35 @@ class Serving:
                                       chat_template)
         return await self.encode(text, add_special_tokens=False, name="messages")
 
-    async def start(self, rid: str, ids: list[int], params: SamplingParams):
+    def tool_plan(self, tools: list | None, tool_choice, parallel_tool_calls: bool | None
+                  ) -> ToolPlan:
+        """Chat-shaped tools and tool_choice resolved against the server's parser flags."""
+        parser = self.cfg.tool_call_parser
+        return plan_tools(tools, tool_choice, parallel_tool_calls,
+                          parser and get_tool_parser(parser), self.cfg.enable_auto_tool_choice)
+
+    def reply_format(self, plan: ToolPlan, prompt_ids: list[int]) -> ReplyFormat:
+        """How the replies to prompt_ids are read: plan, and the server's reasoning parser."""
+        name = self.cfg.reasoning_parser
+        if name is None:
+            return ReplyFormat(plan)
+        parser = get_reasoning_parser(name).for_prompt(prompt_ids, self.engine.tokenizer)
+        return ReplyFormat(plan, parser)
+
+    async def start(self, rid: str, ids: list[int], params: SamplingParams,
+                    plan: ToolPlan | None = None):
         """Admit a request; its stream of outputs, or a ValueError (a 400) with nothing
-        queued (counted as rejected once, by the route). Traced, its span starts now."""
+        queued (counted as rejected once, by the route). Traced, its span starts now. A
+        tool grammar (plan's) that does not compile is a 400 on tools."""
         started_ns = time.time_ns()
-        stream = await self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        try:
+            stream = await self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        except ValueError as exc:
+            if plan is None or plan.grammar() is None or \
+                    not str(exc).startswith("structured_outputs"):
+                raise
+            raise OpenAIError(400, f"tools: the parameters do not compile to a grammar: {exc}",
+                              param="tools") from None
         if self.tracer is None:
             return stream
         return self.tracer.traced(stream, rid, params, started_ns)

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from compiled_llm.entrypoints.reasoning_parsers import get_reasoning_parser
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.params import output_budget, sampling_params
 from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest
@@ -25,8 +24,6 @@ from compiled_llm.entrypoints.server.streaming import (
     sse,
     usage,
 )
-from compiled_llm.entrypoints.server.tool_calls import ToolPlan, plan_tools
-from compiled_llm.entrypoints.tool_parsers import get_tool_parser
 from compiled_llm.output.outputs import CompletionOutput, RequestOutput
 
 
@@ -44,18 +41,10 @@ class ServingChat(Serving):
             return StreamingResponse(self._chunks(req, *admitted), media_type="text/event-stream")
         return JSONResponse(await abort_on_disconnect(raw, self._answer(req)))
 
-    def reply_format(self, plan: ToolPlan, prompt_ids: list[int]) -> ReplyFormat:
-        """How the replies to prompt_ids are read: plan, and the server's reasoning parser."""
-        name = self.cfg.reasoning_parser
-        if name is None:
-            return ReplyFormat(plan)
-        parser = get_reasoning_parser(name).for_prompt(prompt_ids, self.engine.tokenizer)
-        return ReplyFormat(plan, parser)
-
     async def _admit(self, req: ChatCompletionRequest) -> tuple:
         """(stream, id, prompt length, top logprobs, reply format): the chat rendered with
         its tools, tokenized, admitted."""
-        plan = self.tool_plan(req)
+        plan = self.tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls)
         ids = await self.encode_chat(req.messages, req.add_generation_prompt,
                                      req.chat_template_kwargs, plan.tools, req.chat_template)
         # max_completion_tokens: 0 is a value (refused), not "unset"
@@ -70,23 +59,7 @@ class ServingChat(Serving):
         params = reply_params(sampling_params(req, budget, num_top, req.stream), reply,
                               self.engine.tokenizer, req.thinking_token_budget)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        return await self._start(rid, ids, params, plan), rid, len(ids), num_top, reply
-
-    def tool_plan(self, req: ChatCompletionRequest) -> ToolPlan:
-        """The request's tools and tool_choice resolved against the server's parser flags."""
-        parser = self.cfg.tool_call_parser
-        return plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
-                          parser and get_tool_parser(parser), self.cfg.enable_auto_tool_choice)
-
-    async def _start(self, rid: str, ids: list[int], params, plan: ToolPlan):
-        """Admit the request; a tool grammar that does not compile is a 400 on tools."""
-        try:
-            return await self.start(rid, ids, params)
-        except ValueError as exc:
-            if plan.grammar() is None or not str(exc).startswith("structured_outputs"):
-                raise
-            raise OpenAIError(400, f"tools: the parameters do not compile to a grammar: {exc}",
-                              param="tools") from None
+        return await self.start(rid, ids, params, plan), rid, len(ids), num_top, reply
 
     async def _answer(self, req: ChatCompletionRequest) -> dict:
         """The whole JSON body (cancelled, it aborts the request)."""

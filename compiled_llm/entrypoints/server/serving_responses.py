@@ -1,6 +1,7 @@
-"""/v1/responses: the input rendered by the chat template (the path /v1/chat/completions
-takes), one engine request, answered as one `response` object or streamed as Responses
-events; stateless, nothing is stored."""
+"""/v1/responses: the input rendered by the chat template with its tools (the path
+/v1/chat/completions takes), one engine request whose reply is read for reasoning and function
+calls as chat's is, answered as one `response` object or streamed as Responses events;
+stateless, nothing is stored."""
 
 from __future__ import annotations
 
@@ -16,17 +17,23 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from compiled_llm.entrypoints.server.errors import OpenAIError, from_value_error
 from compiled_llm.entrypoints.server.params import output_budget, sampling_params
 from compiled_llm.entrypoints.server.protocol_responses import ResponsesRequest
+from compiled_llm.entrypoints.server.reply import ReplyFormat, reply_params
 from compiled_llm.entrypoints.server.responses_items import (
     LOGPROBS_INCLUDE,
     check_supported,
-    message_item,
     messages,
     response_format,
     response_object,
     response_usage,
 )
 from compiled_llm.entrypoints.server.responses_stream import response_events
-from compiled_llm.entrypoints.server.responses_tools import output_items, tool_constraint
+from compiled_llm.entrypoints.server.responses_tools import (
+    check_tool_format,
+    output_items,
+    reasoning_token_count,
+    responses_plan,
+    tool_names,
+)
 from compiled_llm.entrypoints.server.serving import Serving
 from compiled_llm.entrypoints.server.streaming import abort_on_disconnect, chat_logprobs
 from compiled_llm.output.outputs import CompletionOutput
@@ -34,15 +41,22 @@ from compiled_llm.output.outputs import CompletionOutput
 
 @dataclass
 class Admitted:
-    """One admitted response request: its engine stream, ids and prompt length; num_top is
-    the top-logprob count (None: no logprobs)."""
+    """One admitted response request: its engine stream, id and prompt length; num_top is
+    the top-logprob count (None: no logprobs); reply reads the output for reasoning and
+    function calls; end_id is the thinking span's end token (None: no span to count)."""
 
     stream: Any
     rid: str
     prompt_len: int
     num_top: int | None
+    reply: ReplyFormat
+    end_id: int | None = None
     created: int = field(default_factory=lambda: int(time.time()))
-    item_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
+
+    def reasoning_tokens(self, text: str, token_ids: list[int], final: bool) -> int:
+        """How many of token_ids (the output so far, whose text is text) are thinking."""
+        reasoning, _ = self.reply.split(text, final)
+        return reasoning_token_count(reasoning, token_ids, self.end_id)
 
 
 class ServingResponses(Serving):
@@ -60,19 +74,28 @@ class ServingResponses(Serving):
         return JSONResponse(await abort_on_disconnect(raw, self._answer(req)))
 
     async def _admit(self, req: ResponsesRequest) -> Admitted:
-        """Render, tokenize and admit; every 4xx comes before anything is queued."""
-        fmt = tool_constraint(req) or response_format(req)
-        ids = await self.encode_chat(messages(req), add_generation_prompt=True)
+        """Render (with the tools), tokenize and admit; every 4xx comes before anything is
+        queued."""
+        plan = responses_plan(req, self.tool_plan)
+        fmt = response_format(req)
+        check_tool_format(plan, fmt)
+        ids = await self.encode_chat(messages(req, tool_names(plan)), True,
+                                     req.chat_template_kwargs, plan.tools)
         budget = output_budget(req.max_output_tokens, len(ids), self.max_model_len,
                                prompt_param="input", budget_param="max_output_tokens")
         wants_logprobs = LOGPROBS_INCLUDE in (req.include or ()) or req.top_logprobs is not None
         num_top = (req.top_logprobs or 0) if wants_logprobs else None
+        reply = self.reply_format(plan, ids)
         rid = f"resp_{uuid.uuid4().hex}"
         with _responses_names():
             params = sampling_params(req.model_copy(update={"response_format": fmt}), budget,
                                      num_top, req.stream)
-            stream = await self.start(rid, ids, params)
-        return Admitted(stream, rid, len(ids), num_top)
+            params = reply_params(params, reply, self.engine.tokenizer,
+                                  req.thinking_token_budget)
+            stream = await self.start(rid, ids, params, plan)
+        end_id = reply.reasoning.token_ids(self.engine.tokenizer)[1] if reply.reasoning \
+            else None
+        return Admitted(stream, rid, len(ids), num_top, reply, end_id)
 
     async def _answer(self, req: ResponsesRequest) -> dict:
         """The whole `response` object (cancelled, it aborts the request)."""
@@ -83,9 +106,13 @@ class ServingResponses(Serving):
             admitted.stream.abort()
         self.check_output(out)
         completion = out.outputs[0]
+        token_ids = list(completion.token_ids)
+        thinking = admitted.reasoning_tokens(completion.text, token_ids, True)
         logprobs = self.logprobs(completion, admitted.num_top)
-        return self.final(req, admitted, completion.text, completion.finish_reason,
-                          len(completion.token_ids), logprobs)[0]
+        status = _status(completion.finish_reason)
+        items = output_items(admitted.reply, completion.text, completion.finish_reason, status,
+                             logprobs and logprobs[thinking:])
+        return self.final(req, admitted, status, items, len(token_ids), thinking)
 
     @staticmethod
     def logprobs(completion: CompletionOutput, num_top: int | None) -> list | None:
@@ -94,18 +121,18 @@ class ServingResponses(Serving):
             return None
         return chat_logprobs(completion.token_ids, completion.logprobs, num_top)["content"]
 
-    def final(self, req: ResponsesRequest, admitted: Admitted, text: str,
-              finish_reason: str | None, output_tokens: int,
-              logprobs: list | None) -> tuple[dict, list]:
-        """(the finished `response` object, its output items); a generation cut by the
-        token budget is "incomplete"."""
-        status = "incomplete" if finish_reason == "length" else "completed"
-        items = output_items(
-            text, lambda body: message_item(admitted.item_id, body, status, logprobs))
-        body = response_object(req, admitted.rid, self.model_name, admitted.created,
+    def final(self, req: ResponsesRequest, admitted: Admitted, status: str, items: list,
+              output_tokens: int, reasoning_tokens: int) -> dict:
+        """The finished `response` object holding items."""
+        return response_object(req, admitted.rid, self.model_name, admitted.created,
                                status=status, output=items,
-                               usage=response_usage(admitted.prompt_len, output_tokens))
-        return body, items
+                               usage=response_usage(admitted.prompt_len, output_tokens,
+                                                    reasoning_tokens))
+
+
+def _status(finish_reason: str | None) -> str:
+    """A response cut by the token budget is "incomplete"; any other end "completed"."""
+    return "incomplete" if finish_reason == "length" else "completed"
 
 
 # what the sampling fields and the engine call a field -> what /v1/responses calls it

@@ -154,8 +154,9 @@ def _input(*content, role="user"):
 
 # (id, fields added to a small valid body, expected param)
 REFUSED = [
-    ("tools", {"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
-    ("built-in tool", {"tools": [{"type": "web_search"}]}, "tools"),
+    ("auto tools without the server flag",
+     {"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tool_choice"),
+    ("built-in tool", {"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ("tool_choice required", {"tool_choice": "required"}, "tool_choice"),
     ("max_tool_calls", {"max_tool_calls": 2}, "max_tool_calls"),
     ("previous_response_id", {"previous_response_id": "resp_1"}, "previous_response_id"),
@@ -173,8 +174,8 @@ REFUSED = [
     ("file part", {"input": _input({"type": "input_file", "file_id": "f"})},
      "input[0].content[0].type"),
     ("part without text", {"input": _input({"type": "input_text"})}, "input[0].content[0].text"),
-    ("function_call item", {"input": [{"type": "function_call", "call_id": "c", "name": "f",
-                                       "arguments": "{}"}]}, "input[0].type"),
+    ("function_call of no tool", {"input": [{"type": "function_call", "call_id": "c",
+                                             "name": "f", "arguments": "{}"}]}, "input[0].name"),
     ("reasoning item", {"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
     ("tool role", {"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
     ("empty input", {"input": []}, "input"),
