@@ -2,6 +2,9 @@
 
 Request outcomes, token counts and latency histograms come from AsyncLLM's per-request hooks;
 KV-cache usage and queue sizes are read from the engine's latest stats snapshot at scrape time.
+With several API servers (multiprocess, PROMETHEUS_MULTIPROC_DIR set before prometheus-client
+is imported) a scrape of any of them sums the counters and histograms over all of them, while
+the engine gauges come from this process's snapshot of the one engine core.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from compiled_llm.entrypoints.async_llm import AsyncLLM, RequestObserver
 
@@ -26,8 +30,13 @@ _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75
 class ServerMetrics(RequestObserver):
     """Implements AsyncLLM's RequestObserver; `bind(engine)` adds the engine gauges."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, multiprocess: bool = False) -> None:
+        """multiprocess: scrapes report the totals of every API-server process."""
         self.registry = registry = CollectorRegistry()
+        self._scraped = registry
+        if multiprocess:
+            self._scraped = CollectorRegistry()
+            self._scraped.register(_Totals(registry))
         labels = {"model_name": model_name}
         self._labels = labels
         self.requests = Counter(f"{_PREFIX}request_success", "Finished requests by outcome "
@@ -85,4 +94,21 @@ class ServerMetrics(RequestObserver):
 
     def render(self) -> tuple[bytes, str]:
         """(body, content type) of a /metrics scrape."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return generate_latest(self._scraped), CONTENT_TYPE_LATEST
+
+
+class _Totals:
+    """A collector: counters and histograms summed over the processes that share
+    PROMETHEUS_MULTIPROC_DIR, gauges from `local` (they read the engine core's stats, the same
+    in every process: summing them would count the core once per API server)."""
+
+    def __init__(self, local: CollectorRegistry) -> None:
+        self.local = local
+
+    def collect(self):
+        """The metric families of a scrape."""
+        gauges = [family for family in self.local.collect() if family.type == "gauge"]
+        names = {family.name for family in gauges}
+        yield from (family for family in MultiProcessCollector(None).collect()
+                    if family.name not in names)
+        yield from gauges
