@@ -77,6 +77,10 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def _exit(signum, frame) -> None:
+    raise SystemExit(0)
+
+
 def run_api_server(spec: ApiServerSpec) -> None:
     """Serve on the shared port until SIGTERM (or the parent's death)."""
     import uvicorn
@@ -85,6 +89,9 @@ def run_api_server(spec: ApiServerSpec) -> None:
     from compiled_llm.entrypoints.server.app import build_app, uvicorn_config
     from compiled_llm.entrypoints.server.metrics import ServerMetrics
 
+    # uvicorn re-raises the SIGTERM it shut down on: exit through the finally below, so the
+    # engine's requests are aborted and its sockets closed (the default action skips that)
+    signal.signal(signal.SIGTERM, _exit)
     _watch_parent(spec.parent_pid)
     metrics = ServerMetrics(spec.cfg.model_name, multiprocess=True)
     engine = AsyncLLM(spec.args, observer=metrics, core_endpoint=spec.endpoint)

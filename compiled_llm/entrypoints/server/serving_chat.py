@@ -18,6 +18,7 @@ from compiled_llm.entrypoints.server.streaming import (
     DONE,
     abort_on_disconnect,
     chat_logprobs,
+    choice_events,
     sse,
     usage,
 )
@@ -81,10 +82,9 @@ class ServingChat(Serving):
     async def _chunks(self, req: ChatCompletionRequest, stream, rid: str, prompt_len: int,
                       num_top: int | None) -> AsyncIterator[str]:
         created = int(time.time())
-
-        def chunk(choices: list, **extra) -> str:
-            return sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                        "model": self.model_name, "choices": choices, **extra})
+        fields = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                  "model": self.model_name}
+        chunk = choice_events(fields)
 
         gen = 0
         try:
@@ -104,5 +104,5 @@ class ServingChat(Serving):
         finally:  # a client gone mid-stream closes us: free its blocks now
             stream.abort()
         if req.stream_options and req.stream_options.include_usage:
-            yield chunk([], usage=usage(prompt_len, gen))
+            yield sse({**fields, "choices": [], "usage": usage(prompt_len, gen)})
         yield DONE

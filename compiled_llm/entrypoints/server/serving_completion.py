@@ -17,6 +17,7 @@ from compiled_llm.entrypoints.server.serving import Serving
 from compiled_llm.entrypoints.server.streaming import (
     DONE,
     abort_on_disconnect,
+    choice_events,
     completion_logprobs,
     merge_streams,
     sse,
@@ -110,6 +111,8 @@ class ServingCompletion(Serving):
                       echo) -> AsyncIterator[str]:
         created, gen = int(time.time()), 0
         offsets: dict[int, int] = {}
+        event = choice_events({"id": rid, "object": "text_completion", "created": created,
+                               "model": self.model_name})
         try:
             async for i, out in merge_streams(streams):
                 self.check_output(out)
@@ -119,8 +122,7 @@ class ServingCompletion(Serving):
                     choice = self._choice(i, completion, req, text, offsets.get(index, 0))
                     offsets[index] = offsets.get(index, 0) + len(text)
                     gen += len(completion.token_ids)
-                    yield sse({"id": rid, "object": "text_completion", "created": created,
-                               "model": self.model_name, "choices": [choice]})
+                    yield event([choice])
         except OpenAIError as exc:
             yield sse(exc.body())
         finally:
