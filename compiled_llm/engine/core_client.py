@@ -296,12 +296,14 @@ class PeerProcess:
 def start_core_process(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int, ...],
                        addresses: list[tuple[str, str]],
                        new_session: bool = False) -> subprocess.Popen:
-    """Start an engine core process for front ends at these (inbox, outbox) addresses; it
-    reports ready (or why it failed) on each outbox. new_session: out of the caller's
-    process group, so a terminal's Ctrl-C reaches only the caller, which stops it."""
+    """Start an engine core process for front ends at these (inbox, outbox) addresses (one
+    pair: core_proc; more: core_multi); it reports ready (or why it failed) on each outbox.
+    new_session: out of the caller's process group, so a terminal's Ctrl-C reaches only the
+    caller, which stops it."""
     # a fresh interpreter, not multiprocessing's spawn: that re-runs the caller's main
     # module, which a script without a __main__ guard cannot survive
-    process = subprocess.Popen([sys.executable, "-m", "compiled_llm.engine.core_proc"],
+    module = "core_multi" if len(addresses) > 1 else "core_proc"
+    process = subprocess.Popen([sys.executable, "-m", f"compiled_llm.engine.{module}"],
                                stdin=subprocess.PIPE, start_new_session=new_session)
     process.stdin.write(pickle.dumps((args, spec, eos_token_ids, addresses, os.getpid(),
                                       registered_models(), sys.path)))

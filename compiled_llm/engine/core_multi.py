@@ -28,8 +28,10 @@ from compiled_llm.engine.core_proc import (
     OUTPUTS,
     READY,
     REPLY,
+    add_requests,
     build_core,
     call_utility,
+    launch,
     pack,
     stats_wire,
     unpack,
@@ -216,14 +218,8 @@ def _handle(core, fronts: FrontEnds, client: int, kind: str, payload) -> None:
     if not fronts.live[client]:  # read after its process was found gone: nothing to keep
         return
     if kind == ADD:
-        for req in pickle.loads(payload):
-            try:
-                core.add_request(req)
-            except ValueError as exc:  # checked by the front end first; refused here anyway
-                out = EngineCoreOutput(req.request_id, [], finish_reason="error", error=str(exc))
-                fronts.send(client, pack(OUTPUTS, ([out.to_wire()], stats_wire(core))))
-                continue
-            fronts.owner[req.request_id] = client
+        for rid in add_requests(core, payload, lambda frame: fronts.send(client, frame)):
+            fronts.owner[rid] = client
     elif kind == ABORT:
         _forget(fronts, payload)
         core.abort_requests(payload)
@@ -240,3 +236,12 @@ def _handle(core, fronts: FrontEnds, client: int, kind: str, payload) -> None:
 def _forget(fronts: FrontEnds, request_ids: list[str]) -> None:
     for rid in request_ids:
         fronts.owner.pop(rid, None)
+
+
+def main() -> None:
+    """`python -m compiled_llm.engine.core_multi`: the core of several front ends."""
+    launch(run_shared_core)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 """The engine core's own process: a busy loop of take requests, schedule, launch, collect, send
-outputs, over two ZMQ sockets per front end (requests in, outputs out; msgpack frames, pickle
-only for new requests and utility results). With one front end it exits on a shutdown message;
-with several (core_multi) on SIGTERM; either way when its parent is gone."""
+outputs, over two ZMQ sockets (requests in, outputs out; msgpack frames, pickle only for new
+requests and utility results). It exits on a shutdown message, or when its parent is gone.
+core_multi is the core that several front ends share."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import pickle
 import sys
 import traceback
+from collections.abc import Callable
 
 import msgpack
 import zmq
@@ -41,17 +42,14 @@ def unpack(frame: bytes) -> tuple[str, object]:
 
 def run_engine_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int, ...],
                     addresses: list[tuple[str, str]], parent_pid: int) -> None:
-    """The core process's main: build the core, report ready (or the start-up error) to each
-    front end (one (inbox, outbox) address pair each), then serve until shut down or
+    """The core process's main: build the core, report ready (or the start-up error) to its
+    front end (addresses: its one (inbox, outbox) pair), then serve until shut down or
     orphaned."""
-    if len(addresses) > 1:
-        from compiled_llm.engine.core_multi import run_shared_core
-
-        return run_shared_core(args, spec, eos_token_ids, addresses, parent_pid)
+    [(in_addr, out_addr)] = addresses
     context = zmq.Context()
     inbox, outbox = context.socket(zmq.PULL), context.socket(zmq.PUSH)
-    inbox.connect(addresses[0][0])
-    outbox.connect(addresses[0][1])
+    inbox.connect(in_addr)
+    outbox.connect(out_addr)
     try:
         core = build_core(args, spec, eos_token_ids)
     except BaseException:
@@ -132,15 +130,25 @@ def stats_wire(core) -> tuple:
             stats.num_preemptions)
 
 
+def add_requests(core, payload: bytes, send: Callable[[bytes], None]) -> list[str]:
+    """Add the pickled requests to the core; the ids of those added. One it refuses gets its
+    error output sent (send(frame))."""
+    added = []
+    for req in pickle.loads(payload):
+        try:
+            core.add_request(req)
+        except ValueError as exc:  # checked by the front end first; refused here anyway
+            out = EngineCoreOutput(req.request_id, [], finish_reason="error", error=str(exc))
+            send(pack(OUTPUTS, ([out.to_wire()], stats_wire(core))))
+            continue
+        added.append(req.request_id)
+    return added
+
+
 def _handle(core, kind: str, payload, outbox) -> bool:
     """Apply one message; False on shutdown."""
     if kind == ADD:
-        for req in pickle.loads(payload):
-            try:
-                core.add_request(req)
-            except ValueError as exc:  # checked by the front end first; refused here anyway
-                out = EngineCoreOutput(req.request_id, [], finish_reason="error", error=str(exc))
-                outbox.send(pack(OUTPUTS, ([out.to_wire()], stats_wire(core))))
+        add_requests(core, payload, outbox.send)
     elif kind == ABORT:
         core.abort_requests(payload)
     elif kind == FINISH:
@@ -169,13 +177,19 @@ def call_utility(core, method: str, call_args: list) -> tuple[bool, bytes]:
         return False, pickle.dumps(f"{type(exc).__name__}: {exc}")
 
 
-def main() -> None:
-    """`python -m compiled_llm.engine.core_proc`: the core's arguments come pickled on stdin."""
+def launch(run: Callable) -> None:
+    """What a core process's main does first: logging, then the arguments pickled on stdin,
+    the starter's sys.path and its models; then run(args, spec, eos ids, addresses, parent)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine-core %(message)s")
     args, spec, eos, addresses, parent_pid, models, path = pickle.load(sys.stdin.buffer)
     sys.path[:] = path  # the front end's: its models' modules import here too
     _register_models(models)
-    run_engine_core(args, spec, eos, addresses, parent_pid)
+    run(args, spec, eos, addresses, parent_pid)
+
+
+def main() -> None:
+    """`python -m compiled_llm.engine.core_proc`: the core of one front end."""
+    launch(run_engine_core)
 
 
 def _register_models(models: dict[str, str]) -> None:

@@ -1,10 +1,7 @@
-"""Prometheus metrics of the server (prometheus-client), in a registry of its own.
-
-Request outcomes, token counts and latency histograms come from AsyncLLM's per-request hooks;
-KV-cache usage and queue sizes are read from the engine's latest stats snapshot at scrape time.
-With several API servers (multiprocess, PROMETHEUS_MULTIPROC_DIR set before prometheus-client
-is imported) a scrape of any of them sums the counters and histograms over all of them, while
-the engine gauges come from this process's snapshot of the one engine core.
+"""Prometheus metrics of the server (prometheus-client), in a registry of its own: request
+outcomes, token counts and latency histograms from AsyncLLM's per-request hooks; KV-cache usage
+and queue sizes from the engine's latest stats snapshot at scrape time. With several API servers
+(PROMETHEUS_MULTIPROC_DIR set) a scrape sums the counters and histograms over all of them.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def _roles(proc: subprocess.Popen) -> tuple[list[int], int]:
     """(API-server pids, engine-core pid) of a `serve --api-server-count` parent."""
     kids = _descendants(proc.pid)
     servers = sorted(pid for pid, cmd in kids.items() if "server.api_server" in cmd)
-    [core] = [pid for pid, cmd in kids.items() if "engine.core_proc" in cmd]
+    [core] = [pid for pid, cmd in kids.items() if "engine.core_multi" in cmd]
     return servers, core
 
 
@@ -196,7 +196,7 @@ def test_a_killed_api_server_leaves_the_other_serving_and_frees_its_blocks(serve
 def test_sigterm_to_the_parent_stops_every_process(served):
     proc, server = served
     kids = _descendants(proc.pid)
-    assert any("engine.core_proc" in cmd for cmd in kids.values())
+    assert any("engine.core_multi" in cmd for cmd in kids.values())
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     _wait_for(lambda: not any(map(_alive, kids)), 10, "every child to exit")
