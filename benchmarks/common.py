@@ -21,10 +21,26 @@ SHAPES = {
                        intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
                        tie_word_embeddings=True, rope_theta=1000000.0),
+    # gpt-fast's "stories15M" config (a Llama of 15M parameters): the gpt-fast peer's CPU runs
+    "stories15m": dict(arch="LlamaConfig", vocab_size=32000, hidden_size=288,
+                       intermediate_size=768, num_hidden_layers=6, num_attention_heads=6,
+                       num_key_value_heads=6, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                       rope_theta=10000.0),
     # max_position_embeddings as Llama 3.1's, so that 16k-token prompts fit (prefill benchmark)
     "llama3-8b": dict(arch="LlamaConfig", vocab_size=128256, hidden_size=4096,
                       intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0),
+    # mixture of experts: Qwen3-30B-A3B (61 GB in bf16), and its widths at 8 layers (11 GB)
+    "qwen3-30b-a3b": dict(arch="Qwen3MoeConfig", vocab_size=151936, hidden_size=2048,
+                          intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                          num_experts_per_tok=8, norm_topk_prob=True, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                          max_position_embeddings=40960, rope_theta=1000000.0),
+    "qwen3-30b-a3b-8l": dict(arch="Qwen3MoeConfig", vocab_size=151936, hidden_size=2048,
+                             intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                             num_experts_per_tok=8, norm_topk_prob=True, num_hidden_layers=8,
+                             num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                             max_position_embeddings=40960, rope_theta=1000000.0),
 }
 
 

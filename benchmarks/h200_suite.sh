@@ -14,6 +14,10 @@
 #     bash benchmarks/h200_suite.sh 9     # the user's path on Llama-3-8B, then call 7
 #     bash benchmarks/h200_suite.sh 10    # GPU tests, LLM's default path, then call 7
 #     bash benchmarks/h200_suite.sh 11    # GPU tests, horizontal GEMM fusion on and off
+#     bash benchmarks/h200_suite.sh 12    # batch-1 decode against gpt-fast (carry .peer)
+#     bash benchmarks/h200_suite.sh 13    # MoE GPU tests and kernels, start-up as processes
+#     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
+#                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
 # Logs and results go to $OUT (default bench_out/suite) as one .tgz and one log per stream.
 export PYTHONPATH=${PYTHONPATH:-}
@@ -135,6 +139,18 @@ $MK
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\")'
 $py -m pytest -q -x -p no:cacheprovider tests/passes/test_horizontal_gemm.py tests/worker/test_cudagraphs_gpu.py tests/kernels/test_triton_gpu.py tests/passes/test_fp8_linear.py
 $py -m benchmarks.horizontal_gemm --checkpoint-dir $CK --json $R/horizontal_gemm_h200.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 12 ]; then  # one GPU: ours (async) and gpt-fast's generate.py; JSON to $R
+  [ -f .peer/gpt-fast/generate.py ] || { echo "no .peer/gpt-fast/generate.py: export gpt-fast there (docs/benchmarks.md) and carry .peer" >&2; exit 1; }
+  mapfile -t a <<<"\
+$MK
+$py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 13 ]; then  # one GPU: MoE on the GPU, -O levels, start-up as processes
+  mapfile -t a <<<"\
+$py -m pytest -q -x -p no:cacheprovider tests/moe/test_fused_moe_gpu.py tests/compile/test_optimization_levels.py
+$py -m benchmarks.moe_kernels --tokens 1 8 64 256 1024 4096 --json $R/moe_kernels_h200.json
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b_h200.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 else
   run_streams "\

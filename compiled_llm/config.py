@@ -13,6 +13,15 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
+from compiled_llm.optimization import (
+    AUTOTUNE_OPTIONS,
+    PERFORMANCE_MODES,
+    OptimizationLevel,
+    PerformanceMode,
+    level_defaults,
+    mode_graph_sizes,
+)
+
 ENV_KV_BYTES = "COMPILED_LLM_KV_CACHE_MEMORY_BYTES"  # default KV budget, CPU and GPU alike
 
 # the one list of each field's allowed values: validation and the CLI's choices read these
@@ -214,6 +223,12 @@ class CompileConfig:
     every 16 up to max_num_seqs)."""
     piecewise_max_tokens: int = 512
     """Largest token count that gets piecewise CUDA graphs."""
+    max_autotune: bool = False
+    """Let Inductor autotune GEMMs (Triton templates against ATen) when compiling."""
+
+    def inductor_options(self) -> dict:
+        """Inductor config patches for every compiled piece."""
+        return dict(AUTOTUNE_OPTIONS) if self.max_autotune else {}
 
     def __post_init__(self) -> None:
         if self.mode not in COMPILE_MODES:
@@ -243,11 +258,11 @@ class EngineArgs:
     """Longest sequence, prompt plus output, in tokens (default, also auto or -1: the model's
     max_position_embeddings, or fewer if the KV cache cannot hold one sequence that long; an
     explicit value the KV cache cannot hold is an error)."""
-    max_num_seqs: int = 256
-    """Most sequences in one step."""
+    max_num_seqs: int | None = None
+    """Most sequences in one step (default: 256; 512 with performance_mode throughput)."""
     max_num_batched_tokens: int | None = None
-    """Most tokens in one step (default: 8192, or max_model_len if larger and chunked prefill
-    is off)."""
+    """Most tokens in one step (default: 8192, 2048 with performance_mode interactivity, 16384
+    with throughput; or max_model_len if larger and chunked prefill is off)."""
     block_size: int = 16
     """Tokens per KV-cache block (a power of two)."""
     gpu_memory_utilization: float = 0.9
@@ -260,22 +275,30 @@ class EngineArgs:
     enforce_eager: bool = False
     """Run eagerly: no compilation and no CUDA graphs (overrides compile_mode and
     cudagraph_mode)."""
-    compile_mode: CompileMode = "backend"
+    optimization_level: OptimizationLevel = 2
+    """-O0: eager; -O1: compiled, fusion passes, piecewise CUDA graphs; -O2: -O1 plus full
+    graphs of decode steps; -O3: -O2 plus GEMM autotuning (defaults only: see optimization.py)."""
+    performance_mode: PerformanceMode = "balanced"
+    """balanced; interactivity: a CUDA graph per batch size up to 32, 2048-token steps;
+    throughput: 512 sequences, 16384-token steps (defaults only: see optimization.py)."""
+    compile_mode: CompileMode | None = None
     """backend: compiled-llm's torch.compile backend; stock: torch.compile with Inductor;
-    none: eager."""
+    none: eager (default: from optimization_level, backend at -O1 and up)."""
+    max_autotune: bool | None = None
+    """Autotune GEMMs when compiling (default: from optimization_level, on at -O3)."""
     compile_cache_dir: str | None = None
     """Compile cache directory (default: $COMPILED_LLM_CACHE_DIR or ~/.cache/compiled_llm)."""
     dump_dir: str | None = None
     """Write the graphs before and after each pass, and Inductor's code, per piece here
     (default: $COMPILED_LLM_DUMP_DIR)."""
     passes: dict = field(default_factory=dict)
-    """PassConfig overrides, e.g. {"enable_silu_mul": false}."""
-    cudagraph_mode: CUDAGraphMode = "full_and_piecewise"
+    """PassConfig overrides, e.g. {"enable_silu_mul": false}, over optimization_level's."""
+    cudagraph_mode: CUDAGraphMode | None = None
     """Which CUDA graphs to capture: none, piecewise (per compiled piece), full (whole decode
-    steps) or both."""
+    steps) or both (default: from optimization_level, full_and_piecewise at -O2)."""
     cudagraph_batch_sizes: list[int] | None = None
     """Batch sizes to capture full CUDA graphs for (default: 1, 2, 4, 8, 16, 24, 32, then
-    every 16 up to max_num_seqs)."""
+    every 16 up to max_num_seqs; every size up to 32 with performance_mode interactivity)."""
     enable_chunked_prefill: bool = True
     """Split long prompts over several steps so prefill shares steps with decode."""
     load_format: LoadFormat = "auto"
@@ -349,9 +372,12 @@ class EngineArgs:
                 f"max_model_len {max_len} exceeds the model's maximum length {model_max_len} "
                 "(max_position_embeddings, times a linear or dynamic rope scaling factor)"
             )
-        tokens = self.max_num_batched_tokens or max(8192, 0 if self.enable_chunked_prefill
-                                                    else max_len)
-        return SchedulerConfig(self.max_num_seqs, tokens, max_len, self.enable_chunked_prefill,
+        mode = PERFORMANCE_MODES[self.performance_mode]
+        tokens = self.max_num_batched_tokens
+        if tokens is None:
+            tokens = max(mode.max_num_batched_tokens, 0 if self.enable_chunked_prefill else max_len)
+        seqs = mode.max_num_seqs if self.max_num_seqs is None else self.max_num_seqs
+        return SchedulerConfig(seqs, tokens, max_len, self.enable_chunked_prefill,
                                self.scheduling_policy)
 
     def cache_config(self) -> CacheConfig:
@@ -360,9 +386,15 @@ class EngineArgs:
                            self.kv_cache_memory_bytes, self.num_gpu_blocks_override)
 
     def compile_config(self) -> CompileConfig:
-        """The compiler's settings (enforce_eager turns compilation and CUDA graphs off)."""
+        """The compiler's settings: the fields given, else optimization_level's and
+        performance_mode's defaults (enforce_eager turns compilation and CUDA graphs off)."""
+        level = level_defaults(self.optimization_level)
+        autotune = level.max_autotune if self.max_autotune is None else self.max_autotune
         return CompileConfig(
-            mode="none" if self.enforce_eager else self.compile_mode,
-            cache_dir=self.compile_cache_dir, dump_dir=self.dump_dir, passes=dict(self.passes),
-            cudagraph_mode="none" if self.enforce_eager else self.cudagraph_mode,
-            cudagraph_batch_sizes=self.cudagraph_batch_sizes)
+            mode="none" if self.enforce_eager else self.compile_mode or level.compile_mode,
+            cache_dir=self.compile_cache_dir, dump_dir=self.dump_dir,
+            passes={**level.passes, **self.passes},
+            cudagraph_mode="none" if self.enforce_eager else (
+                self.cudagraph_mode or level.cudagraph_mode),
+            cudagraph_batch_sizes=self.cudagraph_batch_sizes or mode_graph_sizes(
+                self.performance_mode, self.max_num_seqs), max_autotune=autotune)

@@ -42,6 +42,9 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool | None = None
     any_whitespace: bool = False
+    reasoning_end_token_id: int | None = None
+    """When set, the reply starts in a thinking span: nothing is constrained until this token
+    (the span's end) is generated, and the grammar applies from the token after it."""
 
     def __post_init__(self) -> None:
         set_kinds = [k for k in _KINDS if getattr(self, k) not in (None, False)]
@@ -69,6 +72,10 @@ class StructuredOutputsParams:
         if not isinstance(self.any_whitespace, bool):
             raise ValueError(f"structured_outputs.any_whitespace must be a bool, got "
                              f"{self.any_whitespace!r}")
+        end_id = self.reasoning_end_token_id
+        if end_id is not None and not _is_token_id(end_id):
+            raise ValueError(f"structured_outputs.reasoning_end_token_id must be a token id, "
+                             f"got {end_id!r}")
 
     def _check_choice(self) -> None:
         # a bare string is a sequence of characters: refused, never split into choices

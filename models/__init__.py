@@ -66,8 +66,11 @@ class _ModelRegistry:
 ModelRegistry = _ModelRegistry({
     "LlamaForCausalLM": "compiled_llm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "compiled_llm.models.llama:MistralForCausalLM",
+    "MixtralForCausalLM": "compiled_llm.models.mixtral:MixtralForCausalLM",
     "Qwen2ForCausalLM": "compiled_llm.models.llama:Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM": "compiled_llm.models.qwen2_moe:Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM": "compiled_llm.models.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "compiled_llm.models.qwen3_moe:Qwen3MoeForCausalLM",
 })
 
 __all__ = ["DecoderConfig", "ModelRegistry"]

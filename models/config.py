@@ -1,6 +1,7 @@
 """DecoderConfig: the fields a decoder-only model reads from an HF config.json.
 
 One dataclass for the whole family; each model file adjusts defaults through `from_hf`.
+MoeConfig holds the mixture-of-experts fields (None on a dense model).
 """
 
 from __future__ import annotations
@@ -18,6 +19,40 @@ def _rope_params(hf_config: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     kind = merged.get("rope_type", merged.get("type", "default"))
     merged["rope_type"] = kind
     return float(theta), merged
+
+
+@dataclass
+class MoeConfig:
+    """Routed experts of a mixture-of-experts decoder (Qwen2/Qwen3-MoE, Mixtral spellings)."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int  # per expert
+    norm_topk_prob: bool = False  # renormalise the top-k weights to sum to 1
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert
+    decoder_sparse_step: int = 1  # every step-th layer is sparse ...
+    mlp_only_layers: tuple[int, ...] = ()  # ... except these, which stay dense
+
+    @classmethod
+    def from_hf(cls, get) -> MoeConfig | None:
+        """Read through `get(key, fallback)`; None when the config names no experts."""
+        experts = get("num_experts") or get("num_local_experts") or 0
+        if not experts:
+            return None
+        return cls(
+            num_experts=experts,
+            num_experts_per_tok=get("num_experts_per_tok"),
+            moe_intermediate_size=get("moe_intermediate_size") or get("intermediate_size"),
+            norm_topk_prob=bool(get("norm_topk_prob", False)),
+            shared_expert_intermediate_size=get("shared_expert_intermediate_size", 0) or 0,
+            decoder_sparse_step=get("decoder_sparse_step", 1) or 1,
+            mlp_only_layers=tuple(get("mlp_only_layers") or ()),
+        )
+
+    def is_sparse(self, layer_idx: int) -> bool:
+        """Whether layer layer_idx routes to experts (HF's rule) rather than a dense MLP."""
+        return (layer_idx not in self.mlp_only_layers
+                and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
 
 @dataclass
@@ -39,6 +74,7 @@ class DecoderConfig:
     attention_bias: bool = False
     sliding_window: int = -1  # -1: full attention
     architecture: str = ""
+    moe: MoeConfig | None = None
 
     @classmethod
     def from_hf(cls, hf_config: dict[str, Any], **defaults: Any) -> DecoderConfig:
@@ -62,7 +98,9 @@ class DecoderConfig:
             rope_scaling=scaling,
             max_position_embeddings=get("max_position_embeddings", 2048),
             tie_word_embeddings=get("tie_word_embeddings", False),
-            attention_bias=get("attention_bias", False),
+            # Qwen2-MoE spells it qkv_bias
+            attention_bias=get("attention_bias", get("qkv_bias", False)),
             sliding_window=window or -1,
             architecture=(hf_config.get("architectures") or [""])[0],
+            moe=MoeConfig.from_hf(get),
         )

@@ -1,7 +1,8 @@
-"""Llama-family decoder in plain PyTorch: Llama 2/3/3.1/3.2, Mistral and Qwen2.
+"""Llama-family decoder in plain PyTorch: Llama 2/3/3.1/3.2, Mistral and Qwen2 (and the layout
+its mixture-of-experts relatives share: a layer's MLP is a sparse MoE block where cfg.moe says).
 
 Module names mirror HF's, so the weight map is the identity. forward takes a flat token batch
-[T] with positions [T]; attention is the only opaque op.
+[T] with positions [T]; attention (and a MoE layer's expert dispatch) is the only opaque op.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from torch import nn
 
 from compiled_llm.attention import attention
 from compiled_llm.models.config import DecoderConfig
-from compiled_llm.models.layers import GatedMLP, LMHead, RMSNorm, RotaryEmbedding, apply_rotary
+from compiled_llm.models.layers import LMHead, RMSNorm, RotaryEmbedding, apply_rotary
+from compiled_llm.models.moe import moe_or_dense_mlp
 
 
 class LlamaAttention(nn.Module):
@@ -53,7 +55,7 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
         super().__init__()
         self.self_attn = self.attention_cls(cfg, layer_idx)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = moe_or_dense_mlp(cfg, layer_idx)  # GatedMLP unless the config routes it
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

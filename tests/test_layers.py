@@ -31,9 +31,10 @@ LAYERS = [
     ("compiled_llm.quantization",),
     ("compiled_llm.passes",),
     ("compiled_llm.models",),
-    ("compiled_llm.attention",),
+    ("compiled_llm.attention", "compiled_llm.moe"),
     ("compiled_llm.core",),
-    ("compiled_llm.config", "compiled_llm.compat", "compiled_llm.sampling_params", PKG),
+    ("compiled_llm.config", "compiled_llm.optimization", "compiled_llm.compat",
+     "compiled_llm.sampling_params", PKG),
 ]
 CORE_THIRD_PARTY = {"xxhash"}
 ENGINE_INTERNALS = {"runner", "scheduler", "kv", "executor", "model_runner"}

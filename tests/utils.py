@@ -29,6 +29,15 @@ CONFIGS = {
     "mistral": ("MistralConfig", {"sliding_window": 24, "head_dim": 16}),
     "qwen2": ("Qwen2Config", {"use_sliding_window": False}),
     "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}),
+    # mixture of experts: 8 experts, top-2; dense and sparse layers mixed where the config can
+    "qwen3_moe": ("Qwen3MoeConfig", {
+        "head_dim": 32, "num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "norm_topk_prob": True, "mlp_only_layers": [1]}),
+    "mixtral": ("MixtralConfig", {
+        "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 48}),
+    "qwen2_moe": ("Qwen2MoeConfig", {
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48, "decoder_sparse_step": 2}),
 }
 # not part of the transformers comparison sweep: a deeper model for compile tests
 EXTRA_CONFIGS = {

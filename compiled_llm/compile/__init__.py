@@ -47,12 +47,15 @@ def build_backend(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype,
     if use_cache:
         factors = {**model_factors(model, dtype), "compile": cfg.mode,
                    "passes": passes.uuid() if passes is not None else "none"}
+        if cfg.inductor_options():  # only then: default keys stay as they were
+            factors["inductor"] = cfg.inductor_options()
         cache = CompileCache(Path(cfg.cache_dir or default_cache_root()), cache_key(factors))
         cache.write_info({"model": type(model).__name__, "dtype": str(dtype),
                           "layers": model.config.num_hidden_layers, "torch": torch.__version__})
     dump = cfg.dump_dir or os.environ.get("COMPILED_LLM_DUMP_DIR")
     return CompiledLLMBackend(BackendOptions(cache=cache, dump_dir=dump, post_grad_pass=passes,
-                                             piece_wrapper=piece_wrapper))
+                                             piece_wrapper=piece_wrapper,
+                                             inductor_options=cfg.inductor_options()))
 
 
 def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype,

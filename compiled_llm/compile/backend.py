@@ -236,8 +236,8 @@ def model_factors(model: nn.Module, dtype: torch.dtype) -> dict:
         "dtype": str(dtype),
         "class": type(model).__qualname__,
         # compat.py: how T is marked (its size hint steers Inductor's fusion)
-        "sources": source_hash(models_dir, passes_dir, pkg / "attention", pkg / "compile",
-                               pkg / "compat.py"),
+        "sources": source_hash(models_dir, passes_dir, pkg / "attention", pkg / "moe",
+                               pkg / "compile", pkg / "compat.py"),
     }
 
 

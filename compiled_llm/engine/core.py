@@ -34,6 +34,8 @@ class EngineStats:
     num_used_blocks: int = 0
     num_blocks: int = 1
     num_preemptions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache so far
+    prefix_cache_hits: int = 0  # of those, tokens served from it
 
     @property
     def kv_usage(self) -> float:
@@ -141,11 +143,12 @@ class EngineCore:
         return self.scheduler.has_unfinished() or self._inflight is not None
 
     def get_stats(self) -> EngineStats:
-        """The load now: running and waiting requests, blocks, preemptions."""
-        sched = self.scheduler
+        """The load now: running and waiting requests, blocks, preemptions, prefix-cache
+        lookups."""
+        sched, cache = self.scheduler, self.kv.stats
         return EngineStats(len(sched.running), len(sched.waiting) + len(self._awaiting_grammar),
                            self.kv.num_used_blocks, self.kv.pool.num_blocks,
-                           sched.num_preemptions)
+                           sched.num_preemptions, cache.queried_tokens, cache.hit_tokens)
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:

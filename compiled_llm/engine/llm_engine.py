@@ -22,6 +22,7 @@ from compiled_llm.core.kv_cache_manager import PrefixCacheStats
 from compiled_llm.core.request import Request
 from compiled_llm.engine.core import EngineCore, EngineStats
 from compiled_llm.engine.input_processor import InputProcessor, PromptType
+from compiled_llm.engine.startup import StartupClock, format_timeline
 from compiled_llm.output.output_processor import OutputProcessor, request_output
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.output.request_state import RequestState
@@ -90,15 +91,20 @@ class LLMEngine:
         instead of starting one."""
         self.args = args
         core_process = core_process or core_endpoint is not None
+        clock = StartupClock()
         model_dir = str(args.model or DEMO_MODEL)
         torch.manual_seed(args.seed)
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args)
         spec, self.eos_token_ids = core_spec(args, self.tokenizer)
         self.device, self.dtype = spec.device, spec.dtype
+        clock.mark("config")  # hf config, tokenizer, EOS ids
         self._core_process = core_process
         self.core = self._make_core(args, spec, core_process, core_endpoint)
         info = self.core.info
-        self.max_model_len, self.startup_seconds = info.max_model_len, info.startup_seconds
+        # what building the core took beyond its worker's phases: a core process's start
+        clock.add(info.startup_seconds, within="engine_core_other")
+        self.startup_seconds = clock.finish()
+        self.max_model_len = info.max_model_len
         self.inputs = InputProcessor(self.tokenizer, info.vocab_size,
                                      self.eos_token_ids, self.max_model_len, args)
         self.inputs.attach_matchers = not core_process  # a process core builds its own
@@ -107,8 +113,9 @@ class LLMEngine:
             self.core.grammars = self.inputs.grammar_manager
         self.outputs = OutputProcessor(self.tokenizer)
         self.parents: dict[str, list[RequestState]] = {}
-        logger.info("engine ready: %s on %s, %d KV blocks, max_model_len %d", model_dir,
-                    self.device, info.num_blocks, self.max_model_len)
+        logger.info("engine ready: %s on %s, %d KV blocks, max_model_len %d; start-up: %s",
+                    model_dir, self.device, info.num_blocks, self.max_model_len,
+                    format_timeline(self.startup_seconds))
         # Imports done lazily while this engine was built (tokenizer classes, Triton, Inductor)
         # can leave garbage cycles whose frames reach this frame and so the engine: collect
         # them now, so dropping the engine frees it without waiting for the collector.

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any
 
-from compiled_llm.sample.structured_outputs import grammar_text
+from compiled_llm.sample.structured_outputs import ReasoningGate, grammar_text
 from compiled_llm.sampling_params import StructuredOutputsParams
 
 _CACHE_SIZE = 256  # compiled grammars kept
@@ -96,8 +96,11 @@ class GrammarManager:
         return self.prepare(spec).result()
 
     def matcher(self, spec: StructuredOutputsParams):
-        """A fresh matcher at the start of spec's grammar."""
-        return self._xgr.GrammarMatcher(self.compile(spec))
+        """A fresh matcher at the start of spec's grammar (behind a ReasoningGate when the
+        reply starts in a thinking span)."""
+        matcher = self._xgr.GrammarMatcher(self.compile(spec))
+        end_id = spec.reasoning_end_token_id
+        return matcher if end_id is None else ReasoningGate(matcher, end_id)
 
     def _start(self, spec: StructuredOutputsParams, key: tuple) -> Future:
         waiter: Future = Future()

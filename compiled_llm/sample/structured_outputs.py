@@ -77,3 +77,32 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
     vocab = logits.shape[-1]
     allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).flatten(1)[:, :vocab]
     logits.masked_fill_(allowed == 0, float("-inf"))
+
+
+class ReasoningGate:
+    """A matcher that leaves every token allowed until end_token_id (the end of a thinking
+    span) is accepted, then hands each step to the grammar's matcher: structured outputs
+    apply to the reply after the thinking. Never terminated while the span is open."""
+
+    def __init__(self, matcher, end_token_id: int) -> None:
+        self.matcher, self.end_token_id = matcher, end_token_id
+        self.open = True
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
+        """The grammar's row once the span is over; all-allowed (as the batch's bitmask
+        starts) while it lasts."""
+        if not self.open:
+            self.matcher.fill_next_token_bitmask(bitmask, index)
+        else:
+            bitmask[index].fill_(-1)
+
+    def accept_token(self, token: int) -> bool:
+        """Every token while the span lasts (its end token closes it); then the grammar's."""
+        if self.open:
+            self.open = token != self.end_token_id
+            return True
+        return self.matcher.accept_token(token)
+
+    def is_terminated(self) -> bool:
+        """Whether the grammar (after the span) reached its end."""
+        return not self.open and self.matcher.is_terminated()

@@ -1,8 +1,8 @@
-"""Load-time fused weight layout: sibling linears that read the same input (q/k/v under self_attn,
-gate/up under mlp) share one contiguous weight [sum(N_i), K] registered on their parent, and each
-becomes a RowSliceLinear reading its rows of it (FP8 linears: RowSliceFp8Linear over one fused
-FP8 weight and its concatenated per-row scales). The graph then shows slices of one base, which
-`HorizontalGemmFusionPass` turns into one matmul; eager numerics are unchanged.
+"""Load-time fused weight layout: sibling linears that read one input (q/k/v under self_attn,
+gate/up under mlp or shared_expert) share one contiguous weight [sum(N_i), K] on their parent;
+each becomes a RowSliceLinear reading its rows (FP8: RowSliceFp8Linear over the fused FP8 weight
+and per-row scales). The graph then shows slices of one base, which `HorizontalGemmFusionPass`
+turns into one matmul; eager numerics are unchanged.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from compiled_llm.quantization.fp8 import Fp8Linear
 SIBLINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "self_attn": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
     "mlp": ("gate_up_proj", ("gate_proj", "up_proj")),
+    "shared_expert": ("gate_up_proj", ("gate_proj", "up_proj")),  # MoE blocks (Qwen2-MoE)
 }
 
 

@@ -65,13 +65,15 @@ def _files_with(model_dir: Path, ext: str, index_name: str) -> list[Path]:
     return sorted(model_dir.glob(f"*{ext}"))
 
 
-def iter_tensors(files: list[Path]):
-    """Yield (name, tensor, file) over every tensor in the checkpoint files."""
+def iter_tensors(files: list[Path], device: torch.device | None = None):
+    """Yield (name, tensor, file) over every tensor in the checkpoint files; safetensors files
+    are read straight onto `device` (a CUDA device: no staging copy in host memory)."""
+    target = str(device) if device is not None and device.type == "cuda" else "cpu"
     for path in files:
         if path.suffix == ".safetensors":
             from safetensors import safe_open
 
-            with safe_open(str(path), framework="pt") as reader:
+            with safe_open(str(path), framework="pt", device=target) as reader:
                 for name in reader.keys():  # noqa: SIM118 (safe_open has no __iter__)
                     yield name, reader.get_tensor(name), path
         else:
@@ -79,28 +81,35 @@ def iter_tensors(files: list[Path]):
                 yield name, tensor, path
 
 
-def load_weights(model: nn.Module, files: list[Path]) -> None:
-    """Copy checkpoint tensors into model parameters; every parameter must be loaded."""
+def load_weights(model: nn.Module, files: list[Path], device: torch.device | None = None) -> None:
+    """Copy checkpoint tensors (read onto `device` where it is CUDA) into model parameters;
+    every parameter must be loaded whole.
+
+    `model.weight_name` maps a checkpoint name to a parameter name, to None (skip), or to a
+    target with `.name` and `.select(param)` (the part of a stacked parameter it fills: one
+    expert's gate rows of w13, say); the parts of a parameter must add up to all of it."""
     params = dict(model.named_parameters())  # tied weights appear once
-    loaded: set[str] = set()
-    for name, tensor, path in iter_tensors(files):
-        ours = model.weight_name(name)
-        if ours is None:
+    loaded: dict[str, int] = {}  # parameter name -> elements filled so far
+    for name, tensor, path in iter_tensors(files, device):
+        target = model.weight_name(name)
+        if target is None:
             continue
+        ours = target if isinstance(target, str) else target.name
         if ours not in params:
             if ours == "lm_head.weight" and model.config.tie_word_embeddings:
                 continue
             raise ValueError(f"{path.name}: tensor {name!r} matches no parameter of the model")
-        param = params[ours]
-        if tuple(param.shape) != tuple(tensor.shape):
+        dest = params[ours] if isinstance(target, str) else target.select(params[ours])
+        if tuple(dest.shape) != tuple(tensor.shape):
             raise ValueError(
                 f"{path.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                f"the model expects {tuple(param.shape)}"
+                f"the model expects {tuple(dest.shape)}"
             )
         with torch.no_grad():
-            param.copy_(tensor)
-        loaded.add(ours)
-    missing = sorted(set(params) - loaded)
+            dest.copy_(tensor)
+        loaded[ours] = loaded.get(ours, 0) + dest.numel()
+    missing = sorted(name for name, param in params.items()
+                     if loaded.get(name, 0) != param.numel())
     if missing:
         raise ValueError(f"checkpoint is missing tensors: {missing[:8]}")
 
@@ -129,13 +138,13 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
 
-    check_quantization(quantization)
     model_cls, model_config = build_model_config(load_hf_config(model_dir))
+    check_quantization(quantization, mixture_of_experts=model_config.moe is not None)
     files = checkpoint_files(Path(model_dir), load_format)
     with torch.device(device):
         model = model_cls(model_config, max_len=max_len)
     model.to(dtype=dtype)
-    load_weights(model, files)
+    load_weights(model, files, device)
     model = quantize_model(model, quantization)
     fuse_sibling_weights(model)
     return model.eval().requires_grad_(False)

@@ -32,7 +32,7 @@ class WorkerSpec:
 
 class Worker:
     """Loads and prepares one model; `runner` runs its steps. startup_seconds times each
-    stage: load, compile_and_profile, warmup, cudagraphs."""
+    stage: load (weights), compile_and_profile, kv_cache (allocation), warmup, cudagraphs."""
 
     def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
         self.device = spec.device
@@ -61,11 +61,12 @@ class Worker:
             raise
         self.runner.set_max_model_len(self.max_model_len)
         self.runner.allocate_kv_cache(self.num_blocks)
+        allocated = time.perf_counter()
         self.runner.execute_dummy(1, 1)  # the decode shape
         warm = time.perf_counter()
         self.runner.capture_cudagraphs()
         self.startup_seconds = {"load": loaded - start, "compile_and_profile": profiled - loaded,
-                                "warmup": warm - profiled,
+                                "kv_cache": allocated - profiled, "warmup": warm - allocated,
                                 "cudagraphs": time.perf_counter() - warm}
 
     def shutdown(self) -> None:

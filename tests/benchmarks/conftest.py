@@ -20,18 +20,19 @@ def ckpt_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("bench-ckpt")
 
 
-def run_benchmark(module: str, out: Path, ckpt_root: Path, *args: str) -> dict:
+def run_benchmark(module: str, out: Path, ckpt_root: Path, *args: str, shape: str = "cpu-small",
+                  dtype: str = "float32") -> dict:
     """`python -m benchmarks.<module> --shape cpu-small --compile-mode none ...`; its JSON."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     json_path = out / f"{module}.json"
-    cmd = [sys.executable, "-m", f"benchmarks.{module}", "--shape", "cpu-small",
-           "--compile-mode", "none", "--dtype", "float32", "--checkpoint-dir", str(ckpt_root),
+    cmd = [sys.executable, "-m", f"benchmarks.{module}", "--shape", shape,
+           "--compile-mode", "none", "--dtype", dtype, "--checkpoint-dir", str(ckpt_root),
            "--json", str(json_path), *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ratio" in proc.stdout
     result = json.loads(json_path.read_text())
-    assert result["device"] == "cpu" and result["args"]["shape"] == ["cpu-small"]
+    assert result["device"] == "cpu" and result["args"]["shape"] == [shape]
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -1,4 +1,5 @@
-"""Runs interpreted_cases.py under Triton's interpreter (TRITON_INTERPRET=1) in a subprocess.
+"""Runs interpreted_cases.py (attention) and moe_interpreted_cases.py (fused MoE) under
+Triton's interpreter (TRITON_INTERPRET=1) in a subprocess.
 
 TRITON_INTERPRET must be set before Triton is first imported and would turn every later
 @triton.jit in the process into interpreted code; a subprocess keeps it away from the other tests
@@ -19,15 +20,17 @@ from compiled_llm.attention.kernels import kernels_interpreted
 from compiled_llm.attention.triton_backend import check_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = Path(__file__).with_name("interpreted_cases.py")
+CASES = ("interpreted_cases.py", "moe_interpreted_cases.py")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),
                     reason="CPU check; on a GPU the kernels are tested natively (test_triton_gpu)")
-def test_kernels_match_reference_under_interpreter():
+@pytest.mark.parametrize("cases", CASES)
+def test_kernels_match_reference_under_interpreter(cases):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    path = Path(__file__).with_name(cases)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(CASES)],
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     out = proc.stdout + proc.stderr

@@ -1,5 +1,9 @@
 """The promise over the model registry: every registered architecture compiles with the
-compiled-llm backend, matches eager, and gets its expected fusions at every site."""
+compiled-llm backend, matches eager, and gets its expected fusions at every site.
+
+Mixture-of-experts layers: the routed experts are one `compiled_llm::fused_moe` call per sparse
+layer per step, inside the layer's piece (the graph is split at attention only); their SiLU·mul
+is inside that op, so the SiLU·mul and gate/up fusions count dense MLPs and shared experts."""
 
 from __future__ import annotations
 
@@ -12,7 +16,10 @@ from compiled_llm.models import ModelRegistry
 from tests.utils import make_checkpoint, random_prompts
 
 ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-               "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+               "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+               "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral",
+               "Qwen2MoeForCausalLM": "qwen2_moe"}
+QK_NORM_ARCHS = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
@@ -30,12 +37,30 @@ def test_compiles_matches_eager_and_fuses(arch, monkeypatch):
     monkeypatch.setenv("COMPILED_LLM_DISABLE_CACHE", "1")  # no cache of ours, nor Inductor's:
     with torch._inductor.config.patch(fx_graph_cache=False):  # the passes must really run
         llm = LLM(str(ckpt), dtype="float32", compile_mode="backend")
-    layers = llm.engine.model_config.num_hidden_layers
+    cfg = llm.engine.model_config
+    layers = cfg.num_hidden_layers
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)] == ref
+    sparse = sum(cfg.moe.is_sparse(i) for i in range(layers)) if cfg.moe else 0
+    shared = sparse if cfg.moe and cfg.moe.shared_expert_intermediate_size else 0
+    gated_mlps = layers - sparse + shared  # dense MLPs and shared experts
     m = counters.pass_matches
-    qk_norms = 2 * layers if arch == "Qwen3ForCausalLM" else 0
+    qk_norms = 2 * layers if arch in QK_NORM_ARCHS else 0
     assert m["AddRMSNormFusionPass"] == 2 * layers  # post-attention and next/final norm
     assert m["RMSNormFusionPass"] == 1 + qk_norms  # the first layer's input norm (+ q/k norms)
-    assert m["SiluMulFusionPass"] == layers
-    assert m["HorizontalGemmFusionPass"] == 2 * layers  # q/k/v and gate/up, every layer
+    assert m["SiluMulFusionPass"] == gated_mlps
+    assert m["HorizontalGemmFusionPass"] == layers + gated_mlps  # q/k/v, every gate/up
     assert counters.graph_breaks == 0 and counters.recompiles == 0
+    assert counters.pieces == layers + 1  # split at attention alone, never at the MoE op
+    assert moe_calls_per_step(llm, monkeypatch) == sparse
+
+
+def moe_calls_per_step(llm: LLM, monkeypatch) -> int:
+    """How many times one compiled forward step (a one-token generate) runs the MoE op."""
+    import compiled_llm.moe as moe
+
+    calls = []
+    real = moe.fused_moe_reference
+    monkeypatch.setattr(moe, "fused_moe_reference", lambda *a: calls.append(1) or real(*a))
+    one = SamplingParams(temperature=0.0, max_tokens=1)
+    llm.generate([{"prompt_token_ids": [1, 2, 3]}], one, use_tqdm=False)
+    return len(calls)

@@ -16,6 +16,7 @@ from compiled_llm.config import EngineArgs, config_docs, field_choices, split_op
 ENGINE_ARG_ALIASES: dict[str, tuple[str, ...]] = {
     "compile_cache_dir": ("--cache-dir",),
     "cudagraph_batch_sizes": ("--batch-sizes", "--cuda-graph-sizes"),
+    "optimization_level": ("-O",),  # -O0 ... -O3
 }
 
 

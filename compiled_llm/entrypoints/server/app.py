@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.entrypoints.async_llm import AsyncLLM
+from compiled_llm.entrypoints.server.compat_routes import add_compat_routes
 from compiled_llm.entrypoints.server.errors import (
     OPEN_PATHS,
     GuardMiddleware,
@@ -34,6 +35,7 @@ from compiled_llm.entrypoints.server.server_config import ServerConfig
 from compiled_llm.entrypoints.server.serving_chat import ServingChat
 from compiled_llm.entrypoints.server.serving_completion import ServingCompletion
 from compiled_llm.entrypoints.server.serving_responses import ServingResponses
+from compiled_llm.entrypoints.server.tracing import TraceHeadersMiddleware
 
 __all__ = ["ServerConfig", "build_app", "serve"]
 
@@ -44,6 +46,8 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
     install_handlers(app)
     install_openapi(app, OPEN_PATHS, keyed=cfg.api_key is not None)
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
+    if cfg.otlp_traces_endpoint is not None:
+        app.add_middleware(TraceHeadersMiddleware)
     # added last, so outermost: a browser's preflight is answered without the key
     app.add_middleware(CORSMiddleware, allow_origins=cfg.allowed_origins,
                        allow_methods=cfg.allowed_methods, allow_headers=cfg.allowed_headers,
@@ -54,6 +58,7 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
     _add_responses_routes(app, ServingResponses(engine, cfg, metrics), metrics)
     _add_probe_routes(app, engine, cfg, metrics)
     _add_token_routes(app, chat)
+    add_compat_routes(app, chat)
     return app
 
 

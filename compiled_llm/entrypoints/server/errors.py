@@ -99,7 +99,7 @@ def install_handlers(app: FastAPI) -> None:
 
 
 # what a load balancer or a scraper reads without the key
-OPEN_PATHS = frozenset({"/health", "/metrics", "/ping"})
+OPEN_PATHS = frozenset({"/health", "/metrics", "/ping", "/version"})
 
 
 class GuardMiddleware:

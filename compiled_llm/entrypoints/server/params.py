@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from compiled_llm.entrypoints.server.errors import OpenAIError
-from compiled_llm.entrypoints.server.protocol import SamplingFields
+from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest, SamplingFields
+from compiled_llm.entrypoints.server.unsupported import refuse_unsupported
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 
@@ -82,17 +83,25 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
 
 
 def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
-                    stream: bool) -> SamplingParams:
+                    stream: bool, prompt_logprobs: int | None = None) -> SamplingParams:
     """SamplingParams for req; ValueError (-> 400, naming the field) on bad values (the
-    engine checks what needs the model: ids in the vocabulary, n and logprobs limits)."""
+    engine checks what needs the model: ids in the vocabulary, n and logprobs limits).
+    prompt_logprobs is the handler's default for the request's field of that name."""
+    refuse_unsupported(req.model_extra, chat=isinstance(req, ChatCompletionRequest))
     if req.stream_options is not None and not req.stream:
         raise OpenAIError(400, "stream_options is only allowed with stream=true",
                           param="stream_options")
+    if req.prompt_logprobs is not None and req.stream:  # as vLLM: only in a whole body
+        raise OpenAIError(400, "prompt_logprobs is not available with stream=true",
+                          param="prompt_logprobs")
+    if req.prompt_logprobs is not None:
+        prompt_logprobs = req.prompt_logprobs
     optional = {name: value for name, value in (
         ("temperature", req.temperature), ("top_p", req.top_p), ("top_k", req.top_k),
         ("min_p", req.min_p), ("repetition_penalty", req.repetition_penalty)) if value is not None}
     return SamplingParams(
         n=req.n, max_tokens=max_tokens, stop=req.stop, seed=req.seed, logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
         stop_token_ids=req.stop_token_ids, skip_special_tokens=req.skip_special_tokens,

@@ -1,8 +1,8 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic), with vLLM's extras.
 
 Types are checked here, and every string in a body must be valid UTF-8; value ranges are
-checked once, by SamplingParams and the engine. Unknown fields are ignored, as OpenAI's own
-server does.
+checked once, by SamplingParams and the engine. Fields no API defines are ignored, as vLLM
+ignores them; those it defines but this server does not honour are refused (unsupported.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from compiled_llm.sampling_params import check_text
@@ -52,9 +60,11 @@ class RequestBody(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    """stream_options: whether a final chunk carries the usage."""
+    """stream_options: whether a final chunk carries the usage, and whether every chunk
+    does."""
 
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # vLLM: the usage so far on every chunk
 
 
 class JsonSchemaFormat(BaseModel):
@@ -74,9 +84,10 @@ class ResponseFormat(BaseModel):
 
 
 class SamplingFields(RequestBody):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+    """Fields shared by /v1/completions and /v1/chat/completions. Fields beyond these are
+    kept in model_extra, where the API's own but unsupported ones are refused by name."""
 
-    model_config = ConfigDict(populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
 
     model: str | None = None
     n: StrictInt = 1
@@ -106,6 +117,7 @@ class SamplingFields(RequestBody):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    prompt_logprobs: StrictInt | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -117,13 +129,17 @@ class CompletionRequest(SamplingFields):
     echo: StrictBool = False
     suffix: str | None = None
     best_of: StrictInt | None = None
+    add_special_tokens: StrictBool = True
 
 
 class ContentPart(BaseModel):
-    """One text part of a message's content."""
+    """One part of a message's content; only text parts are served (any other type is
+    refused by name before the chat template runs)."""
 
-    type: Literal["text"]
-    text: str
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(BaseModel):
@@ -132,12 +148,21 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         """The content as one string (parts joined, "" when absent)."""
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)
         return self.content or ""
+
+    def template_input(self) -> dict[str, Any]:
+        """The message as a chat template reads it: role, content and the fields it set."""
+        extra = self.model_dump(include={"name", "tool_calls", "tool_call_id",
+                                         "reasoning_content"}, exclude_none=True)
+        return {"role": self.role, "content": self.text(), **extra}
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -152,6 +177,11 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    thinking_token_budget: StrictInt | None = Field(
+        default=None, validation_alias=AliasChoices("thinking_token_budget",
+                                                    "max_thinking_tokens"))
 
 
 class TokenizeRequest(RequestBody):

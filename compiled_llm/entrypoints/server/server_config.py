@@ -13,8 +13,8 @@ class ServerConfig:
     model_name: str
     """The model name clients must send; the only model /v1/models lists."""
     api_key: str | None = None
-    """Require `Authorization: Bearer KEY` on every route but /health, /metrics and /ping
-    (default: no key)."""
+    """Require `Authorization: Bearer KEY` on every route but /health, /metrics, /ping and
+    /version (default: no key)."""
     max_body_bytes: int = 16 << 20
     """Largest request body accepted, in bytes; larger bodies get 413."""
     max_completion_prompts: int = 1024
@@ -36,6 +36,30 @@ class ServerConfig:
     """CORS: request headers allowed from those origins (default: any)."""
     allow_credentials: bool = False
     """CORS: let browsers send credentials (cookies, HTTP auth) cross-origin."""
+    otlp_traces_endpoint: str | None = None
+    """Send an OpenTelemetry `llm_request` span per request to this OTLP endpoint (gRPC, or
+    http/protobuf by OTEL_EXPORTER_OTLP_TRACES_PROTOCOL), as vLLM does; needs the `otel`
+    extra (default: no tracing)."""
     timeout_graceful_shutdown: float = 10.0
     """On SIGTERM, seconds requests in flight get to finish before they are cut off and the
     server exits (a stuck engine included)."""
+    enable_auto_tool_choice: bool = False
+    """Let the model decide whether to call tools (tool_choice "auto", the default when a
+    request has tools); its reply is read by --tool-call-parser."""
+    tool_call_parser: str | None = None
+    """How the model writes tool calls: hermes, llama3_json, mistral, qwen3_coder or
+    pythonic."""
+    reasoning_parser: str | None = None
+    """How the model marks its thinking (deepseek_r1, qwen3 or glm45): the span goes to
+    reasoning_content, and structured outputs and tool grammars start after it."""
+
+    def __post_init__(self) -> None:
+        from compiled_llm.entrypoints.reasoning_parsers import get_reasoning_parser
+        from compiled_llm.entrypoints.tool_parsers import check_tool_parser
+
+        if self.tool_call_parser is not None:
+            check_tool_parser(self.tool_call_parser)
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser")
+        if self.reasoning_parser is not None:
+            get_reasoning_parser(self.reasoning_parser)

@@ -5,6 +5,7 @@ before anything streams), and the final output."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from compiled_llm.entrypoints.async_llm import AsyncLLM
 from compiled_llm.entrypoints.chat_utils import conversation, render
@@ -12,6 +13,9 @@ from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
 from compiled_llm.entrypoints.server.protocol import ChatMessage
 from compiled_llm.entrypoints.server.server_config import ServerConfig
+from compiled_llm.entrypoints.server.tool_calls import history_message
+from compiled_llm.entrypoints.server.tracing import request_tracer
+from compiled_llm.entrypoints.server.unsupported import refuse_non_text_parts
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import SamplingParams
 
@@ -23,6 +27,7 @@ class Serving:
         self.engine, self.cfg, self.metrics = engine, cfg, metrics
         self.model_name = cfg.model_name
         self.max_model_len = engine.max_model_len
+        self.tracer = request_tracer(cfg.otlp_traces_endpoint, cfg.model_name)
 
     def check_model(self, name: str | None) -> None:
         """404 unless name is None or the served model's name."""
@@ -42,6 +47,7 @@ class Serving:
         """The chat template applied to messages, rendered in a worker thread under the
         server's time limit; a 400 when it fails, runs too long or renders too much, and for
         a template sent with the request unless trust_request_chat_template is set."""
+        refuse_non_text_parts(messages)
         kwargs = dict(kwargs or {})
         chat_template = chat_template if chat_template is not None else kwargs.pop(
             "chat_template", None)
@@ -49,8 +55,8 @@ class Serving:
             raise OpenAIError(400, "chat_template: this server refuses chat templates sent with "
                               "a request (trust_request_chat_template is off)",
                               param="chat_template", code="untrusted_chat_template")
-        convo = conversation([{"role": m.role, "content": m.text(),
-                               **({"name": m.name} if m.name else {})} for m in messages])
+        convo = conversation([history_message(i, m.template_input())
+                              for i, m in enumerate(messages)])
         return await asyncio.to_thread(
             render, self.engine.tokenizer, convo, add_generation_prompt=add_generation_prompt,
             tools=tools, template_kwargs=kwargs, chat_template=chat_template,
@@ -66,8 +72,12 @@ class Serving:
 
     async def start(self, rid: str, ids: list[int], params: SamplingParams):
         """Admit a request; its stream of outputs, or a ValueError (a 400) with nothing
-        queued (counted as rejected once, by the route)."""
-        return await self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        queued (counted as rejected once, by the route). Traced, its span starts now."""
+        started_ns = time.time_ns()
+        stream = await self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        if self.tracer is None:
+            return stream
+        return self.tracer.traced(stream, rid, params, started_ns)
 
     @staticmethod
     async def last(stream) -> RequestOutput:

@@ -1,4 +1,5 @@
-"""/v1/chat/completions: chat template, one engine request with n choices, streamed as
+"""/v1/chat/completions: chat template (with the request's tools), one engine request with n
+choices, each reply read for reasoning and tool calls (reply.py), streamed as
 `chat.completion.chunk` events or returned as one `chat.completion`."""
 
 from __future__ import annotations
@@ -10,18 +11,23 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from compiled_llm.entrypoints.reasoning_parsers import get_reasoning_parser
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.params import output_budget, sampling_params
 from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest
+from compiled_llm.entrypoints.server.reply import ReplyFormat, reply_params
 from compiled_llm.entrypoints.server.serving import Serving
 from compiled_llm.entrypoints.server.streaming import (
     DONE,
     abort_on_disconnect,
     chat_logprobs,
     choice_events,
+    prompt_logprobs_json,
     sse,
     usage,
 )
+from compiled_llm.entrypoints.server.tool_calls import ToolPlan, plan_tools
+from compiled_llm.entrypoints.tool_parsers import get_tool_parser
 from compiled_llm.output.outputs import CompletionOutput, RequestOutput
 
 
@@ -39,10 +45,20 @@ class ServingChat(Serving):
             return StreamingResponse(self._chunks(req, *admitted), media_type="text/event-stream")
         return JSONResponse(await abort_on_disconnect(raw, self._answer(req)))
 
+    def reply_format(self, plan: ToolPlan, prompt_ids: list[int]) -> ReplyFormat:
+        """How the replies to prompt_ids are read: plan, and the server's reasoning parser."""
+        name = self.cfg.reasoning_parser
+        if name is None:
+            return ReplyFormat(plan)
+        parser = get_reasoning_parser(name).for_prompt(prompt_ids, self.engine.tokenizer)
+        return ReplyFormat(plan, parser)
+
     async def _admit(self, req: ChatCompletionRequest) -> tuple:
-        """(stream, id, prompt length, top logprobs): the chat rendered, tokenized, admitted."""
+        """(stream, id, prompt length, top logprobs, reply format): the chat rendered with
+        its tools, tokenized, admitted."""
+        plan = self.tool_plan(req)
         ids = await self.encode_chat(req.messages, req.add_generation_prompt,
-                                     req.chat_template_kwargs, req.tools, req.chat_template)
+                                     req.chat_template_kwargs, plan.tools, req.chat_template)
         # max_completion_tokens: 0 is a value (refused), not "unset"
         budget_param = "max_tokens" if req.max_completion_tokens is None else \
             "max_completion_tokens"
@@ -51,27 +67,50 @@ class ServingChat(Serving):
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         budget = output_budget(requested, len(ids), self.max_model_len, budget_param=budget_param)
-        params = sampling_params(req, budget, num_top, req.stream)
+        reply = self.reply_format(plan, ids)
+        params = reply_params(sampling_params(req, budget, num_top, req.stream), reply,
+                              self.engine.tokenizer, req.thinking_token_budget)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        return await self.start(rid, ids, params), rid, len(ids), num_top
+        return await self._start(rid, ids, params, plan), rid, len(ids), num_top, reply
+
+    def tool_plan(self, req: ChatCompletionRequest) -> ToolPlan:
+        """The request's tools and tool_choice resolved against the server's parser flags."""
+        parser = self.cfg.tool_call_parser
+        return plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
+                          parser and get_tool_parser(parser), self.cfg.enable_auto_tool_choice)
+
+    async def _start(self, rid: str, ids: list[int], params, plan: ToolPlan):
+        """Admit the request; a tool grammar that does not compile is a 400 on tools."""
+        try:
+            return await self.start(rid, ids, params)
+        except ValueError as exc:
+            if plan.grammar() is None or not str(exc).startswith("structured_outputs"):
+                raise
+            raise OpenAIError(400, f"tools: the parameters do not compile to a grammar: {exc}",
+                              param="tools") from None
 
     async def _answer(self, req: ChatCompletionRequest) -> dict:
         """The whole JSON body (cancelled, it aborts the request)."""
-        stream, rid, _, num_top = await self._admit(req)
+        stream, rid, _, num_top, reply = await self._admit(req)
         try:
-            return self._response(await self.last(stream), rid, num_top)
+            return self._response(await self.last(stream), rid, num_top, reply)
         finally:
             stream.abort()
 
-    def _response(self, out: RequestOutput, rid: str, num_top: int | None) -> dict:
+    def _response(self, out: RequestOutput, rid: str, num_top: int | None,
+                  reply: ReplyFormat) -> dict:
         self.check_output(out)
-        choices = [{"index": o.index, "message": {"role": "assistant", "content": o.text},
-                    "logprobs": self._logprobs(o, num_top), "finish_reason": o.finish_reason,
-                    "stop_reason": o.stop_reason} for o in out.outputs]
+        choices = []
+        for o in out.outputs:
+            message, finish_reason = reply.message(o.text, o.finish_reason)
+            choices.append({"index": o.index, "message": message,
+                            "logprobs": self._logprobs(o, num_top),
+                            "finish_reason": finish_reason, "stop_reason": o.stop_reason})
         gen = sum(len(o.token_ids) for o in out.outputs)
         return {"id": rid, "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,
-                "usage": usage(len(out.prompt_token_ids), gen)}
+                "usage": usage(len(out.prompt_token_ids), gen),
+                "prompt_logprobs": prompt_logprobs_json(out.prompt_logprobs)}
 
     @staticmethod
     def _logprobs(completion: CompletionOutput, num_top: int | None) -> dict | None:
@@ -80,13 +119,20 @@ class ServingChat(Serving):
         return chat_logprobs(completion.token_ids, completion.logprobs, num_top)
 
     async def _chunks(self, req: ChatCompletionRequest, stream, rid: str, prompt_len: int,
-                      num_top: int | None) -> AsyncIterator[str]:
+                      num_top: int | None, reply: ReplyFormat) -> AsyncIterator[str]:
         created = int(time.time())
-        fields = {"id": rid, "object": "chat.completion.chunk", "created": created,
-                  "model": self.model_name}
-        chunk = choice_events(fields)
 
-        gen = 0
+        counts = [0] * req.n
+
+        event = choice_events({"id": rid, "object": "chat.completion.chunk",
+                               "created": created, "model": self.model_name})
+
+        def chunk(choices: list, **extra) -> str:
+            if req.stream_options and req.stream_options.continuous_usage_stats and choices:
+                extra["usage"] = usage(prompt_len, counts[choices[0]["index"]])
+            return event(choices, **extra)
+
+        gen, streamers = 0, [reply.streamer() for _ in range(req.n)]
         try:
             for i in range(req.n):  # the role comes first, before any token
                 yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
@@ -95,14 +141,16 @@ class ServingChat(Serving):
                 self.check_output(out)
                 for completion in out.outputs:
                     gen += len(completion.token_ids)
-                    delta = {"content": completion.text} if completion.text else {}
+                    counts[completion.index] += len(completion.token_ids)
+                    streamer, done = streamers[completion.index], completion.finish_reason
+                    delta = streamer.feed(completion.text, done is not None)
                     yield chunk([{"index": completion.index, "delta": delta,
                                   "logprobs": self._logprobs(completion, num_top),
-                                  "finish_reason": completion.finish_reason}])
+                                  "finish_reason": streamer.finish_reason(done)}])
         except OpenAIError as exc:
             yield sse(exc.body())
         finally:  # a client gone mid-stream closes us: free its blocks now
             stream.abort()
         if req.stream_options and req.stream_options.include_usage:
-            yield sse({**fields, "choices": [], "usage": usage(prompt_len, gen)})
+            yield chunk([], usage=usage(prompt_len, gen))
         yield DONE

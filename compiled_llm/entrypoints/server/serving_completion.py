@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -20,6 +21,7 @@ from compiled_llm.entrypoints.server.streaming import (
     choice_events,
     completion_logprobs,
     merge_streams,
+    prompt_logprobs_json,
     sse,
     usage,
 )
@@ -40,29 +42,38 @@ class ServingCompletion(Serving):
                                      media_type="text/event-stream")
         return JSONResponse(await abort_on_disconnect(raw, self._answer(req)))
 
-    async def _admit(self, req: CompletionRequest) -> tuple[list, str, list, list]:
-        """(streams, id, prompts, echo texts): every prompt tokenized and admitted, or none
-        (a failure or a cancel aborts those already admitted)."""
-        prompts = await self._prompts(req.prompt)
-        params = [sampling_params(req, output_budget(req.max_tokens, len(p), self.max_model_len,
+    async def _admit(self, req: CompletionRequest) -> tuple[list, str, list]:
+        """(streams, id, prompts): every prompt tokenized and admitted, or none (a failure
+        or a cancel aborts those already admitted). Echoing with max_tokens 0 generates one
+        token and shows none, as vLLM does; echoing with logprobs scores the prompt."""
+        prompts = await self._prompts(req.prompt, req.add_special_tokens)
+        max_tokens = 1 if req.echo and req.max_tokens == 0 else req.max_tokens
+        params = [sampling_params(req, output_budget(max_tokens, len(p), self.max_model_len,
                                                      prompt_param="prompt"),
-                                  req.logprobs, req.stream) for p in prompts]
+                                  req.logprobs, req.stream,
+                                  prompt_logprobs=req.logprobs if req.echo else None)
+                  for p in prompts]
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = []
         try:
             for i, (ids, prompt_params) in enumerate(zip(prompts, params)):
                 streams.append(await self.start(f"{rid}-{i}", ids, prompt_params))
-            echo = [await self.engine.decode(p) if req.echo else "" for p in prompts]
+            shown = [await self._shown(ids, req.echo) for ids in prompts]
         except BaseException:
             for stream in streams:
                 stream.abort()
             raise
-        return streams, rid, prompts, echo
+        return streams, rid, shown
+
+    async def _shown(self, ids: list[int], echo: bool) -> _Prompt:
+        if not echo:
+            return _Prompt(ids)
+        return _Prompt(ids, await self.engine.decode(ids), await self.engine.decode(ids[:1]))
 
     async def _answer(self, req: CompletionRequest) -> dict:
         """The whole JSON body (cancelled, it aborts every prompt's request)."""
-        streams, rid, prompts, echo = await self._admit(req)
-        return await self._collect(streams, rid, req, prompts, echo)
+        streams, rid, prompts = await self._admit(req)
+        return await self._collect(streams, rid, req, prompts)
 
     @staticmethod
     def _check_unsupported(req: CompletionRequest) -> None:
@@ -70,10 +81,11 @@ class ServingCompletion(Serving):
             raise OpenAIError(400, "suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise OpenAIError(400, "best_of must equal n (no beam search)", param="best_of")
-        if req.echo and req.logprobs is not None:
-            raise OpenAIError(400, "echo with logprobs is not supported", param="echo")
+        if req.max_tokens == 0 and not req.echo:
+            raise OpenAIError(400, "max_tokens must be >= 1, got 0 (0 only with echo=true)",
+                              param="max_tokens", code="invalid_value")
 
-    async def _prompts(self, prompt) -> list[list[int]]:
+    async def _prompts(self, prompt, add_special_tokens: bool) -> list[list[int]]:
         if isinstance(prompt, str) or prompt and isinstance(prompt[0], int):
             prompt = [prompt]
         if not prompt:
@@ -82,54 +94,84 @@ class ServingCompletion(Serving):
         if len(prompt) > limit:
             raise OpenAIError(400, f"prompt is a list of {len(prompt)} prompts; at most {limit} "
                               "(max_completion_prompts)", param="prompt")
-        return [p if isinstance(p, list) else await self.encode(p) for p in prompt]
+        return [p if isinstance(p, list) else await self.encode(p, add_special_tokens)
+                for p in prompt]
 
     def _choice(self, prompt_index: int, completion: CompletionOutput, req: CompletionRequest,
-                text: str, offset: int) -> dict:
+                prompt: _Prompt, prompt_logprobs: list | None, first: bool,
+                offset: int) -> tuple[dict, int]:
+        """(choice, tokens generated in it): the echoed prompt leads a choice's first piece;
+        with max_tokens 0 the one token generated is not shown."""
+        shown = req.max_tokens != 0
+        text = completion.text if shown else ""
+        ids = completion.token_ids if shown else []
+        entries = (completion.logprobs or []) if shown else []
+        if first and req.echo:
+            text, ids = prompt.text + text, prompt.token_ids + ids
+            entries = (prompt_logprobs or [None] * len(prompt.token_ids)) + entries
         logprobs = None
-        if req.logprobs is not None and completion.logprobs is not None:
-            logprobs = completion_logprobs(completion.token_ids, completion.logprobs,
-                                           req.logprobs, offset)
-        return {"index": prompt_index * req.n + completion.index, "text": text,
-                "logprobs": logprobs, "finish_reason": completion.finish_reason,
-                "stop_reason": completion.stop_reason}
+        if req.logprobs is not None:
+            logprobs = completion_logprobs(ids, entries, req.logprobs, offset,
+                                           unscored=prompt.first_token)
+        choice = {"index": prompt_index * req.n + completion.index, "text": text,
+                  "logprobs": logprobs, "finish_reason": completion.finish_reason,
+                  "stop_reason": completion.stop_reason}
+        return choice, len(completion.token_ids) if shown else 0
 
-    async def _collect(self, streams, rid: str, req: CompletionRequest, prompts, echo) -> dict:
+    async def _collect(self, streams, rid: str, req: CompletionRequest, prompts) -> dict:
         """Read every stream to its end into one body."""
         choices, gen = [], 0
         async for i, out in merge_streams(streams):
             self.check_output(out)
             for completion in out.outputs:
-                gen += len(completion.token_ids)
-                choices.append(self._choice(i, completion, req, echo[i] + completion.text, 0))
+                choice, tokens = self._choice(i, completion, req, prompts[i],
+                                              out.prompt_logprobs, True, 0)
+                choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
+                choices.append(choice)
+                gen += tokens
         choices.sort(key=lambda choice: choice["index"])
         return {"id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,
-                "usage": usage(sum(map(len, prompts)), gen)}
+                "usage": usage(sum(len(p.token_ids) for p in prompts), gen)}
 
-    async def _chunks(self, req: CompletionRequest, streams, rid: str, prompts,
-                      echo) -> AsyncIterator[str]:
-        created, gen = int(time.time()), 0
-        offsets: dict[int, int] = {}
-        event = choice_events({"id": rid, "object": "text_completion", "created": created,
+    async def _chunks(self, req: CompletionRequest, streams, rid: str,
+                      prompts) -> AsyncIterator[str]:
+        created, offsets, counts = int(time.time()), {}, {}
+        options = req.stream_options
+
+        chunk = choice_events({"id": rid, "object": "text_completion", "created": created,
                                "model": self.model_name})
+
         try:
             async for i, out in merge_streams(streams):
                 self.check_output(out)
                 for completion in out.outputs:
                     index = i * req.n + completion.index
-                    text = completion.text if index in offsets else echo[i] + completion.text
-                    choice = self._choice(i, completion, req, text, offsets.get(index, 0))
-                    offsets[index] = offsets.get(index, 0) + len(text)
-                    gen += len(completion.token_ids)
-                    yield event([choice])
+                    choice, tokens = self._choice(i, completion, req, prompts[i],
+                                                  out.prompt_logprobs, index not in offsets,
+                                                  offsets.get(index, 0))
+                    offsets[index] = offsets.get(index, 0) + len(choice["text"])
+                    counts[index] = counts.get(index, 0) + tokens
+                    extra = {}
+                    if options and options.continuous_usage_stats:
+                        extra["usage"] = usage(len(prompts[i].token_ids), counts[index])
+                    yield chunk([choice], **extra)
         except OpenAIError as exc:
             yield sse(exc.body())
         finally:
             for stream in streams:
                 stream.abort()
-        if req.stream_options and req.stream_options.include_usage:
-            yield sse({"id": rid, "object": "text_completion", "created": created,
-                       "model": self.model_name, "choices": [],
-                       "usage": usage(sum(map(len, prompts)), gen)})
+        if options and options.include_usage:
+            yield chunk([], usage=usage(sum(len(p.token_ids) for p in prompts),
+                                        sum(counts.values())))
         yield DONE
+
+
+@dataclass
+class _Prompt:
+    """One prompt as its choices show it: its ids and, when echoed, its text and the text of
+    its first token (which has no logprob)."""
+
+    token_ids: list[int]
+    text: str = ""
+    first_token: str = ""

@@ -22,12 +22,15 @@ def sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def choice_events(fields: dict) -> Callable[[list], str]:
-    """A builder of one response's events {**fields, "choices": choices}, the same text as
-    sse() makes: the fixed fields (non-empty) are encoded once, only the choices each event."""
+def choice_events(fields: dict) -> Callable[..., str]:
+    """A builder of one response's events {**fields, "choices": choices, **extra}, the same
+    text as sse() makes: without extra, the fixed fields (non-empty) are encoded once and only
+    the choices each event."""
     head = "data: " + json.dumps(fields, ensure_ascii=False)[:-1] + ', "choices": '
 
-    def event(choices: list) -> str:
+    def event(choices: list, **extra) -> str:
+        if extra:  # usage and the like, after the choices
+            return sse({**fields, "choices": choices, **extra})
         return f"{head}{json.dumps(choices, ensure_ascii=False)}}}\n\n"
 
     return event
@@ -121,17 +124,35 @@ def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], num_t
     return {"content": content}
 
 
-def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], num_top: int,
-                        offset: int) -> dict:
-    """OpenAI completions `logprobs`; text offsets start at offset."""
+def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob] | None],
+                        num_top: int, offset: int, unscored: str = "") -> dict:
+    """OpenAI completions `logprobs`; text offsets start at offset. A None entry (an echoed
+    prompt's first token, which nothing predicts) gets null logprobs and the text unscored."""
     tokens, logprobs, tops, offsets = [], [], [], []
     for token_id, entry in zip(token_ids, entries):
-        text = _token_text(token_id, entry[token_id])
+        text = unscored if entry is None else _token_text(token_id, entry[token_id])
         tokens.append(text)
-        logprobs.append(entry[token_id].logprob)
-        tops.append({_token_text(top_id, top): top.logprob
-                     for top_id, top in _top(entry, num_top)})
+        logprobs.append(None if entry is None else _finite(entry[token_id].logprob))
+        tops.append(None if entry is None else {
+            _token_text(top_id, top): _finite(top.logprob)
+            for top_id, top in _top(entry, num_top)})
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops,
             "text_offset": offsets}
+
+
+def _finite(logprob: float) -> float:
+    """-inf as the finite floor OpenAI and vLLM send (JSON has no infinity)."""
+    return max(logprob, -9999.0)
+
+
+def prompt_logprobs_json(rows: list[dict[int, Logprob] | None] | None) -> list | None:
+    """vLLM's `prompt_logprobs`: per prompt token None (the first) or {token id: {logprob,
+    rank, decoded_token}} for the token itself and the top ones."""
+    if rows is None:
+        return None
+    return [None if row is None else {
+        str(token_id): {"logprob": _finite(lp.logprob), "rank": lp.rank,
+                        "decoded_token": lp.decoded_token}
+        for token_id, lp in row.items()} for row in rows]

@@ -87,6 +87,11 @@ def server():
     proc, srv = start_server(make_checkpoint("llama"), "--api-key", API_KEY,
                              "--max-body-bytes", str(MAX_BODY))
     yield srv
+    stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """Stop a server start_server started (SIGTERM, then SIGKILL after 20 s)."""
     proc.terminate()
     try:
         proc.wait(timeout=20)

@@ -18,7 +18,10 @@ FIELDS = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m
     [{"index": 1, "delta": {}, "logprobs": {"content": []}, "finish_reason": "length"}],
 ])
 def test_choice_events_are_the_events_sse_makes(choices):
-    assert choice_events(FIELDS)(choices) == sse({**FIELDS, "choices": choices})
+    event = choice_events(FIELDS)
+    assert event(choices) == sse({**FIELDS, "choices": choices})
+    usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    assert event(choices, usage=usage) == sse({**FIELDS, "choices": choices, "usage": usage})
 
 
 def _histogram():

@@ -1,0 +1,82 @@
+"""Thinking spans marked by <think>...</think>: the split of a reply into reasoning and
+content (prefix-stable, so a streamer diffs it), whether the prompt leaves thinking open,
+and the span's end token (which gates grammars and which a thinking budget forces)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from compiled_llm.entrypoints.tool_parsers.base import holdback
+
+
+class ReasoningParser:
+    """A <think>...</think> span at the start of the reply. prompt_state: the prompt's last
+    tag ("open": the template wrote the start tag, the reply starts in the span; "closed":
+    it wrote the whole span, as enable_thinking=False does; "none": no tag)."""
+
+    start: ClassVar[str] = "<think>"
+    end: ClassVar[str] = "</think>"
+    always_thinks: ClassVar[bool] = False
+    """The reply starts in the span even with no start tag anywhere (DeepSeek-R1)."""
+
+    def __init__(self, prompt_state: str = "none") -> None:
+        self.prompt_state = prompt_state
+
+    @classmethod
+    def for_prompt(cls, prompt_ids: list[int], tokenizer) -> ReasoningParser:
+        """The parser for the reply to prompt_ids, its prompt_state read from them."""
+        start_id, end_id = cls.token_ids(tokenizer)
+        for token in reversed(prompt_ids):
+            if token in (start_id, end_id):
+                return cls("open" if token == start_id else "closed")
+        return cls("none")
+
+    @property
+    def starts_thinking(self) -> bool:
+        """Whether the reply starts inside the span (no start tag needed)."""
+        return self.prompt_state == "open" or (self.always_thinks and self.prompt_state == "none")
+
+    @property
+    def may_think(self) -> bool:
+        """Whether the reply may open with a span (constraints wait for its end)."""
+        return self.prompt_state != "closed"
+
+    def split(self, text: str, final: bool) -> tuple[str | None, str]:
+        """(reasoning or None, content) of the reply so far; not final, a partial tag is
+        held back. A span never closed is all reasoning."""
+        stripped = text.lstrip()
+        opened = stripped.startswith(self.start)
+        if not final and not opened and self.start.startswith(stripped) and stripped:
+            return None, ""  # may still become the start tag
+        if opened:
+            body = stripped[len(self.start):]
+        elif self.starts_thinking:
+            body = text
+        else:
+            return None, text
+        reasoning, found, content = body.partition(self.end)
+        if not found:
+            return (reasoning if final else holdback(reasoning, self.end)), ""
+        return reasoning, content
+
+    @classmethod
+    def token_ids(cls, tokenizer) -> tuple[int | None, int | None]:
+        """(start, end) tag ids where each tag is one token of tokenizer, else None."""
+        return _single_token(tokenizer, cls.start), _single_token(tokenizer, cls.end)
+
+
+class Qwen3ReasoningParser(ReasoningParser):
+    """Qwen3: the reply thinks when it opens with <think> or the template opened the span
+    (enable_thinking=False renders an empty span in the prompt: no reasoning)."""
+
+
+class DeepSeekR1ReasoningParser(ReasoningParser):
+    """DeepSeek-R1: the reply is reasoning up to </think>; the start tag may be absent (the
+    template writes it)."""
+
+    always_thinks = True
+
+
+def _single_token(tokenizer, text: str) -> int | None:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None

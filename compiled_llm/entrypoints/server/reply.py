@@ -1,0 +1,114 @@
+"""A chat reply read back: the thinking span split off into reasoning_content (with the
+reasoning parser), the rest read for tool calls (with the ToolPlan), as one assistant
+message or as stream deltas per choice. Also the sampling changes these need: the tool
+grammar, the gate that holds any grammar until the thinking ends, the thinking budget."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from compiled_llm.entrypoints.reasoning_parsers.base import ReasoningParser
+from compiled_llm.entrypoints.server.errors import OpenAIError
+from compiled_llm.entrypoints.server.tool_calls import ToolPlan
+from compiled_llm.sample.thinking_budget import ThinkingBudget
+from compiled_llm.sampling_params import SamplingParams
+
+
+@dataclass
+class ReplyFormat:
+    """How one request's replies are read: its tool plan and (with --reasoning-parser) the
+    reasoning parser for its prompt."""
+
+    plan: ToolPlan
+    reasoning: ReasoningParser | None = None
+
+    def split(self, text: str, final: bool) -> tuple[str | None, str]:
+        """(reasoning, the rest) of the reply so far."""
+        return (None, text) if self.reasoning is None else self.reasoning.split(text, final)
+
+    def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The assistant message of a finished reply, and OpenAI's finish_reason for it."""
+        reasoning, rest = self.split(text, True)
+        content, calls = self.plan.extract(rest)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning is not None:
+            message["reasoning_content"] = message["reasoning"] = reasoning
+        if calls:
+            message["tool_calls"] = calls
+        return message, self.plan.finish_reason(finish_reason, bool(calls))
+
+    def streamer(self) -> ReplyStreamer:
+        """A streamer of one choice's deltas."""
+        return ReplyStreamer(self)
+
+
+class ReplyStreamer:
+    """One choice's text deltas in, OpenAI chat deltas out: reasoning_content (and vLLM's
+    newer `reasoning`) while it thinks, then content and tool_calls."""
+
+    def __init__(self, reply: ReplyFormat) -> None:
+        self.reply, self.text = reply, ""
+        self._reasoning_sent = self._rest_sent = 0
+        self.tools = reply.plan.streamer()
+
+    def feed(self, delta: str, final: bool) -> dict[str, Any]:
+        """The chat delta the new text makes (empty when it holds nothing to send yet)."""
+        self.text += delta
+        reasoning, rest = self.reply.split(self.text, final)
+        out: dict[str, Any] = {}
+        if reasoning is not None and len(reasoning) > self._reasoning_sent:
+            out["reasoning_content"] = out["reasoning"] = reasoning[self._reasoning_sent:]
+            self._reasoning_sent = len(reasoning)
+        content, calls = self.tools.feed(rest[self._rest_sent:], final)
+        self._rest_sent = max(self._rest_sent, len(rest))
+        if content:
+            out["content"] = content
+        if calls:
+            out["tool_calls"] = calls
+        return out
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        """OpenAI's finish_reason for the choice's last delta."""
+        return self.reply.plan.finish_reason(reason, self.tools.called)
+
+
+def reply_params(params: SamplingParams, reply: ReplyFormat, tokenizer,
+                 thinking_token_budget: int | None) -> SamplingParams:
+    """params with the tool grammar (a 400 when the request asks for another constraint
+    too), any grammar gated until the thinking ends, the thinking budget's processor, and
+    special tokens kept where the tool parser's markers are special."""
+    plan, grammar = reply.plan, reply.plan.grammar()
+    if grammar is not None and params.structured_outputs is not None:
+        raise OpenAIError(400, f'tool_choice "{plan.mode}" is enforced by a grammar; it cannot '
+                          "be combined with response_format or structured_outputs",
+                          param="tool_choice")
+    params.structured_outputs = grammar or params.structured_outputs
+    if plan.parser is not None and not plan.parser.skip_special_tokens:
+        params.skip_special_tokens = False
+    reasoning = reply.reasoning
+    if reasoning is None:
+        if thinking_token_budget is not None:
+            raise OpenAIError(400, "thinking_token_budget needs a server started with "
+                              "--reasoning-parser", param="thinking_token_budget")
+        return params
+    start_id, end_id = reasoning.token_ids(tokenizer)
+    if end_id is not None and reasoning.may_think and params.structured_outputs is not None:
+        params.structured_outputs = dataclasses.replace(params.structured_outputs,
+                                                        reasoning_end_token_id=end_id)
+    if thinking_token_budget is not None:
+        params.logits_processors = [*(params.logits_processors or []),
+                                    _budget(thinking_token_budget, reasoning, start_id, end_id)]
+    return params
+
+
+def _budget(budget: int, reasoning: ReasoningParser, start_id: int | None,
+            end_id: int | None) -> ThinkingBudget:
+    if end_id is None:
+        raise OpenAIError(400, f"thinking_token_budget: {reasoning.end!r} is not one token of "
+                          "this tokenizer", param="thinking_token_budget")
+    if budget < 0:
+        raise OpenAIError(400, f"thinking_token_budget must be >= 0, got {budget}",
+                          param="thinking_token_budget")
+    return ThinkingBudget(budget, end_id, start_id, reasoning.starts_thinking)

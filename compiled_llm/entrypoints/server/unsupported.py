@@ -1,0 +1,81 @@
+"""Request fields the OpenAI API or vLLM define that this server does not honour: each one, set
+to anything but its neutral value, is a 400 naming it, never silently dropped; and message
+content parts other than text. Fields no API defines stay ignored, as vLLM ignores them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compiled_llm.entrypoints.server.errors import OpenAIError
+
+_BEAM = "beam search is not supported"
+
+# field -> (values that ask for nothing, why the field is refused)
+_BOTH: dict[str, tuple[tuple[Any, ...], str]] = {
+    "use_beam_search": ((None, False), _BEAM),
+    "length_penalty": ((None, 1, 1.0), f"length_penalty needs beam search; {_BEAM}"),
+    "early_stopping": ((None, False), f"early_stopping needs beam search; {_BEAM}"),
+    "logits_processors": ((None, []), "logits processors by name are not supported"),
+    "truncate_prompt_tokens": ((None,), "prompt truncation is not supported; send a prompt "
+                                        "that fits"),
+    "prompt_embeds": ((None,), "prompt embeddings are not supported"),
+    "priority": ((None, 0), "request priorities are not supported"),
+    "cache_salt": ((None,), "cache_salt (prefix-cache isolation) is not supported"),
+    "return_tokens_as_token_ids": ((None, False), "tokens as token ids are not supported"),
+    "return_token_ids": ((None, False), "returning token ids is not supported"),
+    "spaces_between_special_tokens": ((None, True), "detokenizing without spaces between "
+                                                    "special tokens is not supported"),
+    "bad_words": ((None, []), "bad_words is not supported"),
+    "guided_whitespace_pattern": ((None,), "a whitespace pattern for JSON is not supported"),
+    "guided_decoding_backend": ((None, "auto", "xgrammar"), "the structured-output backend "
+                                                            "is xgrammar"),
+    "mm_processor_kwargs": ((None, {}), "multimodal inputs are not supported"),
+    "kv_transfer_params": ((None,), "KV transfer (disaggregated prefill) is not supported"),
+    "vllm_xargs": ((None, {}), "vllm_xargs (custom logits processor arguments) is not "
+                               "supported"),
+}
+_CHAT: dict[str, tuple[tuple[Any, ...], str]] = {
+    "audio": ((None,), "audio output is not supported"),
+    "modalities": ((None, ["text"]), "only text output is supported"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+    "web_search_options": ((None,), "web search is not supported"),
+    "store": ((None, False), "store=true is not supported: this server keeps no completions"),
+    "verbosity": ((None,), "verbosity is not supported"),
+    "functions": ((None, []), "functions (deprecated) is not supported; use tools"),
+    "function_call": ((None,), "function_call (deprecated) is not supported; use "
+                               "tool_choice"),
+    "echo": ((None, False), "echo on chat (continue the last message) is not supported"),
+    "continue_final_message": ((None, False), "continue_final_message is not supported"),
+    "documents": ((None, []), "documents for the chat template are not supported"),
+    "add_special_tokens": ((None, False), "add_special_tokens on chat is not supported (the "
+                                          "chat template adds them)"),
+}
+
+
+def refuse_unsupported(extra: dict[str, Any] | None, chat: bool) -> None:
+    """400 for the first field of extra (a body's fields beyond those modelled) that is
+    defined for the endpoint, not honoured here, and set to ask for something."""
+    table = {**_BOTH, **_CHAT} if chat else _BOTH
+    for name, value in (extra or {}).items():
+        if name not in table:
+            continue
+        neutral, why = table[name]
+        if not any(value == ok and type(value) is type(ok) for ok in neutral):
+            raise OpenAIError(400, f"{name}: {why}", param=name, code="unsupported_field")
+
+
+def refuse_non_text_parts(messages: list) -> None:
+    """400 naming the first content part of messages that is not text (images, audio,
+    files: this server serves text-only models), or a text part without its text."""
+    for i, message in enumerate(messages):
+        if not isinstance(message.content, list):
+            continue
+        for j, part in enumerate(message.content):
+            where = f"messages[{i}].content[{j}]"
+            if part.type != "text":
+                raise OpenAIError(400, f"{where}: {part.type} content parts are not supported; "
+                                  "this server takes text parts only", param=where,
+                                  code="unsupported_content")
+            if not isinstance(part.text, str):
+                raise OpenAIError(400, f"{where}.text: a text part needs its text (a string)",
+                                  param=f"{where}.text", code="invalid_type")

@@ -1,0 +1,30 @@
+"""Tool-call parsers by name (`--tool-call-parser NAME`): each one small module whose class
+turns a model family's tool-call text into OpenAI tool calls, whole or streaming."""
+
+from __future__ import annotations
+
+import importlib
+
+from compiled_llm.entrypoints.tool_parsers.base import ToolParser
+
+# name -> "module:class", imported on first use (the CLI lists the names without importing)
+TOOL_PARSERS: dict[str, str] = {
+    "hermes": "hermes:HermesToolParser",
+    "llama3_json": "llama3_json:Llama3JsonToolParser",
+    "mistral": "mistral:MistralToolParser",
+    "qwen3_coder": "qwen3_coder:Qwen3CoderToolParser",
+    "pythonic": "pythonic:PythonicToolParser",
+}
+
+
+def check_tool_parser(name: str) -> None:
+    """ValueError listing the known parsers unless name is one."""
+    if name not in TOOL_PARSERS:
+        raise ValueError(f"tool_call_parser must be one of {sorted(TOOL_PARSERS)}, got {name!r}")
+
+
+def get_tool_parser(name: str) -> type[ToolParser]:
+    """The parser class registered as name (ValueError listing the known ones otherwise)."""
+    check_tool_parser(name)
+    module, cls = TOOL_PARSERS[name].split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)

@@ -1,0 +1,132 @@
+"""What every tool-call parser shares: the parse result (content before the calls, each
+call's name and JSON arguments so far), the final extraction to OpenAI tool calls, and the
+streamer that diffs successive parses into OpenAI tool-call deltas. A parse is prefix-stable
+(content and arguments only grow; a call shows once its name is complete), so one streamer
+serves every format."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass
+class ParsedCall:
+    """One tool call: its function name and its arguments as JSON text (so far)."""
+
+    name: str
+    arguments: str = ""
+    complete: bool = False
+
+
+@dataclass
+class ParsedText:
+    """The content (text outside the calls) and the calls found; failed when, at the end, a
+    call block does not parse (the whole text is then content)."""
+
+    content: str = ""
+    calls: list[ParsedCall] = field(default_factory=list)
+    failed: bool = False
+
+
+ParseFn = Callable[[str, bool], ParsedText]
+
+
+def holdback(text: str, *markers: str) -> str:
+    """text without its longest suffix that is a proper prefix of a marker (what may yet
+    turn into the marker, so is not streamed as content)."""
+    for size in range(min(len(text), max(map(len, markers)) - 1), 0, -1):
+        if any(marker.startswith(text[-size:]) for marker in markers):
+            return text[:-size]
+    return text
+
+
+def before_marker(text: str, marker: str, final: bool) -> tuple[ParsedText, int]:
+    """The text before the first marker as a parse's content, and where the marker starts
+    (-1 when absent: then all the text is content, a partial marker held back unless
+    final)."""
+    first = text.find(marker)
+    if first < 0:
+        return ParsedText(text if final else holdback(text, marker)), -1
+    return ParsedText(text[:first]), first
+
+
+def tool_call_id() -> str:
+    """A fresh tool-call id, vLLM's style."""
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
+def tool_call(name: str, arguments: str, call_id: str | None = None) -> dict[str, Any]:
+    """An OpenAI tool call object."""
+    return {"id": call_id or tool_call_id(), "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def extract(parse: ParseFn, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, tool calls) of a finished text: content None when blank; a text whose calls
+    do not all parse is all content, with no calls."""
+    parsed = parse(text, True)
+    if parsed.failed or not all(call.complete for call in parsed.calls):
+        return text or None, []
+    calls = [tool_call(call.name, call.arguments or "{}") for call in parsed.calls]
+    content = parsed.content.strip() if calls else parsed.content
+    return content or None, calls
+
+
+class ToolParser:
+    """Base of the parsers: `parse` is the one method a format implements. tools (the
+    request's, OpenAI's shape) let a parser read argument types from their schemas."""
+
+    name: ClassVar[str] = ""
+    skip_special_tokens: ClassVar[bool] = True
+    """False where the format's markers are special tokens (the text must keep them)."""
+
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        self.functions = {tool["function"]["name"]: tool["function"] for tool in tools or []}
+
+    def parse(self, text: str, final: bool) -> ParsedText:
+        """Content and calls in text; not final, a partial marker or call is held back."""
+        raise NotImplementedError
+
+    def extract(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """(content, OpenAI tool calls) of a finished text."""
+        return extract(self.parse, text)
+
+
+class ToolCallStreamer:
+    """Feeds text deltas to a parse function and answers each with (content delta, OpenAI
+    tool-call deltas): a new call's first delta has its index, id, type and name (and the
+    arguments so far), later ones only argument fragments."""
+
+    def __init__(self, parse: ParseFn) -> None:
+        self._parse, self.text = parse, ""
+        self._content_sent = 0
+        self._calls: list[tuple[str, int]] = []  # (id, argument characters sent) per call
+
+    @property
+    def called(self) -> bool:
+        """Whether any tool-call delta went out."""
+        return bool(self._calls)
+
+    def feed(self, delta: str, final: bool = False) -> tuple[str, list[dict[str, Any]]]:
+        """The deltas the new text (and, final, the end of it) makes."""
+        self.text += delta
+        parsed = self._parse(self.text, final)
+        if parsed.failed:
+            parsed = ParsedText(self.text if not self._calls else "", [])
+        content = parsed.content[self._content_sent:]
+        self._content_sent = max(self._content_sent, len(parsed.content))
+        return content, [d for i, call in enumerate(parsed.calls) if (d := self._delta(i, call))]
+
+    def _delta(self, index: int, call: ParsedCall) -> dict[str, Any] | None:
+        if index == len(self._calls):
+            self._calls.append((tool_call_id(), len(call.arguments)))
+            return {"index": index, "id": self._calls[index][0], "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments}}
+        call_id, sent = self._calls[index]
+        if len(call.arguments) <= sent:
+            return None
+        self._calls[index] = (call_id, len(call.arguments))
+        return {"index": index, "function": {"arguments": call.arguments[sent:]}}

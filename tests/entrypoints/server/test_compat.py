@@ -1,0 +1,80 @@
+"""vLLM-compatible extras on the live server: GET /v1/models/{id}, /tokenizer_info, /version,
+/ping, and the `vllm:` Prometheus names beside the server's own."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from compiled_llm.entrypoints.server.vllm_metrics import ALIASES
+from tests.entrypoints.server.conftest import API_KEY
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def test_models_retrieve(client, server):
+    card = client.models.retrieve(server.model)
+    assert card.id == server.model and card.object == "model"
+    assert card.model_extra["max_model_len"] == 512
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("no-such-model")
+    assert err.value.body["code"] == "model_not_found" and err.value.body["param"] == "model"
+    assert httpx.get(f"{server.url}/v1/models/{server.model}").status_code == 401  # keyed
+
+
+def test_tokenizer_info_matches_the_tokenizer(server):
+    import transformers
+
+    info = httpx.get(f"{server.url}/tokenizer_info", headers=AUTH).json()
+    tok = transformers.AutoTokenizer.from_pretrained(server.model)
+    assert info["tokenizer_class"] == type(tok).__name__
+    assert info["eos_token"] == tok.eos_token and info["bos_token"] is None
+    assert info["chat_template"] == tok.chat_template
+    assert info["model_max_length"] == 512
+    assert info["added_tokens_decoder"] == {"0": "<|endoftext|>"}
+
+
+def test_version_and_ping_need_no_key(server):
+    import compiled_llm
+
+    assert httpx.get(f"{server.url}/version").json() == {"version": compiled_llm.__version__}
+    assert httpx.get(f"{server.url}/ping").status_code == 200
+    assert httpx.post(f"{server.url}/ping").status_code == 200
+
+
+def _families(server) -> dict:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def _values(family) -> dict:
+    return {(s.name.split(":", 1)[1], tuple(sorted(s.labels.items()))): s.value
+            for s in family.samples}
+
+
+def test_vllm_metric_names_mirror_the_servers_own(client, server):
+    prompt = "Permission is hereby granted, free of charge, to any person obtaining a copy"
+    for _ in range(2):  # the second finds the first's blocks in the prefix cache
+        client.completions.create(model=server.model, prompt=prompt, max_tokens=3)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=server.model, prompt=prompt, max_tokens=-1)
+    server.wait_idle()
+    families = _families(server)
+    for source, aliases in ALIASES.items():
+        ours = families[f"compiled_llm:{source}"]
+        for alias in aliases:
+            theirs = families[alias.name]
+            assert theirs.type == (alias.type or ours.type)
+            assert all(s.labels["model_name"] == server.model for s in theirs.samples)
+            if alias.type is None and not alias.labels:
+                assert _values(theirs) == {(name.replace(source, alias.name[5:], 1), labels): v
+                                           for (name, labels), v in _values(ours).items()}
+    success = {s.labels["finished_reason"]: s.value
+               for s in families["vllm:request_success"].samples if s.name.endswith("_total")}
+    assert set(success) == {"stop", "length", "abort", "error"} and success["length"] >= 2
+    hits = families["vllm:prefix_cache_hits"].samples[0].value
+    assert 16 <= hits <= families["vllm:prefix_cache_queries"].samples[0].value
+    preempt = families["vllm:num_preemptions"]
+    assert preempt.samples[0].name == "vllm:num_preemptions_total"

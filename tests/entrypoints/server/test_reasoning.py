@@ -1,0 +1,89 @@
+"""Reasoning through a live server (--reasoning-parser qwen3): the thinking span goes to
+reasoning_content, streamed before the content; the thinking budget ends it with </think>;
+structured outputs and tool grammars apply only after it; enable_thinking=False thinks not."""
+
+# ruff: noqa: F811  (the session fixtures are imported by name)
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from tests.entrypoints.server.tool_model import tool_client, tool_server  # noqa: F401
+
+SCHEMA = {"type": "object", "required": ["n"], "properties": {
+    "n": {"type": "integer", "minimum": 0, "maximum": 9}}}
+MESSAGES = [{"role": "user", "content": "Pick a digit."}]
+THINK = {"chat_template_kwargs": {"enable_thinking": True}}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "digit", "schema": SCHEMA}}
+
+
+def _ask(client, server, budget, **kwargs):
+    return client.chat.completions.create(
+        model=server.model, messages=MESSAGES, max_tokens=60, temperature=1.0,
+        response_format=FORMAT, extra_body={**THINK, "thinking_token_budget": budget},
+        **kwargs)
+
+
+@pytest.mark.parametrize("budget", [0, 3, 8])
+def test_budget_ends_thinking_then_the_schema_holds(tool_client, tool_server, budget):
+    r = _ask(tool_client, tool_server, budget, n=4, seed=budget, logprobs=True)
+    for choice in r.choices:
+        tokens = [entry.token for entry in choice.logprobs.content]
+        assert "</think>" in tokens[:budget + 1]
+        # per-token texts split multi-byte characters, so compare the ends only
+        assert choice.message.reasoning_content is not None
+        assert "</think>" not in choice.message.reasoning_content + choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+        assert choice.finish_reason == "stop"
+
+
+def test_streamed_reasoning_comes_first_and_matches(tool_client, tool_server):
+    whole = _ask(tool_client, tool_server, 5, seed=7).choices[0].message
+    kinds, reasoning, content = [], "", ""
+    for chunk in _ask(tool_client, tool_server, 5, seed=7, stream=True):
+        delta = chunk.choices[0].delta.model_dump()
+        if delta.get("reasoning_content"):
+            kinds.append("reasoning")
+            reasoning += delta["reasoning_content"]
+        if delta.get("content"):
+            kinds.append("content")
+            content += delta["content"]
+    assert kinds == sorted(kinds, key=lambda kind: kind == "content") and "content" in kinds
+    assert (reasoning, content) == (whole.reasoning_content, whole.content)
+
+
+def test_thinking_off_means_no_reasoning(tool_client, tool_server):
+    r = tool_client.chat.completions.create(
+        model=tool_server.model, messages=MESSAGES, max_tokens=60, temperature=1.0, seed=1,
+        response_format=FORMAT, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    message = r.choices[0].message
+    assert getattr(message, "reasoning_content", None) is None
+    jsonschema.validate(json.loads(message.content), SCHEMA)
+
+
+def test_required_tool_call_after_thinking(tool_client, tool_server):
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": SCHEMA}}]
+    r = tool_client.chat.completions.create(
+        model=tool_server.model, messages=MESSAGES, max_tokens=80, temperature=1.0, seed=2,
+        tools=tools, tool_choice="required", parallel_tool_calls=False,
+        extra_body={**THINK, "max_thinking_tokens": 4})
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.reasoning_content
+    jsonschema.validate(json.loads(choice.message.tool_calls[0].function.arguments), SCHEMA)
+
+
+def test_budget_needs_a_reasoning_parser(client, server):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=4,
+                                       extra_body={"thinking_token_budget": 4})
+    assert info.value.body["param"] == "thinking_token_budget"
+
+
+def test_negative_budget_is_a_400(tool_client, tool_server):
+    with pytest.raises(openai.BadRequestError) as info:
+        _ask(tool_client, tool_server, -1)
+    assert info.value.body["param"] == "thinking_token_budget"
+    assert tool_server.wait_idle()["compiled_llm:kv_cache_used_blocks"] == 0
