@@ -144,6 +144,7 @@ def test_any_server_metrics_show_the_totals_and_the_core_gauges(served):
                     + metrics["compiled_llm:request_success_total[stop]"])
         assert finished == 2 * len(PROMPTS)  # the earlier test's, over both servers
         assert metrics["compiled_llm:e2e_request_latency_seconds_count"] == finished
+        assert metrics["vllm:e2e_request_latency_seconds_count"] == finished  # vLLM's name
         assert metrics["compiled_llm:kv_cache_used_blocks"] == 0  # read from the core
         assert metrics["compiled_llm:num_requests_running"] == 0
         seen = _access(server, "/metrics")
