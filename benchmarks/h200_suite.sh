@@ -7,7 +7,8 @@
 #     bash benchmarks/h200_suite.sh 4     # batch sweep (peer at every size), norm kernels
 #     bash benchmarks/h200_suite.sh 5     # sync against async scheduling
 #     bash benchmarks/h200_suite.sh 6     # compile speed in all five modes, with profiles
-#     bash benchmarks/h200_suite.sh 7     # serving against offline throughput (one GPU)
+#     bash benchmarks/h200_suite.sh 7     # serving (1 and 4 API servers) against offline
+#                                         # throughput (one GPU)
 #     bash benchmarks/h200_suite.sh 8     # the user's path: default against tuned, sync,
 #                                         # process core and the tree in .before/ (one GPU)
 #     bash benchmarks/h200_suite.sh 9     # the user's path on Llama-3-8B, then call 7
@@ -96,12 +97,14 @@ $py $SPEED --checkpoint-dir ${CK}2/llama3-8b --speed-modes eager stock backend-n
 elif [ "$CALL" = 7 ]; then  # one GPU: the user's path offline, then served; JSON to $R
   Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" SIZES="--num-prompts 1024"
   # 1024 requests of 512 prompt tokens and 256 output tokens, temperature 1.0, EOS ignored:
-  # offline all at once (max_num_seqs 256 runs at most 256), served at 256 concurrent streams
+  # offline all at once (max_num_seqs 256 runs at most 256), served at 256 concurrent streams,
+  # by one API server, then by four in front of the one engine core (--api-server-count 4)
   SERVE="$CLI bench serve --port 8100 $SIZES --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 4 --ready-check-timeout-sec 120 --result-dir $R --result-filename serve_qwen3-0.6b.json"
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $CLI bench throughput --model $Q $SIZES --input-len 512 --output-len 256 --output-json $R/throughput_qwen3-0.6b.json
 $CLI serve --model $Q --port 8100 --log-level warning & s=\$!; $SERVE; r=\$?; kill \$s; wait \$s; exit \$r
+$CLI serve --model $Q --port 8100 --log-level warning --api-server-count 4 & s=\$!; ${SERVE/serve_qwen3-0.6b.json/serve_qwen3-0.6b_api4.json}; r=\$?; kill \$s; wait \$s; exit \$r
 $CLI bench throughput --model $Q --dataset-name nano-vllm --output-json $R/nano_vllm_qwen3-0.6b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 8 ]; then  # one GPU: nano-vllm through LLM.generate, each path its own process

@@ -1,7 +1,8 @@
 """CoreClient: the front end's handle on an engine core running in a process of its own
-(core_proc). It starts the process (spawn: CUDA cannot be forked), sends requests, aborts and
-finishes as they happen, and reads the outputs of each step. A core that dies is detected
-within a poll interval, and every later call raises EngineDeadError instead of hanging."""
+(core_proc). It starts the process (spawn: CUDA cannot be forked), or attaches to a core that
+several front ends share (core_multi), sends requests, aborts and finishes as they happen, and
+reads the outputs of each step. A core that dies is detected within a poll interval, and every
+later call raises EngineDeadError instead of hanging."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import contextlib
 import itertools
 import os
 import pickle
+import select
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from compiled_llm.config import EngineArgs
 from compiled_llm.core.engine_output import EngineCoreOutput
 from compiled_llm.core.request import Request
 from compiled_llm.engine.core import CoreInfo, EngineStats
+from compiled_llm.engine.core_multi import HELLO, CoreEndpoint
 from compiled_llm.engine.core_proc import (
     ABORT,
     ADD,
@@ -48,29 +51,33 @@ class EngineDeadError(RuntimeError):
 class CoreClient:
     """The engine core in its own process, offering what the in-process core offers. One
     thread (the engine loop) drives it; get_stats may be called from any thread (reads from
-    the core's socket hold a lock)."""
+    the core's socket hold a lock). With an endpoint it attaches to a shared core (which it
+    neither starts nor stops) and prefixes its request ids with its client index, so they
+    are unique among the core's front ends."""
 
-    def __init__(self, args: EngineArgs, spec: WorkerSpec,
-                 eos_token_ids: tuple[int, ...]) -> None:
-        self._dir = tempfile.mkdtemp(prefix="compiled-llm-core-")
+    def __init__(self, args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int, ...],
+                 endpoint: CoreEndpoint | None = None) -> None:
+        self._owned = endpoint is None
+        self._dir = tempfile.mkdtemp(prefix="compiled-llm-core-") if self._owned else None
+        in_addr, out_addr = (self._addr("in"), self._addr("out")) if self._owned else \
+            endpoint.addresses
+        self.request_id_prefix = "" if self._owned else f"{endpoint.client_index}:"
         self._context = zmq.Context()
-        self._to_core = self._bind(zmq.PUSH, "in")
-        self._from_core = self._bind(zmq.PULL, "out")
+        self._to_core = self._bind(zmq.PUSH, in_addr)
+        self._from_core = self._bind(zmq.PULL, out_addr)
         self._calls = itertools.count()
         self._replies: dict[int, tuple[bool, bytes]] = {}
         self._pending_outputs: list[EngineCoreOutput] = []
         self._dead: str | None = None
         self._reading = threading.Lock()  # a ZMQ socket is not thread-safe
         self._sending = threading.Lock()
-        # a fresh interpreter, not multiprocessing's spawn: that re-runs the caller's main
-        # module, which a script without a __main__ guard cannot survive
-        self.process = subprocess.Popen([sys.executable, "-m", "compiled_llm.engine.core_proc"],
-                                        stdin=subprocess.PIPE)
-        self.process.stdin.write(pickle.dumps((args, spec, eos_token_ids, self._addr("in"),
-                                               self._addr("out"), os.getpid(),
-                                               registered_models(), sys.path)))
-        self.process.stdin.close()
+        if self._owned:
+            self.process = start_core_process(args, spec, eos_token_ids, [(in_addr, out_addr)])
+        else:
+            self.process = PeerProcess(endpoint.core_pid)
         try:
+            if not self._owned:
+                self._say_hello()
             self.info, self._stats = self._wait_ready()
         except BaseException:
             self.shutdown()
@@ -79,10 +86,20 @@ class CoreClient:
     def _addr(self, name: str) -> str:
         return f"ipc://{self._dir}/{name}"
 
-    def _bind(self, kind: int, name: str):
+    def _bind(self, kind: int, addr: str):
         sock = self._context.socket(kind)
-        sock.bind(self._addr(name))
+        sock.bind(addr)
         return sock
+
+    def _say_hello(self) -> None:
+        """Tell a shared core this process's pid (it aborts our requests once we are gone);
+        waits until the core has connected, or is found dead."""
+        while True:
+            try:
+                return self._to_core.send(pack(HELLO, os.getpid()), zmq.NOBLOCK)
+            except zmq.Again:
+                self._check_alive()
+                time.sleep(0.01)
 
     def _wait_ready(self) -> tuple[CoreInfo, EngineStats]:
         while True:
@@ -120,8 +137,10 @@ class CoreClient:
         return bool(self._pending_outputs)
 
     def get_stats(self) -> EngineStats:
-        """The core's load as of its latest message (read now, without waiting)."""
+        """The core's load as of its latest message (read now, without waiting);
+        EngineDeadError when this call finds the core gone."""
         if self._dead is None:
+            self._check_alive()
             self._poll(0)
         return self._stats
 
@@ -212,14 +231,17 @@ class CoreClient:
 
     def _check_alive(self) -> None:
         if self._dead is None and self.process.poll() is not None:
-            self._dead = f"engine core process died (exit code {self.process.returncode})"
+            code = self.process.returncode if self._owned else "unknown"
+            self._dead = f"engine core process died (exit code {code})"
         if self._dead is not None:
             raise EngineDeadError(self._dead)
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
         """Stop the core process (asking first, then terminating, then killing) and close
-        the sockets (idempotent)."""
+        the sockets (idempotent); a shared core is left running (its owner stops it)."""
+        if not self._owned:
+            return self._detach()
         if self.process.poll() is None:
             with contextlib.suppress(zmq.ZMQError):
                 self._to_core.send(pack(SHUTDOWN, None), zmq.NOBLOCK)
@@ -236,6 +258,57 @@ class CoreClient:
             self._from_core.close(linger=0)
             self._context.term()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _detach(self) -> None:
+        """Close the sockets to a shared core, giving the aborts just sent time to leave."""
+        self._dead = self._dead or "engine core client is shut down"
+        if not self._context.closed:
+            self._to_core.close(linger=2000)
+            self._from_core.close(linger=0)
+            self._context.term()
+        self.process.close()
+
+
+class PeerProcess:
+    """A process this one did not start, so cannot wait for: whether it has exited, from a
+    pidfd (no pid reuse race). Offers the part of Popen CoreClient uses."""
+
+    returncode: int | None = None
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fd: int | None = os.pidfd_open(pid)  # ProcessLookupError if already gone
+
+    def poll(self) -> int | None:
+        """None while it runs; -1 once it has exited (its exit code is its parent's)."""
+        if self.returncode is None and (self._fd is None
+                                        or select.select([self._fd], [], [], 0)[0]):
+            self.returncode = -1
+        return self.returncode
+
+    def close(self) -> None:
+        """Stop watching (poll reports it gone after this)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def start_core_process(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int, ...],
+                       addresses: list[tuple[str, str]],
+                       new_session: bool = False) -> subprocess.Popen:
+    """Start an engine core process for front ends at these (inbox, outbox) addresses (one
+    pair: core_proc; more: core_multi); it reports ready (or why it failed) on each outbox.
+    new_session: out of the caller's process group, so a terminal's Ctrl-C reaches only the
+    caller, which stops it."""
+    # a fresh interpreter, not multiprocessing's spawn: that re-runs the caller's main
+    # module, which a script without a __main__ guard cannot survive
+    module = "core_multi" if len(addresses) > 1 else "core_proc"
+    process = subprocess.Popen([sys.executable, "-m", f"compiled_llm.engine.{module}"],
+                               stdin=subprocess.PIPE, start_new_session=new_session)
+    process.stdin.write(pickle.dumps((args, spec, eos_token_ids, addresses, os.getpid(),
+                                      registered_models(), sys.path)))
+    process.stdin.close()
+    return process
 
 
 def registered_models() -> dict[str, str]:

@@ -1,6 +1,7 @@
 """The engine core's own process: a busy loop of take requests, schedule, launch, collect, send
 outputs, over two ZMQ sockets (requests in, outputs out; msgpack frames, pickle only for new
-requests and utility results). It exits on a shutdown message, or when its parent is gone."""
+requests and utility results). It exits on a shutdown message, or when its parent is gone.
+core_multi is the core that several front ends share."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import pickle
 import sys
 import traceback
+from collections.abc import Callable
 
 import msgpack
 import zmq
@@ -39,15 +41,17 @@ def unpack(frame: bytes) -> tuple[str, object]:
 
 
 def run_engine_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int, ...],
-                    in_addr: str, out_addr: str, parent_pid: int) -> None:
-    """The core process's main: build the core, report ready (or the start-up error), then
-    serve until shut down or orphaned."""
+                    addresses: list[tuple[str, str]], parent_pid: int) -> None:
+    """The core process's main: build the core, report ready (or the start-up error) to its
+    front end (addresses: its one (inbox, outbox) pair), then serve until shut down or
+    orphaned."""
+    [(in_addr, out_addr)] = addresses
     context = zmq.Context()
     inbox, outbox = context.socket(zmq.PULL), context.socket(zmq.PUSH)
     inbox.connect(in_addr)
     outbox.connect(out_addr)
     try:
-        core = _build_core(args, spec, eos_token_ids)
+        core = build_core(args, spec, eos_token_ids)
     except BaseException:
         outbox.send(pack(FAILED, traceback.format_exc()))
         outbox.close(linger=5000)
@@ -66,7 +70,8 @@ def run_engine_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int
         context.term()
 
 
-def _build_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int, ...]):
+def build_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int, ...]):
+    """The EngineCore, its grammar compiler built lazily in this process."""
     from compiled_llm.engine.core import EngineCore
 
     grammars = _LazyGrammars(args, spec, eos_token_ids)
@@ -112,40 +117,51 @@ def _serve(core, inbox, outbox, parent_pid: int) -> None:
             if not _handle(core, *unpack(inbox.recv()), outbox):
                 return
         outputs = core.step() if core.has_unfinished() else []
-        stats = _stats_wire(core)
+        stats = stats_wire(core)
         if outputs or stats != sent_stats:  # an idle core still reports aborts' freed blocks
             outbox.send(pack(OUTPUTS, ([out.to_wire() for out in outputs], stats)))
             sent_stats = stats
 
 
-def _stats_wire(core) -> tuple:
+def stats_wire(core) -> tuple:
+    """The core's load as plain values (EngineStats' fields, in order)."""
     stats = core.get_stats()
     return (stats.num_running, stats.num_waiting, stats.num_used_blocks, stats.num_blocks,
             stats.num_preemptions, stats.prefix_cache_queries, stats.prefix_cache_hits)
 
 
+def add_requests(core, payload: bytes, send: Callable[[bytes], None]) -> list[str]:
+    """Add the pickled requests to the core; the ids of those added. One it refuses gets its
+    error output sent (send(frame))."""
+    added = []
+    for req in pickle.loads(payload):
+        try:
+            core.add_request(req)
+        except ValueError as exc:  # checked by the front end first; refused here anyway
+            out = EngineCoreOutput(req.request_id, [], finish_reason="error", error=str(exc))
+            send(pack(OUTPUTS, ([out.to_wire()], stats_wire(core))))
+            continue
+        added.append(req.request_id)
+    return added
+
+
 def _handle(core, kind: str, payload, outbox) -> bool:
     """Apply one message; False on shutdown."""
     if kind == ADD:
-        for req in pickle.loads(payload):
-            try:
-                core.add_request(req)
-            except ValueError as exc:  # checked by the front end first; refused here anyway
-                out = EngineCoreOutput(req.request_id, [], finish_reason="error", error=str(exc))
-                outbox.send(pack(OUTPUTS, ([out.to_wire()], _stats_wire(core))))
+        add_requests(core, payload, outbox.send)
     elif kind == ABORT:
         core.abort_requests(payload)
     elif kind == FINISH:
         core.finish_requests(payload)
     elif kind == CALL:
         call_id, method, call_args = payload
-        outbox.send(pack(REPLY, (call_id, *_call(core, method, call_args))))
+        outbox.send(pack(REPLY, (call_id, *call_utility(core, method, call_args))))
     elif kind == SHUTDOWN:
         return False
     return True
 
 
-def _call(core, method: str, call_args: list) -> tuple[bool, bytes]:
+def call_utility(core, method: str, call_args: list) -> tuple[bool, bytes]:
     """(ok, pickled result or error text) of a utility call on the core."""
     try:
         if method == "reset_prefix_cache":
@@ -161,13 +177,19 @@ def _call(core, method: str, call_args: list) -> tuple[bool, bytes]:
         return False, pickle.dumps(f"{type(exc).__name__}: {exc}")
 
 
-def main() -> None:
-    """`python -m compiled_llm.engine.core_proc`: the core's arguments come pickled on stdin."""
+def launch(run: Callable) -> None:
+    """What a core process's main does first: logging, then the arguments pickled on stdin,
+    the starter's sys.path and its models; then run(args, spec, eos ids, addresses, parent)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine-core %(message)s")
-    args, spec, eos, in_addr, out_addr, parent_pid, models, path = pickle.load(sys.stdin.buffer)
+    args, spec, eos, addresses, parent_pid, models, path = pickle.load(sys.stdin.buffer)
     sys.path[:] = path  # the front end's: its models' modules import here too
     _register_models(models)
-    run_engine_core(args, spec, eos, in_addr, out_addr, parent_pid)
+    run(args, spec, eos, addresses, parent_pid)
+
+
+def main() -> None:
+    """`python -m compiled_llm.engine.core_proc`: the core of one front end."""
+    launch(run_engine_core)
 
 
 def _register_models(models: dict[str, str]) -> None:

@@ -47,6 +47,8 @@ class InputProcessor:
         self.grammar_limits = (args.structured_outputs_max_bytes, args.structured_outputs_timeout_s)
         self.grammars: GrammarManager | None = None
         self.attach_matchers = True  # False when the engine core builds its own matchers
+        # before every child request id: unique among the front ends of a shared core
+        self.request_id_prefix = ""
         self._grammars_lock = threading.Lock()  # the first grammar may come from any thread
 
     def check_text_prompt(self, text: str, name: str = "prompt") -> None:
@@ -139,7 +141,8 @@ class InputProcessor:
                 child_params.seed = _wrap_int64(child_params.seed + index)
             if index > 0:  # one child reports the prompt's logprobs
                 child_params.prompt_logprobs = None
-        child_id = request_id if params.n == 1 else f"{index}_{request_id}"
+        child_id = self.request_id_prefix + (
+            request_id if params.n == 1 else f"{index}_{request_id}")
         return Request(child_id, list(ids), child_params, self.eos_token_ids, text,
                        priority=priority, parent_id=request_id)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import gc
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-# At import, not in _load_tokenizer: importing transformers leaves frames alive in reference
+# At import, not in load_tokenizer: importing transformers leaves frames alive in reference
 # cycles, and inside LLMEngine.__init__ they would hold the engine until the garbage collector.
 from transformers import AutoTokenizer
 
@@ -31,7 +31,11 @@ from compiled_llm.worker.loader import load_hf_config, read_json, resolve_dtype
 from compiled_llm.worker.step_timer import StepStats
 from compiled_llm.worker.worker import WorkerSpec
 
-__all__ = ["LLMEngine", "EngineStats", "resolve_device", "eos_ids", "DEMO_MODEL"]
+if TYPE_CHECKING:
+    from compiled_llm.engine.core_multi import CoreEndpoint
+
+__all__ = ["LLMEngine", "EngineStats", "resolve_device", "eos_ids", "core_spec",
+           "load_tokenizer", "DEMO_MODEL"]
 
 logger = logging.getLogger(__name__)
 DEMO_MODEL = Path(__file__).parents[1] / "data" / "demo_model"
@@ -53,6 +57,23 @@ def eos_ids(model_dir: str, hf: dict[str, Any], tokenizer) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
 
 
+def load_tokenizer(args: EngineArgs):
+    """The tokenizer of args.tokenizer, else of the model."""
+    return AutoTokenizer.from_pretrained(args.tokenizer or str(args.model or DEMO_MODEL))
+
+
+def core_spec(args: EngineArgs, tokenizer) -> tuple[WorkerSpec, tuple[int, ...]]:
+    """What an engine core is built from besides args: the worker spec (model directory,
+    dtype, device, scheduler config) and the EOS token ids."""
+    model_dir = str(args.model or DEMO_MODEL)
+    device = resolve_device(args.device)
+    hf = load_hf_config(model_dir)
+    # max_model_len is an upper bound here: the worker settles it from the KV cache's size
+    sched_cfg = args.scheduler_config(*model_len_bounds(hf))
+    spec = WorkerSpec(model_dir, resolve_dtype(args.dtype, hf, device), device, sched_cfg)
+    return spec, eos_ids(model_dir, hf, tokenizer)
+
+
 class LLMEngine:
     """The front end over one engine core; `step()` runs (or, with the core in its own
     process, waits for) one step. Invariant: every request the engine accepted finishes (or
@@ -64,22 +85,21 @@ class LLMEngine:
 
     _shut_down = False
 
-    def __init__(self, args: EngineArgs, core_process: bool = False) -> None:
+    def __init__(self, args: EngineArgs, core_process: bool = False,
+                 core_endpoint: CoreEndpoint | None = None) -> None:
+        """core_endpoint: attach to that shared core process (core_process is then implied)
+        instead of starting one."""
         self.args = args
+        core_process = core_process or core_endpoint is not None
         clock = StartupClock()
         model_dir = str(args.model or DEMO_MODEL)
         torch.manual_seed(args.seed)
-        self.device = device = resolve_device(args.device)
-        hf = load_hf_config(model_dir)
-        self.dtype = dtype = resolve_dtype(args.dtype, hf, device)
-        self.tokenizer = None if args.skip_tokenizer_init else self._load_tokenizer(model_dir)
-        # max_model_len is an upper bound here: the worker settles it from the KV cache's size
-        sched_cfg = args.scheduler_config(*model_len_bounds(hf))
-        self.eos_token_ids = eos_ids(model_dir, hf, self.tokenizer)
-        spec = WorkerSpec(model_dir, dtype, device, sched_cfg)
+        self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args)
+        spec, self.eos_token_ids = core_spec(args, self.tokenizer)
+        self.device, self.dtype = spec.device, spec.dtype
         clock.mark("config")  # hf config, tokenizer, EOS ids
         self._core_process = core_process
-        self.core = self._make_core(args, spec, core_process)
+        self.core = self._make_core(args, spec, core_process, core_endpoint)
         info = self.core.info
         # what building the core took beyond its worker's phases: a core process's start
         clock.add(info.startup_seconds, within="engine_core_other")
@@ -88,27 +108,26 @@ class LLMEngine:
         self.inputs = InputProcessor(self.tokenizer, info.vocab_size,
                                      self.eos_token_ids, self.max_model_len, args)
         self.inputs.attach_matchers = not core_process  # a process core builds its own
+        self.inputs.request_id_prefix = getattr(self.core, "request_id_prefix", "")
         if not core_process:  # a bound method of the processor: no cycle through the engine
             self.core.grammars = self.inputs.grammar_manager
         self.outputs = OutputProcessor(self.tokenizer)
         self.parents: dict[str, list[RequestState]] = {}
         logger.info("engine ready: %s on %s, %d KV blocks, max_model_len %d; start-up: %s",
-                    model_dir, device, info.num_blocks, self.max_model_len,
+                    model_dir, self.device, info.num_blocks, self.max_model_len,
                     format_timeline(self.startup_seconds))
         # Imports done lazily while this engine was built (tokenizer classes, Triton, Inductor)
         # can leave garbage cycles whose frames reach this frame and so the engine: collect
         # them now, so dropping the engine frees it without waiting for the collector.
         gc.collect()
 
-    def _make_core(self, args: EngineArgs, spec: WorkerSpec, core_process: bool):
+    def _make_core(self, args: EngineArgs, spec: WorkerSpec, core_process: bool,
+                   endpoint: CoreEndpoint | None):
         if core_process:
             from compiled_llm.engine.core_client import CoreClient
 
-            return CoreClient(args, spec, self.eos_token_ids)
+            return CoreClient(args, spec, self.eos_token_ids, endpoint)
         return InProcCore(args, spec)  # its grammars come from the input processor, below
-
-    def _load_tokenizer(self, model_dir: str):
-        return AutoTokenizer.from_pretrained(self.args.tokenizer or model_dir)
 
     # ------------------------------------------------------------------ requests
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.engine.core_client import EngineDeadError
+from compiled_llm.engine.core_multi import CoreEndpoint
 from compiled_llm.engine.llm_engine import EngineStats, LLMEngine
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
@@ -129,8 +130,11 @@ class AsyncLLM:
 
     _shut_down = False
 
-    def __init__(self, args: EngineArgs, observer: RequestObserver | None = None) -> None:
-        self.engine = LLMEngine(args, core_process=args.engine_core_process is not False)
+    def __init__(self, args: EngineArgs, observer: RequestObserver | None = None,
+                 core_endpoint: CoreEndpoint | None = None) -> None:
+        """core_endpoint: attach to that shared engine core instead of starting one."""
+        self.engine = LLMEngine(args, core_process=args.engine_core_process is not False,
+                                core_endpoint=core_endpoint)
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
         self.max_prompt_bytes = self.engine.inputs.max_prompt_bytes
@@ -267,7 +271,8 @@ class AsyncLLM:
                     return
                 self._deliver(outs)
             self._beat = time.monotonic()
-            self._publish_stats()
+            if not self._publish_stats():
+                return
 
     def _drain(self, block: bool) -> bool:
         """Run queued commands; False on shutdown."""
@@ -311,8 +316,16 @@ class AsyncLLM:
             if not stream.loop.is_closed():
                 stream.loop.call_soon_threadsafe(_put_all, [(stream, (now, error))])
 
-    def _publish_stats(self) -> None:
-        self.stats = self.engine.get_stats()
+    def _publish_stats(self) -> bool:
+        """Refresh the stats snapshot; False (everyone failed) when the core is found dead,
+        which an idle loop learns here rather than from a step."""
+        try:
+            self.stats = self.engine.get_stats()
+        except EngineDeadError as e:
+            logger.error("engine core died: %s", e)
+            self._fail_all(e)
+            return False
+        return True
 
 
 def _fail_pending(commands: queue.SimpleQueue, error: BaseException) -> None:

@@ -32,11 +32,17 @@ class ServeArgs:
     """The model name clients must send (default: --model, or 'demo')."""
     log_level: LogLevel = "info"
     """Log level of the server and the engine."""
+    api_server_count: int = 1
+    """API-server processes in front of the one engine core process, all on host:port (the
+    kernel spreads connections over them); each does its own HTTP, tokenization,
+    detokenization and streaming. 1: the server and the front end in this process."""
 
     def __post_init__(self) -> None:
         check_choices(self)
         if not 0 <= self.port < 1 << 16:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.api_server_count < 1:
+            raise ValueError(f"api_server_count must be >= 1, got {self.api_server_count}")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -61,5 +67,10 @@ def run_serve(ns: argparse.Namespace) -> int:
                          model_name=opts.served_model_name or args.model or "demo")
     logging.basicConfig(level=opts.log_level.upper(),
                         format="%(levelname)s %(name)s: %(message)s")
+    if opts.api_server_count > 1:
+        from compiled_llm.entrypoints.server.api_servers import serve_many
+
+        return serve_many(args, opts.host, opts.port, cfg, opts.log_level,
+                          opts.api_server_count)
     serve(args, opts.host, opts.port, cfg, opts.log_level)
     return 0

@@ -179,11 +179,12 @@ def serve(args: EngineArgs, host: str, port: int, cfg: ServerConfig,
 
 
 def uvicorn_config(app: FastAPI, host: str, port: int, cfg: ServerConfig,
-                   log_level: str = "info"):
+                   log_level: str = "info", **options):
     """How uvicorn serves app: SIGTERM gives requests in flight timeout_graceful_shutdown
-    seconds, then cuts them off (uvicorn alone would wait for them forever)."""
+    seconds, then cuts them off (uvicorn alone would wait for them forever). options go to
+    uvicorn.Config as they are."""
     import uvicorn
 
     return uvicorn.Config(app, host=host, port=port, log_level=log_level,
                           timeout_keep_alive=30,
-                          timeout_graceful_shutdown=cfg.timeout_graceful_shutdown)
+                          timeout_graceful_shutdown=cfg.timeout_graceful_shutdown, **options)

@@ -1,8 +1,8 @@
-"""Prometheus metrics of the server (prometheus-client), in a registry of its own.
-
-Request outcomes, token counts and latency histograms come from AsyncLLM's per-request hooks;
-KV-cache usage, queue sizes and prefix-cache counts are read from the engine's latest stats
-snapshot at scrape time. A scrape shows each under vLLM's name too (vllm_metrics.py).
+"""Prometheus metrics of the server (prometheus-client), in a registry of its own: request
+outcomes, token counts and latency histograms from AsyncLLM's per-request hooks; KV-cache usage,
+queue sizes and prefix-cache counts from the engine's latest stats snapshot at scrape time; each
+under vLLM's name too (vllm_metrics.py). With several API servers (PROMETHEUS_MULTIPROC_DIR set)
+a scrape sums the counters and histograms over all of them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from compiled_llm.entrypoints.async_llm import AsyncLLM, RequestObserver
@@ -31,8 +32,13 @@ _LENGTHS = tuple(step * 10**power for power in range(7) for step in (1, 2, 5))  
 class ServerMetrics(RequestObserver):
     """Implements AsyncLLM's RequestObserver; `bind(engine)` adds the engine gauges."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, multiprocess: bool = False) -> None:
+        """multiprocess: scrapes report the totals of every API-server process."""
         self.registry = registry = CollectorRegistry()
+        self._scraped = registry
+        if multiprocess:
+            self._scraped = CollectorRegistry()
+            self._scraped.register(_Totals(registry))
         labels = {"model_name": model_name}
         self._labels = labels
         self.requests = Counter(f"{_PREFIX}request_success", "Finished requests by outcome "
@@ -45,7 +51,7 @@ class ServerMetrics(RequestObserver):
         self.gen_tokens = Counter(f"{_PREFIX}generation_tokens", "Tokens generated",
                                   ["model_name"], registry=registry).labels(**labels)
         self._aliases = CollectorRegistry()
-        self._aliases.register(_Families(registry, vllm_families))
+        self._aliases.register(_Families(self._scraped, vllm_families))
         self.ttft = self._histogram("time_to_first_token_seconds", "Time to first token")
         self.itl = self._histogram("inter_token_latency_seconds", "Time between output tokens")
         self.e2e = self._histogram("e2e_request_latency_seconds", "End-to-end request latency")
@@ -80,8 +86,7 @@ class ServerMetrics(RequestObserver):
             self.ttft.observe(gap_s)
             return
         # tokens that arrived together (merged deltas, n > 1) share the gap evenly
-        for _ in range(new_tokens):
-            self.itl.observe(gap_s / new_tokens)
+        observe_many(self.itl, gap_s / new_tokens, new_tokens)
 
     def on_finish(self, outcome: str, prompt_tokens: int, gen_tokens: int,
                   e2e_s: float) -> None:
@@ -99,7 +104,7 @@ class ServerMetrics(RequestObserver):
 
     def render(self) -> tuple[bytes, str]:
         """(body, content type) of a /metrics scrape: every metric, then its vLLM aliases."""
-        return generate_latest(self.registry) + generate_latest(self._aliases), \
+        return generate_latest(self._scraped) + generate_latest(self._aliases), \
             CONTENT_TYPE_LATEST
 
 
@@ -131,3 +136,29 @@ class _PrefixCacheCounters(Collector):
             family = CounterMetricFamily(f"{_PREFIX}{name}", doc, labels=list(self.labels))
             family.add_metric(list(self.labels.values()), value)
             yield family
+
+
+def observe_many(histogram: Histogram, value: float, count: int) -> None:
+    """What `count` calls of histogram.observe(value) do, with one update of the sum and of
+    the bucket (a per-token cost on the streaming path otherwise)."""
+    histogram._sum.inc(value * count)
+    for bucket, bound in zip(histogram._buckets, histogram._upper_bounds):
+        if value <= bound:
+            bucket.inc(count)
+            return
+
+
+class _Totals(Collector):
+    """A collector: this process's families, each one of the request hooks (counters and
+    histograms) replaced by its sum over the processes that share PROMETHEUS_MULTIPROC_DIR;
+    the engine's (read from its stats snapshot, the same in every API server) as they are."""
+
+    def __init__(self, local: CollectorRegistry) -> None:
+        self.local = local
+
+    def collect(self):
+        """The metric families of a scrape."""
+        totals = {family.name: family for family in MultiProcessCollector(None).collect()}
+        for family in self.local.collect():
+            total = totals.get(family.name)
+            yield family if total is None or family.type == "gauge" else total

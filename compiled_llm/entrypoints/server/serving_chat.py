@@ -20,6 +20,7 @@ from compiled_llm.entrypoints.server.streaming import (
     DONE,
     abort_on_disconnect,
     chat_logprobs,
+    choice_events,
     prompt_logprobs_json,
     sse,
     usage,
@@ -96,11 +97,13 @@ class ServingChat(Serving):
 
         counts = [0] * req.n
 
+        event = choice_events({"id": rid, "object": "chat.completion.chunk",
+                               "created": created, "model": self.model_name})
+
         def chunk(choices: list, **extra) -> str:
             if req.stream_options and req.stream_options.continuous_usage_stats and choices:
                 extra["usage"] = usage(prompt_len, counts[choices[0]["index"]])
-            return sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                        "model": self.model_name, "choices": choices, **extra})
+            return event(choices, **extra)
 
         gen, streamers = 0, [reply.streamer() for _ in range(req.n)]
         try:

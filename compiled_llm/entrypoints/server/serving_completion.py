@@ -18,6 +18,7 @@ from compiled_llm.entrypoints.server.serving import Serving
 from compiled_llm.entrypoints.server.streaming import (
     DONE,
     abort_on_disconnect,
+    choice_events,
     completion_logprobs,
     merge_streams,
     prompt_logprobs_json,
@@ -138,9 +139,8 @@ class ServingCompletion(Serving):
         created, offsets, counts = int(time.time()), {}, {}
         options = req.stream_options
 
-        def chunk(choices: list, **extra) -> str:
-            return sse({"id": rid, "object": "text_completion", "created": created,
-                        "model": self.model_name, "choices": choices, **extra})
+        chunk = choice_events({"id": rid, "object": "text_completion", "created": created,
+                               "model": self.model_name})
 
         try:
             async for i, out in merge_streams(streams):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -20,6 +20,20 @@ DONE = "data: [DONE]\n\n"
 def sse(payload: dict) -> str:
     """payload as one server-sent event."""
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def choice_events(fields: dict) -> Callable[..., str]:
+    """A builder of one response's events {**fields, "choices": choices, **extra}, the same
+    text as sse() makes: without extra, the fixed fields (non-empty) are encoded once and only
+    the choices each event."""
+    head = "data: " + json.dumps(fields, ensure_ascii=False)[:-1] + ', "choices": '
+
+    def event(choices: list, **extra) -> str:
+        if extra:  # usage and the like, after the choices
+            return sse({**fields, "choices": choices, **extra})
+        return f"{head}{json.dumps(choices, ensure_ascii=False)}}}\n\n"
+
+    return event
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
