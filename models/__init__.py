@@ -68,6 +68,13 @@ ModelRegistry = _ModelRegistry({
     "MistralForCausalLM": "compiled_llm.models.llama:MistralForCausalLM",
     "Qwen2ForCausalLM": "compiled_llm.models.llama:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "compiled_llm.models.qwen3:Qwen3ForCausalLM",
+    # pooling models (runner="pooling"): embeddings and classifiers
+    "BertModel": "compiled_llm.models.bert:BertModel",
+    "BertForSequenceClassification": "compiled_llm.models.bert:BertForSequenceClassification",
+    "LlamaForSequenceClassification":
+        "compiled_llm.models.llama_cls:LlamaForSequenceClassification",
+    "Qwen2ForSequenceClassification":
+        "compiled_llm.models.llama_cls:Qwen2ForSequenceClassification",
 })
 
 __all__ = ["DecoderConfig", "ModelRegistry"]
