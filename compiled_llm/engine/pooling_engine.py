@@ -98,9 +98,14 @@ class PoolingEngine:
 
     # ------------------------------------------------------------------ what it serves
     @property
+    def can_classify(self) -> bool:
+        """Whether the model is a classifier (classify; score as a cross-encoder)."""
+        return self.runner.can_classify
+
+    @property
     def num_labels(self) -> int | None:
         """The classifier's label count, or None for an embedding model."""
-        return self.model_config.num_labels if self.runner.can_classify else None
+        return self.model_config.num_labels if self.can_classify else None
 
     @property
     def is_cross_encoder(self) -> bool:
@@ -190,7 +195,7 @@ class PoolingEngine:
     def embed(self, seqs: list[Tokens], params: list[PoolingParams]) -> list[list[float]]:
         """One embedding per sequence (its params' normalisation and dimensions)."""
         self._check_open()
-        if self.runner.can_classify:
+        if self.can_classify:
             raise ValueError("runner: this model is a classifier; use classify (or score)")
         for p in params:
             self.check_dimensions(p.dimensions)
@@ -206,7 +211,7 @@ class PoolingEngine:
     def classify(self, seqs: list[Tokens], params: list[PoolingParams]) -> list[list[float]]:
         """Class probabilities per sequence (softmax, sigmoid for one label)."""
         self._check_open()
-        if not self.runner.can_classify:
+        if not self.can_classify:
             raise ValueError("runner: this model has no classification head "
                              "(a *ForSequenceClassification checkpoint classifies)")
         out: list[list[float]] = []

@@ -28,8 +28,8 @@ class LLM(PoolingMixin):
         from compiled_llm.engine.pooling_engine import PoolingEngine, resolve_runner
 
         args = EngineArgs(model=model, **kwargs)
-        self.runner = resolve_runner(args, str(args.model or DEMO_MODEL))
-        if self.runner == "pooling":
+        self.runner_type = resolve_runner(args, str(args.model or DEMO_MODEL))
+        if self.runner_type == "pooling":
             self.engine = PoolingEngine(args)
         else:
             self.engine = LLMEngine(args, core_process=offline_core_process(args))
@@ -59,7 +59,7 @@ class LLM(PoolingMixin):
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order. priority (one per
         prompt) orders admission under scheduling_policy="priority": lower runs earlier."""
-        check_runner(self.runner, "generate", "generate")
+        check_runner(self.runner_type, "generate", "generate")
         prompts = as_prompt_list(prompts)
         params = _final_only(_params_list(sampling_params, len(prompts)))
         if priority is not None and len(priority) != len(prompts):
@@ -86,7 +86,7 @@ class LLM(PoolingMixin):
     ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation, then generate; ValueError
         naming the message when one is malformed (content None counts as empty)."""
-        check_runner(self.runner, "generate", "chat")
+        check_runner(self.runner_type, "generate", "chat")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
         prompts = [render(tok, conversation(c), chat_template=chat_template,

@@ -69,11 +69,11 @@ def score_pairs(text_1: Any, text_2: Any) -> list[tuple[Any, Any]]:
 class PoolingMixin:
     """embed / classify / score / encode over self.engine, a PoolingEngine."""
 
-    runner: str
+    runner_type: str
     _pool_ids = count()
 
     def _pool_engine(self, method: str):
-        check_runner(self.runner, "pooling", method)
+        check_runner(self.runner_type, "pooling", method)
         return self.engine
 
     def _tokenized(self, engine, prompts: list, params: list[PoolingParams]) -> list:
@@ -115,7 +115,7 @@ class PoolingMixin:
         if engine.is_cross_encoder:
             seqs = [engine.tokenize_pair(a, b, params.truncate_prompt_tokens) for a, b in pairs]
             scores = [p[0] for p in engine.classify(seqs, [params] * len(seqs))]
-        elif engine.runner.can_classify:
+        elif engine.can_classify:
             raise ValueError(f"score needs an embedding model or a cross-encoder (num_labels 1);"
                              f" this classifier has {engine.num_labels} labels")
         else:
@@ -131,13 +131,13 @@ class PoolingMixin:
         prompts = as_prompt_list(prompts)
         params = params_list(pooling_params, len(prompts), truncate_prompt_tokens)
         seqs = self._tokenized(engine, prompts, params)
-        run = engine.classify if engine.runner.can_classify else engine.embed
+        run = engine.classify if engine.can_classify else engine.embed
         return [PoolingRequestOutput(str(next(self._pool_ids)), PoolingOutput(d), ids)
                 for d, (ids, _) in zip(run(seqs, params), seqs)]
 
 
 def cosine_scores(engine, pairs: list[tuple[Any, Any]], params: PoolingParams):
-    """Cosine similarity of each pair's normalised embeddings, and the sequences of text_1."""
+    """Cosine similarity of each pair's normalised embeddings, and each pair's tokens."""
     import torch
 
     left = [engine.tokenize(a, params.truncate_prompt_tokens, "text_1") for a, _ in pairs]
@@ -146,4 +146,5 @@ def cosine_scores(engine, pairs: list[tuple[Any, Any]], params: PoolingParams):
     vectors = engine.embed(left + right, [norm] * (2 * len(pairs)))
     emb = torch.tensor(vectors)
     scores = (emb[:len(pairs)] * emb[len(pairs):]).sum(-1).tolist()
-    return scores, left
+    # each score's prompt tokens: both texts' (what usage counts)
+    return scores, [(a + b, None) for (a, _), (b, _) in zip(left, right)]
