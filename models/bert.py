@@ -1,9 +1,8 @@
 """BERT-family encoders in plain PyTorch: BertModel (embeddings) and BertForSequenceClassification.
 
-Absolute position and token type embeddings, post-LayerNorm blocks with a GELU MLP, and
-bidirectional attention through the one attention op (causal=False, no KV cache: pooling runs).
-Module names mirror HF's. Token types ride in input_ids' high bits, as vLLM packs them, so
-forward keeps the model contract's (input_ids, positions).
+Absolute position and token type embeddings, post-LayerNorm blocks, a GELU MLP, bidirectional
+attention through the one attention op (causal=False, no KV cache). HF's module names; token
+types ride in input_ids' high bits (as vLLM packs them), so forward stays (input_ids, positions).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The attention custom op: the one opaque op in every model graph.
 
-`compiled_llm::attention` writes this step's K/V into the paged cache and attends over the flat
-batch. It reads the step's metadata and the layer's cache from the forward context, so the
-compiler sees a pure function of (q, k, v) plus constants, and splits the graph around it.
-With no caches in the context (pooling runs) each sequence attends within its own tokens;
-causal=False (encoders) lets every token see the whole sequence.
-"""
+`compiled_llm::attention` writes this step's K/V into the paged cache (none: pooling runs, each
+sequence within its own tokens, causal or not) and attends over the flat batch. It reads the
+metadata and caches from the forward context: the compiler sees a pure op and splits there."""
 
 from __future__ import annotations
 

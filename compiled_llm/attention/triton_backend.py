@@ -1,8 +1,7 @@
 """The "triton" attention backend (registered on import): paged KV writes, varlen prefill, decode.
 
 All-decode batches (max_query_len == 1) take the split-K path, which is CUDA-graph capturable;
-every other batch (prefill, chunked prefill, mixed) runs the varlen prefill kernel; without a
-cache (pooling runs) the same kernel reads the step's k/v unpaged, causal or not. CPU tensors
+every other batch runs the varlen prefill kernel (unpaged without a cache: pooling). CPU tensors
 run the same kernels through Triton's interpreter (slow: meant for tests).
 """
 

@@ -1,9 +1,8 @@
 """PoolingEngine: the engine of runner="pooling" runs (embeddings, classification, scores).
 
-A pooling request is one forward of its whole prompt and nothing is kept after it, so there is
-no scheduler, KV cache or sampler: prompts are validated and tokenized (pairs for
-cross-encoders, token types kept), packed into forwards of at most max_num_batched_tokens, run
-in this process on the pooling runner, and pooled as the model directory or pooler_config says.
+A pooling request is one forward of its whole prompt, nothing kept after it: no scheduler, KV
+cache or sampler. Prompts are validated and tokenized (pairs for cross-encoders, token types
+kept), packed into forwards within the token budget, run in this process, and pooled.
 """
 
 from __future__ import annotations

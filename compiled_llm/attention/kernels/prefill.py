@@ -1,11 +1,8 @@
 """Varlen paged attention (prefill, chunked prefill, and mixed batches) as one Triton kernel.
 
-A program owns BLOCK_Q query tokens of one sequence x the G query heads of one KV head (token-
-major rows: each K/V tile read once per GQA group); a chunk's queries follow its cached context
-(seq_len - query_len). Online softmax in fp32 with exp2; only diagonal and window-edge tiles mask.
-`varlen_attention` runs the same kernel unpaged (K/V straight from the step's rows, no cache:
-pooling runs), causal or not (encoders: every query sees its whole sequence).
-"""
+A program owns BLOCK_Q query tokens of one sequence x the G query heads of one KV head (each K/V
+tile read once per GQA group), after its cached context; fp32 online softmax with exp2, masks on
+diagonal and window-edge tiles only. `varlen_attention`: unpaged (pooling), causal or not."""
 
 from __future__ import annotations
 
@@ -49,9 +46,20 @@ def _key_ranges(first, last, window, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.const
 
 
 @triton.jit
+def _visible_keys(first, last, seq_len, window, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  CAUSAL: tl.constexpr):
+    """(lo, full_lo, full_hi, hi) as _key_ranges, causal; else every key of the sequence:
+    whole tiles, then the masked tail."""
+    if CAUSAL:
+        lo, full_lo, full_hi = _key_ranges(first, last, window, BLOCK_N, HAS_WINDOW)
+        return lo, full_lo, full_hi, last + 1
+    lo = first * 0
+    return lo, lo, (seq_len // BLOCK_N) * BLOCK_N, seq_len + lo
+
+
+@triton.jit
 def _prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, table_ptr,
-    qk_scale, window,
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, table_ptr, qk_scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     G: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, BS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
@@ -59,8 +67,7 @@ def _prefill_kernel(
 ):
     # longest causal tiles first: better tail balance
     pid_q = tl.num_programs(0) - 1 - tl.program_id(0)
-    b = tl.program_id(1)
-    kvh = tl.program_id(2)
+    b, kvh = tl.program_id(1), tl.program_id(2)
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     tile0 = pid_q * BLOCK_Q
@@ -85,21 +92,12 @@ def _prefill_kernel(
 
     first = ctx + tile0  # position of the tile's first query
     last = ctx + tl.minimum(tile0 + BLOCK_Q, q_len) - 1  # and of its last
-    if CAUSAL:
-        lo, full_lo, full_hi = _key_ranges(first, last, window, BLOCK_N, HAS_WINDOW)
-        hi = last + 1
-    else:  # every key of the sequence: whole tiles, then the masked tail
-        lo = first * 0
-        full_lo = lo
-        full_hi = (seq_len // BLOCK_N) * BLOCK_N
-        hi = seq_len
-
+    lo, full_lo, full_hi, hi = _visible_keys(first, last, seq_len, window, BLOCK_N, HAS_WINDOW,
+                                             CAUSAL)
     table_row = table_ptr + b.to(tl.int64) * stride_tb
-    k_base = k_cache_ptr + kvh * stride_ch
-    v_base = v_cache_ptr + kvh * stride_ch
-    if not PAGED:  # rows of this sequence start at q_start
-        k_base += q_start.to(tl.int64) * stride_cs
-        v_base += q_start.to(tl.int64) * stride_cs
+    row0 = 0 if PAGED else q_start.to(tl.int64) * stride_cs  # unpaged: the sequence's rows
+    k_base = k_cache_ptr + kvh * stride_ch + row0
+    v_base = v_cache_ptr + kvh * stride_ch + row0
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)

@@ -2,8 +2,7 @@
 
 K/V rows are gathered through the block table (any tile width and block size), scores live in
 the log2 domain (qk_scale folds in log2(e)), and the running max starts finite so that rows with
-every key masked stay NaN-free. Unpaged (PAGED False: pooling runs, no cache) K/V rows are read
-straight from the step's k/v at k_base + position * stride_cs.
+every key masked stay NaN-free. Unpaged (pooling runs) K/V rows are at k_base + pos * stride_cs.
 """
 
 import triton

@@ -175,12 +175,13 @@ def serve(args: EngineArgs, host: str, port: int, cfg: ServerConfig,
     from compiled_llm.engine.pooling_engine import resolve_runner
 
     if resolve_runner(args, str(args.model or DEMO_MODEL)) == "pooling":
-        from compiled_llm.entrypoints.server.pooling_app import serve_pooling
+        from compiled_llm.entrypoints.server.pooling_app import pooling_server
 
-        return serve_pooling(args, host, port, cfg, log_level)
-    metrics = ServerMetrics(cfg.model_name)
-    engine = AsyncLLM(args, observer=metrics)
-    app = build_app(engine, cfg, metrics)
+        engine, app = pooling_server(args, cfg)
+    else:
+        metrics = ServerMetrics(cfg.model_name)
+        engine = AsyncLLM(args, observer=metrics)
+        app = build_app(engine, cfg, metrics)
     try:
         uvicorn.Server(uvicorn_config(app, host, port, cfg, log_level)).run()
     finally:

@@ -1,6 +1,6 @@
 """The FastAPI app of a pooling server (runner pooling): the pooling endpoints, /v1/models,
 /health and /ping, the same guards as the generate app, and 400s naming the runner on the
-generation routes. `serve_pooling` runs it with uvicorn."""
+generation routes. app.serve runs it for runner pooling."""
 
 from __future__ import annotations
 
@@ -53,16 +53,7 @@ def build_pooling_app(engine: AsyncPoolingLLM, cfg: ServerConfig) -> FastAPI:
     return app
 
 
-def serve_pooling(args: EngineArgs, host: str, port: int, cfg: ServerConfig,
-                  log_level: str = "info") -> None:
-    """Build the pooling engine and serve until interrupted."""
-    import uvicorn
-
-    from compiled_llm.entrypoints.server.app import uvicorn_config
-
+def pooling_server(args: EngineArgs, cfg: ServerConfig) -> tuple[AsyncPoolingLLM, FastAPI]:
+    """The pooling engine for args and its app (serve() runs it with uvicorn)."""
     engine = AsyncPoolingLLM(args)
-    app = build_pooling_app(engine, cfg)
-    try:
-        uvicorn.Server(uvicorn_config(app, host, port, cfg, log_level)).run()
-    finally:
-        engine.shutdown()
+    return engine, build_pooling_app(engine, cfg)

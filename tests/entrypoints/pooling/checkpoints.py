@@ -29,7 +29,8 @@ def bert_classifier(num_labels: int) -> Path:
     cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2,
                                   num_attention_heads=4, intermediate_size=128,
                                   max_position_embeddings=128, num_labels=num_labels,
-                                  initializer_range=0.2, architectures=["BertForSequenceClassification"])
+                                  initializer_range=0.2,
+                                  architectures=["BertForSequenceClassification"])
     torch.manual_seed(num_labels)
     model = transformers.BertForSequenceClassification(cfg)
     out = Path(tempfile.mkdtemp(prefix=f"cllm-bertcls{num_labels}-"))

@@ -125,7 +125,7 @@ def test_compiled_pooling_forward_matches_eager(minilm, monkeypatch):
     ours = _vectors(llm.embed(SENTENCES))
     ours_one = _vectors(llm.embed(SENTENCES[1]))  # another token count: no recompile
     assert counters.graph_breaks == 0 and counters.recompiles == 0
-    assert counters.graphs_captured == 1 and counters.pieces == 6 + 1  # split at the 6 attention ops
+    assert counters.graphs_captured == 1 and counters.pieces == 6 + 1  # split at 6 attentions
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ours_one, ref[1:2], atol=1e-5, rtol=1e-5)
     llm.shutdown()
