@@ -76,18 +76,21 @@ class PoolingMixin:
         check_runner(self.runner_type, "pooling", method)
         return self.engine
 
-    def _tokenized(self, engine, prompts: list, params: list[PoolingParams]) -> list:
-        return [engine.tokenize(p, q.truncate_prompt_tokens) for p, q in zip(prompts, params)]
+    def _prepared(self, method: str, prompts, pooling_params, truncate: int | None):
+        """(engine, tokenized prompts, one PoolingParams each), the runner checked."""
+        engine = self._pool_engine(method)
+        prompts = as_prompt_list(prompts)
+        params = params_list(pooling_params, len(prompts), truncate)
+        seqs = [engine.tokenize(p, q.truncate_prompt_tokens) for p, q in zip(prompts, params)]
+        return engine, seqs, params
 
     def embed(self, prompts: PromptType | Sequence[PromptType], pooling_params:
               PoolingParams | Sequence[PoolingParams] | None = None, use_tqdm: bool = True,
               truncate_prompt_tokens: int | None = None) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt, in prompt order (pooling and normalisation as the model
         directory or pooler_config says; PoolingParams.dimensions for Matryoshka models)."""
-        engine = self._pool_engine("embed")
-        prompts = as_prompt_list(prompts)
-        params = params_list(pooling_params, len(prompts), truncate_prompt_tokens)
-        seqs = self._tokenized(engine, prompts, params)
+        engine, seqs, params = self._prepared("embed", prompts, pooling_params,
+                                              truncate_prompt_tokens)
         vectors = engine.embed(seqs, params)
         return [EmbeddingRequestOutput(str(next(self._pool_ids)), EmbeddingOutput(v), ids)
                 for v, (ids, _) in zip(vectors, seqs)]
@@ -96,10 +99,8 @@ class PoolingMixin:
                  PoolingParams | Sequence[PoolingParams] | None = None, use_tqdm: bool = True,
                  truncate_prompt_tokens: int | None = None) -> list[ClassificationRequestOutput]:
         """Class probabilities per prompt from a *ForSequenceClassification checkpoint."""
-        engine = self._pool_engine("classify")
-        prompts = as_prompt_list(prompts)
-        params = params_list(pooling_params, len(prompts), truncate_prompt_tokens)
-        seqs = self._tokenized(engine, prompts, params)
+        engine, seqs, params = self._prepared("classify", prompts, pooling_params,
+                                              truncate_prompt_tokens)
         probs = engine.classify(seqs, params)
         return [ClassificationRequestOutput(str(next(self._pool_ids)), ClassificationOutput(p),
                                             ids) for p, (ids, _) in zip(probs, seqs)]
@@ -127,10 +128,8 @@ class PoolingMixin:
                PoolingParams | Sequence[PoolingParams] | None = None, use_tqdm: bool = True,
                truncate_prompt_tokens: int | None = None) -> list[PoolingRequestOutput]:
         """The pooler's output per prompt: embeddings, or class probabilities for classifiers."""
-        engine = self._pool_engine("encode")
-        prompts = as_prompt_list(prompts)
-        params = params_list(pooling_params, len(prompts), truncate_prompt_tokens)
-        seqs = self._tokenized(engine, prompts, params)
+        engine, seqs, params = self._prepared("encode", prompts, pooling_params,
+                                              truncate_prompt_tokens)
         run = engine.classify if engine.can_classify else engine.embed
         return [PoolingRequestOutput(str(next(self._pool_ids)), PoolingOutput(d), ids)
                 for d, (ids, _) in zip(run(seqs, params), seqs)]
