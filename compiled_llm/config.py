@@ -21,9 +21,9 @@ from compiled_llm.optimization import (
     level_defaults,
     mode_graph_sizes,
 )
+from compiled_llm.pooling_params import RunnerArgs
 
 ENV_KV_BYTES = "COMPILED_LLM_KV_CACHE_MEMORY_BYTES"  # default KV budget, CPU and GPU alike
-
 # the one list of each field's allowed values: validation and the CLI's choices read these
 CompileMode = Literal["backend", "stock", "none"]
 CUDAGraphMode = Literal["none", "piecewise", "full", "full_and_piecewise"]
@@ -239,9 +239,9 @@ class CompileConfig:
 
 
 @dataclass
-class EngineArgs:
-    """Everything LLM(...) and `compiled-llm` accept; the *_config() methods derive the
-    sub-configs. Every field has a docstring: it is the help of the field's flag."""
+class EngineArgs(RunnerArgs):
+    """Everything LLM(...) and `compiled-llm` accept (runner and pooler_config from RunnerArgs);
+    the *_config() methods derive the sub-configs. Every field's docstring is its flag's help."""
 
     model: str | None = None
     """Hugging Face model directory to load (default: the demo model shipped in the

@@ -71,6 +71,13 @@ ModelRegistry = _ModelRegistry({
     "Qwen2MoeForCausalLM": "compiled_llm.models.qwen2_moe:Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM": "compiled_llm.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "compiled_llm.models.qwen3_moe:Qwen3MoeForCausalLM",
+    # pooling models (runner="pooling"): embeddings and classifiers
+    "BertModel": "compiled_llm.models.bert:BertModel",
+    "BertForSequenceClassification": "compiled_llm.models.bert:BertForSequenceClassification",
+    "LlamaForSequenceClassification":
+        "compiled_llm.models.llama_cls:LlamaForSequenceClassification",
+    "Qwen2ForSequenceClassification":
+        "compiled_llm.models.llama_cls:Qwen2ForSequenceClassification",
 })
 
 __all__ = ["DecoderConfig", "ModelRegistry"]

@@ -1,9 +1,8 @@
 """The attention custom op: the one opaque op in every model graph.
 
-`compiled_llm::attention` writes this step's K/V into the paged cache and attends over the flat
-batch. It reads the step's metadata and the layer's cache from the forward context, so the
-compiler sees a pure function of (q, k, v) plus constants, and splits the graph around it.
-"""
+`compiled_llm::attention` writes this step's K/V into the paged cache (none: pooling runs, each
+sequence within its own tokens, causal or not) and attends over the flat batch. It reads the
+metadata and caches from the forward context: the compiler sees a pure op and splits there."""
 
 from __future__ import annotations
 
@@ -25,7 +24,8 @@ _LAZY_BACKENDS = {"triton": "compiled_llm.attention.triton_backend"}
 
 def register_backend(name: str, forward) -> None:
     """Add an attention implementation selectable through ForwardContext.backend; forward
-    has the reference's signature (q, k, v, kv_cache, metadata, scale, sliding_window)."""
+    has the reference's signature (q, k, v, kv_cache, metadata, scale, sliding_window, causal);
+    kv_cache is None when the context holds no caches."""
     _BACKENDS[name] = forward
 
 
@@ -41,14 +41,16 @@ def get_backend(name: str):
 @torch.library.custom_op(ATTENTION_OP_NAME, mutates_args=())
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: float,
-    sliding_window: int,
+    sliding_window: int, causal: bool = True,
 ) -> torch.Tensor:
-    """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; also writes k/v into layer_idx's cache."""
+    """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; also writes k/v into layer_idx's cache
+    when the context holds caches (none: attention within each sequence's own tokens)."""
     ctx = get_forward_context()
     forward = get_backend(ctx.backend)
-    return forward(q, k, v, ctx.kv_caches[layer_idx], ctx.attn_metadata, scale, sliding_window)
+    kv_cache = ctx.kv_caches[layer_idx] if ctx.kv_caches else None
+    return forward(q, k, v, kv_cache, ctx.attn_metadata, scale, sliding_window, causal)
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, layer_idx, scale, sliding_window):
+def _attention_fake(q, k, v, layer_idx, scale, sliding_window, causal=True):
     return torch.empty_like(q)

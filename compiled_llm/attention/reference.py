@@ -2,6 +2,7 @@
 
 Handles a flat batch mixing prefill chunks and decodes: each sequence's queries attend causally
 to its cached context (earlier chunks included), with GQA and an optional sliding window.
+Without a cache (pooling runs) each sequence attends within its own tokens, causally or not.
 """
 
 from __future__ import annotations
@@ -38,8 +39,14 @@ def attention_forward(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int,
+    causal: bool = True,
 ) -> torch.Tensor:
-    """Write K/V into the cache, then attend each sequence's queries over its whole context."""
+    """Write K/V into the cache, then attend each sequence's queries over its whole context;
+    with kv_cache None, over the sequence's own k/v rows (causal=False: every row sees all)."""
+    if kv_cache is None:
+        return attend_uncached(q, k, v, meta, scale, sliding_window, causal)
+    if not causal:
+        raise ValueError("non-causal attention runs without a KV cache only")
     write_kv(k, v, kv_cache, meta.slot_mapping[:meta.num_actual_tokens])
     if meta.max_query_len == 1:
         return _decode(q, kv_cache, meta, scale, sliding_window)
@@ -86,4 +93,25 @@ def _decode(q, kv_cache, meta: AttentionMetadata, scale: float, window: int) -> 
         enable_gqa=True,
     )
     out[:num_seqs] = attended.squeeze(2)
+    return out
+
+
+def attend_uncached(q, k, v, meta: AttentionMetadata, scale: float, window: int,
+                    causal: bool) -> torch.Tensor:
+    """Each sequence's queries over its own k/v rows (no cache: every sequence is whole)."""
+    if window > 0 and not causal:
+        raise ValueError("a sliding window needs causal attention")
+    out = torch.zeros_like(q)
+    starts = meta.query_start_loc_cpu.tolist()
+    for start, end in zip(starts, starts[1:]):
+        mask = _mask(end - start, end - start, window, q.device) if causal else None
+        attended = F.scaled_dot_product_attention(
+            q[start:end].transpose(0, 1),  # [Hq, L, D]
+            k[start:end].transpose(0, 1),
+            v[start:end].transpose(0, 1),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[start:end] = attended.transpose(0, 1)
     return out

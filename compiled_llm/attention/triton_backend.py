@@ -1,7 +1,7 @@
 """The "triton" attention backend (registered on import): paged KV writes, varlen prefill, decode.
 
 All-decode batches (max_query_len == 1) take the split-K path, which is CUDA-graph capturable;
-every other batch (prefill, chunked prefill, mixed) runs the varlen prefill kernel. CPU tensors
+every other batch runs the varlen prefill kernel (unpaged without a cache: pooling). CPU tensors
 run the same kernels through Triton's interpreter (slow: meant for tests).
 """
 
@@ -16,6 +16,7 @@ from compiled_llm.attention.kernels import (
     decode_attention,
     kernels_interpreted,
     prefill_attention,
+    varlen_attention,
     write_kv_cache,
 )
 from compiled_llm.attention.metadata import AttentionMetadata
@@ -69,8 +70,13 @@ def triton_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int,
+    causal: bool = True,
 ) -> torch.Tensor:
     """Write this step's K/V into the cache, then attend; same contract as the reference."""
+    if kv_cache is None:
+        return _uncached(q, k, v, meta, scale, sliding_window, causal)
+    if not causal:
+        raise ValueError("non-causal attention runs without a KV cache only")
     check_shapes(q, kv_cache)
     write_kv_cache(k, v, kv_cache, meta.slot_mapping)
     out = torch.empty_like(q)
@@ -84,6 +90,19 @@ def triton_attention(
         return out
     prefill_attention(q, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
                       meta.max_query_len, scale, sliding_window, out, prefill_config(head_dim))
+    if q.shape[0] > meta.num_actual_tokens:
+        out[meta.num_actual_tokens:].zero_()
+    return out
+
+
+
+def _uncached(q, k, v, meta: AttentionMetadata, scale: float, sliding_window: int,
+              causal: bool) -> torch.Tensor:
+    """Each sequence over its own k/v rows (pooling runs: nothing is cached)."""
+    check_shapes(q, k.unsqueeze(0).unsqueeze(0))  # k's heads and dims stand in for a cache's
+    out = torch.empty_like(q)
+    varlen_attention(q, k, v, meta.query_start_loc, meta.max_query_len, scale, sliding_window,
+                     causal, out, prefill_config(q.shape[2]))
     if q.shape[0] > meta.num_actual_tokens:
         out[meta.num_actual_tokens:].zero_()
     return out

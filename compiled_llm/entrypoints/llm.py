@@ -10,21 +10,29 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from compiled_llm.config import EngineArgs
-from compiled_llm.engine.llm_engine import LLMEngine, resolve_device
+from compiled_llm.engine.llm_engine import DEMO_MODEL, LLMEngine, resolve_device
 from compiled_llm.entrypoints.chat_utils import conversation, render
+from compiled_llm.entrypoints.llm_pooling import PoolingMixin, as_prompt_list, check_runner
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
 
 PromptType = str | list[int] | dict
 
 
-class LLM:
-    """An engine for batch generation. Keyword arguments are EngineArgs fields. `with LLM(...)
-    as llm:` shuts it down on exit; dropping the last reference frees it too."""
+class LLM(PoolingMixin):
+    """An engine for batch generation (runner="generate") or pooling (runner="pooling": embed,
+    classify, score). Keyword arguments are EngineArgs fields. `with LLM(...) as llm:` shuts it
+    down on exit; dropping the last reference frees it too."""
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        from compiled_llm.engine.pooling_engine import PoolingEngine, resolve_runner
+
         args = EngineArgs(model=model, **kwargs)
-        self.engine = LLMEngine(args, core_process=offline_core_process(args))
+        self.runner_type = resolve_runner(args, str(args.model or DEMO_MODEL))
+        if self.runner_type == "pooling":
+            self.engine = PoolingEngine(args)
+        else:
+            self.engine = LLMEngine(args, core_process=offline_core_process(args))
         self._ids = count()
 
     def __enter__(self) -> LLM:
@@ -51,7 +59,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order. priority (one per
         prompt) orders admission under scheduling_policy="priority": lower runs earlier."""
-        prompts = _as_list(prompts)
+        check_runner(self.runner_type, "generate", "generate")
+        prompts = as_prompt_list(prompts)
         params = _final_only(_params_list(sampling_params, len(prompts)))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority: got {len(priority)} values for {len(prompts)} prompts")
@@ -77,6 +86,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation, then generate; ValueError
         naming the message when one is malformed (content None counts as empty)."""
+        check_runner(self.runner_type, "generate", "chat")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
         prompts = [render(tok, conversation(c), chat_template=chat_template,
@@ -105,14 +115,6 @@ def offline_core_process(args: EngineArgs) -> bool:
     if args.engine_core_process is not None:
         return args.engine_core_process
     return resolve_device(args.device).type == "cuda"
-
-
-def _as_list(prompts) -> list[PromptType]:
-    if isinstance(prompts, (str, dict)):
-        return [prompts]
-    if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
-        return [prompts]
-    return list(prompts)
 
 
 def _final_only(params: list[SamplingParams]) -> list[SamplingParams]:

@@ -33,10 +33,11 @@ def load_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:
 
 def build_model_config(hf_config: dict[str, Any]) -> tuple[type[nn.Module], DecoderConfig]:
     """Resolve the architecture (after the plugins have registered theirs) and read its config
-    (ValueError on an unknown one)."""
+    (ValueError on an unknown one); a model class may name its own `config_cls`."""
     load_general_plugins()
     model_cls = ModelRegistry.resolve_model_cls(hf_config.get("architectures") or [])
-    return model_cls, DecoderConfig.from_hf(hf_config, **model_cls.hf_defaults)
+    config_cls = getattr(model_cls, "config_cls", DecoderConfig)
+    return model_cls, config_cls.from_hf(hf_config, **model_cls.hf_defaults)
 
 
 def checkpoint_files(model_dir: Path, load_format: str) -> list[Path]:

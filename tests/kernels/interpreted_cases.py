@@ -168,3 +168,58 @@ def test_engine_greedy_tokens_match_torch_backend(name):
     out = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert out == ref
     assert llm.engine.num_used_blocks == 0
+
+
+def _uncached_meta(lens):
+    from compiled_llm.attention.metadata import AttentionMetadata
+
+    starts = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    return AttentionMetadata(
+        slot_mapping=torch.empty(0, dtype=torch.int64), query_start_loc=starts,
+        seq_lens=seq_lens, block_tables=torch.empty(len(lens), 0, dtype=torch.int32),
+        num_actual_tokens=sum(lens), max_query_len=max(lens), max_seq_len=max(lens),
+        query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("gqa", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_uncached_varlen_through_the_op(causal, gqa, dtype):
+    # pooling runs: no cache, each sequence over its own rows, bidirectional for encoders
+    lens = [23, 1, 40, 7]
+    g = torch.Generator().manual_seed(gqa)
+    total, kv_heads = sum(lens), 2
+    q = torch.randn(total + 3, 2 * gqa * kv_heads // 2, 32, generator=g).to(dtype)
+    k = torch.randn(total + 3, kv_heads, 32, generator=g).to(dtype)
+    v = torch.randn(total + 3, kv_heads, 32, generator=g).to(dtype)
+    meta = _uncached_meta(lens)
+    outs = {}
+    for backend in ("torch", "triton"):
+        with set_forward_context(ForwardContext(meta, [], backend=backend)):
+            outs[backend] = attention(q, k, v, 0, SCALE, -1, causal)
+    ref = outs["torch"].float()
+    if causal:  # the paged reference's answer for whole prompts
+        first = attention_forward_reference_rows(q, k, v, lens)
+        torch.testing.assert_close(ref[:lens[0]], first, atol=tolerance(dtype), rtol=0)
+    _assert_close(outs["triton"], ref, dtype, rows=total)
+    assert torch.equal(outs["triton"][total:], torch.zeros_like(outs["triton"][total:]))
+
+
+def attention_forward_reference_rows(q, k, v, lens):
+    """The first sequence's causal attention, computed densely in float32."""
+    n = lens[0]
+    qh, kh, vh = (t[:n].float().transpose(0, 1) for t in (q, k, v))
+    kh = kh.repeat_interleave(qh.shape[0] // kh.shape[0], 0)
+    vh = vh.repeat_interleave(qh.shape[0] // vh.shape[0], 0)
+    scores = (qh @ kh.transpose(1, 2)) * SCALE
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return (scores.softmax(-1) @ vh).transpose(0, 1)
+
+
+def test_uncached_refuses_window_without_causal():
+    lens = [5]
+    q = torch.randn(5, 2, 16)
+    with set_forward_context(ForwardContext(_uncached_meta(lens), [], backend="triton")), \
+            pytest.raises(ValueError, match="sliding window"):
+        attention(q, q, q, 0, SCALE, 4, False)

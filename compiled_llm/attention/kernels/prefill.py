@@ -1,9 +1,8 @@
 """Varlen paged attention (prefill, chunked prefill, and mixed batches) as one Triton kernel.
 
-A program owns BLOCK_Q query tokens of one sequence x the G query heads of one KV head (token-
-major rows: each K/V tile read once per GQA group); a chunk's queries follow its cached context
-(seq_len - query_len). Online softmax in fp32 with exp2; only diagonal and window-edge tiles mask.
-"""
+A program owns BLOCK_Q query tokens of one sequence x the G query heads of one KV head (each K/V
+tile read once per GQA group), after its cached context; fp32 online softmax with exp2, masks on
+diagonal and window-edge tiles only. `varlen_attention`: unpaged (pooling), causal or not."""
 
 from __future__ import annotations
 
@@ -47,23 +46,37 @@ def _key_ranges(first, last, window, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.const
 
 
 @triton.jit
+def _visible_keys(first, last, seq_len, window, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  CAUSAL: tl.constexpr):
+    """(lo, full_lo, full_hi, hi) as _key_ranges, causal; else every key of the sequence:
+    whole tiles, then the masked tail."""
+    if CAUSAL:
+        lo, full_lo, full_hi = _key_ranges(first, last, window, BLOCK_N, HAS_WINDOW)
+        return lo, full_lo, full_hi, last + 1
+    lo = first * 0
+    return lo, lo, (seq_len // BLOCK_N) * BLOCK_N, seq_len + lo
+
+
+@triton.jit
 def _prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, table_ptr,
-    qk_scale, window,
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, table_ptr, qk_scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     G: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, BS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+    PAGED: tl.constexpr = True, CAUSAL: tl.constexpr = True,
 ):
     # longest causal tiles first: better tail balance
     pid_q = tl.num_programs(0) - 1 - tl.program_id(0)
-    b = tl.program_id(1)
-    kvh = tl.program_id(2)
+    b, kvh = tl.program_id(1), tl.program_id(2)
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     tile0 = pid_q * BLOCK_Q
     if tile0 >= q_len:
         return
-    seq_len = tl.load(seq_lens_ptr + b)
+    if PAGED:  # noqa: SIM108 (a constexpr branch: the unpaged kernel loads nothing)
+        seq_len = tl.load(seq_lens_ptr + b)
+    else:  # the sequence is this step's rows alone
+        seq_len = q_len
     ctx = seq_len - q_len  # tokens cached before this chunk
 
     offs_m = tl.arange(0, BLOCK_M)
@@ -79,31 +92,40 @@ def _prefill_kernel(
 
     first = ctx + tile0  # position of the tile's first query
     last = ctx + tl.minimum(tile0 + BLOCK_Q, q_len) - 1  # and of its last
-    lo, full_lo, full_hi = _key_ranges(first, last, window, BLOCK_N, HAS_WINDOW)
-    hi = last + 1
-
+    lo, full_lo, full_hi, hi = _visible_keys(first, last, seq_len, window, BLOCK_N, HAS_WINDOW,
+                                             CAUSAL)
     table_row = table_ptr + b.to(tl.int64) * stride_tb
-    k_base = k_cache_ptr + kvh * stride_ch
-    v_base = v_cache_ptr + kvh * stride_ch
+    row0 = 0 if PAGED else q_start.to(tl.int64) * stride_cs  # unpaged: the sequence's rows
+    k_base = k_cache_ptr + kvh * stride_ch + row0
+    v_base = v_cache_ptr + kvh * stride_ch + row0
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     for n0 in range(lo, full_lo, BLOCK_N):  # window's trailing edge
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
                               window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                              BS, True, HAS_WINDOW, PREC)
+                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL)
     for n0 in range(full_lo, full_hi, BLOCK_N):  # fully visible tiles
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
                               window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                              BS, False, HAS_WINDOW, PREC)
+                              BS, False, HAS_WINDOW, PREC, PAGED, CAUSAL)
     for n0 in range(full_hi, hi, BLOCK_N):  # causal diagonal
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
                               window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                              BS, True, HAS_WINDOW, PREC)
+                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_offs = row64[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def _tiles(max_query_len: int, group_size: int, config: PrefillConfig) -> tuple[int, int, int]:
+    """(block_m, block_q, num_warps): short chunks (mixed batches of small prefills) get
+    smaller tiles, which waste fewer rows."""
+    rows = triton.next_power_of_2(max_query_len * group_size)
+    block_m = max(min(config.block_m, rows), triton.next_power_of_2(group_size), 16)
+    num_warps = config.num_warps if block_m >= config.block_m else min(config.num_warps, 4)
+    return block_m, block_m // group_size, num_warps
 
 
 def prefill_attention(
@@ -122,11 +144,7 @@ def prefill_attention(
     num_seqs, num_q_heads, head_dim = seq_lens.shape[0], q.shape[1], q.shape[2]
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
     group_size = num_q_heads // num_kv_heads
-    # short chunks (mixed batches of small prefills): smaller tiles waste fewer rows
-    rows = triton.next_power_of_2(max_query_len * group_size)
-    block_m = max(min(config.block_m, rows), triton.next_power_of_2(group_size), 16)
-    block_q = block_m // group_size
-    num_warps = config.num_warps if block_m >= config.block_m else min(config.num_warps, 4)
+    block_m, block_q, num_warps = _tiles(max_query_len, group_size, config)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
     _prefill_kernel[grid](
@@ -137,6 +155,42 @@ def prefill_attention(
         G=group_size, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, D=head_dim,
         BS=block_size,
         HAS_WINDOW=sliding_window > 0, PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=config.num_stages,
+    )
+    return out
+
+
+def varlen_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,
+    query_start_loc: torch.Tensor,  # [B+1] int32
+    max_query_len: int,
+    scale: float,
+    sliding_window: int,
+    causal: bool,
+    out: torch.Tensor,  # [T, Hq, D]; rows outside query_start_loc's ranges are left as they are
+    config: PrefillConfig,
+) -> torch.Tensor:
+    """Varlen attention of each sequence's queries over its own k/v rows, no cache (causal, or
+    not: every query sees the sequence's every key)."""
+    if sliding_window > 0 and not causal:
+        raise ValueError("a sliding window needs causal attention")
+    if k.stride()[:2] != v.stride()[:2] or k.stride(-1) != 1 or v.stride(-1) != 1:
+        k, v = k.contiguous(), v.contiguous()  # one set of row strides serves both
+    num_seqs = query_start_loc.shape[0] - 1
+    num_q_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    group_size = num_q_heads // num_kv_heads
+    block_m, block_q, num_warps = _tiles(max_query_len, group_size, config)
+    grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
+    _prefill_kernel[grid](
+        q, k, v, out, query_start_loc, query_start_loc, query_start_loc,
+        scale * LOG2E, sliding_window,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        0, k.stride(0), k.stride(1), 0,
+        G=group_size, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, D=head_dim,
+        BS=1, HAS_WINDOW=sliding_window > 0,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", PAGED=False, CAUSAL=causal,
         num_warps=num_warps, num_stages=config.num_stages,
     )
     return out

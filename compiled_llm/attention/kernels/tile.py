@@ -2,7 +2,7 @@
 
 K/V rows are gathered through the block table (any tile width and block size), scores live in
 the log2 domain (qk_scale folds in log2(e)), and the running max starts finite so that rows with
-every key masked stay NaN-free.
+every key masked stay NaN-free. Unpaged (pooling runs) K/V rows are at k_base + pos * stride_cs.
 """
 
 import triton
@@ -14,24 +14,31 @@ def attend_tile(
     acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len, window, qk_scale,
     stride_cb, stride_cs, offs_n, offs_d,
     BS: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+    PAGED: tl.constexpr = True, CAUSAL: tl.constexpr = True,
 ):
     """One online-softmax step of rows q [M, D] (at positions q_pos) over keys n0..n0+N-1 read
-    through the block table. MASKED: keys >= seq_len, after q_pos or (HAS_WINDOW) at or before
-    q_pos - window are hidden; unmasked tiles must be fully visible and below seq_len."""
+    through the block table (or, unpaged, at row stride stride_cs). MASKED: keys >= seq_len,
+    (CAUSAL) after q_pos or (HAS_WINDOW) at or before q_pos - window are hidden; unmasked
+    tiles must be fully visible and below seq_len."""
     pos = n0 + offs_n  # [N] key positions
-    if MASKED:
-        valid = pos < seq_len
+    valid = pos < seq_len
+    if not PAGED:
+        kv_off = (pos.to(tl.int64) * stride_cs)[:, None] + offs_d[None, :]  # [N, D]
+    elif MASKED:
         blk = tl.load(table_row + pos // BS, mask=valid, other=0).to(tl.int64)
+        kv_off = (blk * stride_cb + (pos % BS) * stride_cs)[:, None] + offs_d[None, :]
     else:
         blk = tl.load(table_row + pos // BS).to(tl.int64)
-    kv_off = (blk * stride_cb + (pos % BS) * stride_cs)[:, None] + offs_d[None, :]  # [N, D]
+        kv_off = (blk * stride_cb + (pos % BS) * stride_cs)[:, None] + offs_d[None, :]
     if MASKED:
         k = tl.load(k_base + kv_off, mask=valid[:, None], other=0.0)
     else:
         k = tl.load(k_base + kv_off)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # [M, N], log2 domain
     if MASKED:
-        vis = (pos[None, :] <= q_pos[:, None]) & valid[None, :]
+        vis = valid[None, :] & (q_pos[:, None] >= 0)  # [M, N]
+        if CAUSAL:
+            vis = vis & (pos[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
             vis = vis & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(vis, s, float("-inf"))

@@ -10,6 +10,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from compiled_llm.config import EngineArgs
+from compiled_llm.engine.llm_engine import DEMO_MODEL
 from compiled_llm.entrypoints.async_llm import AsyncLLM
 from compiled_llm.entrypoints.server.compat_routes import add_compat_routes
 from compiled_llm.entrypoints.server.errors import (
@@ -34,6 +35,7 @@ from compiled_llm.entrypoints.server.protocol_responses import ResponsesRequest
 from compiled_llm.entrypoints.server.server_config import ServerConfig
 from compiled_llm.entrypoints.server.serving_chat import ServingChat
 from compiled_llm.entrypoints.server.serving_completion import ServingCompletion
+from compiled_llm.entrypoints.server.serving_pooling import POOLING_PATHS, refuse_runner_paths
 from compiled_llm.entrypoints.server.serving_responses import ServingResponses
 from compiled_llm.entrypoints.server.tracing import TraceHeadersMiddleware
 
@@ -59,6 +61,7 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
     _add_probe_routes(app, engine, cfg, metrics)
     _add_token_routes(app, chat)
     add_compat_routes(app, chat)
+    refuse_runner_paths(app, POOLING_PATHS, "generate")
     return app
 
 
@@ -166,12 +169,19 @@ def _add_token_routes(app: FastAPI, serving: ServingChat) -> None:
 
 def serve(args: EngineArgs, host: str, port: int, cfg: ServerConfig,
           log_level: str = "info") -> None:
-    """Build the engine and serve until interrupted."""
+    """Build the engine and serve until interrupted (a pooling engine for runner pooling)."""
     import uvicorn
 
-    metrics = ServerMetrics(cfg.model_name)
-    engine = AsyncLLM(args, observer=metrics)
-    app = build_app(engine, cfg, metrics)
+    from compiled_llm.engine.pooling_engine import resolve_runner
+
+    if resolve_runner(args, str(args.model or DEMO_MODEL)) == "pooling":
+        from compiled_llm.entrypoints.server.pooling_app import pooling_server
+
+        engine, app = pooling_server(args, cfg)
+    else:
+        metrics = ServerMetrics(cfg.model_name)
+        engine = AsyncLLM(args, observer=metrics)
+        app = build_app(engine, cfg, metrics)
     try:
         uvicorn.Server(uvicorn_config(app, host, port, cfg, log_level)).run()
     finally:

@@ -1,0 +1,233 @@
+"""PoolingEngine: the engine of runner="pooling" runs (embeddings, classification, scores).
+
+A pooling request is one forward of its whole prompt, nothing kept after it: no scheduler, KV
+cache or sampler. Prompts are validated and tokenized (pairs for cross-encoders, token types
+kept), packed into forwards within the token budget, run in this process, and pooled.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+from compiled_llm.config import EngineArgs, model_len_bounds
+from compiled_llm.engine.input_processor import InputProcessor, PromptType
+from compiled_llm.models import ModelRegistry
+from compiled_llm.models.plugins import load_general_plugins
+from compiled_llm.pooling_params import PoolerConfig, PoolingParams
+from compiled_llm.worker.loader import load_hf_config, load_model, read_json, resolve_dtype
+from compiled_llm.worker.pooler import resolve_pooler
+from compiled_llm.worker.pooling_runner import PoolingRunner
+
+logger = logging.getLogger(__name__)
+Tokens = tuple[list[int], list[int] | None]  # (token ids, token types or None)
+
+
+def resolve_runner(args: EngineArgs, model_dir: str) -> str:
+    """"generate" or "pooling" for args.runner on the model in model_dir (auto: pooling for
+    pooling-only architectures); ValueError naming runner or pooler_config when they clash."""
+    load_general_plugins()
+    archs = load_hf_config(model_dir).get("architectures") or []
+    model_cls = ModelRegistry.resolve_model_cls(archs)
+    pooling_only = getattr(model_cls, "is_pooling_model", False)
+    runner = args.runner
+    if runner == "auto":
+        runner = "pooling" if pooling_only else "generate"
+    if runner == "generate" and pooling_only:
+        raise ValueError(f"runner: {archs[0]} is a pooling model (embeddings, classification, "
+                         "scores), not a generative one; pass runner='pooling'")
+    if runner == "generate" and args.pooler_config is not None:
+        raise ValueError("pooler_config applies to runner='pooling' only")
+    return runner
+
+
+def check_pooling_args(args: EngineArgs) -> None:
+    """ValueError for settings a pooling run cannot honour (CUDA graphs, asked for by name)."""
+    if args.cudagraph_mode not in (None, "none"):
+        raise ValueError(f"cudagraph_mode {args.cudagraph_mode!r}: CUDA graphs are not supported "
+                         "with runner='pooling'; leave cudagraph_mode unset or pass 'none'")
+    PoolerConfig.from_value(args.pooler_config)  # names a bad key before the weights load
+
+
+class PoolingEngine:
+    """Loads a model for pooling and runs embed/classify/score batches. Invariant: no device
+    memory is held for KV (runner.kv_caches stays empty); after shutdown() it refuses work."""
+
+    runner_type = "pooling"
+
+    def __init__(self, args: EngineArgs) -> None:
+        from compiled_llm.engine.llm_engine import DEMO_MODEL, resolve_device
+
+        check_pooling_args(args)
+        self.args = args
+        model_dir = str(args.model or DEMO_MODEL)
+        torch.manual_seed(args.seed)
+        self.device = resolve_device(args.device)
+        hf = load_hf_config(model_dir)
+        self.hf_config = hf
+        self.dtype = resolve_dtype(args.dtype, hf, self.device)
+        self.tokenizer = (None if args.skip_tokenizer_init
+                          else AutoTokenizer.from_pretrained(args.tokenizer or model_dir))
+        st_len = read_json(Path(model_dir) / "sentence_bert_config.json").get("max_seq_length")
+        limit, default_len = model_len_bounds(hf)
+        sched = args.scheduler_config(limit, min(st_len or default_len, default_len))
+        self.max_model_len, self.max_num_seqs = sched.max_model_len, sched.max_num_seqs
+        self.max_num_batched_tokens = sched.max_num_batched_tokens
+        model = load_model(model_dir, self.dtype, self.device, self.max_model_len,
+                           args.load_format, args.quantization)
+        self.model_config = model.config
+        default_type = getattr(type(model), "default_pooling_type", "LAST")
+        self.pooler = resolve_pooler(model_dir, default_type,
+                                     PoolerConfig.from_value(args.pooler_config))
+        self.runner = PoolingRunner(model, self.device, self.dtype, args.compile_config(),
+                                    args.attention_backend_for(self.device.type))
+        self.inputs = InputProcessor(self.tokenizer, model.config.vocab_size, (),
+                                     self.max_model_len, args)
+        # Matryoshka models (config.json, as vLLM reads it): the sizes dimensions may take
+        self.matryoshka: list[int] | None = hf.get("matryoshka_dimensions")
+        self.is_matryoshka = bool(hf.get("is_matryoshka") or self.matryoshka)
+        self.runner.hidden_states([[0]])  # the first call compiles
+        logger.info("pooling engine ready: %s on %s, %s, max_model_len %d", model_dir,
+                    self.device, self.pooler, self.max_model_len)
+
+    # ------------------------------------------------------------------ what it serves
+    @property
+    def can_classify(self) -> bool:
+        """Whether the model is a classifier (classify; score as a cross-encoder)."""
+        return self.runner.can_classify
+
+    @property
+    def num_labels(self) -> int | None:
+        """The classifier's label count, or None for an embedding model."""
+        return self.model_config.num_labels if self.can_classify else None
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        """Whether score() runs pairs through the classifier (one label) or cosines."""
+        return self.num_labels == 1
+
+    @property
+    def num_used_blocks(self) -> int:
+        """KV blocks held: always 0 (pooling keeps no KV cache)."""
+        return sum(t.numel() for t in self.runner.kv_caches)
+
+    def check_dimensions(self, dimensions: int | None) -> None:
+        """ValueError naming dimensions unless the model is Matryoshka and allows it."""
+        if dimensions is None:
+            return
+        hidden = self.model_config.hidden_size
+        if not self.is_matryoshka:
+            raise ValueError("dimensions: this model does not support Matryoshka embeddings "
+                             "(no matryoshka_dimensions in its config.json)")
+        if self.matryoshka and dimensions not in self.matryoshka:
+            raise ValueError(f"dimensions must be one of {self.matryoshka}, got {dimensions}")
+        if dimensions > hidden:
+            raise ValueError(f"dimensions must be <= {hidden}, got {dimensions}")
+
+    # ------------------------------------------------------------------ inputs
+    def tokenize(self, prompt: PromptType, truncate: int | None = None,
+                 name: str = "prompt") -> Tokens:
+        """(ids, token types) of one prompt, truncated to its last `truncate` tokens (-1:
+        max_model_len); ValueError naming `name` when it is malformed or too long."""
+        if isinstance(prompt, str) and self.tokenizer is not None:
+            self.inputs.check_text_prompt(prompt, name)
+            enc = self.tokenizer(prompt)
+            ids, types = list(enc["input_ids"]), enc.get("token_type_ids")
+        else:
+            _, ids = self.inputs.tokenize(prompt)
+            types = None
+        return self._fit(ids, None if types is None else list(types), truncate, name)
+
+    def tokenize_pair(self, text_1: str, text_2: str, truncate: int | None = None) -> Tokens:
+        """A cross-encoder's input: both texts in one sequence, as the tokenizer pairs them."""
+        if self.tokenizer is None:
+            raise ValueError("text_1: scoring pairs needs a tokenizer")
+        for name, text in (("text_1", text_1), ("text_2", text_2)):
+            if not isinstance(text, str):
+                raise ValueError(f"{name} must be a str or a list of str")
+            self.inputs.check_text_prompt(text, name)
+        enc = self.tokenizer(text_1, text_2)
+        types = enc.get("token_type_ids")
+        return self._fit(list(enc["input_ids"]), None if types is None else list(types),
+                         truncate, "text_1")
+
+    def _fit(self, ids: list[int], types: list[int] | None, truncate: int | None,
+             name: str) -> Tokens:
+        if not ids:
+            raise ValueError(f"{name} must not be empty (it has no tokens)")
+        if truncate is not None:
+            keep = self.max_model_len if truncate == -1 else truncate
+            ids, types = ids[-keep:], None if types is None else types[-keep:]
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"{name} has {len(ids)} tokens, more than max_model_len "
+                             f"{self.max_model_len} (truncate_prompt_tokens shortens it)")
+        return ids, types
+
+    def _packed(self, batch: list[Tokens]) -> list[list[int]]:
+        """Token ids with each token's type in the bits the model reads it from."""
+        shift = self.runner.token_type_shift
+        if shift is None:
+            return [ids for ids, _ in batch]
+        return [ids if types is None else [i | (t << shift) for i, t in zip(ids, types)]
+                for ids, types in batch]
+
+    def batches(self, seqs: list[Tokens]) -> Iterator[list[int]]:
+        """Index lists of sequences, in order, each forward within the token and sequence
+        budgets (a sequence longer than the token budget runs alone)."""
+        chunk, tokens = [], 0
+        for i, (ids, _) in enumerate(seqs):
+            if chunk and (tokens + len(ids) > self.max_num_batched_tokens
+                          or len(chunk) == self.max_num_seqs):
+                yield chunk
+                chunk, tokens = [], 0
+            chunk.append(i)
+            tokens += len(ids)
+        if chunk:
+            yield chunk
+
+    # ------------------------------------------------------------------ runs
+    def embed(self, seqs: list[Tokens], params: list[PoolingParams]) -> list[list[float]]:
+        """One embedding per sequence (its params' normalisation and dimensions)."""
+        self._check_open()
+        if self.can_classify:
+            raise ValueError("runner: this model is a classifier; use classify (or score)")
+        for p in params:
+            self.check_dimensions(p.dimensions)
+        out: list[list[float]] = []
+        for idx in self.batches(seqs):
+            norm = [self.pooler.normalize if params[i].normalize is None else params[i].normalize
+                    for i in idx]
+            out += self.runner.embed(self._packed([seqs[i] for i in idx]),
+                                     self.pooler.pooling_type, norm,
+                                     [params[i].dimensions for i in idx])
+        return out
+
+    def classify(self, seqs: list[Tokens], params: list[PoolingParams]) -> list[list[float]]:
+        """Class probabilities per sequence (softmax, sigmoid for one label)."""
+        self._check_open()
+        if not self.can_classify:
+            raise ValueError("runner: this model has no classification head "
+                             "(a *ForSequenceClassification checkpoint classifies)")
+        out: list[list[float]] = []
+        for idx in self.batches(seqs):
+            out += self.runner.classify(self._packed([seqs[i] for i in idx]),
+                                        self.pooler.pooling_type,
+                                        [params[i].use_activation for i in idx])
+        return out
+
+    def _check_open(self) -> None:
+        if self.runner.model is None:
+            raise RuntimeError("the engine is shut down")
+
+    def describe(self) -> dict[str, Any]:
+        """The pooler's settings, for logs and /v1/models."""
+        return {"pooling_type": self.pooler.pooling_type, "normalize": self.pooler.normalize}
+
+    def shutdown(self) -> None:
+        """Free the model and compiled code (idempotent)."""
+        self.runner.shutdown()

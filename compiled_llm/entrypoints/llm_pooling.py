@@ -1,0 +1,149 @@
+"""LLM's pooling methods, as vLLM spells them: embed, classify, score and encode, for an LLM
+built with runner="pooling" (or auto on a pooling architecture). Each refuses a generate
+runner with a ValueError naming `runner`, and generate refuses a pooling one likewise."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import count
+from typing import Any
+
+from compiled_llm.output.pooling_outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
+from compiled_llm.pooling_params import PoolingParams
+
+PromptType = str | list[int] | dict
+
+
+def check_runner(actual: str, wanted: str, method: str) -> None:
+    """ValueError naming runner when `method` needs another runner than the LLM was built with."""
+    if actual != wanted:
+        raise ValueError(f"{method}() needs runner='{wanted}'; this LLM was built with "
+                         f"runner='{actual}'")
+
+
+def as_prompt_list(prompts: Any) -> list:
+    """One prompt (str, ids, dict) or a sequence of them, as a list."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
+        return [prompts]
+    return list(prompts)
+
+
+def params_list(params: PoolingParams | Sequence[PoolingParams] | None, n: int,
+                truncate: int | None) -> list[PoolingParams]:
+    """One PoolingParams per prompt; truncate_prompt_tokens (the call's) fills theirs."""
+    if params is None or isinstance(params, PoolingParams):
+        params = [params or PoolingParams()] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"pooling_params: got {len(params)} for {n} prompts")
+    if truncate is not None:
+        params = [PoolingParams(p.dimensions, p.normalize, p.use_activation, truncate)
+                  for p in params]
+    return params
+
+
+def score_pairs(text_1: Any, text_2: Any) -> list[tuple[Any, Any]]:
+    """vLLM's pairing: one text against many, or two lists of one length zipped."""
+    left, right = as_prompt_list(text_1), as_prompt_list(text_2)
+    if not left or not right:
+        raise ValueError("text_1 and text_2 must not be empty")
+    if len(left) == 1:
+        left = left * len(right)
+    if len(left) != len(right):
+        raise ValueError(f"text_1 has {len(left)} items and text_2 {len(right)}: give one "
+                         "text_1, or as many as text_2")
+    return list(zip(left, right))
+
+
+class PoolingMixin:
+    """embed / classify / score / encode over self.engine, a PoolingEngine."""
+
+    runner_type: str
+    _pool_ids = count()
+
+    def _pool_engine(self, method: str):
+        check_runner(self.runner_type, "pooling", method)
+        return self.engine
+
+    def _prepared(self, method: str, prompts, pooling_params, truncate: int | None):
+        """(engine, tokenized prompts, one PoolingParams each), the runner checked."""
+        engine = self._pool_engine(method)
+        prompts = as_prompt_list(prompts)
+        params = params_list(pooling_params, len(prompts), truncate)
+        seqs = [engine.tokenize(p, q.truncate_prompt_tokens) for p, q in zip(prompts, params)]
+        return engine, seqs, params
+
+    def embed(self, prompts: PromptType | Sequence[PromptType], pooling_params:
+              PoolingParams | Sequence[PoolingParams] | None = None, use_tqdm: bool = True,
+              truncate_prompt_tokens: int | None = None) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt, in prompt order (pooling and normalisation as the model
+        directory or pooler_config says; PoolingParams.dimensions for Matryoshka models)."""
+        engine, seqs, params = self._prepared("embed", prompts, pooling_params,
+                                              truncate_prompt_tokens)
+        vectors = engine.embed(seqs, params)
+        return [EmbeddingRequestOutput(str(next(self._pool_ids)), EmbeddingOutput(v), ids)
+                for v, (ids, _) in zip(vectors, seqs)]
+
+    def classify(self, prompts: PromptType | Sequence[PromptType], pooling_params:
+                 PoolingParams | Sequence[PoolingParams] | None = None, use_tqdm: bool = True,
+                 truncate_prompt_tokens: int | None = None) -> list[ClassificationRequestOutput]:
+        """Class probabilities per prompt from a *ForSequenceClassification checkpoint."""
+        engine, seqs, params = self._prepared("classify", prompts, pooling_params,
+                                              truncate_prompt_tokens)
+        probs = engine.classify(seqs, params)
+        return [ClassificationRequestOutput(str(next(self._pool_ids)), ClassificationOutput(p),
+                                            ids) for p, (ids, _) in zip(probs, seqs)]
+
+    def score(self, text_1: str | Sequence[str], text_2: str | Sequence[str],
+              use_tqdm: bool = True, truncate_prompt_tokens: int | None = None,
+              pooling_params: PoolingParams | None = None) -> list[ScoringRequestOutput]:
+        """A relevance score per (text_1, text_2) pair: a cross-encoder's sigmoid (classifiers
+        of one label), else the cosine of the two embeddings."""
+        engine = self._pool_engine("score")
+        pairs = score_pairs(text_1, text_2)
+        params = pooling_params or PoolingParams(truncate_prompt_tokens=truncate_prompt_tokens)
+        if engine.is_cross_encoder:
+            seqs = [engine.tokenize_pair(a, b, params.truncate_prompt_tokens) for a, b in pairs]
+            scores = [p[0] for p in engine.classify(seqs, [params] * len(seqs))]
+        elif engine.can_classify:
+            raise ValueError(f"score needs an embedding model or a cross-encoder (num_labels 1);"
+                             f" this classifier has {engine.num_labels} labels")
+        else:
+            scores, seqs = cosine_scores(engine, pairs, params)
+        return [ScoringRequestOutput(str(next(self._pool_ids)), ScoringOutput(s), ids)
+                for s, (ids, _) in zip(scores, seqs)]
+
+    def encode(self, prompts: PromptType | Sequence[PromptType], pooling_params:
+               PoolingParams | Sequence[PoolingParams] | None = None, use_tqdm: bool = True,
+               truncate_prompt_tokens: int | None = None) -> list[PoolingRequestOutput]:
+        """The pooler's output per prompt: embeddings, or class probabilities for classifiers."""
+        engine, seqs, params = self._prepared("encode", prompts, pooling_params,
+                                              truncate_prompt_tokens)
+        run = engine.classify if engine.can_classify else engine.embed
+        return [PoolingRequestOutput(str(next(self._pool_ids)), PoolingOutput(d), ids)
+                for d, (ids, _) in zip(run(seqs, params), seqs)]
+
+
+def cosine_scores(engine, pairs: list[tuple[Any, Any]], params: PoolingParams):
+    """Cosine similarity of each pair's normalised embeddings, and each pair's tokens."""
+    import torch
+
+    left = [engine.tokenize(a, params.truncate_prompt_tokens, "text_1") for a, _ in pairs]
+    right = [engine.tokenize(b, params.truncate_prompt_tokens, "text_2") for _, b in pairs]
+    norm = PoolingParams(normalize=True)
+    vectors = engine.embed(left + right, [norm] * (2 * len(pairs)))
+    emb = torch.tensor(vectors)
+    scores = (emb[:len(pairs)] * emb[len(pairs):]).sum(-1).tolist()
+    # each score's prompt tokens: both texts' (what usage counts)
+    return scores, [(a + b, None) for (a, _), (b, _) in zip(left, right)]

@@ -1,0 +1,59 @@
+"""The FastAPI app of a pooling server (runner pooling): the pooling endpoints, /v1/models,
+/health and /ping, the same guards as the generate app, and 400s naming the runner on the
+generation routes. app.serve runs it for runner pooling."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import Response
+
+from compiled_llm.config import EngineArgs
+from compiled_llm.entrypoints.async_pooling import AsyncPoolingLLM
+from compiled_llm.entrypoints.server.errors import OPEN_PATHS, GuardMiddleware, install_handlers
+from compiled_llm.entrypoints.server.openapi import errors, install_openapi
+from compiled_llm.entrypoints.server.protocol import ModelCard, ModelList
+from compiled_llm.entrypoints.server.server_config import ServerConfig
+from compiled_llm.entrypoints.server.serving_pooling import (
+    GENERATION_PATHS,
+    ServingPooling,
+    add_pooling_routes,
+    refuse_runner_paths,
+)
+
+
+def build_pooling_app(engine: AsyncPoolingLLM, cfg: ServerConfig) -> FastAPI:
+    """The app for a pooling engine."""
+    app = FastAPI(title="compiled-llm", docs_url=None, redoc_url=None)
+    install_handlers(app)
+    install_openapi(app, OPEN_PATHS, keyed=cfg.api_key is not None)
+    app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
+    app.add_middleware(CORSMiddleware, allow_origins=cfg.allowed_origins,
+                       allow_methods=cfg.allowed_methods, allow_headers=cfg.allowed_headers,
+                       allow_credentials=cfg.allow_credentials)
+    serving = ServingPooling(engine, cfg.model_name)
+    add_pooling_routes(app, serving)
+    refuse_runner_paths(app, GENERATION_PATHS, "pooling")
+    created = int(time.time())
+
+    @app.get("/v1/models", responses=errors(400, 401))
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=cfg.model_name, created=created,
+                                         max_model_len=engine.max_model_len)])
+
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    app.add_api_route("/health", health, methods=["GET"], name="health",
+                      response_class=Response, responses=errors(400))
+    app.add_api_route("/ping", health, methods=["GET", "POST"], name="ping",
+                      response_class=Response, responses=errors(400))
+    return app
+
+
+def pooling_server(args: EngineArgs, cfg: ServerConfig) -> tuple[AsyncPoolingLLM, FastAPI]:
+    """The pooling engine for args and its app (serve() runs it with uvicorn)."""
+    engine = AsyncPoolingLLM(args)
+    return engine, build_pooling_app(engine, cfg)

@@ -1,0 +1,68 @@
+"""Pooling results, shaped like vLLM's: EmbeddingRequestOutput (.outputs.embedding),
+ClassificationRequestOutput (.outputs.probs), ScoringRequestOutput (.outputs.score) and
+PoolingRequestOutput (.outputs.data), each with request_id, prompt_token_ids and finished."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EmbeddingOutput:
+    """One prompt's embedding."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        """The embedding's length."""
+        return len(self.embedding)
+
+
+@dataclass
+class ClassificationOutput:
+    """One prompt's class probabilities (softmax; sigmoid for one label)."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        """How many labels the classifier has."""
+        return len(self.probs)
+
+
+@dataclass
+class ScoringOutput:
+    """One pair's relevance score."""
+
+    score: float
+
+
+@dataclass
+class PoolingOutput:
+    """The pooler's raw output for one prompt (its embedding or class probabilities)."""
+
+    data: list[float]
+
+
+@dataclass
+class PoolingRequestOutput:
+    """A finished pooling request; `outputs` is one of the *Output types above."""
+
+    request_id: str
+    outputs: Any
+    prompt_token_ids: list[int] = field(default_factory=list)
+    finished: bool = True
+
+
+class EmbeddingRequestOutput(PoolingRequestOutput):
+    """llm.embed's result: outputs is an EmbeddingOutput."""
+
+
+class ClassificationRequestOutput(PoolingRequestOutput):
+    """llm.classify's result: outputs is a ClassificationOutput."""
+
+
+class ScoringRequestOutput(PoolingRequestOutput):
+    """llm.score's result: outputs is a ScoringOutput."""

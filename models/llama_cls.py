@@ -1,0 +1,60 @@
+"""Llama-family decoders with a classification head (HF's *ForSequenceClassification): the
+decoder's last-token hidden state through `score` (a bias-free linear) gives the logits.
+
+Pooling runs only: the checkpoint has no lm_head, and attention stays causal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from compiled_llm.models.config import DecoderConfig
+from compiled_llm.models.llama import LlamaForCausalLM
+
+
+@dataclass
+class ClassifierConfig(DecoderConfig):
+    """DecoderConfig plus the classifier's labels."""
+
+    num_labels: int = 2
+    id2label: dict | None = None
+
+    @classmethod
+    def from_hf(cls, hf_config: dict[str, Any], **defaults: Any) -> ClassifierConfig:
+        """DecoderConfig's fields, then num_labels (from id2label when not given)."""
+        cfg = super().from_hf(hf_config, **defaults)
+        id2label = {str(k): v for k, v in (hf_config.get("id2label") or {}).items()}
+        cfg.num_labels = hf_config.get("num_labels") or len(id2label) or 2
+        cfg.id2label = id2label
+        return cfg
+
+
+class LlamaForSequenceClassification(LlamaForCausalLM):
+    """The decoder, then score [num_labels, hidden] over the pooled (last) token."""
+
+    config_cls = ClassifierConfig
+    is_pooling_model = True
+    default_pooling_type = "LAST"
+
+    def __init__(self, cfg: ClassifierConfig, max_len: int | None = None) -> None:
+        super().__init__(cfg, max_len)
+        del self.lm_head  # no vocabulary projection in a classifier's checkpoint
+        self.score = nn.Linear(cfg.hidden_size, cfg.num_labels, bias=False)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A classifier generates nothing."""
+        raise ValueError("a sequence classifier has no language-model head; use classify")
+
+    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        """[B, hidden] pooled states -> logits [B, num_labels]."""
+        return self.score(pooled)
+
+
+class Qwen2ForSequenceClassification(LlamaForSequenceClassification):
+    """Qwen2's classifier: biased q/k/v projections."""
+
+    hf_defaults = {"attention_bias": True}

