@@ -234,3 +234,13 @@ def test_compile_reports_startup_and_cache_lists(tmp_path, capsys):
     assert main(["cache", "ls", "--cache-dir", str(tmp_path)]) == 0
     assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
     assert "removed" in capsys.readouterr().out
+
+
+def test_api_server_count_defaults_to_one_off_cuda():
+    from compiled_llm.config import EngineArgs
+    from compiled_llm.entrypoints.cli.serve import auto_api_server_count
+
+    assert auto_api_server_count(EngineArgs(device="cpu")) == 1
+    assert auto_api_server_count(EngineArgs(engine_core_process=False)) == 1
+    ns = build_parser().parse_args(["serve"])
+    assert ns.api_server_count is None  # auto: chosen in run_serve
