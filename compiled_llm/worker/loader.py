@@ -140,7 +140,8 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
 
     model_cls, model_config = build_model_config(load_hf_config(model_dir))
-    check_quantization(quantization, mixture_of_experts=model_config.moe is not None)
+    check_quantization(quantization,
+                       mixture_of_experts=getattr(model_config, "moe", None) is not None)
     files = checkpoint_files(Path(model_dir), load_format)
     with torch.device(device):
         model = model_cls(model_config, max_len=max_len)
