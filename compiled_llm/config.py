@@ -31,7 +31,7 @@ AttentionBackendName = Literal["auto", "torch", "triton"]
 SchedulerPolicy = Literal["fcfs", "priority"]
 PrefixCachingHashAlgo = Literal["xxhash", "sha256"]
 LoadFormat = Literal["auto", "safetensors", "pt"]
-QuantizationMethods = Literal["fp8"]
+QuantizationMethods = Literal["fp8", "gptq", "awq", "compressed-tensors"]
 
 COMPILE_MODES: tuple[str, ...] = typing.get_args(CompileMode)
 CUDAGRAPH_MODES: tuple[str, ...] = typing.get_args(CUDAGraphMode)
@@ -305,7 +305,9 @@ class EngineArgs(RunnerArgs):
     """Checkpoint format: auto (safetensors; pickle .bin files refused), safetensors, or pt
     (allow pickle .bin files)."""
     quantization: QuantizationMethods | None = None
-    """Quantize at load: fp8 is W8A8 (weights per channel, activations per token)."""
+    """fp8 quantizes an unquantized checkpoint at load (W8A8: weights per channel, activations
+    per token); a quantized checkpoint's format comes from its config.json, and a value that
+    contradicts it is refused."""
     enable_prefix_caching: bool = True
     """Reuse the KV blocks of prompt prefixes already computed."""
     prefix_caching_hash_algo: PrefixCachingHashAlgo = "xxhash"

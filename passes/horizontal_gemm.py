@@ -1,7 +1,8 @@
 """HorizontalGemmFusionPass: matmuls that read one activation and adjacent row slices of one
 weight (the fused layout of worker/fuse_weights.py) -> one mm/addmm over the rows they cover,
-whose users read column slices (views) of its output. FP8 gemms (`compiled_llm::fp8_gemm`) that
-read one quantized activation fuse the same way, over row slices of the weight and its scales.
+whose users read column slices (views) of its output. The quantized gemm ops of ROW_SLICED_GEMMS
+(FP8, INT8, W4A16, block FP8) that read one activation fuse the same way, over row slices of
+their weight, scales (and zeros).
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ from compiled_llm.passes.base import GraphPass
 from compiled_llm.passes.fx_utils import insert_op, val
 
 aten = torch.ops.aten
+# compiled_llm op -> (args read as row slices, the first the weight; the bias arg); every other
+# arg (activation, its scales, an input permutation, options) must be the same node to fuse
+ROW_SLICED_GEMMS: dict[str, tuple[tuple[int, ...], int]] = {
+    "fp8_gemm": ((2, 3), 4),
+    "int8_gemm": ((2, 3), 4),
+    "w4a16_gemm": ((1, 2, 3), 5),
+    "fp8_block_gemm": ((1, 2), 3),
+}
 
 
 class RowSlice(NamedTuple):
@@ -26,19 +35,20 @@ class RowSlice(NamedTuple):
 
 
 class Gemm(NamedTuple):
-    """One mm/addmm site, x @ weight_rows^T (+ bias_rows); for fp8_gemm, x is (q, x_scale,
-    out_dtype) and scale the weight's per-row scales."""
+    """One mm/addmm site, x @ weight_rows^T (+ bias_rows); for a ROW_SLICED_GEMMS op, x is its
+    other args and scales the weight's other row-sliced tensors (scales, zeros)."""
 
     node: Node
     x: Node | tuple
     weight: RowSlice
     bias: RowSlice | None
-    scale: RowSlice | None = None
+    scales: tuple[RowSlice, ...] | None = None
 
     def key(self) -> tuple:
         """What gemms must share to fuse: the activation and every base tensor."""
         return (self.node.target, self.x, self.weight.base,
-                *(None if part is None else part.base for part in (self.bias, self.scale)))
+                None if self.bias is None else self.bias.base,
+                *(part.base for part in self.scales or ()))
 
 
 def _row_slice(node) -> RowSlice | None:
@@ -60,23 +70,35 @@ def _same_rows(part: RowSlice | None, weight: RowSlice) -> bool:
     return part is not None and part[1:] == weight[1:]
 
 
-def _fp8_gemm(node: Node) -> Gemm | None:
-    """Decode fp8_gemm(q, x_scale, slice(W), slice(scale), slice(b) | None, out_dtype)."""
-    q, x_scale, w_q, w_scale, bias, out_dtype = node.args
-    weight, scale = _row_slice(w_q), _row_slice(w_scale)
-    if weight is None or not _same_rows(scale, weight):
+def _sliced_op(node: Node) -> tuple[tuple[int, ...], int] | None:
+    """ROW_SLICED_GEMMS' entry for node's target, if it is one of those ops."""
+    namespace = getattr(torch.ops, "compiled_llm", None)
+    for name, spec in ROW_SLICED_GEMMS.items():
+        op = getattr(namespace, name, None) if namespace is not None else None
+        if op is not None and node.target is op.default:
+            return spec
+    return None
+
+
+def _sliced_gemm(node: Node, spec: tuple[tuple[int, ...], int]) -> Gemm | None:
+    """Decode op(..., slice(W), slice(scale) ..., slice(b) | None, ...) by its spec."""
+    sliced, bias_at = spec
+    rows = [_row_slice(node.args[i]) for i in sliced]
+    if rows[0] is None or not all(_same_rows(part, rows[0]) for part in rows[1:]):
         return None
+    bias = node.args[bias_at]
     bias_rows = None if bias is None else _row_slice(bias)
-    if bias is not None and not _same_rows(bias_rows, weight):
+    if bias is not None and not _same_rows(bias_rows, rows[0]):
         return None
-    return Gemm(node, (q, x_scale, out_dtype), weight, bias_rows, scale)
+    others = tuple(arg for i, arg in enumerate(node.args) if i not in sliced and i != bias_at)
+    return Gemm(node, others, rows[0], bias_rows, tuple(rows[1:]))
 
 
 def _gemm(node: Node) -> Gemm | None:
     """Decode mm(x, permute(slice(W), [1, 0])) or addmm(slice(b), x, permute(slice(W)))."""
-    fp8_gemm = getattr(torch.ops.compiled_llm, "fp8_gemm", None)
-    if fp8_gemm is not None and node.target is fp8_gemm.default and len(node.args) == 6:
-        return _fp8_gemm(node)
+    spec = _sliced_op(node)
+    if spec is not None:
+        return _sliced_gemm(node, spec) if not node.kwargs else None
     if node.target is aten.mm.default and len(node.args) == 2:
         bias, (x, w_t) = None, node.args
     elif node.target is aten.addmm.default and len(node.args) == 3 and not node.kwargs:
@@ -145,9 +167,12 @@ class HorizontalGemmFusionPass(GraphPass):
         rows = lambda part: None if part is None else self._rows(  # noqa: E731
             graph, before, part.base, start, end)
         weight, bias = rows(gemm.weight), rows(gemm.bias)
-        if gemm.scale is not None:  # fp8_gemm(q, x_scale, W, W_scale, bias, out_dtype)
-            (q, x_scale, out_dtype) = gemm.x
-            args = (q, x_scale, weight, rows(gemm.scale), bias, out_dtype)
+        if gemm.scales is not None:  # a ROW_SLICED_GEMMS op: rebuild its args in order
+            sliced, bias_at = _sliced_op(gemm.node)
+            fused = dict(zip(sliced, (weight, *(rows(part) for part in gemm.scales))))
+            others = iter(gemm.x)
+            args = tuple(fused[i] if i in fused else bias if i == bias_at else next(others)
+                         for i in range(len(gemm.node.args)))
             return insert_op(graph, before, gemm.node.target, args, 1)[0]
         (w_t,) = insert_op(graph, before, aten.permute.default, (weight, [1, 0]), 1)
         if bias is None:

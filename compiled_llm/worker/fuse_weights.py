@@ -1,7 +1,8 @@
 """Load-time fused weight layout: sibling linears that read one input (q/k/v under self_attn,
 gate/up under mlp or shared_expert) share one contiguous weight [sum(N_i), K] on their parent;
 each becomes a RowSliceLinear reading its rows (FP8: RowSliceFp8Linear over the fused FP8 weight
-and per-row scales). The graph then shows slices of one base, which `HorizontalGemmFusionPass`
+and per-row scales; a prequantized RowFusedLinear: a row view over its fused packed weight,
+scales and zeros). The graph then shows slices of one base, which `HorizontalGemmFusionPass`
 turns into one matmul; eager numerics are unchanged.
 """
 
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compiled_llm.quantization.fp8 import Fp8Linear
+from compiled_llm.quantization.row_fused import RowFusedLinear
 
 # parent module name -> (fused name, children that read the parent's same input, in order)
 SIBLINGS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -81,6 +83,9 @@ class RowSliceFp8Linear(Fp8Linear):
 
 def _fusable(linears: list[nn.Module]) -> bool:
     # Only linears of one kind (plain or FP8), one input size and dtype, all with or without bias.
+    if isinstance(linears[0], RowFusedLinear):
+        return all(isinstance(lin, RowFusedLinear) and lin.fuse_key() == linears[0].fuse_key()
+                   for lin in linears)
     kind = type(linears[0])
     if kind not in (nn.Linear, Fp8Linear) or not all(type(lin) is kind for lin in linears):
         return False
@@ -96,6 +101,8 @@ def _concat(tensors: list[torch.Tensor]) -> nn.Parameter:
 def _slice_modules(parent: nn.Module, fused_name: str, linears: list[nn.Module],
                    bias: nn.Parameter | None) -> Callable[[int, int], nn.Module]:
     """Register the fused weight (FP8: and scales) on parent; a factory per child's rows."""
+    if isinstance(linears[0], RowFusedLinear):
+        return _quantized_slices(parent, fused_name, linears, bias)
     if type(linears[0]) is nn.Linear:
         weight = _concat([lin.weight for lin in linears])
         parent.register_parameter(f"{fused_name}_weight", weight)
@@ -106,6 +113,23 @@ def _slice_modules(parent: nn.Module, fused_name: str, linears: list[nn.Module],
     parent.register_buffer(f"{fused_name}_weight", weight)
     parent.register_buffer(f"{fused_name}_weight_scale", scale)
     return lambda offset, rows: RowSliceFp8Linear(weight, scale, bias, offset, rows)
+
+
+def _quantized_slices(parent: nn.Module, fused_name: str, linears: list[RowFusedLinear],
+                      bias: nn.Parameter | None) -> Callable[[int, int], nn.Module]:
+    """Concatenate each row tensor along the output dim (shared ones are equal: the first's)."""
+    first, fused = linears[0], {}
+    for name in first.row_tensors:
+        fused[name] = torch.cat([getattr(lin, name) for lin in linears])
+    for name in first.shared_tensors:
+        fused[name] = getattr(first, name)
+    for name, tensor in fused.items():
+        parent.register_buffer(f"{fused_name}_{name}", tensor)
+    by_offset, offset = {}, 0
+    for lin in linears:
+        by_offset[offset] = lin
+        offset += lin.out_features
+    return lambda offset, rows: by_offset[offset].row_view(fused, bias, offset)
 
 
 def fuse_group(parent: nn.Module, fused_name: str, children: tuple[str, ...]) -> bool:

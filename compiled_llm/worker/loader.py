@@ -133,20 +133,28 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: t
 def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.device,
                max_len: int, load_format: str = "auto",
                quantization: str | None = None) -> nn.Module:
-    """Build the model for the checkpoint in model_dir on device, in dtype, with weights,
-    then apply the load-time `quantization` transform (None or "fp8") and lay sibling linears'
-    weights out as one fused tensor each (worker/fuse_weights.py)."""
+    """Build the model for the checkpoint in model_dir on device, in dtype, with weights; a
+    quantized checkpoint (config.json's quantization_config) gets its format's linears
+    (quantization/loading.py), else the load-time `quantization` transform (None or "fp8")
+    runs; then sibling linears' weights are laid out as one fused tensor each
+    (worker/fuse_weights.py)."""
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
+    from compiled_llm.quantization.loading import prepare_quantized
+    from compiled_llm.quantization.registry import detect_format
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
 
-    model_cls, model_config = build_model_config(load_hf_config(model_dir))
-    check_quantization(quantization,
-                       mixture_of_experts=getattr(model_config, "moe", None) is not None)
+    hf_config = load_hf_config(model_dir)
+    model_cls, model_config = build_model_config(hf_config)
+    checkpoint_format = detect_format(hf_config, quantization)
+    if checkpoint_format is None:
+        check_quantization(quantization,
+                           mixture_of_experts=getattr(model_config, "moe", None) is not None)
     files = checkpoint_files(Path(model_dir), load_format)
     with torch.device(device):
         model = model_cls(model_config, max_len=max_len)
     model.to(dtype=dtype)
+    finalize = checkpoint_format and prepare_quantized(model, checkpoint_format, files)
     load_weights(model, files, device)
-    model = quantize_model(model, quantization)
+    model = finalize() if finalize else quantize_model(model, quantization)
     fuse_sibling_weights(model)
     return model.eval().requires_grad_(False)

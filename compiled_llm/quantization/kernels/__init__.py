@@ -1,0 +1,1 @@
+"""Triton kernels for quantized linears (W4A16 GEMM and split-K GEMV); loaded on first use."""

@@ -1,0 +1,79 @@
+"""Applying a checkpoint's quantization format to a model, from outside it.
+
+Before the weights load, every nn.Linear whose `<prefix>.<marker>` tensor the checkpoint holds
+becomes a CheckpointLinear with parameters named and shaped as the format stores them, so the
+loader fills and checks them as any other; afterwards each becomes the format's runnable module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compiled_llm.quantization.registry import QuantFormat
+
+
+class CheckpointLinear(nn.Module):
+    """A linear's tensors as the checkpoint stores them, filled by the loader, then converted."""
+
+    def __init__(self, linear: nn.Linear, fmt: QuantFormat) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.fmt = (linear.in_features,
+                                                         linear.out_features, fmt)
+        device = linear.weight.device
+        for name, (shape, dtype) in fmt.tensor_specs(self.in_features, self.out_features).items():
+            empty = torch.empty(shape, dtype=dtype, device=device)
+            self.register_parameter(name, nn.Parameter(empty, requires_grad=False))
+        self.bias = linear.bias
+        self.dtype = linear.weight.dtype
+
+    def convert(self) -> nn.Module:
+        """The format's runnable module over the loaded tensors."""
+        tensors = {name: param.data for name, param in self._parameters.items()
+                   if name != "bias"}
+        bias = None if self.bias is None else self.bias.data
+        return self.fmt.convert(tensors, bias, self.dtype)
+
+
+def checkpoint_names(files: Iterable[Path]) -> set[str]:
+    """Every tensor name in the safetensors files (headers only)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for path in files:
+        if path.suffix != ".safetensors":
+            raise ValueError(f"{path.name}: quantized checkpoints load from safetensors only")
+        with safe_open(str(path), framework="pt") as reader:
+            names.update(reader.keys())
+    return names
+
+
+def _swap(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent), child, module)
+
+
+def prepare_quantized(model: nn.Module, fmt: QuantFormat,
+                      files: list[Path]) -> Callable[[], nn.Module]:
+    """Swap the checkpoint's quantized linears for CheckpointLinears; returns the step that
+    converts them once the weights are in (it returns the model)."""
+    if getattr(getattr(model, "config", None), "moe", None) is not None:
+        raise ValueError(f"{fmt.name} checkpoints of mixture-of-experts models are not "
+                         "supported yet (quantization_config)")
+    stored = checkpoint_names(files)
+    targets = [name for name, module in model.named_modules()
+               if type(module) is nn.Linear and f"{name}.{fmt.marker}" in stored]
+    if not targets:
+        raise ValueError(f"{fmt.name} checkpoint: no linear has a {fmt.marker!r} tensor")
+    for name in targets:
+        _swap(model, name, CheckpointLinear(model.get_submodule(name), fmt))
+
+    def finalize() -> nn.Module:
+        for name in targets:
+            _swap(model, name, model.get_submodule(name).convert())
+        return model
+
+    return finalize

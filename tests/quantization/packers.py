@@ -1,0 +1,192 @@
+"""Tiny quantized checkpoints for the tests: a random Llama (hidden 128, 2 layers) quantized as
+each format stores it, written from the formats' specifications (GPTQ, AWQ, block FP8) or by
+compressed-tensors itself, next to the same model with the dequantized weights in float32.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from tests.utils import tokenizer_dir
+
+GROUP = 128
+LLAMA = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512)
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble j of a word holds column 8c + AWQ_ORDER[j]
+
+
+def _pack(values: torch.Tensor, dim: int, order=tuple(range(8))) -> torch.Tensor:
+    """uint values 0..15 -> int32, 8 per word along `dim`, nibble j = value order[j]."""
+    moved = values.to(torch.int64).movedim(dim, -1)
+    words = moved.reshape(*moved.shape[:-1], -1, 8)
+    packed = sum(words[..., order[j]] << (4 * j) for j in range(8))
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    return packed.movedim(-1, dim).contiguous()
+
+
+def _groups(weight: torch.Tensor, g_idx: torch.Tensor):
+    """weight [N, K] regrouped [N, K/G, G] by g_idx (act order), and the inverse."""
+    order = torch.argsort(g_idx, stable=True)
+    grouped = weight[:, order].reshape(weight.shape[0], -1, GROUP)
+    return grouped, torch.argsort(order)
+
+
+def gptq(weight: torch.Tensor, desc_act: bool) -> tuple[dict, torch.Tensor]:
+    """GPTQ v1 tensors (symmetric, zero 8 stored as 7) and the dequantized weight."""
+    n, k = weight.shape
+    perm = torch.randperm(k) if desc_act else torch.arange(k)
+    g_idx = torch.empty(k, dtype=torch.int32)
+    g_idx[perm] = (torch.arange(k) // GROUP).to(torch.int32)
+    grouped, inverse = _groups(weight, g_idx)
+    scale = (2 * grouped.abs().amax(-1) / 15).clamp(min=1e-8).half().float()  # [N, K/G]
+    q = (torch.round(grouped / scale[..., None]) + 8).clamp(0, 15)
+    deq = ((q - 8) * scale[..., None]).reshape(n, k)[:, inverse]
+    q = q.reshape(n, k)[:, inverse]  # back to input order
+    zeros = torch.full((k // GROUP, n), 7)
+    return {"qweight": _pack(q.t(), 0), "qzeros": _pack(zeros, 1),
+            "scales": scale.t().half().contiguous(), "g_idx": g_idx}, deq
+
+
+def awq(weight: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """AWQ GEMM tensors (asymmetric, interleaved along N) and the dequantized weight."""
+    n, k = weight.shape
+    grouped = weight.reshape(n, k // GROUP, GROUP)
+    low, high = grouped.amin(-1).clamp(max=0), grouped.amax(-1).clamp(min=0)
+    scale = ((high - low) / 15).clamp(min=1e-8).half().float()
+    zero = torch.round(-low / scale).clamp(0, 15)
+    q = (torch.round(grouped / scale[..., None]) + zero[..., None]).clamp(0, 15)
+    deq = ((q - zero[..., None]) * scale[..., None]).reshape(n, k)
+    return {"qweight": _pack(q.reshape(n, k).t(), 1, AWQ_ORDER),
+            "qzeros": _pack(zero.t(), 1, AWQ_ORDER),
+            "scales": scale.t().half().contiguous()}, deq
+
+
+def block_fp8(weight: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """weight e4m3 and weight_scale_inv per 128x128 block, and the dequantized weight."""
+    n, k = weight.shape
+    rows = -(-n // 128)
+    padded = torch.zeros(rows * 128, k)
+    padded[:n] = weight
+    blocks = padded.reshape(rows, 128, k // 128, 128)
+    scale = (blocks.abs().amax((1, 3)) / 448.0).clamp(min=1e-12)  # [rows, K/128]
+    full = scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
+    q = (weight / full).to(torch.float8_e4m3fn)
+    return {"weight": q, "weight_scale_inv": scale}, q.float() * full
+
+
+BLOCK_FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                    "weight_block_size": [128, 128]}
+CONFIGS = {
+    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False,
+             "sym": True, "checkpoint_format": "gptq"},
+    "gptq_act_order": {"quant_method": "gptq", "bits": 4, "group_size": GROUP,
+                       "desc_act": True, "sym": True},
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True,
+            "version": "gemm"},
+    "fp8_block": BLOCK_FP8_CONFIG,
+}
+PACKERS = {"gptq": lambda w: gptq(w, False), "gptq_act_order": lambda w: gptq(w, True),
+           "awq": awq, "fp8_block": block_fp8}
+
+
+def base_model(dtype=torch.float32):
+    """The tiny random Llama (seeded) and its tokenizer."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir())
+    cfg = transformers.LlamaConfig(vocab_size=len(tok), eos_token_id=tok.eos_token_id,
+                                   bos_token_id=None, **LLAMA)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).to(dtype).eval(), tok
+
+
+def _linears(model):
+    return [(name, mod) for name, mod in model.named_modules()
+            if isinstance(mod, torch.nn.Linear) and name != "lm_head"]
+
+
+def _save(model, tok, tensors: dict | None = None, qconfig: dict | None = None) -> Path:
+    out = Path(tempfile.mkdtemp(prefix="cllm-quant-"))
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    if tensors is not None:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+        config = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps({**config, "quantization_config": qconfig}))
+    return out
+
+
+@functools.cache
+def packed_pair(kind: str) -> tuple[Path, Path]:
+    """(quantized checkpoint, float32 checkpoint of its dequantized weights) for `kind`."""
+    if kind.startswith("ct_"):
+        return compressed_tensors_pair(kind[3:])
+    model, tok = base_model()
+    tensors = dict(model.state_dict())
+    for name, linear in _linears(model):
+        stored, deq = PACKERS[kind](linear.weight.detach().float())
+        del tensors[f"{name}.weight"]
+        tensors.update({f"{name}.{key}": value for key, value in stored.items()})
+        linear.weight.data.copy_(deq)
+    tensors.pop("lm_head.weight", None) if model.config.tie_word_embeddings else None
+    return _save(model, tok, tensors, CONFIGS[kind]), _save(model, tok)
+
+
+def compressed_tensors_pair(preset: str) -> tuple[Path, Path]:
+    """A compressed-tensors checkpoint of `preset` (W4A16, FP8_DYNAMIC, FP8, W8A8) made by the
+    library (weights calibrated min/max, static input scales set), and its dequantized twin."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        apply_quantization_config,
+        preset_name_to_scheme,
+    )
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+
+    model, tok = base_model()
+    reference = {}
+    scheme = preset_name_to_scheme(preset, ["Linear"])
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme},
+                                                        ignore=["lm_head"]))
+    for name, mod in _linears(model):
+        _calibrate(mod)
+        zero = getattr(mod, "weight_zero_point", None)
+        reference[name] = fake_quantize(mod.weight.detach(), mod.weight_scale, zero,
+                                        mod.quantization_scheme.weights)
+    fmt = {"W4A16": "pack-quantized", "W8A8": "int-quantized"}.get(preset, "float-quantized")
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
+    compressor.compress_model(model)
+    quantized = _save(model, tok)
+    compressor.update_config(str(quantized))
+    plain, _ = base_model()
+    for name, mod in _linears(plain):
+        mod.weight.data.copy_(reference[name])
+    return quantized, _save(plain, tok)
+
+
+def _calibrate(mod) -> None:
+    """Min/max weight scales (what an observer computes) and a fixed static input scale."""
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    args, weight = mod.quantization_scheme.weights, mod.weight.detach()
+    if args.strategy == "group":
+        grouped = weight.reshape(weight.shape[0], -1, args.group_size)
+        low, high = grouped.amin(-1), grouped.amax(-1)
+    elif args.strategy == "channel":
+        low, high = weight.amin(-1, keepdim=True), weight.amax(-1, keepdim=True)
+    else:
+        low, high = weight.amin().reshape(1), weight.amax().reshape(1)
+    scale, zero = calculate_qparams(low, high, args)
+    mod.weight_scale.data = scale.to(mod.weight_scale.dtype).reshape(mod.weight_scale.shape)
+    if hasattr(mod, "weight_zero_point"):
+        mod.weight_zero_point.data = zero.to(mod.weight_zero_point.dtype).reshape(
+            mod.weight_zero_point.shape)
+    if hasattr(mod, "input_scale"):
+        mod.input_scale.data.fill_(0.01)  # activations here are O(1): 448 * 0.01 covers them
