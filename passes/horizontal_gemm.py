@@ -7,6 +7,7 @@ their weight, scales (and zeros).
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 import torch
@@ -24,6 +25,9 @@ ROW_SLICED_GEMMS: dict[str, tuple[tuple[int, ...], int]] = {
     "w4a16_gemm": ((1, 2, 3), 5),
     "fp8_block_gemm": ((1, 2), 3),
 }
+# pure activation-quant ops: siblings each quantize the one input; merged first so that their
+# gemms read one node (the FP8 per-token op is merged by the norm + quant passes already)
+SHARED_QUANT_OPS = ("quant_int8_per_token", "quant_fp8_static")
 
 
 class RowSlice(NamedTuple):
@@ -131,6 +135,25 @@ def _runs(gemms: list[Gemm]) -> list[list[Gemm]]:
     return [run for run in runs if len(run) > 1]
 
 
+def _merge_shared_quant(graph: Graph) -> None:
+    """Merge identical SHARED_QUANT_OPS calls (and getitems of them) into the first one."""
+    namespace = getattr(torch.ops, "compiled_llm", None)
+    targets = {getattr(namespace, name).default for name in SHARED_QUANT_OPS
+               if namespace is not None and hasattr(namespace, name)}
+    seen: dict[tuple, Node] = {}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.kwargs:
+            continue
+        is_quant_item = node.target is operator.getitem and isinstance(node.args[0], Node) \
+            and node.args[0].target in targets
+        if node.target not in targets and not is_quant_item:
+            continue
+        first = seen.setdefault((node.target, node.args), node)
+        if first is not node:
+            node.replace_all_uses_with(first)
+            graph.erase_node(node)
+
+
 class HorizontalGemmFusionPass(GraphPass):
     """Groups gemms by (activation, weight base, bias base) and fuses each contiguous run."""
 
@@ -138,6 +161,7 @@ class HorizontalGemmFusionPass(GraphPass):
 
     def apply(self, graph: Graph) -> int:
         """Fuse every run; returns the number of fused matmuls created."""
+        _merge_shared_quant(graph)
         groups: dict[tuple, list[Gemm]] = {}
         for node in graph.nodes:
             gemm = _gemm(node) if node.op == "call_function" else None
