@@ -67,14 +67,20 @@ def _(x, scale):
                                                                dtype=torch.float32)
 
 
+def quant_fp8_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q e4m3 [M, K], scale f32 [M, K / 128]), one scale per 128 inputs."""
+    rows, k = x.shape
+    groups = x.float().reshape(rows, k // FP8_BLOCK, FP8_BLOCK)
+    scale = (groups.abs().amax(-1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
+    q = (groups / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q.reshape(rows, k), scale.reshape(rows, k // FP8_BLOCK)
+
+
 def fp8_block_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                         bias: torch.Tensor | None) -> torch.Tensor:
     """Activations quantized per token and 128 inputs, times the block-scaled weight."""
-    rows, k = x.shape
-    groups = x.float().reshape(rows, k // FP8_BLOCK, FP8_BLOCK)
-    x_scale = (groups.abs().amax(-1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
-    x_q = (groups / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    x_deq = (x_q.float() * x_scale).reshape(rows, k)
+    x_q, x_scale = quant_fp8_groups(x)
+    x_deq = x_q.float() * x_scale.repeat_interleave(FP8_BLOCK, dim=1)
     w_deq = weight.float() * weight_scale.repeat_interleave(FP8_BLOCK, dim=1)
     out = x_deq @ w_deq.t()
     return (out if bias is None else out + bias.float()).to(x.dtype)
