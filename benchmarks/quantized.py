@@ -1,0 +1,128 @@
+"""Quantized checkpoints on the GPU (issue 19): Llama-3-8B shape with random weights, packed in
+this script into W4A16 (compressed-tensors pack-quantized, group 128) and block FP8 (128x128,
+DeepSeek/Qwen layout), each against bf16 in the same call: batch-1 and batch-64 decode tok/s
+(each format in its own process) and the checkpoint's weight bytes. Goal: W4A16 >= 2.5x bf16 at
+batch 1.
+
+    python -m benchmarks.quantized --checkpoint-dir /tmp/ckpt --output-json out.json
+    python -m benchmarks.quantized --shape cpu-small --formats bf16 w4a16 --new-tokens 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from benchmarks import isolate
+from benchmarks.common import print_table, save_json, shape_checkpoint
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+W4A16_CONFIG = {
+    "quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
+    "quantization_status": "compressed",
+    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
+                                  "format": "pack-quantized",
+                                  "weights": {"num_bits": 4, "type": "int", "strategy": "group",
+                                              "group_size": 128, "symmetric": True,
+                                              "dynamic": False, "actorder": None}}},
+}
+FP8_BLOCK_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                    "weight_block_size": [128, 128]}
+
+
+def pack_w4a16(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """compressed-tensors pack-quantized tensors of weight [N, K]: symmetric int4 per 128."""
+    from compiled_llm.quantization.packing import pack_int4
+
+    n, k = weight.shape
+    groups = weight.float().reshape(n, k // 128, 128)
+    scale = (groups.abs().amax(-1) / 7).clamp(min=1e-8)
+    q = (torch.round(groups / scale[..., None]).clamp(-8, 7) + 8).to(torch.uint8)
+    return {"weight_packed": pack_int4(q.reshape(n, k)),
+            "weight_scale": scale.to(torch.bfloat16),
+            "weight_shape": torch.tensor([n, k], dtype=torch.int64)}
+
+
+def pack_fp8_block(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """e4m3 weight [N, K] with weight_scale_inv per 128x128 block (K a multiple of 128)."""
+    n, k = weight.shape
+    rows = -(-n // 128)
+    padded = torch.nn.functional.pad(weight.float(), (0, 0, 0, rows * 128 - n))
+    blocks = padded.reshape(rows, 128, k // 128, 128)
+    scale = (blocks.abs().amax((1, 3)) / 448.0).clamp(min=1e-12)
+    q = (blocks / scale[:, None, :, None]).reshape(-1, k)[:n].to(torch.float8_e4m3fn)
+    return {"weight": q, "weight_scale_inv": scale}
+
+
+PACKERS = {"w4a16": (pack_w4a16, W4A16_CONFIG), "fp8-block": (pack_fp8_block, FP8_BLOCK_CONFIG)}
+
+
+def quantized_checkpoint(bf16_dir: str, fmt: str) -> str:
+    """bf16_dir's weights packed as `fmt` into a sibling directory (made once)."""
+    from safetensors.torch import load_file, save_file
+
+    out = Path(f"{bf16_dir}-{fmt}")
+    if (out / "config.json").exists():
+        return str(out)
+    out.mkdir(parents=True, exist_ok=True)
+    pack, qconfig = PACKERS[fmt]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(Path(bf16_dir).glob("*.safetensors")):
+        for name, tensor in load_file(str(path), device=device).items():
+            prefix = name.removesuffix(".weight")
+            if name.endswith(".weight") and prefix.rsplit(".", 1)[-1] in LINEARS:
+                tensors.update({f"{prefix}.{k}": v.cpu() for k, v in pack(tensor).items()})
+            else:
+                tensors[name] = tensor.cpu()
+    save_file(tensors, str(out / "model.safetensors"))
+    config = json.loads((Path(bf16_dir) / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "quantization_config": qconfig}))
+    return str(out)
+
+
+def weight_gb(model_dir: str) -> float:
+    """Bytes of the checkpoint's weight files, in GB."""
+    return sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors")) / 1e9
+
+
+def main() -> None:
+    """Make the checkpoints, run each format's decode windows, print and save the table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="llama3-8b")
+    ap.add_argument("--checkpoint-dir", default=None)
+    ap.add_argument("--formats", nargs="+", default=["bf16", "w4a16", "fp8-block"])
+    ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 64])
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--compile-mode", default="backend")
+    ap.add_argument("--cudagraph-mode", default="full_and_piecewise")
+    ap.add_argument("--output-json", default=None)
+    args = ap.parse_args()
+    bf16_dir = shape_checkpoint(args.shape, args.checkpoint_dir)
+    rows = []
+    for fmt in args.formats:
+        model_dir = bf16_dir if fmt == "bf16" else quantized_checkpoint(bf16_dir, fmt)
+        res = isolate.call("benchmarks.ours:decode", model_dir=model_dir, dtype="bfloat16",
+                           compile_mode=args.compile_mode, cudagraph_mode=args.cudagraph_mode,
+                           batch_sizes=args.batch_sizes, prompt_len=args.prompt_len,
+                           new_tokens=args.new_tokens)
+        by_batch = {row["batch"]: row for row in res.get("rows", [])}
+        for batch in args.batch_sizes:
+            row = by_batch.get(batch, {})
+            rows.append({"format": fmt, "batch": batch, "weight GB": weight_gb(model_dir),
+                         "tok_s": row.get("tok_s"), "ms_per_step": row.get("ms_per_step"),
+                         "x bf16": None, "error": res.get("error")})
+    base = {r["batch"]: r["tok_s"] for r in rows if r["format"] == "bf16"}
+    for r in rows:
+        if r["tok_s"] and base.get(r["batch"]):
+            r["x bf16"] = r["tok_s"] / base[r["batch"]]
+    print_table(rows, f"quantized decode, {args.shape}")
+    save_json(args.output_json, {"shape": args.shape, "args": vars(args), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
