@@ -1,0 +1,82 @@
+"""Quantized kernels on the GPU at Llama-3-8B shapes against their torch references (W4A16
+Triton GEMM and split-K GEMV, block-FP8 Triton, INT8 `_int_mm`, FP8 `_scaled_mm`), and the
+quantized checkpoints compiled with CUDA graphs against the dequantized model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compiled_llm.quantization.packing import pack_int4
+from compiled_llm.quantization.w4a16 import w4a16_gemm, w4a16_reference
+from compiled_llm.quantization.w8a8 import (
+    fp8_block_gemm,
+    fp8_block_reference,
+    int8_gemm,
+    quant_int8_ref,
+)
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+SHAPES = [(4096, 4096), (6144, 4096), (4096, 14336)]  # (N, K): qkv, o/gate-like, down
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.float(), ref.float()
+    assert not out.isnan().any()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("m", [1, 7, 16, 64, 333])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_w4a16_triton_matches_reference(m, n, k):
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+    values = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(n, k // 128, device="cuda", generator=gen) * 0.02).bfloat16()
+    zeros = torch.randint(0, 16, (n, k // 128), device="cuda", generator=gen,
+                          dtype=torch.uint8)
+    perm = torch.randperm(k, device="cuda") if m == 7 else None
+    args = (x, pack_int4(values), scales, zeros, perm, None, 128)
+    ref = w4a16_reference(*(a.float() if a is x else a for a in args)).float()
+    assert _rel_err(w4a16_gemm(*args), ref) < 1e-2
+
+
+@pytest.mark.parametrize("m", [1, 16, 200])
+@pytest.mark.parametrize(("n", "k"), SHAPES[:2])
+def test_block_fp8_triton_matches_reference(m, n, k):
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+    scale = torch.rand(n, k // 128, device="cuda") * 0.01
+    ref = fp8_block_reference(x.cpu(), weight.cpu(), scale.cpu(), None)
+    assert _rel_err(fp8_block_gemm(x, weight, scale, None).cpu(), ref) < 1e-2
+
+
+@pytest.mark.parametrize("m", [1, 16, 17, 300])
+def test_int8_int_mm_matches_reference(m):
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    w_q = torch.randint(-127, 128, (1024, 4096), device="cuda", dtype=torch.int8)
+    w_scale = torch.rand(1024, 1, device="cuda") * 1e-3
+    q, x_scale = quant_int8_ref(x)
+    out = int8_gemm(q, x_scale, w_q, w_scale, None, torch.bfloat16)
+    ref = int8_gemm(q.cpu(), x_scale.cpu(), w_q.cpu(), w_scale.cpu(), None, torch.float32)
+    assert _rel_err(out.cpu(), ref) < 1e-2
+
+
+@pytest.mark.parametrize("kind", ["gptq_act_order", "awq", "ct_W4A16", "fp8_block",
+                                  "ct_FP8_DYNAMIC", "ct_FP8", "ct_W8A8"])
+def test_compiled_cuda_graphs_match_dequantized(kind):
+    from compiled_llm import LLM, SamplingParams
+    from tests.quantization.packers import packed_pair
+    from tests.quantization.test_checkpoints import W8A8_ATOL, _prompt_logprobs
+    from tests.utils import random_prompts
+
+    quantized, reference = packed_pair(kind)
+    llm = LLM(str(quantized), dtype="float32", engine_core_process=False)
+    prompts = random_prompts(3, llm.engine.model_config.vocab_size, seed=5)
+    got, expected = _prompt_logprobs(llm, reference, prompts)
+    torch.testing.assert_close(got, expected, atol=W8A8_ATOL, rtol=0.01)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    assert all(len(o.outputs[0].token_ids) == 8 for o in llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False))
+    assert llm.engine.num_used_blocks == 0
