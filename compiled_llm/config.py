@@ -305,9 +305,7 @@ class EngineArgs(RunnerArgs):
     """Checkpoint format: auto (safetensors; pickle .bin files refused), safetensors, or pt
     (allow pickle .bin files)."""
     quantization: QuantizationMethods | None = None
-    """fp8 quantizes an unquantized checkpoint at load (W8A8: weights per channel, activations
-    per token); a quantized checkpoint's format comes from its config.json, and a value that
-    contradicts it is refused."""
+    """fp8: quantize at load (W8A8); a quantized checkpoint's format comes from config.json."""
     enable_prefix_caching: bool = True
     """Reuse the KV blocks of prompt prefixes already computed."""
     prefix_caching_hash_algo: PrefixCachingHashAlgo = "xxhash"

@@ -1,11 +1,5 @@
-"""GPTQ, AWQ and block-FP8 checkpoints: their stored tensors and the conversion to the modules
-that run them (compressed-tensors lives in compressed_tensors.py).
-
-GPTQ: qweight int32 [K/8, N] (packed along K), qzeros int32 [K/group, N/8] (packed along N,
-stored as zero - 1), scales [K/group, N], g_idx [K] (act-order: the group of each input).
-AWQ (GEMM): qweight int32 [K, N/8] and qzeros [K/group, N/8], packed along N in the interleaved
-order 0 2 4 6 1 3 5 7; scales [K/group, N]. Block FP8: weight e4m3 [N, K], weight_scale_inv
-float32 [ceil(N/128), ceil(K/128)], activations quantized per token and group of 128 inputs.
+"""GPTQ, AWQ and block-FP8 checkpoints: their stored tensors (each class says the layout) and
+the conversion to the modules that run them (compressed-tensors lives in compressed_tensors.py).
 """
 
 from __future__ import annotations
@@ -35,15 +29,22 @@ def act_order_perm(g_idx: torch.Tensor, group_size: int) -> torch.Tensor | None:
     return None if torch.equal(perm, torch.arange(perm.numel(), device=perm.device)) else perm
 
 
-@register_format
-class GptqFormat(QuantFormat):
-    """GPTQ 4-bit, symmetric, desc_act false or true."""
+class Int4Format(QuantFormat):
+    """A 4-bit format of `qweight` tensors with one scale (and zero) per group of inputs."""
 
-    name = "gptq"
     marker = "qweight"
 
     def __init__(self, group_size: int) -> None:
         self.group_size = group_size
+
+
+@register_format
+class GptqFormat(Int4Format):
+    """GPTQ 4-bit, symmetric, desc_act false or true: qweight int32 [K/8, N] (packed along K),
+    qzeros int32 [K/group, N/8] (packed along N, stored as zero - 1), scales [K/group, N], g_idx
+    [K] (the group of each input; act-order permutes them)."""
+
+    name = "gptq"
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> GptqFormat:
@@ -77,14 +78,11 @@ class GptqFormat(QuantFormat):
 
 
 @register_format
-class AwqFormat(QuantFormat):
-    """AWQ 4-bit GEMM layout with zero points."""
+class AwqFormat(Int4Format):
+    """AWQ 4-bit GEMM layout with zero points: qweight int32 [K, N/8] and qzeros [K/group,
+    N/8], packed along N in the interleaved order 0 2 4 6 1 3 5 7; scales [K/group, N]."""
 
     name = "awq"
-    marker = "qweight"
-
-    def __init__(self, group_size: int) -> None:
-        self.group_size = group_size
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> AwqFormat:
@@ -114,7 +112,9 @@ class AwqFormat(QuantFormat):
 
 @register_format
 class BlockFp8Format(QuantFormat):
-    """FP8 e4m3 weights in 128x128 blocks (DeepSeek-V3 / Qwen3-FP8), dynamic activations."""
+    """FP8 e4m3 weights in 128x128 blocks (DeepSeek-V3 / Qwen3-FP8): weight [N, K],
+    weight_scale_inv float32 [ceil(N/128), ceil(K/128)]; activations quantized per token and
+    group of 128 inputs."""
 
     name = "fp8"
     marker = "weight_scale_inv"

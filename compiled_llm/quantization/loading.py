@@ -1,4 +1,4 @@
-"""Applying a checkpoint's quantization format to a model, from outside it.
+"""Detecting a checkpoint's quantization format and applying it to a model, from outside it.
 
 Before the weights load, every nn.Linear whose `<prefix>.<marker>` tensor the checkpoint holds
 becomes a CheckpointLinear with parameters named and shaped as the format stores them, so the
@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from compiled_llm.quantization.registry import QuantFormat
+from compiled_llm.quantization import formats  # noqa: F401 (registers the formats)
+from compiled_llm.quantization.registry import QUANT_FORMATS, QuantFormat
 
 
 class CheckpointLinear(nn.Module):
@@ -36,6 +38,25 @@ class CheckpointLinear(nn.Module):
                    if name != "bias"}
         bias = None if self.bias is None else self.bias.data
         return self.fmt.convert(tensors, bias, self.dtype)
+
+
+def detect_format(hf_config: dict[str, Any], quantization: str | None) -> QuantFormat | None:
+    """The checkpoint's format (None when it is not quantized); ValueError for an unknown
+    quant_method or an explicit `quantization` that the checkpoint contradicts."""
+    config = hf_config.get("quantization_config")
+    if config is None:
+        if quantization not in (None, "fp8"):  # fp8 alone also quantizes at load
+            raise ValueError(f"quantization={quantization!r} needs a checkpoint quantized that "
+                             "way, but config.json has no quantization_config")
+        return None
+    method = config.get("quant_method")
+    if method not in QUANT_FORMATS:
+        raise ValueError(f"quantization_config.quant_method={method!r} is not supported "
+                         f"(supported: {', '.join(sorted(QUANT_FORMATS))})")
+    if quantization is not None and quantization != method:
+        raise ValueError(f"quantization={quantization!r} conflicts with the checkpoint's "
+                         f"quantization_config.quant_method={method!r}; leave it unset")
+    return QUANT_FORMATS[method].from_config(config)
 
 
 def checkpoint_names(files: Iterable[Path]) -> set[str]:

@@ -1,9 +1,7 @@
-"""Checkpoint quantization formats, detected from config.json's `quantization_config`.
-
-QUANT_FORMATS maps `quant_method` to a format class whose `from_config` validates the config
-(ValueError naming the format and the field for anything not implemented). A format names the
-checkpoint tensors of each quantized linear (`tensor_specs`) and turns them, once loaded, into
-the module that runs them (`convert`); quantization/loading.py applies it to a model.
+"""Checkpoint quantization formats: QUANT_FORMATS maps config.json's quantization_config
+`quant_method` to a format class whose `from_config` validates it (ValueError naming the format
+and the field for anything not implemented). A format names each quantized linear's stored
+tensors (`tensor_specs`) and turns them into the module that runs them (`convert`).
 """
 
 from __future__ import annotations
@@ -49,27 +47,6 @@ def register_format(cls: type[QuantFormat]) -> type[QuantFormat]:
     """Class decorator: QUANT_FORMATS[cls.name] = cls."""
     QUANT_FORMATS[cls.name] = cls
     return cls
-
-
-def detect_format(hf_config: dict[str, Any], quantization: str | None) -> QuantFormat | None:
-    """The checkpoint's format (None when it is not quantized); ValueError for an unknown
-    quant_method or an explicit `quantization` that the checkpoint contradicts."""
-    from compiled_llm.quantization import formats  # noqa: F401 (registers the formats)
-
-    config = hf_config.get("quantization_config")
-    if config is None:
-        if quantization not in (None, "fp8"):  # fp8 alone also quantizes at load
-            raise ValueError(f"quantization={quantization!r} needs a checkpoint quantized that "
-                             "way, but config.json has no quantization_config")
-        return None
-    method = config.get("quant_method")
-    if method not in QUANT_FORMATS:
-        raise ValueError(f"quantization_config.quant_method={method!r} is not supported "
-                         f"(supported: {', '.join(sorted(QUANT_FORMATS))})")
-    if quantization is not None and quantization != method:
-        raise ValueError(f"quantization={quantization!r} conflicts with the checkpoint's "
-                         f"quantization_config.quant_method={method!r}; leave it unset")
-    return QUANT_FORMATS[method].from_config(config)
 
 
 def require(fmt: QuantFormat, config: dict[str, Any], field: str, allowed: tuple,

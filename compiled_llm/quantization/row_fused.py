@@ -1,9 +1,8 @@
 """Quantized linears whose tensors may be row views of a parent's fused tensors.
 
-A RowFusedLinear keeps its tensors as buffers; `row_view` makes a sibling that reads rows
-[offset, offset + out_features) of fused tensors that the parent owns (worker/fuse_weights.py
-concatenates q/k/v and gate/up along the output dim). Every tensor named in `row_tensors` has
-the output dim first; `shared_tensors` (an input permutation, say) must be equal to fuse.
+A RowFusedLinear keeps its tensors as buffers; `row_view` makes one that reads rows [offset,
+offset + out_features) of the parent's fused tensors (worker/fuse_weights.py). `row_tensors`
+have the output dim first; `shared_tensors` (an input permutation, say) must be equal to fuse.
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ import torch
 
 from compiled_llm.passes.quant_ops import FP8_DTYPE, FP8_MAX, MIN_SCALE, quant_fp8_per_token
 from compiled_llm.quantization.fp8 import fp8_gemm
+from compiled_llm.quantization.fp8_groups import FP8_BLOCK, quant_fp8_groups
 from compiled_llm.quantization.row_fused import RowFusedLinear
 
 INT8_MAX = 127.0
-FP8_BLOCK = 128
 
 
 def quant_int8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,15 +65,6 @@ def quant_fp8_static(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor
 def _(x, scale):
     return x.new_empty(x.shape, dtype=FP8_DTYPE), x.new_empty((x.shape[0], 1),
                                                                dtype=torch.float32)
-
-
-def quant_fp8_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (q e4m3 [M, K], scale f32 [M, K / 128]), one scale per 128 inputs."""
-    rows, k = x.shape
-    groups = x.float().reshape(rows, k // FP8_BLOCK, FP8_BLOCK)
-    scale = (groups.abs().amax(-1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
-    q = (groups / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return q.reshape(rows, k), scale.reshape(rows, k // FP8_BLOCK)
 
 
 def fp8_block_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

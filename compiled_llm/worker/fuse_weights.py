@@ -1,9 +1,8 @@
 """Load-time fused weight layout: sibling linears that read one input (q/k/v under self_attn,
 gate/up under mlp or shared_expert) share one contiguous weight [sum(N_i), K] on their parent;
-each becomes a RowSliceLinear reading its rows (FP8: RowSliceFp8Linear over the fused FP8 weight
-and per-row scales; a prequantized RowFusedLinear: a row view over its fused packed weight,
-scales and zeros). The graph then shows slices of one base, which `HorizontalGemmFusionPass`
-turns into one matmul; eager numerics are unchanged.
+each becomes a RowSliceLinear reading its rows (FP8: RowSliceFp8Linear; a checkpoint's
+RowFusedLinear: a row view of its fused packed weight, scales, zeros). The graph then shows
+slices of one base, which `HorizontalGemmFusionPass` turns into one matmul; numerics unchanged.
 """
 
 from __future__ import annotations

@@ -139,8 +139,7 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     runs; then sibling linears' weights are laid out as one fused tensor each
     (worker/fuse_weights.py)."""
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
-    from compiled_llm.quantization.loading import prepare_quantized
-    from compiled_llm.quantization.registry import detect_format
+    from compiled_llm.quantization.loading import detect_format, prepare_quantized
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
 
     hf_config = load_hf_config(model_dir)

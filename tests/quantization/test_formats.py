@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from compiled_llm import LLM
-from compiled_llm.quantization.registry import QUANT_FORMATS, detect_format
+from compiled_llm.quantization.loading import QUANT_FORMATS, detect_format
 from tests.quantization.packers import BLOCK_FP8_CONFIG, CONFIGS
 from tests.utils import make_checkpoint
 

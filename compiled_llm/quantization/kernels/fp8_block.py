@@ -10,8 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
-from compiled_llm.quantization.w8a8 import FP8_BLOCK as BLOCK
-from compiled_llm.quantization.w8a8 import quant_fp8_groups
+from compiled_llm.quantization.fp8_groups import FP8_BLOCK as BLOCK
+from compiled_llm.quantization.fp8_groups import quant_fp8_groups
+from compiled_llm.quantization.kernels.tiles import load_rows, program_tiles, store_tile
 
 
 @triton.jit
@@ -19,25 +20,17 @@ def _fp8_block_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, M, N, K,
                       stride_xm, stride_xsm, stride_wn, stride_wsn, stride_os, stride_om,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       SPLIT_K: tl.constexpr):
-    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    row_ok, col_ok = offs_m < M, offs_n < N
-    k_tiles = K // BLOCK_K
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for tile in range(pid_k * per_split, tl.minimum((pid_k + 1) * per_split, k_tiles)):
+    offs_m, offs_n, row_ok, col_ok, offs_k, first, end, acc = program_tiles(
+        M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
+    for tile in range(first, end):
         k = tile * BLOCK_K + offs_k
-        x = tl.load(xq_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=row_ok[:, None],
-                    other=0.0)
+        x = load_rows(xq_ptr, offs_m, k, stride_xm, row_ok)
         w = tl.load(w_ptr + offs_n[None, :] * stride_wn + k[:, None], mask=col_ok[None, :],
                     other=0.0)
         x_scale = tl.load(xs_ptr + offs_m * stride_xsm + tile, mask=row_ok, other=0.0)
         w_scale = tl.load(ws_ptr + offs_n * stride_wsn + tile, mask=col_ok, other=0.0)
         acc += tl.dot(x, w) * x_scale[:, None] * w_scale[None, :]
-    out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    store_tile(out_ptr, acc, offs_m, offs_n, row_ok, col_ok, stride_os, stride_om)
 
 
 def fp8_block_gemm_triton(x: torch.Tensor, weight: torch.Tensor,

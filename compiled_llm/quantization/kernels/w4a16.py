@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from compiled_llm.attention.kernels import kernels_interpreted
+from compiled_llm.quantization.kernels.tiles import load_rows, program_tiles, store_tile
 
 GEMV_MAX_M = 16  # up to this many rows, the split-K path
 
@@ -34,18 +35,11 @@ def _w4a16_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                   stride_xm, stride_qn, stride_sn, stride_zn, stride_os, stride_om,
                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    row_ok, col_ok = offs_m < M, offs_n < N
-    k_tiles = K // BLOCK_K
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for tile in range(pid_k * per_split, tl.minimum((pid_k + 1) * per_split, k_tiles)):
+    offs_m, offs_n, row_ok, col_ok, offs_k, first, end, acc = program_tiles(
+        M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
+    for tile in range(first, end):
         k = tile * BLOCK_K + offs_k
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=row_ok[:, None],
-                    other=0.0)
+        x = load_rows(x_ptr, offs_m, k, stride_xm, row_ok)
         words = tl.load(qweight_ptr + offs_n[None, :] * stride_qn + (k[:, None] // 8),
                         mask=col_ok[None, :], other=0)
         values = (words >> ((k[:, None] % 8) * 4)) & 0xF  # [BLOCK_K, BLOCK_N]
@@ -54,8 +48,7 @@ def _w4a16_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
         zero = tl.load(zeros_ptr + offs_n * stride_zn + group, mask=col_ok, other=0)
         weight = (values - zero.to(tl.int32)[None, :]).to(scale.dtype) * scale[None, :]
         acc += tl.dot(x, weight.to(x.dtype), input_precision=PRECISION)
-    out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    store_tile(out_ptr, acc, offs_m, offs_n, row_ok, col_ok, stride_os, stride_om)
 
 
 def w4a16_config(m: int, n: int, k: int, group_size: int) -> W4A16Config:
