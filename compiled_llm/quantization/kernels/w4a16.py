@@ -40,9 +40,12 @@ def _w4a16_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
     for tile in range(first, end):
         k = tile * BLOCK_K + offs_k
         x = load_rows(x_ptr, offs_m, k, stride_xm, row_ok)
-        words = tl.load(qweight_ptr + offs_n[None, :] * stride_qn + (k[:, None] // 8),
+        # each packed word is read once: [BLOCK_K / 8, BLOCK_N] words -> 8 nibbles each
+        word_rows = tile * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+        words = tl.load(qweight_ptr + offs_n[None, :] * stride_qn + word_rows[:, None],
                         mask=col_ok[None, :], other=0)
-        values = (words >> ((k[:, None] % 8) * 4)) & 0xF  # [BLOCK_K, BLOCK_N]
+        nibbles = (words[:, None, :] >> (tl.arange(0, 8) * 4)[None, :, None]) & 0xF
+        values = tl.reshape(nibbles, (BLOCK_K, BLOCK_N))  # row 8 * word + j: input k order
         group = (tile * BLOCK_K) // GROUP  # BLOCK_K divides GROUP: one group per tile
         scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=col_ok, other=0.0)
         zero = tl.load(zeros_ptr + offs_n * stride_zn + group, mask=col_ok, other=0)
