@@ -7,12 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from compiled_llm.passes.quant_ops import quant_fp8_ref
+from compiled_llm.quantization.fp8 import fp8_gemm
 from compiled_llm.quantization.packing import pack_int4
 from compiled_llm.quantization.w4a16 import w4a16_gemm, w4a16_reference
 from compiled_llm.quantization.w8a8 import (
     fp8_block_gemm,
     fp8_block_reference,
     int8_gemm,
+    quant_fp8_static,
     quant_int8_ref,
 )
 
@@ -60,6 +63,19 @@ def test_int8_int_mm_matches_reference(m):
     q, x_scale = quant_int8_ref(x)
     out = int8_gemm(q, x_scale, w_q, w_scale, None, torch.bfloat16)
     ref = int8_gemm(q.cpu(), x_scale.cpu(), w_q.cpu(), w_scale.cpu(), None, torch.float32)
+    assert _rel_err(out.cpu(), ref) < 1e-2
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("m", [1, 64])
+def test_fp8_scaled_mm_matches_reference(m, static):
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    w_q = torch.randn(1024, 4096, device="cuda").to(torch.float8_e4m3fn)
+    w_scale = torch.rand(1024, 1, device="cuda") * 1e-2
+    scale = torch.tensor([0.02], device="cuda")
+    q, x_scale = quant_fp8_static(x, scale) if static else quant_fp8_ref(x)
+    out = fp8_gemm(q, x_scale, w_q, w_scale, None, torch.bfloat16)  # torch._scaled_mm
+    ref = fp8_gemm(q.cpu(), x_scale.cpu(), w_q.cpu(), w_scale.cpu(), None, torch.float32)
     assert _rel_err(out.cpu(), ref) < 1e-2
 
 
