@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--formats", nargs="+", default=["bf16", "w4a16", "fp8-block"])
     ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 64])
     ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--compile-mode", default="backend")
     ap.add_argument("--cudagraph-mode", default="full_and_piecewise")
     ap.add_argument("--output-json", default=None)
