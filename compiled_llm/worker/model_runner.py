@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from compiled_llm.attention.forward_context import CUDAGraphKey, ForwardContext, set_forward_context
+from compiled_llm.attention.kv_quant import cache_dtype, is_fp8
 from compiled_llm.compile.counters import counters
 from compiled_llm.config import CacheConfig, CompileConfig
 from compiled_llm.core.request import Request
@@ -32,6 +33,7 @@ from compiled_llm.worker.cudagraph import (
     piecewise_graph_sizes,
 )
 from compiled_llm.worker.input_batch import InputBatch, StepInputs
+from compiled_llm.worker.kv_cache import allocate_caches, initial_scales
 from compiled_llm.worker.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
@@ -84,6 +86,9 @@ class ModelRunner:
         self.cudagraph_capture_seconds: dict[str, float] = {}  # seconds per graph mode
         self.sampler = Sampler(device, model.config.vocab_size)
         self.kv_caches: list[torch.Tensor] = []
+        self.kv_dtype = cache_dtype(cache_cfg.cache_dtype, dtype)
+        # FP8 caches: [L, 2, Hkv] scales, and whether the next real step calibrates them
+        self.kv_scales, self.calibrate_kv = None, False
         self.step_timer = StepTimer(device)  # the engine brackets each step
         self.dispatcher = CUDAGraphDispatcher()
         # this runner's own graph memory pool: engines in one process never share one
@@ -139,22 +144,27 @@ class ModelRunner:
         """Bytes one KV block takes over all layers (K and V)."""
         config = self.model.config
         elems = 2 * self.cache_cfg.block_size * config.num_key_value_heads * config.head_dim
-        return elems * config.num_hidden_layers * torch.empty(0, dtype=self.dtype).element_size()
+        return elems * config.num_hidden_layers * self.kv_dtype.itemsize
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """One [2, blocks, block_size, KV heads, head dim] tensor per layer, zeroed."""
+        """One [2, blocks, block_size, KV heads, head dim] tensor per layer, zeroed (FP8:
+        with the checkpoint's scales, else ones that the first real step calibrates)."""
         config = self.model.config
-        shape = (2, num_blocks, self.cache_cfg.block_size, config.num_key_value_heads,
-                 config.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                          for _ in range(config.num_hidden_layers)]
+        self.kv_caches = allocate_caches(config, num_blocks, self.cache_cfg.block_size,
+                                         self.kv_dtype, self.device)
+        if is_fp8(self.kv_dtype):
+            self.kv_scales, self.calibrate_kv = initial_scales(
+                config, getattr(self.model, "checkpoint_kv_scales", None), self.device)
 
     # ------------------------------------------------------------------ step
-    def run_forward(self, inputs: StepInputs, capturing: bool = False) -> torch.Tensor:
-        """hidden [T, hidden] under the step's graph key: a full graph, piecewise, or plain."""
-        key = inputs.cudagraph_key
+    def run_forward(self, inputs: StepInputs, capturing: bool = False,
+                    calibrate: bool = False) -> torch.Tensor:
+        """hidden [T, hidden] under the step's graph key: a full graph, piecewise, or plain
+        (always plain when it calibrates FP8 KV scales: the op must run)."""
+        key = None if calibrate else inputs.cudagraph_key
         ctx = ForwardContext(inputs.attn, self.kv_caches, self.attn_backend,
-                             cudagraph_key=key, capturing=capturing)
+                             cudagraph_key=key, capturing=capturing, kv_scales=self.kv_scales,
+                             calibrate_kv_scales=calibrate)
         full = key is not None and key.mode == FULL
         counters.piecewise_steps += int(key is not None and not full and not capturing)
         forward = self.full_graph if full else self.forward_fn
@@ -172,17 +182,20 @@ class ModelRunner:
         return self.finish(self.launch_sampling(self.launch_forward(sched)))
 
     @torch.inference_mode()
-    def launch_forward(self, sched: SchedulerOutput,
-                       prev: LaunchedStep | None = None) -> LaunchedStep:
+    def launch_forward(self, sched: SchedulerOutput, prev: LaunchedStep | None = None,
+                       dummy: bool = False) -> LaunchedStep:
         """Queue one step's forward (and its prompt logprobs) without waiting for it; its
         sampling is launched by `launch_sampling`. Input ids still pending on the host are
-        taken from prev's sampled tokens on the device (async scheduling)."""
+        taken from prev's sampled tokens on the device (async scheduling). The first real
+        (not dummy) step calibrates FP8 KV scales that the checkpoint lacked."""
         self.release(sched.finished_req_ids, sched.preempted_req_ids)
         inputs = self.input_batch.prepare(sched)
         if inputs.has_pending:
             fill_pending(inputs.input_ids, prev)
         self.step_timer.forward_start()
-        hidden = self.run_forward(inputs)
+        calibrate = self.calibrate_kv and not dummy
+        self.calibrate_kv = self.calibrate_kv and not calibrate
+        hidden = self.run_forward(inputs, calibrate=calibrate)
         step = LaunchedStep(StepResult(skipped=inputs.skipped), inputs.sample_reqs, hidden,
                             inputs)
         if inputs.prompt_rows:
@@ -230,7 +243,7 @@ class ModelRunner:
         """One step of dummy requests (warm-up, profiling); their table rows go back after."""
         sched = dummy_schedule(num_tokens, self.cache_cfg.block_size, max_len)
         try:
-            self.execute(sched)
+            self.finish(self.launch_sampling(self.launch_forward(sched, dummy=True)))
         finally:
             self.release({r.request_id for r, _ in sched.scheduled})
 

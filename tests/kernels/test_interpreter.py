@@ -20,7 +20,7 @@ from compiled_llm.attention.kernels import kernels_interpreted
 from compiled_llm.attention.triton_backend import check_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ("interpreted_cases.py", "moe_interpreted_cases.py")
+CASES = ("interpreted_cases.py", "moe_interpreted_cases.py", "fp8_kv_interpreted_cases.py")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),
