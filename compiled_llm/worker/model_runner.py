@@ -311,7 +311,8 @@ class ModelRunner:
         for size in reversed(sizes):
             ids, positions, meta = batch.padded_inputs(size, self.max_model_len)
             ctx = ForwardContext(meta, self.kv_caches, self.attn_backend,
-                                 cudagraph_key=CUDAGraphKey(FULL, size), capturing=True)
+                                 cudagraph_key=CUDAGraphKey(FULL, size), capturing=True,
+                                 kv_scales=self.kv_scales)
             with set_forward_context(ctx):
                 self.full_graph(ids, positions)
         torch.cuda.synchronize()

@@ -69,7 +69,8 @@ def ckpt():
 
 def _engine(path, kv_cache_dtype):
     return LLM(str(path), dtype="float32", kv_cache_dtype=kv_cache_dtype, seed=0,
-               skip_tokenizer_init=True, kv_cache_memory_bytes=BUDGET, enforce_eager=True)
+               skip_tokenizer_init=True, kv_cache_memory_bytes=BUDGET, enforce_eager=True,
+               engine_core_process=False)  # the tests read the runner
 
 
 def _prompt_logprobs(llm):
