@@ -1,6 +1,7 @@
 """The fused MoE kernel (issue 18) at one layer's shape (default Qwen3-30B-A3B: 128 experts, top-8,
 hidden 2048, expert intermediate 768, bf16) against the per-expert torch loop and against
-`torch._grouped_mm` where this torch has it, as a table of milliseconds over token counts.
+`torch._grouped_mm` where this torch has it, as a table of milliseconds over token counts
+("triton ms": the tuned config where moe/configs has the shape, else the built-in table).
 
     python -m benchmarks.moe_kernels --tokens 1 8 64 256 1024 4096 --json /tmp/moe_kernels.json
 """
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from compiled_llm.moe import fused_moe_reference
-from compiled_llm.moe.triton_moe import fused_moe_triton
+from compiled_llm.moe.triton_moe import fused_moe_triton, moe_gemm_config
 
 
 def grouped_mm_moe(hidden, w13, w2, topk_weights, topk_ids):
@@ -62,8 +63,11 @@ def row(num_tokens: int, args) -> dict:
     """One token count: ms of each implementation and the Triton kernel's error."""
     moe_args = inputs(num_tokens, args)
     ref = fused_moe_reference(*moe_args)
+    table = moe_gemm_config(num_tokens, args.top_k, args.experts, torch.bfloat16)
     out = {"tokens": num_tokens,
            "triton ms": time_ms(fused_moe_triton, moe_args, args.iters),
+           "triton, table config ms": time_ms(
+               lambda *a: fused_moe_triton(*a, config=table), moe_args, args.iters),
            "per-expert loop ms": time_ms(fused_moe_reference, moe_args, max(3, args.iters // 10)),
            "triton rel err": float((fused_moe_triton(*moe_args).float() - ref.float()).norm()
                                    / ref.float().norm())}
