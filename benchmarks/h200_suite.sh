@@ -162,8 +162,8 @@ $py -m benchmarks.kv_cache_fp8 --checkpoint-dir $CK --json $R/kv_cache_fp8_h200.
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 15 ]; then  # one GPU: tune the fused MoE for Qwen3-30B-A3B's layer, re-time it
   mapfile -t a <<<"\
-$py -m benchmarks.moe_tune --tokens 1 4 16 64 256 1024 4096 --out-dir compiled_llm/moe/configs --json $R/moe_tune_h200.json
-cp compiled_llm/moe/configs/*.json $R/
+$py -m benchmarks.moe_tune --out-dir compiled_llm/moe/configs --json $R/moe_tune_h200.json
+cp compiled_llm/moe/configs/*.json $R/moe_tuned_config.json
 $py -m benchmarks.moe_kernels --tokens 1 8 64 256 1024 4096 --json $R/moe_kernels_tuned_h200.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 else

@@ -35,15 +35,22 @@ def grouped_mm_moe(hidden, w13, w2, topk_weights, topk_ids):
     return out.view(num_tokens, top_k, -1).sum(1)
 
 
-def time_ms(fn, args, iters: int) -> float:
-    """Mean milliseconds of iters calls after 3 warm-ups, timed by CUDA events."""
+def time_ms(fn, args, iters: int, graph: bool = False) -> float:
+    """Mean milliseconds of iters calls after 3 warm-ups, timed by CUDA events; graph: as
+    replays of one CUDA graph of the iters calls (device time alone, as in a captured step)."""
     for _ in range(3):
         fn(*args)
+    run = lambda: [fn(*args) for _ in range(iters)]  # noqa: E731
+    if graph:
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            run()
+        run = cuda_graph.replay
+        run()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
-    for _ in range(iters):
-        fn(*args)
+    run()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / iters
@@ -66,8 +73,9 @@ def row(num_tokens: int, args) -> dict:
     table = moe_gemm_config(num_tokens, args.top_k, args.experts, torch.bfloat16)
     out = {"tokens": num_tokens,
            "triton ms": time_ms(fused_moe_triton, moe_args, args.iters),
-           "triton, table config ms": time_ms(
-               lambda *a: fused_moe_triton(*a, config=table), moe_args, args.iters),
+           "triton graph ms": time_ms(fused_moe_triton, moe_args, args.iters, graph=True),
+           "triton, table config graph ms": time_ms(
+               lambda *a: fused_moe_triton(*a, config=table), moe_args, args.iters, graph=True),
            "per-expert loop ms": time_ms(fused_moe_reference, moe_args, max(3, args.iters // 10)),
            "triton rel err": float((fused_moe_triton(*moe_args).float() - ref.float()).norm()
                                    / ref.float().norm())}

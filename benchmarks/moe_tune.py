@@ -1,5 +1,6 @@
 """Tune the fused MoE kernel's tile configs for one layer shape on this GPU: for each token
-count, time every candidate config (checked against the reference first) and keep the fastest,
+count, time every candidate config (checked against the reference first; replays of a CUDA
+graph, so launch overhead does not count) and keep the fastest,
 then write the tuned file that compiled_llm.moe.tuning reads (default: the shipped configs).
 
     python -m benchmarks.moe_tune --experts 128 --top-k 8 --hidden 2048 --inter 768 \\
@@ -48,7 +49,7 @@ def best_config(num_tokens: int, args) -> dict:
             if (out - ref).norm() / ref.norm() > 0.02:
                 continue
             timed[cfg] = time_ms(lambda *a, c=cfg: fused_moe_triton(*a, config=c), moe_args,
-                                 args.iters)
+                                 args.iters, graph=True)
         except Exception as exc:  # out of shared memory, say: skip the config
             print(f"{num_tokens} tokens, {cfg}: {type(exc).__name__}")
     best = min(timed, key=timed.get)
