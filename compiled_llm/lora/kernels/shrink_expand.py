@@ -1,0 +1,109 @@
+"""Segmented LoRA shrink and expand. Tokens come sorted by slot (`sorted_tokens`, slot s owning
+entries seg_starts[s]:seg_starts[s+1]); a program takes BLOCK_M tokens of one slot, so each
+adapter's A and B tiles are read once per block, not once per token. Grids depend on the token
+count and the slot count only (no host read of the segments: CUDA graphs replay them)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _shrink_kernel(x_ptr, a_ptr, h_ptr, sorted_ptr, seg_ptr, K, stride_x, stride_as,
+                   stride_ar, stride_h, RANK: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    slot, block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    start = tl.load(seg_ptr + slot)
+    end = tl.load(seg_ptr + slot + 1)
+    first = start + block * BLOCK_M
+    if first < end:
+        rows = first + tl.arange(0, BLOCK_M)
+        in_seg = rows < end
+        tokens = tl.load(sorted_ptr + rows, mask=in_seg, other=0)
+        ranks = tl.arange(0, RANK)
+        acc = tl.zeros((BLOCK_M, RANK), dtype=tl.float32)
+        for k0 in range(split * BLOCK_K, K, BLOCK_K * SPLIT_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            in_k = cols < K
+            x = tl.load(x_ptr + tokens[:, None] * stride_x + cols[None, :],
+                        mask=in_seg[:, None] & in_k[None, :], other=0.0)
+            a = tl.load(a_ptr + slot * stride_as + ranks[None, :] * stride_ar + cols[:, None],
+                        mask=in_k[:, None], other=0.0)
+            acc += tl.dot(x, a)
+        out = h_ptr + tokens[:, None] * stride_h + ranks[None, :]
+        tl.atomic_add(out, acc, mask=in_seg[:, None])
+
+
+@triton.jit
+def _expand_kernel(h_ptr, b_ptr, out_ptr, sorted_ptr, seg_ptr, N, stride_h, stride_bs,
+                   stride_bn, stride_out, RANK: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    slot, block, nblock = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    start = tl.load(seg_ptr + slot)
+    end = tl.load(seg_ptr + slot + 1)
+    first = start + block * BLOCK_M
+    if first < end:
+        rows = first + tl.arange(0, BLOCK_M)
+        in_seg = rows < end
+        tokens = tl.load(sorted_ptr + rows, mask=in_seg, other=0)
+        ranks = tl.arange(0, RANK)
+        cols = nblock * BLOCK_N + tl.arange(0, BLOCK_N)
+        in_n = cols < N
+        h = tl.load(h_ptr + tokens[:, None] * stride_h + ranks[None, :], mask=in_seg[:, None],
+                    other=0.0)
+        b = tl.load(b_ptr + slot * stride_bs + cols[None, :] * stride_bn + ranks[:, None],
+                    mask=in_n[None, :], other=0.0)
+        delta = tl.dot(h.to(b.dtype), b)
+        mask = in_seg[:, None] & in_n[None, :]
+        out = out_ptr + tokens[:, None] * stride_out + cols[None, :]
+        tl.store(out, (tl.load(out, mask=mask) + delta).to(out.dtype.element_ty), mask=mask)
+
+
+def _block_m(num_tokens: int) -> int:
+    return 16 if num_tokens <= 256 else 64
+
+
+def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, sorted_tokens: torch.Tensor,
+                seg_starts: torch.Tensor, block_k: int = 64, split_k: int = 0) -> torch.Tensor:
+    """h [T, R] float32 = x[t] @ lora_a[slot(t)]^T for the tokens in a segment (others 0).
+    x [T, K] (rows contiguous), lora_a [S, R, K]; split_k 0 picks one from the token count."""
+    num_tokens, num_k = x.shape
+    num_slots, rank, _ = lora_a.shape
+    h = torch.zeros(num_tokens, rank, dtype=torch.float32, device=x.device)
+    if num_tokens == 0:
+        return h
+    block_m = _block_m(num_tokens)
+    # few tokens leave most of the device idle: split K over more programs
+    split_k = split_k or (8 if num_tokens <= 64 else 2)
+    grid = (num_slots, triton.cdiv(num_tokens, block_m), split_k)
+    _shrink_kernel[grid](x, lora_a, h, sorted_tokens, seg_starts, num_k, x.stride(0),
+                         lora_a.stride(0), lora_a.stride(1), h.stride(0), RANK=rank,
+                         BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=split_k)
+    return h
+
+
+def lora_expand(y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor,
+                sorted_tokens: torch.Tensor, seg_starts: torch.Tensor,
+                block_n: int = 64) -> torch.Tensor:
+    """y + h[t] @ lora_b[slot(t)]^T for the tokens in a segment (a new tensor; y as it is for
+    the others). y [T, N], h [T, R], lora_b [S, N, R]."""
+    out = y.clone()
+    num_tokens, num_n = y.shape
+    if num_tokens == 0:
+        return out
+    num_slots, _, rank = lora_b.shape
+    block_m = _block_m(num_tokens)
+    grid = (num_slots, triton.cdiv(num_tokens, block_m), triton.cdiv(num_n, block_n))
+    _expand_kernel[grid](h, lora_b, out, sorted_tokens, seg_starts, num_n, h.stride(0),
+                         lora_b.stride(0), lora_b.stride(1), out.stride(0), RANK=rank,
+                         BLOCK_M=block_m, BLOCK_N=block_n)
+    return out
+
+
+def kernels_interpreted() -> bool:
+    """True when Triton's interpreter runs these kernels (TRITON_INTERPRET=1 at import)."""
+    from triton.runtime.jit import JITFunction
+
+    return not isinstance(_shrink_kernel, JITFunction)
