@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from tests.utils import hf_greedy
+
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -36,18 +38,21 @@ def make_adapter(base_dir: Path, seed: int, rank: int = 8, targets: tuple = ALL_
 def merged_greedy(base_dir: Path, adapter_dir: Path | None, prompts: list[list[int]],
                   max_new_tokens: int) -> list[list[int]]:
     """transformers + peft greedy tokens with the adapter merged (None: the base model)."""
+    return [list(tokens) for tokens in _merged_greedy(
+        base_dir, adapter_dir, tuple(tuple(p) for p in prompts), max_new_tokens)]
+
+
+@functools.cache
+def _merged_greedy(base_dir: Path, adapter_dir: Path | None, prompts: tuple,
+                   max_new_tokens: int) -> tuple:
     import transformers
     from peft import PeftModel
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
-    if adapter_dir is not None:
-        model = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
-    model.eval()
-    outs = []
-    for prompt in prompts:
-        with torch.no_grad():
-            ids = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens,
-                                 do_sample=False, min_new_tokens=max_new_tokens,
-                                 eos_token_id=None, pad_token_id=0)
-        outs.append(ids[0, len(prompt):].tolist())
-    return outs
+    if adapter_dir is None:
+        merged_dir = base_dir
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+        merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+        merged_dir = Path(tempfile.mkdtemp(prefix="cllm-merged-"))
+        merged.save_pretrained(merged_dir, safe_serialization=True)
+    return tuple(map(tuple, hf_greedy(merged_dir, [list(p) for p in prompts], max_new_tokens)))

@@ -11,17 +11,24 @@ import triton.language as tl
 
 
 @triton.jit
+def _segment_block(sorted_ptr, seg_ptr, slot, block, BLOCK_M: tl.constexpr):
+    """(is the block non-empty, its tokens, which rows are in the segment) for block `block`
+    of slot `slot`'s segment."""
+    start = tl.load(seg_ptr + slot)
+    end = tl.load(seg_ptr + slot + 1)
+    rows = start + block * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_seg = rows < end
+    tokens = tl.load(sorted_ptr + rows, mask=in_seg, other=0)
+    return start + block * BLOCK_M < end, tokens, in_seg
+
+
+@triton.jit
 def _shrink_kernel(x_ptr, a_ptr, h_ptr, sorted_ptr, seg_ptr, K, stride_x, stride_as,
                    stride_ar, stride_h, RANK: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     slot, block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start = tl.load(seg_ptr + slot)
-    end = tl.load(seg_ptr + slot + 1)
-    first = start + block * BLOCK_M
-    if first < end:
-        rows = first + tl.arange(0, BLOCK_M)
-        in_seg = rows < end
-        tokens = tl.load(sorted_ptr + rows, mask=in_seg, other=0)
+    busy, tokens, in_seg = _segment_block(sorted_ptr, seg_ptr, slot, block, BLOCK_M)
+    if busy:
         ranks = tl.arange(0, RANK)
         acc = tl.zeros((BLOCK_M, RANK), dtype=tl.float32)
         for k0 in range(split * BLOCK_K, K, BLOCK_K * SPLIT_K):
@@ -41,13 +48,8 @@ def _expand_kernel(h_ptr, b_ptr, out_ptr, sorted_ptr, seg_ptr, N, stride_h, stri
                    stride_bn, stride_out, RANK: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr):
     slot, block, nblock = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start = tl.load(seg_ptr + slot)
-    end = tl.load(seg_ptr + slot + 1)
-    first = start + block * BLOCK_M
-    if first < end:
-        rows = first + tl.arange(0, BLOCK_M)
-        in_seg = rows < end
-        tokens = tl.load(sorted_ptr + rows, mask=in_seg, other=0)
+    busy, tokens, in_seg = _segment_block(sorted_ptr, seg_ptr, slot, block, BLOCK_M)
+    if busy:
         ranks = tl.arange(0, RANK)
         cols = nblock * BLOCK_N + tl.arange(0, BLOCK_N)
         in_n = cols < N
