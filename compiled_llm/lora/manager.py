@@ -144,8 +144,6 @@ def attach_lora(model: nn.Module, args, sched) -> LoRAManager:
     """Wrap model's projections for args' LoRA settings (EngineArgs) and key its compiled code
     by them. The step buffer holds the most tokens a step can pad to: the token budget, the
     sequence cap, or the largest CUDA graph (as the input batch sizes itself)."""
-    if getattr(args, "runner", "generate") == "pooling":
-        raise ValueError("enable_lora: pooling runs take no LoRA adapters")
     compile_cfg = args.compile_config()
     max_tokens = max(sched.max_num_batched_tokens, sched.max_num_seqs,
                      compile_cfg.piecewise_max_tokens, *(compile_cfg.cudagraph_batch_sizes or [0]))

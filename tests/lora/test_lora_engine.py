@@ -136,3 +136,13 @@ def test_bad_lora_settings_name_the_field(kwargs, field):
 
     with pytest.raises(ValueError, match=field):
         EngineArgs(enable_lora=True, **kwargs)
+
+
+def test_lora_is_refused_where_it_cannot_apply():
+    from compiled_llm import EngineArgs
+    from compiled_llm.engine.pooling_engine import check_pooling_args
+
+    with pytest.raises(ValueError, match="enable_lora"):
+        check_pooling_args(EngineArgs(enable_lora=True, runner="pooling"))
+    with pytest.raises(ValueError, match="enable_lora: mixture-of-experts"):
+        LLM(str(make_checkpoint("qwen3_moe")), enable_lora=True, enforce_eager=True)
