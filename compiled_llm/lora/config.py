@@ -29,5 +29,8 @@ class LoRAArgs:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
+                             f"({self.max_loras})")
         if self.max_lora_rank > 512:
             raise ValueError(f"max_lora_rank must be <= 512, got {self.max_lora_rank}")

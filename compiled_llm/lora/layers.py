@@ -74,8 +74,13 @@ def wrap_lora_modules(model: nn.Module, names: list[str], num_slots: int, rank: 
     wrapped = {}
     for name in names:
         parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        wrapper = LoRALinear(getattr(parent, child), meta, num_slots, rank)
+        try:
+            parent = model.get_submodule(parent_name)
+            base = getattr(parent, child)
+        except AttributeError:
+            raise ValueError(f"enable_lora: {type(model).__name__} has no module {name!r} "
+                             "(LoRA serves the Llama family's projections)") from None
+        wrapper = LoRALinear(base, meta, num_slots, rank)
         setattr(parent, child, wrapper)
         wrapped[name] = wrapper
     return wrapped

@@ -130,7 +130,9 @@ def test_lora_request_without_enable_lora_is_refused(base, adapters):
 
 @pytest.mark.parametrize(("kwargs", "field"), [({"max_loras": 0}, "max_loras"),
                                                ({"max_lora_rank": -1}, "max_lora_rank"),
-                                               ({"max_cpu_loras": 0}, "max_cpu_loras")])
+                                               ({"max_cpu_loras": 0}, "max_cpu_loras"),
+                                               ({"max_loras": 3, "max_cpu_loras": 2},
+                                                "max_cpu_loras")])
 def test_bad_lora_settings_name_the_field(kwargs, field):
     from compiled_llm import EngineArgs
 

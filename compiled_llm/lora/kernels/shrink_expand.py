@@ -25,7 +25,7 @@ def _segment_block(sorted_ptr, seg_ptr, slot, block, BLOCK_M: tl.constexpr):
 @triton.jit
 def _shrink_kernel(x_ptr, a_ptr, h_ptr, sorted_ptr, seg_ptr, K, stride_x, stride_as,
                    stride_ar, stride_h, RANK: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr):
     slot, block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     busy, tokens, in_seg = _segment_block(sorted_ptr, seg_ptr, slot, block, BLOCK_M)
     if busy:
@@ -38,7 +38,7 @@ def _shrink_kernel(x_ptr, a_ptr, h_ptr, sorted_ptr, seg_ptr, K, stride_x, stride
                         mask=in_seg[:, None] & in_k[None, :], other=0.0)
             a = tl.load(a_ptr + slot * stride_as + ranks[None, :] * stride_ar + cols[:, None],
                         mask=in_k[:, None], other=0.0)
-            acc += tl.dot(x, a)
+            acc += tl.dot(x, a, input_precision=PRECISION)
         out = h_ptr + tokens[:, None] * stride_h + ranks[None, :]
         tl.atomic_add(out, acc, mask=in_seg[:, None])
 
@@ -46,7 +46,7 @@ def _shrink_kernel(x_ptr, a_ptr, h_ptr, sorted_ptr, seg_ptr, K, stride_x, stride
 @triton.jit
 def _expand_kernel(h_ptr, b_ptr, out_ptr, sorted_ptr, seg_ptr, N, stride_h, stride_bs,
                    stride_bn, stride_out, RANK: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
+                   BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     slot, block, nblock = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     busy, tokens, in_seg = _segment_block(sorted_ptr, seg_ptr, slot, block, BLOCK_M)
     if busy:
@@ -57,10 +57,15 @@ def _expand_kernel(h_ptr, b_ptr, out_ptr, sorted_ptr, seg_ptr, N, stride_h, stri
                     other=0.0)
         b = tl.load(b_ptr + slot * stride_bs + cols[None, :] * stride_bn + ranks[:, None],
                     mask=in_n[None, :], other=0.0)
-        delta = tl.dot(h.to(b.dtype), b)
+        delta = tl.dot(h.to(b.dtype), b, input_precision=PRECISION)
         mask = in_seg[:, None] & in_n[None, :]
         out = out_ptr + tokens[:, None] * stride_out + cols[None, :]
         tl.store(out, (tl.load(out, mask=mask) + delta).to(out.dtype.element_ty), mask=mask)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # float32 models get float32 products (as torch's matmuls do by default), not TF32
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def _block_m(num_tokens: int) -> int:
@@ -82,7 +87,8 @@ def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, sorted_tokens: torch.Tens
     grid = (num_slots, triton.cdiv(num_tokens, block_m), split_k)
     _shrink_kernel[grid](x, lora_a, h, sorted_tokens, seg_starts, num_k, x.stride(0),
                          lora_a.stride(0), lora_a.stride(1), h.stride(0), RANK=rank,
-                         BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=split_k)
+                         BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=split_k,
+                         PRECISION=_precision(x.dtype))
     return h
 
 
@@ -100,7 +106,7 @@ def lora_expand(y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor,
     grid = (num_slots, triton.cdiv(num_tokens, block_m), triton.cdiv(num_n, block_n))
     _expand_kernel[grid](h, lora_b, out, sorted_tokens, seg_starts, num_n, h.stride(0),
                          lora_b.stride(0), lora_b.stride(1), out.stride(0), RANK=rank,
-                         BLOCK_M=block_m, BLOCK_N=block_n)
+                         BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=_precision(y.dtype))
     return out
 
 
