@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from compiled_llm.core.scheduler import SchedulerOutput
 from compiled_llm.lora.layers import LoRALinear, wrap_lora_modules
 from compiled_llm.lora.peft import LoRAWeights, load_peft_adapter, lora_module_shapes
 from compiled_llm.lora.request import LoRARequest
@@ -106,12 +107,34 @@ class LoRAManager:
         for request_id in request_ids:
             self.live.pop(request_id, None)
 
-    def prepare_step(self, scheduled: list, padded_tokens: int) -> None:
-        """Fill the step buffer for scheduled [(request, tokens)] padded to padded_tokens
-        rows: each token's slot, the tokens sorted by slot, the segment starts."""
-        for req, _ in scheduled:
+    def page_in(self, sched: SchedulerOutput) -> tuple[SchedulerOutput, dict[str, str]]:
+        """Put the adapters of a step's requests in slots, before its inputs are built; the
+        schedule without the requests whose adapter fails to load, and their errors."""
+        for req, _ in sched.scheduled:  # live first: none of the step's adapters is evicted
             if req.lora_request is not None:
                 self.live[req.request_id] = req.lora_request.lora_int_id
+        failed: dict[int, str] = {}
+        errors: dict[str, str] = {}
+        for req, _ in sched.scheduled:
+            lora = req.lora_request
+            if lora is not None and lora.lora_int_id not in failed:
+                try:
+                    self.slot_of(lora)
+                except ValueError as exc:  # its file changed since the front end read it
+                    failed[lora.lora_int_id] = f"lora_request {lora.lora_name!r}: {exc}"
+            if lora is not None and lora.lora_int_id in failed:
+                errors[req.request_id] = failed[lora.lora_int_id]
+        if not errors:
+            return sched, errors
+        left = [item for item in sched.scheduled if item[0].request_id not in errors]
+        if not left:
+            raise ValueError(f"no request of the step can run: {errors}")
+        return SchedulerOutput(left, sched.finished_req_ids, sched.preempted_req_ids), errors
+
+    def prepare_step(self, scheduled: list, padded_tokens: int) -> None:
+        """Fill the step buffer for scheduled [(request, tokens)] (their adapters paged in)
+        padded to padded_tokens rows: each token's slot, the tokens sorted by slot, the
+        segment starts."""
         req_slots = np.array([-1 if req.lora_request is None else self.slot_of(req.lora_request)
                               for req, _ in scheduled], dtype=np.int64)
         counts = np.array([count for _, count in scheduled], dtype=np.int64)

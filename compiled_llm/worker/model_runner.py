@@ -192,8 +192,10 @@ class ModelRunner:
         taken from prev's sampled tokens on the device (async scheduling). The first real
         (not dummy) step calibrates FP8 KV scales that the checkpoint lacked."""
         self.release(sched.finished_req_ids, sched.preempted_req_ids)
+        sched, lora_errors = (sched, {}) if self.lora is None else self.lora.page_in(sched)
         inputs = self.input_batch.prepare(sched)
-        if self.lora is not None:  # the step's adapters paged in, each token's slot set
+        if self.lora is not None:  # each token's adapter slot
+            inputs.skipped.update(lora_errors)
             self.lora.prepare_step([item for item in sched.scheduled
                                     if item[0].request_id not in inputs.skipped],
                                    len(inputs.input_ids))

@@ -119,6 +119,22 @@ def test_bad_adapter_is_refused_and_engine_serves_on(llm, base, adapters, case):
         base, adapters[1], PROMPTS[:1], 6)
 
 
+def test_adapter_lost_after_its_check_fails_its_requests_only(llm, base, adapters):
+    lost = Path(tempfile.mkdtemp(prefix="cllm-lora-lost-"))
+    shutil.copytree(adapters[2], lost, dirs_exist_ok=True)
+    _run(llm, PROMPTS[:1], [_lora(30, lost)])  # checked and loaded
+    shutil.rmtree(lost)
+    _run(llm, PROMPTS[:2], [_lora(1, adapters[0]), _lora(2, adapters[1])])  # evicts it
+    manager = _manager(llm)
+    assert 30 not in manager.resident()
+    manager._host.pop(30, None)  # out of the host cache too, as max_cpu_loras would in time
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:2]], GREEDY, use_tqdm=False,
+                        lora_request=[_lora(30, lost), None])
+    assert outs[0].outputs[0].finish_reason == "error" and "lora_path" in outs[0].error
+    assert list(outs[1].outputs[0].token_ids) == merged_greedy(base, None, PROMPTS[1:2], 6)[0]
+    assert llm.engine.num_used_blocks == 0
+
+
 def test_lora_request_without_enable_lora_is_refused(base, adapters):
     with LLM(str(base), enforce_eager=True, dtype="float32") as plain:
         with pytest.raises(ValueError, match="lora_request: LoRA is not enabled"):
