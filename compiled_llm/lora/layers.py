@@ -13,13 +13,14 @@ from compiled_llm.lora.ops import lora_add
 
 class LoRAStepMeta(nn.Module):
     """The persistent per-step buffer every wrapped layer reads: token slots [max_tokens]
-    (-1: base model), token indices sorted by slot [max_tokens], segment starts [slots + 1].
+    (-1: base model), row indices grouped by slot with the base rows last [max_tokens], and
+    segment starts [slots + 2].
     One int64 tensor with a fixed address, so CUDA graphs replay with each step's values."""
 
     def __init__(self, max_tokens: int, num_slots: int, device: torch.device) -> None:
         super().__init__()
         self.max_tokens, self.num_slots = max_tokens, num_slots
-        data = torch.full((2 * max_tokens + num_slots + 1,), -1, dtype=torch.int64,
+        data = torch.full((2 * max_tokens + num_slots + 2,), -1, dtype=torch.int64,
                           device=device)
         data[2 * max_tokens:] = 0  # every segment empty
         self.register_buffer("data", data, persistent=False)

@@ -138,19 +138,17 @@ class LoRAManager:
         req_slots = np.array([-1 if req.lora_request is None else self.slot_of(req.lora_request)
                               for req, _ in scheduled], dtype=np.int64)
         counts = np.array([count for _, count in scheduled], dtype=np.int64)
-        token_slots = np.repeat(req_slots, counts)
-        order = np.argsort(token_slots, kind="stable")
-        per_slot = np.bincount(token_slots[token_slots >= 0], minlength=len(self.slots))
-        base_tokens = len(token_slots) - int(per_slot.sum())
+        num_slots, size = len(self.slots), self.meta.max_tokens
+        if padded_tokens > size:
+            raise ValueError(f"a step of {padded_tokens} rows exceeds the LoRA step buffer "
+                             f"({size})")
+        token_slots = np.full(padded_tokens, -1, dtype=np.int64)  # padding: the base model
+        token_slots[:int(counts.sum())] = np.repeat(req_slots, counts)
         if self._event is not None:
             self._event.synchronize()  # the previous step's copy has read the host buffer
         host = self._host_meta.numpy()
-        size = self.meta.max_tokens
-        host[:padded_tokens] = -1
-        host[:len(token_slots)] = token_slots
-        host[size:size + len(order) - base_tokens] = order[base_tokens:]
-        host[2 * size] = 0
-        host[2 * size + 1:] = np.cumsum(per_slot)
+        host[:padded_tokens] = token_slots
+        host[size:size + padded_tokens], host[2 * size:] = group_rows(token_slots, num_slots)
         self._send(padded_tokens, size)
 
     def _send(self, padded_tokens: int, size: int) -> None:
@@ -161,6 +159,15 @@ class LoRAManager:
         data[size:size + padded_tokens].copy_(host[size:size + padded_tokens], non_blocking=True)
         data[2 * size:].copy_(host[2 * size:], non_blocking=True)
         self._event.record()
+
+
+def group_rows(token_slots: np.ndarray, num_slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row indices grouped by slot, the base rows (-1) last; segment starts [S + 2]): the
+    layout the kernels read (kernels/shrink_expand.py)."""
+    segment = np.where(token_slots < 0, num_slots, token_slots)
+    starts = np.zeros(num_slots + 2, dtype=np.int64)
+    starts[1:] = np.cumsum(np.bincount(segment, minlength=num_slots + 1))
+    return np.argsort(segment, kind="stable"), starts
 
 
 def attach_lora(model: nn.Module, args, sched) -> LoRAManager:

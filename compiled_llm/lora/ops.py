@@ -23,9 +23,9 @@ def lora_add_reference(x: torch.Tensor, y: torch.Tensor, lora_a: torch.Tensor,
 
 
 def step_views(step_meta: torch.Tensor, num_tokens: int, num_slots: int):
-    """(token slots [T], tokens sorted by slot [T], segment starts [S + 1]) of the step buffer
-    [slots (M) | sorted tokens (M) | segment starts (S + 1)]."""
-    size = (step_meta.shape[0] - num_slots - 1) // 2
+    """(token slots [T], rows sorted by slot [T], segment starts [S + 2], the base rows last)
+    of the step buffer [slots (M) | sorted rows (M) | segment starts (S + 2)]."""
+    size = (step_meta.shape[0] - num_slots - 2) // 2
     return (step_meta[:num_tokens], step_meta[size:size + num_tokens], step_meta[2 * size:])
 
 

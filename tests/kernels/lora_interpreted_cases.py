@@ -8,7 +8,7 @@ import torch
 
 from compiled_llm.lora.kernels import kernels_interpreted, lora_expand, lora_shrink
 from compiled_llm.lora.ops import lora_add_reference
-from tests.lora.kernel_inputs import lora_inputs, segments
+from tests.lora.kernel_inputs import lora_inputs, segments, step_meta
 
 pytestmark = pytest.mark.skipif(not kernels_interpreted(), reason="needs TRITON_INTERPRET=1")
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
@@ -27,3 +27,13 @@ def test_matches_reference(dtype, tokens, slots, k, n):
     assert (out.float() - ref).abs().max().item() <= TOLERANCE[dtype] * scale
     base = token_slots < 0  # base-model tokens come back untouched
     assert torch.equal(out[base], y[base])
+
+
+def test_op_reads_the_step_buffer_the_pool_fills():
+    from compiled_llm.lora.ops import _lora_add_cuda
+
+    x, y, lora_a, lora_b, token_slots = lora_inputs(21, 3, 16, 32, 40, seed=5)
+    meta = step_meta(token_slots, 3, max_tokens=64)
+    out = _lora_add_cuda(x, y, lora_a, lora_b, meta)  # the CUDA kernel's body, interpreted
+    ref = lora_add_reference(x, y, lora_a, lora_b, token_slots)
+    assert (out - ref).abs().max().item() <= 1e-4 * max(1.0, ref.abs().max().item())

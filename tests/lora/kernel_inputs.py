@@ -19,11 +19,21 @@ def lora_inputs(tokens: int, slots: int, rank: int, k: int, n: int, dtype=torch.
 
 
 def segments(token_slots: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(adapter tokens sorted by slot, padded with -1 to T; segment starts [S + 1])."""
-    order = torch.argsort(token_slots, stable=True)
-    order = order[token_slots[order] >= 0]
-    counts = torch.bincount(token_slots[token_slots >= 0], minlength=slots)
-    starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    padded = torch.full_like(token_slots, -1)
-    padded[:len(order)] = order
-    return padded, starts
+    """(rows grouped by slot, the base rows last; segment starts [S + 2]), as the slot pool
+    fills them each step."""
+    from compiled_llm.lora.manager import group_rows
+
+    order, starts = group_rows(token_slots.cpu().numpy(), slots)
+    return (torch.from_numpy(order).to(token_slots.device),
+            torch.from_numpy(starts).to(token_slots.device))
+
+
+def step_meta(token_slots: torch.Tensor, slots: int, max_tokens: int) -> torch.Tensor:
+    """The step buffer (layers.LoRAStepMeta) of a step of these token slots."""
+    order, starts = segments(token_slots, slots)
+    meta = torch.full((2 * max_tokens + slots + 2,), -1, dtype=torch.int64,
+                      device=token_slots.device)
+    meta[:len(token_slots)] = token_slots
+    meta[max_tokens:max_tokens + len(token_slots)] = order
+    meta[2 * max_tokens:] = starts
+    return meta

@@ -8,19 +8,10 @@ import pytest
 import torch
 
 from compiled_llm.lora.ops import lora_add, lora_add_reference
-from tests.lora.kernel_inputs import lora_inputs, segments
+from tests.lora.kernel_inputs import lora_inputs, step_meta
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-
-def _meta(token_slots: torch.Tensor, slots: int, max_tokens: int) -> torch.Tensor:
-    sorted_tokens, starts = segments(token_slots, slots)
-    meta = torch.full((2 * max_tokens + slots + 1,), -1, dtype=torch.int64, device="cuda")
-    meta[:len(token_slots)] = token_slots
-    meta[max_tokens:max_tokens + len(token_slots)] = sorted_tokens
-    meta[2 * max_tokens:] = starts
-    return meta
 
 
 def _check(out, ref):
@@ -33,14 +24,14 @@ def _check(out, ref):
 def test_kernel_matches_reference_bf16(tokens, k, n):
     x, y, lora_a, lora_b, slots = lora_inputs(tokens, 4, 16, k, n, torch.bfloat16, seed=tokens,
                                               device="cuda")
-    out = lora_add(x, y, lora_a, lora_b, _meta(slots, 4, 1024))
+    out = lora_add(x, y, lora_a, lora_b, step_meta(slots, 4, 1024))
     _check(out, lora_add_reference(x.float(), y.float(), lora_a.float(), lora_b.float(), slots))
 
 
 def test_kernel_replays_in_a_cuda_graph_with_new_slots():
     x, y, lora_a, lora_b, slots = lora_inputs(64, 4, 16, 1024, 2048, torch.bfloat16,
                                               device="cuda")
-    meta = _meta(slots, 4, 64)
+    meta = step_meta(slots, 4, 64)
     lora_add(x, y, lora_a, lora_b, meta)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -48,7 +39,7 @@ def test_kernel_replays_in_a_cuda_graph_with_new_slots():
         out = lora_add(x, y, lora_a, lora_b, meta)
     new_slots = slots.roll(7).clone()
     new_slots[:5] = -1
-    meta.copy_(_meta(new_slots, 4, 64))
+    meta.copy_(step_meta(new_slots, 4, 64))
     graph.replay()
     _check(out, lora_add_reference(x.float(), y.float(), lora_a.float(), lora_b.float(),
                                    new_slots))

@@ -1,6 +1,8 @@
-"""Segmented LoRA shrink and expand. Tokens come sorted by slot (`sorted_tokens`, slot s owning
-entries seg_starts[s]:seg_starts[s+1]); a program takes BLOCK_M tokens of one slot, so each
-adapter's A and B tiles are read once per block, not once per token. Grids depend on the token
+"""Segmented LoRA shrink and expand. Every row comes in `sorted_tokens`, grouped by slot: slot s
+owns entries seg_starts[s]:seg_starts[s+1], and the base-model rows (padding included) come
+last, seg_starts[S]:seg_starts[S+1]; a program takes BLOCK_M rows of one segment, so each
+adapter's A and B tiles are read once per block, not once per token; the expand writes every
+output row (the base rows copied), so its output needs no copy of y first. Grids depend on the token
 count and the slot count only (no host read of the segments: CUDA graphs replay them)."""
 
 from __future__ import annotations
@@ -44,23 +46,26 @@ def _shrink_kernel(x_ptr, a_ptr, h_ptr, sorted_ptr, seg_ptr, K, stride_x, stride
 
 
 @triton.jit
-def _expand_kernel(h_ptr, b_ptr, out_ptr, sorted_ptr, seg_ptr, N, stride_h, stride_bs,
-                   stride_bn, stride_out, RANK: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+def _expand_kernel(y_ptr, h_ptr, b_ptr, out_ptr, sorted_ptr, seg_ptr, N, NUM_SLOTS, stride_y,
+                   stride_h, stride_bs, stride_bn, stride_out, RANK: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     slot, block, nblock = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     busy, tokens, in_seg = _segment_block(sorted_ptr, seg_ptr, slot, block, BLOCK_M)
     if busy:
-        ranks = tl.arange(0, RANK)
         cols = nblock * BLOCK_N + tl.arange(0, BLOCK_N)
-        in_n = cols < N
-        h = tl.load(h_ptr + tokens[:, None] * stride_h + ranks[None, :], mask=in_seg[:, None],
-                    other=0.0)
-        b = tl.load(b_ptr + slot * stride_bs + cols[None, :] * stride_bn + ranks[:, None],
-                    mask=in_n[None, :], other=0.0)
-        delta = tl.dot(h.to(b.dtype), b, input_precision=PRECISION)
-        mask = in_seg[:, None] & in_n[None, :]
+        mask = in_seg[:, None] & (cols < N)[None, :]
+        y = tl.load(y_ptr + tokens[:, None] * stride_y + cols[None, :], mask=mask, other=0.0)
         out = out_ptr + tokens[:, None] * stride_out + cols[None, :]
-        tl.store(out, (tl.load(out, mask=mask) + delta).to(out.dtype.element_ty), mask=mask)
+        if slot == NUM_SLOTS:  # the base-model rows
+            tl.store(out, y, mask=mask)
+        else:
+            ranks = tl.arange(0, RANK)
+            h = tl.load(h_ptr + tokens[:, None] * stride_h + ranks[None, :],
+                        mask=in_seg[:, None], other=0.0)
+            b = tl.load(b_ptr + slot * stride_bs + cols[None, :] * stride_bn + ranks[:, None],
+                        mask=(cols < N)[None, :], other=0.0)
+            delta = tl.dot(h.to(b.dtype), b, input_precision=PRECISION)
+            tl.store(out, (y.to(tl.float32) + delta).to(out.dtype.element_ty), mask=mask)
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -74,8 +79,9 @@ def _block_m(num_tokens: int) -> int:
 
 def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, sorted_tokens: torch.Tensor,
                 seg_starts: torch.Tensor, block_k: int = 64, split_k: int = 0) -> torch.Tensor:
-    """h [T, R] float32 = x[t] @ lora_a[slot(t)]^T for the tokens in a segment (others 0).
-    x [T, K] (rows contiguous), lora_a [S, R, K]; split_k 0 picks one from the token count."""
+    """h [T, R] float32 = x[t] @ lora_a[slot(t)]^T for the adapter rows (the base rows 0).
+    x [T, K] (rows contiguous), lora_a [S, R, K], sorted_tokens [T], seg_starts [S + 2];
+    split_k 0 picks one from the token count."""
     num_tokens, num_k = x.shape
     num_slots, rank, _ = lora_a.shape
     h = torch.zeros(num_tokens, rank, dtype=torch.float32, device=x.device)
@@ -95,18 +101,20 @@ def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, sorted_tokens: torch.Tens
 def lora_expand(y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor,
                 sorted_tokens: torch.Tensor, seg_starts: torch.Tensor,
                 block_n: int = 64) -> torch.Tensor:
-    """y + h[t] @ lora_b[slot(t)]^T for the tokens in a segment (a new tensor; y as it is for
-    the others). y [T, N], h [T, R], lora_b [S, N, R]."""
-    out = y.clone()
+    """y + h[t] @ lora_b[slot(t)]^T for the adapter rows, y for the base rows: a new tensor,
+    every row of it written (the segments cover all T rows). y [T, N], h [T, R],
+    lora_b [S, N, R]."""
+    out = torch.empty_like(y)
     num_tokens, num_n = y.shape
     if num_tokens == 0:
         return out
     num_slots, _, rank = lora_b.shape
     block_m = _block_m(num_tokens)
-    grid = (num_slots, triton.cdiv(num_tokens, block_m), triton.cdiv(num_n, block_n))
-    _expand_kernel[grid](h, lora_b, out, sorted_tokens, seg_starts, num_n, h.stride(0),
-                         lora_b.stride(0), lora_b.stride(1), out.stride(0), RANK=rank,
-                         BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=_precision(y.dtype))
+    grid = (num_slots + 1, triton.cdiv(num_tokens, block_m), triton.cdiv(num_n, block_n))
+    _expand_kernel[grid](y, h, lora_b, out, sorted_tokens, seg_starts, num_n, num_slots,
+                         y.stride(0), h.stride(0), lora_b.stride(0), lora_b.stride(1),
+                         out.stride(0), RANK=rank, BLOCK_M=block_m, BLOCK_N=block_n,
+                         PRECISION=_precision(y.dtype))
     return out
 
 
