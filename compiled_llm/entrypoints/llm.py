@@ -87,9 +87,11 @@ class LLM(PoolingMixin):
         use_tqdm: bool = True,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to each conversation, then generate; ValueError
-        naming the message when one is malformed (content None counts as empty)."""
+        """Apply the tokenizer's chat template to each conversation, then generate (with
+        lora_request as generate takes it); ValueError naming the message when one is
+        malformed (content None counts as empty)."""
         check_runner(self.runner_type, "generate", "chat")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
@@ -98,7 +100,8 @@ class LLM(PoolingMixin):
         for text in prompts:
             self.engine.inputs.check_text_prompt(text, "messages")
         ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
-        return self.generate([{"prompt_token_ids": i} for i in ids], sampling_params, use_tqdm)
+        return self.generate([{"prompt_token_ids": i} for i in ids], sampling_params, use_tqdm,
+                             lora_request=lora_request)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}

@@ -63,6 +63,13 @@ def test_mixed_batch_matches_peft_merged(llm, base, adapters):
     assert want[0] != merged_greedy(base, None, PROMPTS[:1], 6)[0]  # the adapter matters
 
 
+def test_chat_takes_a_lora_request(llm, adapters):
+    messages = [{"role": "user", "content": "The quick brown fox"}]
+    tuned = llm.chat(messages, GREEDY, use_tqdm=False, lora_request=_lora(1, adapters[0]))
+    plain = llm.chat(messages, GREEDY, use_tqdm=False)
+    assert tuned[0].outputs[0].token_ids != plain[0].outputs[0].token_ids
+
+
 def test_more_adapters_than_slots_page_through_lru(llm, base, adapters):
     manager = _manager(llm)
     loras = [_lora(1, adapters[0]), _lora(2, adapters[1]), _lora(3, adapters[2]),
