@@ -18,8 +18,8 @@ class LoRAArgs:
     max_lora_rank: int = 16
     """Largest adapter rank accepted (the slots are sized for it)."""
     max_cpu_loras: int | None = None
-    """Adapters kept loaded in host memory, beyond those in device slots (default:
-    max_loras)."""
+    """Adapters kept loaded in host memory, so paging one back into a slot reads no file
+    (default: max_loras; at least max_loras)."""
 
     def check_lora(self) -> None:
         """ValueError naming the first LoRA field out of range."""
