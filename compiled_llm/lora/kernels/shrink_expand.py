@@ -1,9 +1,8 @@
-"""Segmented LoRA shrink and expand. Every row comes in `sorted_tokens`, grouped by slot: slot s
-owns entries seg_starts[s]:seg_starts[s+1], and the base-model rows (padding included) come
-last, seg_starts[S]:seg_starts[S+1]; a program takes BLOCK_M rows of one segment, so each
-adapter's A and B tiles are read once per block, not once per token; the expand writes every
-output row (the base rows copied), so its output needs no copy of y first. Grids depend on the token
-count and the slot count only (no host read of the segments: CUDA graphs replay them)."""
+"""Segmented LoRA shrink and expand. Every row is in `sorted_tokens`, grouped by slot (slot s:
+seg_starts[s]:seg_starts[s+1]; the base-model rows, padding included, last); a program takes
+BLOCK_M rows of one segment, so an adapter's A and B tiles are read once per block. The expand
+writes every output row (base rows copied), so y is never copied first. Grids depend on the
+token and slot counts only (no host read of the segments: CUDA graphs replay them)."""
 
 from __future__ import annotations
 
