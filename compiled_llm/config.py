@@ -17,6 +17,7 @@ from compiled_llm.config_fields import (  # noqa: F401 (re-exported)
     field_choices,
     split_optional,
 )
+from compiled_llm.lora.config import LoRAArgs
 from compiled_llm.optimization import (
     AUTOTUNE_OPTIONS,
     PERFORMANCE_MODES,
@@ -182,7 +183,7 @@ class CompileConfig:
 
 
 @dataclass
-class EngineArgs(RunnerArgs):
+class EngineArgs(RunnerArgs, LoRAArgs):
     """Everything LLM(...) and `compiled-llm` accept (runner and pooler_config from RunnerArgs);
     the *_config() methods derive the sub-configs. Every field's docstring is its flag's help."""
 
@@ -296,6 +297,7 @@ class EngineArgs(RunnerArgs):
     def __post_init__(self) -> None:
         check_choices(self)
         check_minimums(self, _REQUEST_LIMITS)
+        self.check_lora()
         if self.max_model_len in AUTO_MAX_MODEL_LEN:
             self.max_model_len = None  # one spelling of auto from here on
         elif self.max_model_len is not None and (

@@ -56,6 +56,8 @@ def check_pooling_args(args: EngineArgs) -> None:
         raise ValueError(f"kv_cache_dtype {args.kv_cache_dtype!r}: runner='pooling' keeps no KV "
                          "cache; leave kv_cache_dtype as auto")
     PoolerConfig.from_value(args.pooler_config)  # names a bad key before the weights load
+    if args.enable_lora:
+        raise ValueError("enable_lora: LoRA adapters serve runner='generate' only")
 
 
 class PoolingEngine:

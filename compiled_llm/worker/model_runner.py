@@ -77,8 +77,9 @@ class ModelRunner:
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype,
                  cache_cfg: CacheConfig, compile_cfg: CompileConfig, max_model_len: int,
                  attn_backend: str = "torch", max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192) -> None:
+                 max_num_batched_tokens: int = 8192, lora=None) -> None:
         self.model, self.device, self.dtype = model, device, dtype
+        self.lora = lora  # the LoRA slot pool (lora/manager.py) when enable_lora
         self.cache_cfg, self.compile_cfg = cache_cfg, compile_cfg
         self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
         self.max_blocks_per_seq = -(-max_model_len // cache_cfg.block_size)
@@ -176,6 +177,8 @@ class ModelRunner:
         state; preempted ones only their rows (they resume with a new block list)."""
         self.sampler.release(finished)
         self.input_batch.release(finished, preempted)
+        if self.lora is not None:
+            self.lora.release(finished | preempted)
 
     def execute(self, sched: SchedulerOutput) -> StepResult:
         """Run one step to the end: sampled tokens on the host."""
@@ -189,7 +192,13 @@ class ModelRunner:
         taken from prev's sampled tokens on the device (async scheduling). The first real
         (not dummy) step calibrates FP8 KV scales that the checkpoint lacked."""
         self.release(sched.finished_req_ids, sched.preempted_req_ids)
+        sched, lora_errors = (sched, {}) if self.lora is None else self.lora.page_in(sched)
         inputs = self.input_batch.prepare(sched)
+        if self.lora is not None:  # each token's adapter slot
+            inputs.skipped.update(lora_errors)
+            self.lora.prepare_step([item for item in sched.scheduled
+                                    if item[0].request_id not in inputs.skipped],
+                                   len(inputs.input_ids))
         if inputs.has_pending:
             fill_pending(inputs.input_ids, prev)
         self.step_timer.forward_start()

@@ -1,5 +1,6 @@
-"""Runs interpreted_cases.py (attention) and moe_interpreted_cases.py (fused MoE) under
-Triton's interpreter (TRITON_INTERPRET=1) in a subprocess.
+"""Runs interpreted_cases.py (attention), moe_interpreted_cases.py (fused MoE),
+fp8_kv_interpreted_cases.py (FP8 KV cache) and lora_interpreted_cases.py (LoRA shrink/expand)
+under Triton's interpreter (TRITON_INTERPRET=1) in a subprocess.
 
 TRITON_INTERPRET must be set before Triton is first imported and would turn every later
 @triton.jit in the process into interpreted code; a subprocess keeps it away from the other tests
@@ -20,7 +21,8 @@ from compiled_llm.attention.kernels import kernels_interpreted
 from compiled_llm.attention.triton_backend import check_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ("interpreted_cases.py", "moe_interpreted_cases.py", "fp8_kv_interpreted_cases.py")
+CASES = ("interpreted_cases.py", "moe_interpreted_cases.py", "fp8_kv_interpreted_cases.py",
+         "lora_interpreted_cases.py")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),
