@@ -165,17 +165,29 @@ def cache_write_row(tokens: int, bw: float) -> dict:
             "index_copy_us": ref * 1e3, "vs_index_copy": ref / ours}
 
 
-def _sweep_decode(batch: int, ctx: int) -> list[dict]:
+def _sweep_decode(batch: int, ctx: int, fp8: bool = False) -> list[dict]:
+    """Decode tile configs; fp8: over an FP8 (e4m3) cache with per-head scales."""
     q, _, _, cache, meta = paged_case(batch, ctx, 1)
+    scales = None
+    if fp8:
+        scales = torch.ones(2, HKV, device="cuda")
+        cache = cache.to(torch.float8_e4m3fn)
     out, rows = torch.empty_like(q), []
     for bn in (32, 64, 128):
         for warps, stages in ((4, 2), (4, 3), (8, 3), (4, 4)):
             cfg = DecodeConfig(block_n=bn, num_warps=warps, num_stages=stages)
             ms = bench_ms(lambda c=cfg: decode_attention(
-                q, cache, meta.seq_lens, meta.block_tables, SCALE, -1, out, c))
-            rows.append({"case": f"decode b{batch} ctx{ctx}", "config": str(cfg),
-                         "us": ms * 1e3})
+                q, cache, meta.seq_lens, meta.block_tables, SCALE, -1, out, c,
+                kv_scales=scales))
+            rows.append({"case": f"decode b{batch} ctx{ctx}" + (" fp8" if fp8 else ""),
+                         "config": str(cfg), "us": ms * 1e3})
     return rows
+
+
+def fp8_sweep() -> list[dict]:
+    """Decode tile configs over bf16 and FP8 caches at the FP8 benchmark's shapes."""
+    return [row for batch, ctx in ((64, 1152), (256, 1152), (1, 8192)) for fp8 in (False, True)
+            for row in _sweep_decode(batch, ctx, fp8)]
 
 
 def _sweep_prefill(length: int) -> list[dict]:
@@ -207,10 +219,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
+    ap.add_argument("--fp8-sweep", action="store_true",
+                    help="only time decode tile configs over bf16 and FP8 caches")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("attention_kernels.py needs a CUDA device")
     torch.manual_seed(0)
+    if args.fp8_sweep:
+        rows = fp8_sweep()
+        print_table(rows, "Decode tile configs, bf16 and FP8 caches")
+        return save_json(args.json, {"device": torch.cuda.get_device_name(), "sweep": rows})
     bw = copy_bandwidth_gbs()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw:,.0f} GB/s; "
           f"defaults decode {decode_config(D)}, prefill {prefill_config(D)}")

@@ -211,3 +211,43 @@ def save_plot(path: str, draw) -> None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     print(f"plot: {path}")
+
+
+def decode_engine_args(shape: str, args: argparse.Namespace) -> dict:
+    """benchmarks.ours:decode's arguments for a paired decode benchmark (async scheduling)."""
+    return dict(model_dir=shape_checkpoint(shape, args.checkpoint_dir), dtype=args.dtype,
+                compile_mode=args.compile_mode, cudagraph_mode=args.cudagraph_mode,
+                batch_sizes=args.batch_sizes, prompt_len=args.prompt_len,
+                new_tokens=args.new_tokens, async_scheduling=True)
+
+
+def decode_pair_main(name: str, doc: str, title: str, shapes: list[str], run_shape,
+                     batch_sizes: list[int], prompt_len: int, new_tokens: int) -> None:
+    """The command line of a paired decode benchmark: rows from run_shape(shape, args) per
+    shape, printed as one table and saved as JSON under `name`."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    add_common_args(ap, shapes)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=batch_sizes)
+    ap.add_argument("--prompt-len", type=int, default=prompt_len)
+    ap.add_argument("--new-tokens", type=int, default=new_tokens)
+    args = ap.parse_args()
+    rows = [row for shape in args.shape for row in run_shape(shape, args)]
+    print_table(rows, f"{title}: decode, {args.prompt_len}-token prompts, {args.new_tokens} "
+                f"timed tokens, {args.dtype}, graphs {args.cudagraph_mode}, async")
+    finish(name, args, {"rows": rows}, None)
+
+
+def decode_runs(shape: str, args: argparse.Namespace, variants: dict[str, dict]):
+    """Run benchmarks.ours:decode once per variant (its extra arguments), each in its own
+    process: (results by variant, {variant: {batch: tok/s}}); failures are printed."""
+    from benchmarks import isolate
+
+    common = decode_engine_args(shape, args)
+    runs = {name: isolate.call("benchmarks.ours:decode", **common, **extra)
+            for name, extra in variants.items()}
+    for name, res in runs.items():
+        if "error" in res:
+            print(f"{shape} {name}: {res['error']}")
+    tok_s = {name: {r["batch"]: r["tok_s"] for r in res.get("rows", [])}
+             for name, res in runs.items()}
+    return runs, tok_s

@@ -16,6 +16,8 @@
 #     bash benchmarks/h200_suite.sh 11    # GPU tests, horizontal GEMM fusion on and off
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode against gpt-fast (carry .peer)
 #     bash benchmarks/h200_suite.sh 13    # MoE GPU tests and kernels, start-up as processes
+#     bash benchmarks/h200_suite.sh 14    # FP8 KV cache tests, FP8 against bf16 KV (one GPU)
+#     bash benchmarks/h200_suite.sh 15    # tune the fused MoE (Qwen3-30B-A3B layer), re-time it
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -151,6 +153,18 @@ elif [ "$CALL" = 13 ]; then  # one GPU: MoE on the GPU, -O levels, start-up as p
 $py -m pytest -q -x -p no:cacheprovider tests/moe/test_fused_moe_gpu.py tests/compile/test_optimization_levels.py
 $py -m benchmarks.moe_kernels --tokens 1 8 64 256 1024 4096 --json $R/moe_kernels_h200.json
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b_h200.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 14 ]; then  # one GPU: the FP8 KV cache's tests, then FP8 against bf16 KV
+  mapfile -t a <<<"\
+$MK
+$py -m pytest -q -x -p no:cacheprovider tests/kernels/test_triton_gpu.py tests/worker/test_kv_cache_fp8.py
+$py -m benchmarks.kv_cache_fp8 --checkpoint-dir $CK --json $R/kv_cache_fp8_h200.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 15 ]; then  # one GPU: tune the fused MoE for Qwen3-30B-A3B's layer, re-time it
+  mapfile -t a <<<"\
+$py -m benchmarks.moe_tune --out-dir compiled_llm/moe/configs --json $R/moe_tune_h200.json
+cp compiled_llm/moe/configs/*.json $R/moe_tuned_config.json
+$py -m benchmarks.moe_kernels --tokens 1 8 64 256 1024 4096 --json $R/moe_kernels_tuned_h200.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 else
   run_streams "\

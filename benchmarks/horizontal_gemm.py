@@ -9,30 +9,19 @@ each engine in its own process; the optional FP8 pair runs `quantization="fp8"`.
 
 from __future__ import annotations
 
-import argparse
 import math
 
-from benchmarks import isolate
-from benchmarks.common import add_common_args, finish, print_table, shape_checkpoint
+from benchmarks.common import decode_pair_main, decode_runs
 
 OFF = {"enable_horizontal_gemm": False}
 
 
 def run_shape(shape: str, args) -> list[dict]:
     """One row per batch size: fused and unfused tok/s and their ratio."""
-    common = dict(model_dir=shape_checkpoint(shape, args.checkpoint_dir), dtype=args.dtype,
-                  compile_mode=args.compile_mode, cudagraph_mode=args.cudagraph_mode,
-                  batch_sizes=args.batch_sizes, prompt_len=args.prompt_len,
-                  new_tokens=args.new_tokens, async_scheduling=True)
-    runs = {"fused": isolate.call("benchmarks.ours:decode", **common),
-            "unfused": isolate.call("benchmarks.ours:decode", **common, passes=OFF)}
-    for name, res in runs.items():
-        if "error" in res:
-            print(f"{shape} {name}: {res['error']}")
-    by = {name: {r["batch"]: r for r in res.get("rows", [])} for name, res in runs.items()}
+    _, tok_s = decode_runs(shape, args, {"fused": {}, "unfused": {"passes": OFF}})
     rows = []
     for batch in args.batch_sizes:
-        fused, unfused = (by[k].get(batch, {}).get("tok_s", math.nan) for k in by)
+        fused, unfused = (tok_s[k].get(batch, math.nan) for k in ("fused", "unfused"))
         rows.append({"shape": shape, "batch": batch, "fused tok/s": fused,
                      "unfused tok/s": unfused, "fused / unfused": fused / unfused,
                      "fused step ms": 1e3 * batch / fused})
@@ -40,17 +29,8 @@ def run_shape(shape: str, args) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_common_args(ap, ["llama3-8b", "qwen3-0.6b"])
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--new-tokens", type=int, default=256)
-    args = ap.parse_args()
-    rows = [row for shape in args.shape for row in run_shape(shape, args)]
-    print_table(rows, f"Horizontal GEMM fusion: decode, {args.prompt_len}-token prompts, "
-                f"{args.new_tokens} timed tokens, {args.dtype}, graphs {args.cudagraph_mode}, "
-                "async")
-    finish("horizontal_gemm", args, {"rows": rows}, None)
+    decode_pair_main("horizontal_gemm", __doc__, "Horizontal GEMM fusion",
+                     ["llama3-8b", "qwen3-0.6b"], run_shape, [1, 8, 32], 128, 256)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The fused MoE kernel (issue 18) at one layer's shape (default Qwen3-30B-A3B: 128 experts, top-8,
 hidden 2048, expert intermediate 768, bf16) against the per-expert torch loop and against
-`torch._grouped_mm` where this torch has it, as a table of milliseconds over token counts.
+`torch._grouped_mm` where this torch has it, as a table of milliseconds over token counts
+("triton ms": the tuned config where moe/configs has the shape, else the built-in table).
 
     python -m benchmarks.moe_kernels --tokens 1 8 64 256 1024 4096 --json /tmp/moe_kernels.json
 """
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from compiled_llm.moe import fused_moe_reference
-from compiled_llm.moe.triton_moe import fused_moe_triton
+from compiled_llm.moe.triton_moe import fused_moe_triton, moe_gemm_config
 
 
 def grouped_mm_moe(hidden, w13, w2, topk_weights, topk_ids):
@@ -34,15 +35,22 @@ def grouped_mm_moe(hidden, w13, w2, topk_weights, topk_ids):
     return out.view(num_tokens, top_k, -1).sum(1)
 
 
-def time_ms(fn, args, iters: int) -> float:
-    """Mean milliseconds of iters calls after 3 warm-ups, timed by CUDA events."""
+def time_ms(fn, args, iters: int, graph: bool = False) -> float:
+    """Mean milliseconds of iters calls after 3 warm-ups, timed by CUDA events; graph: as
+    replays of one CUDA graph of the iters calls (device time alone, as in a captured step)."""
     for _ in range(3):
         fn(*args)
+    run = lambda: [fn(*args) for _ in range(iters)]  # noqa: E731
+    if graph:
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            run()
+        run = cuda_graph.replay
+        run()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
-    for _ in range(iters):
-        fn(*args)
+    run()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / iters
@@ -62,8 +70,12 @@ def row(num_tokens: int, args) -> dict:
     """One token count: ms of each implementation and the Triton kernel's error."""
     moe_args = inputs(num_tokens, args)
     ref = fused_moe_reference(*moe_args)
+    table = moe_gemm_config(num_tokens, args.top_k, args.experts, torch.bfloat16)
     out = {"tokens": num_tokens,
            "triton ms": time_ms(fused_moe_triton, moe_args, args.iters),
+           "triton graph ms": time_ms(fused_moe_triton, moe_args, args.iters, graph=True),
+           "triton, table config graph ms": time_ms(
+               lambda *a: fused_moe_triton(*a, config=table), moe_args, args.iters, graph=True),
            "per-expert loop ms": time_ms(fused_moe_reference, moe_args, max(3, args.iters // 10)),
            "triton rel err": float((fused_moe_triton(*moe_args).float() - ref.float()).norm()
                                    / ref.float().norm())}

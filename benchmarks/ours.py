@@ -89,13 +89,15 @@ def decode_window(engine, batch: int, prompt_len: int, new_tokens: int, tag: str
 
 def decode(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str,
            batch_sizes: list[int], prompt_len: int, new_tokens: int,
-           async_scheduling: bool = False, passes: dict | None = None) -> dict:
+           async_scheduling: bool = False, passes: dict | None = None,
+           engine_kw: dict | None = None) -> dict:
     """One engine, a decode window per batch size (each after a short warm-up window);
-    `passes` overrides PassConfig fields."""
+    `passes` overrides PassConfig fields, engine_kw are further LLM arguments."""
     t0 = time.perf_counter()
     llm = make_llm(model_dir, dtype, compile_mode, cudagraph_mode,
                    max_model_len=prompt_len + new_tokens + 32, max_num_seqs=max(batch_sizes),
-                   async_scheduling=async_scheduling, **({"passes": passes} if passes else {}))
+                   async_scheduling=async_scheduling, **({"passes": passes} if passes else {}),
+                   **(engine_kw or {}))
     startup = time.perf_counter() - t0
     rows = []
     for b in batch_sizes:
@@ -105,7 +107,8 @@ def decode(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str,
         graphs += ", async" if async_scheduling else ""
         print(f"compiled-llm decode ({compile_mode}, {graphs}): {rows[-1]}",
               flush=True)
-    return {"rows": rows, "startup_s": startup, "weight_bytes": weight_bytes(llm)}
+    return {"rows": rows, "startup_s": startup, "weight_bytes": weight_bytes(llm),
+            "kv_blocks": llm.engine.executor.num_blocks}
 
 
 def prefill(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str,

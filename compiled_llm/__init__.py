@@ -20,12 +20,14 @@ _PUBLIC = {
     "CompletionOutput": "compiled_llm.output.outputs",
     "Logprob": "compiled_llm.output.outputs",
     "ModelRegistry": "compiled_llm.models",
+    "LoRARequest": "compiled_llm.lora.request",
 }
 
 if TYPE_CHECKING:
     from compiled_llm.config import EngineArgs
     from compiled_llm.entrypoints.async_llm import AsyncLLM
     from compiled_llm.entrypoints.llm import LLM
+    from compiled_llm.lora.request import LoRARequest
     from compiled_llm.models import ModelRegistry
     from compiled_llm.output.outputs import CompletionOutput, Logprob, RequestOutput
     from compiled_llm.sampling_params import (
@@ -35,7 +37,8 @@ if TYPE_CHECKING:
     )
 
 __all__ = ["LLM", "AsyncLLM", "EngineArgs", "SamplingParams", "StructuredOutputsParams",
-           "RequestOutputKind", "RequestOutput", "CompletionOutput", "Logprob", "ModelRegistry"]
+           "RequestOutputKind", "RequestOutput", "CompletionOutput", "Logprob", "ModelRegistry",
+           "LoRARequest"]
 __version__ = "0.1.0"
 
 

@@ -5,14 +5,19 @@ The string under each field is its documentation (read by `config_docs`, the hel
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import os
-import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Literal
 
+from compiled_llm.config_fields import (  # noqa: F401 (re-exported)
+    check_choices,
+    check_minimums,
+    config_docs,
+    field_choices,
+    split_optional,
+)
+from compiled_llm.lora.config import LoRAArgs
 from compiled_llm.optimization import (
     AUTOTUNE_OPTIONS,
     PERFORMANCE_MODES,
@@ -32,6 +37,7 @@ SchedulerPolicy = Literal["fcfs", "priority"]
 PrefixCachingHashAlgo = Literal["xxhash", "sha256"]
 LoadFormat = Literal["auto", "safetensors", "pt"]
 QuantizationMethods = Literal["fp8", "gptq", "awq", "compressed-tensors"]
+KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 
 COMPILE_MODES: tuple[str, ...] = typing.get_args(CompileMode)
 CUDAGRAPH_MODES: tuple[str, ...] = typing.get_args(CUDAGraphMode)
@@ -75,71 +81,6 @@ def model_len_bounds(hf_config: dict) -> tuple[int, int]:
     return limit, (trained if kind == "dynamic" else limit)
 
 
-@functools.cache
-def config_docs(cls: type) -> dict[str, str]:
-    """{field name: its attribute docstring} for a dataclass and its dataclass bases, read
-    from their source with ast; a field with no string literal right under it is absent."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass):
-            docs.update(_own_docs(klass))
-    return docs
-
-
-def _own_docs(cls: type) -> dict[str, str]:
-    import ast
-    import inspect
-    import textwrap
-
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    docs = {}
-    for stmt, nxt in zip(body, body[1:]):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)):
-            docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
-    return docs
-
-
-def split_optional(hint: object) -> tuple[object, bool]:
-    """(hint without None, whether it allowed None): `int | None` gives (int, True)."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1:
-            return rest[0], len(rest) < len(args)
-    return hint, False
-
-
-@functools.cache
-def field_choices(cls: type) -> dict[str, tuple]:
-    """{field name: its allowed values} for the fields typed with a Literal; None is among
-    them where the hint allows it (`QuantizationMethods | None`)."""
-    hints = typing.get_type_hints(cls)
-    choices = {}
-    for f in fields(cls):
-        inner, optional = split_optional(hints[f.name])
-        if typing.get_origin(inner) is Literal:
-            choices[f.name] = typing.get_args(inner) + ((None,) if optional else ())
-    return choices
-
-
-def check_choices(config: object) -> None:
-    """ValueError naming the first field whose value is not among its Literal's values."""
-    for name, allowed in field_choices(type(config)).items():
-        value = getattr(config, name)
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-
-
-def check_minimums(config: object, minimums: dict[str, float]) -> None:
-    """ValueError naming the first field (None is let through) below its minimum."""
-    for name, minimum in minimums.items():
-        value = getattr(config, name)
-        if value is not None and value < minimum:
-            raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
 # the per-request bounds among EngineArgs' fields, and their smallest values
 _REQUEST_LIMITS = {"max_logprobs": 0, "max_n_sequences": 1, "max_prompt_bytes": 1,
                    "max_stop_strings": 0, "max_stop_string_chars": 1,
@@ -159,8 +100,11 @@ class CacheConfig:
     of gpu_memory_utilization."""
     num_gpu_blocks_override: int | None = None
     """Allocate exactly this many KV blocks, whatever the memory budget."""
+    cache_dtype: KVCacheDtype = "auto"
+    """The KV cache's dtype: auto (the model's) or FP8 (fp8 = fp8_e4m3, or fp8_e5m2)."""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -239,7 +183,7 @@ class CompileConfig:
 
 
 @dataclass
-class EngineArgs(RunnerArgs):
+class EngineArgs(RunnerArgs, LoRAArgs):
     """Everything LLM(...) and `compiled-llm` accept (runner and pooler_config from RunnerArgs);
     the *_config() methods derive the sub-configs. Every field's docstring is its flag's help."""
 
@@ -272,6 +216,10 @@ class EngineArgs(RunnerArgs):
     of gpu_memory_utilization (default: $COMPILED_LLM_KV_CACHE_MEMORY_BYTES)."""
     num_gpu_blocks_override: int | None = None
     """Allocate exactly this many KV blocks, whatever the memory budget."""
+    kv_cache_dtype: KVCacheDtype = "auto"
+    """KV cache dtype: auto (the model's), or fp8 (= fp8_e4m3) or fp8_e5m2, which halve the
+    cache's bytes; per-tensor or per-head k_scale/v_scale come from the checkpoint, else they
+    are calibrated on the first step's K/V."""
     enforce_eager: bool = False
     """Run eagerly: no compilation and no CUDA graphs (overrides compile_mode and
     cudagraph_mode)."""
@@ -349,6 +297,7 @@ class EngineArgs(RunnerArgs):
     def __post_init__(self) -> None:
         check_choices(self)
         check_minimums(self, _REQUEST_LIMITS)
+        self.check_lora()
         if self.max_model_len in AUTO_MAX_MODEL_LEN:
             self.max_model_len = None  # one spelling of auto from here on
         elif self.max_model_len is not None and (
@@ -383,7 +332,8 @@ class EngineArgs(RunnerArgs):
     def cache_config(self) -> CacheConfig:
         """The KV cache's settings."""
         return CacheConfig(self.block_size, self.gpu_memory_utilization,
-                           self.kv_cache_memory_bytes, self.num_gpu_blocks_override)
+                           self.kv_cache_memory_bytes, self.num_gpu_blocks_override,
+                           self.kv_cache_dtype)
 
     def compile_config(self) -> CompileConfig:
         """The compiler's settings: the fields given, else optimization_level's and

@@ -28,13 +28,14 @@ LAYERS = [
     ("compiled_llm.worker",),
     ("compiled_llm.sample",),
     ("compiled_llm.compile",),
-    ("compiled_llm.quantization",),
+    ("compiled_llm.quantization", "compiled_llm.lora"),
     ("compiled_llm.passes",),
     ("compiled_llm.models",),
     ("compiled_llm.attention", "compiled_llm.moe"),
     ("compiled_llm.core",),
     ("compiled_llm.config", "compiled_llm.optimization", "compiled_llm.compat",
-     "compiled_llm.sampling_params", PKG),
+     "compiled_llm.sampling_params", "compiled_llm.lora.request", "compiled_llm.lora.config",
+     PKG),
 ]
 CORE_THIRD_PARTY = {"xxhash"}
 ENGINE_INTERNALS = {"runner", "scheduler", "kv", "executor", "model_runner"}

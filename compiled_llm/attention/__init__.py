@@ -11,6 +11,7 @@ import importlib
 import torch
 
 from compiled_llm.attention.forward_context import get_forward_context
+from compiled_llm.attention.kv_quant import calibrate, is_fp8
 from compiled_llm.attention.metadata import AttentionMetadata
 from compiled_llm.attention.reference import attention_forward
 
@@ -24,8 +25,9 @@ _LAZY_BACKENDS = {"triton": "compiled_llm.attention.triton_backend"}
 
 def register_backend(name: str, forward) -> None:
     """Add an attention implementation selectable through ForwardContext.backend; forward
-    has the reference's signature (q, k, v, kv_cache, metadata, scale, sliding_window, causal);
-    kv_cache is None when the context holds no caches."""
+    has the reference's signature (q, k, v, kv_cache, metadata, scale, sliding_window, causal,
+    kv_scales); kv_cache is None when the context holds no caches, kv_scales [2, Hkv] is given
+    for FP8 caches only."""
     _BACKENDS[name] = forward
 
 
@@ -48,7 +50,13 @@ def attention(
     ctx = get_forward_context()
     forward = get_backend(ctx.backend)
     kv_cache = ctx.kv_caches[layer_idx] if ctx.kv_caches else None
-    return forward(q, k, v, kv_cache, ctx.attn_metadata, scale, sliding_window, causal)
+    if kv_cache is None or not is_fp8(kv_cache.dtype):
+        return forward(q, k, v, kv_cache, ctx.attn_metadata, scale, sliding_window, causal)
+    kv_scales = ctx.kv_scales[layer_idx]
+    if ctx.calibrate_kv_scales:
+        calibrate(k, v, kv_scales, ctx.attn_metadata.num_actual_tokens, kv_cache.dtype)
+    return forward(q, k, v, kv_cache, ctx.attn_metadata, scale, sliding_window, causal,
+                   kv_scales=kv_scales)
 
 
 @attention.register_fake

@@ -1,8 +1,8 @@
 """The one documented forward context: what the attention op reads during a model forward.
 
 The runner sets it around every forward; models never see it. It carries the step's attention
-metadata, the per-layer KV cache tensors and the CUDA-graph key the step runs under, so the op's
-signature stays free of runtime state.
+metadata, the per-layer KV cache tensors (and FP8 scales) and the CUDA-graph key the step runs
+under, so the op's signature stays free of runtime state.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ class ForwardContext:
     # the graph to replay (or capture, when capturing); None runs every piece plainly
     cudagraph_key: CUDAGraphKey | None = None
     capturing: bool = False
+    # FP8 caches: per-layer scales [L, 2, Hkv]; with calibrate_kv_scales the op sets them from
+    # this forward's K/V (the first real step, run without graphs) before writing the cache
+    kv_scales: torch.Tensor | None = None
+    calibrate_kv_scales: bool = False
 
 
 _CONTEXT: ForwardContext | None = None

@@ -10,14 +10,28 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from compiled_llm.attention.kv_quant import dequantize, quantize
 from compiled_llm.attention.metadata import AttentionMetadata
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> None:
-    """Scatter this step's K/V rows into the paged cache [2, N, bs, Hkv, D] at `slots`."""
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
+             kv_scales: torch.Tensor | None = None) -> None:
+    """Scatter this step's K/V rows into the paged cache [2, N, bs, Hkv, D] at `slots`
+    (an FP8 cache stores rows / kv_scales, copied as bytes: CPU has no FP8 index_copy)."""
     num_rows = slots.shape[0]
-    kv_cache[0].view(-1, *k.shape[1:]).index_copy_(0, slots, k[:num_rows])
-    kv_cache[1].view(-1, *v.shape[1:]).index_copy_(0, slots, v[:num_rows])
+    for index, rows in enumerate((k[:num_rows], v[:num_rows])):
+        dest = kv_cache[index].view(-1, *rows.shape[1:])
+        if kv_scales is not None:
+            rows = quantize(rows, kv_scales[index], kv_cache.dtype).view(torch.uint8)
+            dest = dest.view(torch.uint8)
+        dest.index_copy_(0, slots, rows)
+
+
+def _read(kv_cache: torch.Tensor, index: int, blocks: torch.Tensor,
+          kv_scales: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """K (index 0) or V rows of `blocks` [..., n] -> [..., n, bs, Hkv, D] as `dtype`."""
+    cached = kv_cache[index][blocks]
+    return cached if kv_scales is None else dequantize(cached, kv_scales[index], dtype)
 
 
 def _mask(q_len: int, kv_len: int, window: int, device: torch.device) -> torch.Tensor | None:
@@ -40,24 +54,26 @@ def attention_forward(
     scale: float,
     sliding_window: int,
     causal: bool = True,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Write K/V into the cache, then attend each sequence's queries over its whole context;
-    with kv_cache None, over the sequence's own k/v rows (causal=False: every row sees all)."""
+    with kv_cache None, over the sequence's own k/v rows (causal=False: every row sees all).
+    kv_scales [2, Hkv]: the cache is FP8, holding rows / scale."""
     if kv_cache is None:
         return attend_uncached(q, k, v, meta, scale, sliding_window, causal)
     if not causal:
         raise ValueError("non-causal attention runs without a KV cache only")
-    write_kv(k, v, kv_cache, meta.slot_mapping[:meta.num_actual_tokens])
+    write_kv(k, v, kv_cache, meta.slot_mapping[:meta.num_actual_tokens], kv_scales)
     if meta.max_query_len == 1:
-        return _decode(q, kv_cache, meta, scale, sliding_window)
+        return _decode(q, kv_cache, meta, scale, sliding_window, kv_scales)
     out = torch.zeros_like(q)
     block_size = kv_cache.shape[2]
     query_starts, seq_lens = meta.query_start_loc_cpu.tolist(), meta.seq_lens_cpu.tolist()
     for i, kv_len in enumerate(seq_lens):
         start, end = query_starts[i], query_starts[i + 1]
         blocks = meta.block_tables[i, : (kv_len + block_size - 1) // block_size].long()
-        keys = kv_cache[0][blocks].flatten(0, 1)[:kv_len]  # [L, Hkv, D]
-        vals = kv_cache[1][blocks].flatten(0, 1)[:kv_len]
+        keys = _read(kv_cache, 0, blocks, kv_scales, q.dtype).flatten(0, 1)[:kv_len]  # [L, Hkv, D]
+        vals = _read(kv_cache, 1, blocks, kv_scales, q.dtype).flatten(0, 1)[:kv_len]
         mask = _mask(end - start, kv_len, sliding_window, q.device)
         attended = F.scaled_dot_product_attention(
             q[start:end].transpose(0, 1),  # [Hq, Tq, D]
@@ -71,13 +87,14 @@ def attention_forward(
     return out
 
 
-def _decode(q, kv_cache, meta: AttentionMetadata, scale: float, window: int) -> torch.Tensor:
+def _decode(q, kv_cache, meta: AttentionMetadata, scale: float, window: int,
+            kv_scales: torch.Tensor | None) -> torch.Tensor:
     """All-decode batch in one SDPA call: gather each sequence's blocks, mask past its length."""
     num_seqs, block_size = meta.num_seqs, kv_cache.shape[2]
     num_blocks = -(-meta.max_seq_len // block_size)
     table = meta.block_tables[:, :num_blocks].long()  # [B, num_blocks]
-    keys = kv_cache[0][table].flatten(1, 2)  # [B, L, Hkv, D]
-    vals = kv_cache[1][table].flatten(1, 2)
+    keys = _read(kv_cache, 0, table, kv_scales, q.dtype).flatten(1, 2)  # [B, L, Hkv, D]
+    vals = _read(kv_cache, 1, table, kv_scales, q.dtype).flatten(1, 2)
     pos = torch.arange(keys.shape[1], device=q.device)[None, :]
     lens = meta.seq_lens[:, None].long()
     mask = pos < lens

@@ -1,8 +1,8 @@
 """The "triton" attention backend (registered on import): paged KV writes, varlen prefill, decode.
 
 All-decode batches (max_query_len == 1) take the split-K path, which is CUDA-graph capturable;
-every other batch runs the varlen prefill kernel (unpaged without a cache: pooling). CPU tensors
-run the same kernels through Triton's interpreter (slow: meant for tests).
+every other batch runs the varlen prefill kernel (unpaged without a cache: pooling); FP8 caches
+take the same kernels. CPU tensors run them through Triton's interpreter (slow: for tests).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ def decode_config(head_dim: int) -> DecodeConfig:
     return DecodeConfig(block_n=32, num_warps=4, num_stages=2)
 
 
-def check_shapes(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
-    """Raise ValueError for inputs the kernels do not handle."""
+def check_shapes(q: torch.Tensor, kv_cache: torch.Tensor, fp8: bool = False) -> None:
+    """Raise ValueError for inputs the kernels do not handle (fp8: the cache is FP8, with
+    scales, and need not share q's dtype)."""
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, cache_head_dim = kv_cache.shape[3], kv_cache.shape[4]
     if head_dim < 16 or head_dim & (head_dim - 1) or head_dim != cache_head_dim:
@@ -52,7 +53,7 @@ def check_shapes(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
     if num_q_heads % num_kv_heads:
         raise ValueError(f"num query heads {num_q_heads} is not a multiple of num KV heads "
                          f"{num_kv_heads}")
-    if q.dtype not in SUPPORTED_DTYPES or kv_cache.dtype != q.dtype:
+    if q.dtype not in SUPPORTED_DTYPES or (kv_cache.dtype != q.dtype and not fp8):
         raise ValueError(f"q and kv_cache need one dtype of {SUPPORTED_DTYPES}, got "
                          f"q={q.dtype}, kv_cache={kv_cache.dtype}")
     if q.stride(-1) != 1:
@@ -71,25 +72,27 @@ def triton_attention(
     scale: float,
     sliding_window: int,
     causal: bool = True,
+    kv_scales: torch.Tensor | None = None,  # [2, Hkv] float32: the cache is FP8
 ) -> torch.Tensor:
     """Write this step's K/V into the cache, then attend; same contract as the reference."""
     if kv_cache is None:
         return _uncached(q, k, v, meta, scale, sliding_window, causal)
     if not causal:
         raise ValueError("non-causal attention runs without a KV cache only")
-    check_shapes(q, kv_cache)
-    write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+    check_shapes(q, kv_cache, kv_scales is not None)
+    write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scales)
     out = torch.empty_like(q)
     head_dim = q.shape[2]
     if meta.max_query_len == 1:
         num_seqs = meta.seq_lens.shape[0]
         decode_attention(q, kv_cache, meta.seq_lens, meta.block_tables, scale, sliding_window,
-                         out, decode_config(head_dim))
+                         out, decode_config(head_dim), kv_scales=kv_scales)
         if q.shape[0] > num_seqs:
             out[num_seqs:].zero_()  # padded rows, as the reference leaves them
         return out
     prefill_attention(q, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-                      meta.max_query_len, scale, sliding_window, out, prefill_config(head_dim))
+                      meta.max_query_len, scale, sliding_window, out, prefill_config(head_dim),
+                      kv_scales)
     if q.shape[0] > meta.num_actual_tokens:
         out[meta.num_actual_tokens:].zero_()
     return out

@@ -231,7 +231,9 @@ def model_factors(model: nn.Module, dtype: torch.dtype) -> dict:
     pkg = Path(__file__).resolve().parents[1]
     models_dir = Path(__import__("compiled_llm.models").models.__file__).parent
     passes_dir = Path(__import__("compiled_llm.passes").passes.__file__).parent
+    extra = getattr(model, "extra_compile_factors", None)  # load-time transforms' (LoRA)
     return {
+        **({"extra": extra} if extra else {}),
         "config": vars(model.config),
         "dtype": str(dtype),
         "class": type(model).__qualname__,

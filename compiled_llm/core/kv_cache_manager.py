@@ -73,8 +73,10 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ prefix lookups
     def _hash_blocks(self, req: Request, num_tokens: int) -> None:
+        # an adapter changes every block's KV: its id joins the hash
+        lora = req.lora_request
         extend_block_hashes(self._digest, req.block_hashes, req.all_token_ids, self.block_size,
-                            num_tokens=num_tokens)
+                            () if lora is None else (lora.lora_int_id,), num_tokens)
 
     def get_computed_blocks(self, req: Request) -> list[int]:
         """Cached blocks matching req's leading full blocks (no references taken). Capped so

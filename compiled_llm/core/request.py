@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from compiled_llm.lora.request import LoRARequest
 from compiled_llm.sampling_params import SamplingParams
 
 
@@ -68,6 +69,7 @@ class Request:
     prompt_logprobs: list | None = None
     # structured outputs: an xgrammar GrammarMatcher while the request is unfinished
     grammar: Any = None
+    lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)

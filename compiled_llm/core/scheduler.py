@@ -56,6 +56,7 @@ class Scheduler:
         self._finished_ids: set[str] = set()
         self._newly_finished: list[Request] = []  # to report, in finish order
         self.num_preemptions = 0
+        self.max_loras = 0  # most adapters among running requests (0: no limit); the core sets it
 
     def add_request(self, req: Request) -> None:
         """Queue a request; its prompt must fit max_model_len and the pool (checked here)."""
@@ -124,6 +125,8 @@ class Scheduler:
             num_new = min(left, budget)
             if not self.cfg.enable_chunked_prefill and num_new < left:
                 break
+            if self.max_loras and not self._lora_fits(req):
+                break  # its adapter would exceed max_loras: it waits for a slot
             if not self.kv.allocate_slots(req, num_new, hits):
                 break
             self.waiting.pop()
@@ -131,6 +134,13 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append((req, num_new))
             budget -= num_new
+
+    def _lora_fits(self, req: Request) -> bool:
+        """Whether req's adapter is among the running ones or one more still fits max_loras."""
+        if req.lora_request is None:
+            return True
+        running = {r.lora_request.lora_int_id for r in self.running if r.lora_request}
+        return req.lora_request.lora_int_id in running or len(running) < self.max_loras
 
     def preempt(self, req: Request) -> None:
         """Free req's blocks (cached ones stay reusable) and requeue it, to be recomputed."""

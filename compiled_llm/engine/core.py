@@ -81,6 +81,7 @@ class EngineCore:
         sched_cfg = dataclasses.replace(spec.scheduler,
                                         max_model_len=self.executor.max_model_len)
         self.scheduler = scheduler_cls(sched_cfg, self.kv)
+        self.scheduler.max_loras = args.max_loras if args.enable_lora else 0
         self.grammars = grammars  # a callable giving the GrammarManager, built on first use
         self._awaiting_grammar: list[tuple[Request, Future]] = []
         self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling

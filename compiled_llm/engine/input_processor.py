@@ -11,6 +11,7 @@ from concurrent.futures import Future
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.request import Request
+from compiled_llm.lora.registry import LoRARegistry
 from compiled_llm.sample.grammar_compiler import GrammarManager
 from compiled_llm.sampling_params import (
     INT64_MAX,
@@ -37,7 +38,7 @@ class InputProcessor:
     a model step relies on (ids in the vocabulary, limits, a non-empty prompt that fits)."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 max_model_len: int, args: EngineArgs) -> None:
+                 max_model_len: int, args: EngineArgs, model_config=None) -> None:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
         self.scheduling_policy = args.scheduling_policy
@@ -50,6 +51,7 @@ class InputProcessor:
         # before every child request id: unique among the front ends of a shared core
         self.request_id_prefix = ""
         self._grammars_lock = threading.Lock()  # the first grammar may come from any thread
+        self.loras = LoRARegistry(args.enable_lora, args.max_lora_rank, model_config)
 
     def check_text_prompt(self, text: str, name: str = "prompt") -> None:
         """ValueError unless text is valid UTF-8 of at most max_prompt_bytes bytes; called
@@ -87,12 +89,14 @@ class InputProcessor:
         return text, ids
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                priority: int = 0) -> list[Request]:
-        """The request's n child sequences, validated, with grammars attached."""
+                priority: int = 0, lora_request=None) -> list[Request]:
+        """The request's n child sequences, validated, with grammars attached; lora_request
+        (a LoRARequest, None: the base model) is checked to load."""
         self._check_priority(priority)
         self.check_params(params)
         text, ids = self.tokenize(prompt)
-        children = [self._child(request_id, i, text, ids, params, priority)
+        lora = self.loras.check(lora_request)
+        children = [self._child(request_id, i, text, ids, params, priority, lora)
                     for i in range(params.n)]
         for child in children:  # check all before queueing any
             self._check_fits(child)
@@ -132,7 +136,7 @@ class InputProcessor:
                              "(max_stop_string_chars)")
 
     def _child(self, request_id: str, index: int, text: str | None, ids: list[int],
-               params: SamplingParams, priority: int) -> Request:
+               params: SamplingParams, priority: int, lora=None) -> Request:
         child_params = params
         if params.n > 1:
             child_params = params.clone()
@@ -144,7 +148,7 @@ class InputProcessor:
         child_id = self.request_id_prefix + (
             request_id if params.n == 1 else f"{index}_{request_id}")
         return Request(child_id, list(ids), child_params, self.eos_token_ids, text,
-                       priority=priority, parent_id=request_id)
+                       priority=priority, parent_id=request_id, lora_request=lora)
 
     def _check_priority(self, priority: int) -> None:
         if not isinstance(priority, int) or isinstance(priority, bool):

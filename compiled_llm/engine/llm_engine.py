@@ -106,7 +106,8 @@ class LLMEngine:
         self.startup_seconds = clock.finish()
         self.max_model_len = info.max_model_len
         self.inputs = InputProcessor(self.tokenizer, info.vocab_size,
-                                     self.eos_token_ids, self.max_model_len, args)
+                                     self.eos_token_ids, self.max_model_len, args,
+                                     info.model_config)
         self.inputs.attach_matchers = not core_process  # a process core builds its own
         self.inputs.request_id_prefix = getattr(self.core, "request_id_prefix", "")
         if not core_process:  # a bound method of the processor: no cycle through the engine
@@ -135,12 +136,15 @@ class LLMEngine:
         return self.inputs.tokenize(prompt)
 
     def add_request(self, request_id: str, prompt: PromptType,
-                    params: SamplingParams | None = None, priority: int = 0) -> None:
-        """Validate and queue; raises ValueError (naming the field) without side effects."""
+                    params: SamplingParams | None = None, priority: int = 0,
+                    lora_request=None) -> None:
+        """Validate and queue; raises ValueError (naming the field) without side effects.
+        lora_request: the LoRARequest the prompt runs with (None: the base model)."""
         self._check_open()
         if request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        children = self.inputs.process(request_id, prompt, params or SamplingParams(), priority)
+        children = self.inputs.process(request_id, prompt, params or SamplingParams(), priority,
+                                       lora_request)
         self.core.info.check_fits(children)
         self.parents[request_id] = [self.outputs.start(child) for child in children]
         self.core.add_requests(children)

@@ -47,11 +47,17 @@ def resolve_runner(args: EngineArgs, model_dir: str) -> str:
 
 
 def check_pooling_args(args: EngineArgs) -> None:
-    """ValueError for settings a pooling run cannot honour (CUDA graphs, asked for by name)."""
+    """ValueError for settings a pooling run cannot honour (CUDA graphs or an FP8 KV cache,
+    asked for by name)."""
     if args.cudagraph_mode not in (None, "none"):
         raise ValueError(f"cudagraph_mode {args.cudagraph_mode!r}: CUDA graphs are not supported "
                          "with runner='pooling'; leave cudagraph_mode unset or pass 'none'")
+    if args.kv_cache_dtype != "auto":
+        raise ValueError(f"kv_cache_dtype {args.kv_cache_dtype!r}: runner='pooling' keeps no KV "
+                         "cache; leave kv_cache_dtype as auto")
     PoolerConfig.from_value(args.pooler_config)  # names a bad key before the weights load
+    if args.enable_lora:
+        raise ValueError("enable_lora: LoRA adapters serve runner='generate' only")
 
 
 class PoolingEngine:

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from compiled_llm.config import EngineArgs
@@ -185,8 +186,10 @@ class AsyncLLM:
         return fut
 
     async def add_request(self, request_id: str, prompt: Any,
-                          params: SamplingParams | None = None) -> RequestStream:
-        """Validate and queue; ValueError (nothing queued) on bad input. Iterate the result."""
+                          params: SamplingParams | None = None,
+                          lora_request=None) -> RequestStream:
+        """Validate and queue; ValueError (nothing queued) on bad input. Iterate the result.
+        lora_request: the LoRARequest the prompt runs with (None: the base model)."""
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = (params or SamplingParams()).clone()
@@ -201,7 +204,8 @@ class AsyncLLM:
         stream = RequestStream(self, request_id)
         self._streams[request_id] = stream
         try:
-            await self.call(self.engine.add_request, request_id, prompt, params)
+            await self.call(partial(self.engine.add_request, lora_request=lora_request),
+                            request_id, prompt, params)
         except BaseException as exc:
             stream.finished = True
             self._streams.pop(request_id, None)
@@ -221,9 +225,9 @@ class AsyncLLM:
         return {"prompt": text, "prompt_token_ids": await self.encode(text)}
 
     async def generate(self, prompt: Any, params: SamplingParams | None,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+                       request_id: str, lora_request=None) -> AsyncIterator[RequestOutput]:
         """Stream RequestOutputs (shaped by params.output_kind); cancelling aborts."""
-        stream = await self.add_request(request_id, prompt, params)
+        stream = await self.add_request(request_id, prompt, params, lora_request)
         try:
             async for out in stream:
                 yield out

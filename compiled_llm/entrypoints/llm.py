@@ -13,6 +13,7 @@ from compiled_llm.config import EngineArgs
 from compiled_llm.engine.llm_engine import DEMO_MODEL, LLMEngine, resolve_device
 from compiled_llm.entrypoints.chat_utils import conversation, render
 from compiled_llm.entrypoints.llm_pooling import PoolingMixin, as_prompt_list, check_runner
+from compiled_llm.lora.request import LoRARequest
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -56,20 +57,23 @@ class LLM(PoolingMixin):
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order. priority (one per
-        prompt) orders admission under scheduling_policy="priority": lower runs earlier."""
+        prompt) orders admission under scheduling_policy="priority": lower runs earlier.
+        lora_request: one LoRARequest for every prompt, or one (or None) per prompt."""
         check_runner(self.runner_type, "generate", "generate")
         prompts = as_prompt_list(prompts)
         params = _final_only(_params_list(sampling_params, len(prompts)))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority: got {len(priority)} values for {len(prompts)} prompts")
         prios = list(priority) if priority is not None else [0] * len(prompts)
+        loras = _per_prompt(lora_request, len(prompts))
         ids = []
         try:
-            for prompt, p, prio in zip(prompts, params, prios):
+            for prompt, p, prio, lora in zip(prompts, params, prios, loras):
                 ids.append(str(next(self._ids)))
-                self.engine.add_request(ids[-1], prompt, p, priority=prio)
+                self.engine.add_request(ids[-1], prompt, p, priority=prio, lora_request=lora)
         except Exception:
             for rid in ids:
                 self.engine.abort_request(rid)
@@ -83,9 +87,11 @@ class LLM(PoolingMixin):
         use_tqdm: bool = True,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to each conversation, then generate; ValueError
-        naming the message when one is malformed (content None counts as empty)."""
+        """Apply the tokenizer's chat template to each conversation, then generate (with
+        lora_request as generate takes it); ValueError naming the message when one is
+        malformed (content None counts as empty)."""
         check_runner(self.runner_type, "generate", "chat")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
@@ -94,7 +100,8 @@ class LLM(PoolingMixin):
         for text in prompts:
             self.engine.inputs.check_text_prompt(text, "messages")
         ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
-        return self.generate([{"prompt_token_ids": i} for i in ids], sampling_params, use_tqdm)
+        return self.generate([{"prompt_token_ids": i} for i in ids], sampling_params, use_tqdm,
+                             lora_request=lora_request)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
@@ -126,6 +133,19 @@ def _final_only(params: list[SamplingParams]) -> list[SamplingParams]:
         if id(p) not in made:
             made[id(p)] = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
     return [made[id(p)] for p in params]
+
+
+def _per_prompt(lora_request, n: int) -> list:
+    """One LoRARequest (or None) per prompt; ValueError naming lora_request on a count that
+    does not match."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * n
+    if not isinstance(lora_request, Sequence) or isinstance(lora_request, str):
+        raise ValueError(f"lora_request must be a LoRARequest or a list of them, got "
+                         f"{type(lora_request).__name__}")
+    if len(lora_request) != n:
+        raise ValueError(f"lora_request: got {len(lora_request)} for {n} prompts")
+    return list(lora_request)
 
 
 def _params_list(params, n: int) -> list[SamplingParams]:

@@ -1,8 +1,8 @@
 """The CUDA path of `compiled_llm::fused_moe`: align the routing to expert blocks, the gated
 grouped GEMM over w13 (silu(gate) * up fused), the grouped GEMM over w2 with the routing
-weights applied, then the sum over each token's top-k rows. Tile configs come from a small
-table by tokens per expert (no autotuning yet, nor a per-shape tuning cache). CPU tensors run
-the same kernels through Triton's interpreter (TRITON_INTERPRET=1; slow, for tests).
+weights applied, then the sum over each token's top-k rows. Tile configs come from the tuned
+file of the layer's shape and GPU (moe/tuning.py), else a small table by tokens per expert.
+CPU tensors run the same kernels through Triton's interpreter (TRITON_INTERPRET=1; for tests).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from compiled_llm.moe.kernels import (
     moe_align_block_size,
     moe_gemm,
 )
+from compiled_llm.moe.tuning import tuned_config
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Tokens per launch: bounds the [T * top_k, H] scratch of the down projection for long prefills.
@@ -79,7 +80,9 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     num_tokens, top_k = topk_ids.shape
     out = torch.empty_like(hidden)
     if config is None:
-        config = moe_gemm_config(min(num_tokens, CHUNK_TOKENS), top_k, w13.shape[0], hidden.dtype)
+        tokens = min(num_tokens, CHUNK_TOKENS)
+        config = tuned_config(tokens, w13) or moe_gemm_config(tokens, top_k, w13.shape[0],
+                                                              hidden.dtype)
     for start in range(0, num_tokens, CHUNK_TOKENS):
         rows = slice(start, start + CHUNK_TOKENS)
         _fused_moe_chunk(hidden[rows], w13, w2, topk_weights[rows], topk_ids[rows], out[rows],

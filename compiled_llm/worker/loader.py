@@ -16,6 +16,7 @@ from torch import nn
 
 from compiled_llm.models import DecoderConfig, ModelRegistry
 from compiled_llm.models.plugins import load_general_plugins
+from compiled_llm.worker.kv_cache import IGNORED_ATTENTION_SCALES, kv_scale_key
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -91,7 +92,10 @@ def load_weights(model: nn.Module, files: list[Path], device: torch.device | Non
     expert's gate rows of w13, say); the parts of a parameter must add up to all of it."""
     params = dict(model.named_parameters())  # tied weights appear once
     loaded: dict[str, int] = {}  # parameter name -> elements filled so far
+    model.checkpoint_kv_scales = {}  # layer -> {0: K's scale, 1: V's}: FP8 KV caches read it
     for name, tensor, path in iter_tensors(files, device):
+        if take_kv_scale(model.checkpoint_kv_scales, name, tensor):
+            continue
         target = model.weight_name(name)
         if target is None:
             continue
@@ -113,6 +117,16 @@ def load_weights(model: nn.Module, files: list[Path], device: torch.device | Non
                      if loaded.get(name, 0) != param.numel())
     if missing:
         raise ValueError(f"checkpoint is missing tensors: {missing[:8]}")
+
+
+def take_kv_scale(scales: dict[int, dict[int, torch.Tensor]], name: str,
+                  tensor: torch.Tensor) -> bool:
+    """Keep a KV-cache (or unused attention) scale tensor aside; False for any other tensor."""
+    key = kv_scale_key(name)
+    if key is not None:
+        for which in key[1]:
+            scales.setdefault(key[0], {})[which] = tensor.detach().float().cpu()
+    return key is not None or IGNORED_ATTENTION_SCALES.search(name) is not None
 
 
 def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: torch.device):

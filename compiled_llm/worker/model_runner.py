@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from compiled_llm.attention.forward_context import CUDAGraphKey, ForwardContext, set_forward_context
+from compiled_llm.attention.kv_quant import cache_dtype, is_fp8
 from compiled_llm.compile.counters import counters
 from compiled_llm.config import CacheConfig, CompileConfig
 from compiled_llm.core.request import Request
@@ -32,6 +33,7 @@ from compiled_llm.worker.cudagraph import (
     piecewise_graph_sizes,
 )
 from compiled_llm.worker.input_batch import InputBatch, StepInputs
+from compiled_llm.worker.kv_cache import allocate_caches, initial_scales
 from compiled_llm.worker.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
@@ -75,8 +77,9 @@ class ModelRunner:
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype,
                  cache_cfg: CacheConfig, compile_cfg: CompileConfig, max_model_len: int,
                  attn_backend: str = "torch", max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192) -> None:
+                 max_num_batched_tokens: int = 8192, lora=None) -> None:
         self.model, self.device, self.dtype = model, device, dtype
+        self.lora = lora  # the LoRA slot pool (lora/manager.py) when enable_lora
         self.cache_cfg, self.compile_cfg = cache_cfg, compile_cfg
         self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
         self.max_blocks_per_seq = -(-max_model_len // cache_cfg.block_size)
@@ -84,6 +87,9 @@ class ModelRunner:
         self.cudagraph_capture_seconds: dict[str, float] = {}  # seconds per graph mode
         self.sampler = Sampler(device, model.config.vocab_size)
         self.kv_caches: list[torch.Tensor] = []
+        self.kv_dtype = cache_dtype(cache_cfg.cache_dtype, dtype)
+        # FP8 caches: [L, 2, Hkv] scales, and whether the next real step calibrates them
+        self.kv_scales, self.calibrate_kv = None, False
         self.step_timer = StepTimer(device)  # the engine brackets each step
         self.dispatcher = CUDAGraphDispatcher()
         # this runner's own graph memory pool: engines in one process never share one
@@ -139,22 +145,27 @@ class ModelRunner:
         """Bytes one KV block takes over all layers (K and V)."""
         config = self.model.config
         elems = 2 * self.cache_cfg.block_size * config.num_key_value_heads * config.head_dim
-        return elems * config.num_hidden_layers * torch.empty(0, dtype=self.dtype).element_size()
+        return elems * config.num_hidden_layers * self.kv_dtype.itemsize
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """One [2, blocks, block_size, KV heads, head dim] tensor per layer, zeroed."""
+        """One [2, blocks, block_size, KV heads, head dim] tensor per layer, zeroed (FP8:
+        with the checkpoint's scales, else ones that the first real step calibrates)."""
         config = self.model.config
-        shape = (2, num_blocks, self.cache_cfg.block_size, config.num_key_value_heads,
-                 config.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                          for _ in range(config.num_hidden_layers)]
+        self.kv_caches = allocate_caches(config, num_blocks, self.cache_cfg.block_size,
+                                         self.kv_dtype, self.device)
+        if is_fp8(self.kv_dtype):
+            self.kv_scales, self.calibrate_kv = initial_scales(
+                config, getattr(self.model, "checkpoint_kv_scales", None), self.device)
 
     # ------------------------------------------------------------------ step
-    def run_forward(self, inputs: StepInputs, capturing: bool = False) -> torch.Tensor:
-        """hidden [T, hidden] under the step's graph key: a full graph, piecewise, or plain."""
-        key = inputs.cudagraph_key
+    def run_forward(self, inputs: StepInputs, capturing: bool = False,
+                    calibrate: bool = False) -> torch.Tensor:
+        """hidden [T, hidden] under the step's graph key: a full graph, piecewise, or plain
+        (always plain when it calibrates FP8 KV scales: the op must run)."""
+        key = None if calibrate else inputs.cudagraph_key
         ctx = ForwardContext(inputs.attn, self.kv_caches, self.attn_backend,
-                             cudagraph_key=key, capturing=capturing)
+                             cudagraph_key=key, capturing=capturing, kv_scales=self.kv_scales,
+                             calibrate_kv_scales=calibrate)
         full = key is not None and key.mode == FULL
         counters.piecewise_steps += int(key is not None and not full and not capturing)
         forward = self.full_graph if full else self.forward_fn
@@ -166,23 +177,34 @@ class ModelRunner:
         state; preempted ones only their rows (they resume with a new block list)."""
         self.sampler.release(finished)
         self.input_batch.release(finished, preempted)
+        if self.lora is not None:
+            self.lora.release(finished | preempted)
 
     def execute(self, sched: SchedulerOutput) -> StepResult:
         """Run one step to the end: sampled tokens on the host."""
         return self.finish(self.launch_sampling(self.launch_forward(sched)))
 
     @torch.inference_mode()
-    def launch_forward(self, sched: SchedulerOutput,
-                       prev: LaunchedStep | None = None) -> LaunchedStep:
+    def launch_forward(self, sched: SchedulerOutput, prev: LaunchedStep | None = None,
+                       dummy: bool = False) -> LaunchedStep:
         """Queue one step's forward (and its prompt logprobs) without waiting for it; its
         sampling is launched by `launch_sampling`. Input ids still pending on the host are
-        taken from prev's sampled tokens on the device (async scheduling)."""
+        taken from prev's sampled tokens on the device (async scheduling). The first real
+        (not dummy) step calibrates FP8 KV scales that the checkpoint lacked."""
         self.release(sched.finished_req_ids, sched.preempted_req_ids)
+        sched, lora_errors = (sched, {}) if self.lora is None else self.lora.page_in(sched)
         inputs = self.input_batch.prepare(sched)
+        if self.lora is not None:  # each token's adapter slot
+            inputs.skipped.update(lora_errors)
+            self.lora.prepare_step([item for item in sched.scheduled
+                                    if item[0].request_id not in inputs.skipped],
+                                   len(inputs.input_ids))
         if inputs.has_pending:
             fill_pending(inputs.input_ids, prev)
         self.step_timer.forward_start()
-        hidden = self.run_forward(inputs)
+        calibrate = self.calibrate_kv and not dummy
+        self.calibrate_kv = self.calibrate_kv and not calibrate
+        hidden = self.run_forward(inputs, calibrate=calibrate)
         step = LaunchedStep(StepResult(skipped=inputs.skipped), inputs.sample_reqs, hidden,
                             inputs)
         if inputs.prompt_rows:
@@ -230,7 +252,7 @@ class ModelRunner:
         """One step of dummy requests (warm-up, profiling); their table rows go back after."""
         sched = dummy_schedule(num_tokens, self.cache_cfg.block_size, max_len)
         try:
-            self.execute(sched)
+            self.finish(self.launch_sampling(self.launch_forward(sched, dummy=True)))
         finally:
             self.release({r.request_id for r, _ in sched.scheduled})
 
@@ -298,7 +320,8 @@ class ModelRunner:
         for size in reversed(sizes):
             ids, positions, meta = batch.padded_inputs(size, self.max_model_len)
             ctx = ForwardContext(meta, self.kv_caches, self.attn_backend,
-                                 cudagraph_key=CUDAGraphKey(FULL, size), capturing=True)
+                                 cudagraph_key=CUDAGraphKey(FULL, size), capturing=True,
+                                 kv_scales=self.kv_scales)
             with set_forward_context(ctx):
                 self.full_graph(ids, positions)
         torch.cuda.synchronize()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from compiled_llm.config import EngineArgs, SchedulerConfig
+from compiled_llm.lora.manager import attach_lora
 from compiled_llm.worker.loader import load_model
 from compiled_llm.worker.model_runner import ModelRunner
 
@@ -42,10 +43,11 @@ class Worker:
         model = load_model(spec.model_dir, spec.dtype, spec.device, sched.max_model_len,
                            args.load_format, args.quantization)
         loaded = time.perf_counter()
+        lora = attach_lora(model, args, sched) if args.enable_lora else None
         self.runner = ModelRunner(model, spec.device, spec.dtype, args.cache_config(),
                                   args.compile_config(), sched.max_model_len,
                                   args.attention_backend_for(spec.device.type),
-                                  sched.max_num_seqs, sched.max_num_batched_tokens)
+                                  sched.max_num_seqs, sched.max_num_batched_tokens, lora)
         # the profiling forward is also the first call: Dynamo, passes and Inductor run here
         self.num_blocks = num_kv_blocks(self.runner, sched.max_num_batched_tokens,
                                         sched.max_model_len, baseline)

@@ -102,3 +102,27 @@ def pad_decode(batch: PagedBatch, num_pad: int) -> PagedBatch:
 
 def tolerance(dtype: torch.dtype) -> float:
     return {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
+
+
+def fp8_batch(batch: PagedBatch, dtype: torch.dtype = torch.float8_e4m3fn,
+              seed: int = 0) -> tuple[PagedBatch, torch.Tensor]:
+    """The batch with its cache in FP8 (free blocks still NaN) and its per-head scales
+    [2, Hkv] (random around amax / 64, so that scaling matters)."""
+    from compiled_llm.attention.kv_quant import quantize
+
+    gen = torch.Generator().manual_seed(seed)
+    hkv = batch.kv_cache.shape[3]
+    scales = (0.02 + 0.06 * torch.rand(2, hkv, generator=gen)).to(batch.q.device)
+    cache = torch.stack([quantize(batch.kv_cache[i].flatten(0, 1), scales[i], dtype)
+                         .view_as(batch.kv_cache[i]) for i in (0, 1)])
+    return PagedBatch(batch.q, batch.k, batch.v, cache, batch.meta), scales
+
+
+def fp8_reference(batch: PagedBatch, scales: torch.Tensor, scale: float,
+                  window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference backend over the FP8 batch (NaN blocks zeroed): output, written cache."""
+    cache = batch.kv_cache.clone()
+    cache.view(torch.uint8)[cache.float().isnan()] = 0
+    q, k, v = (x.float() for x in (batch.q, batch.k, batch.v))
+    out = attention_forward(q, k, v, cache, batch.meta, scale, window, kv_scales=scales)
+    return out, cache

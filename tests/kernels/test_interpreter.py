@@ -1,4 +1,5 @@
-"""Runs interpreted_cases.py (attention), moe_interpreted_cases.py (fused MoE) and
+"""Runs interpreted_cases.py (attention), moe_interpreted_cases.py (fused MoE),
+fp8_kv_interpreted_cases.py (FP8 KV cache), lora_interpreted_cases.py (LoRA shrink/expand) and
 quant_interpreted_cases.py (W4A16 and block-FP8 GEMMs) under Triton's interpreter
 (TRITON_INTERPRET=1) in a subprocess.
 
@@ -21,7 +22,8 @@ from compiled_llm.attention.kernels import kernels_interpreted
 from compiled_llm.attention.triton_backend import check_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ("interpreted_cases.py", "moe_interpreted_cases.py", "quant_interpreted_cases.py")
+CASES = ("interpreted_cases.py", "moe_interpreted_cases.py", "fp8_kv_interpreted_cases.py",
+         "lora_interpreted_cases.py", "quant_interpreted_cases.py")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),

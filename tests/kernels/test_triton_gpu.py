@@ -124,3 +124,40 @@ def test_decode_path_captures_in_cuda_graph():
         ref, _ = reference(step, SCALE, -1)
         assert _rel_err(out[:11], ref) < 1.5e-2
         assert torch.equal(out[11:], torch.zeros_like(out[11:]))
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_cache_write_and_mixed_batch(fp8):
+    from compiled_llm.attention.triton_backend import triton_attention
+    from tests.kernels.batches import fp8_batch, fp8_reference
+
+    batch = make_batch([2048, 1, 517, 1, 3000], [6000, 9000, 0, 15, 1024], HQ, HKV, D,
+                       dtype=torch.bfloat16, device="cuda", pad_rows=5, seed=2)
+    exact, _ = reference(batch, SCALE, -1)
+    batch, scales = fp8_batch(batch, fp8)
+    ref, ref_cache = fp8_reference(batch, scales, SCALE, -1)
+    out = triton_attention(batch.q, batch.k, batch.v, batch.kv_cache, batch.meta, SCALE, -1,
+                           kv_scales=scales)
+    slots = batch.meta.slot_mapping[: batch.meta.num_actual_tokens]
+    written = batch.kv_cache.view(torch.uint8).flatten(1, 2)[:, slots]
+    assert torch.equal(written, ref_cache.view(torch.uint8).flatten(1, 2)[:, slots])
+    assert _rel_err(out[:-5], ref[:-5]) < 1.5e-2  # the same FP8 cache, read by the reference
+    assert _rel_err(out[:-5], exact[:-5]) < (5e-2 if fp8 is torch.float8_e4m3fn else 0.1)
+
+
+def test_fp8_decode_in_a_cuda_graph():
+    from compiled_llm.attention.triton_backend import triton_attention
+    from tests.kernels.batches import fp8_batch, fp8_reference
+
+    batch, scales = fp8_batch(pad_decode(make_batch([1] * 6, [5, 900, 33, 4000, 1, 16], HQ, HKV,
+                                                    D, dtype=torch.bfloat16, device="cuda",
+                                                    seed=3), 2))
+    ref, _ = fp8_reference(batch, scales, SCALE, -1)
+    graph, out = torch.cuda.CUDAGraph(), None
+    triton_attention(batch.q, batch.k, batch.v, batch.kv_cache.clone(), batch.meta, SCALE, -1,
+                     kv_scales=scales)  # compile outside the capture
+    with torch.cuda.graph(graph):
+        out = triton_attention(batch.q, batch.k, batch.v, batch.kv_cache, batch.meta, SCALE, -1,
+                               kv_scales=scales)
+    graph.replay()
+    assert _rel_err(out[:6], ref[:6]) < 1.5e-2

@@ -1,7 +1,8 @@
 """Triton kernel writing this step's K/V rows into the paged cache through the slot mapping.
 
 Cache layout [2, num_blocks, block_size, Hkv, D]; slot s lives in block s // block_size at
-offset s % block_size. Negative slots are skipped (rows that own no cache slot).
+offset s % block_size. Negative slots are skipped (rows that own no cache slot). An FP8 cache
+holds each row divided by its head's scale.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import triton.language as tl
 
 @triton.jit
 def _write_kv_kernel(
-    k_ptr, v_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+    k_ptr, v_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, scales_ptr, fp8_max,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_cs, stride_ch,
     BS: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr,
+    FP8: tl.constexpr = False,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -31,6 +33,11 @@ def _write_kv_kernel(
     dst_offs = dst + offs_h[:, None] * stride_ch + offs_d[None, :]
     k = tl.load(src_k, mask=mask)
     v = tl.load(src_v, mask=mask)
+    if FP8:  # rows / per-head scale, saturated: the format has no infinities
+        k_scale = tl.load(scales_ptr + offs_h, mask=offs_h < H, other=1.0)[:, None]
+        v_scale = tl.load(scales_ptr + H + offs_h, mask=offs_h < H, other=1.0)[:, None]
+        k = tl.clamp(k.to(tl.float32) / k_scale, -fp8_max, fp8_max)
+        v = tl.clamp(v.to(tl.float32) / v_scale, -fp8_max, fp8_max)
     tl.store(k_cache_ptr + dst_offs, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst_offs, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -44,8 +51,10 @@ def write_kv_cache(
     v: torch.Tensor,  # [T, Hkv, D]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D]
     slot_mapping: torch.Tensor,  # [>= n] int: slot per row, < 0 skips the row
+    kv_scales: torch.Tensor | None = None,  # [2, Hkv] float32: the cache is FP8
 ) -> None:
-    """Scatter rows min(T, len(slot_mapping)) of k/v into the cache; no host sync."""
+    """Scatter rows min(T, len(slot_mapping)) of k/v into the cache (an FP8 cache gets
+    row / kv_scales); no host sync."""
     num_rows = min(k.shape[0], slot_mapping.shape[0])
     if num_rows == 0:
         return
@@ -54,10 +63,12 @@ def write_kv_cache(
         raise ValueError("kv_cache must have a contiguous last dim and equal K/V strides")
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
+    fp8 = kv_scales is not None
     _write_kv_kernel[(num_rows,)](
-        k, v, slot_mapping, k_cache, v_cache,
+        k, v, slot_mapping, k_cache, v_cache, kv_scales if fp8 else slot_mapping,
+        torch.finfo(kv_cache.dtype).max if fp8 else 0.0,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         BS=block_size, H=num_kv_heads, H_PAD=triton.next_power_of_2(num_kv_heads), D=head_dim,
-        num_warps=4 if num_kv_heads * head_dim >= 1024 else 1,
+        FP8=fp8, num_warps=4 if num_kv_heads * head_dim >= 1024 else 1,
     )

@@ -1,8 +1,8 @@
 """Split-K paged decode attention (flash-decoding) in two Triton kernels.
 
 Kernel 1: program (seq, KV head, split) attends that KV head's G query heads over one slice of
-the keys and writes a partial (max, sum, acc), or with one split the output; kernel 2 merges the
-splits. The grid depends on shapes only, so it is CUDA-graph capturable; seq_len 0 writes zeros.
+the keys and writes a partial (max, sum, acc; FP8 scales folded in), or with one split the
+output; kernel 2 merges the splits. The grid depends on shapes only (CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compiled_llm.attention.kernels.tile import attend_tile
+from compiled_llm.attention.kernels.tile import attend_tile, kv_scale
 
 LOG2E = 1.4426950408889634
 
@@ -32,10 +32,11 @@ class DecodeConfig:
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    qk_scale, window, num_splits,
+    scales_ptr, qk_scale, window, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
+    FP8: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -63,10 +64,12 @@ def _decode_split_kernel(
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
     q_pos = tl.full([G_PAD], 0, tl.int32) + seq_len - 1  # window: already in `start`
+    qk_scale = qk_scale * kv_scale(scales_ptr, kvh, FP8)  # FP8: K's scale joins the scores
     for n0 in range(start, end, BLOCK_N):
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, end,
                                     window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                                    BS, True, False, PREC)
+                                    BS, True, False, PREC, FP8=FP8)
+    acc = acc * kv_scale(scales_ptr, tl.num_programs(1) + kvh, FP8)  # and V's the output
 
     if DIRECT:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # empty sequence -> zeros
@@ -125,6 +128,7 @@ def decode_attention(
     out: torch.Tensor,  # [T, Hq, D]; rows >= B are left as they are
     config: DecodeConfig,
     num_splits: int | None = None,
+    kv_scales: torch.Tensor | None = None,  # [2, Hkv] float32: the cache is FP8
 ) -> torch.Tensor:
     """One query per sequence over its paged context; no host sync, graph-capturable."""
     num_seqs, num_q_heads, head_dim = seq_lens.shape[0], q.shape[1], q.shape[2]
@@ -145,13 +149,13 @@ def decode_attention(
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
-        scale * LOG2E, sliding_window, num_splits,
+        seq_lens if kv_scales is None else kv_scales, scale * LOG2E, sliding_window, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=group_size, G_PAD=max(16, triton.next_power_of_2(group_size)),
         BLOCK_N=config.block_n, D=head_dim,
         BS=block_size, HAS_WINDOW=sliding_window > 0, DIRECT=direct,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", FP8=kv_scales is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if not direct:

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compiled_llm.attention.kernels.tile import attend_tile
+from compiled_llm.attention.kernels.tile import attend_tile, kv_scale
 
 LOG2E = 1.4426950408889634
 
@@ -59,11 +59,12 @@ def _visible_keys(first, last, seq_len, window, BLOCK_N: tl.constexpr, HAS_WINDO
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, table_ptr, qk_scale, window,
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, table_ptr, scales_ptr,
+    qk_scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     G: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, BS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
-    PAGED: tl.constexpr = True, CAUSAL: tl.constexpr = True,
+    PAGED: tl.constexpr = True, CAUSAL: tl.constexpr = True, FP8: tl.constexpr = False,
 ):
     # longest causal tiles first: better tail balance
     pid_q = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -79,9 +80,7 @@ def _prefill_kernel(
         seq_len = q_len
     ctx = seq_len - q_len  # tokens cached before this chunk
 
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
+    offs_m, offs_n, offs_d = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N), tl.arange(0, D)
     tok = tile0 + offs_m // G  # [M] query index within the chunk
     head = kvh * G + offs_m % G  # [M] query head
     row_ok = (tok < q_len) & (offs_m < BLOCK_Q * G)
@@ -89,7 +88,6 @@ def _prefill_kernel(
     row64 = (q_start + tok).to(tl.int64)
     q_offs = row64[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0)  # [M, D]
-
     first = ctx + tile0  # position of the tile's first query
     last = ctx + tl.minimum(tile0 + BLOCK_Q, q_len) - 1  # and of its last
     lo, full_lo, full_hi, hi = _visible_keys(first, last, seq_len, window, BLOCK_N, HAS_WINDOW,
@@ -101,19 +99,20 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
+    qk_scale = qk_scale * kv_scale(scales_ptr, kvh, FP8)  # FP8: K's scale joins the scores
     for n0 in range(lo, full_lo, BLOCK_N):  # window's trailing edge
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
                               window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL)
+                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8)
     for n0 in range(full_lo, full_hi, BLOCK_N):  # fully visible tiles
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
                               window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                              BS, False, HAS_WINDOW, PREC, PAGED, CAUSAL)
+                              BS, False, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8)
     for n0 in range(full_hi, hi, BLOCK_N):  # causal diagonal
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
                               window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL)
-
+                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8)
+    acc = acc * kv_scale(scales_ptr, tl.num_programs(2) + kvh, FP8)  # and V's the output
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_offs = row64[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -139,6 +138,7 @@ def prefill_attention(
     sliding_window: int,
     out: torch.Tensor,  # [T, Hq, D]; rows outside query_start_loc's ranges are left as they are
     config: PrefillConfig,
+    kv_scales: torch.Tensor | None = None,  # [2, Hkv] float32: the cache is FP8
 ) -> torch.Tensor:
     """Causal varlen attention of every sequence's queries over its cached context."""
     num_seqs, num_q_heads, head_dim = seq_lens.shape[0], q.shape[1], q.shape[2]
@@ -149,12 +149,14 @@ def prefill_attention(
     grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
+        seq_lens if kv_scales is None else kv_scales,
         scale * LOG2E, sliding_window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=group_size, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, D=head_dim,
         BS=block_size,
         HAS_WINDOW=sliding_window > 0, PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        FP8=kv_scales is not None,
         num_warps=num_warps, num_stages=config.num_stages,
     )
     return out
@@ -184,7 +186,7 @@ def varlen_attention(
     block_m, block_q, num_warps = _tiles(max_query_len, group_size, config)
     grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
     _prefill_kernel[grid](
-        q, k, v, out, query_start_loc, query_start_loc, query_start_loc,
+        q, k, v, out, query_start_loc, query_start_loc, query_start_loc, query_start_loc,
         scale * LOG2E, sliding_window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         0, k.stride(0), k.stride(1), 0,

@@ -1,8 +1,8 @@
 """The shared inner step of the paged attention kernels: one K/V tile of online softmax.
 
-K/V rows are gathered through the block table (any tile width and block size), scores live in
-the log2 domain (qk_scale folds in log2(e)), and the running max starts finite so that rows with
-every key masked stay NaN-free. Unpaged (pooling runs) K/V rows are at k_base + pos * stride_cs.
+K/V rows come through the block table (unpaged, pooling: at k_base + pos * stride_cs), scores
+live in the log2 domain (qk_scale folds in log2(e)), the running max starts finite so rows with
+every key masked stay NaN-free, and FP8 tiles are converted to q's dtype as read.
 """
 
 import triton
@@ -10,16 +10,25 @@ import triton.language as tl
 
 
 @triton.jit
+def kv_scale(scales_ptr, index, FP8: tl.constexpr):
+    """An FP8 cache's scale at `index` of its [2, Hkv] scales (K's, then V's); 1.0 otherwise."""
+    if FP8:
+        return tl.load(scales_ptr + index)
+    return 1.0
+
+
+@triton.jit
 def attend_tile(
     acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len, window, qk_scale,
     stride_cb, stride_cs, offs_n, offs_d,
     BS: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
-    PAGED: tl.constexpr = True, CAUSAL: tl.constexpr = True,
+    PAGED: tl.constexpr = True, CAUSAL: tl.constexpr = True, FP8: tl.constexpr = False,
 ):
     """One online-softmax step of rows q [M, D] (at positions q_pos) over keys n0..n0+N-1 read
     through the block table (or, unpaged, at row stride stride_cs). MASKED: keys >= seq_len,
     (CAUSAL) after q_pos or (HAS_WINDOW) at or before q_pos - window are hidden; unmasked
-    tiles must be fully visible and below seq_len."""
+    tiles must be fully visible and below seq_len. FP8: K/V are converted to q's dtype as
+    read; their scales are the caller's (folded into qk_scale and the output)."""
     pos = n0 + offs_n  # [N] key positions
     valid = pos < seq_len
     if not PAGED:
@@ -34,6 +43,8 @@ def attend_tile(
         k = tl.load(k_base + kv_off, mask=valid[:, None], other=0.0)
     else:
         k = tl.load(k_base + kv_off)
+    if FP8:
+        k = k.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # [M, N], log2 domain
     if MASKED:
         vis = valid[None, :] & (q_pos[:, None] >= 0)  # [M, N]
@@ -50,5 +61,7 @@ def attend_tile(
         v = tl.load(v_base + kv_off, mask=valid[:, None], other=0.0)
     else:
         v = tl.load(v_base + kv_off)
+    if FP8:
+        v = v.to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
     return acc, l_i, m_new

@@ -63,6 +63,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     import logging
 
     from compiled_llm.entrypoints.server.app import serve
+    from compiled_llm.entrypoints.server.lora_routes import runtime_updates_allowed
 
     args, opts = engine_args(ns), dataclass_from(ServeArgs, ns)
     cfg = dataclass_from(ServerConfig, ns,
@@ -70,10 +71,12 @@ def run_serve(ns: argparse.Namespace) -> int:
     logging.basicConfig(level=opts.log_level.upper(),
                         format="%(levelname)s %(name)s: %(message)s")
     pooling = _runner(args) == "pooling"
-    count = opts.api_server_count or (1 if pooling else auto_api_server_count(args))
-    if count > 1 and pooling:
-        raise ValueError("api_server_count > 1 serves generating models only (runner pooling "
-                         "runs in one process)")
+    # adapters loaded at run time are known to the API server that loaded them only
+    one_server = pooling or (args.enable_lora and runtime_updates_allowed())
+    count = opts.api_server_count or (1 if one_server else auto_api_server_count(args))
+    if count > 1 and one_server:
+        raise ValueError("api_server_count > 1 serves generating models only, without runtime "
+                         "LoRA updates (runner pooling, VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
     if count > 1:
         from compiled_llm.entrypoints.server.api_servers import serve_many
 

@@ -19,6 +19,7 @@ from compiled_llm.entrypoints.server.errors import (
     OpenAIError,
     install_handlers,
 )
+from compiled_llm.entrypoints.server.lora_routes import ServedLoRAs, add_lora_routes
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
 from compiled_llm.entrypoints.server.openapi import STREAM, errors, install_openapi
 from compiled_llm.entrypoints.server.protocol import (
@@ -55,9 +56,14 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
                        allow_methods=cfg.allowed_methods, allow_headers=cfg.allowed_headers,
                        allow_credentials=cfg.allow_credentials)
     metrics.bind(engine)
-    chat = ServingChat(engine, cfg, metrics)
-    _add_generation_routes(app, chat, ServingCompletion(engine, cfg, metrics), metrics)
-    _add_responses_routes(app, ServingResponses(engine, cfg, metrics), metrics)
+    loras = ServedLoRAs(engine, cfg.model_name, cfg.lora_modules)
+    chat, completion = ServingChat(engine, cfg, metrics), ServingCompletion(engine, cfg, metrics)
+    responses = ServingResponses(engine, cfg, metrics)
+    for serving in (chat, completion, responses):
+        serving.loras = loras
+    _add_generation_routes(app, chat, completion, metrics)
+    add_lora_routes(app, loras)
+    _add_responses_routes(app, responses, metrics)
     _add_probe_routes(app, engine, cfg, metrics)
     _add_token_routes(app, chat)
     add_compat_routes(app, chat)
@@ -81,8 +87,12 @@ def _add_generation_routes(app: FastAPI, chat: ServingChat, completion: ServingC
 
     @app.get("/v1/models", responses=errors(400, 401))
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=chat.model_name, created=created,
-                                         max_model_len=chat.max_model_len)])
+        base = ModelCard(id=chat.model_name, created=created, max_model_len=chat.max_model_len,
+                         root=chat.model_name)
+        adapters = [ModelCard(id=name, created=created, max_model_len=chat.max_model_len,
+                              root=lora.lora_path, parent=chat.model_name)
+                    for name, lora in chat.loras.adapters.items()]
+        return ModelList(data=[base, *adapters])
 
 
 def _add_responses_routes(app: FastAPI, responses: ServingResponses,

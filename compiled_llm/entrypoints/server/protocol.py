@@ -212,6 +212,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "compiled-llm"
     max_model_len: int
+    root: str | None = None  # the base model's name; an adapter's path
+    parent: str | None = None  # an adapter's base model (None: a base model)
 
 
 class ModelList(BaseModel):

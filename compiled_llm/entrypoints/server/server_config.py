@@ -52,6 +52,9 @@ class ServerConfig:
     reasoning_parser: str | None = None
     """How the model marks its thinking (deepseek_r1, qwen3 or glm45): the span goes to
     reasoning_content, and structured outputs and tool grammars start after it."""
+    lora_modules: list[str] | None = None
+    """LoRA adapters to serve (with --enable-lora), each `name=path` or a JSON object
+    {"name": ..., "path": ...}; a request's model selects one by name."""
 
     def __post_init__(self) -> None:
         from compiled_llm.entrypoints.reasoning_parsers import get_reasoning_parser

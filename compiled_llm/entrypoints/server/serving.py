@@ -31,12 +31,18 @@ class Serving:
         self.model_name = cfg.model_name
         self.max_model_len = engine.max_model_len
         self.tracer = request_tracer(cfg.otlp_traces_endpoint, cfg.model_name)
+        self.loras = None  # the served LoRA adapters (lora_routes.ServedLoRAs), set by the app
 
-    def check_model(self, name: str | None) -> None:
-        """404 unless name is None or the served model's name."""
-        if name is not None and name != self.model_name:
+    def check_model(self, name: str | None):
+        """The LoRARequest of the adapter served as name, None for the base model (or no
+        name); 404 for any other name."""
+        if name is None or name == self.model_name:
+            return None
+        lora = None if self.loras is None else self.loras.get(name)
+        if lora is None:
             raise OpenAIError(404, f"the model {name!r} does not exist; this server serves "
                               f"{self.model_name!r}", param="model", code="model_not_found")
+        return lora
 
     async def encode(self, text: str, add_special_tokens: bool = True,
                      name: str = "prompt") -> list[int]:
@@ -89,13 +95,14 @@ class Serving:
         return ReplyFormat(plan, parser)
 
     async def start(self, rid: str, ids: list[int], params: SamplingParams,
-                    plan: ToolPlan | None = None):
+                    plan: ToolPlan | None = None, lora_request=None):
         """Admit a request; its stream of outputs, or a ValueError (a 400) with nothing
         queued (counted as rejected once, by the route). Traced, its span starts now. A
         tool grammar (plan's) that does not compile is a 400 on tools."""
         started_ns = time.time_ns()
         try:
-            stream = await self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+            stream = await self.engine.add_request(rid, {"prompt_token_ids": ids}, params,
+                                                   lora_request)
         except ValueError as exc:
             if plan is None or plan.grammar() is None or \
                     not str(exc).startswith("structured_outputs"):

@@ -60,7 +60,8 @@ class ServingChat(Serving):
         params = reply_params(sampling_params(req, budget, num_top, req.stream), reply,
                               self.engine.tokenizer, req.thinking_token_budget)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        return await self.start(rid, ids, params, plan), rid, len(ids), num_top, reply
+        stream = await self.start(rid, ids, params, plan, self.check_model(req.model))
+        return stream, rid, len(ids), num_top, reply
 
     async def _answer(self, req: ChatCompletionRequest) -> dict:
         """The whole JSON body (cancelled, it aborts the request)."""

@@ -53,11 +53,12 @@ class ServingCompletion(Serving):
                                   req.logprobs, req.stream,
                                   prompt_logprobs=req.logprobs if req.echo else None)
                   for p in prompts]
-        rid = f"cmpl-{uuid.uuid4().hex}"
+        rid, lora = f"cmpl-{uuid.uuid4().hex}", self.check_model(req.model)
         streams = []
         try:
             for i, (ids, prompt_params) in enumerate(zip(prompts, params)):
-                streams.append(await self.start(f"{rid}-{i}", ids, prompt_params))
+                streams.append(await self.start(f"{rid}-{i}", ids, prompt_params,
+                                                lora_request=lora))
             shown = [await self._shown(ids, req.echo) for ids in prompts]
         except BaseException:
             for stream in streams:

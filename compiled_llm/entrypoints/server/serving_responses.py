@@ -92,7 +92,7 @@ class ServingResponses(Serving):
                                      num_top, req.stream)
             params = reply_params(params, reply, self.engine.tokenizer,
                                   req.thinking_token_budget)
-            stream = await self.start(rid, ids, params, plan)
+            stream = await self.start(rid, ids, params, plan, self.check_model(req.model))
         end_id = reply.reasoning.token_ids(self.engine.tokenizer)[1] if reply.reasoning \
             else None
         return Admitted(stream, rid, len(ids), num_top, reply, end_id)

@@ -1,0 +1,104 @@
+"""LoRA adapters over HTTP: --lora-modules (name=path and JSON) listed in /v1/models with their
+parent, a request's model selecting one (tokens equal transformers + peft merged), the load and
+unload routes with vLLM's bodies (VLLM_ALLOW_RUNTIME_LORA_UPDATING set), and bad adapters
+answered with a 4xx naming the field while the server serves on and frees every KV block."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import httpx
+import openai
+import pytest
+
+from tests.entrypoints.server.conftest import start_server, stop_server
+from tests.lora.helpers import make_adapter, merged_greedy
+from tests.utils import make_checkpoint
+
+PROMPT = [5, 6, 7, 8, 9, 10]
+
+
+@pytest.fixture(scope="module")
+def adapters():
+    base = make_checkpoint("llama")
+    return base, [make_adapter(base, 1), make_adapter(base, 2, rank=4), make_adapter(base, 3),
+                  make_adapter(base, 10, rank=32)]
+
+
+@pytest.fixture(scope="module")
+def lora_server(adapters):
+    base, paths = adapters
+    os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    try:
+        proc, srv = start_server(
+            base, "--enable-lora", "--max-loras", "2", "--max-lora-rank", "16", "--lora-modules",
+            f"first={paths[0]}", json.dumps({"name": "second", "path": str(paths[1])}))
+    finally:
+        del os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]
+    yield srv
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def lora_client(lora_server):
+    return openai.OpenAI(base_url=f"{lora_server.url}/v1", api_key="none", max_retries=0)
+
+
+def _tokens(client, model: str) -> list[int]:
+    out = client.completions.create(model=model, prompt=PROMPT, max_tokens=6, temperature=0,
+                                    logprobs=0, extra_body={"ignore_eos": True})
+    return out.choices[0].logprobs.tokens
+
+
+def _want(base, path, tokenizer) -> list[str]:
+    ids = merged_greedy(base, path, [PROMPT], 6)[0]
+    return [tokenizer.decode([i]) for i in ids]
+
+
+def test_models_lists_adapters_with_their_parent(lora_server, lora_client):
+    cards = {card.id: card for card in lora_client.models.list().data}
+    assert set(cards) == {lora_server.model, "first", "second"}
+    assert cards["first"].parent == lora_server.model and cards["second"].parent is not None
+
+
+def test_model_names_an_adapter(lora_server, lora_client, adapters):
+    import transformers
+
+    base, paths = adapters
+    tok = transformers.AutoTokenizer.from_pretrained(base)
+    assert _tokens(lora_client, "first") == _want(base, paths[0], tok)
+    assert _tokens(lora_client, "second") == _want(base, paths[1], tok)
+    assert _tokens(lora_client, lora_server.model) == _want(base, None, tok)
+    with pytest.raises(openai.NotFoundError):
+        _tokens(lora_client, "no-such-adapter")
+
+
+def _post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/{path}", json=body, timeout=60)
+
+
+def test_load_and_unload_adapters(lora_server, lora_client, adapters):
+    base, paths = adapters
+    loaded = _post(lora_server, "load_lora_adapter", {"lora_name": "third",
+                                                      "lora_path": str(paths[2])})
+    assert loaded.status_code == 200, loaded.text
+    assert "third" in {card.id for card in lora_client.models.list().data}
+    assert len(_tokens(lora_client, "third")) == 6
+    again = _post(lora_server, "load_lora_adapter", {"lora_name": "third",
+                                                     "lora_path": str(paths[2])})
+    assert again.status_code == 400 and again.json()["error"]["param"] == "lora_name"
+    assert _post(lora_server, "unload_lora_adapter", {"lora_name": "third"}).status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        _tokens(lora_client, "third")
+    assert _post(lora_server, "unload_lora_adapter", {"lora_name": "third"}).status_code == 404
+
+
+@pytest.mark.parametrize(("path", "param"), [(3, "max_lora_rank"), ("/nonexistent", "lora_path")])
+def test_bad_adapter_is_a_400_naming_the_field(lora_server, lora_client, adapters, path, param):
+    lora_path = str(adapters[1][path]) if isinstance(path, int) else path
+    bad = _post(lora_server, "load_lora_adapter", {"lora_name": "bad", "lora_path": lora_path})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+    assert "bad" not in {card.id for card in lora_client.models.list().data}
+    assert len(_tokens(lora_client, "first")) == 6  # serving on
+    assert lora_server.wait_idle()["compiled_llm:kv_cache_used_blocks"] == 0

@@ -1,0 +1,58 @@
+"""LoRA test helpers: PEFT adapters made with peft over the tiny random checkpoints, and
+transformers' greedy tokens with an adapter merged."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import torch
+
+from tests.utils import hf_greedy
+
+ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@functools.cache
+def make_adapter(base_dir: Path, seed: int, rank: int = 8, targets: tuple = ALL_TARGETS,
+                 alpha: int = 16, use_rslora: bool = False) -> Path:
+    """A random PEFT LoRA (non-zero B) of `rank` on `targets`, saved; returns its dir."""
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets),
+                        init_lora_weights=False, use_rslora=use_rslora)
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():  # larger deltas than peft's init: adapters visibly change tokens
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.normal_(0, 0.2)
+    out = Path(tempfile.mkdtemp(prefix=f"cllm-lora{seed}-"))
+    peft_model.save_pretrained(out)
+    return out
+
+
+def merged_greedy(base_dir: Path, adapter_dir: Path | None, prompts: list[list[int]],
+                  max_new_tokens: int) -> list[list[int]]:
+    """transformers + peft greedy tokens with the adapter merged (None: the base model)."""
+    return [list(tokens) for tokens in _merged_greedy(
+        base_dir, adapter_dir, tuple(tuple(p) for p in prompts), max_new_tokens)]
+
+
+@functools.cache
+def _merged_greedy(base_dir: Path, adapter_dir: Path | None, prompts: tuple,
+                   max_new_tokens: int) -> tuple:
+    import transformers
+    from peft import PeftModel
+
+    if adapter_dir is None:
+        merged_dir = base_dir
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+        merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+        merged_dir = Path(tempfile.mkdtemp(prefix="cllm-merged-"))
+        merged.save_pretrained(merged_dir, safe_serialization=True)
+    return tuple(map(tuple, hf_greedy(merged_dir, [list(p) for p in prompts], max_new_tokens)))

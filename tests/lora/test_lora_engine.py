@@ -1,0 +1,173 @@
+"""Multi-LoRA through LLM, compiled (fullgraph, T dynamic): a batch mixing two adapters and the
+base model gives transformers + peft's greedy tokens with each adapter merged; more adapters
+than slots page through the LRU pool; the adapter id separates prefix-cache blocks; bad
+adapters are refused per request with the engine serving on and no KV block held."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from compiled_llm import LLM, LoRARequest, SamplingParams
+from tests.lora.helpers import make_adapter, merged_greedy
+from tests.utils import make_checkpoint
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14], [20, 21, 22, 23, 24, 25, 26], [40, 41, 42]]
+
+
+@pytest.fixture(scope="module")
+def base():
+    return make_checkpoint("llama")
+
+
+@pytest.fixture(scope="module")
+def adapters(base):
+    """Three adapters: all projections with rsLoRA, attention q/v + down only, and MLP only."""
+    return [make_adapter(base, 1, rank=8, use_rslora=True),
+            make_adapter(base, 2, rank=4, targets=("q_proj", "v_proj", "down_proj")),
+            make_adapter(base, 3, rank=16, targets=("gate_proj", "up_proj"), alpha=8)]
+
+
+@pytest.fixture(scope="module")
+def llm(base):
+    with LLM(str(base), enable_lora=True, max_loras=2, max_lora_rank=16, max_cpu_loras=2,
+             dtype="float32") as engine:
+        yield engine
+
+
+def _lora(index: int, path: Path) -> LoRARequest:
+    return LoRARequest(f"adapter{index}", index, str(path))
+
+
+def _run(llm, prompts, loras):
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY,
+                        use_tqdm=False, lora_request=loras)
+    assert llm.engine.num_used_blocks == 0
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _manager(llm):
+    return llm.engine.executor.worker.runner.lora
+
+
+def test_mixed_batch_matches_peft_merged(llm, base, adapters):
+    paths = [adapters[0], None, adapters[1], adapters[0]]
+    loras = [None if p is None else _lora(i + 1 if i < 3 else 1, p) for i, p in enumerate(paths)]
+    loras[2] = _lora(2, adapters[1])
+    want = [merged_greedy(base, p, [prompt], 6)[0] for prompt, p in zip(PROMPTS, paths)]
+    assert _run(llm, PROMPTS, loras) == want
+    assert want[0] != merged_greedy(base, None, PROMPTS[:1], 6)[0]  # the adapter matters
+
+
+def test_chat_takes_a_lora_request(llm, adapters):
+    messages = [{"role": "user", "content": "The quick brown fox"}]
+    tuned = llm.chat(messages, GREEDY, use_tqdm=False, lora_request=_lora(1, adapters[0]))
+    plain = llm.chat(messages, GREEDY, use_tqdm=False)
+    assert tuned[0].outputs[0].token_ids != plain[0].outputs[0].token_ids
+
+
+def test_more_adapters_than_slots_page_through_lru(llm, base, adapters):
+    manager = _manager(llm)
+    loras = [_lora(1, adapters[0]), _lora(2, adapters[1]), _lora(3, adapters[2]),
+             _lora(3, adapters[2])]
+    loads = manager.loads
+    got = _run(llm, PROMPTS, loras)
+    want = [merged_greedy(base, path, [prompt], 6)[0]
+            for prompt, path in zip(PROMPTS, [adapters[0], adapters[1], adapters[2],
+                                              adapters[2]])]
+    assert got == want
+    assert manager.loads > loads and len(manager.resident()) <= 2
+    _run(llm, PROMPTS[:1], None)  # its step releases the finished requests' adapters
+    assert not manager.live
+
+
+def test_adapter_id_separates_prefix_cache(llm, base, adapters):
+    prompt = list(range(60, 100))  # two full blocks of 16 and change
+    stats = llm.engine.prefix_cache_stats
+    hits = stats.hit_tokens
+    first = _run(llm, [prompt], [_lora(1, adapters[0])])
+    other = _run(llm, [prompt], [_lora(2, adapters[1])])
+    assert stats.hit_tokens == hits  # another adapter: no block shared
+    again = _run(llm, [prompt], [_lora(1, adapters[0])])
+    assert stats.hit_tokens > hits and again == first
+    assert other == merged_greedy(base, adapters[1], [prompt], 6)
+
+
+def _damaged(path: Path) -> Path:
+    out = Path(tempfile.mkdtemp(prefix="cllm-lora-bad-"))
+    shutil.copytree(path, out, dirs_exist_ok=True)
+    weights = out / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    return out
+
+
+@pytest.mark.parametrize("case", ["rank", "targets", "damaged", "missing", "id_reused",
+                                  "type"])
+def test_bad_adapter_is_refused_and_engine_serves_on(llm, base, adapters, case):
+    lora = {
+        "rank": lambda: _lora(10, make_adapter(base, 10, rank=32)),
+        "targets": lambda: _lora(11, make_adapter(base, 11, targets=("lm_head",))),
+        "damaged": lambda: _lora(12, _damaged(adapters[0])),
+        "missing": lambda: _lora(13, "/nonexistent/adapter"),
+        "id_reused": lambda: _lora(1, adapters[1]),
+        "type": lambda: "adapter1",
+    }[case]()
+    field = {"rank": "max_lora_rank", "targets": "target_modules", "id_reused": "lora_int_id",
+             "type": "lora_request"}.get(case, "lora_path")
+    with pytest.raises(ValueError, match=field):
+        llm.generate([{"prompt_token_ids": PROMPTS[0]}], GREEDY, use_tqdm=False,
+                     lora_request=lora)
+    assert not llm.engine.has_unfinished_requests() and llm.engine.num_used_blocks == 0
+    assert _run(llm, PROMPTS[:1], [_lora(2, adapters[1])]) == merged_greedy(
+        base, adapters[1], PROMPTS[:1], 6)
+
+
+def test_adapter_lost_after_its_check_fails_its_requests_only(llm, base, adapters):
+    lost = Path(tempfile.mkdtemp(prefix="cllm-lora-lost-"))
+    shutil.copytree(adapters[2], lost, dirs_exist_ok=True)
+    _run(llm, PROMPTS[:1], [_lora(30, lost)])  # checked and loaded
+    shutil.rmtree(lost)
+    _run(llm, PROMPTS[:2], [_lora(1, adapters[0]), _lora(2, adapters[1])])  # evicts it
+    manager = _manager(llm)
+    assert 30 not in manager.resident()
+    manager._host.pop(30, None)  # out of the host cache too, as max_cpu_loras would in time
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:2]], GREEDY, use_tqdm=False,
+                        lora_request=[_lora(30, lost), None])
+    assert outs[0].outputs[0].finish_reason == "error" and "lora_path" in outs[0].error
+    assert list(outs[1].outputs[0].token_ids) == merged_greedy(base, None, PROMPTS[1:2], 6)[0]
+    assert llm.engine.num_used_blocks == 0
+
+
+def test_lora_request_without_enable_lora_is_refused(base, adapters):
+    with LLM(str(base), enforce_eager=True, dtype="float32") as plain:
+        with pytest.raises(ValueError, match="lora_request: LoRA is not enabled"):
+            plain.generate([PROMPTS[0]], GREEDY, use_tqdm=False,
+                           lora_request=_lora(1, adapters[0]))
+        assert plain.engine.num_used_blocks == 0
+        assert len(plain.generate([PROMPTS[0]], GREEDY, use_tqdm=False)) == 1
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [({"max_loras": 0}, "max_loras"),
+                                               ({"max_lora_rank": -1}, "max_lora_rank"),
+                                               ({"max_cpu_loras": 0}, "max_cpu_loras"),
+                                               ({"max_loras": 3, "max_cpu_loras": 2},
+                                                "max_cpu_loras")])
+def test_bad_lora_settings_name_the_field(kwargs, field):
+    from compiled_llm import EngineArgs
+
+    with pytest.raises(ValueError, match=field):
+        EngineArgs(enable_lora=True, **kwargs)
+
+
+def test_lora_is_refused_where_it_cannot_apply():
+    from compiled_llm import EngineArgs
+    from compiled_llm.engine.pooling_engine import check_pooling_args
+
+    with pytest.raises(ValueError, match="enable_lora"):
+        check_pooling_args(EngineArgs(enable_lora=True, runner="pooling"))
+    with pytest.raises(ValueError, match="enable_lora: mixture-of-experts"):
+        LLM(str(make_checkpoint("qwen3_moe")), enable_lora=True, enforce_eager=True)
