@@ -18,6 +18,7 @@
 #     bash benchmarks/h200_suite.sh 13    # MoE GPU tests and kernels, start-up as processes
 #     bash benchmarks/h200_suite.sh 14    # FP8 KV cache tests, FP8 against bf16 KV (one GPU)
 #     bash benchmarks/h200_suite.sh 15    # tune the fused MoE (Qwen3-30B-A3B layer), re-time it
+#     bash benchmarks/h200_suite.sh 16    # LoRA and quantized tests, quantized and LoRA decode
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -165,6 +166,13 @@ elif [ "$CALL" = 15 ]; then  # one GPU: tune the fused MoE for Qwen3-30B-A3B's l
 $py -m benchmarks.moe_tune --out-dir compiled_llm/moe/configs --json $R/moe_tune_h200.json
 cp compiled_llm/moe/configs/*.json $R/moe_tuned_config.json
 $py -m benchmarks.moe_kernels --tokens 1 8 64 256 1024 4096 --json $R/moe_kernels_tuned_h200.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 16 ]; then  # one GPU: LoRA and quantized-checkpoint tests, quantized decode
+  mapfile -t a <<<"\
+$MK
+$py -m pytest -q -p no:cacheprovider tests/lora/test_lora_gpu.py tests/quantization/test_gpu.py
+$py -m benchmarks.quantized --checkpoint-dir $CK --output-json $R/quantized_h200.json
+$py -m benchmarks.lora --checkpoint-dir $CK --skip-plain --reps 1 --output-json $R/lora_h200.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 else
   run_streams "\
