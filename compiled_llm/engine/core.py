@@ -38,6 +38,11 @@ class EngineStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache so far
     prefix_cache_hits: int = 0  # of those, tokens served from it
+    # speculative decoding (vLLM's spec_decode counters): verify steps, drafts, accepted drafts
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()  # accepted drafts by position in the draft
 
     @property
     def kv_usage(self) -> float:
@@ -157,9 +162,14 @@ class EngineCore:
         """The load now: running and waiting requests, blocks, preemptions, prefix-cache
         lookups."""
         sched, cache = self.scheduler, self.kv.stats
+        spec = getattr(sched, "spec_stats", None)
+        spec_counts = () if spec is None else (
+            spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
+            tuple(spec.accepted_per_pos))
         return EngineStats(len(sched.running), len(sched.waiting) + len(self._awaiting_grammar),
                            self.kv.num_used_blocks, self.kv.pool.num_blocks,
-                           sched.num_preemptions, cache.queried_tokens, cache.hit_tokens)
+                           sched.num_preemptions, cache.queried_tokens, cache.hit_tokens,
+                           *spec_counts)
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
