@@ -1,8 +1,7 @@
-"""The speculative-decoding scheduler (synchronous steps only): a decoding request with draft
-tokens computes its last token and its k drafts in one step (k+1 query tokens, verified by the
-worker), slots for them (and the draft model's lookahead) are reserved within max_model_len,
-max_tokens and the token budget, and after the step the rejected drafts are rolled back:
-num_computed_tokens drops to the accepted length, so their KV slots are overwritten later.
+"""The speculative-decoding scheduler (synchronous steps only): a decoding request with k draft
+tokens computes its last token and the drafts in one step (k+1 query tokens, verified by the
+worker), with slots reserved within max_model_len, max_tokens and the token budget; after the
+step num_computed_tokens drops to the accepted length (rejected slots are overwritten later).
 Drafts never enter all_token_ids, so only full blocks of accepted tokens are ever hashed."""
 
 from __future__ import annotations

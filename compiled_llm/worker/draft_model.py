@@ -1,10 +1,8 @@
-"""The draft-model proposer: a small model from its own directory, on its own ModelRunner, with
-its own paged KV cache laid out on a mirrored block table: the draft's cache has as many blocks
-as the target's and a request's draft K/V live in the same block ids the scheduler gave the
-target, so the target's allocation (plus a lookahead of k slots) covers the draft too and
-freeing a request frees both. After each target step the draft catches up on the tokens it has
-not seen (prefill chunks as the target ran them, accepted tokens, the new token) and then runs
-k - 1 more one-token steps, proposing k tokens autoregressively."""
+"""The draft-model proposer: a small model from its own directory on its own ModelRunner, with
+its own paged KV cache on a mirrored block table (as many blocks as the target's; a request's
+draft K/V live in the block ids the scheduler gave the target, so one allocation, with k slots
+of lookahead, covers both). After each target step the draft catches up on the tokens it has
+not seen, then runs k - 1 one-token steps: k tokens proposed autoregressively."""
 
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ def test_preemption_drops_drafts_and_recomputes():
     for _ in range(12):
         out = step(sched, lambda r, n: [1, 2, 3, 4][:n], lambda r: [1, 2, 3])
         preempted += out.num_preempted
-        for r, num_new in out.scheduled:
+        for r, _ in out.scheduled:
             assert r.num_computed_tokens <= len(r.all_token_ids)
         if not sched.has_unfinished():
             break

@@ -180,3 +180,13 @@ def test_sampled_output_follows_the_target_distribution(ckpt):
     stats = llm.engine.scheduler.spec_stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert llm.engine.num_used_blocks == 0
+
+
+@pytest.mark.slow
+def test_engine_core_process(ckpt, prompts, baseline):
+    with _llm(ckpt, speculative_config=NGRAM, engine_core_process=True) as llm:
+        assert _tokens(llm.generate(prompts[:3], GREEDY, use_tqdm=False)) == baseline[:3]
+        metrics = _metrics(llm)
+        assert metrics["vllm:spec_decode_num_accepted_tokens"] > 0
+        assert len(metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]) == 3
+        assert llm.engine.num_used_blocks == 0

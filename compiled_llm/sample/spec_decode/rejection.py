@@ -1,9 +1,8 @@
-"""Verification of draft tokens: greedy rows accept drafts while they equal the target's argmax;
+"""Verification of drafts: greedy rows accept drafts while they equal the target's argmax;
 sampled rows use rejection sampling (accept draft x with probability min(1, p(x)/q(x)), else
-draw from the normalised max(0, p - q); after k accepts, a bonus draw from p), so the output
-follows the target's distribution exactly. p is the target's distribution as the sampler
-makes it (bias, allowed ids, temperature, min-p, top-k/p); q is one-hot for a deterministic
-proposer. Seeded requests draw all their randomness from their own generator."""
+draw from the normalised max(0, p - q); after k accepts a bonus draw from p), so output follows
+the target's distribution (p as the sampler makes it; q one-hot for a deterministic proposer).
+Seeded requests draw all their randomness from their own generator."""
 
 from __future__ import annotations
 
