@@ -190,3 +190,27 @@ def test_engine_core_process(ckpt, prompts, baseline):
         assert metrics["vllm:spec_decode_num_accepted_tokens"] > 0
         assert len(metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]) == 3
         assert llm.engine.num_used_blocks == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_cuda_graphs_greedy_equal(ckpt, prompts, method):
+    """Compiled with CUDA graphs: greedy equals spec off, the verify steps (k+1 query tokens
+    per request) replay piecewise graphs."""
+    from compiled_llm.compile.counters import counters
+
+    with LLM(str(ckpt), dtype="float32", engine_core_process=False) as plain:
+        baseline = _tokens(plain.generate(prompts, GREEDY, use_tqdm=False))
+    spec = {"method": method, "num_speculative_tokens": 3, **(
+        {"model": str(ckpt)} if method == "draft_model" else
+        {"prompt_lookup_max": 3, "prompt_lookup_min": 1})}
+    with LLM(str(ckpt), dtype="float32", speculative_config=spec,
+             engine_core_process=False) as llm:
+        before = counters.piecewise_steps
+        assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == baseline
+        assert counters.piecewise_steps > before
+        stats = llm.engine.scheduler.spec_stats
+        assert stats.num_accepted_tokens > 0
+        assert method == "ngram" or stats.num_accepted_tokens == stats.num_draft_tokens
+        assert llm.engine.num_used_blocks == 0
