@@ -88,8 +88,9 @@ class SpecScheduler(Scheduler):
             if req.is_finished or tokens is None:
                 continue
             drafts, req.spec_token_ids = req.spec_token_ids, []
+            first_block = (len(req.all_token_ids) - 1) // self.kv.block_size
             if isinstance(tokens, int):
-                tokens = [tokens]
+                tokens, first_block = [tokens], -1
             else:
                 self.spec_stats.observe(len(drafts), len(tokens) - 1)
             for token in tokens:
@@ -99,6 +100,8 @@ class SpecScheduler(Scheduler):
             progressed.append(req)
             if not req.is_finished:
                 req.num_computed_tokens = len(req.all_token_ids) - 1
+                if first_block >= 0:  # blocks the accepted drafts filled: publish them now
+                    self.kv.cache_computed_blocks(req, first_block)
         return progressed
 
     def _stop_after(self, req: Request, token: int) -> bool:

@@ -72,6 +72,20 @@ def test_rejected_tokens_are_never_published():
     assert kv.num_used_blocks == 0
 
 
+def test_blocks_filled_by_accepted_drafts_are_published():
+    sched, kv = make(k=8)
+    r = req(prompt_len=7)
+    sched.add_request(r)
+    drafts = list(range(200, 208))
+    step(sched, lambda r, n: 100, lambda r: drafts)
+    step(sched, lambda r, n: drafts + [300])  # all 8 accepted: positions 8..15 computed
+    twin = req("b", prompt_len=7)
+    twin.all_token_ids = list(r.all_token_ids) + [1]
+    assert len(kv.get_computed_blocks(twin)) == 4  # blocks 0..3, all of known, computed K/V
+    sched.finish(r, RequestStatus.FINISHED_ABORTED)
+    assert kv.num_used_blocks == 0
+
+
 def test_drafts_trimmed_to_max_tokens_max_model_len_and_budget():
     sched, _ = make(k=5, max_model_len=12, max_num_batched_tokens=64)
     a = req("a", prompt_len=6, max_tokens=3)
