@@ -53,3 +53,11 @@ def test_cli_flag_takes_the_json():
     with pytest.raises(ValueError, match="speculative_config.method"):
         engine_args(parser.parse_args(
             ["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 5}']))
+
+
+def test_pooling_refuses_speculative_config():
+    from compiled_llm.engine.pooling_engine import check_pooling_args
+
+    with pytest.raises(ValueError, match="speculative_config"):
+        check_pooling_args(EngineArgs(speculative_config={"method": "ngram",
+                                                          "num_speculative_tokens": 2}))
