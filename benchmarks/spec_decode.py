@@ -5,10 +5,10 @@ shape (random weights: low acceptance, reported as it is); then batch 64 on prom
 repetition, spec off against n-gram (the no-slowdown check). Each engine runs in its own
 process. Prints a table and writes JSON (--output-json).
 
-The copy-heavy workload is made here: each prompt is a random prefix followed by the model's
-own greedy continuation of it, so the answer continues a sequence the prompt already holds.
-Random weights cannot copy spans on purpose; what n-gram accepts on them is what their own
-repetition gives, and the JSON says so.
+The copy-heavy workload is made here: a prompt that repeats one random span, whose copying
+answer continues the period. Random weights cannot copy spans on purpose; what n-gram accepts
+on them is what their own repetition gives, and the JSON says so. --configs runs a subset (to
+split the run over two calls).
 
     python -m benchmarks.spec_decode --checkpoint-dir /tmp/ckpt --output-json spec.json
     python -m benchmarks.spec_decode --shape cpu-small --new-tokens 16 --compile-mode none
@@ -30,6 +30,8 @@ from benchmarks.common import (
     shape_checkpoint,
 )
 from benchmarks.ours import make_llm
+
+CONFIGS = ("off", "ngram", "draft_self", "draft_2layer")
 
 
 def _spec_counts(llm) -> dict[str, int]:
@@ -90,24 +92,11 @@ def run(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str, spec
             "cudagraph_piecewise_max": max(runner.dispatcher.piecewise_sizes, default=0)}
 
 
-def copy_heavy(args, model_dir: str, vocab: int) -> list[list[int]]:
-    """Random prefixes followed by the model's own greedy continuation (made in a child)."""
-    prefix = random_ids(1, args.prompt_len // 2, vocab, seed=1)
-    made = isolate.call("benchmarks.spec_decode:continuation", model_dir=model_dir,
-                        dtype=args.dtype, prompts=prefix, new_tokens=args.prompt_len // 2)
-    if "error" in made:
-        raise RuntimeError(made["error"])
-    return [p + c for p, c in zip(prefix, made["outputs"])]
-
-
-def continuation(model_dir: str, dtype: str, prompts: list[list[int]], new_tokens: int) -> dict:
-    """Greedy continuations of prompts (eager: made once, not timed)."""
-    from compiled_llm import SamplingParams
-
-    llm = make_llm(model_dir, dtype, "none", "none", max_model_len=2 * new_tokens + 64)
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return {"outputs": [list(o.outputs[0].token_ids) for o in outs]}
+def copy_heavy(prompt_len: int, vocab: int, span: int = 32) -> list[list[int]]:
+    """One prompt that repeats a random span of `span` tokens up to prompt_len: the answer
+    a copying model gives continues the period (random weights only sometimes do)."""
+    piece = random_ids(1, span, vocab, seed=1)[0]
+    return [(piece * (prompt_len // span + 1))[:prompt_len]]
 
 
 def main() -> None:
@@ -122,6 +111,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=64, help="the no-repetition batch")
     ap.add_argument("--kv-bytes", type=int, default=4 << 30, help="KV budget per engine")
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--output-json", default=None)
     args = ap.parse_args()
     k = args.num_speculative_tokens
@@ -131,7 +121,7 @@ def main() -> None:
     draft_dir = shape_checkpoint(draft_shape, args.checkpoint_dir)
     vocab = SHAPES[args.shape]["vocab_size"]
     plain = random_ids(args.batch, args.prompt_len, vocab, seed=2)
-    copy = copy_heavy(args, model_dir, vocab)
+    copy = copy_heavy(args.prompt_len, vocab)
     configs = {
         "off": (None, {"copy_b1": copy, "plain_b1": plain[:1], f"plain_b{args.batch}": plain}),
         "ngram": ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
@@ -142,6 +132,7 @@ def main() -> None:
         "draft_2layer": ({"method": "draft_model", "model": draft_dir,
                           "num_speculative_tokens": k}, {"plain_b1": plain[:1]}),
     }
+    configs = {name: configs[name] for name in args.configs}
     results = {name: isolate.call("benchmarks.spec_decode:run", model_dir=model_dir,
                                   dtype=args.dtype, compile_mode=args.compile_mode,
                                   cudagraph_mode=args.cudagraph_mode, spec=spec,
