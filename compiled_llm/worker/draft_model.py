@@ -70,6 +70,7 @@ class DraftModelProposer(Proposer):
         self.runner = ModelRunner(model, target.device, target.dtype, target.cache_cfg,
                                   target.compile_cfg, target.max_model_len, target.attn_backend,
                                   target.max_num_seqs, target.max_num_batched_tokens + extra)
+        _check_room(self.runner, num_blocks)
         self.runner.allocate_kv_cache(num_blocks)  # mirrored: the target's block ids
         self.runner.execute_dummy(1, 1)
         self.runner.capture_cudagraphs()
@@ -194,6 +195,19 @@ class DraftModelProposer(Proposer):
         if seed is not None and req.request_id not in self.generators:
             self.generators[req.request_id] = make_generator(seed ^ _SEED_SALT,
                                                              self.runner.device)
+
+
+def _check_room(runner: ModelRunner, num_blocks: int) -> None:
+    """ValueError naming the field when the draft's KV cache cannot fit the free device memory
+    (its weights and cache come on top of the target's budget)."""
+    if runner.device.type != "cuda":
+        return
+    need = num_blocks * runner.kv_bytes_per_block()
+    free = torch.cuda.mem_get_info(runner.device)[0]
+    if need > free:
+        raise ValueError(f"speculative_config.model: the draft's KV cache needs {need >> 20} MiB "
+                         f"for the target's {num_blocks} blocks; {free >> 20} MiB are free. "
+                         "Lower gpu_memory_utilization or set kv_cache_memory_bytes")
 
 
 def _common_prefix(have: list[int], want: list[int], start: int) -> int:
