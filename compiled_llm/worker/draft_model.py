@@ -13,6 +13,7 @@ import torch
 from compiled_llm.core.request import Request
 from compiled_llm.core.scheduler import SchedulerOutput
 from compiled_llm.sample.metadata import make_generator
+from compiled_llm.sample.sampler import random_sample
 from compiled_llm.sample.spec_decode.proposers import (
     Proposer,
     Sampled,
@@ -20,6 +21,7 @@ from compiled_llm.sample.spec_decode.proposers import (
     register_proposer,
     spec_eligible,
 )
+from compiled_llm.sample.uploads import upload
 from compiled_llm.sampling_params import SAMPLING_EPS, SamplingParams
 from compiled_llm.speculative import SpeculativeConfig
 from compiled_llm.worker.loader import load_model
@@ -75,7 +77,7 @@ class DraftModelProposer(Proposer):
         self.runner.execute_dummy(1, 1)
         self.runner.capture_cudagraphs()
         self.shadows: dict[str, _Shadow] = {}
-        self.probs: dict[str, torch.Tensor] = {}  # request id -> q of its drafts [n, V]
+        self.probs: dict[str, list[torch.Tensor]] = {}  # request id -> q of each draft [V]
         self.generators: dict[str, torch.Generator] = {}
         self._released: tuple[set[str], set[str]] = (set(), set())
 
@@ -91,8 +93,8 @@ class DraftModelProposer(Proposer):
 
     def draft_probs(self, request_id: str, num: int) -> torch.Tensor | None:
         """q of the request's first num drafts (None: drawn greedily, one-hot)."""
-        probs = self.probs.get(request_id)
-        return None if probs is None else probs[:num]
+        rows = self.probs.get(request_id)
+        return None if rows is None else torch.stack(rows[:num])
 
     @torch.inference_mode()
     def propose(self, sched: SchedulerOutput, sampled: Sampled) -> dict[str, list[int]]:
@@ -111,7 +113,7 @@ class DraftModelProposer(Proposer):
         for step in range(self.k):
             if not proposing:
                 break
-            self._draw(proposing, logits, drafts, step)
+            self._draw(proposing, logits, drafts)
             proposing = [job for job in proposing if self._fits(job.shadow.req)]
             if step + 1 < self.k and proposing:
                 logits = self._feed(proposing, drafts)
@@ -169,21 +171,24 @@ class DraftModelProposer(Proposer):
             job.shadow.req.all_token_ids.append(drafts[job.shadow.req.request_id][-1])
         return self._forward([(job.shadow.req, 1) for job in proposing], proposing)
 
-    def _draw(self, jobs: list[_Job], logits: torch.Tensor, drafts: dict[str, list[int]],
-              step: int) -> None:
+    def _draw(self, jobs: list[_Job], logits: torch.Tensor, drafts: dict[str, list[int]]
+              ) -> None:
         """Each job's next draft: argmax for greedy requests, else a draw from softmax(l/T)
-        whose probabilities are kept for verification."""
-        greedy = logits.argmax(dim=-1).tolist()
-        for i, job in enumerate(jobs):
-            request_id = job.shadow.req.request_id
-            token = greedy[i]
-            if job.temperature >= SAMPLING_EPS:
-                probs = torch.softmax(logits[i] / job.temperature, dim=-1)
-                token = int(torch.multinomial(probs, 1, generator=self._generator(job)))
-                prev = self.probs.get(request_id)
-                self.probs[request_id] = probs[None] if prev is None else torch.cat(
-                    [prev, probs[None]])
-            drafts.setdefault(request_id, []).append(token)
+        whose probabilities are kept for verification (one host read for the batch)."""
+        tokens = logits.argmax(dim=-1)
+        rows = [i for i, job in enumerate(jobs) if job.temperature >= SAMPLING_EPS]
+        if rows:
+            device = logits.device
+            index = upload(rows, torch.int64, device)
+            temperature = upload([jobs[i].temperature for i in rows], torch.float32, device)
+            probs = torch.softmax(logits.index_select(0, index) / temperature[:, None], dim=-1)
+            generators = {row: gen for row, i in enumerate(rows)
+                          if (gen := self._generator(jobs[i])) is not None}
+            tokens[index] = random_sample(probs.clone(), generators)
+            for row, i in enumerate(rows):
+                self.probs.setdefault(jobs[i].shadow.req.request_id, []).append(probs[row])
+        for job, token in zip(jobs, tokens.tolist()):
+            drafts.setdefault(job.shadow.req.request_id, []).append(token)
 
     def _generator(self, job: _Job) -> torch.Generator | None:
         """The request's own draft stream when it has a seed (None: the global one)."""
