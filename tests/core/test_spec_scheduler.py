@@ -56,32 +56,37 @@ def test_drafts_are_scheduled_and_rolled_back():
     assert kv.num_used_blocks == 0
 
 
-def test_rejected_tokens_are_never_published():
-    sched, kv = make(k=4)
+def _verified(k: int, drafts: list[int], verified: list[int]):
+    """A request of 7 prompt tokens that sampled 100, proposed drafts and verified them."""
+    sched, kv = make(k=k)
     r = req(prompt_len=7)
     sched.add_request(r)
-    step(sched, lambda r, n: 100, lambda r: [201, 202, 203, 204])
+    step(sched, lambda r, n: 100, lambda r: drafts)
+    step(sched, lambda r, n: verified, lambda r: [5])
+    return sched, kv, r
+
+
+def _cached_blocks(kv, tokens: list[int]) -> int:
+    twin = req("b", prompt_len=7)
+    twin.all_token_ids = tokens
+    return len(kv.get_computed_blocks(twin))
+
+
+def test_rejected_tokens_are_never_published():
     # drafts at positions 8..11 fill block 2 whole; all are rejected
-    step(sched, lambda r, n: [300], lambda r: [5])
+    sched, kv, r = _verified(4, [201, 202, 203, 204], [300])
     sched.schedule()  # the next step's allocation publishes what is full of known tokens
     assert len(r.block_hashes) == len(r.all_token_ids) // BLOCK == 2
-    twin = req("b", prompt_len=7)
-    twin.all_token_ids = list(range(10, 17)) + [100, 201, 202, 203, 204, 1]
-    assert len(kv.get_computed_blocks(twin)) == 2  # blocks 0, 1 (accepted tokens) only
+    # blocks 0, 1 (known tokens) only
+    assert _cached_blocks(kv, list(range(10, 17)) + [100, 201, 202, 203, 204, 1]) == 2
     sched.finish(r, RequestStatus.FINISHED_ABORTED)
     assert kv.num_used_blocks == 0
 
 
 def test_blocks_filled_by_accepted_drafts_are_published():
-    sched, kv = make(k=8)
-    r = req(prompt_len=7)
-    sched.add_request(r)
     drafts = list(range(200, 208))
-    step(sched, lambda r, n: 100, lambda r: drafts)
-    step(sched, lambda r, n: drafts + [300])  # all 8 accepted: positions 8..15 computed
-    twin = req("b", prompt_len=7)
-    twin.all_token_ids = list(r.all_token_ids) + [1]
-    assert len(kv.get_computed_blocks(twin)) == 4  # blocks 0..3, all of known, computed K/V
+    sched, kv, r = _verified(8, drafts, drafts + [300])  # all 8 accepted: positions 8..15
+    assert _cached_blocks(kv, list(r.all_token_ids) + [1]) == 4  # blocks 0..3
     sched.finish(r, RequestStatus.FINISHED_ABORTED)
     assert kv.num_used_blocks == 0
 
