@@ -27,7 +27,7 @@ from compiled_llm.optimization import (
     mode_graph_sizes,
 )
 from compiled_llm.pooling_params import RunnerArgs
-from compiled_llm.speculative import speculative_config_of
+from compiled_llm.speculative import check_speculative
 
 ENV_KV_BYTES = "COMPILED_LLM_KV_CACHE_MEMORY_BYTES"  # default KV budget, CPU and GPU alike
 # the one list of each field's allowed values: validation and the CLI's choices read these
@@ -303,7 +303,7 @@ class EngineArgs(RunnerArgs, LoRAArgs):
         check_choices(self)
         check_minimums(self, _REQUEST_LIMITS)
         self.check_lora()
-        speculative_config_of(self.speculative_config)  # ValueError naming the field at fault
+        check_speculative(self)  # ValueError naming the speculative_config field at fault
         if self.max_model_len in AUTO_MAX_MODEL_LEN:
             self.max_model_len = None  # one spelling of auto from here on
         elif self.max_model_len is not None and (

@@ -86,6 +86,14 @@ def _draft_model(spec: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+def check_speculative(args: Any) -> None:
+    """ValueError naming the field when EngineArgs' speculative_config is malformed or asks for
+    what it cannot be combined with (LoRA adapters: not yet)."""
+    if speculative_config_of(args.speculative_config) is not None and getattr(
+            args, "enable_lora", False):
+        raise ValueError("speculative_config is not supported with enable_lora yet")
+
+
 def speculative_config_of(spec: dict[str, Any] | SpeculativeConfig | None
                           ) -> SpeculativeConfig | None:
     """The parsed config of an EngineArgs.speculative_config value (None: spec decoding off)."""

@@ -61,3 +61,9 @@ def test_pooling_refuses_speculative_config():
     with pytest.raises(ValueError, match="speculative_config"):
         check_pooling_args(EngineArgs(speculative_config={"method": "ngram",
                                                           "num_speculative_tokens": 2}))
+
+
+def test_lora_with_speculative_config_is_refused():
+    with pytest.raises(ValueError, match="speculative_config"):
+        EngineArgs(enable_lora=True, speculative_config={"method": "ngram",
+                                                         "num_speculative_tokens": 2})
