@@ -105,6 +105,10 @@ class Scheduler:
         """Tokens a running request computes this step (speculative decoding adds drafts)."""
         return min(req.num_tokens - req.num_computed_tokens, budget)
 
+    def _lookahead(self, req: Request, num_new: int) -> int:
+        """Slots past a step's tokens it also reserves (a draft model's proposals write them)."""
+        return 0
+
     def _allocate_or_preempt(self, req: Request, num_new: int, out: SchedulerOutput) -> bool:
         while not self.kv.allocate_slots(req, num_new):
             scheduled = {id(other) for other, _ in out.scheduled}  # only on the rare failure path
@@ -131,7 +135,7 @@ class Scheduler:
                 break
             if self.max_loras and not self._lora_fits(req):
                 break  # its adapter would exceed max_loras: it waits for a slot
-            if not self.kv.allocate_slots(req, num_new, hits):
+            if not self.kv.allocate_slots(req, num_new + self._lookahead(req, num_new), hits):
                 break
             self.waiting.pop()
             req.status = RequestStatus.RUNNING

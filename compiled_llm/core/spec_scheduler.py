@@ -69,10 +69,13 @@ class SpecScheduler(Scheduler):
         req.spec_token_ids = req.spec_token_ids[:max(room, 0)]
         return 1 + len(req.spec_token_ids)
 
+    def _lookahead(self, req: Request, num_new: int) -> int:
+        # within max_model_len: an admitted request's prefix-cache hits are not counted in yet
+        room = self.cfg.max_model_len - max(req.num_computed_tokens + num_new, req.num_tokens)
+        return max(0, min(self.lookahead, room))
+
     def _allocate_or_preempt(self, req: Request, num_new: int, out: SchedulerOutput) -> bool:
-        room = self.cfg.max_model_len - req.num_computed_tokens - num_new
-        return super()._allocate_or_preempt(req, num_new + max(0, min(self.lookahead, room)),
-                                            out)
+        return super()._allocate_or_preempt(req, num_new + self._lookahead(req, num_new), out)
 
     def preempt(self, req: Request) -> None:
         """Preempt as usual; the drafts go (the request recomputes from its known tokens)."""

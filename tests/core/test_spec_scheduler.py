@@ -152,6 +152,16 @@ def test_lookahead_slots_are_reserved():
     sched, kv = make(k=3, lookahead=3)
     r = req(prompt_len=4)
     sched.add_request(r)
+    sched.schedule()  # admission: 4 prompt tokens + 3 lookahead slots
+    assert len(r.block_ids) == 2
+    sched.finish(r, RequestStatus.FINISHED_ABORTED)
+    r = req("b", prompt_len=4)
+    sched.add_request(r)
     step(sched, lambda r, n: 100, lambda r: [1, 2, 3])
     sched.schedule()  # 4 computed + 4 new + 3 lookahead = 11 slots: 3 blocks
     assert len(r.block_ids) == 3
+    edge, _ = make(k=3, lookahead=3, max_model_len=10)
+    long = req("c", prompt_len=8)
+    edge.add_request(long)
+    edge.schedule()  # never past max_model_len: 8 + 2 slots, 3 blocks at most
+    assert len(long.block_ids) == 3
