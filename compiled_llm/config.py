@@ -27,6 +27,7 @@ from compiled_llm.optimization import (
     mode_graph_sizes,
 )
 from compiled_llm.pooling_params import RunnerArgs
+from compiled_llm.speculative import check_speculative
 
 ENV_KV_BYTES = "COMPILED_LLM_KV_CACHE_MEMORY_BYTES"  # default KV budget, CPU and GPU alike
 # the one list of each field's allowed values: validation and the CLI's choices read these
@@ -289,6 +290,10 @@ class EngineArgs(RunnerArgs, LoRAArgs):
     """Longest text prompt, in UTF-8 bytes, the engine tokenizes at all: longer ones are
     refused before tokenization (default: 64 bytes per token of max_model_len, more than
     any prompt that fits needs)."""
+    speculative_config: dict | None = None
+    """Speculative decoding, as vLLM spells it: {"method": "ngram", "num_speculative_tokens": k,
+    "prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"method": "draft_model", "model": DIR,
+    "num_speculative_tokens": k} (default: off)."""
     engine_core_process: bool | None = None
     """Run the engine core (scheduler, model, sampler) in a process of its own, so that
     tokenization, detokenization, output building and HTTP overlap it (default: on behind
@@ -298,6 +303,7 @@ class EngineArgs(RunnerArgs, LoRAArgs):
         check_choices(self)
         check_minimums(self, _REQUEST_LIMITS)
         self.check_lora()
+        check_speculative(self)  # ValueError naming the speculative_config field at fault
         if self.max_model_len in AUTO_MAX_MODEL_LEN:
             self.max_model_len = None  # one spelling of auto from here on
         elif self.max_model_len is not None and (

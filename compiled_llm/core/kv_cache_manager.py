@@ -154,6 +154,16 @@ class KVCacheManager:
         for i in range(first, num_tokens // self.block_size):
             self.pool.cache(req.block_ids[i], req.block_hashes[i])
 
+    def cache_computed_blocks(self, req: Request, first_block: int) -> None:
+        """Publish req's full blocks from first_block on whose tokens are known and computed
+        (speculative decoding: a verify step can fill several blocks with accepted drafts)."""
+        if not self.enable_prefix_caching:
+            return
+        num_tokens = min(req.num_computed_tokens, len(req.all_token_ids))
+        self._hash_blocks(req, num_tokens)
+        for i in range(first_block, num_tokens // self.block_size):
+            self.pool.cache(req.block_ids[i], req.block_hashes[i])
+
     # ------------------------------------------------------------------ release
     def free(self, req: Request) -> None:
         """Return req's blocks; cached ones stay reusable until evicted (tail blocks first)."""

@@ -70,6 +70,9 @@ class Request:
     # structured outputs: an xgrammar GrammarMatcher while the request is unfinished
     grammar: Any = None
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
+    # speculative decoding: draft tokens proposed for the next step (never in all_token_ids
+    # and never hashed; the scheduler trims them to what fits and verifies them in one step)
+    spec_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)

@@ -94,12 +94,20 @@ class Scheduler:
                 continue
             if req.num_pending and self._nothing_to_compute(req):  # (hot: test the field first)
                 continue
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = self._num_new_tokens(req, budget)
             if not self._allocate_or_preempt(req, num_new, out):
                 continue
             out.scheduled.append((req, num_new))
             budget -= num_new
         return budget
+
+    def _num_new_tokens(self, req: Request, budget: int) -> int:
+        """Tokens a running request computes this step (speculative decoding adds drafts)."""
+        return min(req.num_tokens - req.num_computed_tokens, budget)
+
+    def _lookahead(self, req: Request, num_new: int) -> int:
+        """Slots past a step's tokens it also reserves (a draft model's proposals write them)."""
+        return 0
 
     def _allocate_or_preempt(self, req: Request, num_new: int, out: SchedulerOutput) -> bool:
         while not self.kv.allocate_slots(req, num_new):
@@ -127,7 +135,7 @@ class Scheduler:
                 break
             if self.max_loras and not self._lora_fits(req):
                 break  # its adapter would exceed max_loras: it waits for a slot
-            if not self.kv.allocate_slots(req, num_new, hits):
+            if not self.kv.allocate_slots(req, num_new + self._lookahead(req, num_new), hits):
                 break
             self.waiting.pop()
             req.status = RequestStatus.RUNNING

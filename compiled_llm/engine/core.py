@@ -17,7 +17,9 @@ from compiled_llm.core.engine_output import EngineCoreOutput
 from compiled_llm.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from compiled_llm.core.request import Request, RequestStatus
 from compiled_llm.core.scheduler import Scheduler, SchedulerOutput
+from compiled_llm.core.spec_scheduler import SpecScheduler
 from compiled_llm.executor.uniproc_executor import UniProcExecutor
+from compiled_llm.speculative import speculative_config_of
 from compiled_llm.worker.model_runner import LaunchedStep, StepResult
 from compiled_llm.worker.step_timer import StepStats, StepTimer
 from compiled_llm.worker.worker import WorkerSpec
@@ -36,6 +38,11 @@ class EngineStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache so far
     prefix_cache_hits: int = 0  # of those, tokens served from it
+    # speculative decoding (vLLM's spec_decode counters): verify steps, drafts, accepted drafts
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()  # accepted drafts by position in the draft
 
     @property
     def kv_usage(self) -> float:
@@ -72,15 +79,23 @@ class EngineCore:
     a step's outputs (aborts, which the caller asked for, are not reported)."""
 
     def __init__(self, args: EngineArgs, spec: WorkerSpec, grammars=None) -> None:
+        self.spec_config = speculative_config_of(args.speculative_config)
+        if self.spec_config is not None and args.async_scheduling:
+            logger.info("speculative decoding: async scheduling is off (a step's drafts are "
+                        "proposed from the previous step's accepted tokens)")
+            args = dataclasses.replace(args, async_scheduling=False)
         self.args = args
         self.executor = UniProcExecutor(args, spec)
         self.kv = KVCacheManager(self.executor.num_blocks, args.block_size,
                                  args.enable_prefix_caching, args.prefix_caching_hash_algo)
-        scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler
         # the worker settled max_model_len from the KV cache's size
         sched_cfg = dataclasses.replace(spec.scheduler,
                                         max_model_len=self.executor.max_model_len)
-        self.scheduler = scheduler_cls(sched_cfg, self.kv)
+        if self.spec_config is not None:
+            self.scheduler = SpecScheduler(sched_cfg, self.kv, *spec_slots(self.spec_config))
+        else:
+            scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler
+            self.scheduler = scheduler_cls(sched_cfg, self.kv)
         self.scheduler.max_loras = args.max_loras if args.enable_lora else 0
         self.grammars = grammars  # a callable giving the GrammarManager, built on first use
         self._awaiting_grammar: list[tuple[Request, Future]] = []
@@ -147,9 +162,14 @@ class EngineCore:
         """The load now: running and waiting requests, blocks, preemptions, prefix-cache
         lookups."""
         sched, cache = self.scheduler, self.kv.stats
+        spec = getattr(sched, "spec_stats", None)
+        spec_counts = () if spec is None else (
+            spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
+            tuple(spec.accepted_per_pos))
         return EngineStats(len(sched.running), len(sched.waiting) + len(self._awaiting_grammar),
                            self.kv.num_used_blocks, self.kv.pool.num_blocks,
-                           sched.num_preemptions, cache.queried_tokens, cache.hit_tokens)
+                           sched.num_preemptions, cache.queried_tokens, cache.hit_tokens,
+                           *spec_counts)
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
@@ -269,14 +289,20 @@ class EngineCore:
             req = _scheduled_request(rid, sched)
             req.prompt_logprobs.extend(rows)  # the core counts progress by them
             self._news_of(rid).prompt_logprobs = rows
+        counts = _output_counts(sched) if self.spec_config is not None else None
         for req in self.scheduler.resolve(sched, result.sampled):
             out = self._news_of(req.request_id)
-            out.new_token_ids.append(req.output_token_ids[-1])
+            if counts is None:
+                out.new_token_ids.append(req.output_token_ids[-1])
+            else:  # speculative decoding: a step may add several tokens
+                out.new_token_ids.extend(req.output_token_ids[counts[req.request_id]:])
             row = result.logprobs.get(req.request_id)
             if row is not None:
                 if out.new_logprobs is None:
                     out.new_logprobs = []
                 out.new_logprobs.append(row)
+        if counts is not None:
+            self.scheduler.set_drafts(result.drafts)
         self._report_finished()
 
     def _news_of(self, request_id: str) -> EngineCoreOutput:
@@ -312,6 +338,17 @@ class EngineCore:
         self._awaiting_grammar = []
         self._inflight = None  # a launched step's tensors go with the runner's
         self.executor.shutdown()
+
+
+def spec_slots(cfg) -> tuple[int, int]:
+    """(draft tokens per step, lookahead slots) the scheduler reserves for a speculative
+    config: a draft model also writes the KV of the drafts it feeds itself."""
+    k = cfg.num_speculative_tokens
+    return k, (k if cfg.method == "draft_model" else 0)
+
+
+def _output_counts(sched: SchedulerOutput) -> dict[str, int]:
+    return {req.request_id: req.num_output_tokens for req, _ in sched.scheduled}
 
 
 def _scheduled_request(request_id: str, sched: SchedulerOutput) -> Request:

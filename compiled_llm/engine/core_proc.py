@@ -127,7 +127,9 @@ def stats_wire(core) -> tuple:
     """The core's load as plain values (EngineStats' fields, in order)."""
     stats = core.get_stats()
     return (stats.num_running, stats.num_waiting, stats.num_used_blocks, stats.num_blocks,
-            stats.num_preemptions, stats.prefix_cache_queries, stats.prefix_cache_hits)
+            stats.num_preemptions, stats.prefix_cache_queries, stats.prefix_cache_hits,
+            stats.spec_num_drafts, stats.spec_num_draft_tokens, stats.spec_num_accepted_tokens,
+            list(stats.spec_accepted_per_pos))
 
 
 def add_requests(core, payload: bytes, send: Callable[[bytes], None]) -> list[str]:

@@ -55,6 +55,9 @@ def check_pooling_args(args: EngineArgs) -> None:
     if args.kv_cache_dtype != "auto":
         raise ValueError(f"kv_cache_dtype {args.kv_cache_dtype!r}: runner='pooling' keeps no KV "
                          "cache; leave kv_cache_dtype as auto")
+    if args.speculative_config is not None:
+        raise ValueError("speculative_config: runner='pooling' generates no tokens; leave "
+                         "speculative_config unset")
     PoolerConfig.from_value(args.pooler_config)  # names a bad key before the weights load
     if args.enable_lora:
         raise ValueError("enable_lora: LoRA adapters serve runner='generate' only")

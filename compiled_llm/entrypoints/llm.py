@@ -47,6 +47,14 @@ class LLM(PoolingMixin):
         holds, while `llm` may still be referenced (idempotent); generate raises after."""
         self.engine.shutdown()
 
+    def get_metrics(self) -> list:
+        """vLLM v1's metric snapshot: Counter/Gauge/Vector objects with .name and .value
+        (engine load, prefix cache and speculative decoding counters)."""
+        from compiled_llm.engine.metrics import EngineStats, engine_metrics
+
+        # a pooling engine keeps no load statistics: its snapshot is all zeros
+        return engine_metrics(getattr(self.engine, "get_stats", EngineStats)())
+
     def get_tokenizer(self):
         """The engine's HF tokenizer (None with skip_tokenizer_init)."""
         return self.engine.tokenizer

@@ -8,6 +8,7 @@ from __future__ import annotations
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.scheduler import SchedulerOutput
 from compiled_llm.worker.model_runner import LaunchedStep, StepResult
+from compiled_llm.worker.spec_runner import build_spec_runner
 from compiled_llm.worker.step_timer import StepTimer
 from compiled_llm.worker.worker import Worker, WorkerSpec
 
@@ -20,6 +21,7 @@ class UniProcExecutor:
         self.num_blocks = self.worker.num_blocks
         self.max_model_len = self.worker.max_model_len  # settled from the KV cache's size
         self.startup_seconds = self.worker.startup_seconds
+        self.spec_runner = build_spec_runner(args, self.worker)  # None: no speculative decoding
 
     @property
     def step_timer(self) -> StepTimer:
@@ -50,12 +52,16 @@ class UniProcExecutor:
         return self.worker.runner.finish(step)
 
     def execute(self, sched: SchedulerOutput) -> StepResult:
-        """Run one step to the end."""
+        """Run one step to the end (with speculative decoding when configured)."""
+        if self.spec_runner is not None:
+            return self.spec_runner.execute(sched)
         return self.worker.runner.execute(sched)
 
     def release(self, finished: set[str], preempted: set[str] = frozenset()) -> None:
         """Drop the per-request state of finished and preempted requests."""
         self.worker.runner.release(finished, preempted)
+        if self.spec_runner is not None:
+            self.spec_runner.proposer.release(finished, preempted)
 
     def cudagraph_batch_sizes(self) -> list[int]:
         """The batch sizes with a captured full (whole-model) graph."""

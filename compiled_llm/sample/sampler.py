@@ -339,13 +339,21 @@ class Sampler(nn.Module):
         greedy = logits.argmax(dim=-1)
         if meta.all_greedy:
             return greedy
+        probs, is_greedy = Sampler.probs(logits, meta)
+        sampled = random_sample(probs, meta.generators)
+        return torch.where(is_greedy, greedy, sampled)
+
+    @staticmethod
+    def probs(logits: torch.Tensor, meta: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the distribution each row draws from [B, V], which rows are greedy [B]) from
+        processed float32 logits of a batch not all greedy (edited in place): temperature,
+        min-p, top-k/p, softmax. A greedy row's probs are its temperature-1 softmax."""
         temperature = meta.temperature.to(logits.dtype)
         is_greedy = temperature < SAMPLING_EPS
-        # Greedy rows are overwritten below; dividing them by 1 just avoids inf/NaN.
+        # Greedy rows are overwritten by the caller; dividing them by 1 just avoids inf/NaN.
         divisor = torch.where(is_greedy, torch.ones_like(temperature), temperature)
         logits = logits.div_(divisor.unsqueeze(1))
         if meta.min_p is not None:
             apply_min_p(logits, meta.min_p)
         apply_top_k_top_p(logits, meta.top_k, meta.top_p, meta.max_top_k)
-        sampled = random_sample(torch.softmax(logits, dim=-1), meta.generators)
-        return torch.where(is_greedy, greedy, sampled)
+        return torch.softmax(logits, dim=-1), is_greedy

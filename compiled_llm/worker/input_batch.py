@@ -320,7 +320,9 @@ def _token(req: Request, index: int) -> int:
 
 
 def _chunk(req: Request, start: int, count: int) -> list[int]:
-    return req.all_token_ids[start:start + count]
+    ids = req.all_token_ids[start:start + count]
+    # speculative decoding: a verify step's query runs on past the known tokens into the drafts
+    return ids if len(ids) == count else ids + req.spec_token_ids[:count - len(ids)]
 
 
 def _chunk_with_pending(req: Request, start: int, count: int) -> list[int]:

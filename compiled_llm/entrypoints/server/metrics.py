@@ -20,6 +20,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from compiled_llm.entrypoints.async_llm import AsyncLLM, RequestObserver
+from compiled_llm.entrypoints.server.spec_metrics import SpecDecodeCounters
 from compiled_llm.entrypoints.server.vllm_metrics import vllm_families
 
 _PREFIX = "compiled_llm:"
@@ -78,6 +79,7 @@ class ServerMetrics(RequestObserver):
             gauge.labels(**self._labels).set_function(
                 lambda attr=attr: getattr(engine.stats, attr))
         self.registry.register(_PrefixCacheCounters(engine, self._labels))
+        self.registry.register(SpecDecodeCounters(engine, self._labels))
 
     # RequestObserver hooks (called on the event loop)
     def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float) -> None:

@@ -47,6 +47,9 @@ ALIASES: dict[str, tuple[Alias, ...]] = {
     "request_generation_tokens": (Alias("vllm:request_generation_tokens"),),
     "prefix_cache_queries": (Alias("vllm:prefix_cache_queries"),),
     "prefix_cache_hits": (Alias("vllm:prefix_cache_hits"),),
+    **{f"spec_decode_{name}": (Alias(f"vllm:spec_decode_{name}"),) for name in (
+        "num_drafts", "num_draft_tokens", "num_accepted_tokens",
+        "num_accepted_tokens_per_pos")},
 }
 
 

@@ -1,0 +1,172 @@
+"""Speculative decoding (issue 16): greedy decode of a Llama-3-8B-shaped random model at batch 1
+with spec off, n-gram prompt lookup, the target as its own draft model (acceptance 1.0, so
+tokens per target step measure the machinery against k+1) and a 2-layer draft of the same
+shape (random weights: low acceptance, reported as it is); then batch 64 on prompts without
+repetition, spec off against n-gram (the no-slowdown check). Each engine runs in its own
+process. Prints a table and writes JSON (--output-json).
+
+The copy-heavy workload is made here: a prompt that repeats one random span, whose copying
+answer continues the period. Random weights cannot copy spans on purpose; what n-gram accepts
+on them is what their own repetition gives, and the JSON says so. --configs runs a subset (to
+split the run over two calls).
+
+    python -m benchmarks.spec_decode --checkpoint-dir /tmp/ckpt --output-json spec.json
+    python -m benchmarks.spec_decode --shape cpu-small --new-tokens 16 --compile-mode none
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from benchmarks import isolate
+from benchmarks.common import (
+    SHAPES,
+    default_dtype,
+    device_name,
+    print_table,
+    random_ids,
+    save_json,
+    shape_checkpoint,
+)
+from benchmarks.ours import make_llm
+
+CONFIGS = ("off", "ngram", "draft_self", "draft_2layer")
+
+
+def _spec_counts(llm) -> dict[str, int]:
+    names = {"vllm:spec_decode_num_drafts": "drafts",
+             "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+    return {names[m.name]: m.value for m in llm.get_metrics() if m.name in names}
+
+
+def _window(llm, prompts: list[list[int]], new_tokens: int) -> dict:
+    """Decode tokens/s of greedy generation past the first token (a max_tokens=1 run of the
+    same prompts is the prefill time taken off), target steps and acceptance."""
+    from compiled_llm import SamplingParams
+
+    batch = [{"prompt_token_ids": p} for p in prompts]
+    first = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    full = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    t = time.perf_counter()
+    llm.generate(batch, first, use_tqdm=False)
+    prefill = time.perf_counter() - t
+    before, stats0 = _spec_counts(llm), llm.engine.step_stats
+    t = time.perf_counter()
+    outs = llm.generate(batch, full, use_tqdm=False)
+    secs = time.perf_counter() - t - prefill
+    steps = (llm.engine.step_stats - stats0).steps  # engine steps: one target forward each
+    made = sum(len(o.outputs[0].token_ids) - 1 for o in outs)
+    counts = {k: v - before.get(k, 0) for k, v in _spec_counts(llm).items()}
+    row = {"batch": len(prompts), "decode_tok_s": made / secs,
+           "tokens_per_target_step": made / len(prompts) / max(1, steps - 1)}
+    if counts.get("drafts"):
+        row["acceptance_rate"] = counts["accepted_tokens"] / max(1, counts["draft_tokens"])
+        row["tokens_per_verify_step"] = 1 + counts["accepted_tokens"] / counts["drafts"]
+        row.update(counts)
+    if llm.engine.num_used_blocks:
+        raise RuntimeError(f"{llm.engine.num_used_blocks} KV blocks still held after decode")
+    return row
+
+
+def run(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str, spec: dict | None,
+        workloads: dict[str, list[list[int]]], new_tokens: int, kv_bytes: int) -> dict:
+    """One engine (spec config `spec`), one decode window per workload after a warm-up."""
+    from compiled_llm import SamplingParams
+
+    longest = max(len(p) for prompts in workloads.values() for p in prompts)
+    t = time.perf_counter()
+    llm = make_llm(model_dir, dtype, compile_mode, cudagraph_mode,
+                   max_model_len=longest + new_tokens + 64, kv_cache_memory_bytes=kv_bytes,
+                   max_num_seqs=max(64, *(len(p) for p in workloads.values())),
+                   speculative_config=spec)
+    startup = time.perf_counter() - t
+    warm = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p} for p in next(iter(workloads.values()))[:1]], warm,
+                 use_tqdm=False)
+    rows = {name: _window(llm, prompts, new_tokens) for name, prompts in workloads.items()}
+    runner = llm.engine.executor.worker.runner
+    return {"startup_s": startup, "rows": rows,
+            "cudagraph_full_sizes": list(runner.dispatcher.full_sizes),
+            "cudagraph_piecewise_max": max(runner.dispatcher.piecewise_sizes, default=0)}
+
+
+def copy_heavy(prompt_len: int, vocab: int, span: int = 32) -> list[list[int]]:
+    """One prompt that repeats a random span of `span` tokens up to prompt_len: the answer
+    a copying model gives continues the period (random weights only sometimes do)."""
+    piece = random_ids(1, span, vocab, seed=1)[0]
+    return [(piece * (prompt_len // span + 1))[:prompt_len]]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="llama3-8b", choices=list(SHAPES))
+    ap.add_argument("--checkpoint-dir", default=None)
+    ap.add_argument("--dtype", default=default_dtype())
+    ap.add_argument("--compile-mode", default="backend", choices=["backend", "stock", "none"])
+    ap.add_argument("--cudagraph-mode", default="full_and_piecewise")
+    ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=64, help="the no-repetition batch")
+    ap.add_argument("--kv-bytes", type=int, default=4 << 30, help="KV budget per engine")
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--output-json", default=None)
+    args = ap.parse_args()
+    k = args.num_speculative_tokens
+    draft_shape = f"{args.shape}-2l"
+    SHAPES[draft_shape] = {**SHAPES[args.shape], "num_hidden_layers": 2}
+    model_dir = shape_checkpoint(args.shape, args.checkpoint_dir)
+    draft_dir = shape_checkpoint(draft_shape, args.checkpoint_dir)
+    vocab = SHAPES[args.shape]["vocab_size"]
+    plain = random_ids(args.batch, args.prompt_len, vocab, seed=2)
+    copy = copy_heavy(args.prompt_len, vocab)
+    configs = {
+        "off": (None, {"copy_b1": copy, "plain_b1": plain[:1], f"plain_b{args.batch}": plain}),
+        "ngram": ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
+                   "prompt_lookup_min": 2},
+                  {"copy_b1": copy, f"plain_b{args.batch}": plain}),
+        "draft_self": ({"method": "draft_model", "model": model_dir,
+                        "num_speculative_tokens": k}, {"plain_b1": plain[:1]}),
+        "draft_2layer": ({"method": "draft_model", "model": draft_dir,
+                          "num_speculative_tokens": k}, {"plain_b1": plain[:1]}),
+    }
+    configs = {name: configs[name] for name in args.configs}
+    results = {name: isolate.call("benchmarks.spec_decode:run", model_dir=model_dir,
+                                  dtype=args.dtype, compile_mode=args.compile_mode,
+                                  cudagraph_mode=args.cudagraph_mode, spec=spec,
+                                  workloads=workloads, new_tokens=args.new_tokens,
+                                  kv_bytes=args.kv_bytes)
+               for name, (spec, workloads) in configs.items()}
+    table = _table(results)
+    print_table(table, f"speculative decoding, {args.shape}, k={k} ({device_name()})")
+    payload = {"device": device_name(), "args": vars(args), "results": results, "table": table,
+               "notes": "random weights: n-gram acceptance comes from the model's own "
+                        "repetition; draft_self must accept every draft (tokens per verify "
+                        "step = k+1)"}
+    save_json(args.output_json, payload)
+    if args.output_json:
+        print(f"results: {args.output_json}")
+
+
+def _table(results: dict) -> list[dict]:
+    """One row per (config, workload), with speed-up against spec off on the same workload."""
+    rows, off = [], results.get("off", {}).get("rows", {})
+    for name, res in results.items():
+        if "error" in res:
+            rows.append({"config": name, "workload": "-", "decode tok/s": 0.0, "speedup": 0.0,
+                         "tok/target step": 0.0, "acceptance": res["error"][:60]})
+            continue
+        for workload, row in res["rows"].items():
+            base = off.get(workload, {}).get("decode_tok_s")
+            rows.append({"config": name, "workload": workload,
+                         "decode tok/s": row["decode_tok_s"],
+                         "speedup": row["decode_tok_s"] / base if base else float("nan"),
+                         "tok/target step": row["tokens_per_target_step"],
+                         "acceptance": f"{row.get('acceptance_rate', float('nan')):.3f}"})
+    return rows
+
+
+if __name__ == "__main__":
+    main()

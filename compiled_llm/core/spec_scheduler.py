@@ -1,0 +1,124 @@
+"""The speculative-decoding scheduler (synchronous steps only): a decoding request with k draft
+tokens computes its last token and the drafts in one step (k+1 query tokens, verified by the
+worker), with slots reserved within max_model_len, max_tokens and the token budget; after the
+step num_computed_tokens drops to the accepted length (rejected slots are overwritten later).
+Drafts never enter all_token_ids, so only full blocks of accepted tokens are ever hashed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from compiled_llm.config import SchedulerConfig
+from compiled_llm.core.kv_cache_manager import KVCacheManager
+from compiled_llm.core.request import Request
+from compiled_llm.core.scheduler import Scheduler, SchedulerOutput
+
+
+@dataclass
+class SpecDecodingStats:
+    """Cumulative counters, as vLLM's spec_decode metrics: drafts (verify steps of a request),
+    draft tokens, accepted tokens, and accepted tokens by draft position."""
+
+    num_spec_tokens: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.accepted_per_pos = [0] * self.num_spec_tokens
+
+    def observe(self, num_draft: int, num_accepted: int) -> None:
+        """One request's verify step: num_accepted of its num_draft drafts were accepted."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft
+        self.num_accepted_tokens += num_accepted
+        for pos in range(num_accepted):
+            self.accepted_per_pos[pos] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted over proposed draft tokens (0.0 before any)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+class SpecScheduler(Scheduler):
+    """Scheduler that schedules each decoding request's draft tokens with it. resolve() takes,
+    per request, one sampled token (an int) or the accepted drafts plus one token (a list),
+    and set_drafts() the proposals for the next step. Invariant: after resolve, an unfinished
+    request that sampled has num_computed_tokens == len(all_token_ids) - 1."""
+
+    def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, num_spec_tokens: int,
+                 lookahead: int = 0) -> None:
+        super().__init__(cfg, kv)
+        self.num_spec_tokens = num_spec_tokens
+        self.lookahead = lookahead  # slots past the drafts a draft model writes while proposing
+        self.spec_stats = SpecDecodingStats(num_spec_tokens)
+
+    def _num_new_tokens(self, req: Request, budget: int) -> int:
+        num_new = super()._num_new_tokens(req, budget)
+        if not req.spec_token_ids:
+            return num_new
+        if num_new != 1 or req.num_tokens - req.num_computed_tokens != 1:
+            req.spec_token_ids = []  # not a plain decode (recomputing): the drafts are stale
+            return num_new
+        params = req.sampling_params
+        room = min(budget - 1, self.cfg.max_model_len - req.num_tokens - 1)
+        if params.max_tokens is not None:
+            room = min(room, params.max_tokens - req.num_output_tokens - 1)
+        req.spec_token_ids = req.spec_token_ids[:max(room, 0)]
+        return 1 + len(req.spec_token_ids)
+
+    def _lookahead(self, req: Request, num_new: int) -> int:
+        # within max_model_len: an admitted request's prefix-cache hits are not counted in yet
+        room = self.cfg.max_model_len - max(req.num_computed_tokens + num_new, req.num_tokens)
+        return max(0, min(self.lookahead, room))
+
+    def _allocate_or_preempt(self, req: Request, num_new: int, out: SchedulerOutput) -> bool:
+        return super()._allocate_or_preempt(req, num_new + self._lookahead(req, num_new), out)
+
+    def preempt(self, req: Request) -> None:
+        """Preempt as usual; the drafts go (the request recomputes from its known tokens)."""
+        req.spec_token_ids = []
+        super().preempt(req)
+
+    def resolve(self, out: SchedulerOutput, sampled: dict[str, int | list[int]]) -> list[Request]:
+        """Append each request's tokens up to its first stop (never past it), count the
+        verification, and roll the computed length back to the accepted tokens."""
+        progressed = []
+        for req, _ in out.scheduled:
+            tokens = sampled.get(req.request_id)
+            if req.is_finished or tokens is None:
+                continue
+            drafts, req.spec_token_ids = req.spec_token_ids, []
+            first_block = (len(req.all_token_ids) - 1) // self.kv.block_size
+            if isinstance(tokens, int):
+                tokens, first_block = [tokens], -1
+            else:
+                self.spec_stats.observe(len(drafts), len(tokens) - 1)
+            for token in tokens:
+                req.append_token(token)
+                if self._stop_after(req, token):
+                    break
+            progressed.append(req)
+            if not req.is_finished:
+                req.num_computed_tokens = len(req.all_token_ids) - 1
+                if first_block >= 0:  # blocks the accepted drafts filled: publish them now
+                    self.kv.cache_computed_blocks(req, first_block)
+        return progressed
+
+    def _stop_after(self, req: Request, token: int) -> bool:
+        """Apply the stop checks to one appended token; whether the request finished."""
+        status, reason = self._check_stop(req, token)
+        if status is None and req.grammar is not None:
+            status, reason = self._check_grammar(req, token)
+        if status is not None:
+            self.finish(req, status, reason)
+        return status is not None
+
+    def set_drafts(self, drafts: dict[str, list[int]]) -> None:
+        """Store the proposals for the next step on the requests still running."""
+        for request_id, tokens in drafts.items():
+            req = self.requests.get(request_id)
+            if req is not None and not req.is_finished:
+                req.spec_token_ids = list(tokens[:self.num_spec_tokens])

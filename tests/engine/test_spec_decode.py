@@ -1,0 +1,216 @@
+"""Speculative decoding end to end on a tiny Llama: greedy output token for token as without
+it (n-gram and draft model, against transformers too), chunked prefill and preemption, stops,
+sampled output following the target's distribution (total variation against the exact
+distribution), seeds, requests that take no drafts, metrics, and the pool empty after each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compiled_llm import LLM, SamplingParams
+from tests.utils import hf_greedy, make_checkpoint, random_prompts
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+         "prompt_lookup_min": 1}
+
+
+def _tokens(outs):
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _llm(ckpt, **kwargs):
+    return LLM(str(ckpt), enforce_eager=True, dtype="float32", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return make_checkpoint("llama")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    # copy-heavy: every prompt repeats itself, so prompt lookup finds spans to propose
+    return [{"prompt_token_ids": p + p} for p in random_prompts(6, 300, lo=4, hi=40)]
+
+
+@pytest.fixture(scope="module")
+def baseline(ckpt, prompts):
+    return _tokens(_llm(ckpt).generate(prompts, GREEDY, use_tqdm=False))
+
+
+@pytest.fixture(scope="module")
+def ngram(ckpt):
+    return _llm(ckpt, speculative_config=NGRAM)
+
+
+@pytest.fixture(scope="module")
+def draft(ckpt):
+    return _llm(ckpt, speculative_config={"method": "draft_model", "model": str(ckpt),
+                                          "num_speculative_tokens": 3})
+
+
+def _metrics(llm):
+    return {m.name: m.value for m in llm.get_metrics()}
+
+
+def test_ngram_greedy_equals_spec_off(ngram, prompts, baseline):
+    assert _tokens(ngram.generate(prompts, GREEDY, use_tqdm=False)) == baseline
+    assert ngram.engine.num_used_blocks == 0
+    stats = ngram.engine.scheduler.spec_stats
+    assert stats.num_accepted_tokens > 0 and stats.num_draft_tokens > stats.num_accepted_tokens
+
+
+def test_draft_model_greedy_equals_spec_off_with_full_acceptance(draft, prompts, baseline):
+    before = _metrics(draft)
+    assert _tokens(draft.generate(prompts, GREEDY, use_tqdm=False)) == baseline
+    assert draft.engine.num_used_blocks == 0
+    after = _metrics(draft)
+    drafted = after["vllm:spec_decode_num_draft_tokens"] - before.get(
+        "vllm:spec_decode_num_draft_tokens", 0)
+    accepted = after["vllm:spec_decode_num_accepted_tokens"] - before.get(
+        "vllm:spec_decode_num_accepted_tokens", 0)
+    assert drafted > 0 and accepted == drafted  # the target as its own draft: all accepted
+
+
+def test_greedy_matches_transformers(ngram, ckpt, prompts):
+    ids = [p["prompt_token_ids"] for p in prompts[:2]]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    assert _tokens(ngram.generate(prompts[:2], params, use_tqdm=False)) == hf_greedy(ckpt, ids, 12)
+
+
+def test_chunked_prefill_and_preemption(ckpt, prompts, baseline):
+    tight = _llm(ckpt, speculative_config=NGRAM, max_num_batched_tokens=16,
+                 num_gpu_blocks_override=14)
+    assert _tokens(tight.generate(prompts, GREEDY, use_tqdm=False)) == baseline
+    assert tight.engine.scheduler.num_preemptions > 0
+    assert tight.engine.scheduler.spec_stats.num_accepted_tokens > 0
+    assert tight.engine.num_used_blocks == 0
+
+
+def test_stops_apply_to_accepted_tokens(ngram, prompts, baseline):
+    for i in range(3):
+        stop_tok = baseline[i][9]
+        first = baseline[i].index(stop_tok)
+        params = SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[stop_tok],
+                                ignore_eos=True)
+        out = ngram.generate(prompts[i], params, use_tqdm=False)[0].outputs[0]
+        assert out.token_ids == baseline[i][:first + 1] and out.stop_reason == stop_tok
+    lengths = ngram.generate(prompts, SamplingParams(temperature=0.0, max_tokens=7,
+                                                     ignore_eos=True), use_tqdm=False)
+    assert _tokens(lengths) == [b[:7] for b in baseline]
+    text = ngram.generate(prompts[0], GREEDY, use_tqdm=False)[0].outputs[0].text
+    stop = text[4:7]
+    cut = ngram.generate(prompts[0], SamplingParams(temperature=0.0, max_tokens=24, stop=[stop],
+                                                    ignore_eos=True), use_tqdm=False)
+    assert cut[0].outputs[0].text == text[:text.index(stop)]
+    assert ngram.engine.num_used_blocks == 0
+
+
+def test_requests_without_drafts_decode_as_usual(ngram, prompts, baseline):
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
+    outs = ngram.generate(prompts[:2], params, use_tqdm=False)
+    assert _tokens(outs) == baseline[:2]
+    assert all(len(o.outputs[0].logprobs) == 24 for o in outs)
+
+
+def test_seeded_sampling_repeats(draft, prompts):
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=99, ignore_eos=True)
+    first = _tokens(draft.generate(prompts[:3], params, use_tqdm=False))
+    assert _tokens(draft.generate(prompts[:3], params, use_tqdm=False)) == first
+
+
+def test_metrics_names_and_values(ngram):
+    metrics = {m.name: m for m in ngram.get_metrics()}
+    stats = ngram.engine.scheduler.spec_stats
+    assert metrics["vllm:spec_decode_num_drafts"].value == stats.num_drafts
+    assert metrics["vllm:spec_decode_num_draft_tokens"].value == stats.num_draft_tokens
+    assert metrics["vllm:spec_decode_num_accepted_tokens"].value == stats.num_accepted_tokens
+    per_pos = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values
+    assert len(per_pos) == 3 and sum(per_pos) == stats.num_accepted_tokens
+    assert per_pos == sorted(per_pos, reverse=True)  # position i needs positions < i accepted
+    assert metrics["vllm:num_requests_running"].value == 0
+
+
+def _exact_joint(ckpt, prompt: list[int], top_k: int, depth: int) -> dict[tuple, float]:
+    """P(t0..t_depth-1) of sampling at temperature 1 with top_k, from transformers."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt).eval()
+
+    def dist(ids):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1]
+        top = logits.topk(top_k)
+        return dict(zip(top.indices.tolist(), torch.softmax(top.values, -1).tolist()))
+
+    joint = {(): 1.0}
+    for _ in range(depth):
+        joint = {seq + (tok,): prob * p for seq, prob in joint.items()
+                 for tok, p in dist(prompt + list(seq)).items()}
+    return joint
+
+
+def _tv(seen: list[tuple], exact: dict[tuple, float]) -> float:
+    counts = dict.fromkeys(exact, 0)
+    for seq in seen:
+        counts[seq] += 1  # KeyError: a sequence the target could never produce
+    return 0.5 * sum(abs(counts[seq] / len(seen) - prob) for seq, prob in exact.items())
+
+
+def test_sampled_output_follows_the_target_distribution(ckpt):
+    # a different random model as the draft: its drafts are often rejected, so acceptance,
+    # the recovered draw and the bonus draw all take part. The attention of the CPU backend
+    # costs per sequence, so the sample is small (the verifier's own test draws 20000 each)
+    other = make_checkpoint("qwen2")
+    llm = _llm(ckpt, speculative_config={"method": "draft_model", "model": str(other),
+                                         "num_speculative_tokens": 2})
+    prompt = random_prompts(1, 300, lo=6, hi=7, seed=3)[0]
+    params = SamplingParams(temperature=1.0, top_k=2, max_tokens=3, ignore_eos=True)
+    num = 250
+    seen = [tuple(t) for t in _tokens(llm.generate([{"prompt_token_ids": prompt}] * num,
+                                                   params, use_tqdm=False))]
+    exact = _exact_joint(ckpt, prompt, 2, 3)
+    assert _tv(seen, exact) < 0.15  # E[TV] is about 0.07 for 8 cells and 250 draws
+    pairs: dict[tuple, float] = {}
+    for seq, prob in exact.items():
+        pairs[seq[:2]] = pairs.get(seq[:2], 0.0) + prob
+    assert _tv([seq[:2] for seq in seen], pairs) < 0.1  # E[TV] about 0.045
+    stats = llm.engine.scheduler.spec_stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert llm.engine.num_used_blocks == 0
+
+
+@pytest.mark.slow
+def test_engine_core_process(ckpt, prompts, baseline):
+    with _llm(ckpt, speculative_config=NGRAM, engine_core_process=True) as llm:
+        assert _tokens(llm.generate(prompts[:3], GREEDY, use_tqdm=False)) == baseline[:3]
+        metrics = _metrics(llm)
+        assert metrics["vllm:spec_decode_num_accepted_tokens"] > 0
+        assert len(metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]) == 3
+        assert llm.engine.num_used_blocks == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_cuda_graphs_greedy_equal(ckpt, prompts, method):
+    """Compiled with CUDA graphs: greedy equals spec off, the verify steps (k+1 query tokens
+    per request) replay piecewise graphs."""
+    from compiled_llm.compile.counters import counters
+
+    with LLM(str(ckpt), dtype="float32", engine_core_process=False) as plain:
+        baseline = _tokens(plain.generate(prompts, GREEDY, use_tqdm=False))
+    spec = {"method": method, "num_speculative_tokens": 3, **(
+        {"model": str(ckpt)} if method == "draft_model" else
+        {"prompt_lookup_max": 3, "prompt_lookup_min": 1})}
+    with LLM(str(ckpt), dtype="float32", speculative_config=spec,
+             engine_core_process=False) as llm:
+        before = counters.piecewise_steps
+        assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == baseline
+        assert counters.piecewise_steps > before
+        stats = llm.engine.scheduler.spec_stats
+        assert stats.num_accepted_tokens > 0
+        assert method == "ngram" or stats.num_accepted_tokens == stats.num_draft_tokens
+        assert llm.engine.num_used_blocks == 0
