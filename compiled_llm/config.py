@@ -21,7 +21,7 @@ from compiled_llm.optimization import (
     level_defaults,
     mode_graph_sizes,
 )
-from compiled_llm.pooling_params import RunnerArgs
+from compiled_llm.parallel_config import ParallelArgs
 
 ENV_KV_BYTES = "COMPILED_LLM_KV_CACHE_MEMORY_BYTES"  # default KV budget, CPU and GPU alike
 # the one list of each field's allowed values: validation and the CLI's choices read these
@@ -239,13 +239,12 @@ class CompileConfig:
 
 
 @dataclass
-class EngineArgs(RunnerArgs):
-    """Everything LLM(...) and `compiled-llm` accept (runner and pooler_config from RunnerArgs);
-    the *_config() methods derive the sub-configs. Every field's docstring is its flag's help."""
+class EngineArgs(ParallelArgs):
+    """Everything LLM(...) and `compiled-llm` accept (runner and parallelism: ParallelArgs); the
+    *_config() methods derive the sub-configs. Every field's docstring is its flag's help."""
 
     model: str | None = None
-    """Hugging Face model directory to load (default: the demo model shipped in the
-    package)."""
+    """Hugging Face model directory to load (default: the demo model shipped in the package)."""
     tokenizer: str | None = None
     """Tokenizer directory or name (default: the model's)."""
     dtype: str = "auto"
@@ -349,6 +348,7 @@ class EngineArgs(RunnerArgs):
     def __post_init__(self) -> None:
         check_choices(self)
         check_minimums(self, _REQUEST_LIMITS)
+        self.check_parallel()
         if self.max_model_len in AUTO_MAX_MODEL_LEN:
             self.max_model_len = None  # one spelling of auto from here on
         elif self.max_model_len is not None and (

@@ -17,7 +17,7 @@ from compiled_llm.core.engine_output import EngineCoreOutput
 from compiled_llm.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from compiled_llm.core.request import Request, RequestStatus
 from compiled_llm.core.scheduler import Scheduler, SchedulerOutput
-from compiled_llm.executor.uniproc_executor import UniProcExecutor
+from compiled_llm.executor import make_executor
 from compiled_llm.worker.model_runner import LaunchedStep, StepResult
 from compiled_llm.worker.step_timer import StepStats, StepTimer
 from compiled_llm.worker.worker import WorkerSpec
@@ -73,7 +73,7 @@ class EngineCore:
 
     def __init__(self, args: EngineArgs, spec: WorkerSpec, grammars=None) -> None:
         self.args = args
-        self.executor = UniProcExecutor(args, spec)
+        self.executor = make_executor(args, spec)
         self.kv = KVCacheManager(self.executor.num_blocks, args.block_size,
                                  args.enable_prefix_caching, args.prefix_caching_hash_algo)
         scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from compiled_llm.distributed.tensor_parallel import build_sharded, plan_index
 from compiled_llm.models import DecoderConfig, ModelRegistry
 from compiled_llm.models.plugins import load_general_plugins
 
@@ -66,9 +67,10 @@ def _files_with(model_dir: Path, ext: str, index_name: str) -> list[Path]:
     return sorted(model_dir.glob(f"*{ext}"))
 
 
-def iter_tensors(files: list[Path], device: torch.device | None = None):
+def iter_tensors(files: list[Path], device: torch.device | None = None, index_of=None):
     """Yield (name, tensor, file) over every tensor in the checkpoint files; safetensors files
-    are read straight onto `device` (a CUDA device: no staging copy in host memory)."""
+    are read straight onto `device` (a CUDA device: no staging copy in host memory). Where
+    `index_of(name)` gives an index, only that slice is read (a tensor-parallel shard)."""
     target = str(device) if device is not None and device.type == "cuda" else "cpu"
     for path in files:
         if path.suffix == ".safetensors":
@@ -76,22 +78,28 @@ def iter_tensors(files: list[Path], device: torch.device | None = None):
 
             with safe_open(str(path), framework="pt", device=target) as reader:
                 for name in reader.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    yield name, reader.get_tensor(name), path
+                    index = index_of(name) if index_of is not None else None
+                    yield name, (reader.get_tensor(name) if index is None
+                                 else reader.get_slice(name)[index]), path
         else:
             for name, tensor in torch.load(path, map_location="cpu", weights_only=True).items():
-                yield name, tensor, path
+                index = index_of(name) if index_of is not None else None
+                yield name, tensor if index is None else tensor[index].contiguous(), path
 
 
-def load_weights(model: nn.Module, files: list[Path], device: torch.device | None = None) -> None:
+def load_weights(model: nn.Module, files: list[Path], device: torch.device | None = None,
+                 plan=None) -> None:
     """Copy checkpoint tensors (read onto `device` where it is CUDA) into model parameters;
-    every parameter must be loaded whole.
+    every parameter must be loaded whole. A tensor-parallel `plan` names the slice of each
+    checkpoint tensor this rank reads (distributed/tensor_parallel.py).
 
     `model.weight_name` maps a checkpoint name to a parameter name, to None (skip), or to a
     target with `.name` and `.select(param)` (the part of a stacked parameter it fills: one
     expert's gate rows of w13, say); the parts of a parameter must add up to all of it."""
     params = dict(model.named_parameters())  # tied weights appear once
     loaded: dict[str, int] = {}  # parameter name -> elements filled so far
-    for name, tensor, path in iter_tensors(files, device):
+    index_of = None if plan is None else plan_index(model, plan)
+    for name, tensor, path in iter_tensors(files, device, index_of):
         target = model.weight_name(name)
         if target is None:
             continue
@@ -132,10 +140,11 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: t
 
 def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.device,
                max_len: int, load_format: str = "auto",
-               quantization: str | None = None) -> nn.Module:
+               quantization: str | None = None, tp=None) -> nn.Module:
     """Build the model for the checkpoint in model_dir on device, in dtype, with weights,
     then apply the load-time `quantization` transform (None or "fp8") and lay sibling linears'
-    weights out as one fused tensor each (worker/fuse_weights.py)."""
+    weights out as one fused tensor each (worker/fuse_weights.py). With a tensor-parallel
+    group `tp`, this rank's shard is built and only its slices are read."""
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
 
@@ -143,10 +152,14 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     check_quantization(quantization,
                        mixture_of_experts=getattr(model_config, "moe", None) is not None)
     files = checkpoint_files(Path(model_dir), load_format)
-    with torch.device(device):
-        model = model_cls(model_config, max_len=max_len)
-    model.to(dtype=dtype)
-    load_weights(model, files, device)
+    plan = None
+    if tp is not None:
+        model, plan = build_sharded(model_cls, model_config, max_len, device, dtype, tp)
+    else:
+        with torch.device(device):
+            model = model_cls(model_config, max_len=max_len)
+        model.to(dtype=dtype)
+    load_weights(model, files, device, plan)
     model = quantize_model(model, quantization)
     fuse_sibling_weights(model)
     return model.eval().requires_grad_(False)

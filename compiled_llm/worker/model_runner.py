@@ -94,6 +94,7 @@ class ModelRunner:
                            if self._wants(FULL) else None)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.input_batch = self._make_input_batch(max_num_seqs, max_num_batched_tokens)
+        self.step_hook = None  # called with each step's inputs (tensor parallel: broadcast)
 
     def set_max_model_len(self, max_model_len: int) -> None:
         """Settle the longest sequence once the KV cache is sized (the profiling run used an
@@ -181,6 +182,8 @@ class ModelRunner:
         inputs = self.input_batch.prepare(sched)
         if inputs.has_pending:
             fill_pending(inputs.input_ids, prev)
+        if self.step_hook is not None:
+            self.step_hook(inputs)
         self.step_timer.forward_start()
         hidden = self.run_forward(inputs)
         step = LaunchedStep(StepResult(skipped=inputs.skipped), inputs.sample_reqs, hidden,

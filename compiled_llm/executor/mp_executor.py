@@ -1,0 +1,145 @@
+"""The multiprocess executor: tensor parallelism with one process and device per rank. Rank 0
+is the driver, in the engine's process (it runs the scheduler's steps and samples); ranks
+1..N-1 are worker processes started here, each following the driver's broadcast steps
+(worker/tp_follower.py). A worker that dies fails the engine's steps with an error naming it,
+not a hang; shutdown stops the workers and leaves the process group."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+
+import torch
+
+from compiled_llm.config import EngineArgs
+from compiled_llm.core.scheduler import SchedulerOutput
+from compiled_llm.distributed.parallel_state import destroy_tp_group, init_tp_group
+from compiled_llm.executor.mp_worker import rank_spec
+from compiled_llm.executor.uniproc_executor import UniProcExecutor
+from compiled_llm.worker.model_runner import LaunchedStep, StepResult
+from compiled_llm.worker.worker import WorkerSpec
+
+logger = logging.getLogger(__name__)
+_JOIN_S = 10.0  # how long a stopping worker gets before it is killed
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class _Rank:
+    """One follower's process and the read end of its status pipe."""
+
+    def __init__(self, args: EngineArgs, spec: WorkerSpec, rank: int, init_method: str) -> None:
+        read_fd, write_fd = os.pipe()
+        self.name = f"rank {rank}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "compiled_llm.executor.mp_worker"], stdin=subprocess.PIPE,
+            pass_fds=(write_fd,))
+        os.close(write_fd)
+        self.status = os.fdopen(read_fd, "rb")
+        self.process.stdin.write(pickle.dumps((args, spec, rank, init_method, write_fd,
+                                               sys.path)))
+        self.process.stdin.close()
+
+    @property
+    def exitcode(self) -> int | None:
+        """The process's exit status, None while it runs."""
+        return self.process.poll()
+
+    def wait_ready(self) -> None:
+        """Block until the rank has loaded; RuntimeError with its error if it failed."""
+        reply = self.status.read()  # the worker closes the pipe once it has reported
+        self.status.close()
+        status, detail = pickle.loads(reply) if reply else ("error", "it exited")
+        if status != "ready":
+            raise RuntimeError(f"tensor-parallel worker {self.name} failed to start: {detail}")
+
+    def stop(self, seconds: float) -> None:
+        """Wait for the process to exit, killing it after `seconds`."""
+        try:
+            self.process.wait(seconds)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class MultiprocExecutor(UniProcExecutor):
+    """The UniProcExecutor interface over a tensor-parallel group; this process is rank 0."""
+
+    def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
+        world = args.tensor_parallel_size
+        if spec.device.type == "cuda" and torch.cuda.device_count() < world:
+            raise ValueError(f"tensor_parallel_size {world} needs {world} GPUs; "
+                             f"{torch.cuda.device_count()} are visible")
+        self.worker, self.dead = None, None
+        if spec.device.type == "cuda" and args.compile_config().cudagraph_mode != "none":
+            # followers replay the driver's steps from a broadcast; graph capture is not one
+            logger.warning("tensor_parallel_size %d: CUDA graphs are off", world)
+            args = dataclasses.replace(args, cudagraph_mode="none")
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self.procs = [_Rank(args, spec, rank, init_method) for rank in range(1, world)]
+        try:
+            spec = rank_spec(spec, 0)
+            self.tp = init_tp_group(0, world, init_method, spec.device)
+            for proc in self.procs:
+                proc.wait_ready()
+            super().__init__(args, spec, self.tp)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def check_workers(self) -> None:
+        """RuntimeError naming the first worker that has died (and from then on, always)."""
+        if self.dead is None:
+            gone = next((p for p in self.procs if p.exitcode is not None), None)
+            if gone is not None:
+                self.dead = (f"tensor-parallel worker {gone.name} (pid {gone.process.pid}) "
+                             f"died with exit code {gone.exitcode}; the engine cannot run steps")
+                logger.error(self.dead)
+        if self.dead is not None:
+            raise RuntimeError(self.dead)
+
+    def _checked(self, call, *call_args):
+        self.check_workers()
+        try:
+            return call(*call_args)
+        except Exception:
+            self.check_workers()  # a collective failed because a worker died: say so
+            raise
+
+    def launch_forward(self, sched: SchedulerOutput,
+                       prev: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue one step's forward on every rank (the driver's runner broadcasts it)."""
+        return self._checked(super().launch_forward, sched, prev)
+
+    def launch_sampling(self, step: LaunchedStep) -> LaunchedStep:
+        """Queue the step's sampling (its LM-head gather runs on every rank)."""
+        return self._checked(super().launch_sampling, step)
+
+    def execute(self, sched: SchedulerOutput) -> StepResult:
+        """Run one step to the end on every rank."""
+        return self._checked(super().execute, sched)
+
+    def shutdown(self) -> None:
+        """Stop the workers (killed if they do not stop), free rank 0's device memory and
+        leave the process group (idempotent)."""
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            if self.dead is None and all(p.exitcode is None for p in self.procs):
+                try:
+                    worker.runner.step_hook.stop()
+                except Exception:  # a worker went away while stopping: it is killed below
+                    logger.warning("tensor-parallel workers did not take the stop message")
+            worker.shutdown()
+        for proc in self.procs:
+            proc.stop(_JOIN_S)
+        self.procs = []
+        destroy_tp_group()
