@@ -29,12 +29,14 @@ class TPGroup:
 
 
 _GROUP: TPGroup | None = None
+_THREADS: list[int] = []  # the thread count before a CPU group took its share
 
 
 def init_tp_group(rank: int, world_size: int, init_method: str, device: torch.device,
                   timeout_s: float = 120.0) -> TPGroup:
-    """Join the group of world_size ranks at init_method (a tcp:// address) as `rank`.
-    One group per process: ValueError if one exists."""
+    """Join the group of world_size ranks at init_method (a tcp:// address) as `rank`; on
+    CPU this process takes its share of the host's cores for its threads. One group per
+    process: ValueError if one exists."""
     global _GROUP
     if _GROUP is not None or dist.is_initialized():
         raise ValueError("tensor_parallel_size: this process already belongs to a process group")
@@ -43,6 +45,9 @@ def init_tp_group(rank: int, world_size: int, init_method: str, device: torch.de
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    else:  # ranks share the host's cores: oversubscribed threads stall every collective
+        _THREADS[:] = [torch.get_num_threads()]
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world_size))
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
     world = dist.group.WORLD
@@ -62,3 +67,5 @@ def destroy_tp_group() -> None:
     if _GROUP is not None and dist.is_initialized():
         dist.destroy_process_group()
     _GROUP = None
+    if _THREADS:
+        torch.set_num_threads(_THREADS.pop())

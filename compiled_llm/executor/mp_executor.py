@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import multiprocessing
 import os
 import pickle
 import socket
@@ -19,7 +20,7 @@ import torch
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.scheduler import SchedulerOutput
 from compiled_llm.distributed.parallel_state import destroy_tp_group, init_tp_group
-from compiled_llm.executor.mp_worker import rank_spec
+from compiled_llm.executor.mp_worker import rank_spec, run_worker
 from compiled_llm.executor.uniproc_executor import UniProcExecutor
 from compiled_llm.worker.model_runner import LaunchedStep, StepResult
 from compiled_llm.worker.worker import WorkerSpec
@@ -35,24 +36,38 @@ def _free_port() -> int:
 
 
 class _Rank:
-    """One follower's process and the read end of its status pipe."""
+    """One follower's process and the read end of its status pipe. On CPU it is forked (no
+    second interpreter start); on CUDA, where a fork cannot inherit the device, it is a new
+    interpreter taking its arguments pickled on stdin."""
 
     def __init__(self, args: EngineArgs, spec: WorkerSpec, rank: int, init_method: str) -> None:
         read_fd, write_fd = os.pipe()
         self.name = f"rank {rank}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "compiled_llm.executor.mp_worker"], stdin=subprocess.PIPE,
-            pass_fds=(write_fd,))
+        worker_args = (args, spec, rank, init_method, write_fd)
+        if spec.device.type == "cpu":
+            self.process = multiprocessing.get_context("fork").Process(
+                target=run_worker, args=worker_args, name=f"tp-{self.name}", daemon=True)
+            self.process.start()
+        else:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "compiled_llm.executor.mp_worker"],
+                stdin=subprocess.PIPE, pass_fds=(write_fd,))
+            self.process.stdin.write(pickle.dumps((*worker_args, sys.path)))
+            self.process.stdin.close()
         os.close(write_fd)
         self.status = os.fdopen(read_fd, "rb")
-        self.process.stdin.write(pickle.dumps((args, spec, rank, init_method, write_fd,
-                                               sys.path)))
-        self.process.stdin.close()
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.process.pid
 
     @property
     def exitcode(self) -> int | None:
         """The process's exit status, None while it runs."""
-        return self.process.poll()
+        if isinstance(self.process, subprocess.Popen):
+            return self.process.poll()
+        return self.process.exitcode
 
     def wait_ready(self) -> None:
         """Block until the rank has loaded; RuntimeError with its error if it failed."""
@@ -64,11 +79,17 @@ class _Rank:
 
     def stop(self, seconds: float) -> None:
         """Wait for the process to exit, killing it after `seconds`."""
-        try:
-            self.process.wait(seconds)
-        except subprocess.TimeoutExpired:
+        if isinstance(self.process, subprocess.Popen):
+            try:
+                self.process.wait(seconds)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            return
+        self.process.join(seconds)
+        if self.process.exitcode is None:
             self.process.kill()
-            self.process.wait()
+            self.process.join()
 
 
 class MultiprocExecutor(UniProcExecutor):
@@ -101,7 +122,7 @@ class MultiprocExecutor(UniProcExecutor):
         if self.dead is None:
             gone = next((p for p in self.procs if p.exitcode is not None), None)
             if gone is not None:
-                self.dead = (f"tensor-parallel worker {gone.name} (pid {gone.process.pid}) "
+                self.dead = (f"tensor-parallel worker {gone.name} (pid {gone.pid}) "
                              f"died with exit code {gone.exitcode}; the engine cannot run steps")
                 logger.error(self.dead)
         if self.dead is not None:

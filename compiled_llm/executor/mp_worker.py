@@ -40,7 +40,11 @@ def run_worker(args, spec: WorkerSpec, rank: int, init_method: str, status_fd: i
             status.write(pickle.dumps(("error", traceback.format_exc())))
             raise
         status.write(pickle.dumps(("ready", None)))
-    follow(tp, runner)
+    try:
+        follow(tp, runner)
+    except RuntimeError as exc:  # the driver's process went away without a stop message
+        logging.getLogger(__name__).warning("rank %d: the driver is gone (%s)", rank, exc)
+        sys.exit(1)
     runner.shutdown()
     destroy_tp_group()
 
