@@ -41,8 +41,6 @@ class ParallelArgs(RunnerArgs):
         if backend == "uni" and size > 1:
             raise ValueError(f'distributed_executor_backend "uni" runs one rank; '
                              f"tensor_parallel_size {size} needs \"mp\"")
-        if size > 1 and self.runner == "pooling":
-            raise ValueError("tensor_parallel_size > 1 is not supported with runner pooling")
 
     @property
     def executor_backend(self) -> str:

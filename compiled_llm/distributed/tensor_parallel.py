@@ -46,10 +46,9 @@ class HeadLayout:
     first_kv_head: int
 
 
-def head_layout(num_heads: int, num_kv_heads: int, tp: TPGroup) -> HeadLayout:
+def head_layout(num_heads: int, num_kv_heads: int, rank: int, world: int) -> HeadLayout:
     """Query heads split evenly; KV heads split evenly, or, when there are fewer KV heads than
     ranks, each rank holds the one KV head its query heads read (replicated, as vLLM does)."""
-    world, rank = tp.world_size, tp.rank
     if num_heads % world:
         raise ValueError(f"tensor_parallel_size {world} must divide num_attention_heads "
                          f"{num_heads}")
@@ -93,7 +92,8 @@ class _Sharder:
     def __init__(self, model: nn.Module, tp: TPGroup) -> None:
         self.model, self.tp, self.plan = model, tp, {}
         cfg = model.config
-        self.heads = head_layout(cfg.num_attention_heads, cfg.num_key_value_heads, tp)
+        self.heads = head_layout(cfg.num_attention_heads, cfg.num_key_value_heads, tp.rank,
+                                 tp.world_size)
         self.head_dim = cfg.head_dim
 
     def split(self, full: int, what: str) -> tuple[int, int]:
@@ -175,6 +175,20 @@ class _Sharder:
         head.out_features = size
         head.__class__ = ParallelLMHead
         head.group_name, head.world_size = tp.group_name, tp.world_size
+
+
+def check_shardable(config, world: int) -> None:
+    """ValueError naming tensor_parallel_size if `world` ranks cannot split this decoder's
+    heads, intermediate sizes or vocabulary evenly (checked before any rank starts)."""
+    head_layout(config.num_attention_heads, config.num_key_value_heads, 0, world)
+    sizes = {"vocab_size": config.vocab_size, "intermediate_size": config.intermediate_size}
+    moe = getattr(config, "moe", None)
+    if moe is not None:
+        sizes["moe_intermediate_size"] = moe.moe_intermediate_size
+        sizes["shared_expert_intermediate_size"] = moe.shared_expert_intermediate_size or 0
+    for name, size in sizes.items():
+        if size % world:
+            raise ValueError(f"tensor_parallel_size {world} must divide {name} {size}")
 
 
 def shard_model(model: nn.Module, tp: TPGroup) -> dict[str, Shard]:

@@ -51,6 +51,8 @@ def check_pooling_args(args: EngineArgs) -> None:
     if args.cudagraph_mode not in (None, "none"):
         raise ValueError(f"cudagraph_mode {args.cudagraph_mode!r}: CUDA graphs are not supported "
                          "with runner='pooling'; leave cudagraph_mode unset or pass 'none'")
+    if args.tensor_parallel_size > 1:
+        raise ValueError("tensor_parallel_size > 1 is not supported with runner='pooling'")
     PoolerConfig.from_value(args.pooler_config)  # names a bad key before the weights load
 
 

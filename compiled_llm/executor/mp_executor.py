@@ -14,19 +14,23 @@ import pickle
 import socket
 import subprocess
 import sys
+import time
 
 import torch
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.scheduler import SchedulerOutput
 from compiled_llm.distributed.parallel_state import destroy_tp_group, init_tp_group
+from compiled_llm.distributed.tensor_parallel import check_shardable
 from compiled_llm.executor.mp_worker import rank_spec, run_worker
 from compiled_llm.executor.uniproc_executor import UniProcExecutor
 from compiled_llm.worker.model_runner import LaunchedStep, StepResult
+from compiled_llm.worker.loader import build_model_config, load_hf_config
 from compiled_llm.worker.worker import WorkerSpec
 
 logger = logging.getLogger(__name__)
 _JOIN_S = 10.0  # how long a stopping worker gets before it is killed
+_EXIT_GRACE_S = 2.0  # how long a failed collective waits to see which worker died
 
 
 def _free_port() -> int:
@@ -101,6 +105,7 @@ class MultiprocExecutor(UniProcExecutor):
             raise ValueError(f"tensor_parallel_size {world} needs {world} GPUs; "
                              f"{torch.cuda.device_count()} are visible")
         self.worker, self.dead = None, None
+        check_shardable(build_model_config(load_hf_config(spec.model_dir))[1], world)
         if spec.device.type == "cuda" and args.compile_config().cudagraph_mode != "none":
             # followers replay the driver's steps from a broadcast; graph capture is not one
             logger.warning("tensor_parallel_size %d: CUDA graphs are off", world)
@@ -133,7 +138,12 @@ class MultiprocExecutor(UniProcExecutor):
         try:
             return call(*call_args)
         except Exception:
-            self.check_workers()  # a collective failed because a worker died: say so
+            # a collective failed, most likely because a worker died: name it if so (its
+            # exit may reach us a moment after its sockets closed)
+            deadline = time.monotonic() + _EXIT_GRACE_S
+            while time.monotonic() < deadline and all(p.exitcode is None for p in self.procs):
+                time.sleep(0.05)
+            self.check_workers()
             raise
 
     def launch_forward(self, sched: SchedulerOutput,
