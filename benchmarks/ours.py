@@ -30,13 +30,15 @@ def weight_bytes(llm) -> int:
 
 def offline(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str,
             prompts: list[list[int]], outs: list[int], max_model_len: int,
-            async_scheduling: bool = False) -> dict:
-    """All requests through LLM.generate after a small warm-up; output tokens and seconds."""
+            async_scheduling: bool = False, engine_kw: dict | None = None) -> dict:
+    """All requests through LLM.generate after a small warm-up; output tokens and seconds.
+    engine_kw: more LLM arguments (tensor_parallel_size, say)."""
     from compiled_llm import SamplingParams
 
     t0 = time.perf_counter()
     llm = make_llm(model_dir, dtype, compile_mode, cudagraph_mode, max_model_len=max_model_len,
-                   max_num_seqs=min(256, len(prompts)), async_scheduling=async_scheduling)
+                   max_num_seqs=min(256, len(prompts)), async_scheduling=async_scheduling,
+                   **(engine_kw or {}))
     startup = time.perf_counter() - t0
     params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for o in outs]
     warm = [{"prompt_token_ids": p[:64]} for p in prompts[:8]]
@@ -89,13 +91,15 @@ def decode_window(engine, batch: int, prompt_len: int, new_tokens: int, tag: str
 
 def decode(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str,
            batch_sizes: list[int], prompt_len: int, new_tokens: int,
-           async_scheduling: bool = False, passes: dict | None = None) -> dict:
+           async_scheduling: bool = False, passes: dict | None = None,
+           engine_kw: dict | None = None) -> dict:
     """One engine, a decode window per batch size (each after a short warm-up window);
-    `passes` overrides PassConfig fields."""
+    `passes` overrides PassConfig fields; engine_kw: more LLM arguments."""
     t0 = time.perf_counter()
     llm = make_llm(model_dir, dtype, compile_mode, cudagraph_mode,
                    max_model_len=prompt_len + new_tokens + 32, max_num_seqs=max(batch_sizes),
-                   async_scheduling=async_scheduling, **({"passes": passes} if passes else {}))
+                   async_scheduling=async_scheduling, **({"passes": passes} if passes else {}),
+                   **(engine_kw or {}))
     startup = time.perf_counter() - t0
     rows = []
     for b in batch_sizes:

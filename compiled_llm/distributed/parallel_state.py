@@ -40,8 +40,10 @@ def init_tp_group(rank: int, world_size: int, init_method: str, device: torch.de
     global _GROUP
     if _GROUP is not None or dist.is_initialized():
         raise ValueError("tensor_parallel_size: this process already belongs to a process group")
-    # NVLink SHARP (multicast) stays off: the machines this runs on must not use it
+    # NVLink SHARP / multicast stays off, in NCCL and in torch's symmetric memory (whose
+    # one-shot all-reduce reads peers' buffers over plain peer-to-peer mappings)
     os.environ["NCCL_NVLS_ENABLE"] = "0"
+    os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -101,10 +101,14 @@ class MultiprocExecutor(UniProcExecutor):
 
     def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
         world = args.tensor_parallel_size
+        self.procs, self.tp, self.dead = [], None, None
+        if world == 1:  # rank 0 is this process: nothing to start, no group to join
+            super().__init__(args, spec)
+            return
         if spec.device.type == "cuda" and torch.cuda.device_count() < world:
             raise ValueError(f"tensor_parallel_size {world} needs {world} GPUs; "
                              f"{torch.cuda.device_count()} are visible")
-        self.worker, self.dead = None, None
+        self.worker = None
         check_shardable(build_model_config(load_hf_config(spec.model_dir))[1], world)
         if spec.device.type == "cuda" and args.compile_config().cudagraph_mode != "none":
             # followers replay the driver's steps from a broadcast; graph capture is not one
