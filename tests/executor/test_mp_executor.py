@@ -4,6 +4,7 @@ cannot run are refused up front, naming the field."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import threading
@@ -13,6 +14,7 @@ import pytest
 
 from compiled_llm import LLM, SamplingParams
 from compiled_llm.config import EngineArgs
+from compiled_llm.entrypoints.cli.args import add_engine_args, engine_args
 from tests.utils import make_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -78,3 +80,15 @@ def test_unsplittable_heads_are_refused_before_any_worker_starts():
     with pytest.raises(ValueError, match="tensor_parallel_size 3 must divide"):
         LLM(str(make_checkpoint("llama")), dtype="float32", enforce_eager=True,
             engine_core_process=False, tensor_parallel_size=3)
+
+
+def test_cli_flags_spell_the_parallel_fields():
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = engine_args(parser.parse_args(["-tp", "2", "-pp", "1",
+                                          "--distributed-executor-backend", "mp"]))
+    assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (2, 1)
+    assert args.executor_backend == "mp"
+    long = engine_args(parser.parse_args(["--tensor-parallel-size", "2"]))
+    assert long.executor_backend == "mp"  # the default for several ranks
+    assert EngineArgs().executor_backend == "uni"
