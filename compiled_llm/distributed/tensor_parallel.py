@@ -1,9 +1,8 @@
-"""The tensor-parallel transform (gpt-fast's tp.py shape, applied from outside the model):
-a model built with its parameters on the meta device has q/k/v and gate/up sharded by output
-rows, o_proj and down_proj by input columns (their outputs all-reduced), each expert's
-intermediate dim sharded (the MoE block's output all-reduced), and the embedding and LM head
-sharded by vocab. The plan it returns says which slice of each checkpoint tensor a rank reads,
-so weights load shard by shard; KV heads are replicated when there are fewer than ranks."""
+"""The tensor-parallel transform (gpt-fast's tp.py shape, from outside the model): on a model
+built with meta parameters, q/k/v and gate/up are sharded by rows, o/down by columns (outputs
+all-reduced), each expert's intermediate dim too (the MoE block all-reduced), embedding and LM
+head by vocab; KV heads are replicated when fewer than ranks. Its plan names the slice of each
+checkpoint tensor a rank reads, so weights load shard by shard."""
 
 from __future__ import annotations
 

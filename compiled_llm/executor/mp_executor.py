@@ -24,8 +24,8 @@ from compiled_llm.distributed.parallel_state import destroy_tp_group, init_tp_gr
 from compiled_llm.distributed.tensor_parallel import check_shardable
 from compiled_llm.executor.mp_worker import rank_spec, run_worker
 from compiled_llm.executor.uniproc_executor import UniProcExecutor
-from compiled_llm.worker.model_runner import LaunchedStep, StepResult
 from compiled_llm.worker.loader import build_model_config, load_hf_config
+from compiled_llm.worker.model_runner import LaunchedStep, StepResult
 from compiled_llm.worker.worker import WorkerSpec
 
 logger = logging.getLogger(__name__)

@@ -1,10 +1,8 @@
-"""Tensor-parallel steps across ranks: rank 0 (the driver) runs the engine's steps through its
-ModelRunner and, once a step's inputs are on the device, broadcasts them (a fixed header of
-sizes over the host group, then one int64 tensor of ids, positions, slots, sequence bounds,
-block table, sample and prompt-logprob rows over the device group). Every other rank (a
-follower) rebuilds the step from them and runs the same forward and the same LM-head calls,
-so its collectives meet the driver's. Only the driver samples: followers never need tokens,
-since the input ids they receive are the driver's, pending ones already filled."""
+"""Tensor-parallel steps across ranks: rank 0 (the driver) runs the engine's steps and, once a
+step's inputs are on the device, broadcasts them (a header of sizes over the host group, then
+one int64 tensor of ids, positions, slots, sequence bounds, block table and logit rows over the
+device group). Followers rebuild the step and run the same forward and LM-head calls, so their
+collectives meet the driver's. Only the driver samples; followers get its (filled) input ids."""
 
 from __future__ import annotations
 
