@@ -24,8 +24,8 @@ class ParallelArgs(RunnerArgs):
     """Pipeline stages (layers split over ranks); only 1 is supported."""
     distributed_executor_backend: ExecutorBackend | None = None
     """How ranks run: uni (one rank, in the engine's process), mp (a process per rank beside
-    the engine's, which holds rank 0) or ray (not supported yet) (default: uni for one rank,
-    mp for more)."""
+    the engine's, which holds rank 0) or ray (Ray actors for ranks 1..N-1, one host) (default:
+    uni for one rank, mp for more)."""
 
     def check_parallel(self) -> None:
         """ValueError naming the field for a size or backend the engine cannot run."""
@@ -36,8 +36,6 @@ class ParallelArgs(RunnerArgs):
             raise ValueError("pipeline_parallel_size must be 1: pipeline parallelism is not "
                              f"supported (got {self.pipeline_parallel_size!r})")
         backend = self.distributed_executor_backend
-        if backend == "ray":
-            raise ValueError('distributed_executor_backend "ray" is not supported; use "mp"')
         if backend == "uni" and size > 1:
             raise ValueError(f'distributed_executor_backend "uni" runs one rank; '
                              f"tensor_parallel_size {size} needs \"mp\"")

@@ -99,6 +99,8 @@ class _Rank:
 class MultiprocExecutor(UniProcExecutor):
     """The UniProcExecutor interface over a tensor-parallel group; this process is rank 0."""
 
+    rank_cls = _Rank  # how a follower rank is started (Ray actors: ray_executor.py)
+
     def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
         world = args.tensor_parallel_size
         self.procs, self.tp, self.dead = [], None, None
@@ -115,7 +117,7 @@ class MultiprocExecutor(UniProcExecutor):
             logger.warning("tensor_parallel_size %d: CUDA graphs are off", world)
             args = dataclasses.replace(args, cudagraph_mode="none")
         init_method = f"tcp://127.0.0.1:{_free_port()}"
-        self.procs = [_Rank(args, spec, rank, init_method) for rank in range(1, world)]
+        self.procs = [self.rank_cls(args, spec, rank, init_method) for rank in range(1, world)]
         try:
             spec = rank_spec(spec, 0)
             self.tp = init_tp_group(0, world, init_method, spec.device)
