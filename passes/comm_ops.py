@@ -28,6 +28,7 @@ def _symm_buffer(group_name: str, x: torch.Tensor) -> torch.Tensor | None:
         try:
             import torch.distributed._symmetric_memory as symm_mem
 
+            torch.ops.symm_mem.one_shot_all_reduce  # noqa: B018 (AttributeError if absent)
             buffer = symm_mem.empty(SYMM_MEM_MAX_BYTES // x.element_size(), dtype=x.dtype,
                                     device=x.device)
             symm_mem.rendezvous(buffer, group_name)

@@ -96,6 +96,18 @@ class _Rank:
             self.process.join()
 
 
+def _without_cudagraphs(args: EngineArgs, device: torch.device) -> EngineArgs:
+    """args with CUDA graphs off: the followers replay the driver's steps from a broadcast,
+    and graph capture is not such a step. Asked for by name, they are refused."""
+    if device.type != "cuda" or args.compile_config().cudagraph_mode == "none":
+        return args
+    if args.cudagraph_mode not in (None, "none"):
+        raise ValueError(f"cudagraph_mode {args.cudagraph_mode!r}: CUDA graphs are not "
+                         "supported with tensor_parallel_size > 1; leave it unset or pass 'none'")
+    logger.warning("tensor_parallel_size %d: CUDA graphs are off", args.tensor_parallel_size)
+    return dataclasses.replace(args, cudagraph_mode="none")
+
+
 class MultiprocExecutor(UniProcExecutor):
     """The UniProcExecutor interface over a tensor-parallel group; this process is rank 0."""
 
@@ -112,10 +124,7 @@ class MultiprocExecutor(UniProcExecutor):
                              f"{torch.cuda.device_count()} are visible")
         self.worker = None
         check_shardable(build_model_config(load_hf_config(spec.model_dir))[1], world)
-        if spec.device.type == "cuda" and args.compile_config().cudagraph_mode != "none":
-            # followers replay the driver's steps from a broadcast; graph capture is not one
-            logger.warning("tensor_parallel_size %d: CUDA graphs are off", world)
-            args = dataclasses.replace(args, cudagraph_mode="none")
+        args = _without_cudagraphs(args, spec.device)
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         self.procs = [self.rank_cls(args, spec, rank, init_method) for rank in range(1, world)]
         try:
