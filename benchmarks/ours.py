@@ -30,13 +30,15 @@ def weight_bytes(llm) -> int:
 
 def offline(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str,
             prompts: list[list[int]], outs: list[int], max_model_len: int,
-            async_scheduling: bool = False) -> dict:
-    """All requests through LLM.generate after a small warm-up; output tokens and seconds."""
+            async_scheduling: bool = False, engine_kw: dict | None = None) -> dict:
+    """All requests through LLM.generate after a small warm-up; output tokens and seconds.
+    engine_kw: more LLM arguments (tensor_parallel_size, say)."""
     from compiled_llm import SamplingParams
 
     t0 = time.perf_counter()
     llm = make_llm(model_dir, dtype, compile_mode, cudagraph_mode, max_model_len=max_model_len,
-                   max_num_seqs=min(256, len(prompts)), async_scheduling=async_scheduling)
+                   max_num_seqs=min(256, len(prompts)), async_scheduling=async_scheduling,
+                   **(engine_kw or {}))
     startup = time.perf_counter() - t0
     params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for o in outs]
     warm = [{"prompt_token_ids": p[:64]} for p in prompts[:8]]

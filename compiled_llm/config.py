@@ -26,7 +26,7 @@ from compiled_llm.optimization import (
     level_defaults,
     mode_graph_sizes,
 )
-from compiled_llm.pooling_params import RunnerArgs
+from compiled_llm.parallel_config import ParallelArgs
 from compiled_llm.speculative import check_speculative
 
 ENV_KV_BYTES = "COMPILED_LLM_KV_CACHE_MEMORY_BYTES"  # default KV budget, CPU and GPU alike
@@ -184,13 +184,13 @@ class CompileConfig:
 
 
 @dataclass
-class EngineArgs(RunnerArgs, LoRAArgs):
-    """Everything LLM(...) and `compiled-llm` accept (runner and pooler_config from RunnerArgs);
-    the *_config() methods derive the sub-configs. Every field's docstring is its flag's help."""
+class EngineArgs(ParallelArgs, LoRAArgs):
+    """Everything LLM(...) and `compiled-llm` accept (runner and parallelism: ParallelArgs;
+    adapters: LoRAArgs); the *_config() methods derive the sub-configs. Every field's docstring
+    is its flag's help."""
 
     model: str | None = None
-    """Hugging Face model directory to load (default: the demo model shipped in the
-    package)."""
+    """Hugging Face model directory to load (default: the demo model shipped in the package)."""
     tokenizer: str | None = None
     """Tokenizer directory or name (default: the model's)."""
     dtype: str = "auto"
@@ -304,6 +304,8 @@ class EngineArgs(RunnerArgs, LoRAArgs):
         check_minimums(self, _REQUEST_LIMITS)
         self.check_lora()
         check_speculative(self)  # ValueError naming the speculative_config field at fault
+        self.check_parallel()
+        self.check_parallel_combinations()
         if self.max_model_len in AUTO_MAX_MODEL_LEN:
             self.max_model_len = None  # one spelling of auto from here on
         elif self.max_model_len is not None and (

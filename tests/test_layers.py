@@ -28,6 +28,7 @@ LAYERS = [
     ("compiled_llm.worker",),
     ("compiled_llm.sample",),
     ("compiled_llm.compile",),
+    ("compiled_llm.distributed",),
     ("compiled_llm.quantization", "compiled_llm.lora"),
     ("compiled_llm.passes",),
     ("compiled_llm.models",),

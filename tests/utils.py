@@ -42,6 +42,8 @@ CONFIGS = {
 # not part of the transformers comparison sweep: a deeper model for compile tests
 EXTRA_CONFIGS = {
     "qwen3_deep": ("Qwen3Config", {"head_dim": 32, "num_hidden_layers": 5}),
+    # one KV head for four query heads: tensor parallelism replicates it
+    "llama_kv1": ("LlamaConfig", {"num_key_value_heads": 1}),
 }
 
 

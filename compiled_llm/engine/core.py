@@ -18,7 +18,7 @@ from compiled_llm.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from compiled_llm.core.request import Request, RequestStatus
 from compiled_llm.core.scheduler import Scheduler, SchedulerOutput
 from compiled_llm.core.spec_scheduler import SpecScheduler
-from compiled_llm.executor.uniproc_executor import UniProcExecutor
+from compiled_llm.executor import make_executor
 from compiled_llm.speculative import speculative_config_of
 from compiled_llm.worker.model_runner import LaunchedStep, StepResult
 from compiled_llm.worker.step_timer import StepStats, StepTimer
@@ -85,7 +85,7 @@ class EngineCore:
                         "proposed from the previous step's accepted tokens)")
             args = dataclasses.replace(args, async_scheduling=False)
         self.args = args
-        self.executor = UniProcExecutor(args, spec)
+        self.executor = make_executor(args, spec)
         self.kv = KVCacheManager(self.executor.num_blocks, args.block_size,
                                  args.enable_prefix_caching, args.prefix_caching_hash_algo)
         # the worker settled max_model_len from the KV cache's size

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.scheduler import SchedulerOutput
+from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.worker.model_runner import LaunchedStep, StepResult
 from compiled_llm.worker.spec_runner import build_spec_runner
 from compiled_llm.worker.step_timer import StepTimer
@@ -16,8 +17,8 @@ from compiled_llm.worker.worker import Worker, WorkerSpec
 class UniProcExecutor:
     """Runs the engine's steps on one worker in this process."""
 
-    def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
-        self.worker = Worker(args, spec)
+    def __init__(self, args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None) -> None:
+        self.worker = Worker(args, spec, tp)  # tp: this process is rank 0 of a group
         self.num_blocks = self.worker.num_blocks
         self.max_model_len = self.worker.max_model_len  # settled from the KV cache's size
         self.startup_seconds = self.worker.startup_seconds

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from compiled_llm.distributed.tensor_parallel import build_sharded, plan_index
 from compiled_llm.models import DecoderConfig, ModelRegistry
 from compiled_llm.models.plugins import load_general_plugins
 from compiled_llm.worker.kv_cache import IGNORED_ATTENTION_SCALES, kv_scale_key
@@ -67,9 +68,10 @@ def _files_with(model_dir: Path, ext: str, index_name: str) -> list[Path]:
     return sorted(model_dir.glob(f"*{ext}"))
 
 
-def iter_tensors(files: list[Path], device: torch.device | None = None):
+def iter_tensors(files: list[Path], device: torch.device | None = None, index_of=None):
     """Yield (name, tensor, file) over every tensor in the checkpoint files; safetensors files
-    are read straight onto `device` (a CUDA device: no staging copy in host memory)."""
+    are read straight onto `device` (a CUDA device: no staging copy in host memory). Where
+    `index_of(name)` gives an index, only that slice is read (a tensor-parallel shard)."""
     target = str(device) if device is not None and device.type == "cuda" else "cpu"
     for path in files:
         if path.suffix == ".safetensors":
@@ -77,15 +79,20 @@ def iter_tensors(files: list[Path], device: torch.device | None = None):
 
             with safe_open(str(path), framework="pt", device=target) as reader:
                 for name in reader.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    yield name, reader.get_tensor(name), path
+                    index = index_of(name) if index_of is not None else None
+                    yield name, (reader.get_tensor(name) if index is None
+                                 else reader.get_slice(name)[index]), path
         else:
             for name, tensor in torch.load(path, map_location="cpu", weights_only=True).items():
-                yield name, tensor, path
+                index = index_of(name) if index_of is not None else None
+                yield name, tensor if index is None else tensor[index].contiguous(), path
 
 
-def load_weights(model: nn.Module, files: list[Path], device: torch.device | None = None) -> None:
+def load_weights(model: nn.Module, files: list[Path], device: torch.device | None = None,
+                 plan=None) -> None:
     """Copy checkpoint tensors (read onto `device` where it is CUDA) into model parameters;
-    every parameter must be loaded whole.
+    every parameter must be loaded whole. A tensor-parallel `plan` names the slice of each
+    checkpoint tensor this rank reads (distributed/tensor_parallel.py).
 
     `model.weight_name` maps a checkpoint name to a parameter name, to None (skip), or to a
     target with `.name` and `.select(param)` (the part of a stacked parameter it fills: one
@@ -93,7 +100,8 @@ def load_weights(model: nn.Module, files: list[Path], device: torch.device | Non
     params = dict(model.named_parameters())  # tied weights appear once
     loaded: dict[str, int] = {}  # parameter name -> elements filled so far
     model.checkpoint_kv_scales = {}  # layer -> {0: K's scale, 1: V's}: FP8 KV caches read it
-    for name, tensor, path in iter_tensors(files, device):
+    index_of = None if plan is None else plan_index(model, plan)
+    for name, tensor, path in iter_tensors(files, device, index_of):
         if take_kv_scale(model.checkpoint_kv_scales, name, tensor):
             continue
         target = model.weight_name(name)
@@ -146,12 +154,13 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: t
 
 def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.device,
                max_len: int, load_format: str = "auto",
-               quantization: str | None = None) -> nn.Module:
+               quantization: str | None = None, tp=None) -> nn.Module:
     """Build the model for the checkpoint in model_dir on device, in dtype, with weights; a
     quantized checkpoint (config.json's quantization_config) gets its format's linears
     (quantization/loading.py), else the load-time `quantization` transform (None or "fp8")
     runs; then sibling linears' weights are laid out as one fused tensor each
-    (worker/fuse_weights.py)."""
+    (worker/fuse_weights.py). With a tensor-parallel group `tp`, this rank's shard is built
+    and only its slices are read."""
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
     from compiled_llm.quantization.loading import detect_format, prepare_quantized
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
@@ -163,11 +172,18 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
         check_quantization(quantization,
                            mixture_of_experts=getattr(model_config, "moe", None) is not None)
     files = checkpoint_files(Path(model_dir), load_format)
-    with torch.device(device):
-        model = model_cls(model_config, max_len=max_len)
-    model.to(dtype=dtype)
+    plan = None
+    if tp is not None and checkpoint_format:
+        raise ValueError(f"tensor_parallel_size > 1 with a quantized checkpoint "
+                         f"({checkpoint_format.name}) is not supported yet")
+    if tp is not None:
+        model, plan = build_sharded(model_cls, model_config, max_len, device, dtype, tp)
+    else:
+        with torch.device(device):
+            model = model_cls(model_config, max_len=max_len)
+        model.to(dtype=dtype)
     finalize = checkpoint_format and prepare_quantized(model, checkpoint_format, files)
-    load_weights(model, files, device)
+    load_weights(model, files, device, plan)
     model = finalize() if finalize else quantize_model(model, quantization)
     fuse_sibling_weights(model)
     return model.eval().requires_grad_(False)

@@ -100,6 +100,7 @@ class ModelRunner:
                            if self._wants(FULL) else None)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.input_batch = self._make_input_batch(max_num_seqs, max_num_batched_tokens)
+        self.step_hook = None  # called with each step's inputs (tensor parallel: broadcast)
 
     def set_max_model_len(self, max_model_len: int) -> None:
         """Settle the longest sequence once the KV cache is sized (the profiling run used an
@@ -201,6 +202,8 @@ class ModelRunner:
                                    len(inputs.input_ids))
         if inputs.has_pending:
             fill_pending(inputs.input_ids, prev)
+        if self.step_hook is not None:
+            self.step_hook(inputs)
         self.step_timer.forward_start()
         calibrate = self.calibrate_kv and not dummy
         self.calibrate_kv = self.calibrate_kv and not calibrate

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from compiled_llm.config import EngineArgs, SchedulerConfig
+from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.lora.manager import attach_lora
 from compiled_llm.worker.loader import load_model
 from compiled_llm.worker.model_runner import ModelRunner
+from compiled_llm.worker.tp_follower import StepBroadcaster
 
 logger = logging.getLogger(__name__)
 _HEADROOM = 2 << 30  # bytes kept free beyond the KV cache for graphs and sampling
@@ -35,19 +37,15 @@ class Worker:
     """Loads and prepares one model; `runner` runs its steps. startup_seconds times each
     stage: load (weights), compile_and_profile, kv_cache (allocation), warmup, cudagraphs."""
 
-    def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
+    def __init__(self, args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None) -> None:
         self.device = spec.device
         sched = spec.scheduler
         start = time.perf_counter()
         baseline = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
-        model = load_model(spec.model_dir, spec.dtype, spec.device, sched.max_model_len,
-                           args.load_format, args.quantization)
+        self.runner = build_runner(args, spec, tp)
         loaded = time.perf_counter()
-        lora = attach_lora(model, args, sched) if args.enable_lora else None
-        self.runner = ModelRunner(model, spec.device, spec.dtype, args.cache_config(),
-                                  args.compile_config(), sched.max_model_len,
-                                  args.attention_backend_for(spec.device.type),
-                                  sched.max_num_seqs, sched.max_num_batched_tokens, lora)
+        if tp is not None:  # the driver of a tensor-parallel group: followers mirror its steps
+            self.runner.step_hook = StepBroadcaster(tp, self.runner)
         # the profiling forward is also the first call: Dynamo, passes and Inductor run here
         self.num_blocks = num_kv_blocks(self.runner, sched.max_num_batched_tokens,
                                         sched.max_model_len, baseline)
@@ -74,6 +72,18 @@ class Worker:
     def shutdown(self) -> None:
         """Free everything the worker holds on its device (idempotent)."""
         self.runner.shutdown()
+
+
+def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None) -> ModelRunner:
+    """Load the model (this rank's shard under `tp`) and build its runner."""
+    sched = spec.scheduler
+    model = load_model(spec.model_dir, spec.dtype, spec.device, sched.max_model_len,
+                       args.load_format, args.quantization, tp)
+    lora = attach_lora(model, args, sched) if args.enable_lora else None
+    return ModelRunner(model, spec.device, spec.dtype, args.cache_config(),
+                       args.compile_config(), sched.max_model_len,
+                       args.attention_backend_for(spec.device.type), sched.max_num_seqs,
+                       sched.max_num_batched_tokens, lora)
 
 
 def num_kv_blocks(runner: ModelRunner, max_tokens: int, max_len: int, baseline: int = 0) -> int:

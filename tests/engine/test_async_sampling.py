@@ -99,7 +99,7 @@ def sync(ckpt):
 @pytest.fixture(scope="module")
 def llm(ckpt):
     mp = pytest.MonkeyPatch()
-    mp.setattr(engine_core, "UniProcExecutor", RecordingExecutor)
+    mp.setattr(engine_core, "make_executor", RecordingExecutor)
     try:
         llm = LLM(str(ckpt), **IN_PROCESS, enforce_eager=True, dtype="float32")
     finally:

@@ -17,6 +17,8 @@ ENGINE_ARG_ALIASES: dict[str, tuple[str, ...]] = {
     "compile_cache_dir": ("--cache-dir",),
     "cudagraph_batch_sizes": ("--batch-sizes", "--cuda-graph-sizes"),
     "optimization_level": ("-O",),  # -O0 ... -O3
+    "tensor_parallel_size": ("-tp",),
+    "pipeline_parallel_size": ("-pp",),
 }
 
 

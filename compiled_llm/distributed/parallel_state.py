@@ -1,0 +1,73 @@
+"""The process group of one tensor-parallel engine: gloo on CPU, NCCL on CUDA (NVLink
+multicast kept off), plus a gloo group for the host-side step description on CUDA."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """One rank's view of its tensor-parallel group. `group_name` names the device group in
+    functional collectives (what Dynamo traces); `cpu_group` carries host tensors."""
+
+    rank: int
+    world_size: int
+    group_name: str
+    device_group: dist.ProcessGroup
+    cpu_group: dist.ProcessGroup
+
+    @property
+    def is_driver(self) -> bool:
+        """Rank 0 runs the scheduler's steps and samples; the others follow it."""
+        return self.rank == 0
+
+
+_GROUP: TPGroup | None = None
+_THREADS: list[int] = []  # the thread count before a CPU group took its share
+
+
+def init_tp_group(rank: int, world_size: int, init_method: str, device: torch.device,
+                  timeout_s: float = 120.0) -> TPGroup:
+    """Join the group of world_size ranks at init_method (a tcp:// address) as `rank`; on
+    CPU this process takes its share of the host's cores for its threads. One group per
+    process: ValueError if one exists."""
+    global _GROUP
+    if _GROUP is not None or dist.is_initialized():
+        raise ValueError("tensor_parallel_size: this process already belongs to a process group")
+    # NVLink SHARP / multicast stays off, in NCCL and in torch's symmetric memory (whose
+    # one-shot all-reduce reads peers' buffers over plain peer-to-peer mappings)
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:  # ranks share the host's cores: oversubscribed threads stall every collective
+        _THREADS[:] = [torch.get_num_threads()]
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world_size))
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+    world = dist.group.WORLD
+    cpu_group = dist.new_group(backend="gloo") if backend == "nccl" else world
+    _GROUP = TPGroup(rank, world_size, world.group_name, world, cpu_group)
+    return _GROUP
+
+
+def get_tp_group() -> TPGroup | None:
+    """This process's group, or None (no tensor parallelism)."""
+    return _GROUP
+
+
+def destroy_tp_group() -> None:
+    """Leave the group (idempotent); a new one may be made after."""
+    global _GROUP
+    if _GROUP is not None and dist.is_initialized():
+        dist.destroy_process_group()
+    _GROUP = None
+    if _THREADS:
+        torch.set_num_threads(_THREADS.pop())

@@ -1,0 +1,249 @@
+"""The tensor-parallel transform (gpt-fast's tp.py shape, from outside the model): on a model
+built with meta parameters, q/k/v and gate/up are sharded by rows, o/down by columns (outputs
+all-reduced), each expert's intermediate dim too (the MoE block all-reduced), embedding and LM
+head by vocab; KV heads are replicated when fewer than ranks. Its plan names the slice of each
+checkpoint tensor a rank reads, so weights load shard by shard."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from compiled_llm.distributed.parallel_state import TPGroup
+from compiled_llm.distributed.tp_layers import (
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    reduced_class,
+)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows [start, start + size) along `dim` of a checkpoint tensor (its own coordinates)."""
+
+    dim: int
+    start: int
+    size: int
+
+    def index(self) -> tuple[slice, ...]:
+        """The index that reads this shard (safetensors get_slice or a tensor)."""
+        return (slice(None),) * self.dim + (slice(self.start, self.start + self.size),)
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """One rank's attention heads: its query heads and the KV heads they read."""
+
+    num_heads: int
+    num_kv_heads: int
+    first_kv_head: int
+
+
+def head_layout(num_heads: int, num_kv_heads: int, rank: int, world: int) -> HeadLayout:
+    """Query heads split evenly; KV heads split evenly, or, when there are fewer KV heads than
+    ranks, each rank holds the one KV head its query heads read (replicated, as vLLM does)."""
+    if num_heads % world:
+        raise ValueError(f"tensor_parallel_size {world} must divide num_attention_heads "
+                         f"{num_heads}")
+    if num_kv_heads >= world:
+        if num_kv_heads % world:
+            raise ValueError(f"tensor_parallel_size {world} must divide num_key_value_heads "
+                             f"{num_kv_heads} (or be a multiple of it)")
+        per_rank = num_kv_heads // world
+        return HeadLayout(num_heads // world, per_rank, rank * per_rank)
+    if world % num_kv_heads:
+        raise ValueError(f"tensor_parallel_size {world} must be a multiple of "
+                         f"num_key_value_heads {num_kv_heads} (or divide it)")
+    return HeadLayout(num_heads // world, 1, rank // (world // num_kv_heads))
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Build modules with every parameter on the meta device (buffers stay where they are
+    made): the transform sizes them per rank before any memory is taken for them."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def _resize(module: nn.Module, name: str, shape: tuple[int, ...]) -> None:
+    setattr(module, name, nn.Parameter(torch.empty(shape, device="meta"), requires_grad=False))
+
+
+class _Sharder:
+    """Walks the model once, resizing parameters and recording each one's Shard."""
+
+    def __init__(self, model: nn.Module, tp: TPGroup) -> None:
+        self.model, self.tp, self.plan = model, tp, {}
+        cfg = model.config
+        self.heads = head_layout(cfg.num_attention_heads, cfg.num_key_value_heads, tp.rank,
+                                 tp.world_size)
+        self.head_dim = cfg.head_dim
+
+    def split(self, full: int, what: str) -> tuple[int, int]:
+        """(start, size) of this rank's even share of `full` rows; ValueError if uneven."""
+        world = self.tp.world_size
+        if full % world:
+            raise ValueError(f"tensor_parallel_size {world} must divide {what} {full}")
+        return self.tp.rank * (full // world), full // world
+
+    def column(self, prefix: str, linear: nn.Linear, start: int, size: int) -> None:
+        """Keep output rows [start, start + size) of a linear (and its bias)."""
+        _resize(linear, "weight", (size, linear.in_features))
+        self.plan[f"{prefix}.weight"] = Shard(0, start, size)
+        if linear.bias is not None:
+            _resize(linear, "bias", (size,))
+            self.plan[f"{prefix}.bias"] = Shard(0, start, size)
+        linear.out_features = size
+
+    def row(self, prefix: str, linear: nn.Linear, start: int, size: int) -> None:
+        """Keep input columns [start, start + size); the output is all-reduced."""
+        _resize(linear, "weight", (linear.out_features, size))
+        self.plan[f"{prefix}.weight"] = Shard(1, start, size)
+        linear.in_features = size
+        linear.__class__ = RowParallelLinear
+        linear.group_name = self.tp.group_name
+
+    def attention(self, prefix: str, attn: nn.Module) -> None:
+        """Per-rank query heads and KV heads on q/k/v (by rows) and o_proj (by columns)."""
+        heads, dim = self.heads, self.head_dim
+        q_start, q_size = self.tp.rank * heads.num_heads * dim, heads.num_heads * dim
+        self.column(f"{prefix}.q_proj", attn.q_proj, q_start, q_size)
+        for name in ("k_proj", "v_proj"):
+            self.column(f"{prefix}.{name}", getattr(attn, name), heads.first_kv_head * dim,
+                        heads.num_kv_heads * dim)
+        self.row(f"{prefix}.o_proj", attn.o_proj, q_start, q_size)
+        attn.num_heads, attn.num_kv_heads = heads.num_heads, heads.num_kv_heads
+
+    def mlp(self, prefix: str, mlp: nn.Module, reduce: bool = True) -> None:
+        """gate/up by rows, down by columns; `reduce` False inside a block reduced as a whole."""
+        start, size = self.split(mlp.gate_proj.out_features, "intermediate_size")
+        self.column(f"{prefix}.gate_proj", mlp.gate_proj, start, size)
+        self.column(f"{prefix}.up_proj", mlp.up_proj, start, size)
+        self.row(f"{prefix}.down_proj", mlp.down_proj, start, size)
+        if not reduce:
+            mlp.down_proj.__class__ = nn.Linear  # partial sums: the block reduces them
+
+    def moe(self, prefix: str, block: nn.Module) -> None:
+        """Each expert's intermediate rows (w13 gate and up, w2 columns), the shared expert's
+        too; the block's output (their sum) is all-reduced once."""
+        experts = block.experts
+        start, size = self.split(experts.intermediate_size, "moe_intermediate_size")
+        num, hidden = experts.num_experts, experts.w13_weight.shape[2]
+        _resize(experts, "w13_weight", (num, 2 * size, hidden))
+        _resize(experts, "w2_weight", (num, hidden, size))
+        experts.intermediate_size = size
+        # checkpoint gate/up tensors [I, H] and down tensors [H, I], per expert
+        self.plan[f"{prefix}.experts.w13_weight"] = Shard(0, start, size)
+        self.plan[f"{prefix}.experts.w2_weight"] = Shard(1, start, size)
+        if block.shared_expert is not None:
+            self.mlp(f"{prefix}.shared_expert", block.shared_expert, reduce=False)
+        block.__class__ = reduced_class(type(block))
+        block.group_name = self.tp.group_name
+
+    def vocab(self) -> None:
+        """Embedding and LM head by vocab rows (a tied head shares the sharded table)."""
+        model, tp = self.model, self.tp
+        embed, head = model.model.embed_tokens, model.lm_head
+        start, size = self.split(embed.num_embeddings, "vocab_size")
+        tied = head.weight is embed.weight
+        _resize(embed, "weight", (size, embed.embedding_dim))
+        self.plan["model.embed_tokens.weight"] = Shard(0, start, size)
+        embed.num_embeddings = size
+        embed.__class__ = VocabParallelEmbedding
+        embed.group_name, embed.vocab_start = tp.group_name, start
+        if tied:
+            head.weight = embed.weight
+        else:
+            self.column("lm_head", head, start, size)
+        head.out_features = size
+        head.__class__ = ParallelLMHead
+        head.group_name, head.world_size = tp.group_name, tp.world_size
+
+
+def check_shardable(config, world: int) -> None:
+    """ValueError naming tensor_parallel_size if `world` ranks cannot split this decoder's
+    heads, intermediate sizes or vocabulary evenly (checked before any rank starts)."""
+    head_layout(config.num_attention_heads, config.num_key_value_heads, 0, world)
+    sizes = {"vocab_size": config.vocab_size, "intermediate_size": config.intermediate_size}
+    moe = getattr(config, "moe", None)
+    if moe is not None:
+        sizes["moe_intermediate_size"] = moe.moe_intermediate_size
+        sizes["shared_expert_intermediate_size"] = moe.shared_expert_intermediate_size or 0
+    for name, size in sizes.items():
+        if size % world:
+            raise ValueError(f"tensor_parallel_size {world} must divide {name} {size}")
+
+
+def shard_model(model: nn.Module, tp: TPGroup) -> dict[str, Shard]:
+    """Shard a decoder built under parameters_on_meta for this rank (in place); returns the
+    plan: parameter name -> the Shard of its checkpoint tensors. ValueError (naming
+    tensor_parallel_size) for a size the ranks cannot split."""
+    sharder = _Sharder(model, tp)
+    for name, module in list(model.named_modules()):
+        leaf = name.rpartition(".")[2]
+        if all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            sharder.attention(name, module)
+        elif hasattr(module, "experts") and hasattr(module, "shared_expert"):
+            sharder.moe(name, module)
+        elif leaf == "mlp" and hasattr(module, "down_proj"):
+            sharder.mlp(name, module)
+    sharder.vocab()
+    heads = sharder.heads
+    config = dataclasses.replace(model.config, num_attention_heads=heads.num_heads * tp.world_size,
+                                 num_key_value_heads=heads.num_kv_heads)
+    # per rank in the compile cache's key (the model's config is one of its factors)
+    config.tensor_parallel = f"rank {tp.rank} of {tp.world_size}"
+    model.config = config
+    return sharder.plan
+
+
+def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Give every meta parameter real (uninitialised) memory on device; tied ones stay tied."""
+    made: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or not param.is_meta:
+                continue
+            if id(param) not in made:
+                made[id(param)] = nn.Parameter(torch.empty(param.shape, dtype=dtype,
+                                                           device=device), requires_grad=False)
+            module._parameters[name] = made[id(param)]
+
+
+def build_sharded(model_cls: type[nn.Module], config, max_len: int, device: torch.device,
+                  dtype: torch.dtype, tp: TPGroup) -> tuple[nn.Module, dict[str, Shard]]:
+    """This rank's shard of the model, parameters unloaded, and its load plan."""
+    with torch.device(device), parameters_on_meta():
+        model = model_cls(config, max_len=max_len)
+    model.to(dtype=dtype)
+    plan = shard_model(model, tp)
+    materialize(model, device, dtype)
+    return model, plan
+
+
+def plan_index(model: nn.Module, plan: dict[str, Shard]):
+    """index_of(checkpoint name) for the loader: the slice this rank reads, or None (whole)."""
+
+    def index_of(hf_name: str) -> tuple[slice, ...] | None:
+        target = model.weight_name(hf_name)
+        ours = target if target is None or isinstance(target, str) else target.name
+        shard = plan.get(ours) if ours is not None else None
+        return None if shard is None else shard.index()
+
+    return index_of

@@ -1,0 +1,191 @@
+"""The multiprocess executor: tensor parallelism with one process and device per rank. Rank 0
+is the driver, in the engine's process (it runs the scheduler's steps and samples); ranks
+1..N-1 are worker processes started here, each following the driver's broadcast steps
+(worker/tp_follower.py). A worker that dies fails the engine's steps with an error naming it,
+not a hang; shutdown stops the workers and leaves the process group."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+
+from compiled_llm.config import EngineArgs
+from compiled_llm.core.scheduler import SchedulerOutput
+from compiled_llm.distributed.parallel_state import destroy_tp_group, init_tp_group
+from compiled_llm.distributed.tensor_parallel import check_shardable
+from compiled_llm.executor.mp_worker import rank_spec, run_worker
+from compiled_llm.executor.uniproc_executor import UniProcExecutor
+from compiled_llm.worker.loader import build_model_config, load_hf_config
+from compiled_llm.worker.model_runner import LaunchedStep, StepResult
+from compiled_llm.worker.worker import WorkerSpec
+
+logger = logging.getLogger(__name__)
+_JOIN_S = 10.0  # how long a stopping worker gets before it is killed
+_EXIT_GRACE_S = 2.0  # how long a failed collective waits to see which worker died
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class _Rank:
+    """One follower's process and the read end of its status pipe. On CPU it is forked (no
+    second interpreter start); on CUDA, where a fork cannot inherit the device, it is a new
+    interpreter taking its arguments pickled on stdin."""
+
+    def __init__(self, args: EngineArgs, spec: WorkerSpec, rank: int, init_method: str) -> None:
+        read_fd, write_fd = os.pipe()
+        self.name = f"rank {rank}"
+        worker_args = (args, spec, rank, init_method, write_fd)
+        if spec.device.type == "cpu":
+            self.process = multiprocessing.get_context("fork").Process(
+                target=run_worker, args=worker_args, name=f"tp-{self.name}", daemon=True)
+            self.process.start()
+        else:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "compiled_llm.executor.mp_worker"],
+                stdin=subprocess.PIPE, pass_fds=(write_fd,))
+            self.process.stdin.write(pickle.dumps((*worker_args, sys.path)))
+            self.process.stdin.close()
+        os.close(write_fd)
+        self.status = os.fdopen(read_fd, "rb")
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.process.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        """The process's exit status, None while it runs."""
+        if isinstance(self.process, subprocess.Popen):
+            return self.process.poll()
+        return self.process.exitcode
+
+    def wait_ready(self) -> None:
+        """Block until the rank has loaded; RuntimeError with its error if it failed."""
+        reply = self.status.read()  # the worker closes the pipe once it has reported
+        self.status.close()
+        status, detail = pickle.loads(reply) if reply else ("error", "it exited")
+        if status != "ready":
+            raise RuntimeError(f"tensor-parallel worker {self.name} failed to start: {detail}")
+
+    def stop(self, seconds: float) -> None:
+        """Wait for the process to exit, killing it after `seconds`."""
+        if isinstance(self.process, subprocess.Popen):
+            try:
+                self.process.wait(seconds)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            return
+        self.process.join(seconds)
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join()
+
+
+def _without_cudagraphs(args: EngineArgs, device: torch.device) -> EngineArgs:
+    """args with CUDA graphs off: the followers replay the driver's steps from a broadcast,
+    and graph capture is not such a step. Asked for by name, they are refused."""
+    if device.type != "cuda" or args.compile_config().cudagraph_mode == "none":
+        return args
+    if args.cudagraph_mode not in (None, "none"):
+        raise ValueError(f"cudagraph_mode {args.cudagraph_mode!r}: CUDA graphs are not "
+                         "supported with tensor_parallel_size > 1; leave it unset or pass 'none'")
+    logger.warning("tensor_parallel_size %d: CUDA graphs are off", args.tensor_parallel_size)
+    return dataclasses.replace(args, cudagraph_mode="none")
+
+
+class MultiprocExecutor(UniProcExecutor):
+    """The UniProcExecutor interface over a tensor-parallel group; this process is rank 0."""
+
+    rank_cls = _Rank  # how a follower rank is started (Ray actors: ray_executor.py)
+
+    def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
+        world = args.tensor_parallel_size
+        self.procs, self.tp, self.dead = [], None, None
+        if world == 1:  # rank 0 is this process: nothing to start, no group to join
+            super().__init__(args, spec)
+            return
+        if spec.device.type == "cuda" and torch.cuda.device_count() < world:
+            raise ValueError(f"tensor_parallel_size {world} needs {world} GPUs; "
+                             f"{torch.cuda.device_count()} are visible")
+        self.worker = None
+        check_shardable(build_model_config(load_hf_config(spec.model_dir))[1], world)
+        args = _without_cudagraphs(args, spec.device)
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self.procs = [self.rank_cls(args, spec, rank, init_method) for rank in range(1, world)]
+        try:
+            spec = rank_spec(spec, 0)
+            self.tp = init_tp_group(0, world, init_method, spec.device)
+            for proc in self.procs:
+                proc.wait_ready()
+            super().__init__(args, spec, self.tp)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def check_workers(self) -> None:
+        """RuntimeError naming the first worker that has died (and from then on, always)."""
+        if self.dead is None:
+            gone = next((p for p in self.procs if p.exitcode is not None), None)
+            if gone is not None:
+                self.dead = (f"tensor-parallel worker {gone.name} (pid {gone.pid}) "
+                             f"died with exit code {gone.exitcode}; the engine cannot run steps")
+                logger.error(self.dead)
+        if self.dead is not None:
+            raise RuntimeError(self.dead)
+
+    def _checked(self, call, *call_args):
+        self.check_workers()
+        try:
+            return call(*call_args)
+        except Exception:
+            # a collective failed, most likely because a worker died: name it if so (its
+            # exit may reach us a moment after its sockets closed)
+            deadline = time.monotonic() + _EXIT_GRACE_S
+            while time.monotonic() < deadline and all(p.exitcode is None for p in self.procs):
+                time.sleep(0.05)
+            self.check_workers()
+            raise
+
+    def launch_forward(self, sched: SchedulerOutput,
+                       prev: LaunchedStep | None = None) -> LaunchedStep:
+        """Queue one step's forward on every rank (the driver's runner broadcasts it)."""
+        return self._checked(super().launch_forward, sched, prev)
+
+    def launch_sampling(self, step: LaunchedStep) -> LaunchedStep:
+        """Queue the step's sampling (its LM-head gather runs on every rank)."""
+        return self._checked(super().launch_sampling, step)
+
+    def execute(self, sched: SchedulerOutput) -> StepResult:
+        """Run one step to the end on every rank."""
+        return self._checked(super().execute, sched)
+
+    def shutdown(self) -> None:
+        """Stop the workers (killed if they do not stop), free rank 0's device memory and
+        leave the process group (idempotent)."""
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            if self.dead is None and all(p.exitcode is None for p in self.procs):
+                try:
+                    worker.runner.step_hook.stop()
+                except Exception:  # a worker went away while stopping: it is killed below
+                    logger.warning("tensor-parallel workers did not take the stop message")
+            worker.shutdown()
+        for proc in self.procs:
+            proc.stop(_JOIN_S)
+        self.procs = []
+        destroy_tp_group()

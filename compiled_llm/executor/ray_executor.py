@@ -1,0 +1,95 @@
+"""The Ray executor: the multiprocess executor's tensor-parallel group with its follower ranks
+as Ray actors (a local Ray cluster is started if none is connected; RAY_ADDRESS names one).
+Rank 0 stays in the engine's process; each actor joins the group, loads its shard and follows
+the driver's broadcast steps in one long call. One host: ranks use cuda:<rank> as with mp."""
+
+from __future__ import annotations
+
+import os
+
+from compiled_llm.config import EngineArgs
+from compiled_llm.executor.mp_executor import MultiprocExecutor
+from compiled_llm.worker.worker import WorkerSpec
+
+
+class RankActor:
+    """A follower rank inside a Ray actor: `start` joins and loads (returns the pid), then
+    `follow` runs until the driver says stop."""
+
+    def __init__(self, args: EngineArgs, spec: WorkerSpec, rank: int, init_method: str) -> None:
+        self.args, self.spec, self.rank, self.init_method = args, spec, rank, init_method
+        self.runner = self.tp = None
+
+    def start(self) -> int:
+        """Join the group and build this rank's runner; the process id."""
+        import torch
+
+        from compiled_llm.distributed.parallel_state import init_tp_group
+        from compiled_llm.executor.mp_worker import rank_spec
+        from compiled_llm.worker.worker import build_runner
+
+        spec = rank_spec(self.spec, self.rank)
+        self.tp = init_tp_group(self.rank, self.args.tensor_parallel_size, self.init_method,
+                                spec.device)
+        torch.manual_seed(self.args.seed)
+        self.runner = build_runner(self.args, spec, self.tp)
+        return os.getpid()
+
+    def follow(self) -> None:
+        """The driver's steps until stop; then free the rank and leave the group."""
+        from compiled_llm.distributed.parallel_state import destroy_tp_group
+        from compiled_llm.worker.tp_follower import follow
+
+        follow(self.tp, self.runner)
+        self.runner.shutdown()
+        destroy_tp_group()
+
+
+class _RayRank:
+    """One follower as a Ray actor, with _Rank's interface (pid, exitcode, wait_ready, stop)."""
+
+    def __init__(self, args: EngineArgs, spec: WorkerSpec, rank: int, init_method: str) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+        self.name, self.pid, self._exit = f"rank {rank}", None, None
+        self.actor = ray.remote(num_cpus=0)(RankActor).remote(args, spec, rank, init_method)
+        self.started = self.actor.start.remote()
+        self.done = self.actor.follow.remote()  # runs once start has returned
+
+    def wait_ready(self) -> None:
+        """Block until the rank has loaded; RuntimeError with its error if it failed."""
+        import ray
+
+        try:
+            self.pid = ray.get(self.started)
+        except ray.exceptions.RayError as exc:
+            raise RuntimeError(f"tensor-parallel worker {self.name} failed to start: "
+                               f"{exc}") from None
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while the actor follows; 0 once it stopped, 1 if it failed or died."""
+        import ray
+
+        if self._exit is None and ray.wait([self.done], timeout=0)[0]:
+            try:
+                ray.get(self.done)
+                self._exit = 0
+            except ray.exceptions.RayError:
+                self._exit = 1
+        return self._exit
+
+    def stop(self, seconds: float) -> None:
+        """Wait for the actor's loop to end, then end the actor."""
+        import ray
+
+        ray.wait([self.done], timeout=seconds)
+        ray.kill(self.actor)
+
+
+class RayExecutor(MultiprocExecutor):
+    """MultiprocExecutor with Ray actors for ranks 1..N-1."""
+
+    rank_cls = _RayRank

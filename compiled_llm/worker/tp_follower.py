@@ -1,0 +1,109 @@
+"""Tensor-parallel steps across ranks: rank 0 (the driver) runs the engine's steps and, once a
+step's inputs are on the device, broadcasts them (a header of sizes over the host group, then
+one int64 tensor of ids, positions, slots, sequence bounds, block table and logit rows over the
+device group). Followers rebuild the step and run the same forward and LM-head calls, so their
+collectives meet the driver's. Only the driver samples; followers get its (filled) input ids."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from compiled_llm.attention.metadata import AttentionMetadata
+from compiled_llm.distributed.parallel_state import TPGroup
+from compiled_llm.worker.input_batch import StepInputs
+from compiled_llm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+STEP, STOP = 0, 1
+# header fields, in order
+FIELDS = ("kind", "padded", "slots", "seqs", "width", "num_tokens", "max_query_len",
+          "max_seq_len", "samples", "prompt_calls", "prompt_rows", "num_blocks")
+
+
+def _header(values: dict[str, int]) -> torch.Tensor:
+    return torch.tensor([values.get(name, 0) for name in FIELDS], dtype=torch.int64)
+
+
+class StepBroadcaster:
+    """The driver's hook (ModelRunner.step_hook): sends each step to the followers."""
+
+    def __init__(self, tp: TPGroup, runner: ModelRunner) -> None:
+        self.tp, self.runner = tp, runner
+
+    def __call__(self, inputs: StepInputs) -> None:
+        """Broadcast one step's inputs (called after they are on the device)."""
+        attn, runner = inputs.attn, self.runner
+        prompt = [np.asarray(rows.rows, dtype=np.int64) for rows in inputs.prompt_rows]
+        samples = len(inputs.sample_reqs)
+        header = _header({
+            "kind": STEP, "padded": len(inputs.input_ids), "slots": len(attn.slot_mapping),
+            "seqs": len(attn.seq_lens), "width": attn.block_tables.shape[1],
+            "num_tokens": inputs.num_tokens, "max_query_len": attn.max_query_len,
+            "max_seq_len": attn.max_seq_len, "samples": samples, "prompt_calls": len(prompt),
+            "prompt_rows": sum(len(rows) for rows in prompt),
+            "num_blocks": runner.kv_caches[0].shape[1] if runner.kv_caches else 0})
+        dist.broadcast(header, 0, group=self.tp.cpu_group)
+        device = runner.device
+        parts = [inputs.input_ids, inputs.positions, attn.slot_mapping, attn.query_start_loc,
+                 attn.seq_lens, attn.block_tables.reshape(-1),
+                 inputs.sample_rows[:samples] if samples else None,
+                 torch.tensor([len(rows) for rows in prompt], dtype=torch.int64, device=device),
+                 torch.from_numpy(np.concatenate(prompt)).to(device) if prompt else None]
+        payload = torch.cat([part.to(torch.int64) for part in parts if part is not None])
+        dist.broadcast(payload, 0, group=self.tp.device_group)
+
+    def stop(self) -> None:
+        """Tell the followers to leave their loop."""
+        dist.broadcast(_header({"kind": STOP}), 0, group=self.tp.cpu_group)
+
+
+def _receive(tp: TPGroup, runner: ModelRunner) -> tuple[dict[str, int], list[torch.Tensor]]:
+    header = _header({})
+    dist.broadcast(header, 0, group=tp.cpu_group)
+    sizes = dict(zip(FIELDS, header.tolist()))
+    if sizes["kind"] == STOP:
+        return sizes, []
+    seqs = sizes["seqs"]
+    lengths = [sizes["padded"], sizes["padded"], sizes["slots"], seqs + 1, seqs,
+               seqs * sizes["width"], sizes["samples"], sizes["prompt_calls"],
+               sizes["prompt_rows"]]
+    payload = torch.empty(sum(lengths), dtype=torch.int64, device=runner.device)
+    dist.broadcast(payload, 0, group=tp.device_group)
+    return sizes, list(payload.split(lengths))
+
+
+def _step_inputs(sizes: dict[str, int], parts: list[torch.Tensor]) -> StepInputs:
+    ids, positions, slots, query_start, seq_lens, table, sample_rows = parts[:7]
+    query_start, seq_lens = query_start.to(torch.int32), seq_lens.to(torch.int32)
+    attn = AttentionMetadata(
+        slot_mapping=slots, query_start_loc=query_start, seq_lens=seq_lens,
+        block_tables=table.to(torch.int32).view(sizes["seqs"], sizes["width"]),
+        num_actual_tokens=sizes["num_tokens"], max_query_len=sizes["max_query_len"],
+        max_seq_len=sizes["max_seq_len"], query_start_loc_cpu=query_start.cpu(),
+        seq_lens_cpu=seq_lens.cpu())
+    return StepInputs(ids, positions, attn, sizes["num_tokens"], sample_rows, [])
+
+
+@torch.inference_mode()
+def follow(tp: TPGroup, runner: ModelRunner) -> None:
+    """A follower's loop: run each step the driver broadcasts until it says stop."""
+    while True:
+        sizes, parts = _receive(tp, runner)
+        if sizes["kind"] == STOP:
+            return
+        if sizes["num_blocks"] and (not runner.kv_caches
+                                    or runner.kv_caches[0].shape[1] != sizes["num_blocks"]):
+            runner.kv_caches = []
+            runner.allocate_kv_cache(sizes["num_blocks"])
+        inputs = _step_inputs(sizes, parts)
+        hidden = runner.run_forward(inputs)
+        model = runner.model
+        # the driver's LM-head calls, in its order: prompt logprobs, then sampling
+        for rows in parts[8].split(parts[7].tolist()):
+            model.compute_logits(hidden[rows])
+        if sizes["samples"]:
+            model.compute_logits(hidden.index_select(0, inputs.sample_rows))

@@ -1,0 +1,77 @@
+"""The tensor-parallel transform and shard-by-shard loading, in one process (no collective
+runs): each rank's parameters are exactly its slices of the checkpoint tensors, no parameter
+is full-size where it is sharded, and one KV head is replicated."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from compiled_llm.distributed.parallel_state import TPGroup
+from compiled_llm.distributed.tensor_parallel import check_shardable, head_layout
+from compiled_llm.worker.loader import build_model_config, load_hf_config, load_model
+from tests.utils import make_checkpoint
+
+
+def _rank(rank: int, world: int = 2) -> TPGroup:
+    return TPGroup(rank, world, "unused", None, None)  # loading runs no collective
+
+
+def _load(name: str, rank: int):
+    ckpt = make_checkpoint(name)
+    model = load_model(ckpt, torch.float32, torch.device("cpu"), 128, tp=_rank(rank))
+    full = {}
+    for path in ckpt.glob("*.safetensors"):
+        full.update(load_file(path))
+    return model, full
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_llama_rank_holds_its_slices(rank):
+    model, full = _load("llama", rank)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    q_rows = 2 * 16  # 2 of 4 query heads of head_dim 16 (hidden 64)
+    kv_rows = 1 * 16  # 1 of 2 KV heads
+    layer = "model.layers.0"
+    assert torch.equal(attn.q_proj.weight,
+                       full[f"{layer}.self_attn.q_proj.weight"][rank * q_rows:(rank + 1) * q_rows])
+    assert torch.equal(attn.k_proj.weight, full[f"{layer}.self_attn.k_proj.weight"][
+        rank * kv_rows:(rank + 1) * kv_rows])
+    assert torch.equal(attn.o_proj.weight, full[f"{layer}.self_attn.o_proj.weight"][
+        :, rank * q_rows:(rank + 1) * q_rows])
+    assert torch.equal(mlp.down_proj.weight,
+                       full[f"{layer}.mlp.down_proj.weight"][:, rank * 64:(rank + 1) * 64])
+    vocab = full["model.embed_tokens.weight"].shape[0] // 2
+    assert torch.equal(model.model.embed_tokens.weight,
+                       full["model.embed_tokens.weight"][rank * vocab:(rank + 1) * vocab])
+    assert (attn.num_heads, attn.num_kv_heads) == (2, 1)
+    assert model.config.num_key_value_heads == 1  # sizes this rank's KV cache
+    assert model.config.tensor_parallel == f"rank {rank} of 2"  # in the compile cache key
+
+
+def test_one_kv_head_is_replicated_on_every_rank():
+    (zero, full), (one, _) = _load("llama_kv1", 0), _load("llama_kv1", 1)
+    k_full = full["model.layers.1.self_attn.k_proj.weight"]
+    for model in (zero, one):
+        assert torch.equal(model.model.layers[1].self_attn.k_proj.weight, k_full)
+
+
+def test_moe_experts_hold_their_intermediate_rows():
+    model, full = _load("qwen3_moe", 1)
+    experts = model.model.layers[0].mlp.experts
+    size = 32 // 2  # moe_intermediate_size over 2 ranks
+    prefix = "model.layers.0.mlp.experts.3"
+    gate, up = experts.w13_weight[3].chunk(2)
+    assert torch.equal(gate, full[f"{prefix}.gate_proj.weight"][size:])
+    assert torch.equal(up, full[f"{prefix}.up_proj.weight"][size:])
+    assert torch.equal(experts.w2_weight[3], full[f"{prefix}.down_proj.weight"][:, size:])
+
+
+def test_head_layout_and_refusals():
+    assert head_layout(8, 2, 3, 4).first_kv_head == 1  # ranks 2, 3 read KV head 1
+    with pytest.raises(ValueError, match="tensor_parallel_size 3 must divide num_attention"):
+        head_layout(4, 2, 0, 3)
+    config = build_model_config(load_hf_config(make_checkpoint("llama")))[1]
+    with pytest.raises(ValueError, match="tensor_parallel_size 8 must divide"):
+        check_shardable(config, 8)

@@ -1,0 +1,70 @@
+"""Tensor parallelism over gloo in two processes: greedy tokens equal one rank's on every
+registered decoder architecture (and with one KV head, replicated), and the all-reduce +
+RMSNorm pass fuses every norm site of the compiled TP graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compiled_llm import LLM, SamplingParams
+from compiled_llm.compile.counters import counters
+from tests.utils import make_checkpoint, random_prompts
+
+pytestmark = pytest.mark.slow
+BASE = dict(dtype="float32", max_model_len=128, engine_core_process=False,
+            kv_cache_memory_bytes=4 << 20)
+PARAMS = SamplingParams(temperature=0.0, max_tokens=6)
+# one tiny checkpoint per registered decoder architecture, plus a one-KV-head GQA model
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe"]
+LAYERS = 2  # tests/utils.py SMALL
+
+
+def _prompts():
+    return [{"prompt_token_ids": p} for p in random_prompts(3, 300, lo=3, hi=40, seed=5)]
+
+
+def _greedy(llm: LLM) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(_prompts(), PARAMS, use_tqdm=False)]
+
+
+def _reference(ckpt) -> list[list[int]]:
+    llm = LLM(str(ckpt), enforce_eager=True, **BASE)
+    try:
+        return _greedy(llm)
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tp2_greedy_equals_tp1(arch):
+    ckpt = make_checkpoint(arch)
+    ref = _reference(ckpt)
+    llm = LLM(str(ckpt), enforce_eager=True, tensor_parallel_size=2, **BASE)
+    try:
+        assert llm.engine.executor.tp.world_size == 2
+        assert _greedy(llm) == ref
+        assert llm.engine.num_used_blocks == 0
+    finally:
+        llm.shutdown()
+
+
+def test_tp2_compiled_one_kv_head_fuses_allreduce_rms_norm(monkeypatch):
+    """GQA with 1 KV head over 2 ranks (replicated); compiled under the backend, every
+    residual norm site reads an all-reduce and the pass fuses each (the passes must run: no
+    cache of ours or Inductor's)."""
+    ckpt = make_checkpoint("llama_kv1")
+    ref = _reference(ckpt)
+    counters.reset()
+    monkeypatch.setenv("COMPILED_LLM_DISABLE_CACHE", "1")  # the follower inherits both
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        llm = LLM(str(ckpt), tensor_parallel_size=2, compile_mode="backend", **BASE)
+    try:
+        runner = llm.engine.executor.worker.runner
+        assert runner.model.config.num_key_value_heads == 1  # this rank's (replicated) head
+        assert _greedy(llm) == ref
+        # post-attention norms and the next layer's (or the final) norm: o_proj and down_proj
+        assert counters.pass_matches["AllReduceRMSNormFusionPass"] == 2 * LAYERS
+        assert counters.graph_breaks == 0
+    finally:
+        llm.shutdown()

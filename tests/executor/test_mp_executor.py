@@ -1,0 +1,93 @@
+"""The multiprocess executor: a tensor-parallel engine whose worker is killed fails its
+requests with an error naming the worker (no hang) and keeps refusing steps; settings it
+cannot run are refused up front, naming the field."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from compiled_llm import LLM, SamplingParams
+from compiled_llm.config import EngineArgs
+from compiled_llm.entrypoints.cli.args import add_engine_args, engine_args
+from tests.utils import make_checkpoint
+
+pytestmark = pytest.mark.slow
+PARAMS = SamplingParams(temperature=0.0, max_tokens=4)
+PROMPTS = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [9, 10, 11]}]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    llm = LLM(str(make_checkpoint("llama")), dtype="float32", enforce_eager=True,
+              max_model_len=128, engine_core_process=False, kv_cache_memory_bytes=4 << 20,
+              tensor_parallel_size=2, distributed_executor_backend="mp")
+    yield llm
+    llm.shutdown()
+
+
+def _assert_failed_by_dead_worker(outs) -> None:
+    for out in outs:
+        assert out.outputs[0].finish_reason == "error"
+        assert "worker rank 1" in out.error and "died" in out.error
+
+
+def test_worker_killed_mid_generation_fails_requests_with_a_clear_error(llm):
+    outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 4 for o in outs)
+    executor = llm.engine.executor
+    (worker,) = executor.procs
+    results = []
+    long = SamplingParams(temperature=0.0, max_tokens=110, ignore_eos=True)
+    thread = threading.Thread(target=lambda: results.extend(
+        llm.generate(PROMPTS, long, use_tqdm=False)))
+    thread.start()
+    while llm.engine.num_used_blocks == 0 and thread.is_alive():
+        time.sleep(0.01)
+    os.kill(worker.pid, signal.SIGKILL)  # while the ranks run steps together
+    thread.join(30)
+    assert not thread.is_alive()  # failed, not hung
+    _assert_failed_by_dead_worker(results)
+    assert all(len(o.outputs[0].token_ids) < 110 for o in results)
+    assert "died with exit code -9" in executor.dead
+    assert llm.engine.num_used_blocks == 0
+    # later steps are refused the same way, at once
+    _assert_failed_by_dead_worker(llm.generate(PROMPTS[:1], PARAMS, use_tqdm=False))
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("pipeline_parallel_size", 2, "pipeline_parallel_size"),
+    ("distributed_executor_backend", "dask", "distributed_executor_backend"),
+    ("tensor_parallel_size", 0, "tensor_parallel_size"),
+])
+def test_unsupported_parallel_settings_are_refused(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(**{field: value})
+
+
+def test_uni_backend_refuses_several_ranks():
+    with pytest.raises(ValueError, match="tensor_parallel_size 2"):
+        EngineArgs(tensor_parallel_size=2, distributed_executor_backend="uni")
+
+
+def test_unsplittable_heads_are_refused_before_any_worker_starts():
+    with pytest.raises(ValueError, match="tensor_parallel_size 3 must divide"):
+        LLM(str(make_checkpoint("llama")), dtype="float32", enforce_eager=True,
+            engine_core_process=False, tensor_parallel_size=3)
+
+
+def test_cli_flags_spell_the_parallel_fields():
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = engine_args(parser.parse_args(["-tp", "2", "-pp", "1",
+                                          "--distributed-executor-backend", "mp"]))
+    assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (2, 1)
+    assert args.executor_backend == "mp"
+    long = engine_args(parser.parse_args(["--tensor-parallel-size", "2"]))
+    assert long.executor_backend == "mp"  # the default for several ranks
+    assert EngineArgs().executor_backend == "uni"

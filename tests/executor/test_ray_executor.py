@@ -1,0 +1,40 @@
+"""The Ray executor on a local Ray cluster (2 CPUs): TP=2 with rank 1 as a Ray actor gives
+TP=1's greedy tokens, and shutdown ends the actor."""
+
+from __future__ import annotations
+
+import pytest
+
+from compiled_llm import LLM, SamplingParams
+from tests.utils import make_checkpoint, random_prompts
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+BASE = dict(dtype="float32", enforce_eager=True, max_model_len=128, engine_core_process=False,
+            kv_cache_memory_bytes=4 << 20)
+PARAMS = SamplingParams(temperature=0.0, max_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_ray_tp2_greedy_equals_tp1(cluster):
+    ckpt = str(make_checkpoint("qwen3"))
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(3, 300, seed=4)]
+    one = LLM(ckpt, **BASE)
+    ref = [o.outputs[0].token_ids for o in one.generate(prompts, PARAMS, use_tqdm=False)]
+    one.shutdown()
+    llm = LLM(ckpt, tensor_parallel_size=2, distributed_executor_backend="ray", **BASE)
+    try:
+        (actor,) = llm.engine.executor.procs
+        assert actor.exitcode is None and actor.pid is not None
+        assert [o.outputs[0].token_ids
+                for o in llm.generate(prompts, PARAMS, use_tqdm=False)] == ref
+        assert llm.engine.num_used_blocks == 0
+    finally:
+        llm.shutdown()
+    assert actor.exitcode == 0  # it left its loop on the stop message
