@@ -146,7 +146,8 @@ def test_choices_have_one_source():
     from compiled_llm.core.prefix_hash import HASH_ALGOS
 
     assert field_choices(EngineArgs)["prefix_caching_hash_algo"] is HASH_ALGOS
-    assert field_choices(EngineArgs)["quantization"] == ("fp8", None)
+    assert field_choices(EngineArgs)["quantization"] == ("fp8", "gptq", "awq", "compressed-tensors",
+                                                       None)
     assert field_choices(EngineArgs)["attention_backend"] == ("auto", "torch", "triton")
 
 
