@@ -19,6 +19,7 @@
 #     bash benchmarks/h200_suite.sh 14    # FP8 KV cache tests, FP8 against bf16 KV (one GPU)
 #     bash benchmarks/h200_suite.sh 15    # tune the fused MoE (Qwen3-30B-A3B layer), re-time it
 #     bash benchmarks/h200_suite.sh 16    # LoRA and quantized tests, quantized and LoRA decode
+#     bash benchmarks/h200_suite.sh 17    # spec decode and TP tests, spec and quantized decode
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -173,6 +174,14 @@ $MK
 $py -m pytest -q -p no:cacheprovider tests/lora/test_lora_gpu.py tests/quantization/test_gpu.py
 $py -m benchmarks.quantized --checkpoint-dir $CK --output-json $R/quantized_h200.json
 $py -m benchmarks.lora --checkpoint-dir $CK --skip-plain --reps 1 --output-json $R/lora_h200.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 17 ]; then  # one GPU: spec decode and TP-executor tests, spec and quantized decode
+  mapfile -t a <<<"\
+$MK
+$py -m pytest -q -p no:cacheprovider tests/engine/test_spec_decode.py -k cuda
+$py -m pytest -q -p no:cacheprovider -m gpu tests/distributed/test_tp_gpu.py
+$py -m benchmarks.spec_decode --checkpoint-dir $CK --configs off ngram draft_self --output-json $R/spec_decode_h200.json
+$py -m benchmarks.quantized --checkpoint-dir $CK --output-json $R/quantized_h200.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 else
   run_streams "\

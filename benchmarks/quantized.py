@@ -79,6 +79,9 @@ def quantized_checkpoint(bf16_dir: str, fmt: str) -> str:
             else:
                 tensors[name] = tensor.cpu()
     save_file(tensors, str(out / "model.safetensors"))
+    del tensors
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the packing's GPU memory goes back before the engines start
     config = json.loads((Path(bf16_dir) / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**config, "quantization_config": qconfig}))
     return str(out)
@@ -101,6 +104,8 @@ def main() -> None:
     ap.add_argument("--compile-mode", default="backend")
     ap.add_argument("--cudagraph-mode", default="full_and_piecewise")
     ap.add_argument("--output-json", default=None)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.8,
+                    help="every format's engine (the same for all: a fair KV budget)")
     args = ap.parse_args()
     bf16_dir = shape_checkpoint(args.shape, args.checkpoint_dir)
     rows = []
@@ -109,7 +114,8 @@ def main() -> None:
         res = isolate.call("benchmarks.ours:decode", model_dir=model_dir, dtype="bfloat16",
                            compile_mode=args.compile_mode, cudagraph_mode=args.cudagraph_mode,
                            batch_sizes=args.batch_sizes, prompt_len=args.prompt_len,
-                           new_tokens=args.new_tokens)
+                           new_tokens=args.new_tokens,
+                           engine_kw={"gpu_memory_utilization": args.gpu_memory_utilization})
         by_batch = {row["batch"]: row for row in res.get("rows", [])}
         for batch in args.batch_sizes:
             row = by_batch.get(batch, {})
