@@ -100,11 +100,11 @@ def test_a_failed_model_step_fails_its_requests_and_the_engine_goes_on(
     real = runner.run_forward
     state = {"calls": 0}
 
-    def flaky(inputs):
+    def flaky(inputs, **kwargs):
         state["calls"] += 1
         if state["calls"] == fail_call:
             raise RuntimeError("injected device fault")
-        return real(inputs)
+        return real(inputs, **kwargs)
 
     runner.run_forward = flaky
     try:
