@@ -206,7 +206,8 @@ class ModelRunner:
             self.step_hook(inputs)
         self.step_timer.forward_start()
         calibrate = self.calibrate_kv and not dummy
-        self.calibrate_kv = self.calibrate_kv and not calibrate
+        if calibrate:
+            self.calibrate_kv = False  # once: the scales stay fixed from here on
         hidden = self.run_forward(inputs, calibrate=calibrate)
         step = LaunchedStep(StepResult(skipped=inputs.skipped), inputs.sample_reqs, hidden,
                             inputs)
