@@ -1,8 +1,9 @@
 """Quantized checkpoints on the GPU (issue 19): Llama-3-8B shape with random weights, packed in
 this script into W4A16 (compressed-tensors pack-quantized, group 128) and block FP8 (128x128,
 DeepSeek/Qwen layout), each against bf16 in the same call: batch-1 and batch-64 decode tok/s
-(each format in its own process) and the checkpoint's weight bytes. Goal: W4A16 >= 2.5x bf16 at
-batch 1.
+in timed windows, then the user's path (`LLM(model=DIR)` with defaults): batch-1 decode and the
+nano-vllm workload (each engine in its own process), and the checkpoint's weight bytes. Goal:
+W4A16 >= 2.5x bf16 at batch 1.
 
     python -m benchmarks.quantized --checkpoint-dir /tmp/ckpt --output-json out.json
     python -m benchmarks.quantized --shape cpu-small --formats bf16 w4a16 --new-tokens 8
@@ -18,6 +19,8 @@ import torch
 
 from benchmarks import isolate
 from benchmarks.common import print_table, save_json, shape_checkpoint
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 W4A16_CONFIG = {
@@ -82,9 +85,23 @@ def quantized_checkpoint(bf16_dir: str, fmt: str) -> str:
     del tensors
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the packing's GPU memory goes back before the engines start
+    for name in TOKENIZER_FILES:  # the user's path detokenizes
+        if (Path(bf16_dir) / name).exists():
+            (out / name).write_bytes((Path(bf16_dir) / name).read_bytes())
     config = json.loads((Path(bf16_dir) / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**config, "quantization_config": qconfig}))
     return str(out)
+
+
+def user_path(model_dir: str, gpu_memory_utilization: float) -> dict:
+    """`LLM(model=DIR)` with defaults (the memory share aside): batch-1 decode, then the
+    nano-vllm workload (temperature 0.6, detokenized)."""
+    from benchmarks.user_path import run_decode, run_nano_vllm
+    from compiled_llm import LLM, SamplingParams
+
+    llm = LLM(model=model_dir, gpu_memory_utilization=gpu_memory_utilization)
+    return {"decode": run_decode(llm, SamplingParams),
+            "nano_vllm": run_nano_vllm(llm, SamplingParams)}
 
 
 def weight_gb(model_dir: str) -> float:
@@ -104,31 +121,61 @@ def main() -> None:
     ap.add_argument("--compile-mode", default="backend")
     ap.add_argument("--cudagraph-mode", default="full_and_piecewise")
     ap.add_argument("--output-json", default=None)
+    ap.add_argument("--skip-user-path", action="store_true",
+                    help="leave out the default-settings engine (b1 decode, nano-vllm)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.8,
                     help="every format's engine (the same for all: a fair KV budget)")
     args = ap.parse_args()
-    bf16_dir = shape_checkpoint(args.shape, args.checkpoint_dir)
-    rows = []
+    bf16_dir = shape_checkpoint(args.shape, args.checkpoint_dir, tokenizer=True)
+    rows, user_rows = [], []
     for fmt in args.formats:
         model_dir = bf16_dir if fmt == "bf16" else quantized_checkpoint(bf16_dir, fmt)
-        res = isolate.call("benchmarks.ours:decode", model_dir=model_dir, dtype="bfloat16",
-                           compile_mode=args.compile_mode, cudagraph_mode=args.cudagraph_mode,
-                           batch_sizes=args.batch_sizes, prompt_len=args.prompt_len,
-                           new_tokens=args.new_tokens,
-                           engine_kw={"gpu_memory_utilization": args.gpu_memory_utilization})
-        by_batch = {row["batch"]: row for row in res.get("rows", [])}
-        for batch in args.batch_sizes:
-            row = by_batch.get(batch, {})
-            rows.append({"format": fmt, "batch": batch, "weight GB": weight_gb(model_dir),
-                         "tok_s": row.get("tok_s"), "ms_per_step": row.get("ms_per_step"),
-                         "x bf16": None, "error": res.get("error")})
-    base = {r["batch"]: r["tok_s"] for r in rows if r["format"] == "bf16"}
-    for r in rows:
-        if r["tok_s"] and base.get(r["batch"]):
-            r["x bf16"] = r["tok_s"] / base[r["batch"]]
-    print_table(rows, f"quantized decode, {args.shape}")
-    save_json(args.output_json, {"shape": args.shape, "args": vars(args), "rows": rows})
+        rows += window_rows(fmt, model_dir, args)
+        if not args.skip_user_path:
+            res = isolate.call("benchmarks.quantized:user_path", model_dir=model_dir,
+                               gpu_memory_utilization=args.gpu_memory_utilization)
+            user_rows.append(user_row(fmt, res))
+        finish(args, rows, user_rows)
 
+
+def window_rows(fmt: str, model_dir: str, args: argparse.Namespace) -> list[dict]:
+    """One row per batch size: the timed decode windows of one format's engine."""
+    res = isolate.call("benchmarks.ours:decode", model_dir=model_dir, dtype="bfloat16",
+                       compile_mode=args.compile_mode, cudagraph_mode=args.cudagraph_mode,
+                       batch_sizes=args.batch_sizes, prompt_len=args.prompt_len,
+                       new_tokens=args.new_tokens,
+                       engine_kw={"gpu_memory_utilization": args.gpu_memory_utilization})
+    by_batch = {row["batch"]: row for row in res.get("rows", [])}
+    return [{"format": fmt, "batch": batch, "weight GB": weight_gb(model_dir),
+             "tok_s": by_batch.get(batch, {}).get("tok_s"),
+             "ms_per_step": by_batch.get(batch, {}).get("ms_per_step"),
+             "x bf16": None, "error": res.get("error")} for batch in args.batch_sizes]
+
+
+def user_row(fmt: str, res: dict) -> dict:
+    return {"format": fmt, "b1 tok_s": res.get("decode", {}).get("tok_s"),
+            "nano-vllm out tok_s": res.get("nano_vllm", {}).get("output_tok_s"),
+            "error": res.get("error")}
+
+
+def _ratios(rows: list[dict], key: str, out_key: str, group: str | None = None) -> None:
+    """rows[out_key] = rows[key] over bf16's (bf16's row of the same `group` value)."""
+    base = {r.get(group): r[key] for r in rows if r["format"] == "bf16"}
+    for r in rows:
+        known = r.get(key) and base.get(r.get(group))
+        r[out_key] = r[key] / base[r.get(group)] if known else None
+
+
+def finish(args: argparse.Namespace, rows: list[dict], user_rows: list[dict]) -> None:
+    """Ratios against bf16, the tables, and the JSON (written after every format)."""
+    _ratios(rows, "tok_s", "x bf16", group="batch")
+    _ratios(user_rows, "b1 tok_s", "b1 x bf16")
+    _ratios(user_rows, "nano-vllm out tok_s", "nano-vllm x bf16")
+    save_json(args.output_json, {"shape": args.shape, "args": vars(args), "rows": rows,
+                                 "user_path": user_rows})
+    print_table(rows, f"quantized decode windows, {args.shape}")
+    if user_rows:
+        print_table(user_rows, f"quantized, the user's path (LLM defaults), {args.shape}")
 
 if __name__ == "__main__":
     main()

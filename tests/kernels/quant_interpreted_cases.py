@@ -43,8 +43,8 @@ def test_matches_reference(m, n, k, group, dtype):
 def test_split_k_partials_add_up():
     x, qweight, scales, zeros = w4a16_inputs(3, 32, 256, 32, torch.float32, seed=7)
     ref = w4a16_reference(x, qweight, scales, zeros, None, None, 32)
-    for split in (1, 3, 8):  # 3 does not divide the 8 K-tiles: the last split is short
-        config = W4A16Config(16, 16, 32, split, num_stages=1)
+    for split, expand in ((1, False), (3, True), (8, False)):  # 3: the last split is short
+        config = W4A16Config(16, 16, 32, split, num_stages=1, expand=expand)
         torch.testing.assert_close(w4a16_gemm_triton(x, qweight, scales, zeros, 32, config),
                                    ref, rtol=1e-4, atol=1e-4)
 

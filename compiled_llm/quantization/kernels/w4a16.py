@@ -1,7 +1,9 @@
-"""W4A16 Triton GEMM over the canonical packed layout (quantization/packing.py): each program
-dequantizes its [BLOCK_K, BLOCK_N] weight tile in the main loop and feeds tl.dot, so weights
-cross memory as 4-bit words. Small M (decode) takes a split-K path: programs split K too and
-write float32 partial sums that one reduction adds up.
+"""W4A16 Triton GEMM over the canonical packed layout (quantization/packing.py), computed
+swap-AB: out.T [N, M] = W [N, K] @ x.T, so weight rows fill the MMA's wide side and a few tokens
+its narrow one. Each program unpacks its [BLOCK_N, BLOCK_K] weight tile (K-contiguous words,
+read once) to exact integers, and the group's zero and scale apply after the dot:
+(q - z) s . x = s (q . x - z sum(x)). Small M may split K (float32 partial sums, one reduction).
+Tuned tiles per shape and GPU come from w4a16_tuning.py.
 """
 
 from __future__ import annotations
@@ -13,14 +15,12 @@ import triton
 import triton.language as tl
 
 from compiled_llm.attention.kernels import kernels_interpreted
-from compiled_llm.quantization.kernels.tiles import load_rows, program_tiles, store_tile
-
-GEMV_MAX_M = 16  # up to this many rows, the split-K path
 
 
 @dataclass(frozen=True)
 class W4A16Config:
-    """Tile sizes and K split of one launch; block_k divides the group size."""
+    """Tile sizes and K split of one launch; block_k divides the group size. expand: unpack by
+    reading each word once per nibble (a [BLOCK_N, BLOCK_K] gather) instead of a reshape."""
 
     block_m: int
     block_n: int
@@ -28,40 +28,67 @@ class W4A16Config:
     split_k: int
     num_warps: int = 4
     num_stages: int = 3
+    expand: bool = False
+
+
+@triton.jit
+def _unpacked_tile(qweight_ptr, offs_n, col_ok, tile, stride_qn, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, EXPAND: tl.constexpr):
+    """The tile's 4-bit values q[n, k] as int32 [BLOCK_N, BLOCK_K] (k = 8 * word + nibble)."""
+    row = qweight_ptr + offs_n[:, None] * stride_qn
+    if EXPAND:
+        offs_k = tl.arange(0, BLOCK_K)
+        words = tl.load(row + (tile * BLOCK_K + offs_k)[None, :] // 8, mask=col_ok[:, None],
+                        other=0)
+        return (words >> ((offs_k % 8) * 4)[None, :]) & 0xF
+    offs_w = tile * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+    words = tl.load(row + offs_w[None, :], mask=col_ok[:, None], other=0)  # [BN, BK / 8]
+    nibbles = (words[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
+    return tl.reshape(nibbles, (BLOCK_N, BLOCK_K))
 
 
 @triton.jit
 def _w4a16_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                   stride_xm, stride_qn, stride_sn, stride_zn, stride_os, stride_om,
                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr):
-    offs_m, offs_n, row_ok, col_ok, offs_k, first, end, acc = program_tiles(
-        M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
+                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EXPAND: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    col_ok, row_ok = offs_n < N, offs_m < M
+    per_split = tl.cdiv(K // BLOCK_K, SPLIT_K)
+    first = pid_k * per_split
+    end = tl.minimum(first + per_split, K // BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for tile in range(first, end):
-        k = tile * BLOCK_K + offs_k
-        x = load_rows(x_ptr, offs_m, k, stride_xm, row_ok)
-        # each packed word is read once: [BLOCK_K / 8, BLOCK_N] words -> 8 nibbles each
-        word_rows = tile * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
-        words = tl.load(qweight_ptr + offs_n[None, :] * stride_qn + word_rows[:, None],
-                        mask=col_ok[None, :], other=0)
-        nibbles = (words[:, None, :] >> (tl.arange(0, 8) * 4)[None, :, None]) & 0xF
-        values = tl.reshape(nibbles, (BLOCK_K, BLOCK_N))  # row 8 * word + j: input k order
+        values = _unpacked_tile(qweight_ptr, offs_n, col_ok, tile, stride_qn, BLOCK_N, BLOCK_K,
+                                EXPAND)
+        k = tile * BLOCK_K + tl.arange(0, BLOCK_K)
+        x_t = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None], mask=row_ok[None, :],
+                      other=0.0)  # [BK, BM]
+        dot = tl.dot(values.to(x_t.dtype), x_t, input_precision=PRECISION)  # [BN, BM]
         group = (tile * BLOCK_K) // GROUP  # BLOCK_K divides GROUP: one group per tile
         scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=col_ok, other=0.0)
         zero = tl.load(zeros_ptr + offs_n * stride_zn + group, mask=col_ok, other=0)
-        weight = (values - zero.to(tl.int32)[None, :]).to(scale.dtype) * scale[None, :]
-        acc += tl.dot(x, weight.to(x.dtype), input_precision=PRECISION)
-    store_tile(out_ptr, acc, offs_m, offs_n, row_ok, col_ok, stride_os, stride_om)
+        x_sum = tl.sum(x_t.to(tl.float32), axis=0)  # [BM]
+        acc += (dot - zero.to(tl.float32)[:, None] * x_sum[None, :]) * \
+            scale.to(tl.float32)[:, None]
+    out = out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=col_ok[:, None] & row_ok[None, :])
 
 
 def w4a16_config(m: int, n: int, k: int, group_size: int) -> W4A16Config:
-    """The launch for an [m, k] x [k, n] product: split-K GEMV tiles for m <= GEMV_MAX_M."""
-    block_k = min(group_size, 64)
-    if m <= GEMV_MAX_M:
-        tiles_n = triton.cdiv(n, 64)
-        split_k = max(1, min(k // block_k, 256 // max(tiles_n, 1), 16))
-        return W4A16Config(16, 64, block_k, split_k, num_stages=4)
-    return W4A16Config(32 if m <= 64 else 64, 128, block_k, 1)
+    """The built-in launch for an [m, k] x [k, n] product (no tuned file for the shape): a
+    narrow token side for decode, K split until the programs cover the GPU twice."""
+    block_k = min(group_size, 128)
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    block_n = 32 if m <= 64 else 128
+    programs = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    split = 1
+    while m <= 64 and programs * split < 264 and split < 8 and k // block_k >= 4 * split:
+        split *= 2
+    return W4A16Config(block_m, block_n, block_k, split, num_stages=3 if m <= 64 else 2)
 
 
 def check_w4a16_inputs(x: torch.Tensor, qweight: torch.Tensor, group_size: int) -> None:
@@ -78,17 +105,20 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
                       zeros: torch.Tensor, group_size: int,
                       config: W4A16Config | None = None) -> torch.Tensor:
     """x [M, K] @ dequant(qweight, scales, zeros).T -> [M, N] in x's dtype."""
+    from compiled_llm.quantization.kernels.w4a16_tuning import tuned_w4a16_config
+
     check_w4a16_inputs(x, qweight, group_size)
     x = x.contiguous()
     (m, k), n = x.shape, qweight.shape[0]
-    config = config or w4a16_config(m, n, k, group_size)
+    config = config or tuned_w4a16_config(m, n, k, x) or w4a16_config(m, n, k, group_size)
     split = config.split_k
     out = x.new_empty((split, m, n), dtype=torch.float32 if split > 1 else x.dtype)
-    grid = (triton.cdiv(m, config.block_m), triton.cdiv(n, config.block_n), split)
+    grid = (triton.cdiv(n, config.block_n), split, triton.cdiv(m, config.block_m))
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     _w4a16_kernel[grid](x, qweight, scales, zeros, out, m, n, k, x.stride(0), qweight.stride(0),
                         scales.stride(0), zeros.stride(0), out.stride(0), out.stride(1),
                         GROUP=group_size, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                        BLOCK_K=config.block_k, SPLIT_K=split, PRECISION=precision,
-                        num_warps=config.num_warps, num_stages=config.num_stages)
+                        BLOCK_K=config.block_k, SPLIT_K=split, EXPAND=config.expand,
+                        PRECISION=precision, num_warps=config.num_warps,
+                        num_stages=config.num_stages)
     return out[0] if split == 1 else out.sum(0).to(x.dtype)

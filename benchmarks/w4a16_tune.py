@@ -1,0 +1,138 @@
+"""Tune the W4A16 Triton kernel's tiles for Llama-3-8B's fused layer shapes (qkv, o, gate_up,
+down) at decode and prefill token counts, and write the file the kernel reads
+(kernels/w4a16_tuning.py). Every candidate is checked against the torch reference, then timed
+as replays of one CUDA graph whose calls cycle through enough weight copies to miss L2 (device
+time, as in a captured step); bf16 `torch.mm` on the same shapes is timed the same way.
+
+    python -m benchmarks.w4a16_tune --out compiled_llm/quantization/configs/w4a16.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import print_table, save_json
+from compiled_llm.quantization.kernels.w4a16 import W4A16Config, w4a16_config, w4a16_gemm_triton
+from compiled_llm.quantization.packing import pack_int4
+from compiled_llm.quantization.w4a16 import w4a16_reference
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+GROUP = 128
+
+
+def candidates(m: int) -> list[W4A16Config]:
+    """The tiles tried at m tokens: a narrow token side, K splits for decode."""
+    block_m = 16 if m <= 16 else 64
+    if m <= 16:
+        grid = itertools.product([16, 32, 64, 128], [1, 2, 4, 8], [False, True], [2, 4])
+    elif m <= 64:
+        grid = itertools.product([32, 64, 128], [1, 2, 4], [False, True], [2, 3])
+    else:
+        grid = itertools.product([64, 128], [1], [False, True], [2, 3])
+    return [W4A16Config(block_m, block_n, GROUP, split, num_stages=stages, expand=expand)
+            for block_n, split, expand, stages in grid]
+
+
+def weights(n: int, k: int, copies: int) -> list[tuple]:
+    """`copies` random packed weights [n, k] with scales and zeros, on the GPU."""
+    out = []
+    for _ in range(copies):
+        values = torch.randint(0, 16, (n, k), device="cuda", dtype=torch.uint8)
+        scales = (torch.rand(n, k // GROUP, device="cuda") * 0.02 + 0.005).bfloat16()
+        zeros = torch.full((n, k // GROUP), 8, device="cuda", dtype=torch.uint8)
+        out.append((pack_int4(values), scales, zeros))
+    return out
+
+
+def graph_ms(call, copies: int, iters: int = 24) -> float:
+    """Mean ms of call(i) over iters calls (i cycling the copies) replayed in one CUDA graph."""
+    for i in range(copies):
+        call(i)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(iters):
+            call(i % copies)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(3):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (3 * iters)
+
+
+def tune_point(name: str, m: int, packed: list[tuple], dense: list[torch.Tensor]) -> dict:
+    """The fastest correct candidate for one shape and token count, beside bf16 and the
+    built-in tiles."""
+    n, k = SHAPES[name]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    ref = w4a16_reference(x.float(), *packed[0], None, None, GROUP)
+    copies = len(packed)
+    timed = {}
+    built_in = w4a16_config(m, n, k, GROUP)
+    for cfg in dict.fromkeys([built_in, *candidates(m)]):
+        try:
+            out = w4a16_gemm_triton(x, *packed[0], GROUP, cfg).float()
+            if (out - ref).norm() / ref.norm() > 1e-2:
+                print(f"{name} m={m} {cfg}: wrong result, skipped")
+                continue
+            timed[cfg] = graph_ms(lambda i, c=cfg: w4a16_gemm_triton(x, *packed[i], GROUP, c),
+                                  copies)
+        except Exception as exc:  # out of shared memory, say: skip the config
+            print(f"{name} m={m} {cfg}: {type(exc).__name__}")
+    bf16 = graph_ms(lambda i: torch.mm(x, dense[i % len(dense)].t()), len(dense))
+    best = min(timed, key=timed.get)
+    weight_bytes = n * k // 2
+    return {"shape": name, "m": m, "best": best, "best ms": timed[best],
+            "built-in ms": timed.get(built_in), "bf16 mm ms": bf16,
+            "bf16 / best": bf16 / timed[best], "best GB/s": weight_bytes / timed[best] / 1e6}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--out", default="compiled_llm/quantization/configs/w4a16.json")
+    ap.add_argument("--output-json", default=None)
+    args = ap.parse_args()
+    gpu, rows, table = torch.cuda.get_device_name(), [], {}
+    start = time.perf_counter()
+    for name in args.shapes:
+        n, k = SHAPES[name]
+        copies = max(2, -(-256 * 2**20 // (n * k // 2)))  # 256 MiB of weights: past L2
+        packed = weights(n, k, copies)
+        dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+                 for _ in range(max(2, copies // 4))]
+        for m in args.tokens:
+            row = tune_point(name, m, packed, dense)
+            rows.append(row)
+            table.setdefault(f"{n}x{k}", {})[str(m)] = dataclasses.asdict(row["best"])
+            print(row, flush=True)
+        del packed, dense
+        torch.cuda.empty_cache()
+        write(args, gpu, table, rows, time.perf_counter() - start)
+    print_table([{**r, "best": str(r["best"])} for r in rows], f"W4A16 tiles on {gpu}")
+
+
+def write(args, gpu: str, table: dict, rows: list[dict], seconds: float) -> None:
+    """The kernel's file (this GPU's entry replaced) and the benchmark's JSON."""
+    path = Path(args.out)
+    payload = json.loads(path.read_text()) if path.is_file() else {"devices": {}}
+    payload["devices"][gpu] = table
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    save_json(args.output_json, {"device": gpu, "seconds": seconds,
+                                 "rows": [{**r, "best": str(r["best"])} for r in rows]})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Tuned tiles of the W4A16 kernel per GPU and weight shape: one JSON file (benchmarks/w4a16_tune.py
+writes it), {"devices": {GPU name: {"NxK": {token count: W4A16Config fields}}}}, read from
+$COMPILED_LLM_W4A16_CONFIG first, then from the shipped quantization/configs/w4a16.json. A shape
+or GPU without an entry keeps the built-in choice (kernels/w4a16.py w4a16_config)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from compiled_llm.quantization.kernels.w4a16 import W4A16Config
+
+CONFIG_ENV = "COMPILED_LLM_W4A16_CONFIG"
+SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "w4a16.json"
+
+
+@functools.cache
+def load_table(path: str) -> dict[str, dict[str, dict[int, W4A16Config]]]:
+    """{GPU name: {"NxK": {token count: config}}} of one file ({} when it is absent)."""
+    if not Path(path).is_file():
+        return {}
+    devices = json.loads(Path(path).read_text())["devices"]
+    return {gpu: {shape: {int(m): W4A16Config(**cfg) for m, cfg in by_m.items()}
+                  for shape, by_m in shapes.items()} for gpu, shapes in devices.items()}
+
+
+@functools.cache
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def lookup(gpu: str, m: int, n: int, k: int) -> W4A16Config | None:
+    """The config tuned on `gpu` for an [n, k] weight at the token count nearest m (ties: the
+    smaller count), or None; the override file wins over the shipped one."""
+    for path in (os.environ.get(CONFIG_ENV), str(SHIPPED)):
+        by_m = load_table(path).get(gpu, {}).get(f"{n}x{k}") if path else None
+        if by_m:
+            return by_m[min(by_m, key=lambda tuned: (abs(tuned - m), tuned))]
+    return None
+
+
+def tuned_w4a16_config(m: int, n: int, k: int, x: torch.Tensor) -> W4A16Config | None:
+    """lookup() for x's GPU; None on the CPU."""
+    if x.device.type != "cuda":
+        return None
+    return lookup(_device_name(x.device.index or 0), m, n, k)
