@@ -198,7 +198,7 @@ elif [ "$CALL" = 19 ]; then  # one GPU: tune the W4A16 kernel, then W4A16 agains
   Q=compiled_llm/quantization/configs/w4a16.json
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
-$py -m pytest -q -x -p no:cacheprovider tests/quantization/test_gpu.py -k "w4a16 or gptq or awq or W4A16"
+$py -m pytest -q -x -p no:cacheprovider tests/quantization/test_gpu.py -k "w4a16_triton or gptq_act_order"
 $py -m benchmarks.w4a16_tune --out $Q --output-json $R/w4a16_tune_h200.json; cp $Q $R/w4a16_tuned.json
 $py -m benchmarks.quantized --checkpoint-dir $CK --formats bf16 w4a16 --output-json $R/quantized_w4a16_h200.json
 $py -m benchmarks.lora --checkpoint-dir $CK --skip-plain --reps 2 --output-json $R/lora_h200.json"
