@@ -23,8 +23,9 @@
 #     bash benchmarks/h200_suite.sh 18    # compressed-tensors GPU tests, quantized decode and
 #                                         # nano-vllm (bf16, W4A16, block FP8)
 #     bash benchmarks/h200_suite.sh 19    # tune the W4A16 kernel, W4A16 against bf16, LoRA
-#     bash benchmarks/h200_suite.sh 20    # MiniLM embeddings against sentence-transformers
-#                                         # (carry .bench), TP and spec tests, LoRA, block FP8
+#     bash benchmarks/h200_suite.sh 20    # LoRA, MiniLM embeddings against
+#                                         # sentence-transformers (carry .bench), the W4A16
+#                                         # GEMV tiles, W4A16 against bf16
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -198,18 +199,19 @@ elif [ "$CALL" = 19 ]; then  # one GPU: tune the W4A16 kernel, then W4A16 agains
   Q=compiled_llm/quantization/configs/w4a16.json
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
-$py -m pytest -q -x -p no:cacheprovider tests/quantization/test_gpu.py -k "w4a16_triton or gptq_act_order"
+$py -m pytest -q -x -p no:cacheprovider tests/quantization/test_gpu.py -k 'w4a16_triton or gptq_act_order'
 $py -m benchmarks.w4a16_tune --out $Q --output-json $R/w4a16_tune_h200.json; cp $Q $R/w4a16_tuned.json
 $py -m benchmarks.quantized --checkpoint-dir $CK --formats bf16 w4a16 --output-json $R/quantized_w4a16_h200.json
 $py -m benchmarks.lora --checkpoint-dir $CK --skip-plain --reps 2 --output-json $R/lora_h200.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 20 ]; then  # one GPU: embeddings, TP and spec tests, LoRA, block FP8
+elif [ "$CALL" = 20 ]; then  # one GPU: LoRA, embeddings, the W4A16 GEMV tiles, W4A16 decode
+  Q=compiled_llm/quantization/configs/w4a16.json
   mapfile -t a <<<"\
-$py -m benchmarks.embed --files .bench/minilm_files --output-json $R/embed_h200.json
-$py -m pytest -q -p no:cacheprovider -m gpu tests/distributed/test_tp_gpu.py
 $MK
 $py -m benchmarks.lora --checkpoint-dir $CK --skip-plain --reps 2 --output-json $R/lora_h200.json
-$py -m pytest -q -p no:cacheprovider tests/engine/test_spec_decode.py -k cuda"
+$py -m benchmarks.embed --files .bench/minilm_files --texts 2048 --reps 2 --output-json $R/embed_h200.json
+$py -m benchmarks.w4a16_tune --tokens 1 4 --gemv-only --out $Q --output-json $R/w4a16_gemv_tune_h200.json; cp $Q $R/w4a16_tuned.json
+$py -m benchmarks.quantized --checkpoint-dir $CK --formats bf16 w4a16 --skip-user-path --output-json $R/quantized_w4a16_h200.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 else
   run_streams "\

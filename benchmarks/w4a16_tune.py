@@ -19,7 +19,13 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import print_table, save_json
-from compiled_llm.quantization.kernels.w4a16 import W4A16Config, w4a16_config, w4a16_gemm_triton
+from compiled_llm.quantization.kernels.w4a16 import (
+    GEMV_MAX_ROWS,
+    W4A16Config,
+    w4a16_config,
+    w4a16_gemm_triton,
+)
+from compiled_llm.quantization.kernels.w4a16_tuning import lookup
 from compiled_llm.quantization.packing import pack_int4
 from compiled_llm.quantization.w4a16 import w4a16_reference
 
@@ -27,8 +33,18 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "dow
 GROUP = 128
 
 
-def candidates(m: int) -> list[W4A16Config]:
-    """The tiles tried at m tokens: a narrow token side, K splits for decode."""
+def candidates(m: int, gemv_only: bool = False) -> list[W4A16Config]:
+    """The tiles tried at m tokens: a narrow token side, K splits for decode; the GEMV variant
+    too up to GEMV_MAX_ROWS rows (alone with gemv_only)."""
+    gemv = [W4A16Config(m, block_n, block_k, split, gemv=True)
+            for block_n, block_k, split in itertools.product([32, 64, 128], [128, 256],
+                                                             [1, 2, 4, 8])
+            ] if m <= GEMV_MAX_ROWS else []
+    return gemv if gemv_only else gemv + mma_candidates(m)
+
+
+def mma_candidates(m: int) -> list[W4A16Config]:
+    """The MMA kernel's tiles tried at m tokens."""
     block_m = 16 if m <= 16 else 64
     if m <= 16:
         grid = itertools.product([16, 32, 64, 128], [1, 2, 4, 8], [False, True], [2, 4])
@@ -70,16 +86,19 @@ def graph_ms(call, copies: int, iters: int = 24) -> float:
     return start.elapsed_time(end) / (3 * iters)
 
 
-def tune_point(name: str, m: int, packed: list[tuple], dense: list[torch.Tensor]) -> dict:
-    """The fastest correct candidate for one shape and token count, beside bf16 and the
-    built-in tiles."""
+def tune_point(name: str, m: int, packed: list[tuple], dense: list[torch.Tensor],
+               gemv_only: bool) -> dict:
+    """The fastest correct candidate for one shape and token count, beside bf16, the built-in
+    tiles and the shipped file's entry (kept when nothing beats it)."""
     n, k = SHAPES[name]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     ref = w4a16_reference(x.float(), *packed[0], None, None, GROUP)
     copies = len(packed)
     timed = {}
     built_in = w4a16_config(m, n, k, GROUP)
-    for cfg in dict.fromkeys([built_in, *candidates(m)]):
+    shipped = lookup(torch.cuda.get_device_name(), m, n, k)
+    for cfg in dict.fromkeys([built_in, *([shipped] if shipped else []),
+                              *candidates(m, gemv_only)]):
         try:
             out = w4a16_gemm_triton(x, *packed[0], GROUP, cfg).float()
             if (out - ref).norm() / ref.norm() > 1e-2:
@@ -93,7 +112,8 @@ def tune_point(name: str, m: int, packed: list[tuple], dense: list[torch.Tensor]
     best = min(timed, key=timed.get)
     weight_bytes = n * k // 2
     return {"shape": name, "m": m, "best": best, "best ms": timed[best],
-            "built-in ms": timed.get(built_in), "bf16 mm ms": bf16,
+            "built-in ms": timed.get(built_in), "shipped ms": timed.get(shipped),
+            "bf16 mm ms": bf16,
             "bf16 / best": bf16 / timed[best], "best GB/s": weight_bytes / timed[best] / 1e6}
 
 
@@ -102,6 +122,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--out", default="compiled_llm/quantization/configs/w4a16.json")
+    ap.add_argument("--gemv-only", action="store_true",
+                    help="at up to 4 tokens try only the GEMV variant (beside the shipped entry)")
     ap.add_argument("--output-json", default=None)
     args = ap.parse_args()
     gpu, rows, table = torch.cuda.get_device_name(), [], {}
@@ -113,7 +135,7 @@ def main() -> None:
         dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
                  for _ in range(max(2, copies // 4))]
         for m in args.tokens:
-            row = tune_point(name, m, packed, dense)
+            row = tune_point(name, m, packed, dense, args.gemv_only)
             rows.append(row)
             table.setdefault(f"{n}x{k}", {})[str(m)] = dataclasses.asdict(row["best"])
             print(row, flush=True)
@@ -124,10 +146,13 @@ def main() -> None:
 
 
 def write(args, gpu: str, table: dict, rows: list[dict], seconds: float) -> None:
-    """The kernel's file (this GPU's entry replaced) and the benchmark's JSON."""
+    """The kernel's file (this GPU's tuned shapes and token counts replaced, the others kept)
+    and the benchmark's JSON."""
     path = Path(args.out)
     payload = json.loads(path.read_text()) if path.is_file() else {"devices": {}}
-    payload["devices"][gpu] = table
+    shapes = payload["devices"].setdefault(gpu, {})
+    for shape, by_m in table.items():
+        shapes.setdefault(shape, {}).update(by_m)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1) + "\n")
     save_json(args.output_json, {"device": gpu, "seconds": seconds,

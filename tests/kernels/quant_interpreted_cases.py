@@ -49,6 +49,16 @@ def test_split_k_partials_add_up():
                                    ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(("m", "block_k", "split"), [(1, 32, 1), (3, 64, 3), (4, 128, 2)])
+def test_gemv_rows_match_reference(m, block_k, split):
+    """The GEMV variant: tiles of one group, of two (scales and zeros per word), a short split."""
+    x, qweight, scales, zeros = w4a16_inputs(m, 24, 256, 32, torch.float32, seed=m)
+    config = W4A16Config(m, 16, block_k, split, num_stages=1, gemv=True)
+    torch.testing.assert_close(w4a16_gemm_triton(x, qweight, scales, zeros, 32, config),
+                               w4a16_reference(x, qweight, scales, zeros, None, None, 32),
+                               rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("m", [3, 40])
 def test_fp8_block_matches_reference(m):
     gen = torch.Generator().manual_seed(m)

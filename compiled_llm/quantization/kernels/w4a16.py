@@ -2,8 +2,9 @@
 swap-AB: out.T [N, M] = W [N, K] @ x.T, so weight rows fill the MMA's wide side and a few tokens
 its narrow one. Each program unpacks its [BLOCK_N, BLOCK_K] weight tile (K-contiguous words,
 read once) to exact integers, and the group's zero and scale apply after the dot:
-(q - z) s . x = s (q . x - z sum(x)). Small M may split K (float32 partial sums, one reduction).
-Tuned tiles per shape and GPU come from w4a16_tuning.py.
+(q - z) s . x = s (q . x - z sum(x)). A GEMV variant for a few rows (gemv=True) skips the MMA
+and its layout shuffles: nibble j of every word meets x[8w + j] in plain FMAs. Small M may split
+K (float32 partial sums, one reduction). Tuned tiles per shape and GPU: w4a16_tuning.py.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import triton
 import triton.language as tl
 
 from compiled_llm.attention.kernels import kernels_interpreted
+
+GEMV_MAX_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class W4A16Config:
     num_warps: int = 4
     num_stages: int = 3
     expand: bool = False
+    gemv: bool = False  # block_m rows (<= GEMV_MAX_ROWS) without tl.dot
 
 
 @triton.jit
@@ -78,6 +82,53 @@ def _w4a16_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=col_ok[:, None] & row_ok[None, :])
 
 
+@triton.jit
+def _w4a16_gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
+                       stride_xm, stride_qn, stride_sn, stride_zn, stride_os, stride_om,
+                       GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows, offs_w = tl.arange(0, ROWS), tl.arange(0, BLOCK_K // 8)
+    col_ok, row_ok = offs_n < N, rows < M
+    per_split = tl.cdiv(K // BLOCK_K, SPLIT_K)
+    first = pid_k * per_split
+    end = tl.minimum(first + per_split, K // BLOCK_K)
+    acc = tl.zeros((ROWS, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+    for tile in range(first, end):
+        word_cols = tile * (BLOCK_K // 8) + offs_w
+        words = tl.load(qweight_ptr + offs_n[:, None] * stride_qn + word_cols[None, :],
+                        mask=col_ok[:, None], other=0)  # [BN, W]
+        x_row = x_ptr + rows[:, None] * stride_xm + word_cols[None, :] * 8  # [R, W]
+        dot = tl.zeros((ROWS, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+        x_sum = tl.zeros((ROWS, BLOCK_K // 8), dtype=tl.float32)
+        for j in tl.static_range(8):
+            x_j = tl.load(x_row + j, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            q_j = ((words >> (4 * j)) & 0xF).to(tl.float32)
+            dot += q_j[None, :, :] * x_j[:, None, :]
+            x_sum += x_j
+        groups = (word_cols * 8) // GROUP  # [W]: the group of each word's 8 inputs
+        scale = tl.load(scales_ptr + offs_n[:, None] * stride_sn + groups[None, :],
+                        mask=col_ok[:, None], other=0.0).to(tl.float32)
+        zero = tl.load(zeros_ptr + offs_n[:, None] * stride_zn + groups[None, :],
+                       mask=col_ok[:, None], other=0).to(tl.float32)
+        acc += (dot - zero[None, :, :] * x_sum[:, None, :]) * scale[None, :, :]
+    out = out_ptr + pid_k * stride_os + rows[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, tl.sum(acc, axis=2).to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+def _launch_gemv(x, qweight, scales, zeros, out, group_size: int, config: W4A16Config):
+    (m, k), n = x.shape, qweight.shape[0]
+    grid = (triton.cdiv(n, config.block_n), config.split_k)
+    _w4a16_gemv_kernel[grid](x, qweight, scales, zeros, out, m, n, k, x.stride(0),
+                             qweight.stride(0), scales.stride(0), zeros.stride(0),
+                             out.stride(0), out.stride(1), GROUP=group_size,
+                             ROWS=triton.next_power_of_2(m), BLOCK_N=config.block_n,
+                             BLOCK_K=config.block_k, SPLIT_K=config.split_k,
+                             num_warps=config.num_warps, num_stages=config.num_stages)
+
+
 def w4a16_config(m: int, n: int, k: int, group_size: int) -> W4A16Config:
     """The built-in launch for an [m, k] x [k, n] product (no tuned file for the shape): a
     narrow token side for decode, K split until the programs cover the GPU twice."""
@@ -110,15 +161,25 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     check_w4a16_inputs(x, qweight, group_size)
     x = x.contiguous()
     (m, k), n = x.shape, qweight.shape[0]
-    config = config or tuned_w4a16_config(m, n, k, x) or w4a16_config(m, n, k, group_size)
+    config = config or tuned_w4a16_config(m, n, k, x)
+    if config is None or k % (config.block_k if config.gemv else group_size):
+        config = w4a16_config(m, n, k, group_size)
     split = config.split_k
     out = x.new_empty((split, m, n), dtype=torch.float32 if split > 1 else x.dtype)
-    grid = (triton.cdiv(n, config.block_n), split, triton.cdiv(m, config.block_m))
+    if config.gemv and m <= GEMV_MAX_ROWS:
+        _launch_gemv(x, qweight, scales, zeros, out, group_size, config)
+    else:
+        _launch_mma(x, qweight, scales, zeros, out, group_size, config)
+    return out[0] if split == 1 else out.sum(0).to(x.dtype)
+
+
+def _launch_mma(x, qweight, scales, zeros, out, group_size: int, config: W4A16Config):
+    (m, k), n = x.shape, qweight.shape[0]
+    grid = (triton.cdiv(n, config.block_n), config.split_k, triton.cdiv(m, config.block_m))
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     _w4a16_kernel[grid](x, qweight, scales, zeros, out, m, n, k, x.stride(0), qweight.stride(0),
                         scales.stride(0), zeros.stride(0), out.stride(0), out.stride(1),
                         GROUP=group_size, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                        BLOCK_K=config.block_k, SPLIT_K=split, EXPAND=config.expand,
+                        BLOCK_K=config.block_k, SPLIT_K=config.split_k, EXPAND=config.expand,
                         PRECISION=precision, num_warps=config.num_warps,
                         num_stages=config.num_stages)
-    return out[0] if split == 1 else out.sum(0).to(x.dtype)
