@@ -61,7 +61,7 @@ def test_worker_killed_mid_generation_fails_requests_with_a_clear_error(llm):
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    ("pipeline_parallel_size", 2, "pipeline_parallel_size"),
+    ("pipeline_parallel_size", 0, "pipeline_parallel_size"),
     ("distributed_executor_backend", "dask", "distributed_executor_backend"),
     ("tensor_parallel_size", 0, "tensor_parallel_size"),
 ])
