@@ -137,12 +137,12 @@ class MultiprocExecutor(UniProcExecutor):
         if world == 1:  # rank 0 is this process: nothing to start, no group to join
             super().__init__(args, spec)
             return
+        args = _without_cudagraphs(args, spec.device)
         if spec.device.type == "cuda" and torch.cuda.device_count() < world:
             raise ValueError(f"{args.parallel_field} {world} needs {world} GPUs; "
                              f"{torch.cuda.device_count()} are visible")
         self.worker = None
         _check_model(args, spec.model_dir)
-        args = _without_cudagraphs(args, spec.device)
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         self.procs = [self.rank_cls(args, spec, rank, init_method) for rank in range(1, world)]
         try:
@@ -197,7 +197,8 @@ class MultiprocExecutor(UniProcExecutor):
         leave the process group (idempotent)."""
         worker, self.worker = self.worker, None
         if worker is not None:
-            if self.dead is None and all(p.exitcode is None for p in self.procs):
+            # one rank (mp at size 1): no followers, no stop message
+            if self.procs and self.dead is None and all(p.exitcode is None for p in self.procs):
                 try:
                     worker.runner.step_hook.stop()
                 except Exception:  # a worker went away while stopping: it is killed below
