@@ -53,6 +53,13 @@ class ParallelArgs(RunnerArgs):
             if getattr(self, name, None):
                 raise ValueError(f"{field} {self.world_size} with {name}: not supported "
                                  f"together yet; use {field} 1")
+        # an FP8 cache without checkpoint scales is calibrated on the first step by the
+        # driver's forward alone: the other stages' layers would keep scales of 1
+        kv_dtype = str(getattr(self, "kv_cache_dtype", "auto"))
+        if self.pipeline_parallel_size > 1 and kv_dtype.startswith("fp8"):
+            raise ValueError(f"pipeline_parallel_size {self.pipeline_parallel_size} with "
+                             f"kv_cache_dtype {kv_dtype!r}: not supported together yet; use "
+                             "kv_cache_dtype auto")
 
     @property
     def world_size(self) -> int:

@@ -119,7 +119,11 @@ def _without_cudagraphs(args: EngineArgs, device: torch.device) -> EngineArgs:
 
 def _check_model(args: EngineArgs, model_dir: str) -> None:
     """ValueError naming the field when the model cannot be split over the ranks."""
-    model_cls, config = build_model_config(load_hf_config(model_dir))
+    hf_config = load_hf_config(model_dir)
+    if hf_config.get("quantization_config") is not None:  # checked again as each rank loads
+        raise ValueError(f"{args.parallel_field} {args.world_size} with a quantized checkpoint "
+                         "is not supported yet")
+    model_cls, config = build_model_config(hf_config)
     if args.pipeline_parallel_size > 1:
         check_pipeline(model_cls, config, args.pipeline_parallel_size)
     else:

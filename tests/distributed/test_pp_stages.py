@@ -84,6 +84,7 @@ def test_tied_head_on_the_last_stage_reads_the_embedding_table():
      "pipeline_parallel_size 2 needs"),
     (dict(pipeline_parallel_size=2, enable_lora=True), "pipeline_parallel_size 2 with"),
     (dict(pipeline_parallel_size=True), "pipeline_parallel_size must be an int"),
+    (dict(pipeline_parallel_size=2, kv_cache_dtype="fp8"), "with kv_cache_dtype 'fp8'"),
 ])
 def test_settings_that_cannot_run_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
