@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from compiled_llm.distributed.tensor_parallel import materialize, parameters_on_meta
+from compiled_llm.models.llama import LlamaModel
 
 logger = logging.getLogger(__name__)
 ENV_PARTITION = "VLLM_PP_LAYER_PARTITION"  # vLLM's spelling: layers per stage, "4,5,5,4"
@@ -96,10 +97,13 @@ def rank_stage(rank: int, num_stages: int, num_layers: int) -> PipelineStage:
 
 def check_pipeline(model_cls: type[nn.Module], config, num_stages: int) -> None:
     """ValueError naming pipeline_parallel_size when the model cannot be split (checked before
-    any rank starts): not a decoder with a layer loop, or fewer layers than stages."""
+    any rank starts): not a decoder with the Llama body's layer loop, or fewer layers than
+    stages."""
     layer_partition(config.num_hidden_layers, num_stages)
     decoder = getattr(model_cls, "model_cls", None)
-    if decoder is None or not all(hasattr(decoder, name) for name in ("layer_cls", "forward")):
+    # the stage's forward is the Llama body's loop, cut: a body with its own forward differs
+    if not (isinstance(decoder, type) and issubclass(decoder, LlamaModel)
+            and decoder.forward is LlamaModel.forward):
         raise ValueError(f"pipeline_parallel_size {num_stages}: {model_cls.__name__} is not a "
                          "decoder with a layer loop; use pipeline_parallel_size 1")
 
@@ -145,7 +149,7 @@ def _prune(model: nn.Module, stage: PipelineStage) -> None:
     decoder.stage = stage
 
 
-def _stage_weight_name(base, own: set[str], others: set[str], hf_name: str):
+def _stage_weight_name(base, others: set[str], hf_name: str):
     """base's target for a checkpoint tensor, or None (skip) when it fills another stage's
     parameter; names that fill none are left to the loader's error."""
     target = base(hf_name)
@@ -164,8 +168,7 @@ def build_stage(model_cls: type[nn.Module], config, max_len: int, device: torch.
     full = {name for name, _ in model.named_parameters()}
     _prune(model, stage)
     own = {name for name, _ in model.named_parameters()}
-    model.weight_name = functools.partial(_stage_weight_name, model.weight_name, own,
-                                          full - own)
+    model.weight_name = functools.partial(_stage_weight_name, model.weight_name, full - own)
     config = dataclasses.replace(model.config,
                                  num_hidden_layers=stage.end_layer - stage.start_layer)
     config.pipeline_parallel = (f"stage {stage.stage} of {stage.num_stages}: layers "
