@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from compiled_llm.config import EngineArgs
+from compiled_llm.distributed.pipeline_parallel import ENV_PARTITION
 from compiled_llm.executor.mp_executor import MultiprocExecutor, _kind
 from compiled_llm.worker.worker import WorkerSpec
 
@@ -55,7 +56,11 @@ class _RayRank:
             ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
         self.name, self.pid, self._exit = f"rank {rank}", None, None
         self.kind = _kind(args)
-        self.actor = ray.remote(num_cpus=0)(RankActor).remote(args, spec, rank, init_method)
+        # an actor's process need not inherit this one's environment: the stages' split must
+        # be the driver's
+        env = {ENV_PARTITION: os.environ[ENV_PARTITION]} if ENV_PARTITION in os.environ else {}
+        actor_cls = ray.remote(num_cpus=0)(RankActor).options(runtime_env={"env_vars": env})
+        self.actor = actor_cls.remote(args, spec, rank, init_method)
         self.started = self.actor.start.remote()
         self.done = self.actor.follow.remote()  # runs once start has returned
 
