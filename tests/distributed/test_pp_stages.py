@@ -4,17 +4,13 @@ tensors (and its ends), and settings that cannot run refused before any worker s
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from compiled_llm import LLM
 from compiled_llm.config import EngineArgs
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.distributed.pipeline_parallel import ENV_PARTITION, layer_partition, rank_stage
-from compiled_llm.entrypoints.cli.args import add_engine_args, engine_args
 from compiled_llm.worker.loader import load_model
 from tests.utils import make_checkpoint
 
@@ -93,15 +89,3 @@ def test_settings_that_cannot_run_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         EngineArgs(**kwargs)
 
-
-def test_more_stages_than_layers_is_refused_before_any_worker_starts():
-    with pytest.raises(ValueError, match="pipeline_parallel_size 3 exceeds the model's 2"):
-        LLM(str(make_checkpoint("llama")), dtype="float32", enforce_eager=True,
-            engine_core_process=False, pipeline_parallel_size=3)
-
-
-def test_cli_pp_flag_runs_two_ranks_on_mp():
-    parser = argparse.ArgumentParser()
-    add_engine_args(parser)
-    args = engine_args(parser.parse_args(["-pp", "2"]))
-    assert (args.pipeline_parallel_size, args.world_size, args.executor_backend) == (2, 2, "mp")
