@@ -1,6 +1,6 @@
 """Pipeline stages in one process (no send or recv runs): vLLM's layer split and its
 VLLM_PP_LAYER_PARTITION override, each rank's stage holding exactly its layers' checkpoint
-tensors (and its ends), and settings that cannot run refused before any worker starts."""
+tensors (and its ends), and settings that cannot run refused as the args are made."""
 
 from __future__ import annotations
 
