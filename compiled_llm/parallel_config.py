@@ -21,7 +21,10 @@ class ParallelArgs(RunnerArgs):
     """Ranks each layer's weights are sharded over (one process and device per rank): q/k/v
     and gate/up by rows, o/down by columns, embedding and LM head by vocab."""
     pipeline_parallel_size: int = 1
-    """Pipeline stages (layers split over ranks); only 1 is supported."""
+    """Pipeline stages: the decoder's layers split into this many contiguous stages, one
+    process and device each (vLLM's split; VLLM_PP_LAYER_PARTITION sets it by hand). The
+    stages of a step run one after another (no micro-batches in flight); not with
+    tensor_parallel_size > 1 yet."""
     distributed_executor_backend: ExecutorBackend | None = None
     """How ranks run: uni (one rank, in the engine's process), mp (a process per rank beside
     the engine's, which holds rank 0) or ray (Ray actors for ranks 1..N-1, one host) (default:
@@ -29,30 +32,49 @@ class ParallelArgs(RunnerArgs):
 
     def check_parallel(self) -> None:
         """ValueError naming the field for a size or backend the engine cannot run."""
-        size = self.tensor_parallel_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"tensor_parallel_size must be an int >= 1, got {size!r}")
-        if self.pipeline_parallel_size != 1:
-            raise ValueError("pipeline_parallel_size must be 1: pipeline parallelism is not "
-                             f"supported (got {self.pipeline_parallel_size!r})")
-        backend = self.distributed_executor_backend
-        if backend == "uni" and size > 1:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            size = getattr(self, name)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {size!r}")
+        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
+            raise ValueError("pipeline_parallel_size > 1 with tensor_parallel_size > 1: not "
+                             "supported together yet; set one of them to 1")
+        if self.distributed_executor_backend == "uni" and self.world_size > 1:
             raise ValueError(f'distributed_executor_backend "uni" runs one rank; '
-                             f"tensor_parallel_size {size} needs \"mp\"")
+                             f"{self.parallel_field} {self.world_size} needs \"mp\"")
 
     def check_parallel_combinations(self) -> None:
-        """ValueError naming tensor_parallel_size with a feature that does not run sharded yet
-        (LoRA, speculative decoding, quantization)."""
-        if self.tensor_parallel_size == 1:
+        """ValueError naming tensor_parallel_size or pipeline_parallel_size with a feature
+        that does not run over several ranks yet (LoRA, speculative decoding, quantization)."""
+        if self.world_size == 1:
             return
+        field = self.parallel_field
         for name in ("enable_lora", "speculative_config", "quantization"):
             if getattr(self, name, None):
-                raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} with {name}: "
-                                 "not supported together yet; use tensor_parallel_size 1")
+                raise ValueError(f"{field} {self.world_size} with {name}: not supported "
+                                 f"together yet; use {field} 1")
+        # an FP8 cache without checkpoint scales is calibrated on the first step by the
+        # driver's forward alone: the other stages' layers would keep scales of 1
+        kv_dtype = str(getattr(self, "kv_cache_dtype", "auto"))
+        if self.pipeline_parallel_size > 1 and kv_dtype.startswith("fp8"):
+            raise ValueError(f"pipeline_parallel_size {self.pipeline_parallel_size} with "
+                             f"kv_cache_dtype {kv_dtype!r}: not supported together yet; use "
+                             "kv_cache_dtype auto")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in all: one process and device each."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def parallel_field(self) -> str:
+        """The field that asks for several ranks (errors name it)."""
+        return "pipeline_parallel_size" if self.pipeline_parallel_size > 1 \
+            else "tensor_parallel_size"
 
     @property
     def executor_backend(self) -> str:
         """The backend that runs the ranks: the one given, else uni for one rank, else mp."""
         if self.distributed_executor_backend is not None:
             return self.distributed_executor_backend
-        return "uni" if self.tensor_parallel_size == 1 else "mp"
+        return "uni" if self.world_size == 1 else "mp"

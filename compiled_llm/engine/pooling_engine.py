@@ -58,8 +58,8 @@ def check_pooling_args(args: EngineArgs) -> None:
     if args.speculative_config is not None:
         raise ValueError("speculative_config: runner='pooling' generates no tokens; leave "
                          "speculative_config unset")
-    if args.tensor_parallel_size > 1:
-        raise ValueError("tensor_parallel_size > 1 is not supported with runner='pooling'")
+    if args.world_size > 1:
+        raise ValueError(f"{args.parallel_field} > 1 is not supported with runner='pooling'")
     PoolerConfig.from_value(args.pooler_config)  # names a bad key before the weights load
     if args.enable_lora:
         raise ValueError("enable_lora: LoRA adapters serve runner='generate' only")

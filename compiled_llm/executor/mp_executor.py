@@ -1,8 +1,8 @@
-"""The multiprocess executor: tensor parallelism with one process and device per rank. Rank 0
-is the driver, in the engine's process (it runs the scheduler's steps and samples); ranks
-1..N-1 are worker processes started here, each following the driver's broadcast steps
-(worker/tp_follower.py). A worker that dies fails the engine's steps with an error naming it,
-not a hang; shutdown stops the workers and leaves the process group."""
+"""The multiprocess executor: tensor or pipeline parallelism, a process and device per rank.
+Rank 0 is the driver, in the engine's process (it runs the scheduler's steps and samples; it
+holds the last pipeline stage); ranks 1..N-1 are worker processes started here, following the
+driver's broadcast steps (worker/tp_follower.py). A worker that dies fails the engine's steps
+with an error naming it, not a hang; shutdown stops the workers and leaves the group."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import torch
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.scheduler import SchedulerOutput
 from compiled_llm.distributed.parallel_state import destroy_tp_group, init_tp_group
+from compiled_llm.distributed.pipeline_parallel import check_pipeline
 from compiled_llm.distributed.tensor_parallel import check_shardable
 from compiled_llm.executor.mp_worker import rank_spec, run_worker
 from compiled_llm.executor.uniproc_executor import UniProcExecutor
@@ -46,7 +47,7 @@ class _Rank:
 
     def __init__(self, args: EngineArgs, spec: WorkerSpec, rank: int, init_method: str) -> None:
         read_fd, write_fd = os.pipe()
-        self.name = f"rank {rank}"
+        self.name, self.kind = f"rank {rank}", _kind(args)
         worker_args = (args, spec, rank, init_method, write_fd)
         if spec.device.type == "cpu":
             self.process = multiprocessing.get_context("fork").Process(
@@ -79,7 +80,7 @@ class _Rank:
         self.status.close()
         status, detail = pickle.loads(reply) if reply else ("error", "it exited")
         if status != "ready":
-            raise RuntimeError(f"tensor-parallel worker {self.name} failed to start: {detail}")
+            raise RuntimeError(f"{self.kind} worker {self.name} failed to start: {detail}")
 
     def stop(self, seconds: float) -> None:
         """Wait for the process to exit, killing it after `seconds`."""
@@ -96,35 +97,56 @@ class _Rank:
             self.process.join()
 
 
+def _kind(args: EngineArgs) -> str:
+    """How errors name a worker: tensor-parallel or pipeline-parallel."""
+    return args.parallel_field.split("_")[0] + "-parallel"
+
+
 def _without_cudagraphs(args: EngineArgs, device: torch.device) -> EngineArgs:
     """args with CUDA graphs off: the followers replay the driver's steps from a broadcast,
-    and graph capture is not such a step. Asked for by name, they are refused."""
+    and graph capture is not such a step (nor are a pipeline stage's send and receive, which
+    run outside the compiled graph, between the pieces a graph would hold). Asked for by
+    name, they are refused."""
     if device.type != "cuda" or args.compile_config().cudagraph_mode == "none":
         return args
     if args.cudagraph_mode not in (None, "none"):
         raise ValueError(f"cudagraph_mode {args.cudagraph_mode!r}: CUDA graphs are not "
-                         "supported with tensor_parallel_size > 1; leave it unset or pass 'none'")
-    logger.warning("tensor_parallel_size %d: CUDA graphs are off", args.tensor_parallel_size)
+                         f"supported with {args.parallel_field} > 1; leave it unset or pass "
+                         "'none'")
+    logger.warning("%s %d: CUDA graphs are off", args.parallel_field, args.world_size)
     return dataclasses.replace(args, cudagraph_mode="none")
 
 
+def _check_model(args: EngineArgs, model_dir: str) -> None:
+    """ValueError naming the field when the model cannot be split over the ranks."""
+    hf_config = load_hf_config(model_dir)
+    if hf_config.get("quantization_config") is not None:  # checked again as each rank loads
+        raise ValueError(f"{args.parallel_field} {args.world_size} with a quantized checkpoint "
+                         "is not supported yet")
+    model_cls, config = build_model_config(hf_config)
+    if args.pipeline_parallel_size > 1:
+        check_pipeline(model_cls, config, args.pipeline_parallel_size)
+    else:
+        check_shardable(config, args.tensor_parallel_size)
+
+
 class MultiprocExecutor(UniProcExecutor):
-    """The UniProcExecutor interface over a tensor-parallel group; this process is rank 0."""
+    """The UniProcExecutor interface over a group of ranks; this process is rank 0."""
 
     rank_cls = _Rank  # how a follower rank is started (Ray actors: ray_executor.py)
 
     def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
-        world = args.tensor_parallel_size
-        self.procs, self.tp, self.dead = [], None, None
+        world = args.world_size
+        self.procs, self.tp, self.dead, self.kind = [], None, None, _kind(args)
         if world == 1:  # rank 0 is this process: nothing to start, no group to join
             super().__init__(args, spec)
             return
+        args = _without_cudagraphs(args, spec.device)
         if spec.device.type == "cuda" and torch.cuda.device_count() < world:
-            raise ValueError(f"tensor_parallel_size {world} needs {world} GPUs; "
+            raise ValueError(f"{args.parallel_field} {world} needs {world} GPUs; "
                              f"{torch.cuda.device_count()} are visible")
         self.worker = None
-        check_shardable(build_model_config(load_hf_config(spec.model_dir))[1], world)
-        args = _without_cudagraphs(args, spec.device)
+        _check_model(args, spec.model_dir)
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         self.procs = [self.rank_cls(args, spec, rank, init_method) for rank in range(1, world)]
         try:
@@ -142,7 +164,7 @@ class MultiprocExecutor(UniProcExecutor):
         if self.dead is None:
             gone = next((p for p in self.procs if p.exitcode is not None), None)
             if gone is not None:
-                self.dead = (f"tensor-parallel worker {gone.name} (pid {gone.pid}) "
+                self.dead = (f"{self.kind} worker {gone.name} (pid {gone.pid}) "
                              f"died with exit code {gone.exitcode}; the engine cannot run steps")
                 logger.error(self.dead)
         if self.dead is not None:
@@ -179,11 +201,12 @@ class MultiprocExecutor(UniProcExecutor):
         leave the process group (idempotent)."""
         worker, self.worker = self.worker, None
         if worker is not None:
-            if self.dead is None and all(p.exitcode is None for p in self.procs):
+            # one rank (mp at size 1): no followers, no stop message
+            if self.procs and self.dead is None and all(p.exitcode is None for p in self.procs):
                 try:
                     worker.runner.step_hook.stop()
                 except Exception:  # a worker went away while stopping: it is killed below
-                    logger.warning("tensor-parallel workers did not take the stop message")
+                    logger.warning("%s workers did not take the stop message", self.kind)
             worker.shutdown()
         for proc in self.procs:
             proc.stop(_JOIN_S)

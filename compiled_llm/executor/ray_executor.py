@@ -1,14 +1,16 @@
-"""The Ray executor: the multiprocess executor's tensor-parallel group with its follower ranks
-as Ray actors (a local Ray cluster is started if none is connected; RAY_ADDRESS names one).
-Rank 0 stays in the engine's process; each actor joins the group, loads its shard and follows
-the driver's broadcast steps in one long call. One host: ranks use cuda:<rank> as with mp."""
+"""The Ray executor: the multiprocess executor's group (tensor or pipeline parallel) with its
+follower ranks as Ray actors (a local Ray cluster is started if none is connected; RAY_ADDRESS
+names one). Rank 0 stays in the engine's process; each actor joins the group, loads its shard
+(or stage) and follows the driver's broadcast steps in one long call. One host: ranks use
+cuda:<rank> as with mp."""
 
 from __future__ import annotations
 
 import os
 
 from compiled_llm.config import EngineArgs
-from compiled_llm.executor.mp_executor import MultiprocExecutor
+from compiled_llm.distributed.pipeline_parallel import ENV_PARTITION
+from compiled_llm.executor.mp_executor import MultiprocExecutor, _kind
 from compiled_llm.worker.worker import WorkerSpec
 
 
@@ -29,8 +31,7 @@ class RankActor:
         from compiled_llm.worker.worker import build_runner
 
         spec = rank_spec(self.spec, self.rank)
-        self.tp = init_tp_group(self.rank, self.args.tensor_parallel_size, self.init_method,
-                                spec.device)
+        self.tp = init_tp_group(self.rank, self.args.world_size, self.init_method, spec.device)
         torch.manual_seed(self.args.seed)
         self.runner = build_runner(self.args, spec, self.tp)
         return os.getpid()
@@ -54,7 +55,12 @@ class _RayRank:
         if not ray.is_initialized():
             ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
         self.name, self.pid, self._exit = f"rank {rank}", None, None
-        self.actor = ray.remote(num_cpus=0)(RankActor).remote(args, spec, rank, init_method)
+        self.kind = _kind(args)
+        # an actor's process need not inherit this one's environment: the stages' split must
+        # be the driver's
+        env = {ENV_PARTITION: os.environ[ENV_PARTITION]} if ENV_PARTITION in os.environ else {}
+        actor_cls = ray.remote(num_cpus=0)(RankActor).options(runtime_env={"env_vars": env})
+        self.actor = actor_cls.remote(args, spec, rank, init_method)
         self.started = self.actor.start.remote()
         self.done = self.actor.follow.remote()  # runs once start has returned
 
@@ -65,7 +71,7 @@ class _RayRank:
         try:
             self.pid = ray.get(self.started)
         except ray.exceptions.RayError as exc:
-            raise RuntimeError(f"tensor-parallel worker {self.name} failed to start: "
+            raise RuntimeError(f"{self.kind} worker {self.name} failed to start: "
                                f"{exc}") from None
 
     @property

@@ -14,6 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from compiled_llm.distributed.pipeline_parallel import (
+    build_stage,
+    localize_kv_scales,
+    rank_stage,
+)
 from compiled_llm.distributed.tensor_parallel import build_sharded, plan_index
 from compiled_llm.models import DecoderConfig, ModelRegistry
 from compiled_llm.models.plugins import load_general_plugins
@@ -154,13 +159,15 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: t
 
 def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.device,
                max_len: int, load_format: str = "auto",
-               quantization: str | None = None, tp=None) -> nn.Module:
+               quantization: str | None = None, tp=None,
+               pipeline_parallel_size: int = 1) -> nn.Module:
     """Build the model for the checkpoint in model_dir on device, in dtype, with weights; a
     quantized checkpoint (config.json's quantization_config) gets its format's linears
     (quantization/loading.py), else the load-time `quantization` transform (None or "fp8")
     runs; then sibling linears' weights are laid out as one fused tensor each
     (worker/fuse_weights.py). With a tensor-parallel group `tp`, this rank's shard is built
-    and only its slices are read."""
+    and only its slices are read; with several pipeline stages, `tp` (then the group of all
+    ranks) names the stage this rank builds, and only its layers are read."""
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
     from compiled_llm.quantization.loading import detect_format, prepare_quantized
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
@@ -172,11 +179,16 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
         check_quantization(quantization,
                            mixture_of_experts=getattr(model_config, "moe", None) is not None)
     files = checkpoint_files(Path(model_dir), load_format)
-    plan = None
+    plan, stage = None, None
+    if pipeline_parallel_size > 1:
+        stage = rank_stage(tp.rank, pipeline_parallel_size, model_config.num_hidden_layers)
     if tp is not None and checkpoint_format:
-        raise ValueError(f"tensor_parallel_size > 1 with a quantized checkpoint "
+        field = "tensor" if stage is None else "pipeline"
+        raise ValueError(f"{field}_parallel_size > 1 with a quantized checkpoint "
                          f"({checkpoint_format.name}) is not supported yet")
-    if tp is not None:
+    if stage is not None:
+        model = build_stage(model_cls, model_config, max_len, device, dtype, stage)
+    elif tp is not None:
         model, plan = build_sharded(model_cls, model_config, max_len, device, dtype, tp)
     else:
         with torch.device(device):
@@ -184,6 +196,8 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
         model.to(dtype=dtype)
     finalize = checkpoint_format and prepare_quantized(model, checkpoint_format, files)
     load_weights(model, files, device, plan)
+    if stage is not None:
+        localize_kv_scales(model)
     model = finalize() if finalize else quantize_model(model, quantization)
     fuse_sibling_weights(model)
     return model.eval().requires_grad_(False)

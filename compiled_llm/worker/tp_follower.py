@@ -1,8 +1,8 @@
-"""Tensor-parallel steps across ranks: rank 0 (the driver) runs the engine's steps and, once a
-step's inputs are on the device, broadcasts them (a header of sizes over the host group, then
-one int64 tensor of ids, positions, slots, sequence bounds, block table and logit rows over the
-device group). Followers rebuild the step and run the same forward and LM-head calls, so their
-collectives meet the driver's. Only the driver samples; followers get its (filled) input ids."""
+"""Steps across ranks (tensor or pipeline parallel): rank 0 (the driver) runs the engine's steps
+and broadcasts each one's device inputs (a header of sizes over the host group, then one int64
+tensor of ids, positions, slots, sequence bounds, block table and logit rows). Followers run
+the same forward and LM-head calls (a stage without the head: none), so collectives meet; only
+the driver samples. At start-up the ranks agree on the KV pool: the fewest blocks any holds."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ import torch.distributed as dist
 from compiled_llm.attention.metadata import AttentionMetadata
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.worker.input_batch import StepInputs
+from compiled_llm.worker.kv_budget import budget_blocks
 from compiled_llm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
-STEP, STOP = 0, 1
+STEP, STOP, BLOCKS = 0, 1, 2
 # header fields, in order
 FIELDS = ("kind", "padded", "slots", "seqs", "width", "num_tokens", "max_query_len",
           "max_seq_len", "samples", "prompt_calls", "prompt_rows", "num_blocks")
@@ -56,16 +57,38 @@ class StepBroadcaster:
         payload = torch.cat([part.to(torch.int64) for part in parts if part is not None])
         dist.broadcast(payload, 0, group=self.tp.device_group)
 
+    def agree_blocks(self, blocks: int) -> int:
+        """The KV pool's size on every rank: the fewest blocks that any rank's budget holds
+        (pipeline stages hold different layers). ValueError if that is under 2."""
+        dist.broadcast(_header({"kind": BLOCKS}), 0, group=self.tp.cpu_group)
+        return _min_blocks(self.tp, blocks)
+
     def stop(self) -> None:
         """Tell the followers to leave their loop."""
         dist.broadcast(_header({"kind": STOP}), 0, group=self.tp.cpu_group)
+
+
+def _min_blocks(tp: TPGroup, blocks: int) -> int:
+    agreed = torch.tensor([blocks], dtype=torch.int64)
+    dist.all_reduce(agreed, dist.ReduceOp.MIN, group=tp.cpu_group)
+    if agreed.item() < 2:
+        raise ValueError("the KV cache budget of some rank holds fewer than 2 blocks")
+    return int(agreed.item())
+
+
+def _follower_blocks(tp: TPGroup, runner: ModelRunner) -> None:
+    try:
+        blocks = budget_blocks(runner)
+    except ValueError:  # too few: the driver raises it from the agreed minimum
+        blocks = 0
+    _min_blocks(tp, blocks)
 
 
 def _receive(tp: TPGroup, runner: ModelRunner) -> tuple[dict[str, int], list[torch.Tensor]]:
     header = _header({})
     dist.broadcast(header, 0, group=tp.cpu_group)
     sizes = dict(zip(FIELDS, header.tolist()))
-    if sizes["kind"] == STOP:
+    if sizes["kind"] != STEP:
         return sizes, []
     seqs = sizes["seqs"]
     lengths = [sizes["padded"], sizes["padded"], sizes["slots"], seqs + 1, seqs,
@@ -95,6 +118,9 @@ def follow(tp: TPGroup, runner: ModelRunner) -> None:
         sizes, parts = _receive(tp, runner)
         if sizes["kind"] == STOP:
             return
+        if sizes["kind"] == BLOCKS:
+            _follower_blocks(tp, runner)
+            continue
         if sizes["num_blocks"] and (not runner.kv_caches
                                     or runner.kv_caches[0].shape[1] != sizes["num_blocks"]):
             runner.kv_caches = []
@@ -102,6 +128,8 @@ def follow(tp: TPGroup, runner: ModelRunner) -> None:
         inputs = _step_inputs(sizes, parts)
         hidden = runner.run_forward(inputs)
         model = runner.model
+        if getattr(model, "lm_head", None) is None:  # an earlier pipeline stage
+            continue
         # the driver's LM-head calls, in its order: prompt logprobs, then sampling
         for rows in parts[8].split(parts[7].tolist()):
             model.compute_logits(hidden[rows])

@@ -14,13 +14,14 @@ import torch
 
 from compiled_llm.config import EngineArgs, SchedulerConfig
 from compiled_llm.distributed.parallel_state import TPGroup
+from compiled_llm.distributed.pipeline_parallel import wrap_stage_forward
 from compiled_llm.lora.manager import attach_lora
+from compiled_llm.worker.kv_budget import budget_blocks
 from compiled_llm.worker.loader import load_model
 from compiled_llm.worker.model_runner import ModelRunner
 from compiled_llm.worker.tp_follower import StepBroadcaster
 
 logger = logging.getLogger(__name__)
-_HEADROOM = 2 << 30  # bytes kept free beyond the KV cache for graphs and sampling
 
 
 @dataclass
@@ -49,6 +50,8 @@ class Worker:
         # the profiling forward is also the first call: Dynamo, passes and Inductor run here
         self.num_blocks = num_kv_blocks(self.runner, sched.max_num_batched_tokens,
                                         sched.max_model_len, baseline)
+        if tp is not None:  # the pool is the same on every rank: the fewest blocks any holds
+            self.num_blocks = self.runner.step_hook.agree_blocks(self.num_blocks)
         profiled = time.perf_counter()
         # the KV cache's size is known only now: settle max_model_len before the buffers of
         # its width (block tables) are made for good and before any graph reads them
@@ -75,42 +78,35 @@ class Worker:
 
 
 def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None) -> ModelRunner:
-    """Load the model (this rank's shard under `tp`) and build its runner."""
-    sched = spec.scheduler
+    """Load the model (this rank's shard or pipeline stage under `tp`) and build its
+    runner."""
+    sched, stages = spec.scheduler, args.pipeline_parallel_size
     model = load_model(spec.model_dir, spec.dtype, spec.device, sched.max_model_len,
-                       args.load_format, args.quantization, tp)
+                       args.load_format, args.quantization, tp, stages)
     lora = attach_lora(model, args, sched) if args.enable_lora else None
-    return ModelRunner(model, spec.device, spec.dtype, args.cache_config(),
-                       args.compile_config(), sched.max_model_len,
-                       args.attention_backend_for(spec.device.type), sched.max_num_seqs,
-                       sched.max_num_batched_tokens, lora)
+    runner = ModelRunner(model, spec.device, spec.dtype, args.cache_config(),
+                         args.compile_config(), sched.max_model_len,
+                         args.attention_backend_for(spec.device.type), sched.max_num_seqs,
+                         sched.max_num_batched_tokens, lora)
+    wrap_stage_forward(runner)  # a pipeline stage receives its input and sends its output
+    return runner
 
 
 def num_kv_blocks(runner: ModelRunner, max_tokens: int, max_len: int, baseline: int = 0) -> int:
     """Blocks that fit the budget: a byte budget on CPU, gpu_memory_utilization on GPU after a
     profiling forward of max_tokens tokens (which also warms up compilation). `baseline` is
     the memory allocated before this engine loaded its weights."""
-    cfg = runner.cache_cfg
-    if cfg.num_gpu_blocks_override:
-        return cfg.num_gpu_blocks_override
-    per_block = runner.kv_bytes_per_block()
+    if runner.cache_cfg.num_gpu_blocks_override:
+        return runner.cache_cfg.num_gpu_blocks_override
     runner.allocate_kv_cache(1)
     if runner.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     # on CPU the pass only warms up compilation: a small batch will do
     tokens = max_tokens if runner.device.type == "cuda" else min(max_tokens, 64)
     runner.execute_dummy(tokens, max_len)
-    if cfg.kv_cache_memory_bytes is not None:
-        budget = cfg.kv_cache_memory_bytes
-    elif runner.device.type == "cuda":
-        budget = _gpu_budget(cfg.gpu_memory_utilization, baseline)
-    else:
-        budget = 1 << 30
+    blocks = budget_blocks(runner, baseline)
     runner.kv_caches = []
-    blocks = budget // per_block
-    if blocks < 2:
-        raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks")
-    return int(blocks)
+    return blocks
 
 
 def settle_max_model_len(max_len: int, explicit: bool, num_blocks: int, block_size: int) -> int:
@@ -129,16 +125,3 @@ def settle_max_model_len(max_len: int, explicit: bool, num_blocks: int, block_si
     logger.warning("max_model_len %d: the KV cache holds %d tokens, fewer than the model's %d",
                    kv_tokens, kv_tokens, max_len)
     return kv_tokens
-
-
-def _gpu_budget(utilization: float, baseline: int) -> int:
-    """This engine's share of the device less its own weights and peak activations, and never
-    more than is free now (another engine or process may hold the rest)."""
-    free, total = torch.cuda.mem_get_info()
-    cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-    own = torch.cuda.max_memory_allocated() - baseline
-    # what is free now, less room for this engine's CUDA graphs and sampler: the headroom that
-    # `utilization` implies, but at most _HEADROOM, so a second engine beside the first (each
-    # 0.4 of the device, say) still gets its share
-    headroom = min(int(total * (1 - utilization)), _HEADROOM)
-    return min(int(total * utilization) - own, free + cached - headroom)

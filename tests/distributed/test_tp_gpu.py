@@ -1,6 +1,7 @@
-"""Tensor parallelism on CUDA: TP=2 over NCCL (one GPU per rank) gives TP=1's greedy tokens,
-with the fused all-reduce + RMSNorm on torch's symmetric-memory one-shot all-reduce and on
-NCCL alone; the mp executor at one rank equals the uniprocess one."""
+"""Tensor and pipeline parallelism on CUDA: TP=2 over NCCL (one GPU per rank) gives TP=1's
+greedy tokens, with the fused all-reduce + RMSNorm on symmetric-memory one-shot all-reduce and
+on NCCL alone; PP=2 (3 layers split 2 + 1) gives PP=1's; the mp executor at one rank equals
+the uniprocess one; two stages on one GPU, or CUDA graphs by name with them, are refused."""
 
 from __future__ import annotations
 
@@ -39,3 +40,23 @@ def test_mp_executor_at_one_rank_equals_uniprocess():
 def test_tp2_on_two_gpus_equals_tp1(arch, symm_mem, monkeypatch):
     monkeypatch.setenv("COMPILED_LLM_SYMM_MEM_ALLREDUCE", symm_mem)  # the workers inherit it
     assert _greedy(arch=arch, tensor_parallel_size=2) == _greedy(arch=arch)
+
+
+@two_gpus
+@pytest.mark.parametrize("arch", ["llama_3layers", "qwen3_moe"])
+def test_pp2_on_two_gpus_equals_pp1(arch):
+    # CUDA graphs are off with two stages: one rank runs without them too
+    assert (_greedy(arch=arch, pipeline_parallel_size=2)
+            == _greedy(arch=arch, cudagraph_mode="none"))
+
+
+def test_two_stages_on_one_gpu_are_refused():
+    if torch.cuda.device_count() > 1:
+        pytest.skip("more than one GPU is visible")
+    with pytest.raises(ValueError, match="pipeline_parallel_size 2 needs 2 GPUs"):
+        _greedy(pipeline_parallel_size=2)
+
+
+def test_cudagraphs_by_name_with_two_stages_are_refused():
+    with pytest.raises(ValueError, match="cudagraph_mode 'full'.*pipeline_parallel_size"):
+        _greedy(pipeline_parallel_size=2, cudagraph_mode="full")

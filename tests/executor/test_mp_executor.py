@@ -1,6 +1,6 @@
 """The multiprocess executor: a tensor-parallel engine whose worker is killed fails its
 requests with an error naming the worker (no hang) and keeps refusing steps; settings it
-cannot run are refused up front, naming the field."""
+cannot run (tensor or pipeline parallel) are refused up front, naming the field."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_worker_killed_mid_generation_fails_requests_with_a_clear_error(llm):
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    ("pipeline_parallel_size", 2, "pipeline_parallel_size"),
+    ("pipeline_parallel_size", 0, "pipeline_parallel_size"),
     ("distributed_executor_backend", "dask", "distributed_executor_backend"),
     ("tensor_parallel_size", 0, "tensor_parallel_size"),
 ])
@@ -75,10 +75,14 @@ def test_uni_backend_refuses_several_ranks():
         EngineArgs(tensor_parallel_size=2, distributed_executor_backend="uni")
 
 
-def test_unsplittable_heads_are_refused_before_any_worker_starts():
-    with pytest.raises(ValueError, match="tensor_parallel_size 3 must divide"):
+@pytest.mark.parametrize(("field", "message"), [
+    ("tensor_parallel_size", "tensor_parallel_size 3 must divide"),
+    ("pipeline_parallel_size", "pipeline_parallel_size 3 exceeds the model's 2 layers"),
+])
+def test_unsplittable_models_are_refused_before_any_worker_starts(field, message):
+    with pytest.raises(ValueError, match=message):
         LLM(str(make_checkpoint("llama")), dtype="float32", enforce_eager=True,
-            engine_core_process=False, tensor_parallel_size=3)
+            engine_core_process=False, **{field: 3})
 
 
 def test_cli_flags_spell_the_parallel_fields():
@@ -91,3 +95,6 @@ def test_cli_flags_spell_the_parallel_fields():
     long = engine_args(parser.parse_args(["--tensor-parallel-size", "2"]))
     assert long.executor_backend == "mp"  # the default for several ranks
     assert EngineArgs().executor_backend == "uni"
+    stages = engine_args(parser.parse_args(["-pp", "2"]))
+    assert (stages.pipeline_parallel_size, stages.world_size, stages.executor_backend) == (
+        2, 2, "mp")

@@ -1,5 +1,5 @@
-"""The Ray executor on a local Ray cluster (2 CPUs): TP=2 with rank 1 as a Ray actor gives
-TP=1's greedy tokens, and shutdown ends the actor."""
+"""The Ray executor on a local Ray cluster (2 CPUs): TP=2 and PP=2 (a tied LM head on the last
+stage) with rank 1 as a Ray actor give one rank's greedy tokens, and shutdown ends the actor."""
 
 from __future__ import annotations
 
@@ -22,13 +22,14 @@ def cluster():
     ray.shutdown()
 
 
-def test_ray_tp2_greedy_equals_tp1(cluster):
+@pytest.mark.parametrize("field", ["tensor_parallel_size", "pipeline_parallel_size"])
+def test_ray_two_ranks_greedy_equals_one(cluster, field):
     ckpt = str(make_checkpoint("qwen3"))
     prompts = [{"prompt_token_ids": p} for p in random_prompts(3, 300, seed=4)]
     one = LLM(ckpt, **BASE)
     ref = [o.outputs[0].token_ids for o in one.generate(prompts, PARAMS, use_tqdm=False)]
     one.shutdown()
-    llm = LLM(ckpt, tensor_parallel_size=2, distributed_executor_backend="ray", **BASE)
+    llm = LLM(ckpt, distributed_executor_backend="ray", **{field: 2}, **BASE)
     try:
         (actor,) = llm.engine.executor.procs
         assert actor.exitcode is None and actor.pid is not None
