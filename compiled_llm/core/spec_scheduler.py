@@ -1,17 +1,20 @@
-"""The speculative-decoding scheduler (synchronous steps only): a decoding request with k draft
-tokens computes its last token and the drafts in one step (k+1 query tokens, verified by the
-worker), with slots reserved within max_model_len, max_tokens and the token budget; after the
-step num_computed_tokens drops to the accepted length (rejected slots are overwritten later).
-Drafts never enter all_token_ids, so only full blocks of accepted tokens are ever hashed."""
+"""The speculative-decoding scheduler: a decoding request with k draft tokens computes its last
+token and the drafts in one step (k+1 query tokens, verified by the worker), with slots
+reserved within max_model_len, max_tokens and the token budget; after the step
+num_computed_tokens drops to the accepted length (rejected slots are overwritten later).
+Drafts never enter all_token_ids, so only full blocks of accepted tokens are ever hashed.
+Steps with drafts are synchronous; a step the core runs without speculation (`speculating`
+False: the batch reached disable_by_batch_size) drops the drafts and may be launched async."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from compiled_llm.config import SchedulerConfig
+from compiled_llm.core.async_scheduler import AsyncScheduler
 from compiled_llm.core.kv_cache_manager import KVCacheManager
 from compiled_llm.core.request import Request
-from compiled_llm.core.scheduler import Scheduler, SchedulerOutput
+from compiled_llm.core.scheduler import SchedulerOutput
 
 
 @dataclass
@@ -42,22 +45,36 @@ class SpecDecodingStats:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
 
-class SpecScheduler(Scheduler):
+class SpecScheduler(AsyncScheduler):
     """Scheduler that schedules each decoding request's draft tokens with it. resolve() takes,
     per request, one sampled token (an int) or the accepted drafts plus one token (a list),
-    and set_drafts() the proposals for the next step. Invariant: after resolve, an unfinished
-    request that sampled has num_computed_tokens == len(all_token_ids) - 1."""
+    and set_drafts() the proposals for the next step. Invariants: a step with drafts is
+    scheduled with no step in flight (no pending tokens); after resolving a verify step, an
+    unfinished request has num_computed_tokens == len(all_token_ids) - 1."""
 
     def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, num_spec_tokens: int,
-                 lookahead: int = 0) -> None:
+                 lookahead: int = 0, disable_by_batch_size: int | None = None) -> None:
         super().__init__(cfg, kv)
         self.num_spec_tokens = num_spec_tokens
         self.lookahead = lookahead  # slots past the drafts a draft model writes while proposing
+        self.disable_by_batch_size = disable_by_batch_size
+        self.speculating = True  # whether the next step may verify drafts (the core sets it)
         self.spec_stats = SpecDecodingStats(num_spec_tokens)
+
+    def wants_speculation(self) -> bool:
+        """Whether the next step speculates: its batch (running requests plus the waiting
+        ones that could join, up to max_num_seqs) is below disable_by_batch_size."""
+        limit = self.disable_by_batch_size
+        if limit is None:
+            return True
+        return min(len(self.running) + len(self.waiting), self.cfg.max_num_seqs) < limit
 
     def _num_new_tokens(self, req: Request, budget: int) -> int:
         num_new = super()._num_new_tokens(req, budget)
         if not req.spec_token_ids:
+            return num_new
+        if not self.speculating:
+            req.spec_token_ids = []  # a step without speculation: the drafts go unverified
             return num_new
         if num_new != 1 or req.num_tokens - req.num_computed_tokens != 1:
             req.spec_token_ids = []  # not a plain decode (recomputing): the drafts are stale
@@ -94,6 +111,8 @@ class SpecScheduler(Scheduler):
             first_block = (len(req.all_token_ids) - 1) // self.kv.block_size
             if isinstance(tokens, int):
                 tokens, first_block = [tokens], -1
+                if req.num_pending:  # an async step's token (hot: test the field first)
+                    self._token_landed(req)
             else:
                 self.spec_stats.observe(len(drafts), len(tokens) - 1)
             for token in tokens:
@@ -101,10 +120,9 @@ class SpecScheduler(Scheduler):
                 if self._stop_after(req, token):
                     break
             progressed.append(req)
-            if not req.is_finished:
+            if not req.is_finished and first_block >= 0:  # a verify step: roll back, publish
                 req.num_computed_tokens = len(req.all_token_ids) - 1
-                if first_block >= 0:  # blocks the accepted drafts filled: publish them now
-                    self.kv.cache_computed_blocks(req, first_block)
+                self.kv.cache_computed_blocks(req, first_block)
         return progressed
 
     def _stop_after(self, req: Request, token: int) -> bool:

@@ -80,7 +80,8 @@ class EngineCore:
 
     def __init__(self, args: EngineArgs, spec: WorkerSpec, grammars=None) -> None:
         self.spec_config = speculative_config_of(args.speculative_config)
-        if self.spec_config is not None and args.async_scheduling:
+        if self.spec_config is not None and args.async_scheduling and \
+                self.spec_config.disable_by_batch_size is None:
             logger.info("speculative decoding: async scheduling is off (a step's drafts are "
                         "proposed from the previous step's accepted tokens)")
             args = dataclasses.replace(args, async_scheduling=False)
@@ -92,7 +93,8 @@ class EngineCore:
         sched_cfg = dataclasses.replace(spec.scheduler,
                                         max_model_len=self.executor.max_model_len)
         if self.spec_config is not None:
-            self.scheduler = SpecScheduler(sched_cfg, self.kv, *spec_slots(self.spec_config))
+            self.scheduler = SpecScheduler(sched_cfg, self.kv, *spec_slots(self.spec_config),
+                                           self.spec_config.disable_by_batch_size)
         else:
             scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler
             self.scheduler = scheduler_cls(sched_cfg, self.kv)
@@ -194,7 +196,9 @@ class EngineCore:
         timer = self.executor.step_timer
         timer.begin()
         try:
-            if self.args.async_scheduling:
+            if self.spec_config is not None and self.args.async_scheduling:
+                self._step_spec_or_async(timer)
+            elif self.args.async_scheduling:
                 self._step_async(timer)
             else:
                 self._step(timer)
@@ -219,6 +223,19 @@ class EngineCore:
         self._fail_skipped(sched, result.skipped)
         self.scheduler.advance(sched)
         self._process(sched, result)
+
+    def _step_spec_or_async(self, timer: StepTimer) -> None:
+        """Speculative decoding with disable_by_batch_size: a batch below it runs a synchronous
+        step with drafts (landing the step in flight first: drafts need its tokens), a larger
+        one a plain async step without drafts (the first step back proposes, verifying none)."""
+        self.scheduler.speculating = self.scheduler.wants_speculation()
+        if not self.scheduler.speculating:
+            self._step_async(timer)
+            return
+        if self._inflight is not None:
+            prev, self._inflight = self._inflight, None
+            self._land(prev)
+        self._step(timer)
 
     def _step_async(self, timer: StepTimer) -> None:
         """Schedule step N+1 and launch it, landing step N (reading its tokens, processing
@@ -301,8 +318,8 @@ class EngineCore:
                 if out.new_logprobs is None:
                     out.new_logprobs = []
                 out.new_logprobs.append(row)
-        if counts is not None:
-            self.scheduler.set_drafts(result.drafts)
+        if counts is not None:  # (a step launched async proposes nothing)
+            self.scheduler.set_drafts(getattr(result, "drafts", {}))
         self._report_finished()
 
     def _news_of(self, request_id: str) -> EngineCoreOutput:

@@ -115,6 +115,24 @@ def test_requests_without_drafts_decode_as_usual(ngram, prompts, baseline):
     assert all(len(o.outputs[0].logprobs) == 24 for o in outs)
 
 
+def test_disable_by_batch_size_switches_between_async_and_verify_steps(ckpt, prompts,
+                                                                      baseline):
+    # 6 requests of different lengths at a limit of 4: the full batch decodes async without
+    # drafts, then speculation resumes (in the same requests) as requests finish
+    llm = _llm(ckpt, speculative_config={**NGRAM, "disable_by_batch_size": 4})
+    launched = []
+    executor = llm.engine.executor
+    plain_launch = executor.launch_forward
+    executor.launch_forward = lambda *a, **kw: launched.append(1) or plain_launch(*a, **kw)
+    lengths = [4, 8, 12, 24, 24, 24]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    assert _tokens(llm.generate(prompts, params, use_tqdm=False)) == [
+        b[:n] for b, n in zip(baseline, lengths)]
+    assert len(launched) >= 4  # async steps ran while the batch was at the limit
+    assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0  # and verify steps after
+    assert llm.engine.num_used_blocks == 0
+
+
 def test_seeded_sampling_repeats(draft, prompts):
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=99, ignore_eos=True)
     first = _tokens(draft.generate(prompts[:3], params, use_tqdm=False))
