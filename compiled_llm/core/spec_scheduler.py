@@ -1,10 +1,8 @@
-"""The speculative-decoding scheduler: a decoding request with k draft tokens computes its last
-token and the drafts in one step (k+1 query tokens, verified by the worker), with slots
-reserved within max_model_len, max_tokens and the token budget; after the step
-num_computed_tokens drops to the accepted length (rejected slots are overwritten later).
-Drafts never enter all_token_ids, so only full blocks of accepted tokens are ever hashed.
-Steps with drafts are synchronous; a step the core runs without speculation (`speculating`
-False: the batch reached disable_by_batch_size) drops the drafts and may be launched async."""
+"""The speculative-decoding scheduler: a decoding request with k drafts computes its last token
+and the drafts in one step (k+1 query tokens, verified by the worker), slots reserved within
+max_model_len, max_tokens and the budget; after the step num_computed_tokens drops to the
+accepted length. Drafts never enter all_token_ids (never hashed). Verify steps are synchronous;
+a step with `speculating` off (disable_by_batch_size) drops the drafts and may run async."""
 
 from __future__ import annotations
 

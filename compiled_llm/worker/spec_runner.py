@@ -13,6 +13,7 @@ import torch
 
 from compiled_llm.core.request import Request
 from compiled_llm.core.scheduler import SchedulerOutput
+from compiled_llm.sample.spec_decode import ngram_device  # noqa: F401  (registers "ngram")
 from compiled_llm.sample.spec_decode.proposers import Proposer, make_proposer
 from compiled_llm.sample.spec_decode.rejection import VerifyBatch, verify
 from compiled_llm.sample.uploads import upload

@@ -232,3 +232,8 @@ def test_cuda_graphs_greedy_equal(ckpt, prompts, method):
         assert stats.num_accepted_tokens > 0
         assert method == "ngram" or stats.num_accepted_tokens == stats.num_draft_tokens
         assert llm.engine.num_used_blocks == 0
+        if method == "ngram":  # on CUDA the lookup runs on the device
+            from compiled_llm.sample.spec_decode.ngram_device import DeviceNgramProposer
+
+            proposer = llm.engine.executor.spec_runner.proposer
+            assert isinstance(proposer, DeviceNgramProposer)
