@@ -43,6 +43,32 @@ class SpecDecodingStats:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
 
+@dataclass
+class FruitlessPause:
+    """N-gram speculation that auto-disables: after a speculative step that accepted no draft
+    or left no request with drafts, the next `length` steps run without speculation (async);
+    `length` doubles up to max_pause while that lasts and drops back to 1 after a fruitful
+    step. Output is unchanged: only when drafts are looked for and verified."""
+
+    max_pause: int = 16
+    pause: int = 0  # steps left to run without speculation
+    length: int = 1  # the next pause's length
+
+    def after_step(self, fruitful: bool) -> None:
+        """A speculative step landed; fruitful: it accepted drafts or left some to verify."""
+        if fruitful:
+            self.length = 1
+            return
+        self.pause, self.length = self.length, min(2 * self.length, self.max_pause)
+
+    def take(self) -> bool:
+        """Whether the next step is paused (one paused step is used up)."""
+        if not self.pause:
+            return False
+        self.pause -= 1
+        return True
+
+
 class SpecScheduler(AsyncScheduler):
     """Scheduler that schedules each decoding request's draft tokens with it. resolve() takes,
     per request, one sampled token (an int) or the accepted drafts plus one token (a list),
@@ -51,17 +77,23 @@ class SpecScheduler(AsyncScheduler):
     unfinished request has num_computed_tokens == len(all_token_ids) - 1."""
 
     def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, num_spec_tokens: int,
-                 lookahead: int = 0, disable_by_batch_size: int | None = None) -> None:
+                 lookahead: int = 0, disable_by_batch_size: int | None = None,
+                 pause_when_fruitless: bool = False) -> None:
         super().__init__(cfg, kv)
         self.num_spec_tokens = num_spec_tokens
         self.lookahead = lookahead  # slots past the drafts a draft model writes while proposing
         self.disable_by_batch_size = disable_by_batch_size
+        self.pause = FruitlessPause() if pause_when_fruitless else None
         self.speculating = True  # whether the next step may verify drafts (the core sets it)
         self.spec_stats = SpecDecodingStats(num_spec_tokens)
+        self._step_verify = (0, 0)  # the last resolved step's (verify requests, accepted)
 
-    def wants_speculation(self) -> bool:
-        """Whether the next step speculates: its batch (running requests plus the waiting
-        ones that could join, up to max_num_seqs) is below disable_by_batch_size."""
+    def plan_speculation(self) -> bool:
+        """Whether the next step speculates: not in a fruitless pause (which this call counts
+        down), and its batch (running requests plus the waiting ones that could join, up to
+        max_num_seqs) below disable_by_batch_size."""
+        if self.pause is not None and self.pause.take():
+            return False
         limit = self.disable_by_batch_size
         if limit is None:
             return True
@@ -100,7 +132,7 @@ class SpecScheduler(AsyncScheduler):
     def resolve(self, out: SchedulerOutput, sampled: dict[str, int | list[int]]) -> list[Request]:
         """Append each request's tokens up to its first stop (never past it), count the
         verification, and roll the computed length back to the accepted tokens."""
-        progressed = []
+        progressed, verified, accepted = [], 0, 0
         for req, _ in out.scheduled:
             tokens = sampled.get(req.request_id)
             if req.is_finished or tokens is None:
@@ -113,6 +145,7 @@ class SpecScheduler(AsyncScheduler):
                     self._token_landed(req)
             else:
                 self.spec_stats.observe(len(drafts), len(tokens) - 1)
+                verified, accepted = verified + 1, accepted + len(tokens) - 1
             for token in tokens:
                 req.append_token(token)
                 if self._stop_after(req, token):
@@ -121,6 +154,7 @@ class SpecScheduler(AsyncScheduler):
             if not req.is_finished and first_block >= 0:  # a verify step: roll back, publish
                 req.num_computed_tokens = len(req.all_token_ids) - 1
                 self.kv.cache_computed_blocks(req, first_block)
+        self._step_verify = (verified, accepted)
         return progressed
 
     def _stop_after(self, req: Request, token: int) -> bool:
@@ -133,8 +167,14 @@ class SpecScheduler(AsyncScheduler):
         return status is not None
 
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
-        """Store the proposals for the next step on the requests still running."""
+        """Store the proposals for the next step on the requests still running (after a
+        speculative step's resolve: its verification and these drafts decide a pause)."""
+        stored = 0
         for request_id, tokens in drafts.items():
             req = self.requests.get(request_id)
-            if req is not None and not req.is_finished:
+            if req is not None and not req.is_finished and tokens:
                 req.spec_token_ids = list(tokens[:self.num_spec_tokens])
+                stored += 1
+        if self.pause is not None:
+            verified, accepted = self._step_verify
+            self.pause.after_step(stored > 0 and (accepted > 0 or not verified))

@@ -81,9 +81,9 @@ class EngineCore:
     def __init__(self, args: EngineArgs, spec: WorkerSpec, grammars=None) -> None:
         self.spec_config = speculative_config_of(args.speculative_config)
         if self.spec_config is not None and args.async_scheduling and \
-                self.spec_config.disable_by_batch_size is None:
-            logger.info("speculative decoding: async scheduling is off (a step's drafts are "
-                        "proposed from the previous step's accepted tokens)")
+                self.spec_config.method != "ngram":
+            logger.info("speculative decoding: async scheduling is off (the draft model "
+                        "proposes from every step's accepted tokens)")
             args = dataclasses.replace(args, async_scheduling=False)
         self.args = args
         self.executor = make_executor(args, spec)
@@ -94,7 +94,8 @@ class EngineCore:
                                         max_model_len=self.executor.max_model_len)
         if self.spec_config is not None:
             self.scheduler = SpecScheduler(sched_cfg, self.kv, *spec_slots(self.spec_config),
-                                           self.spec_config.disable_by_batch_size)
+                                           self.spec_config.disable_by_batch_size,
+                                           pause_when_fruitless=args.async_scheduling)
         else:
             scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler
             self.scheduler = scheduler_cls(sched_cfg, self.kv)
@@ -225,10 +226,11 @@ class EngineCore:
         self._process(sched, result)
 
     def _step_spec_or_async(self, timer: StepTimer) -> None:
-        """Speculative decoding with disable_by_batch_size: a batch below it runs a synchronous
-        step with drafts (landing the step in flight first: drafts need its tokens), a larger
-        one a plain async step without drafts (the first step back proposes, verifying none)."""
-        self.scheduler.speculating = self.scheduler.wants_speculation()
+        """N-gram speculation under async scheduling: a step that speculates (see
+        SpecScheduler.plan_speculation) runs synchronously, landing the step in flight first
+        (drafts need its tokens); others are plain async steps without drafts (the first step
+        back proposes, verifying none)."""
+        self.scheduler.speculating = self.scheduler.plan_speculation()
         if not self.scheduler.speculating:
             self._step_async(timer)
             return
@@ -318,8 +320,9 @@ class EngineCore:
                 if out.new_logprobs is None:
                     out.new_logprobs = []
                 out.new_logprobs.append(row)
-        if counts is not None:  # (a step launched async proposes nothing)
-            self.scheduler.set_drafts(getattr(result, "drafts", {}))
+        drafts = getattr(result, "drafts", None)  # (a step launched async proposes nothing)
+        if drafts is not None:
+            self.scheduler.set_drafts(drafts)
         self._report_finished()
 
     def _news_of(self, request_id: str) -> EngineCoreOutput:

@@ -172,10 +172,10 @@ def test_disable_by_batch_size_drops_drafts_and_keeps_pending_tokens():
     sched = SpecScheduler(SchedulerConfig(), kv, 3, disable_by_batch_size=2)
     first, second = req("a"), req("b")
     sched.add_request(first)
-    assert sched.wants_speculation()
+    assert sched.plan_speculation()
     step(sched, lambda r, n: 100, lambda r: [7, 8])
     sched.add_request(second)
-    assert not sched.wants_speculation()  # two requests: at the limit
+    assert not sched.plan_speculation()  # two requests: at the limit
     sched.speculating = False
     out = sched.schedule()
     assert dict((r.request_id, n) for r, n in out.scheduled)["a"] == 1  # drafts dropped
@@ -187,4 +187,28 @@ def test_disable_by_batch_size_drops_drafts_and_keeps_pending_tokens():
     assert first.num_computed_tokens == 7  # not rolled back: only verify steps roll back
     for r in (first, second):
         sched.finish(r, RequestStatus.FINISHED_ABORTED)
+    assert kv.num_used_blocks == 0
+
+
+def test_fruitless_steps_pause_speculation_with_backoff():
+    kv = KVCacheManager(64, BLOCK)
+    sched = SpecScheduler(SchedulerConfig(), kv, 3, pause_when_fruitless=True)
+    r = req(max_tokens=64)
+    sched.add_request(r)
+
+    def plans(num):
+        return [sched.plan_speculation() for _ in range(num)]
+
+    assert sched.plan_speculation()
+    step(sched, lambda r, n: 100)  # no drafts found: pause 1 step
+    assert plans(2) == [False, True]
+    step(sched, lambda r, n: 101)  # fruitless again: the pause doubles
+    assert plans(3) == [False, False, True]
+    step(sched, lambda r, n: 102, lambda r: [7, 8])  # drafts to verify: fruitful
+    assert sched.plan_speculation()
+    step(sched, lambda r, n: [55], lambda r: [9])  # all rejected: fruitless, pause 1 again
+    assert plans(2) == [False, True]
+    step(sched, lambda r, n: [9, 56], lambda r: [1])  # accepted one: no pause
+    assert plans(2) == [True, True]
+    sched.finish(r, RequestStatus.FINISHED_ABORTED)
     assert kv.num_used_blocks == 0

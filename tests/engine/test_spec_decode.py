@@ -115,15 +115,20 @@ def test_requests_without_drafts_decode_as_usual(ngram, prompts, baseline):
     assert all(len(o.outputs[0].logprobs) == 24 for o in outs)
 
 
+def _count_async_launches(llm) -> list:
+    launched = []
+    executor = llm.engine.executor
+    plain_launch = executor.launch_forward
+    executor.launch_forward = lambda *a, **kw: launched.append(1) or plain_launch(*a, **kw)
+    return launched
+
+
 def test_disable_by_batch_size_switches_between_async_and_verify_steps(ckpt, prompts,
                                                                       baseline):
     # 6 requests of different lengths at a limit of 4: the full batch decodes async without
     # drafts, then speculation resumes (in the same requests) as requests finish
     llm = _llm(ckpt, speculative_config={**NGRAM, "disable_by_batch_size": 4})
-    launched = []
-    executor = llm.engine.executor
-    plain_launch = executor.launch_forward
-    executor.launch_forward = lambda *a, **kw: launched.append(1) or plain_launch(*a, **kw)
+    launched = _count_async_launches(llm)
     lengths = [4, 8, 12, 24, 24, 24]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     assert _tokens(llm.generate(prompts, params, use_tqdm=False)) == [
@@ -131,6 +136,22 @@ def test_disable_by_batch_size_switches_between_async_and_verify_steps(ckpt, pro
     assert len(launched) >= 4  # async steps ran while the batch was at the limit
     assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0  # and verify steps after
     assert llm.engine.num_used_blocks == 0
+
+
+def test_fruitless_lookups_pause_into_async_steps(ckpt):
+    # prompts without repeated trigrams: lookups find little, so speculation pauses (async
+    # steps) and resumes; greedy output stays exact, also with async scheduling off
+    plain = [{"prompt_token_ids": p} for p in random_prompts(4, 300, lo=20, hi=40, seed=9)]
+    spec = {**NGRAM, "prompt_lookup_min": 3}
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    llm = _llm(ckpt, speculative_config=spec)
+    launched = _count_async_launches(llm)
+    want = _tokens(_llm(ckpt).generate(plain, params, use_tqdm=False))
+    assert _tokens(llm.generate(plain, params, use_tqdm=False)) == want
+    assert len(launched) > 10
+    sync = _llm(ckpt, speculative_config=spec, async_scheduling=False)
+    assert _tokens(sync.generate(plain, params, use_tqdm=False)) == want
+    assert llm.engine.num_used_blocks == sync.engine.num_used_blocks == 0
 
 
 def test_seeded_sampling_repeats(draft, prompts):
