@@ -233,21 +233,27 @@ def test_engine_core_process(ckpt, prompts, baseline):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_cuda_graphs_greedy_equal(ckpt, prompts, method):
+@pytest.mark.parametrize("method, limit", [("ngram", None), ("ngram", 4),
+                                           ("draft_model", None)])
+def test_cuda_graphs_greedy_equal(ckpt, prompts, method, limit):
     """Compiled with CUDA graphs: greedy equals spec off, the verify steps (k+1 query tokens
-    per request) replay piecewise graphs."""
+    per request) replay piecewise graphs; with disable_by_batch_size the full batch decodes
+    async first."""
     from compiled_llm.compile.counters import counters
 
+    # with a limit, requests of different lengths: speculation resumes as the batch shrinks
+    params = GREEDY if limit is None else [
+        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        for n in (4, 8, 12, 24, 24, 24)]
     with LLM(str(ckpt), dtype="float32", engine_core_process=False) as plain:
-        baseline = _tokens(plain.generate(prompts, GREEDY, use_tqdm=False))
+        baseline = _tokens(plain.generate(prompts, params, use_tqdm=False))
     spec = {"method": method, "num_speculative_tokens": 3, **(
         {"model": str(ckpt)} if method == "draft_model" else
-        {"prompt_lookup_max": 3, "prompt_lookup_min": 1})}
+        {"prompt_lookup_max": 3, "prompt_lookup_min": 1, "disable_by_batch_size": limit})}
     with LLM(str(ckpt), dtype="float32", speculative_config=spec,
              engine_core_process=False) as llm:
         before = counters.piecewise_steps
-        assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == baseline
+        assert _tokens(llm.generate(prompts, params, use_tqdm=False)) == baseline
         assert counters.piecewise_steps > before
         stats = llm.engine.scheduler.spec_stats
         assert stats.num_accepted_tokens > 0

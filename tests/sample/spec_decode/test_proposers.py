@@ -85,8 +85,13 @@ def test_host_lookup_matches_its_definition():
         assert ngram_propose(tokens, low, high, k) == _windowed_lookup(tokens, low, high, k)
 
 
+_DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])]
+
+
+@pytest.mark.parametrize("device", _DEVICES)
 @pytest.mark.parametrize("low, high, k", [(1, 1, 1), (1, 3, 4), (2, 4, 3), (3, 5, 2)])
-def test_device_lookup_matches_the_host_lookup(low, high, k):
+def test_device_lookup_matches_the_host_lookup(low, high, k, device):
     rng = np.random.default_rng(low * 10 + high)
     histories = _random_histories(rng, 500)
     width = max(len(h) for h in histories) + 3  # columns past a row's length hold noise
@@ -94,7 +99,8 @@ def test_device_lookup_matches_the_host_lookup(low, high, k):
     for i, tokens in enumerate(histories):
         padded[i, :len(tokens)] = torch.from_numpy(tokens)
     lengths = torch.tensor([len(h) for h in histories])
-    drafts, counts = ngram_propose_batch(padded, lengths, low, high, k)
+    drafts, counts = (t.cpu() for t in ngram_propose_batch(padded.to(device),
+                                                           lengths.to(device), low, high, k))
     for i, tokens in enumerate(histories):
         want = ngram_propose(tokens, low, high, k)
         assert drafts[i, :counts[i]].tolist() == want
