@@ -49,12 +49,12 @@ def ngram_propose_batch(history: torch.Tensor, lengths: torch.Tensor, min_n: int
 
 
 class DeviceHistory:
-    """Token histories in a device buffer [rows, width] (width grows on demand, up to
+    """Token histories in a device buffer [rows, width] of int32 (width grows on demand, up to
     max_len). Invariant: the row of a request holds its first `written` known tokens."""
 
     def __init__(self, rows: int, max_len: int, device: torch.device) -> None:
         self.max_len, self.device = max_len, device
-        self.buffer = torch.zeros(rows, min(max_len, 256), dtype=torch.int64, device=device)
+        self.buffer = torch.zeros(rows, min(max_len, 256), dtype=torch.int32, device=device)
         self.free = list(range(rows - 1, -1, -1))
         self.slots: dict[str, tuple[Request, int, int]] = {}  # id -> (request, row, written)
 
@@ -82,7 +82,7 @@ class DeviceHistory:
         """One index_put of every (row, first position, tokens) run."""
         if width > self.buffer.shape[1]:
             grown = torch.zeros(self.buffer.shape[0], min(self.max_len, 2 * width),
-                                dtype=torch.int64, device=self.device)
+                                dtype=torch.int32, device=self.device)
             grown[:, :self.buffer.shape[1]] = self.buffer
             self.buffer = grown
         counts = [len(tokens) for _, _, tokens in writes]
@@ -93,7 +93,7 @@ class DeviceHistory:
         offsets = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
         flat = [token for _, _, tokens in writes for token in tokens]
         index = upload(np.stack([rows, starts + offsets]), torch.int64, self.device)
-        values = upload(flat, torch.int64, self.device)
+        values = upload(flat, torch.int32, self.device)
         self.buffer.index_put_((index[0], index[1]), values)
 
 
