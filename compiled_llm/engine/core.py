@@ -197,8 +197,8 @@ class EngineCore:
         timer = self.executor.step_timer
         timer.begin()
         try:
-            if self.spec_config is not None and self.args.async_scheduling:
-                self._step_spec_or_async(timer)
+            if self.spec_config is not None:
+                self._step_spec(timer)
             elif self.args.async_scheduling:
                 self._step_async(timer)
             else:
@@ -225,13 +225,13 @@ class EngineCore:
         self.scheduler.advance(sched)
         self._process(sched, result)
 
-    def _step_spec_or_async(self, timer: StepTimer) -> None:
-        """N-gram speculation under async scheduling: a step that speculates (see
-        SpecScheduler.plan_speculation) runs synchronously, landing the step in flight first
-        (drafts need its tokens); others are plain async steps without drafts (the first step
-        back proposes, verifying none)."""
+    def _step_spec(self, timer: StepTimer) -> None:
+        """Speculative decoding: a step that speculates (SpecScheduler.plan_speculation) runs
+        synchronously, landing the step in flight first (drafts need its tokens); others run
+        without drafts, as async steps when async scheduling is on (n-gram only). The first
+        step back proposes, verifying none."""
         self.scheduler.speculating = self.scheduler.plan_speculation()
-        if not self.scheduler.speculating:
+        if not self.scheduler.speculating and self.args.async_scheduling:
             self._step_async(timer)
             return
         if self._inflight is not None:

@@ -136,6 +136,11 @@ def test_disable_by_batch_size_switches_between_async_and_verify_steps(ckpt, pro
     assert len(launched) >= 4  # async steps ran while the batch was at the limit
     assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0  # and verify steps after
     assert llm.engine.num_used_blocks == 0
+    sync = _llm(ckpt, speculative_config={**NGRAM, "disable_by_batch_size": 6},
+                async_scheduling=False)  # the limit holds in synchronous steps too
+    assert _tokens(sync.generate(prompts, GREEDY, use_tqdm=False)) == baseline
+    assert sync.engine.scheduler.spec_stats.num_drafts == 0
+    assert sync.engine.num_used_blocks == 0
 
 
 def test_fruitless_lookups_pause_into_async_steps(ckpt):
