@@ -1,14 +1,16 @@
 """Speculative decoding (issue 16): greedy decode of a Llama-3-8B-shaped random model at batch 1
-with spec off, n-gram prompt lookup, the target as its own draft model (acceptance 1.0, so
-tokens per target step measure the machinery against k+1) and a 2-layer draft of the same
-shape (random weights: low acceptance, reported as it is); then batch 64 on prompts without
-repetition, spec off against n-gram (the no-slowdown check). Each engine runs in its own
-process. Prints a table and writes JSON (--output-json).
+with spec off, n-gram prompt lookup, the target as its own draft model and a 2-layer draft of
+the same shape (random weights: low acceptance, reported as it is); then batch 64 on prompts
+without repetition, spec off against n-gram with disable_by_batch_size (the no-slowdown check;
+`ngram_nolimit` runs it without the limit). Each engine runs in its own process. Prints a
+table and writes JSON (--output-json) after every phase.
 
-The copy-heavy workload is made here: a prompt that repeats one random span, whose copying
-answer continues the period. Random weights cannot copy spans on purpose; what n-gram accepts
-on them is what their own repetition gives, and the JSON says so. --configs runs a subset (to
-split the run over two calls).
+The draft = target case measures the machinery on a *peaked* checkpoint made here (see
+peaked_checkpoint): its argmax has a margin no bf16 rounding flips, so every draft is accepted
+and tokens per target step should be k+1. The copy-heavy workload is made here too: a prompt
+that repeats one random span, whose copying answer continues the period. Random weights cannot
+copy spans on purpose; what n-gram accepts on them is what their own repetition gives, and the
+JSON says so. --configs runs a subset (to split the run over two calls).
 
     python -m benchmarks.spec_decode --checkpoint-dir /tmp/ckpt --output-json spec.json
     python -m benchmarks.spec_decode --shape cpu-small --new-tokens 16 --compile-mode none
@@ -17,7 +19,11 @@ split the run over two calls).
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
+
+import torch
 
 from benchmarks import isolate
 from benchmarks.common import (
@@ -32,6 +38,8 @@ from benchmarks.common import (
 from benchmarks.ours import make_llm
 
 CONFIGS = ("off", "ngram", "draft_self", "draft_2layer")
+EXTRA_CONFIGS = ("ngram_nolimit",)  # run when named in --configs
+_BRANCH_SCALE = 1e-4  # the peaked checkpoint's residual branches (o_proj, down_proj)
 
 
 def _spec_counts(llm) -> dict[str, int]:
@@ -92,6 +100,38 @@ def run(model_dir: str, dtype: str, compile_mode: str, cudagraph_mode: str, spec
             "cudagraph_piecewise_max": max(runner.dispatcher.piecewise_sizes, default=0)}
 
 
+def peaked_checkpoint(shape: str, root: str | None) -> str:
+    """A random checkpoint of `shape` (made under root/<shape>-peaked on first use) whose next
+    token is a fixed permutation of the last one by a wide margin: the residual branches'
+    output projections scaled by 1e-4 leave the final hidden state about the input
+    embedding, and lm_head row perm[x] is embedding row x, so the winning logit is a
+    self-product (~80) against random ones (< ~7). Every kernel still runs at full size."""
+    import transformers
+
+    out = Path(root) / f"{shape}-peaked" if root else Path(tempfile.mkdtemp(prefix="peaked-"))
+    if (out / "config.json").exists():
+        return str(out)
+    kw = dict(SHAPES[shape])
+    cfg = getattr(transformers, kw.pop("arch"))(**kw)
+    if cfg.tie_word_embeddings:
+        raise ValueError(f"shape {shape} ties lm_head to the embedding: it cannot be peaked")
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(_BRANCH_SCALE)
+            layer.mlp.down_proj.weight.mul_(_BRANCH_SCALE)
+        embed = model.get_input_embeddings().weight
+        perm = torch.randperm(embed.shape[0], generator=torch.Generator().manual_seed(1))
+        model.get_output_embeddings().weight.copy_(embed[perm.argsort().to(embed.device)])
+    model.save_pretrained(out, safe_serialization=True)
+    del model, embed
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # phases run in child processes and need the whole device
+    return str(out)
+
+
 def copy_heavy(prompt_len: int, vocab: int, span: int = 32) -> list[list[int]]:
     """One prompt that repeats a random span of `span` tokens up to prompt_len: the answer
     a copying model gives continues the period (random weights only sometimes do)."""
@@ -110,44 +150,64 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=64, help="the no-repetition batch")
+    ap.add_argument("--disable-by-batch-size", type=int, default=32,
+                    help="speculative_config.disable_by_batch_size of the n-gram engine")
     ap.add_argument("--kv-bytes", type=int, default=4 << 30, help="KV budget per engine")
-    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS),
+                    choices=list(CONFIGS + EXTRA_CONFIGS))
     ap.add_argument("--output-json", default=None)
     args = ap.parse_args()
     k = args.num_speculative_tokens
-    draft_shape = f"{args.shape}-2l"
-    SHAPES[draft_shape] = {**SHAPES[args.shape], "num_hidden_layers": 2}
     model_dir = shape_checkpoint(args.shape, args.checkpoint_dir)
-    draft_dir = shape_checkpoint(draft_shape, args.checkpoint_dir)
     vocab = SHAPES[args.shape]["vocab_size"]
     plain = random_ids(args.batch, args.prompt_len, vocab, seed=2)
     copy = copy_heavy(args.prompt_len, vocab)
+    ngram = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
+             "prompt_lookup_min": 2}
     configs = {
-        "off": (None, {"copy_b1": copy, "plain_b1": plain[:1], f"plain_b{args.batch}": plain}),
-        "ngram": ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
-                   "prompt_lookup_min": 2},
-                  {"copy_b1": copy, f"plain_b{args.batch}": plain}),
-        "draft_self": ({"method": "draft_model", "model": model_dir,
-                        "num_speculative_tokens": k}, {"plain_b1": plain[:1]}),
-        "draft_2layer": ({"method": "draft_model", "model": draft_dir,
-                          "num_speculative_tokens": k}, {"plain_b1": plain[:1]}),
+        "off": lambda: (None, {"copy_b1": copy, "plain_b1": plain[:1],
+                               f"plain_b{args.batch}": plain}, model_dir),
+        "ngram": lambda: ({**ngram, "disable_by_batch_size": args.disable_by_batch_size},
+                          {"copy_b1": copy, f"plain_b{args.batch}": plain}, model_dir),
+        "ngram_nolimit": lambda: (ngram, {f"plain_b{args.batch}": plain}, model_dir),
+        "draft_self": lambda: _draft_self(args, plain),
+        "draft_2layer": lambda: ({"method": "draft_model", "num_speculative_tokens": k,
+                                  "model": _two_layer_draft(args)}, {"plain_b1": plain[:1]},
+                                 model_dir),
     }
-    configs = {name: configs[name] for name in args.configs}
-    results = {name: isolate.call("benchmarks.spec_decode:run", model_dir=model_dir,
-                                  dtype=args.dtype, compile_mode=args.compile_mode,
-                                  cudagraph_mode=args.cudagraph_mode, spec=spec,
-                                  workloads=workloads, new_tokens=args.new_tokens,
-                                  kv_bytes=args.kv_bytes)
-               for name, (spec, workloads) in configs.items()}
-    table = _table(results)
-    print_table(table, f"speculative decoding, {args.shape}, k={k} ({device_name()})")
-    payload = {"device": device_name(), "args": vars(args), "results": results, "table": table,
+    payload = {"device": device_name(), "args": vars(args), "results": {}, "table": [],
                "notes": "random weights: n-gram acceptance comes from the model's own "
-                        "repetition; draft_self must accept every draft (tokens per verify "
-                        "step = k+1)"}
-    save_json(args.output_json, payload)
+                        "repetition; draft_self runs on the peaked checkpoint (target and "
+                        "draft), so it must accept every draft (tokens per verify step = "
+                        "k+1)"}
+    for name in args.configs:
+        spec, workloads, target = configs[name]()  # (a phase makes its checkpoint first)
+        payload["results"][name] = isolate.call(
+            "benchmarks.spec_decode:run", model_dir=target, dtype=args.dtype,
+            compile_mode=args.compile_mode, cudagraph_mode=args.cudagraph_mode, spec=spec,
+            workloads=workloads, new_tokens=args.new_tokens, kv_bytes=args.kv_bytes)
+        payload["table"] = _table(payload["results"])
+        save_json(args.output_json, payload)  # after every phase
+    print_table(payload["table"], f"speculative decoding, {args.shape}, k={k} "
+                f"({device_name()})")
     if args.output_json:
         print(f"results: {args.output_json}")
+
+
+def _draft_self(args, plain: list[list[int]]) -> tuple[dict, dict, str]:
+    """The peaked checkpoint as target and draft, at batch 1 (the figure is tokens per
+    target step against k+1; its speed-up compares with spec off on the plain checkpoint,
+    of the same shapes)."""
+    peaked = peaked_checkpoint(args.shape, args.checkpoint_dir)
+    spec = {"method": "draft_model", "model": peaked,
+            "num_speculative_tokens": args.num_speculative_tokens}
+    return spec, {"plain_b1": plain[:1]}, peaked
+
+
+def _two_layer_draft(args) -> str:
+    draft_shape = f"{args.shape}-2l"
+    SHAPES[draft_shape] = {**SHAPES[args.shape], "num_hidden_layers": 2}
+    return shape_checkpoint(draft_shape, args.checkpoint_dir)
 
 
 def _table(results: dict) -> list[dict]:

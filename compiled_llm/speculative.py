@@ -1,6 +1,7 @@
 """SpeculativeConfig: the `speculative_config` of LLM/EngineArgs and `--speculative-config`, as
-vLLM spells it ({"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}). Pure
-Python: parsing and validation only; the proposers live in sample/spec_decode and worker/."""
+vLLM spells it ({"method": "ngram" | "draft_model", "num_speculative_tokens": k,
+"disable_by_batch_size": n, ...}). Pure Python: parsing and validation only; the proposers
+live in sample/spec_decode and worker/."""
 
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ _DEFAULT_LOOKUP = 5  # vLLM's prompt_lookup_min/max when neither is given
 class SpeculativeConfig:
     """Validated speculative decoding settings. Invariants: method is supported,
     num_speculative_tokens >= 1, 1 <= prompt_lookup_min <= prompt_lookup_max (ngram),
-    model is set exactly for draft_model."""
+    model is set exactly for draft_model, disable_by_batch_size is None or >= 2 (ngram only):
+    a step whose batch has at least that many requests runs without drafts."""
 
     method: str
     num_speculative_tokens: int
     prompt_lookup_max: int | None = None
     prompt_lookup_min: int | None = None
     model: str | None = None
+    disable_by_batch_size: int | None = None
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any] | SpeculativeConfig) -> SpeculativeConfig:
@@ -44,6 +47,7 @@ class SpeculativeConfig:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError("speculative_config.num_speculative_tokens must be an integer "
                              f">= 1, got {k!r}")
+        _check_disable_by_batch_size(spec)
         if spec["method"] == "ngram":
             return cls(**_ngram_lookup(spec))
         return cls(**_draft_model(spec))
@@ -57,6 +61,19 @@ def _check_method(method: object) -> None:
                          f"(supported: {', '.join(SUPPORTED_METHODS)})")
     raise ValueError(f"speculative_config.method must be one of {SUPPORTED_METHODS}, "
                      f"got {method!r}")
+
+
+def _check_disable_by_batch_size(spec: dict[str, Any]) -> None:
+    limit = spec.get("disable_by_batch_size")
+    if limit is None:
+        return
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 2:
+        raise ValueError("speculative_config.disable_by_batch_size must be an integer >= 2, "
+                         f"got {limit!r}")
+    if spec["method"] != "ngram":
+        # the draft model's own KV would miss the tokens of the steps run without drafts
+        raise ValueError("speculative_config.disable_by_batch_size is only supported with "
+                         "method 'ngram' so far")
 
 
 def _ngram_lookup(spec: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,9 @@ def test_ngram_and_draft_model_parse():
     draft = SpeculativeConfig.from_dict({"model": "/d", "num_speculative_tokens": 2})
     assert (draft.method, draft.model) == ("draft_model", "/d")
     assert speculative_config_of(None) is None
+    limited = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2,
+                                           "disable_by_batch_size": 32})
+    assert (limited.disable_by_batch_size, cfg.disable_by_batch_size) == (32, None)
 
 
 @pytest.mark.parametrize("spec, field", [
@@ -38,6 +41,10 @@ def test_ngram_and_draft_model_parse():
       "prompt_lookup_max": 2}, "prompt_lookup_min"),
     ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}, "lookahead"),
     ({"method": "draft_model", "num_speculative_tokens": 2}, "model"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 1},
+     "disable_by_batch_size"),
+    ({"method": "draft_model", "model": "/d", "num_speculative_tokens": 2,
+      "disable_by_batch_size": 8}, "disable_by_batch_size"),
 ])
 def test_bad_fields_are_refused_by_name(spec, field):
     with pytest.raises(ValueError, match=f"speculative_config.*{field}"):

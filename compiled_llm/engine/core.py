@@ -80,9 +80,10 @@ class EngineCore:
 
     def __init__(self, args: EngineArgs, spec: WorkerSpec, grammars=None) -> None:
         self.spec_config = speculative_config_of(args.speculative_config)
-        if self.spec_config is not None and args.async_scheduling:
-            logger.info("speculative decoding: async scheduling is off (a step's drafts are "
-                        "proposed from the previous step's accepted tokens)")
+        if self.spec_config is not None and args.async_scheduling and \
+                self.spec_config.method != "ngram":
+            logger.info("speculative decoding: async scheduling is off (the draft model "
+                        "proposes from every step's accepted tokens)")
             args = dataclasses.replace(args, async_scheduling=False)
         self.args = args
         self.executor = make_executor(args, spec)
@@ -92,7 +93,9 @@ class EngineCore:
         sched_cfg = dataclasses.replace(spec.scheduler,
                                         max_model_len=self.executor.max_model_len)
         if self.spec_config is not None:
-            self.scheduler = SpecScheduler(sched_cfg, self.kv, *spec_slots(self.spec_config))
+            self.scheduler = SpecScheduler(sched_cfg, self.kv, *spec_slots(self.spec_config),
+                                           self.spec_config.disable_by_batch_size,
+                                           pause_when_fruitless=args.async_scheduling)
         else:
             scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler
             self.scheduler = scheduler_cls(sched_cfg, self.kv)
@@ -194,7 +197,9 @@ class EngineCore:
         timer = self.executor.step_timer
         timer.begin()
         try:
-            if self.args.async_scheduling:
+            if self.spec_config is not None:
+                self._step_spec(timer)
+            elif self.args.async_scheduling:
                 self._step_async(timer)
             else:
                 self._step(timer)
@@ -219,6 +224,20 @@ class EngineCore:
         self._fail_skipped(sched, result.skipped)
         self.scheduler.advance(sched)
         self._process(sched, result)
+
+    def _step_spec(self, timer: StepTimer) -> None:
+        """Speculative decoding: a step that speculates (SpecScheduler.plan_speculation) runs
+        synchronously, landing the step in flight first (drafts need its tokens); others run
+        without drafts, as async steps when async scheduling is on (n-gram only). The first
+        step back proposes, verifying none."""
+        self.scheduler.speculating = self.scheduler.plan_speculation()
+        if not self.scheduler.speculating and self.args.async_scheduling:
+            self._step_async(timer)
+            return
+        if self._inflight is not None:
+            prev, self._inflight = self._inflight, None
+            self._land(prev)
+        self._step(timer)
 
     def _step_async(self, timer: StepTimer) -> None:
         """Schedule step N+1 and launch it, landing step N (reading its tokens, processing
@@ -301,8 +320,9 @@ class EngineCore:
                 if out.new_logprobs is None:
                     out.new_logprobs = []
                 out.new_logprobs.append(row)
-        if counts is not None:
-            self.scheduler.set_drafts(result.drafts)
+        drafts = getattr(result, "drafts", None)  # (a step launched async proposes nothing)
+        if drafts is not None:
+            self.scheduler.set_drafts(drafts)
         self._report_finished()
 
     def _news_of(self, request_id: str) -> EngineCoreOutput:

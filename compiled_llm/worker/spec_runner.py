@@ -1,8 +1,8 @@
 """Steps with speculative decoding over a ModelRunner: one target forward of the flat batch (a
-request verifying k drafts has k+1 query tokens, as a prefill chunk does, so the piecewise
-CUDA graphs cover the step), the usual sampling for rows that sample one token, verification
-of the drafts (sample/spec_decode/rejection.py), then the proposer's drafts for the next step.
-Steps run to the end (no async overlap: the drafts of step N+1 need step N's tokens)."""
+request verifying k drafts has k+1 query tokens, as a prefill chunk does, so piecewise CUDA
+graphs cover it), the usual sampling for one-token rows, verification of the drafts
+(rejection.py), then the proposer's drafts for the next step. These steps run to the end (step
+N+1's drafts need step N's tokens); steps without speculation take the runner's async path."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 
 from compiled_llm.core.request import Request
 from compiled_llm.core.scheduler import SchedulerOutput
+from compiled_llm.sample.spec_decode import ngram_device  # noqa: F401  (registers "ngram")
 from compiled_llm.sample.spec_decode.proposers import Proposer, make_proposer
 from compiled_llm.sample.spec_decode.rejection import VerifyBatch, verify
 from compiled_llm.sample.uploads import upload

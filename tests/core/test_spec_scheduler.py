@@ -165,3 +165,50 @@ def test_lookahead_slots_are_reserved():
     edge.add_request(long)
     edge.schedule()  # never past max_model_len: 8 + 2 slots, 3 blocks at most
     assert len(long.block_ids) == 3
+
+
+def test_disable_by_batch_size_drops_drafts_and_keeps_pending_tokens():
+    kv = KVCacheManager(64, BLOCK)
+    sched = SpecScheduler(SchedulerConfig(), kv, 3, disable_by_batch_size=2)
+    first, second = req("a"), req("b")
+    sched.add_request(first)
+    assert sched.plan_speculation()
+    step(sched, lambda r, n: 100, lambda r: [7, 8])
+    sched.add_request(second)
+    assert not sched.plan_speculation()  # two requests: at the limit
+    sched.speculating = False
+    out = sched.schedule()
+    assert dict((r.request_id, n) for r, n in out.scheduled)["a"] == 1  # drafts dropped
+    assert first.spec_token_ids == []
+    sched.advance(out, [r for r, _ in out.scheduled])  # launched async: tokens pending
+    assert first.num_pending == 1 and first.num_computed_tokens == 7
+    sched.resolve(out, {"a": 55, "b": 101})
+    assert first.num_pending == 0 and first.output_token_ids == [100, 55]
+    assert first.num_computed_tokens == 7  # not rolled back: only verify steps roll back
+    for r in (first, second):
+        sched.finish(r, RequestStatus.FINISHED_ABORTED)
+    assert kv.num_used_blocks == 0
+
+
+def test_fruitless_steps_pause_speculation_with_backoff():
+    kv = KVCacheManager(64, BLOCK)
+    sched = SpecScheduler(SchedulerConfig(), kv, 3, pause_when_fruitless=True)
+    r = req(max_tokens=64)
+    sched.add_request(r)
+
+    def plans(num):
+        return [sched.plan_speculation() for _ in range(num)]
+
+    assert sched.plan_speculation()
+    step(sched, lambda r, n: 100)  # no drafts found: pause 1 step
+    assert plans(2) == [False, True]
+    step(sched, lambda r, n: 101)  # fruitless again: the pause doubles
+    assert plans(3) == [False, False, True]
+    step(sched, lambda r, n: 102, lambda r: [7, 8])  # drafts to verify: fruitful
+    assert sched.plan_speculation()
+    step(sched, lambda r, n: [55], lambda r: [9])  # all rejected: fruitless, pause 1 again
+    assert plans(2) == [False, True]
+    step(sched, lambda r, n: [9, 56], lambda r: [1])  # accepted one: no pause
+    assert plans(2) == [True, True]
+    sched.finish(r, RequestStatus.FINISHED_ABORTED)
+    assert kv.num_used_blocks == 0

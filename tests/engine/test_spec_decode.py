@@ -115,6 +115,50 @@ def test_requests_without_drafts_decode_as_usual(ngram, prompts, baseline):
     assert all(len(o.outputs[0].logprobs) == 24 for o in outs)
 
 
+def _count_async_launches(llm) -> list:
+    launched = []
+    executor = llm.engine.executor
+    plain_launch = executor.launch_forward
+    executor.launch_forward = lambda *a, **kw: launched.append(1) or plain_launch(*a, **kw)
+    return launched
+
+
+def test_disable_by_batch_size_switches_between_async_and_verify_steps(ckpt, prompts,
+                                                                      baseline):
+    # 6 requests of different lengths at a limit of 4: the full batch decodes async without
+    # drafts, then speculation resumes (in the same requests) as requests finish
+    llm = _llm(ckpt, speculative_config={**NGRAM, "disable_by_batch_size": 4})
+    launched = _count_async_launches(llm)
+    lengths = [4, 8, 12, 24, 24, 24]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    assert _tokens(llm.generate(prompts, params, use_tqdm=False)) == [
+        b[:n] for b, n in zip(baseline, lengths)]
+    assert len(launched) >= 4  # async steps ran while the batch was at the limit
+    assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0  # and verify steps after
+    assert llm.engine.num_used_blocks == 0
+    sync = _llm(ckpt, speculative_config={**NGRAM, "disable_by_batch_size": 6},
+                async_scheduling=False)  # the limit holds in synchronous steps too
+    assert _tokens(sync.generate(prompts, GREEDY, use_tqdm=False)) == baseline
+    assert sync.engine.scheduler.spec_stats.num_drafts == 0
+    assert sync.engine.num_used_blocks == 0
+
+
+def test_fruitless_lookups_pause_into_async_steps(ckpt):
+    # prompts without repeated trigrams: lookups find little, so speculation pauses (async
+    # steps) and resumes; greedy output stays exact, also with async scheduling off
+    plain = [{"prompt_token_ids": p} for p in random_prompts(4, 300, lo=20, hi=40, seed=9)]
+    spec = {**NGRAM, "prompt_lookup_min": 3}
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    llm = _llm(ckpt, speculative_config=spec)
+    launched = _count_async_launches(llm)
+    want = _tokens(_llm(ckpt).generate(plain, params, use_tqdm=False))
+    assert _tokens(llm.generate(plain, params, use_tqdm=False)) == want
+    assert len(launched) > 10
+    sync = _llm(ckpt, speculative_config=spec, async_scheduling=False)
+    assert _tokens(sync.generate(plain, params, use_tqdm=False)) == want
+    assert llm.engine.num_used_blocks == sync.engine.num_used_blocks == 0
+
+
 def test_seeded_sampling_repeats(draft, prompts):
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=99, ignore_eos=True)
     first = _tokens(draft.generate(prompts[:3], params, use_tqdm=False))
@@ -194,23 +238,34 @@ def test_engine_core_process(ckpt, prompts, baseline):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_cuda_graphs_greedy_equal(ckpt, prompts, method):
+@pytest.mark.parametrize("method, limit", [("ngram", None), ("ngram", 4),
+                                           ("draft_model", None)])
+def test_cuda_graphs_greedy_equal(ckpt, prompts, method, limit):
     """Compiled with CUDA graphs: greedy equals spec off, the verify steps (k+1 query tokens
-    per request) replay piecewise graphs."""
+    per request) replay piecewise graphs; with disable_by_batch_size the full batch decodes
+    async first."""
     from compiled_llm.compile.counters import counters
 
+    # with a limit, requests of different lengths: speculation resumes as the batch shrinks
+    params = GREEDY if limit is None else [
+        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        for n in (4, 8, 12, 24, 24, 24)]
     with LLM(str(ckpt), dtype="float32", engine_core_process=False) as plain:
-        baseline = _tokens(plain.generate(prompts, GREEDY, use_tqdm=False))
+        baseline = _tokens(plain.generate(prompts, params, use_tqdm=False))
     spec = {"method": method, "num_speculative_tokens": 3, **(
         {"model": str(ckpt)} if method == "draft_model" else
-        {"prompt_lookup_max": 3, "prompt_lookup_min": 1})}
+        {"prompt_lookup_max": 3, "prompt_lookup_min": 1, "disable_by_batch_size": limit})}
     with LLM(str(ckpt), dtype="float32", speculative_config=spec,
              engine_core_process=False) as llm:
         before = counters.piecewise_steps
-        assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == baseline
+        assert _tokens(llm.generate(prompts, params, use_tqdm=False)) == baseline
         assert counters.piecewise_steps > before
         stats = llm.engine.scheduler.spec_stats
         assert stats.num_accepted_tokens > 0
         assert method == "ngram" or stats.num_accepted_tokens == stats.num_draft_tokens
         assert llm.engine.num_used_blocks == 0
+        if method == "ngram":  # on CUDA the lookup runs on the device
+            from compiled_llm.sample.spec_decode.ngram_device import DeviceNgramProposer
+
+            proposer = llm.engine.executor.spec_runner.proposer
+            assert isinstance(proposer, DeviceNgramProposer)

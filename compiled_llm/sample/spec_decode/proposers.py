@@ -1,6 +1,7 @@
 """Draft proposers: after a step, each proposes up to k tokens per request for the next step.
-One interface and a registry by speculative_config.method; the n-gram (prompt lookup) proposer
-is here, the draft model's lives with the worker (it runs a model of its own)."""
+One interface and a registry by speculative_config.method; the host n-gram (prompt lookup)
+proposer is here (registered with the device one, ngram_device.py), the draft model's lives
+with the worker (it runs a model of its own)."""
 
 from __future__ import annotations
 
@@ -70,32 +71,69 @@ def new_tokens_of(tokens: int | list[int]) -> list[int]:
 
 def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
     """The k tokens that followed the latest earlier occurrence of the longest suffix n-gram
-    (min_n <= n <= max_n) of tokens; fewer near the end, none without a match."""
-    length = len(tokens)
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[:length - 1], n)
-        hits = np.flatnonzero((windows == tokens[length - n:]).all(axis=1))
-        if len(hits):
-            start = int(hits[-1]) + n
-            return tokens[start:start + k].tolist()
-    return []
+    (min_n <= n <= max_n) of tokens; fewer near the end, none without a match. One pass over
+    the tokens finds where the last token occurred before; only those candidates are
+    extended backwards (a token at a time, at most max_n - 1 times)."""
+    last = len(tokens) - 1
+    ends = np.flatnonzero(tokens[:last] == tokens[last])  # candidate ends of a match
+    best, size = -1, 1
+    while len(ends):
+        if size >= min_n:
+            best = int(ends[-1])  # the latest candidate matching `size` tokens
+        if size == max_n:
+            break
+        ends = ends[ends >= size]
+        ends = ends[tokens[ends - size] == tokens[last - size]]
+        size += 1
+    return [] if best < 0 else tokens[best + 1:best + 1 + k].tolist()
 
 
-@register_proposer("ngram")
+class _History:
+    """A request's known tokens as a growing int64 array (requests only ever append)."""
+
+    def __init__(self, req: Request) -> None:
+        self.req, self.length = req, 0
+        self.tokens = np.empty(max(64, 2 * len(req.all_token_ids)), dtype=np.int64)
+
+    def extend(self, new: list[int]) -> np.ndarray:
+        """The request's tokens and new after it, with what it had not seen copied in."""
+        known = self.req.all_token_ids
+        end = len(known) + len(new)
+        if end > len(self.tokens):
+            grown = np.empty(2 * end, dtype=np.int64)
+            grown[:self.length] = self.tokens[:self.length]
+            self.tokens = grown
+        if self.length < len(known):
+            self.tokens[self.length:len(known)] = known[self.length:]
+        self.tokens[len(known):end] = new
+        self.length = len(known)  # new tokens are not known yet: rewritten next time
+        return self.tokens[:end]
+
+
 class NgramProposer(Proposer):
     """Prompt lookup: drafts copied from where the sequence's suffix occurred before (on the
-    host, from the known tokens; deterministic, so its drafts' q is one-hot)."""
+    host, from the known tokens kept as arrays between steps; deterministic, so its drafts'
+    q is one-hot). Histories of requests missing from a step's schedule are dropped."""
+
+    def __init__(self, cfg: SpeculativeConfig, **context) -> None:
+        super().__init__(cfg)
+        self.histories: dict[str, _History] = {}
 
     def propose(self, sched: SchedulerOutput, sampled: Sampled) -> dict[str, list[int]]:
         """Drafts for the requests that sampled in this step, after its tokens."""
-        cfg, drafts = self.cfg, {}
+        cfg, drafts, histories = self.cfg, {}, {}
         for req, _ in sched.scheduled:
             new = sampled.get(req.request_id)
             if new is None or req.is_finished or not spec_eligible(req):
                 continue
-            tokens = np.asarray(req.all_token_ids + new_tokens_of(new), dtype=np.int64)
-            proposal = ngram_propose(tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max,
-                                     self.k)
+            history = self.histories.get(req.request_id)
+            if history is None or history.req is not req:
+                history = _History(req)
+            histories[req.request_id] = history
+            proposal = ngram_propose(history.extend(new_tokens_of(new)),
+                                     cfg.prompt_lookup_min, cfg.prompt_lookup_max, self.k)
             if proposal:
                 drafts[req.request_id] = proposal
+        self.histories = histories
         return drafts
+
