@@ -1,38 +1,20 @@
-"""W4A16 Triton GEMM over the canonical packed layout (quantization/packing.py), computed
-swap-AB: out.T [N, M] = W [N, K] @ x.T, so weight rows fill the MMA's wide side and a few tokens
-its narrow one. Each program unpacks its [BLOCK_N, BLOCK_K] weight tile (K-contiguous words,
-read once) to exact integers, and the group's zero and scale apply after the dot:
-(q - z) s . x = s (q . x - z sum(x)). A GEMV variant for a few rows (gemv=True) skips the MMA
-and its layout shuffles: nibble j of every word meets x[8w + j] in plain FMAs. Small M may split
-K (float32 partial sums, one reduction). Tuned tiles per shape and GPU: w4a16_tuning.py.
-"""
+"""W4A16 Triton GEMM over the canonical packed layout (quantization/packing.py), swap-AB:
+out.T = W @ x.T, weight rows on the MMA's wide side; K-contiguous words are read once, unpacked to
+exact integers, and the group's zero and scale apply after the dot: s (q . x - z sum(x)). A GEMV
+variant (gemv=True, up to 4 rows) skips the MMA. Small M may split K (float32 partials).
+Tuned tiles per shape and GPU: w4a16_tuning.py."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from compiled_llm.attention.kernels import kernels_interpreted
+from compiled_llm.quantization.kernels.w4a16_tuning import W4A16Config, tuned_w4a16_config
 
 GEMV_MAX_ROWS = 4
-
-
-@dataclass(frozen=True)
-class W4A16Config:
-    """Tile sizes and K split of one launch; block_k divides the group size. expand: unpack by
-    reading each word once per nibble (a [BLOCK_N, BLOCK_K] gather) instead of a reshape."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int
-    num_warps: int = 4
-    num_stages: int = 3
-    expand: bool = False
-    gemv: bool = False  # block_m rows (<= GEMV_MAX_ROWS) without tl.dot
+__all__ = ["GEMV_MAX_ROWS", "W4A16Config", "w4a16_config", "w4a16_gemm_triton"]
 
 
 @triton.jit
@@ -156,8 +138,6 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
                       zeros: torch.Tensor, group_size: int,
                       config: W4A16Config | None = None) -> torch.Tensor:
     """x [M, K] @ dequant(qweight, scales, zeros).T -> [M, N] in x's dtype."""
-    from compiled_llm.quantization.kernels.w4a16_tuning import tuned_w4a16_config
-
     check_w4a16_inputs(x, qweight, group_size)
     x = x.contiguous()
     (m, k), n = x.shape, qweight.shape[0]

@@ -8,11 +8,26 @@ from __future__ import annotations
 import functools
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from compiled_llm.quantization.kernels.w4a16 import W4A16Config
+
+@dataclass(frozen=True)
+class W4A16Config:
+    """Tile sizes and K split of one launch; block_k divides the group size. expand: unpack by
+    reading each word once per nibble (a [BLOCK_N, BLOCK_K] gather) instead of a reshape."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    expand: bool = False
+    gemv: bool = False  # block_m rows (<= GEMV_MAX_ROWS) without tl.dot
+
 
 CONFIG_ENV = "COMPILED_LLM_W4A16_CONFIG"
 SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "w4a16.json"
