@@ -80,6 +80,13 @@ def _halves(cat: Node) -> Node | None:
     return chunk.args[0]
 
 
+def _one_row_per_token(table, heads: torch.Tensor) -> bool:
+    """table is cos or sin [T, 1, D] for heads [T, H, D] (the op reads one row per token)."""
+    value = _example(table)
+    return (value is not None and value.dim() == 3 and value.shape[1] == 1
+            and value.shape[2] == heads.shape[2] and heads.shape[2] % 2 == 0)
+
+
 def match_rotation(node) -> Rotation | None:
     """The rotation producing node (models/layers.py _rotate), or None."""
     if not _call(node, operator.add, 2):
@@ -93,7 +100,7 @@ def match_rotation(node) -> Rotation | None:
     if heads_val is None or heads_val.dim() != 3 or _halves(cat) is not heads:
         return None
     cos, sin = _cast_to(cos_cast, heads_val.dtype), _cast_to(sin_cast, heads_val.dtype)
-    if cos is None or sin is None:
+    if not (_one_row_per_token(cos, heads_val) and _one_row_per_token(sin, heads_val)):
         return None
     neg, first = cat.args[0]
     nodes = (node, lhs, rhs, cos_cast, sin_cast, cat, neg, first, neg.args[0], first.args[0])
@@ -106,7 +113,8 @@ def match_norm(node) -> Norm | None:
         return None
     weight, cast = node.args
     value = _example(node)
-    if value is None or _example(weight) is None or _example(weight).dim() != 1:
+    weight_val = _example(weight)
+    if value is None or weight_val is None or tuple(weight_val.shape) != (value.shape[-1],):
         return None
     scaled = _cast_to(cast, value.dtype)
     if not _call(scaled, operator.mul, 2):
@@ -165,6 +173,9 @@ class QKNormRoPEKVWriteFusionPass(GraphPass):
             return 0
         q_norm, k_norm = match_norm(q_rot.heads), match_norm(k_rot.heads)
         if q_norm is not None and k_norm is not None and q_norm.eps != k_norm.eps:
+            return 0
+        v_val = _example(node.args[2])
+        if v_val is None or v_val.dim() != 3:
             return 0
         eps = next((n.eps for n in (q_norm, k_norm) if n is not None), 0.0)
         q = q_norm.x if q_norm is not None else q_rot.heads

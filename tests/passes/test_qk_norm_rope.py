@@ -185,21 +185,40 @@ def test_model_graph_fuses_once_per_layer(name):
     _assert_same(out, ref, ctxs)
 
 
-def test_engine_greedy_tokens_and_logprobs_equal_the_pass_off(monkeypatch):
+def engine_runs(monkeypatch, name: str, params: SamplingParams, **engine) -> dict:
+    """{pass enabled: first completions} of three prompts, the pass on and off, each with a
+    fresh compile; asserts the pass fired once a layer and the KV pool is empty after."""
     monkeypatch.setenv("COMPILED_LLM_DISABLE_CACHE", "1")  # the pass must really run
-    ckpt = str(make_checkpoint("qwen3"))
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
-    prompts = [{"prompt_token_ids": [3 + i, 17, 5 * i + 1, 40, 2]} for i in range(3)]
+    ckpt = str(make_checkpoint(name))
+    prompts = [{"prompt_token_ids": [3 + i, 17, 5 * i + 1, 40, 2] * (i + 1)} for i in range(3)]
     runs = {}
     for enabled in (False, True):
         counters.reset()
-        llm = LLM(ckpt, dtype="float32", compile_mode="backend",
-                  passes={"enable_qk_norm_rope_kv_write": enabled})
+        llm = LLM(ckpt, compile_mode="backend", engine_core_process=False,
+                  passes={"enable_qk_norm_rope_kv_write": enabled}, **engine)
         runs[enabled] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         assert counters.pass_matches.get(PASS, 0) == (2 if enabled else 0)  # once a layer
+        assert llm.engine.num_used_blocks == 0
         del llm
+    return runs
+
+
+def test_engine_greedy_tokens_and_logprobs_equal_the_pass_off(monkeypatch):
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+    runs = engine_runs(monkeypatch, "qwen3", params, dtype="float32")
     for fused, plain in zip(runs[True], runs[False]):
         assert fused.token_ids == plain.token_ids
         for fused_step, plain_step in zip(fused.logprobs, plain.logprobs):
             for token, entry in plain_step.items():
                 assert abs(fused_step[token].logprob - entry.logprob) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+@pytest.mark.parametrize("mode", ["full_and_piecewise", "piecewise"])
+def test_engine_on_gpu_with_cuda_graphs_equals_the_pass_off(monkeypatch, name, mode):
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    runs = engine_runs(monkeypatch, name, params, dtype="float32", cudagraph_mode=mode,
+                       gpu_memory_utilization=0.3)
+    assert [o.token_ids for o in runs[True]] == [o.token_ids for o in runs[False]]
