@@ -232,7 +232,11 @@ def decode_pair_main(name: str, doc: str, title: str, shapes: list[str], run_sha
     ap.add_argument("--prompt-len", type=int, default=prompt_len)
     ap.add_argument("--new-tokens", type=int, default=new_tokens)
     args = ap.parse_args()
-    rows = [row for shape in args.shape for row in run_shape(shape, args)]
+    rows = []
+    for shape in args.shape:
+        rows += run_shape(shape, args)
+        save_json(output_paths(name, args.json, args.plot)[0],  # after every shape
+                  {"device": device_name(), "args": vars(args), "rows": rows, "partial": True})
     print_table(rows, f"{title}: decode, {args.prompt_len}-token prompts, {args.new_tokens} "
                 f"timed tokens, {args.dtype}, graphs {args.cudagraph_mode}, async")
     finish(name, args, {"rows": rows}, None)

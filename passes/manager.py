@@ -35,7 +35,8 @@ PASSES: tuple[type[GraphPass], ...] = (
     AllReduceRMSNormFusionPass, RMSNormQuantFusionPass, SiluMulQuantFusionPass,
     HorizontalGemmFusionPass,
 )
-# run on the whole Dynamo graph before the split at attention (their ops go with attention)
+# run on the whole Dynamo graph before the split at attention (their ops go with attention);
+# each is built with the PassConfig
 PRE_SPLIT_PASSES: tuple[type[GraphPass], ...] = (QKNormRoPEKVWriteFusionPass,)
 
 
@@ -60,6 +61,8 @@ class PassConfig:
     enable_allreduce_rms: bool = True  # matches only graphs holding all-reduces
     enable_horizontal_gemm: bool = True  # matches only fused weight layouts (fuse_weights.py)
     enable_qk_norm_rope_kv_write: bool = True  # pre-split: norm + RoPE + KV write, one op
+    # ... on CPU too: there the op runs the reference eagerly, slower than Inductor's kernels
+    qk_norm_rope_kv_write_on_cpu: bool = False
     inline_fused_ops: bool = True  # tail: let Inductor generate the fused ops' kernels
     dump_dir: str | None = None
 
@@ -89,7 +92,7 @@ class PassManager(CustomGraphPass):
     def __init__(self, config: PassConfig | None = None) -> None:
         self.config = config or PassConfig()
         self.passes = [cls() for cls in self.config.pass_classes()]
-        self.pre_split_passes = [cls() for cls in self.config.pre_split_classes()]
+        self.pre_split_passes = [cls(self.config) for cls in self.config.pre_split_classes()]
         self.piece_name = "graph"
         self.last_stats: list[tuple[str, int, float]] = []
 

@@ -155,9 +155,17 @@ def _erase_dead(graph: Graph, nodes) -> None:
 
 class QKNormRoPEKVWriteFusionPass(GraphPass):
     """Each attention whose q and k are rotated by one cos/sin (each normed per head first, or
-    neither, or one) becomes the fused write op + attention_no_write. Pre-split: see module."""
+    neither, or one) becomes the fused write op + attention_no_write. Pre-split: see module.
+    Only on CUDA tensors unless PassConfig.qk_norm_rope_kv_write_on_cpu (tests, CPU numerics)."""
 
     flag = "enable_qk_norm_rope_kv_write"
+
+    def __init__(self, config=None) -> None:
+        super().__init__()
+        # the fused kernel is Triton's (CUDA); elsewhere the op runs the reference eagerly,
+        # which is slower than the kernels Inductor generates for the unfused norm and RoPE
+        self.devices = {"cuda", "cpu"} if getattr(config, "qk_norm_rope_kv_write_on_cpu", False) \
+            else {"cuda"}
 
     def apply(self, graph: Graph) -> int:
         """Rewrite every attention site that fits; returns how many were rewritten."""
@@ -175,7 +183,7 @@ class QKNormRoPEKVWriteFusionPass(GraphPass):
         if q_norm is not None and k_norm is not None and q_norm.eps != k_norm.eps:
             return 0
         v_val = _example(node.args[2])
-        if v_val is None or v_val.dim() != 3:
+        if v_val is None or v_val.dim() != 3 or v_val.device.type not in self.devices:
             return 0
         eps = next((n.eps for n in (q_norm, k_norm) if n is not None), 0.0)
         q = q_norm.x if q_norm is not None else q_rot.heads

@@ -20,6 +20,9 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral",
                "Qwen2MoeForCausalLM": "qwen2_moe"}
+# the fused RoPE + KV write is for CUDA by default; on CPU its op runs the reference (the
+# models' arithmetic, eagerly), so the promise holds on CPU too
+ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True}
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
@@ -39,7 +42,7 @@ def test_compiles_matches_eager_and_fuses(arch, monkeypatch):
     counters.reset()
     monkeypatch.setenv("COMPILED_LLM_DISABLE_CACHE", "1")  # no cache of ours, nor Inductor's:
     with torch._inductor.config.patch(fx_graph_cache=False):  # the passes must really run
-        llm = LLM(str(ckpt), dtype="float32", compile_mode="backend")
+        llm = LLM(str(ckpt), dtype="float32", compile_mode="backend", passes=ON_CPU)
     cfg = llm.engine.model_config
     layers = cfg.num_hidden_layers
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)] == ref

@@ -22,6 +22,7 @@ from tests.utils import make_checkpoint
 
 PASS = "QKNormRoPEKVWriteFusionPass"
 H, HKV, D = 4, 2, 16
+ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True}  # the pass fires on CUDA tensors by default
 
 
 def dynamo_counts(graph: torch.fx.Graph) -> Counter:
@@ -42,7 +43,7 @@ def pre_split_run(fn, args, ctx_factory, config: PassConfig | None = None):
     compiled by a backend running only the pre-split passes, against fn run eagerly; each run
     under a fresh context from ctx_factory (returned too, to compare the written caches)."""
     torch._dynamo.reset()
-    manager, seen = PassManager(config or PassConfig()), {}
+    manager, seen = PassManager(config or PassConfig(**ON_CPU)), {}
 
     def backend(gm, example_inputs):
         seen["before"] = dynamo_counts(gm.graph)
@@ -139,11 +140,11 @@ def test_rotated_q_read_elsewhere_is_kept_for_that_reader():
     _assert_same(out, ref, ctxs)
 
 
-def test_pass_off_and_the_uncached_path():
+def test_pass_off_default_on_cpu_and_the_uncached_path():
     args = toy_inputs(7, torch.float32, True)
-    off = PassConfig(enable_qk_norm_rope_kv_write=False)
-    *_, after, _, m, _ = pre_split_run(layer, args, toy_context(7, torch.float32), off)
-    assert m.matches(PASS) == 0 and after["compiled_llm.attention"] == 1
+    for off in (PassConfig(enable_qk_norm_rope_kv_write=False, **ON_CPU), PassConfig()):
+        *_, after, _, m, _ = pre_split_run(layer, args, toy_context(7, torch.float32), off)
+        assert m.matches(PASS) == 0 and after["compiled_llm.attention"] == 1
     no_cache = toy_context(7, torch.float32)
     uncached = lambda: ForwardContext(no_cache().attn_metadata)  # noqa: E731 (pooling runs)
     out, ref, _, _, _, m, _ = pre_split_run(layer, args, uncached)
@@ -195,7 +196,7 @@ def engine_runs(monkeypatch, name: str, params: SamplingParams, **engine) -> dic
     for enabled in (False, True):
         counters.reset()
         llm = LLM(ckpt, compile_mode="backend", engine_core_process=False,
-                  passes={"enable_qk_norm_rope_kv_write": enabled}, **engine)
+                  passes={"enable_qk_norm_rope_kv_write": enabled, **ON_CPU}, **engine)
         runs[enabled] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         assert counters.pass_matches.get(PASS, 0) == (2 if enabled else 0)  # once a layer
         assert llm.engine.num_used_blocks == 0
