@@ -1,12 +1,7 @@
 """QKNormRoPEKVWriteFusionPass: [q_norm, k_norm] + rotary + attention(q, k, v) ->
-qk_norm_rope_kv_write(q, k, v, cos, sin, ...) + attention_no_write(q', k', v).
-
-Runs on the Dynamo graph before the split at attention: the fused op carries the layer index
-(which cache it writes) and reads the step's slot mapping, so it goes with attention between the
-compiled pieces; inside a piece it would make every layer's piece distinct. It matches the Dynamo
-spelling of models/layers.py's rms_norm and apply_rotary (one rotation per tensor), walking back
-from each attention op's q and k; a site that does not fit is left as it is.
-"""
+qk_norm_rope_kv_write(q, k, v, cos, sin, ...) + attention_no_write(q', k', v), matched on the
+Dynamo graph (the spelling of models/layers.py's rms_norm and apply_rotary) before the split at
+attention, walking back from each attention op's q and k; a site that does not fit stays."""
 
 from __future__ import annotations
 
@@ -17,6 +12,10 @@ import torch
 from torch.fx import Graph, Node
 
 from compiled_llm.passes.base import GraphPass
+
+# Why before the split: the fused op carries the layer index (which cache it writes) and reads
+# the step's slot mapping, so it goes with attention between the compiled pieces; inside a piece
+# the constant layer index would make every layer's piece distinct (N compiles instead of one).
 
 
 class Rotation(NamedTuple):

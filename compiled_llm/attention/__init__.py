@@ -1,9 +1,8 @@
 """The attention custom op: the one opaque op in every model graph.
 
-`compiled_llm::attention` writes this step's K/V into the paged cache (none: pooling runs, each
-sequence within its own tokens, causal or not) and attends over the flat batch. It reads the
-metadata and caches from the forward context: the compiler sees a pure op and splits there.
-`compiled_llm::attention_no_write` attends only: a fused op (qk_norm_rope.py) wrote K/V first."""
+`compiled_llm::attention` writes this step's K/V into the paged cache (none: pooling runs) and
+attends over the flat batch; `attention_no_write` attends only (qk_norm_rope.py's op wrote K/V).
+They read metadata and caches from the forward context: the compiler sees pure ops, splits there."""
 
 from __future__ import annotations
 

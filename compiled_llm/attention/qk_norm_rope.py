@@ -1,12 +1,7 @@
-"""`compiled_llm::qk_norm_rope_kv_write`: the per-head q/k RMSNorm (optional), rotate-half RoPE
-and the paged K/V write of one attention layer in one op, ahead of `attention_no_write`.
-
-The graph pass that emits it (passes/qk_norm_rope.py) leaves the models as they are. Like the
-attention op it reads the caches and slot mapping from the forward context, so the compiler sees
-a pure op; it sits with attention between the compiled pieces (compile/split.py). Each attention
-backend may register a fused implementation; the others, the calibrating FP8 step and runs
-without caches take the reference: the models' arithmetic op for op, then the reference write.
-"""
+"""`compiled_llm::qk_norm_rope_kv_write`: one attention layer's per-head q/k RMSNorm (optional),
+rotate-half RoPE and paged K/V write in one op, ahead of `attention_no_write`. Like attention it
+reads caches and slot mapping from the forward context and sits between the compiled pieces.
+Backends may register a fused implementation; else it runs the reference (the models' math)."""
 
 from __future__ import annotations
 
@@ -18,6 +13,9 @@ from compiled_llm.attention.forward_context import get_forward_context
 from compiled_llm.attention.kv_quant import calibrate, is_fp8
 from compiled_llm.attention.metadata import AttentionMetadata
 from compiled_llm.attention.reference import write_kv_rows
+
+# The graph pass that emits the op is passes/qk_norm_rope.py; the models stay as they are. The
+# reference also serves the FP8 cache's calibrating step and runs without caches (pooling).
 
 QK_NORM_ROPE_OP_NAME = "compiled_llm::qk_norm_rope_kv_write"
 _FUSED: dict[str, object] = {}

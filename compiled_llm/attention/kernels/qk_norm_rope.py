@@ -1,12 +1,7 @@
-"""Triton kernel from the qkv GEMM output to rotated q and the paged K/V write, in one launch.
-
-One program per (token, group of BLOCK_H heads): q groups first, then k groups. A head is
-RMS-normed in float32 and cast to the model dtype (where a norm weight is given), rotated by the
-token's cos/sin (rotate-half, float32, one rounding), and stored; a k group also writes its
-rotated k and the matching v heads into the cache slot of the token (FP8: divided by the head's
-scale, saturated). Rows past the slot mapping, or with a negative slot (padding), write no
-cache row.
-"""
+"""Triton kernel from the qkv GEMM output to rotated q and the paged K/V write, in one launch:
+one program per (token, group of BLOCK_H heads), q groups first, then k groups (which also write
+the rotated k and the v heads into the token's cache slot; FP8: divided by the head's scale).
+Rows past the slot mapping, or with a negative slot (padding), write no cache row."""
 
 from __future__ import annotations
 
@@ -15,6 +10,10 @@ import triton
 import triton.language as tl
 
 from compiled_llm.attention.metadata import AttentionMetadata
+
+# A head is RMS-normed in float32 and cast to the model dtype where a norm weight is given (the
+# models' rms_norm), then rotated by the token's cos/sin, cast to the dtype as the models do
+# (rotate-half in float32, one rounding).
 
 
 @triton.jit
