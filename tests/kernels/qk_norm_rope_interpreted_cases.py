@@ -1,6 +1,7 @@
 """The fused QK-norm + RoPE + KV-write kernel against the reference (the models' unfused math and
 the reference write), run by test_interpreter.py in a subprocess with TRITON_INTERPRET=1: with
-and without q/k norms, padded rows, an FP8 cache, and the uncached (pooling) path of the op."""
+and without q/k norms, padded rows, an FP8 cache, and the op + attention_no_write on the triton
+backend against plain attention on the reference."""
 
 from __future__ import annotations
 
@@ -65,3 +66,21 @@ def test_fp8_cache_rows_match_reference():
     carried = (ours.float() * 2 == ref.float()) & (ref.float().abs().log2().frac() == 0)
     assert carried.float().mean() < 0.05
     assert torch.equal(ours.view(torch.uint8)[~carried], ref.view(torch.uint8)[~carried])
+
+
+def test_ops_on_the_triton_backend_match_plain_attention_on_the_reference():
+    from compiled_llm.attention import attention, attention_no_write
+    from compiled_llm.attention.forward_context import ForwardContext, set_forward_context
+    from compiled_llm.attention.qk_norm_rope import qk_norm_rope_kv_write as fused_op
+    from compiled_llm.attention.qk_norm_rope import qk_norm_rope_ref
+
+    batch, cos, sin, q_w, k_w = _inputs([4, 1, 6], [0, 12, 2], True, seed=5)
+    ref_cache = batch.kv_cache.clone()
+    q, k = qk_norm_rope_ref(batch.q, batch.k, cos, sin, q_w, k_w, 1e-6)
+    with set_forward_context(ForwardContext(batch.meta, [ref_cache], backend="torch")):
+        ref = attention(q, k, batch.v, 0, 0.2, -1)
+    with set_forward_context(ForwardContext(batch.meta, [batch.kv_cache], backend="triton")):
+        q_out, k_out = fused_op(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6, 0)
+        out = attention_no_write(q_out, k_out, batch.v, 0, 0.2, -1)
+    torch.testing.assert_close(batch.kv_cache, ref_cache, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
