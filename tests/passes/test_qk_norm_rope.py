@@ -204,9 +204,11 @@ def engine_runs(monkeypatch, name: str, params: SamplingParams, **engine) -> dic
     return runs
 
 
-def test_engine_greedy_tokens_and_logprobs_equal_the_pass_off(monkeypatch):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_engine_greedy_tokens_and_logprobs_equal_the_pass_off(monkeypatch, kv_cache_dtype):
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
-    runs = engine_runs(monkeypatch, "qwen3", params, dtype="float32")
+    runs = engine_runs(monkeypatch, "qwen3", params, dtype="float32",
+                       kv_cache_dtype=kv_cache_dtype)
     for fused, plain in zip(runs[True], runs[False]):
         assert fused.token_ids == plain.token_ids
         for fused_step, plain_step in zip(fused.logprobs, plain.logprobs):
