@@ -61,18 +61,18 @@ def _qk_norm_rope_write_kernel(
         dst = q_out_ptr + t * H * D + heads[:, None] * D + half[None, :]
         tl.store(dst, out1.to(q_out_ptr.dtype.element_ty), mask=mask)
         tl.store(dst + D // 2, out2.to(q_out_ptr.dtype.element_ty), mask=mask)
-    else:
-        heads = (group - q_groups) * BLOCK_H + tl.arange(0, BLOCK_H)
-        mask = (heads < HKV)[:, None]
-        out1, out2 = _norm_rope(k_ptr + t * stride_kt, stride_kh, heads, mask, kw_ptr,
-                                cos1, sin1, cos2, sin2, eps, D, HAS_K_NORM)
-        out1, out2 = out1.to(k_out_ptr.dtype.element_ty), out2.to(k_out_ptr.dtype.element_ty)
-        dst = k_out_ptr + t * HKV * D + heads[:, None] * D + half[None, :]
-        tl.store(dst, out1, mask=mask)
-        tl.store(dst + D // 2, out2, mask=mask)
+    else:  # Triton needs a name to keep one type across branches: k's get their own
+        kv_heads = (group - q_groups) * BLOCK_H + tl.arange(0, BLOCK_H)
+        kv_mask = (kv_heads < HKV)[:, None]
+        k1, k2 = _norm_rope(k_ptr + t * stride_kt, stride_kh, kv_heads, kv_mask, kw_ptr,
+                            cos1, sin1, cos2, sin2, eps, D, HAS_K_NORM)
+        k1, k2 = k1.to(k_out_ptr.dtype.element_ty), k2.to(k_out_ptr.dtype.element_ty)
+        k_dst = k_out_ptr + t * HKV * D + kv_heads[:, None] * D + half[None, :]
+        tl.store(k_dst, k1, mask=kv_mask)
+        tl.store(k_dst + D // 2, k2, mask=kv_mask)
         slot = tl.load(slot_ptr + t, mask=t < num_slots, other=-1).to(tl.int64)
         if slot >= 0:
-            _write_rows(out1, out2, v_ptr + t * stride_vt, stride_vh, heads, mask, slot,
+            _write_rows(k1, k2, v_ptr + t * stride_vt, stride_vh, kv_heads, kv_mask, slot,
                         k_cache_ptr, v_cache_ptr, scales_ptr, fp8_max, stride_cb, stride_cs,
                         stride_ch, HKV, D, BS, FP8)
 
