@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import tempfile
 import time
@@ -231,10 +232,27 @@ def decode_pair_main(name: str, doc: str, title: str, shapes: list[str], run_sha
     ap.add_argument("--prompt-len", type=int, default=prompt_len)
     ap.add_argument("--new-tokens", type=int, default=new_tokens)
     args = ap.parse_args()
-    rows = [row for shape in args.shape for row in run_shape(shape, args)]
+    rows = []
+    for shape in args.shape:
+        rows += run_shape(shape, args)
+        save_json(output_paths(name, args.json, args.plot)[0],  # after every shape
+                  {"device": device_name(), "args": vars(args), "rows": rows, "partial": True})
     print_table(rows, f"{title}: decode, {args.prompt_len}-token prompts, {args.new_tokens} "
                 f"timed tokens, {args.dtype}, graphs {args.cudagraph_mode}, async")
     finish(name, args, {"rows": rows}, None)
+
+
+def fused_pair_rows(shape: str, args: argparse.Namespace, off_passes: dict) -> list[dict]:
+    """One row per batch size of a fusion's decode benchmark: tok/s with the default passes
+    ("fused") and with off_passes ("unfused"), and their ratio."""
+    _, tok_s = decode_runs(shape, args, {"fused": {}, "unfused": {"passes": off_passes}})
+    rows = []
+    for batch in args.batch_sizes:
+        fused, unfused = (tok_s[k].get(batch, math.nan) for k in ("fused", "unfused"))
+        rows.append({"shape": shape, "batch": batch, "fused tok/s": fused,
+                     "unfused tok/s": unfused, "fused / unfused": fused / unfused,
+                     "fused step ms": 1e3 * batch / fused})
+    return rows
 
 
 def decode_runs(shape: str, args: argparse.Namespace, variants: dict[str, dict]):

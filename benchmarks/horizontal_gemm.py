@@ -9,23 +9,14 @@ each engine in its own process; the optional FP8 pair runs `quantization="fp8"`.
 
 from __future__ import annotations
 
-import math
-
-from benchmarks.common import decode_pair_main, decode_runs
+from benchmarks.common import decode_pair_main, fused_pair_rows
 
 OFF = {"enable_horizontal_gemm": False}
 
 
 def run_shape(shape: str, args) -> list[dict]:
     """One row per batch size: fused and unfused tok/s and their ratio."""
-    _, tok_s = decode_runs(shape, args, {"fused": {}, "unfused": {"passes": OFF}})
-    rows = []
-    for batch in args.batch_sizes:
-        fused, unfused = (tok_s[k].get(batch, math.nan) for k in ("fused", "unfused"))
-        rows.append({"shape": shape, "batch": batch, "fused tok/s": fused,
-                     "unfused tok/s": unfused, "fused / unfused": fused / unfused,
-                     "fused step ms": 1e3 * batch / fused})
-    return rows
+    return fused_pair_rows(shape, args, OFF)
 
 
 def main() -> None:

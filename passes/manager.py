@@ -21,6 +21,7 @@ from compiled_llm.passes.dump import GraphDump
 from compiled_llm.passes.horizontal_gemm import HorizontalGemmFusionPass
 from compiled_llm.passes.lower import FusedOpLoweringPass
 from compiled_llm.passes.noop import NoOpEliminationPass
+from compiled_llm.passes.qk_norm_rope import QKNormRoPEKVWriteFusionPass
 from compiled_llm.passes.rms_norm import RMSNormFusionPass
 from compiled_llm.passes.rms_norm_quant import RMSNormQuantFusionPass
 from compiled_llm.passes.silu_mul import SiluMulFusionPass
@@ -34,6 +35,9 @@ PASSES: tuple[type[GraphPass], ...] = (
     AllReduceRMSNormFusionPass, RMSNormQuantFusionPass, SiluMulQuantFusionPass,
     HorizontalGemmFusionPass,
 )
+# run on the whole Dynamo graph before the split at attention (their ops go with attention);
+# each is built with the PassConfig
+PRE_SPLIT_PASSES: tuple[type[GraphPass], ...] = (QKNormRoPEKVWriteFusionPass,)
 
 
 class DeadCodeEliminationPass(GraphPass):
@@ -56,6 +60,9 @@ class PassConfig:
     enable_fp8_quant_fusion: bool = True  # matches only graphs holding FP8 quant ops
     enable_allreduce_rms: bool = True  # matches only graphs holding all-reduces
     enable_horizontal_gemm: bool = True  # matches only fused weight layouts (fuse_weights.py)
+    enable_qk_norm_rope_kv_write: bool = True  # pre-split: norm + RoPE + KV write, one op
+    # ... on CPU too: there the op runs the reference eagerly, slower than Inductor's kernels
+    qk_norm_rope_kv_write_on_cpu: bool = False
     inline_fused_ops: bool = True  # tail: let Inductor generate the fused ops' kernels
     dump_dir: str | None = None
 
@@ -65,10 +72,15 @@ class PassConfig:
         tail = [FusedOpLoweringPass] if self.inline_fused_ops else []
         return head + tail + [DeadCodeEliminationPass]
 
+    def pre_split_classes(self) -> list[type[GraphPass]]:
+        """The configured passes that run on the Dynamo graph before the split."""
+        return [cls for cls in PRE_SPLIT_PASSES if getattr(self, cls.flag)]
+
     def key(self) -> str:
         """Stable hash of the flags and of the source of every pass that runs."""
         flags = {k: v for k, v in asdict(self).items() if k != "dump_dir"}
-        ids = [f"{cls.__name__}:{cls.uuid()}" for cls in self.pass_classes()]
+        classes = self.pre_split_classes() + self.pass_classes()
+        ids = [f"{cls.__name__}:{cls.uuid()}" for cls in classes]
         blob = json.dumps({"flags": flags, "passes": ids, "manager": source_hash(__name__)},
                           sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
@@ -80,6 +92,7 @@ class PassManager(CustomGraphPass):
     def __init__(self, config: PassConfig | None = None) -> None:
         self.config = config or PassConfig()
         self.passes = [cls() for cls in self.config.pass_classes()]
+        self.pre_split_passes = [cls(self.config) for cls in self.config.pre_split_classes()]
         self.piece_name = "graph"
         self.last_stats: list[tuple[str, int, float]] = []
 
@@ -95,12 +108,25 @@ class PassManager(CustomGraphPass):
                 for graph_pass in self.passes]
 
     def matches(self, name: str) -> int:
-        """Total matches of the pass called name (0 if it is not configured)."""
-        return sum(matches for pass_name, matches, _ in self.stats if pass_name == name)
+        """Total matches of the pass called name, pre-split ones included (0 if it is not
+        configured)."""
+        return sum(graph_pass.matches for graph_pass in self.pre_split_passes + self.passes
+                   if graph_pass.name == name)
 
     def uuid(self) -> str:
         """Inductor's cache key for this manager: PassConfig.key()."""
         return self.config.key()
+
+    def pre_split(self, graph: Graph) -> list[tuple[str, int, float]]:
+        """Run the pre-split passes on a whole Dynamo graph; (name, matches, seconds) each."""
+        stats = []
+        for graph_pass in self.pre_split_passes:
+            before = graph_pass.seconds
+            matches = graph_pass(graph)
+            stats.append((graph_pass.name, matches, graph_pass.seconds - before))
+        if stats:
+            graph.lint()
+        return stats
 
     def __call__(self, graph: Graph) -> None:
         dump = (GraphDump(self.config.dump_dir, self.piece_name, graph)

@@ -1,8 +1,8 @@
 """The attention custom op: the one opaque op in every model graph.
 
-`compiled_llm::attention` writes this step's K/V into the paged cache (none: pooling runs, each
-sequence within its own tokens, causal or not) and attends over the flat batch. It reads the
-metadata and caches from the forward context: the compiler sees a pure op and splits there."""
+`compiled_llm::attention` writes this step's K/V into the paged cache (none: pooling runs) and
+attends over the flat batch; `attention_no_write` attends only (qk_norm_rope.py's op wrote K/V).
+They read metadata and caches from the forward context: the compiler sees pure ops, splits there."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from compiled_llm.attention.kv_quant import calibrate, is_fp8
 from compiled_llm.attention.metadata import AttentionMetadata
 from compiled_llm.attention.reference import attention_forward
 
-__all__ = ["AttentionMetadata", "attention", "ATTENTION_OP_NAME", "get_backend", "register_backend"]
+__all__ = ["AttentionMetadata", "attention", "attention_no_write", "ATTENTION_OP_NAME",
+           "ATTENTION_NO_WRITE_OP_NAME", "get_backend", "register_backend"]
 
 ATTENTION_OP_NAME = "compiled_llm::attention"
+ATTENTION_NO_WRITE_OP_NAME = "compiled_llm::attention_no_write"
 _BACKENDS = {"torch": attention_forward}
 # imported on first use: importing Triton costs time and the torch backend needs none of it
 _LAZY_BACKENDS = {"triton": "compiled_llm.attention.triton_backend"}
@@ -26,8 +28,8 @@ _LAZY_BACKENDS = {"triton": "compiled_llm.attention.triton_backend"}
 def register_backend(name: str, forward) -> None:
     """Add an attention implementation selectable through ForwardContext.backend; forward
     has the reference's signature (q, k, v, kv_cache, metadata, scale, sliding_window, causal,
-    kv_scales); kv_cache is None when the context holds no caches, kv_scales [2, Hkv] is given
-    for FP8 caches only."""
+    kv_scales, write_kv); kv_cache is None when the context holds no caches, kv_scales [2, Hkv]
+    is given for FP8 caches only, write_kv=False: this step's K/V are in the cache already."""
     _BACKENDS[name] = forward
 
 
@@ -47,18 +49,45 @@ def attention(
 ) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; also writes k/v into layer_idx's cache
     when the context holds caches (none: attention within each sequence's own tokens)."""
-    ctx = get_forward_context()
-    forward = get_backend(ctx.backend)
-    kv_cache = ctx.kv_caches[layer_idx] if ctx.kv_caches else None
-    if kv_cache is None or not is_fp8(kv_cache.dtype):
-        return forward(q, k, v, kv_cache, ctx.attn_metadata, scale, sliding_window, causal)
-    kv_scales = ctx.kv_scales[layer_idx]
-    if ctx.calibrate_kv_scales:
-        calibrate(k, v, kv_scales, ctx.attn_metadata.num_actual_tokens, kv_cache.dtype)
-    return forward(q, k, v, kv_cache, ctx.attn_metadata, scale, sliding_window, causal,
-                   kv_scales=kv_scales)
+    return _attend(q, k, v, layer_idx, scale, sliding_window, causal, write_kv=True)
 
 
 @attention.register_fake
 def _attention_fake(q, k, v, layer_idx, scale, sliding_window, causal=True):
     return torch.empty_like(q)
+
+
+@torch.library.custom_op(ATTENTION_NO_WRITE_OP_NAME, mutates_args=())
+def attention_no_write(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: float,
+    sliding_window: int, causal: bool = True,
+) -> torch.Tensor:
+    """`attention` whose K/V write (and FP8 calibration) already ran: the fused
+    qk_norm_rope_kv_write op put this step's rows into the cache. k/v are still read where the
+    context holds no caches (pooling runs attend over them)."""
+    return _attend(q, k, v, layer_idx, scale, sliding_window, causal, write_kv=False)
+
+
+@attention_no_write.register_fake
+def _attention_no_write_fake(q, k, v, layer_idx, scale, sliding_window, causal=True):
+    return torch.empty_like(q)
+
+
+def _attend(q, k, v, layer_idx: int, scale: float, sliding_window: int, causal: bool,
+            write_kv: bool) -> torch.Tensor:
+    ctx = get_forward_context()
+    forward = get_backend(ctx.backend)
+    kv_cache = ctx.kv_caches[layer_idx] if ctx.kv_caches else None
+    if kv_cache is None or not is_fp8(kv_cache.dtype):
+        return forward(q, k, v, kv_cache, ctx.attn_metadata, scale, sliding_window, causal,
+                       write_kv=write_kv)
+    kv_scales = ctx.kv_scales[layer_idx]
+    if ctx.calibrate_kv_scales and write_kv:
+        calibrate(k, v, kv_scales, ctx.attn_metadata.num_actual_tokens, kv_cache.dtype)
+    return forward(q, k, v, kv_cache, ctx.attn_metadata, scale, sliding_window, causal,
+                   kv_scales=kv_scales, write_kv=write_kv)
+
+
+# registers compiled_llm::qk_norm_rope_kv_write with the attention ops (a stored split graph
+# calls it by name)
+from compiled_llm.attention import qk_norm_rope as _qk_norm_rope  # noqa: E402, F401

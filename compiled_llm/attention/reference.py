@@ -27,6 +27,12 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slots: to
         dest.index_copy_(0, slots, rows)
 
 
+def write_kv_rows(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                  kv_scales: torch.Tensor | None = None) -> None:
+    """write_kv of this step's real rows (the first meta.num_actual_tokens)."""
+    write_kv(k, v, kv_cache, meta.slot_mapping[:meta.num_actual_tokens], kv_scales)
+
+
 def _read(kv_cache: torch.Tensor, index: int, blocks: torch.Tensor,
           kv_scales: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """K (index 0) or V rows of `blocks` [..., n] -> [..., n, bs, Hkv, D] as `dtype`."""
@@ -55,15 +61,18 @@ def attention_forward(
     sliding_window: int,
     causal: bool = True,
     kv_scales: torch.Tensor | None = None,
+    write_kv: bool = True,
 ) -> torch.Tensor:
     """Write K/V into the cache, then attend each sequence's queries over its whole context;
     with kv_cache None, over the sequence's own k/v rows (causal=False: every row sees all).
-    kv_scales [2, Hkv]: the cache is FP8, holding rows / scale."""
+    kv_scales [2, Hkv]: the cache is FP8, holding rows / scale. write_kv=False: they are in
+    the cache already."""
     if kv_cache is None:
         return attend_uncached(q, k, v, meta, scale, sliding_window, causal)
     if not causal:
         raise ValueError("non-causal attention runs without a KV cache only")
-    write_kv(k, v, kv_cache, meta.slot_mapping[:meta.num_actual_tokens], kv_scales)
+    if write_kv:
+        write_kv_rows(k, v, kv_cache, meta, kv_scales)
     if meta.max_query_len == 1:
         return _decode(q, kv_cache, meta, scale, sliding_window, kv_scales)
     out = torch.zeros_like(q)

@@ -19,7 +19,9 @@ from compiled_llm.attention.kernels import (
     varlen_attention,
     write_kv_cache,
 )
+from compiled_llm.attention.kernels.qk_norm_rope import qk_norm_rope_kv_write
 from compiled_llm.attention.metadata import AttentionMetadata
+from compiled_llm.attention.qk_norm_rope import register_fused_write
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -73,14 +75,17 @@ def triton_attention(
     sliding_window: int,
     causal: bool = True,
     kv_scales: torch.Tensor | None = None,  # [2, Hkv] float32: the cache is FP8
+    write_kv: bool = True,
 ) -> torch.Tensor:
-    """Write this step's K/V into the cache, then attend; same contract as the reference."""
+    """Write this step's K/V into the cache (unless write_kv is False), then attend; same
+    contract as the reference."""
     if kv_cache is None:
         return _uncached(q, k, v, meta, scale, sliding_window, causal)
     if not causal:
         raise ValueError("non-causal attention runs without a KV cache only")
     check_shapes(q, kv_cache, kv_scales is not None)
-    write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scales)
+    if write_kv:
+        write_kv_cache(k, v, kv_cache, meta.slot_mapping, kv_scales)
     out = torch.empty_like(q)
     head_dim = q.shape[2]
     if meta.max_query_len == 1:
@@ -111,4 +116,14 @@ def _uncached(q, k, v, meta: AttentionMetadata, scale: float, sliding_window: in
     return out
 
 
+def triton_fused_write(q, k, v, cos, sin, q_weight, k_weight, eps: float,
+                       kv_cache: torch.Tensor, meta: AttentionMetadata,
+                       kv_scales: torch.Tensor | None):
+    """qk_norm_rope_kv_write's kernel, after the attention kernels' input checks."""
+    check_shapes(q, kv_cache, kv_scales is not None)
+    return qk_norm_rope_kv_write(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache, meta,
+                                 kv_scales)
+
+
 register_backend("triton", triton_attention)
+register_fused_write("triton", triton_fused_write)

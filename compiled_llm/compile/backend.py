@@ -74,6 +74,7 @@ class CompiledLLMBackend:
         counters.recompiles += int(self.captures > 1)
         if self.call_started is not None:
             counters.add_time("dynamo", t0 - self.call_started)
+        self._pre_split(gm)
         split, pieces = split_graph(gm)
         counters.add_time("split", time.perf_counter() - t0)
         # the placeholders' fake values carry the symbolic T; example_inputs are real tensors
@@ -87,6 +88,16 @@ class CompiledLLMBackend:
             self.call_locals = None  # holds the first call's inputs
         self.graphs.append(split)
         return split
+
+    def _pre_split(self, gm: fx.GraphModule) -> None:
+        """The pass manager's pre-split passes on the whole graph (the fused KV write)."""
+        pre_split = getattr(self.opts.post_grad_pass, "pre_split", None)
+        if pre_split is None:
+            return
+        for name, matches, secs in pre_split(gm.graph):
+            counters.add_matches(name, matches)
+            counters.add_time(f"pass {name}", secs)
+        gm.recompile()
 
     def wrap(self, fn, key: str, returns_tuple: bool) -> nn.Module:
         """A compiled piece as a module of the split graph (in the piece wrapper if one)."""

@@ -7,20 +7,29 @@ which `piece_hash` maps to one key so they compile once.
 from __future__ import annotations
 
 import hashlib
+import operator
 from dataclasses import dataclass
 
 import torch
 from torch import fx
 from torch.fx.passes.split_module import split_module
 
-SPLIT_OPS = ("compiled_llm::attention",)
+SPLIT_OPS = ("compiled_llm::attention", "compiled_llm::attention_no_write",
+             "compiled_llm::qk_norm_rope_kv_write")
 
 
 def is_split_node(node: fx.Node) -> bool:
-    """Whether node calls an op the graph is split at (the attention op)."""
+    """Whether node calls an op the graph is split at (attention, and the fused K/V write that
+    precedes attention_no_write)."""
     target = node.target
     name = getattr(target, "_schema", None)
     return node.op == "call_function" and name is not None and name.name in SPLIT_OPS
+
+
+def _reads_split_node(node: fx.Node) -> bool:
+    """A getitem of a split op's tuple output."""
+    return (node.op == "call_function" and node.target is operator.getitem
+            and isinstance(node.args[0], fx.Node) and is_split_node(node.args[0]))
 
 
 @dataclass
@@ -33,16 +42,16 @@ class Piece:
 
 
 def split_graph(graph_module: fx.GraphModule) -> tuple[fx.GraphModule, list[Piece]]:
-    """Partition graph_module so each attention op sits alone between compute pieces."""
-    partition, piece_id = {}, 0
+    """Partition graph_module so each run of split ops (attention, or the fused K/V write, its
+    getitems and attention_no_write) sits alone between compute pieces."""
+    partition, piece_id, in_split = {}, 0, False
     for node in graph_module.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        if is_split_node(node):
-            partition[node] = piece_id + 1
-            piece_id += 2
-        else:
-            partition[node] = piece_id
+        split_side = is_split_node(node) or (in_split and _reads_split_node(node))
+        if split_side != in_split:
+            piece_id, in_split = piece_id + 1, split_side
+        partition[node] = piece_id
     split = split_module(graph_module, None, lambda node: partition[node], keep_original_order=True)
     pieces = []
     for name, module in split.named_children():

@@ -1,5 +1,6 @@
 """The promise over the model registry: every registered architecture compiles with the
-compiled-llm backend, matches eager, and gets its expected fusions at every site.
+compiled-llm backend, matches eager, and gets its expected fusions at every site (the fused
+[q/k norm +] RoPE + KV write included: once per layer, before the split at attention).
 
 Mixture-of-experts layers: the routed experts are one `compiled_llm::fused_moe` call per sparse
 layer per step, inside the layer's piece (the graph is split at attention only); their SiLU·mul
@@ -19,7 +20,9 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral",
                "Qwen2MoeForCausalLM": "qwen2_moe"}
-QK_NORM_ARCHS = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+# the fused RoPE + KV write is for CUDA by default; on CPU its op runs the reference (the
+# models' arithmetic, eagerly), so the promise holds on CPU too
+ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True}
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
@@ -39,7 +42,7 @@ def test_compiles_matches_eager_and_fuses(arch, monkeypatch):
     counters.reset()
     monkeypatch.setenv("COMPILED_LLM_DISABLE_CACHE", "1")  # no cache of ours, nor Inductor's:
     with torch._inductor.config.patch(fx_graph_cache=False):  # the passes must really run
-        llm = LLM(str(ckpt), dtype="float32", compile_mode="backend")
+        llm = LLM(str(ckpt), dtype="float32", compile_mode="backend", passes=ON_CPU)
     cfg = llm.engine.model_config
     layers = cfg.num_hidden_layers
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)] == ref
@@ -47,11 +50,12 @@ def test_compiles_matches_eager_and_fuses(arch, monkeypatch):
     shared = sparse if cfg.moe and cfg.moe.shared_expert_intermediate_size else 0
     gated_mlps = layers - sparse + shared  # dense MLPs and shared experts
     m = counters.pass_matches
-    qk_norms = 2 * layers if arch in QK_NORM_ARCHS else 0
     assert m["AddRMSNormFusionPass"] == 2 * layers  # post-attention and next/final norm
-    assert m["RMSNormFusionPass"] == 1 + qk_norms  # the first layer's input norm (+ q/k norms)
+    # the first layer's input norm; Qwen3's q/k norms are inside the fused RoPE + KV write op
+    assert m["RMSNormFusionPass"] == 1
     assert m["SiluMulFusionPass"] == gated_mlps
     assert m["HorizontalGemmFusionPass"] == layers + gated_mlps  # q/k/v, every gate/up
+    assert m["QKNormRoPEKVWriteFusionPass"] == layers  # [q/k norm +] RoPE + KV write, one op
     assert counters.graph_breaks == 0 and counters.recompiles == 0
     assert counters.pieces == layers + 1  # split at attention alone, never at the MoE op
     assert moe_calls_per_step(llm, monkeypatch) == sparse

@@ -1,0 +1,96 @@
+"""`compiled_llm::qk_norm_rope_kv_write`: one attention layer's per-head q/k RMSNorm (optional),
+rotate-half RoPE and paged K/V write in one op, ahead of `attention_no_write`. Like attention it
+reads caches and slot mapping from the forward context and sits between the compiled pieces.
+Backends may register a fused implementation; else it runs the reference (the models' math)."""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from compiled_llm.attention.forward_context import get_forward_context
+from compiled_llm.attention.kv_quant import calibrate, is_fp8
+from compiled_llm.attention.metadata import AttentionMetadata
+from compiled_llm.attention.reference import write_kv_rows
+
+# The graph pass that emits the op is passes/qk_norm_rope.py; the models stay as they are. The
+# reference also serves the FP8 cache's calibrating step and runs without caches (pooling).
+
+QK_NORM_ROPE_OP_NAME = "compiled_llm::qk_norm_rope_kv_write"
+_FUSED: dict[str, object] = {}
+_LAZY = {"triton": "compiled_llm.attention.triton_backend"}
+
+
+def register_fused_write(backend: str, fused) -> None:
+    """Use fused(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache, metadata, kv_scales)
+    -> (q_out, k_out) when the context's attention backend is `backend`; it must write the
+    rotated k and v of this step's rows exactly as the backend's own write would."""
+    _FUSED[backend] = fused
+
+
+def rms_norm_heads(heads: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim in float32, cast back, then scaled (models/layers.py's)."""
+    dtype = heads.dtype
+    heads_f32 = heads.float()
+    heads_f32 = heads_f32 * torch.rsqrt(heads_f32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * heads_f32.to(dtype)
+
+
+def rotate(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of heads [T, H, D] by cos/sin [T, 1, D] (models/layers.py's)."""
+    cos, sin = cos.to(heads.dtype), sin.to(heads.dtype)
+    first_half, second_half = heads.chunk(2, dim=-1)
+    return heads * cos + torch.cat([-second_half, first_half], -1) * sin
+
+
+def qk_norm_rope_ref(q, k, cos, sin, q_weight, k_weight, eps: float):
+    """(rotated q, rotated k), each normed first where its weight is given."""
+    if q_weight is not None:
+        q = rms_norm_heads(q, q_weight, eps)
+    if k_weight is not None:
+        k = rms_norm_heads(k, k_weight, eps)
+    return rotate(q, cos, sin).contiguous(), rotate(k, cos, sin).contiguous()
+
+
+def reference_fused_write(q, k, v, cos, sin, q_weight, k_weight, eps: float,
+                          kv_cache: torch.Tensor, meta: AttentionMetadata,
+                          kv_scales: torch.Tensor | None):
+    """The unfused math, then the reference backend's write of the rotated k and v."""
+    q_out, k_out = qk_norm_rope_ref(q, k, cos, sin, q_weight, k_weight, eps)
+    write_kv_rows(k_out, v, kv_cache, meta, kv_scales)
+    return q_out, k_out
+
+
+def _fused_for(backend: str):
+    if backend not in _FUSED and backend in _LAZY:
+        importlib.import_module(_LAZY[backend])
+    return _FUSED.get(backend, reference_fused_write)
+
+
+@torch.library.custom_op(QK_NORM_ROPE_OP_NAME, mutates_args=())
+def qk_norm_rope_kv_write(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, layer_idx: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, H, D], k/v [T, Hkv, D] (views of the qkv GEMM output), cos/sin [T, 1, D] ->
+    (rotated q, rotated k), each normed first where its weight is given; also writes the
+    rotated k and v into layer_idx's cache when the context holds caches."""
+    ctx = get_forward_context()
+    kv_cache = ctx.kv_caches[layer_idx] if ctx.kv_caches else None
+    if kv_cache is None:  # pooling runs: attention_no_write attends over the returned k and v
+        return qk_norm_rope_ref(q, k, cos, sin, q_weight, k_weight, eps)
+    meta = ctx.attn_metadata
+    kv_scales = ctx.kv_scales[layer_idx] if is_fp8(kv_cache.dtype) else None
+    if kv_scales is not None and ctx.calibrate_kv_scales:  # scales from the rotated rows first
+        q_out, k_out = qk_norm_rope_ref(q, k, cos, sin, q_weight, k_weight, eps)
+        calibrate(k_out, v, kv_scales, meta.num_actual_tokens, kv_cache.dtype)
+        write_kv_rows(k_out, v, kv_cache, meta, kv_scales)
+        return q_out, k_out
+    fused = _fused_for(ctx.backend)
+    return fused(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache, meta, kv_scales)
+
+
+@qk_norm_rope_kv_write.register_fake
+def _qk_norm_rope_kv_write_fake(q, k, v, cos, sin, q_weight, k_weight, eps, layer_idx):
+    return q.new_empty(q.shape), k.new_empty(k.shape)  # contiguous, as every impl returns
