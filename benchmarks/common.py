@@ -242,10 +242,12 @@ def decode_pair_main(name: str, doc: str, title: str, shapes: list[str], run_sha
     finish(name, args, {"rows": rows}, None)
 
 
-def fused_pair_rows(shape: str, args: argparse.Namespace, off_passes: dict) -> list[dict]:
+def fused_pair_rows(shape: str, args: argparse.Namespace, off_passes: dict,
+                    on_passes: dict | None = None) -> list[dict]:
     """One row per batch size of a fusion's decode benchmark: tok/s with the default passes
-    ("fused") and with off_passes ("unfused"), and their ratio."""
-    _, tok_s = decode_runs(shape, args, {"fused": {}, "unfused": {"passes": off_passes}})
+    plus on_passes ("fused") and with off_passes ("unfused"), and their ratio."""
+    fused = {"passes": on_passes} if on_passes else {}
+    _, tok_s = decode_runs(shape, args, {"fused": fused, "unfused": {"passes": off_passes}})
     rows = []
     for batch in args.batch_sizes:
         fused, unfused = (tok_s[k].get(batch, math.nan) for k in ("fused", "unfused"))

@@ -13,11 +13,12 @@ from __future__ import annotations
 from benchmarks.common import decode_pair_main, fused_pair_rows
 
 OFF = {"enable_qk_norm_rope_kv_write": False}
+ON = {"enable_qk_norm_rope_kv_write": True}  # opt-in (passes/manager.py) until measured
 
 
 def run_shape(shape: str, args) -> list[dict]:
     """One row per batch size: fused and unfused tok/s and their ratio."""
-    return fused_pair_rows(shape, args, OFF)
+    return fused_pair_rows(shape, args, OFF, ON)
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen2MoeForCausalLM": "qwen2_moe"}
 # the fused RoPE + KV write is for CUDA by default; on CPU its op runs the reference (the
 # models' arithmetic, eagerly), so the promise holds on CPU too
-ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True}
+ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True, "enable_qk_norm_rope_kv_write": True}
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",

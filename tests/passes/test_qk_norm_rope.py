@@ -22,7 +22,8 @@ from tests.utils import make_checkpoint
 
 PASS = "QKNormRoPEKVWriteFusionPass"
 H, HKV, D = 4, 2, 16
-ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True}  # the pass fires on CUDA tensors by default
+# the pass is opt-in, and fires on CUDA tensors only unless told otherwise
+ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True, "enable_qk_norm_rope_kv_write": True}
 
 
 def dynamo_counts(graph: torch.fx.Graph) -> Counter:
@@ -142,7 +143,7 @@ def test_rotated_q_read_elsewhere_is_kept_for_that_reader():
 
 def test_pass_off_default_on_cpu_and_the_uncached_path():
     args = toy_inputs(7, torch.float32, True)
-    for off in (PassConfig(enable_qk_norm_rope_kv_write=False, **ON_CPU), PassConfig()):
+    for off in (PassConfig(**{**ON_CPU, "enable_qk_norm_rope_kv_write": False}), PassConfig()):
         *_, after, _, m, _ = pre_split_run(layer, args, toy_context(7, torch.float32), off)
         assert m.matches(PASS) == 0 and after["compiled_llm.attention"] == 1
     no_cache = toy_context(7, torch.float32)
@@ -196,7 +197,7 @@ def engine_runs(monkeypatch, name: str, params: SamplingParams, **engine) -> dic
     for enabled in (False, True):
         counters.reset()
         llm = LLM(ckpt, compile_mode="backend", engine_core_process=False,
-                  passes={"enable_qk_norm_rope_kv_write": enabled, **ON_CPU}, **engine)
+                  passes={**ON_CPU, "enable_qk_norm_rope_kv_write": enabled}, **engine)
         runs[enabled] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         assert counters.pass_matches.get(PASS, 0) == (2 if enabled else 0)  # once a layer
         assert llm.engine.num_used_blocks == 0
