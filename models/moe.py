@@ -36,17 +36,22 @@ class ExpertWeight(NamedTuple):
 # checkpoint projection name -> (stacked parameter, shard of it): gate rows then up rows in w13
 QWEN_EXPERT_PROJS = {"gate_proj": ("w13_weight", 0), "up_proj": ("w13_weight", 1),
                      "down_proj": ("w2_weight", 0)}
-_EXPERT_NAME = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight$")
+# `weight` and the tensors stored beside it (a quantized checkpoint's `weight_scale_inv`)
+_EXPERT_NAME = re.compile(
+    r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight(?P<suffix>\w*)$")
 
 
 def expert_weight(hf_name: str, projs: dict[str, tuple[str, int]]) -> ExpertWeight | None:
-    """The ExpertWeight of `...experts.<e>.<proj>.weight` for a proj in projs, else None."""
+    """The ExpertWeight of `...experts.<e>.<proj>.weight<suffix>` for a proj in projs (the
+    stacked parameter `<param><suffix>`: w13_weight_scale_inv for a gate's weight_scale_inv),
+    else None."""
     match = _EXPERT_NAME.match(hf_name)
     if match is None or match["proj"] not in projs:
         return None
     param, shard = projs[match["proj"]]
     num_shards = 2 if param == "w13_weight" else 1
-    return ExpertWeight(f"{match['prefix']}.{param}", int(match["expert"]), shard, num_shards)
+    return ExpertWeight(f"{match['prefix']}.{param}{match['suffix']}", int(match["expert"]),
+                        shard, num_shards)
 
 
 class FusedMoE(nn.Module):

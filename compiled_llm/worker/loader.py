@@ -176,8 +176,7 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     model_cls, model_config = build_model_config(hf_config)
     checkpoint_format = detect_format(hf_config, quantization)
     if checkpoint_format is None:
-        check_quantization(quantization,
-                           mixture_of_experts=getattr(model_config, "moe", None) is not None)
+        check_quantization(quantization)
     files = checkpoint_files(Path(model_dir), load_format)
     plan, stage = None, None
     if pipeline_parallel_size > 1:

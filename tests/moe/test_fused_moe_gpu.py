@@ -1,6 +1,6 @@
-"""The Triton fused MoE on the GPU (CUDA only): bf16 at Qwen3-30B-A3B's layer shape against the
-reference, the op captured in a CUDA graph and replayed on new routing, and a MoE model's greedy
-tokens with CUDA graphs equal to eager."""
+"""The Triton fused MoE on the GPU (CUDA only): bf16 and block FP8 at Qwen3-30B-A3B's layer
+shape against the reference, the op captured in a CUDA graph and replayed on new routing, and a
+MoE model's greedy tokens with CUDA graphs equal to eager."""
 
 from __future__ import annotations
 
@@ -32,6 +32,19 @@ def test_bf16_matches_reference(num_tokens):
     args = _cuda(moe_inputs(num_tokens, *LAYER, dtype=torch.bfloat16, seed=num_tokens))
     out = fused_moe(*args)  # the op dispatches to the Triton kernel on CUDA
     assert _rel_err(out, fused_moe_reference(*args)) < 1e-2
+
+
+@pytest.mark.parametrize("num_tokens", [1, 64, 1024])
+def test_block_fp8_matches_reference(num_tokens):
+    from compiled_llm.quantization.moe_fp8 import block_quantize, fused_moe_fp8
+
+    x, w13, w2, weights, ids = _cuda(moe_inputs(num_tokens, *LAYER, dtype=torch.bfloat16,
+                                                seed=num_tokens))
+    (q13, s13), (q2, s2) = block_quantize(w13), block_quantize(w2)
+    out = fused_moe_fp8(x, q13, s13, q2, s2, weights, ids)  # Triton on CUDA
+    cpu = [t.cpu() for t in (x, q13, s13, q2, s2, weights, ids)]
+    ref = fused_moe_fp8(*cpu)  # the torch reference (same activation quantization) on CPU
+    assert _rel_err(out.cpu(), ref) < 2e-2
 
 
 def test_float32_matches_reference():
