@@ -56,7 +56,10 @@ def expert_weight(hf_name: str, projs: dict[str, tuple[str, int]]) -> ExpertWeig
 
 class FusedMoE(nn.Module):
     """The routed experts stacked: w13_weight [E, 2I, H] (expert e's gate rows, then its up
-    rows) and w2_weight [E, H, I]; forward dispatches tokens through `compiled_llm::fused_moe`."""
+    rows) and w2_weight [E, H, I]; forward dispatches tokens through `compiled_llm::fused_moe`
+    (expert_op: a load-time transform may swap in a variant of the same contract)."""
+
+    expert_op = staticmethod(fused_moe)
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
@@ -68,7 +71,7 @@ class FusedMoE(nn.Module):
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor) -> torch.Tensor:
         """hidden [T, H], topk_weights/ids [T, K] -> the weighted sum of the experts [T, H]."""
-        return fused_moe(hidden, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        return self.expert_op(hidden, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
 
     def extra_repr(self) -> str:
         """Experts and their sizes."""
@@ -95,13 +98,16 @@ class SparseMoeBlock(nn.Module):
         """router logits [T, E] -> (weights float32, expert ids) [T, K]."""
         return softmax_topk(router_logits, self.top_k, self.renormalize)
 
+    def shared_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        """sigmoid(shared_expert_gate(x)) * shared_expert(x) [T, H]."""
+        return F.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert(hidden)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] -> [T, H]."""
         topk_weights, topk_ids = self.route(self.gate(hidden))
         out = self.experts(hidden, topk_weights, topk_ids)
         if self.shared_expert is not None:
-            shared = self.shared_expert(hidden)
-            out = out + F.sigmoid(self.shared_expert_gate(hidden)) * shared
+            out = out + self.shared_output(hidden)
         return out
 
 

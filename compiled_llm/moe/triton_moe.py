@@ -96,13 +96,15 @@ def _fused_moe_chunk(hidden, w13, w2, topk_weights, topk_ids, out, config, scale
 def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                      topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                      config: MoeGemmConfig | None = None,
-                     scales: BlockScales | None = None) -> torch.Tensor:
+                     scales: BlockScales | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """The op's contract (compiled_llm.moe.fused_moe) on the Triton kernels; no host sync.
-    With `scales`, w13 and w2 are block-FP8 and both GEMMs read quantized activations."""
+    With `scales`, w13 and w2 are block-FP8 and both GEMMs read quantized activations; the
+    result goes to `out` when given (like hidden)."""
     check_triton_inputs(hidden, w13, w2, scaled=scales is not None)
     hidden = hidden.contiguous()
     num_tokens, top_k = topk_ids.shape
-    out = torch.empty_like(hidden)
+    out = torch.empty_like(hidden) if out is None else out
     if config is None:
         tokens = min(num_tokens, CHUNK_TOKENS)
         config = tuned_config(tokens, w13) or moe_gemm_config(tokens, top_k, w13.shape[0],

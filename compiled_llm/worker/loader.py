@@ -173,6 +173,7 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
     from compiled_llm.quantization.loading import detect_format, prepare_quantized
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
+    from compiled_llm.worker.shared_overlap import overlap_shared_experts
 
     hf_config = load_hf_config(model_dir)
     model_cls, model_config = build_model_config(hf_config)
@@ -202,4 +203,6 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
         localize_kv_scales(model)
     model = finalize() if finalize else quantize_model(model, quantization)
     fuse_sibling_weights(model)
+    if device.type == "cuda":  # routed experts on a side stream beside the shared expert
+        overlap_shared_experts(model)
     return model.eval().requires_grad_(False)
