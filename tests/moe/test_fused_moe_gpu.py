@@ -1,6 +1,6 @@
 """The Triton fused MoE on the GPU (CUDA only): bf16 and block FP8 at Qwen3-30B-A3B's layer
-shape against the reference, the op captured in a CUDA graph and replayed on new routing, and a
-MoE model's greedy tokens with CUDA graphs equal to eager."""
+shape against the reference, the op captured in a CUDA graph and replayed on new routing, and
+MoE models' greedy tokens (bf16, and a block-FP8 checkpoint) with CUDA graphs equal to eager."""
 
 from __future__ import annotations
 
@@ -76,6 +76,21 @@ def test_moe_model_with_cudagraphs_matches_eager(name, tmp_path):
     eager = LLM(str(ckpt), enforce_eager=True, attention_backend="torch", **common)
     ref = [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
     llm = LLM(str(ckpt), cudagraph_mode="full_and_piecewise", max_num_seqs=8,
+              compile_cache_dir=str(tmp_path), **common)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == ref
+    assert llm.engine.num_used_blocks == 0
+
+
+def test_fp8_moe_checkpoint_with_cudagraphs_matches_eager(tmp_path):
+    from tests.quantization.packers import fp8_moe_pair
+
+    quantized, _ = fp8_moe_pair()
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(6, 300, lo=2, hi=60, seed=6)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    common = dict(engine_core_process=False, dtype="float32", gpu_memory_utilization=0.3)
+    eager = LLM(str(quantized), enforce_eager=True, attention_backend="torch", **common)
+    ref = [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    llm = LLM(str(quantized), cudagraph_mode="full_and_piecewise", max_num_seqs=8,
               compile_cache_dir=str(tmp_path), **common)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == ref
     assert llm.engine.num_used_blocks == 0
