@@ -61,7 +61,8 @@ def random_checkpoint(shape: str, dtype: torch.dtype = torch.bfloat16, out: str 
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    # 5 GB shards: a checkpoint converted shard by shard never holds two copies on disk
+    model.save_pretrained(out_dir, safe_serialization=True, max_shard_size="5GB")
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # phases run in child processes and need the whole device

@@ -111,16 +111,16 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--dtype", default=default_dtype())
     ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 64])
     ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--peer-new-tokens", type=int, default=12,
                     help="transformers' decode tokens, 4 more than it times (its MoE is slow; "
                          "0: no decode peer)")
-    ap.add_argument("--peer-budget-s", type=float, default=60.0,
+    ap.add_argument("--peer-budget-s", type=float, default=45.0,
                     help="transformers' decode: batch sizes left once this has passed")
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--input-len", type=int, nargs=2, default=[100, 512])
     ap.add_argument("--output-len", type=int, nargs=2, default=[50, 200])
-    ap.add_argument("--peer-max-seconds", type=float, default=45.0,
+    ap.add_argument("--peer-max-seconds", type=float, default=30.0,
                     help="cap on transformers' continuous batching (0: no workload peer)")
     ap.add_argument("--compile-mode", default="backend")
     ap.add_argument("--cudagraph-mode", default="full_and_piecewise")
