@@ -76,8 +76,16 @@ def _workload_row(res: dict, engine: str, fmt: str, requests: int) -> dict:
 
 
 def run_format(fmt: str, model_dir: str, args, record) -> None:
-    """The four phases of one checkpoint; record(rows) after each."""
+    """The phases of one checkpoint (decode: ours, transformers; workload: ours,
+    transformers); record(rows) after each."""
     common = dict(model_dir=model_dir, dtype=args.dtype)
+    if "decode" in args.phases:
+        _decode_phases(common, fmt, args, record)
+    if "workload" in args.phases:
+        _workload_phases(common, fmt, args, record)
+
+
+def _decode_phases(common: dict, fmt: str, args, record) -> None:
     ours = isolate.call("benchmarks.ours:decode", **common, compile_mode=args.compile_mode,
                         cudagraph_mode=args.cudagraph_mode, batch_sizes=args.batch_sizes,
                         prompt_len=args.prompt_len, new_tokens=args.new_tokens,
@@ -88,7 +96,10 @@ def run_format(fmt: str, model_dir: str, args, record) -> None:
                             batch_sizes=args.batch_sizes, prompt_len=args.prompt_len,
                             new_tokens=args.peer_new_tokens, budget_s=args.peer_budget_s)
         record(_decode_rows(peer, "transformers (eager)", fmt))
-    vocab = json.loads(Path(model_dir, "config.json").read_text())["vocab_size"]
+
+
+def _workload_phases(common: dict, fmt: str, args, record) -> None:
+    vocab = json.loads(Path(common["model_dir"], "config.json").read_text())["vocab_size"]
     prompts, outs = workload(args.num_requests, vocab, args.input_len, args.output_len)
     ours = isolate.call("benchmarks.ours:offline", **common, prompts=prompts, outs=outs,
                         compile_mode=args.compile_mode, cudagraph_mode=args.cudagraph_mode,
@@ -109,6 +120,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--formats", nargs="+", default=["bf16", "fp8-block"],
                     choices=["bf16", "fp8-block"])
     ap.add_argument("--dtype", default=default_dtype())
+    ap.add_argument("--phases", nargs="+", default=["decode", "workload"],
+                    choices=["decode", "workload"], help="to split the run over calls")
     ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 64])
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=32)
