@@ -37,6 +37,11 @@ SHAPES = {
                           num_experts_per_tok=8, norm_topk_prob=True, num_hidden_layers=48,
                           num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                           max_position_embeddings=40960, rope_theta=1000000.0),
+    # a tiny Qwen3-MoE for CPU smoke runs; widths of 128 so that block FP8 applies
+    "cpu-moe": dict(arch="Qwen3MoeConfig", vocab_size=512, hidden_size=128, intermediate_size=256,
+                    moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2,
+                    norm_topk_prob=True, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=32, max_position_embeddings=2048),
     "qwen3-30b-a3b-8l": dict(arch="Qwen3MoeConfig", vocab_size=151936, hidden_size=2048,
                              intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
                              num_experts_per_tok=8, norm_topk_prob=True, num_hidden_layers=8,
@@ -57,7 +62,8 @@ def random_checkpoint(shape: str, dtype: torch.dtype = torch.bfloat16, out: str 
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    # 5 GB shards: a checkpoint converted shard by shard never holds two copies on disk
+    model.save_pretrained(out_dir, safe_serialization=True, max_shard_size="5GB")
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # phases run in child processes and need the whole device

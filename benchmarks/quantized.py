@@ -63,24 +63,34 @@ def pack_fp8_block(weight: torch.Tensor) -> dict[str, torch.Tensor]:
 PACKERS = {"w4a16": (pack_w4a16, W4A16_CONFIG), "fp8-block": (pack_fp8_block, FP8_BLOCK_CONFIG)}
 
 
+def pack_file(path: Path, pack) -> dict[str, torch.Tensor]:
+    """One safetensors file's tensors (on the CPU) with every linear in LINEARS packed (read
+    on the GPU where there is one); routers, norms, embeddings and the LM head as stored."""
+    from safetensors.torch import load_file
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in load_file(str(path), device=device).items():
+        prefix = name.removesuffix(".weight")
+        if name.endswith(".weight") and prefix.rsplit(".", 1)[-1] in LINEARS:
+            out.update({f"{prefix}.{k}": v.cpu() for k, v in pack(tensor).items()})
+        else:
+            out[name] = tensor.cpu()
+    return out
+
+
 def quantized_checkpoint(bf16_dir: str, fmt: str) -> str:
     """bf16_dir's weights packed as `fmt` into a sibling directory (made once)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     out = Path(f"{bf16_dir}-{fmt}")
     if (out / "config.json").exists():
         return str(out)
     out.mkdir(parents=True, exist_ok=True)
     pack, qconfig = PACKERS[fmt]
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     tensors: dict[str, torch.Tensor] = {}
     for path in sorted(Path(bf16_dir).glob("*.safetensors")):
-        for name, tensor in load_file(str(path), device=device).items():
-            prefix = name.removesuffix(".weight")
-            if name.endswith(".weight") and prefix.rsplit(".", 1)[-1] in LINEARS:
-                tensors.update({f"{prefix}.{k}": v.cpu() for k, v in pack(tensor).items()})
-            else:
-                tensors[name] = tensor.cpu()
+        tensors.update(pack_file(path, pack))
     save_file(tensors, str(out / "model.safetensors"))
     del tensors
     if torch.cuda.is_available():

@@ -1,5 +1,5 @@
-"""The EngineArgs fields of parallelism (vLLM's spellings): tensor and pipeline parallel sizes
-and the executor that runs the ranks; validated when EngineArgs is made."""
+"""The EngineArgs fields of parallelism (vLLM's spellings): tensor and pipeline parallel sizes,
+expert parallelism and the executor that runs the ranks; validated when EngineArgs is made."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ class ParallelArgs(RunnerArgs):
     process and device each (vLLM's split; VLLM_PP_LAYER_PARTITION sets it by hand). The
     stages of a step run one after another (no micro-batches in flight); not with
     tensor_parallel_size > 1 yet."""
+    enable_expert_parallel: bool = False
+    """Mixture-of-experts layers hold whole experts per rank (num_experts / tensor_parallel_size
+    each, the router replicated) instead of a slice of every expert; needs
+    tensor_parallel_size > 1."""
     distributed_executor_backend: ExecutorBackend | None = None
     """How ranks run: uni (one rank, in the engine's process), mp (a process per rank beside
     the engine's, which holds rank 0) or ray (Ray actors for ranks 1..N-1, one host) (default:
@@ -39,6 +43,12 @@ class ParallelArgs(RunnerArgs):
         if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
             raise ValueError("pipeline_parallel_size > 1 with tensor_parallel_size > 1: not "
                              "supported together yet; set one of them to 1")
+        if not isinstance(self.enable_expert_parallel, bool):
+            raise ValueError(f"enable_expert_parallel must be a bool, got "
+                             f"{self.enable_expert_parallel!r}")
+        if self.enable_expert_parallel and self.tensor_parallel_size == 1:
+            raise ValueError("enable_expert_parallel needs tensor_parallel_size > 1 (the experts "
+                             "are split over the tensor-parallel ranks)")
         if self.distributed_executor_backend == "uni" and self.world_size > 1:
             raise ValueError(f'distributed_executor_backend "uni" runs one rank; '
                              f"{self.parallel_field} {self.world_size} needs \"mp\"")

@@ -36,22 +36,30 @@ class ExpertWeight(NamedTuple):
 # checkpoint projection name -> (stacked parameter, shard of it): gate rows then up rows in w13
 QWEN_EXPERT_PROJS = {"gate_proj": ("w13_weight", 0), "up_proj": ("w13_weight", 1),
                      "down_proj": ("w2_weight", 0)}
-_EXPERT_NAME = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight$")
+# `weight` and the tensors stored beside it (a quantized checkpoint's `weight_scale_inv`)
+_EXPERT_NAME = re.compile(
+    r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight(?P<suffix>\w*)$")
 
 
 def expert_weight(hf_name: str, projs: dict[str, tuple[str, int]]) -> ExpertWeight | None:
-    """The ExpertWeight of `...experts.<e>.<proj>.weight` for a proj in projs, else None."""
+    """The ExpertWeight of `...experts.<e>.<proj>.weight<suffix>` for a proj in projs (the
+    stacked parameter `<param><suffix>`: w13_weight_scale_inv for a gate's weight_scale_inv),
+    else None."""
     match = _EXPERT_NAME.match(hf_name)
     if match is None or match["proj"] not in projs:
         return None
     param, shard = projs[match["proj"]]
     num_shards = 2 if param == "w13_weight" else 1
-    return ExpertWeight(f"{match['prefix']}.{param}", int(match["expert"]), shard, num_shards)
+    return ExpertWeight(f"{match['prefix']}.{param}{match['suffix']}", int(match["expert"]),
+                        shard, num_shards)
 
 
 class FusedMoE(nn.Module):
     """The routed experts stacked: w13_weight [E, 2I, H] (expert e's gate rows, then its up
-    rows) and w2_weight [E, H, I]; forward dispatches tokens through `compiled_llm::fused_moe`."""
+    rows) and w2_weight [E, H, I]; forward dispatches tokens through `compiled_llm::fused_moe`
+    (expert_op: a load-time transform may swap in a variant of the same contract)."""
+
+    expert_op = staticmethod(fused_moe)
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
@@ -63,7 +71,7 @@ class FusedMoE(nn.Module):
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor) -> torch.Tensor:
         """hidden [T, H], topk_weights/ids [T, K] -> the weighted sum of the experts [T, H]."""
-        return fused_moe(hidden, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        return self.expert_op(hidden, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
 
     def extra_repr(self) -> str:
         """Experts and their sizes."""
@@ -90,13 +98,16 @@ class SparseMoeBlock(nn.Module):
         """router logits [T, E] -> (weights float32, expert ids) [T, K]."""
         return softmax_topk(router_logits, self.top_k, self.renormalize)
 
+    def shared_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        """sigmoid(shared_expert_gate(x)) * shared_expert(x) [T, H]."""
+        return F.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert(hidden)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] -> [T, H]."""
         topk_weights, topk_ids = self.route(self.gate(hidden))
         out = self.experts(hidden, topk_weights, topk_ids)
         if self.shared_expert is not None:
-            shared = self.shared_expert(hidden)
-            out = out + F.sigmoid(self.shared_expert_gate(hidden)) * shared
+            out = out + self.shared_output(hidden)
         return out
 
 

@@ -14,6 +14,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from compiled_llm.distributed.expert_parallel import (
+    check_expert_parallel,
+    local_weight_names,
+    shard_experts,
+)
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.distributed.tp_layers import (
     ParallelLMHead,
@@ -88,8 +93,8 @@ def _resize(module: nn.Module, name: str, shape: tuple[int, ...]) -> None:
 class _Sharder:
     """Walks the model once, resizing parameters and recording each one's Shard."""
 
-    def __init__(self, model: nn.Module, tp: TPGroup) -> None:
-        self.model, self.tp, self.plan = model, tp, {}
+    def __init__(self, model: nn.Module, tp: TPGroup, expert_parallel: bool = False) -> None:
+        self.model, self.tp, self.plan, self.expert_parallel = model, tp, {}, expert_parallel
         cfg = model.config
         self.heads = head_layout(cfg.num_attention_heads, cfg.num_key_value_heads, tp.rank,
                                  tp.world_size)
@@ -143,6 +148,18 @@ class _Sharder:
         """Each expert's intermediate rows (w13 gate and up, w2 columns), the shared expert's
         too; the block's output (their sum) is all-reduced once."""
         experts = block.experts
+        if self.expert_parallel:  # whole experts per rank: checkpoint tensors read whole
+            shard_experts(experts, self.tp.rank, self.tp.world_size)
+        else:
+            self.expert_slices(prefix, experts)
+        if block.shared_expert is not None:
+            self.mlp(f"{prefix}.shared_expert", block.shared_expert, reduce=False)
+        block.__class__ = reduced_class(type(block))
+        block.group_name = self.tp.group_name
+
+    def expert_slices(self, prefix: str, experts: nn.Module) -> None:
+        """Every expert's intermediate rows [start, start + size) of w13 (gate and up) and
+        columns of w2."""
         start, size = self.split(experts.intermediate_size, "moe_intermediate_size")
         num, hidden = experts.num_experts, experts.w13_weight.shape[2]
         _resize(experts, "w13_weight", (num, 2 * size, hidden))
@@ -151,10 +168,6 @@ class _Sharder:
         # checkpoint gate/up tensors [I, H] and down tensors [H, I], per expert
         self.plan[f"{prefix}.experts.w13_weight"] = Shard(0, start, size)
         self.plan[f"{prefix}.experts.w2_weight"] = Shard(1, start, size)
-        if block.shared_expert is not None:
-            self.mlp(f"{prefix}.shared_expert", block.shared_expert, reduce=False)
-        block.__class__ = reduced_class(type(block))
-        block.group_name = self.tp.group_name
 
     def vocab(self) -> None:
         """Embedding and LM head by vocab rows (a tied head shares the sharded table)."""
@@ -176,25 +189,30 @@ class _Sharder:
         head.group_name, head.world_size = tp.group_name, tp.world_size
 
 
-def check_shardable(config, world: int) -> None:
+def check_shardable(config, world: int, expert_parallel: bool = False) -> None:
     """ValueError naming tensor_parallel_size if `world` ranks cannot split this decoder's
-    heads, intermediate sizes or vocabulary evenly (checked before any rank starts)."""
+    heads, intermediate sizes or vocabulary evenly (checked before any rank starts); with
+    expert_parallel, naming enable_expert_parallel if they cannot split the experts."""
+    if expert_parallel:
+        check_expert_parallel(config, world)
     head_layout(config.num_attention_heads, config.num_key_value_heads, 0, world)
     sizes = {"vocab_size": config.vocab_size, "intermediate_size": config.intermediate_size}
     moe = getattr(config, "moe", None)
     if moe is not None:
-        sizes["moe_intermediate_size"] = moe.moe_intermediate_size
+        if not expert_parallel:  # else each expert is whole on one rank
+            sizes["moe_intermediate_size"] = moe.moe_intermediate_size
         sizes["shared_expert_intermediate_size"] = moe.shared_expert_intermediate_size or 0
     for name, size in sizes.items():
         if size % world:
             raise ValueError(f"tensor_parallel_size {world} must divide {name} {size}")
 
 
-def shard_model(model: nn.Module, tp: TPGroup) -> dict[str, Shard]:
+def shard_model(model: nn.Module, tp: TPGroup, expert_parallel: bool = False) -> dict[str, Shard]:
     """Shard a decoder built under parameters_on_meta for this rank (in place); returns the
     plan: parameter name -> the Shard of its checkpoint tensors. ValueError (naming
-    tensor_parallel_size) for a size the ranks cannot split."""
-    sharder = _Sharder(model, tp)
+    tensor_parallel_size) for a size the ranks cannot split. expert_parallel: whole experts
+    per rank (distributed/expert_parallel.py)."""
+    sharder = _Sharder(model, tp, expert_parallel)
     for name, module in list(model.named_modules()):
         leaf = name.rpartition(".")[2]
         if all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
@@ -204,11 +222,14 @@ def shard_model(model: nn.Module, tp: TPGroup) -> dict[str, Shard]:
         elif leaf == "mlp" and hasattr(module, "down_proj"):
             sharder.mlp(name, module)
     sharder.vocab()
+    if expert_parallel:
+        local_weight_names(model)
     heads = sharder.heads
     config = dataclasses.replace(model.config, num_attention_heads=heads.num_heads * tp.world_size,
                                  num_key_value_heads=heads.num_kv_heads)
     # per rank in the compile cache's key (the model's config is one of its factors)
-    config.tensor_parallel = f"rank {tp.rank} of {tp.world_size}"
+    config.tensor_parallel = (f"rank {tp.rank} of {tp.world_size}"
+                              + (", expert parallel" if expert_parallel else ""))
     model.config = config
     return sharder.plan
 
@@ -227,12 +248,13 @@ def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> N
 
 
 def build_sharded(model_cls: type[nn.Module], config, max_len: int, device: torch.device,
-                  dtype: torch.dtype, tp: TPGroup) -> tuple[nn.Module, dict[str, Shard]]:
+                  dtype: torch.dtype, tp: TPGroup,
+                  expert_parallel: bool = False) -> tuple[nn.Module, dict[str, Shard]]:
     """This rank's shard of the model, parameters unloaded, and its load plan."""
     with torch.device(device), parameters_on_meta():
         model = model_cls(config, max_len=max_len)
     model.to(dtype=dtype)
-    plan = shard_model(model, tp)
+    plan = shard_model(model, tp, expert_parallel)
     materialize(model, device, dtype)
     return model, plan
 

@@ -127,7 +127,7 @@ def _check_model(args: EngineArgs, model_dir: str) -> None:
     if args.pipeline_parallel_size > 1:
         check_pipeline(model_cls, config, args.pipeline_parallel_size)
     else:
-        check_shardable(config, args.tensor_parallel_size)
+        check_shardable(config, args.tensor_parallel_size, args.enable_expert_parallel)
 
 
 class MultiprocExecutor(UniProcExecutor):

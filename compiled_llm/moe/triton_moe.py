@@ -1,13 +1,13 @@
-"""The CUDA path of `compiled_llm::fused_moe`: align the routing to expert blocks, the gated
-grouped GEMM over w13 (silu(gate) * up fused), the grouped GEMM over w2 with the routing
-weights applied, then the sum over each token's top-k rows. Tile configs come from the tuned
-file of the layer's shape and GPU (moe/tuning.py), else a small table by tokens per expert.
-CPU tensors run the same kernels through Triton's interpreter (TRITON_INTERPRET=1; for tests).
-"""
+"""The CUDA path of `compiled_llm::fused_moe` (and of block-FP8 experts, BlockScales): align the
+routing to expert blocks, the gated grouped GEMM over w13 (silu(gate) * up fused), the grouped
+GEMM over w2 with the routing weights applied, the sum over each token's top-k rows. Tile configs:
+the tuned file of the shape and GPU (moe/tuning.py), else a small table by tokens per expert.
+CPU tensors run the same kernels through Triton's interpreter (TRITON_INTERPRET=1; for tests)."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import torch
 
@@ -17,6 +17,7 @@ from compiled_llm.moe.kernels import (
     moe_align_block_size,
     moe_gemm,
 )
+from compiled_llm.moe.reference import ActQuant
 from compiled_llm.moe.tuning import tuned_config
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -47,38 +48,63 @@ def moe_gemm_config(num_tokens: int, top_k: int, num_experts: int,
     return config
 
 
-def check_triton_inputs(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> None:
-    """ValueError for inputs the kernels do not take: mixed or unsupported dtypes (FP8 weights
-    have no kernel yet), CPU tensors without the interpreter."""
-    if hidden.dtype not in SUPPORTED_DTYPES or {w13.dtype, w2.dtype} != {hidden.dtype}:
-        raise ValueError(f"fused_moe needs hidden, w13 and w2 of one dtype of {SUPPORTED_DTYPES}, "
-                         f"got {hidden.dtype}, {w13.dtype}, {w2.dtype}")
+def check_triton_inputs(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                        scaled: bool = False) -> None:
+    """ValueError for inputs the kernels do not take: mixed or unsupported dtypes (weights of
+    hidden's dtype, or FP8 e4m3 with block scales), CPU tensors without the interpreter."""
+    weight_dtypes = {torch.float8_e4m3fn} if scaled else {hidden.dtype}
+    if hidden.dtype not in SUPPORTED_DTYPES or {w13.dtype, w2.dtype} != weight_dtypes:
+        raise ValueError(f"fused_moe needs hidden of {SUPPORTED_DTYPES} and w13, w2 of its "
+                         "dtype (float8_e4m3fn with block scales), got "
+                         f"{hidden.dtype}, {w13.dtype}, {w2.dtype}")
     if hidden.device.type != "cuda" and not kernels_interpreted():
         raise ValueError(f"the Triton fused MoE needs CUDA tensors, got {hidden.device} "
                          "(CPU runs need TRITON_INTERPRET=1 before Triton is imported)")
 
 
-def _fused_moe_chunk(hidden, w13, w2, topk_weights, topk_ids, out, config) -> None:
+class BlockScales(NamedTuple):
+    """Block-FP8 experts: the weights' scales per block and the activations' quantizer."""
+
+    w13_scale: torch.Tensor  # [E, 2I / block[0], H / block[1]]
+    w2_scale: torch.Tensor  # [E, H / block[0], I / block[1]]
+    act_quant: ActQuant  # x [M, K] -> (q e4m3, scale [M, K / block[1]])
+    block: tuple[int, int] = (128, 128)
+
+
+def _fused_moe_chunk(hidden, w13, w2, topk_weights, topk_ids, out, config, scales) -> None:
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden_size = w13.shape[0], w13.shape[2]
-    routing = moe_align_block_size(topk_ids, config.block_m, num_experts)
+    # one more expert id than the weights hold: id E is another rank's (expert parallelism)
+    routing = moe_align_block_size(topk_ids, config.block_m, num_experts + 1)
     entries = num_tokens * top_k
     act = torch.empty(entries, w2.shape[2], dtype=hidden.dtype, device=hidden.device)
-    moe_gemm(hidden, w13, act, routing, None, True, top_k, config)
     down = torch.empty(entries, hidden_size, dtype=hidden.dtype, device=hidden.device)
     weights = topk_weights.reshape(-1).float()
-    moe_gemm(act, w2, down, routing, weights, False, 1, config)
+    if scales is None:
+        moe_gemm(hidden, w13, act, routing, None, True, top_k, config)
+        moe_gemm(act, w2, down, routing, weights, False, 1, config)
+    else:
+        x_q, x_scale = scales.act_quant(hidden)
+        moe_gemm(x_q, w13, act, routing, None, True, top_k, config, x_scale, scales.w13_scale,
+                 scales.block)
+        act_q, act_scale = scales.act_quant(act)
+        moe_gemm(act_q, w2, down, routing, weights, False, 1, config, act_scale,
+                 scales.w2_scale, scales.block)
     torch.sum(down.view(num_tokens, top_k, hidden_size), dim=1, out=out)
 
 
 def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                      topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                     config: MoeGemmConfig | None = None) -> torch.Tensor:
-    """The op's contract (compiled_llm.moe.fused_moe) on the Triton kernels; no host sync."""
-    check_triton_inputs(hidden, w13, w2)
+                     config: MoeGemmConfig | None = None,
+                     scales: BlockScales | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """The op's contract (compiled_llm.moe.fused_moe) on the Triton kernels; no host sync.
+    With `scales`, w13 and w2 are block-FP8 and both GEMMs read quantized activations; the
+    result goes to `out` when given (like hidden)."""
+    check_triton_inputs(hidden, w13, w2, scaled=scales is not None)
     hidden = hidden.contiguous()
     num_tokens, top_k = topk_ids.shape
-    out = torch.empty_like(hidden)
+    out = torch.empty_like(hidden) if out is None else out
     if config is None:
         tokens = min(num_tokens, CHUNK_TOKENS)
         config = tuned_config(tokens, w13) or moe_gemm_config(tokens, top_k, w13.shape[0],
@@ -86,5 +112,5 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     for start in range(0, num_tokens, CHUNK_TOKENS):
         rows = slice(start, start + CHUNK_TOKENS)
         _fused_moe_chunk(hidden[rows], w13, w2, topk_weights[rows], topk_ids[rows], out[rows],
-                         config)
+                         config, scales)
     return out

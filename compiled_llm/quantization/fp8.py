@@ -1,9 +1,8 @@
 """FP8 W8A8 linears: float8_e4m3fn weights with per-output-channel scales, per-token activations.
-
-`quantize_model(model, "fp8")` swaps every nn.Linear but the LM head for an Fp8Linear, whose
-forward calls `compiled_llm::quant_fp8_per_token` (what the quant fusion passes match) and
-`compiled_llm::fp8_gemm`: `torch._scaled_mm` (row-wise scales) on CUDA, a float32 matmul elsewhere.
-"""
+`quantize_model(model, "fp8")` swaps every nn.Linear but the LM head and MoE routers for an
+Fp8Linear (routed experts: block FP8, moe_fp8.py), whose forward calls `quant_fp8_per_token`
+(what the quant fusion passes match) and `compiled_llm::fp8_gemm`: `torch._scaled_mm` (row-wise
+scales) on CUDA, a float32 matmul elsewhere."""
 
 from __future__ import annotations
 
@@ -64,26 +63,36 @@ class Fp8Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
-def check_quantization(quantization: str | None, mixture_of_experts: bool = False) -> None:
-    """ValueError naming the field unless quantization is None or "fp8" (None alone for a
-    mixture-of-experts model: its stacked expert weights have no FP8 kernel yet)."""
+def check_quantization(quantization: str | None) -> None:
+    """ValueError naming the field unless quantization is None or "fp8"."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
-    if quantization is not None and mixture_of_experts:
-        raise ValueError(f"quantization={quantization!r} is not supported for "
-                         "mixture-of-experts models yet; leave quantization unset")
+
+
+def _unquantized(model: nn.Module) -> set[int]:
+    """ids of the linears that stay in the model's dtype: the LM head, and the routers (and
+    shared-expert gates) of MoE blocks, whose top-k choice is sensitive to rounding."""
+    keep = {id(getattr(model, "lm_head", None))}
+    for module in model.modules():
+        if hasattr(module, "experts"):
+            keep.update(id(child) for child in module.children() if type(child) is nn.Linear)
+    return keep
 
 
 def quantize_model(model: nn.Module, quantization: str | None) -> nn.Module:
-    """Apply `quantization` in place (None leaves the model as is); returns the model."""
-    moe = getattr(getattr(model, "config", None), "moe", None)
-    check_quantization(quantization, mixture_of_experts=moe is not None)
+    """Apply `quantization` in place (None leaves the model as is); returns the model. fp8:
+    linears per output channel (Fp8Linear), routed experts in 128x128 blocks (moe_fp8.py)."""
+    check_quantization(quantization)
     if quantization is None:
         return model
-    lm_head = getattr(model, "lm_head", None)
+    keep = _unquantized(model)
     targets = [(name, mod) for name, mod in model.named_modules()
-               if type(mod) is nn.Linear and mod is not lm_head]
+               if type(mod) is nn.Linear and id(mod) not in keep]
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, Fp8Linear(linear))
+    if getattr(getattr(model, "config", None), "moe", None) is not None:
+        from compiled_llm.quantization.moe_fp8 import quantize_experts
+
+        quantize_experts(model)
     return model

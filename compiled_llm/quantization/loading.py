@@ -77,17 +77,29 @@ def _swap(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent), child, module)
 
 
+def _prepare_experts(model: nn.Module, fmt: QuantFormat, stored: set[str]) -> list[str]:
+    """Block-FP8 routed experts where the checkpoint stores them so; ValueError for the MoE
+    models of the other formats."""
+    if getattr(getattr(model, "config", None), "moe", None) is None:
+        return []
+    if fmt.name != "fp8":
+        raise ValueError(f"{fmt.name} checkpoints of mixture-of-experts models are not "
+                         "supported yet (quantization_config.quant_method; fp8 blocks are)")
+    from compiled_llm.quantization.moe_fp8 import prepare_fp8_experts
+
+    return prepare_fp8_experts(model, stored)
+
+
 def prepare_quantized(model: nn.Module, fmt: QuantFormat,
                       files: list[Path]) -> Callable[[], nn.Module]:
     """Swap the checkpoint's quantized linears for CheckpointLinears; returns the step that
-    converts them once the weights are in (it returns the model)."""
-    if getattr(getattr(model, "config", None), "moe", None) is not None:
-        raise ValueError(f"{fmt.name} checkpoints of mixture-of-experts models are not "
-                         "supported yet (quantization_config)")
+    converts them once the weights are in (it returns the model). Block-FP8 routed experts
+become Fp8FusedMoE (their parameters as stored, stacked: nothing to convert)."""
     stored = checkpoint_names(files)
+    experts = _prepare_experts(model, fmt, stored)
     targets = [name for name, module in model.named_modules()
                if type(module) is nn.Linear and f"{name}.{fmt.marker}" in stored]
-    if not targets:
+    if not targets and not experts:
         raise ValueError(f"{fmt.name} checkpoint: no linear has a {fmt.marker!r} tensor")
     for name in targets:
         _swap(model, name, CheckpointLinear(model.get_submodule(name), fmt))

@@ -160,24 +160,26 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: t
 def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.device,
                max_len: int, load_format: str = "auto",
                quantization: str | None = None, tp=None,
-               pipeline_parallel_size: int = 1) -> nn.Module:
+               pipeline_parallel_size: int = 1,
+               expert_parallel: bool = False) -> nn.Module:
     """Build the model for the checkpoint in model_dir on device, in dtype, with weights; a
     quantized checkpoint (config.json's quantization_config) gets its format's linears
     (quantization/loading.py), else the load-time `quantization` transform (None or "fp8")
     runs; then sibling linears' weights are laid out as one fused tensor each
     (worker/fuse_weights.py). With a tensor-parallel group `tp`, this rank's shard is built
-    and only its slices are read; with several pipeline stages, `tp` (then the group of all
-    ranks) names the stage this rank builds, and only its layers are read."""
+    and only its slices are read (whole experts per rank with expert_parallel); with several
+    pipeline stages, `tp` (then the group of all ranks) names the stage this rank builds, and
+    only its layers are read."""
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
     from compiled_llm.quantization.loading import detect_format, prepare_quantized
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
+    from compiled_llm.worker.shared_overlap import overlap_shared_experts
 
     hf_config = load_hf_config(model_dir)
     model_cls, model_config = build_model_config(hf_config)
     checkpoint_format = detect_format(hf_config, quantization)
     if checkpoint_format is None:
-        check_quantization(quantization,
-                           mixture_of_experts=getattr(model_config, "moe", None) is not None)
+        check_quantization(quantization)
     files = checkpoint_files(Path(model_dir), load_format)
     plan, stage = None, None
     if pipeline_parallel_size > 1:
@@ -189,7 +191,8 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     if stage is not None:
         model = build_stage(model_cls, model_config, max_len, device, dtype, stage)
     elif tp is not None:
-        model, plan = build_sharded(model_cls, model_config, max_len, device, dtype, tp)
+        model, plan = build_sharded(model_cls, model_config, max_len, device, dtype, tp,
+                                    expert_parallel)
     else:
         with torch.device(device):
             model = model_cls(model_config, max_len=max_len)
@@ -200,4 +203,6 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
         localize_kv_scales(model)
     model = finalize() if finalize else quantize_model(model, quantization)
     fuse_sibling_weights(model)
+    if device.type == "cuda":  # routed experts on a side stream beside the shared expert
+        overlap_shared_experts(model)
     return model.eval().requires_grad_(False)

@@ -82,7 +82,8 @@ def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None) 
     runner."""
     sched, stages = spec.scheduler, args.pipeline_parallel_size
     model = load_model(spec.model_dir, spec.dtype, spec.device, sched.max_model_len,
-                       args.load_format, args.quantization, tp, stages)
+                       args.load_format, args.quantization, tp, stages,
+                       args.enable_expert_parallel)
     lora = attach_lora(model, args, sched) if args.enable_lora else None
     runner = ModelRunner(model, spec.device, spec.dtype, args.cache_config(),
                          args.compile_config(), sched.max_model_len,

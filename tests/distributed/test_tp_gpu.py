@@ -1,7 +1,8 @@
 """Tensor and pipeline parallelism on CUDA: TP=2 over NCCL (one GPU per rank) gives TP=1's
 greedy tokens, with the fused all-reduce + RMSNorm on symmetric-memory one-shot all-reduce and
-on NCCL alone; PP=2 (3 layers split 2 + 1) gives PP=1's; the mp executor at one rank equals
-the uniprocess one; two stages on one GPU, or CUDA graphs by name with them, are refused."""
+on NCCL alone, and with expert parallelism; PP=2 (3 layers split 2 + 1) gives PP=1's; the mp
+executor at one rank equals the uniprocess one; two stages on one GPU, or CUDA graphs by name
+with them, are refused."""
 
 from __future__ import annotations
 
@@ -60,3 +61,11 @@ def test_two_stages_on_one_gpu_are_refused():
 def test_cudagraphs_by_name_with_two_stages_are_refused():
     with pytest.raises(ValueError, match="cudagraph_mode 'full'.*pipeline_parallel_size"):
         _greedy(pipeline_parallel_size=2, cudagraph_mode="full")
+
+
+@two_gpus
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe"])
+def test_tp2_expert_parallel_on_two_gpus_equals_tp1(arch):
+    # qwen2_moe: the routed experts (local ones only) on the side stream beside the shared one
+    assert _greedy(arch=arch, tensor_parallel_size=2, enable_expert_parallel=True) == _greedy(
+        arch=arch)

@@ -1,7 +1,8 @@
 """The Triton fused MoE against the torch reference, run by test_interpreter.py in a subprocess
 with TRITON_INTERPRET=1 (CPU tensors, small shapes). Not collected directly: see that file.
 
-float32 and float16; bf16 is checked on the GPU (the interpreter's tl.dot mishandles it).
+float32 and float16, block-FP8 experts, ids of experts held elsewhere; bf16 is checked on the
+GPU (the interpreter's tl.dot mishandles it).
 """
 
 from __future__ import annotations
@@ -54,3 +55,25 @@ def test_long_batches_run_in_chunks(monkeypatch):
     monkeypatch.setattr(triton_moe, "CHUNK_TOKENS", 8)
     _check(moe_inputs(21, 4, 2, 32, 16, seed=5))
 
+
+
+def test_ids_past_the_weights_add_nothing():
+    # expert parallelism: id E (one past this rank's experts) is another rank's expert
+    x, w13, w2, weights, ids = moe_inputs(11, 4, 2, 32, 16, seed=7)
+    ids[::3, 1] = 4
+    _check((x, w13, w2, weights, ids))
+
+
+@pytest.mark.parametrize("num_tokens", [1, 13])
+def test_block_fp8_matches_reference(num_tokens):
+    from compiled_llm.moe.reference import fused_moe_reference as reference
+    from compiled_llm.moe.triton_moe import BlockScales
+    from compiled_llm.quantization.fp8_groups import quant_fp8_groups
+    from compiled_llm.quantization.moe_fp8 import block_quantize
+
+    x, w13, w2, weights, ids = moe_inputs(num_tokens, 4, 2, 128, 128, seed=num_tokens)
+    (q13, s13), (q2, s2) = block_quantize(w13), block_quantize(w2)
+    scales = BlockScales(s13, s2, quant_fp8_groups)
+    out = fused_moe_triton(x, q13, q2, weights, ids, config=SMALL, scales=scales)
+    ref = reference(x, q13, q2, weights, ids, s13, s2, quant_fp8_groups)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)

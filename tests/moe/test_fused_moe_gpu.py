@@ -1,6 +1,6 @@
-"""The Triton fused MoE on the GPU (CUDA only): bf16 at Qwen3-30B-A3B's layer shape against the
-reference, the op captured in a CUDA graph and replayed on new routing, and a MoE model's greedy
-tokens with CUDA graphs equal to eager."""
+"""The Triton fused MoE on the GPU (CUDA only): bf16 and block FP8 at Qwen3-30B-A3B's layer
+shape against the reference, the op captured in a CUDA graph and replayed on new routing, and
+MoE models' greedy tokens (bf16, and a block-FP8 checkpoint) with CUDA graphs equal to eager."""
 
 from __future__ import annotations
 
@@ -34,6 +34,19 @@ def test_bf16_matches_reference(num_tokens):
     assert _rel_err(out, fused_moe_reference(*args)) < 1e-2
 
 
+@pytest.mark.parametrize("num_tokens", [1, 64, 1024])
+def test_block_fp8_matches_reference(num_tokens):
+    from compiled_llm.quantization.moe_fp8 import block_quantize, fused_moe_fp8
+
+    x, w13, w2, weights, ids = _cuda(moe_inputs(num_tokens, *LAYER, dtype=torch.bfloat16,
+                                                seed=num_tokens))
+    (q13, s13), (q2, s2) = block_quantize(w13), block_quantize(w2)
+    out = fused_moe_fp8(x, q13, s13, q2, s2, weights, ids)  # Triton on CUDA
+    cpu = [t.cpu() for t in (x, q13, s13, q2, s2, weights, ids)]
+    ref = fused_moe_fp8(*cpu)  # the torch reference (same activation quantization) on CPU
+    assert _rel_err(out.cpu(), ref) < 2e-2
+
+
 def test_float32_matches_reference():
     args = _cuda(moe_inputs(37, 8, 2, 256, 128))
     torch.testing.assert_close(fused_moe(*args), fused_moe_reference(*args), atol=1e-4,
@@ -54,9 +67,7 @@ def test_captured_in_a_cuda_graph_and_replayed_on_new_routing():
         assert _rel_err(out, fused_moe_reference(x, w13, w2, weights, ids)) < 1e-2
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "qwen2_moe"])
-def test_moe_model_with_cudagraphs_matches_eager(name, tmp_path):
-    ckpt = make_checkpoint(name)
+def _cudagraphs_match_eager(ckpt, tmp_path) -> None:
     prompts = [{"prompt_token_ids": p} for p in random_prompts(6, 300, lo=2, hi=60, seed=4)]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     common = dict(engine_core_process=False, dtype="float32", gpu_memory_utilization=0.3)
@@ -66,3 +77,14 @@ def test_moe_model_with_cudagraphs_matches_eager(name, tmp_path):
               compile_cache_dir=str(tmp_path), **common)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == ref
     assert llm.engine.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen2_moe"])
+def test_moe_model_with_cudagraphs_matches_eager(name, tmp_path):
+    _cudagraphs_match_eager(make_checkpoint(name), tmp_path)
+
+
+def test_fp8_moe_checkpoint_with_cudagraphs_matches_eager(tmp_path):
+    from tests.quantization.packers import fp8_moe_pair
+
+    _cudagraphs_match_eager(fp8_moe_pair()[0], tmp_path)

@@ -1,12 +1,15 @@
 """Tiny quantized checkpoints for the tests: a random Llama (hidden 128, 2 layers) quantized as
 each format stores it, written from the formats' specifications (GPTQ, AWQ, block FP8) or by
-compressed-tensors itself, next to the same model with the dequantized weights in float32.
+compressed-tensors itself, and a random Qwen3-MoE in block FP8 (per expert, as published); each
+next to the same model with the dequantized weights in float32.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -190,3 +193,47 @@ def _calibrate(mod) -> None:
             mod.weight_zero_point.shape)
     if hasattr(mod, "input_scale"):
         mod.input_scale.data.fill_(0.01)  # activations here are O(1): 448 * 0.01 covers them
+
+
+QWEN3_MOE = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                 num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                 max_position_embeddings=512)
+# what Qwen3-MoE-FP8 checkpoints store in block FP8: attention and every expert's projections;
+# the routers (mlp.gate), norms, embeddings and the LM head stay in the model's dtype
+_FP8_MOE_LINEAR = re.compile(r"(self_attn\.[qkvo]_proj|experts\.\d+\.(gate|up|down)_proj)\.weight$")
+
+
+@functools.cache
+def fp8_moe_pair() -> tuple[Path, Path]:
+    """(block-FP8 Qwen3-MoE checkpoint in the published per-expert layout, float32 checkpoint
+    of its dequantized weights), both from one tiny random transformers model."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir())
+    cfg = transformers.Qwen3MoeConfig(vocab_size=len(tok), eos_token_id=tok.eos_token_id,
+                                      bos_token_id=None, **QWEN3_MOE)
+    torch.manual_seed(0)
+    reference = _save(transformers.AutoModelForCausalLM.from_config(cfg).eval(), tok)
+    plain = load_file(str(reference / "model.safetensors"))
+    quantized = {}
+    for name, tensor in plain.items():
+        if _FP8_MOE_LINEAR.search(name) is None:
+            quantized[name] = tensor
+            continue
+        stored, deq = block_fp8(tensor.float())
+        plain[name] = deq
+        quantized.update({f"{name[: -len('weight')]}{key}": value
+                          for key, value in stored.items()})
+    save_file(plain, str(reference / "model.safetensors"), metadata={"format": "pt"})
+    quantized_dir = Path(tempfile.mkdtemp(prefix="cllm-fp8-moe-"))
+    for path in reference.iterdir():
+        shutil.copy(path, quantized_dir / path.name)
+    save_file(quantized, str(quantized_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((quantized_dir / "config.json").read_text())
+    qconfig = {**BLOCK_FP8_CONFIG, "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate",
+                                                              "model.layers.1.mlp.gate"]}
+    config["quantization_config"] = qconfig
+    (quantized_dir / "config.json").write_text(json.dumps(config))
+    return quantized_dir, reference

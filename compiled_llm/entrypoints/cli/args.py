@@ -19,6 +19,7 @@ ENGINE_ARG_ALIASES: dict[str, tuple[str, ...]] = {
     "optimization_level": ("-O",),  # -O0 ... -O3
     "tensor_parallel_size": ("-tp",),
     "pipeline_parallel_size": ("-pp",),
+    "enable_expert_parallel": ("-ep",),
 }
 
 

@@ -1,8 +1,8 @@
-"""The grouped GEMM of the fused MoE: one Triton kernel over the rows that moe_align_block_size
-grouped by expert, each block of BLOCK_M rows times its expert's weight. Gated (w13): gate and
-up tiles in one pass and silu(gate) * up in the epilogue; else (w2): the routing weight of each
-row applied in the epilogue. Blocks past the rows in use return at once (read on device).
-"""
+"""The grouped GEMM of the fused MoE: one Triton kernel over the rows moe_align_block_size grouped
+by expert, each block of BLOCK_M rows times its expert's weight. Gated (w13): gate and up tiles in
+one pass, silu(gate) * up in the epilogue; else (w2): each row's routing weight applied. Block FP8:
+each K-tile's dot scaled by its rows' and columns' block scales. Blocks past the rows in use
+return at once; blocks of an expert held by another rank store zeros."""
 
 from __future__ import annotations
 
@@ -28,22 +28,48 @@ class MoeGemmConfig:
 
 
 @triton.jit
-def _moe_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_padded_ptr,
-    N, K, num_entries, num_rows,
-    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PREC: tl.constexpr,
-):
+def _grouped_pids(num_rows, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  GROUP_M: tl.constexpr):
+    """(row block, column block) of this program, GROUP_M row blocks per column stripe."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(num_rows, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    group = pid // (GROUP_M * num_pid_n)
-    first_m = group * GROUP_M
+    first_m = pid // (GROUP_M * num_pid_n) * GROUP_M
     group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
     pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_size
-    pid_n = (pid % (GROUP_M * num_pid_n)) // group_size
+    return pid_m, (pid % (GROUP_M * num_pid_n)) // group_size
+
+
+@triton.jit
+def _row_scales(ptrs, row_ok, SCALED: tl.constexpr):
+    """The rows' activation scales of this K-tile (1 when not block scaled)."""
+    if SCALED:
+        return tl.load(ptrs, mask=row_ok, other=0.0)
+    return 1.0
+
+
+@triton.jit
+def _tile_dot(a, b, a_scale, b_scale_ptrs, n_ok, SCALED: tl.constexpr, PREC: tl.constexpr):
+    """a @ b for one K-tile, times the rows' and the columns' block scales when SCALED."""
+    if SCALED:
+        b_scale = tl.load(b_scale_ptrs, mask=n_ok, other=0.0)
+        return tl.dot(a, b) * a_scale[:, None] * b_scale[None, :]
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_padded_ptr,
+    a_scale_ptr, b_scale_ptr,
+    N, K, num_entries, num_rows, num_experts,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+    stride_asm, stride_bse, stride_bsn, stride_bsk,
+    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+    SCALED: tl.constexpr, SCALE_BLOCK_N: tl.constexpr, SCALE_BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_m, pid_n = _grouped_pids(num_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
         return
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -52,6 +78,12 @@ def _moe_gemm_kernel(
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
+    c_ptrs = c_ptr + entry.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    if expert >= num_experts:  # another rank's expert: its rows add zero to the token's sum
+        if not GATED:
+            zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty)
+            tl.store(c_ptrs, zeros, mask=row_ok[:, None] & n_ok[None, :])
+        return
     offs_k = tl.arange(0, BLOCK_K)
     a_rows = (entry // A_ROW_DIV).to(tl.int64)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
@@ -59,43 +91,59 @@ def _moe_gemm_kernel(
               + offs_k[:, None] * stride_bk)  # [BLOCK_K, BLOCK_N] of W^T
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    bs_base = b_scale_ptr + expert * stride_bse
+    bs_cols = (offs_n // SCALE_BLOCK_N) * stride_bsn
+    bs_up_cols = ((offs_n + N) // SCALE_BLOCK_N) * stride_bsn  # up rows: N below the gate's
     for k_start in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k_start
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc += tl.dot(a, b, input_precision=PREC)
+        k_group = k_start // SCALE_BLOCK_K  # BLOCK_K divides SCALE_BLOCK_K: one group a tile
+        a_scale = _row_scales(a_scale_ptr + a_rows * stride_asm + k_group, row_ok, SCALED)
+        bs_ptr = bs_base + k_group * stride_bsk
+        acc += _tile_dot(a, b, a_scale, bs_ptr + bs_cols, n_ok, SCALED, PREC)
         if GATED:  # up rows sit N rows below the gate rows in w13
             b_up = tl.load(b_ptrs + N * stride_bn, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            acc_up += tl.dot(a, b_up, input_precision=PREC)
+            acc_up += _tile_dot(a, b_up, a_scale, bs_ptr + bs_up_cols, n_ok, SCALED, PREC)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     if GATED:
         acc = acc * tl.sigmoid(acc) * acc_up
     if MUL_WEIGHT:
         acc = acc * tl.load(weights_ptr + entry, mask=row_ok, other=0.0)[:, None]
-    c_ptrs = c_ptr + entry.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
 def moe_gemm(a: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, routing: AlignedRouting,
              topk_weights: torch.Tensor | None, gated: bool, a_row_div: int,
-             config: MoeGemmConfig) -> torch.Tensor:
+             config: MoeGemmConfig, a_scale: torch.Tensor | None = None,
+             b_scale: torch.Tensor | None = None,
+             scale_block: tuple[int, int] = (128, 128)) -> torch.Tensor:
     """out[entry] = f(a[entry // a_row_div] @ weight[expert(entry)]^T) for every routed entry:
     gated, weight [E, 2N, K] and f = silu(gate) * up; else weight [E, N, K], scaled by
-    topk_weights[entry] when given. out is [T * top_k, N]."""
+    topk_weights[entry] when given. out is [T * top_k, N]. Block-scaled (a_scale [rows of a,
+    K / scale_block[1]], b_scale [E, 2N or N / scale_block[0], K / scale_block[1]]): a and
+    weight are quantized values, config.block_k must divide scale_block[1]."""
     num_out = weight.shape[1] // 2 if gated else weight.shape[1]
     reduce_dim = weight.shape[2]
     num_rows = routing.sorted_ids.numel()
     if routing.block_m != config.block_m:
         raise ValueError(f"routing aligned to {routing.block_m} rows, config has {config.block_m}")
+    scaled = b_scale is not None
+    if scaled and (scale_block[1] % config.block_k or a_scale is None):
+        raise ValueError(f"block-scaled moe_gemm needs a_scale and block_k dividing "
+                         f"{scale_block[1]}, got block_k {config.block_k}")
+    scale_strides = (a_scale.stride(0), *b_scale.stride()) if scaled else (0, 0, 0, 0)
     grid = (triton.cdiv(num_rows, config.block_m) * triton.cdiv(num_out, config.block_n),)
     _moe_gemm_kernel[grid](
         a, weight, out, topk_weights if topk_weights is not None else out,
         routing.sorted_ids, routing.expert_ids, routing.num_post_padded,
-        num_out, reduce_dim, routing.num_entries, num_rows,
+        a_scale if scaled else out, b_scale if scaled else out,
+        num_out, reduce_dim, routing.num_entries, num_rows, weight.shape[0],
         a.stride(0), a.stride(1), weight.stride(0), weight.stride(1), weight.stride(2),
-        out.stride(0), out.stride(1),
+        out.stride(0), out.stride(1), *scale_strides,
         A_ROW_DIV=a_row_div, GATED=gated, MUL_WEIGHT=topk_weights is not None,
+        SCALED=scaled, SCALE_BLOCK_N=scale_block[0], SCALE_BLOCK_K=scale_block[1],
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         GROUP_M=config.group_m, PREC="ieee" if a.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages,
