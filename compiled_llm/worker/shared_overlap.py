@@ -5,6 +5,7 @@ has the two ops and why they are safe)."""
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 from torch import nn
@@ -35,10 +36,19 @@ def _overlappable(module: nn.Module) -> bool:
             and isinstance(module.experts, FusedMoE))
 
 
+OVERLAP_ENV = "COMPILED_LLM_SHARED_EXPERT_OVERLAP"
+
+
+def shared_overlap_enabled() -> bool:
+    """Opt-in ($COMPILED_LLM_SHARED_EXPERT_OVERLAP=1) until the overlap is measured on a GPU."""
+    return os.environ.get(OVERLAP_ENV, "0") == "1"
+
+
 def overlap_shared_experts(model: nn.Module) -> int:
     """Every overlappable block of the model overlapped in place (a tensor-parallel block
     stays all-reduced: its class is rebuilt over the overlapped one); returns how many. The
-    loader applies it on CUDA; on the CPU the ops are sequential (tests use that)."""
+    loader applies it on CUDA when shared_overlap_enabled(); on the CPU the ops are sequential
+    (tests use that)."""
     blocks = [module for module in model.modules() if _overlappable(module)]
     for block in blocks:
         reduced = getattr(block, "group_name", None) is not None  # reduced_class(base)
