@@ -111,8 +111,8 @@ def main() -> None:
             "benchmarks.embed:sentence_transformers", model_dir=directory, texts=texts,
             reps=args.reps, dtype=dtype)
     rows = table(runs, len(texts))
-    print_table(rows, f"MiniLM-L6 embeddings, {len(texts)} texts, {device_name()}")
     save_json(args.output_json, {"device": device_name(), "args": vars(args), "rows": rows})
+    print_table(rows, f"MiniLM-L6 embeddings, {len(texts)} texts, {device_name()}")
 
 
 def table(runs: dict[str, dict], count: int) -> list[dict]:
@@ -121,12 +121,12 @@ def table(runs: dict[str, dict], count: int) -> list[dict]:
     rows = []
     for name, res in runs.items():
         rate = count / res["seconds"] if "seconds" in res else None
-        rows.append({"engine": name, "texts/s": rate, "error": res.get("error"),
+        rows.append({"engine": name, "texts/s": rate, "tokens/s": None, "error": res.get("error"),
                      "ours / this": (count / mine["seconds"]) / rate
                      if rate and "seconds" in mine else None,
                      "min cosine to ours": _cosine(mine["first"], res["first"])
                      if "first" in res and "first" in mine else None})
-    if "tokens" in mine:
+    if "tokens" in mine and "seconds" in mine:
         rows[0]["tokens/s"] = mine["tokens"] / mine["seconds"]
     return rows
 
