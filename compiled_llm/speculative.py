@@ -1,5 +1,5 @@
 """SpeculativeConfig: the `speculative_config` of LLM/EngineArgs and `--speculative-config`, as
-vLLM spells it ({"method": "ngram" | "draft_model", "num_speculative_tokens": k,
+vLLM spells it ({"method": "ngram" | "draft_model" | "medusa", "num_speculative_tokens": k,
 "disable_by_batch_size": n, ...}). Pure Python: parsing and validation only; the proposers
 live in sample/spec_decode and worker/."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-SUPPORTED_METHODS = ("ngram", "draft_model")
+SUPPORTED_METHODS = ("ngram", "draft_model", "medusa")
 # vLLM's other methods: known names, refused clearly until they are implemented here
-UNSUPPORTED_METHODS = ("eagle", "eagle3", "medusa", "mtp", "mlp_speculator", "suffix",
+UNSUPPORTED_METHODS = ("eagle", "eagle3", "mtp", "mlp_speculator", "suffix",
                        "ngram_gpu", "deepseek_mtp")
 _DEFAULT_LOOKUP = 5  # vLLM's prompt_lookup_min/max when neither is given
 
@@ -19,7 +19,8 @@ _DEFAULT_LOOKUP = 5  # vLLM's prompt_lookup_min/max when neither is given
 class SpeculativeConfig:
     """Validated speculative decoding settings. Invariants: method is supported,
     num_speculative_tokens >= 1, 1 <= prompt_lookup_min <= prompt_lookup_max (ngram),
-    model is set exactly for draft_model, disable_by_batch_size is None or >= 2 (ngram only):
+    model is set exactly for draft_model and medusa, disable_by_batch_size is None or >= 2
+    (ngram only):
     a step whose batch has at least that many requests runs without drafts."""
 
     method: str
@@ -95,8 +96,8 @@ def _ngram_lookup(spec: dict[str, Any]) -> dict[str, Any]:
 def _draft_model(spec: dict[str, Any]) -> dict[str, Any]:
     model = spec.get("model")
     if not isinstance(model, str) or not model:
-        raise ValueError("speculative_config.model (the draft model's directory) is required "
-                         "for method 'draft_model'")
+        raise ValueError("speculative_config.model (the draft model's or heads' directory) is "
+                         f"required for method {spec['method']!r}")
     for name in ("prompt_lookup_min", "prompt_lookup_max"):
         if spec.get(name) is not None:
             raise ValueError(f"speculative_config.{name} is only for method 'ngram'")

@@ -30,7 +30,8 @@ def test_ngram_and_draft_model_parse():
 @pytest.mark.parametrize("spec, field", [
     ({"method": "eagle", "model": "/d", "num_speculative_tokens": 2}, "method"),
     ({"method": "eagle3", "model": "/d", "num_speculative_tokens": 2}, "method"),
-    ({"method": "medusa", "num_speculative_tokens": 2}, "method"),
+    ({"method": "mtp", "model": "/d", "num_speculative_tokens": 2}, "method"),
+    ({"method": "medusa", "num_speculative_tokens": 2}, "model"),
     ({"method": "bogus", "num_speculative_tokens": 2}, "method"),
     ({"num_speculative_tokens": 2}, "method"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),

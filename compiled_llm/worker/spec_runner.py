@@ -45,6 +45,22 @@ def verify_rows(sched: SchedulerOutput, skipped: dict[str, str]
     return out
 
 
+def last_hidden(hidden: torch.Tensor, inputs, rows: list[tuple[Request, int, int]],
+                accepted: dict[str, list[int]]) -> tuple[list[str], torch.Tensor]:
+    """(request ids, [R, hidden]) the target's hidden state at the row that gave each sampling
+    request its last token: a verifying request's last accepted position, else its sample
+    row (the rows stay on the device)."""
+    verified = {req.request_id: first + len(accepted[req.request_id]) - 1
+                for req, first, _ in rows if req.request_id in accepted}
+    plain = [i for i, req in enumerate(inputs.sample_reqs) if req.request_id not in verified]
+    ids = [inputs.sample_reqs[i].request_id for i in plain] + list(verified)
+    index = inputs.sample_rows[:len(inputs.sample_reqs)]
+    if verified:  # verifying requests need not be sampling rows of the step
+        index = torch.cat([index[upload(plain, torch.int64, hidden.device)],
+                           upload(list(verified.values()), torch.int64, hidden.device)])
+    return ids, hidden.index_select(0, index)
+
+
 class SpecDecodeRunner:
     """Runs speculative steps on `runner` with `proposer`. Invariant: a request's drafts in a
     verify step are req.spec_token_ids as the scheduler trimmed them (the input batch reads
@@ -60,11 +76,14 @@ class SpecDecodeRunner:
         runner = self.runner
         step = runner.launch_forward(sched)
         rows = verify_rows(sched, step.result.skipped)
-        accepted = self._verify(step.hidden, rows, step.result.errors) if rows else {}
+        hidden, inputs = step.hidden, step.inputs
+        accepted = self._verify(hidden, rows, step.result.errors) if rows else {}
         result = runner.finish(runner.launch_sampling(step))
         result.sampled.update(accepted)
         out = SpecStepResult(**{f.name: getattr(result, f.name) for f in fields(result)})
         live = {rid: tokens for rid, tokens in out.sampled.items() if rid not in out.errors}
+        if self.proposer.uses_target_hidden and live:
+            self.proposer.take_hidden(*last_hidden(hidden, inputs, rows, accepted))
         out.drafts = self.proposer.propose(sched, live)
         return out
 
@@ -92,6 +111,8 @@ def build_spec_runner(args, worker) -> SpecDecodeRunner | None:
         return None
     if cfg.method == "draft_model":
         from compiled_llm.worker import draft_model  # noqa: F401  (registers the proposer)
+    if cfg.method == "medusa":
+        from compiled_llm.worker import medusa  # noqa: F401  (registers the proposer)
     proposer = make_proposer(cfg, target=worker.runner, args=args,
                              num_blocks=worker.num_blocks)
     logger.info("speculative decoding: %s, %d tokens per step", cfg.method,

@@ -19,7 +19,10 @@ Sampled = dict[str, "int | list[int]"]  # request id -> its token, or accepted d
 
 class Proposer:
     """Proposes draft tokens. Invariant: a draft list is at most num_speculative_tokens long,
-    and draft_probs gives the distribution each draft was drawn from (None: deterministic)."""
+    and draft_probs gives the distribution each draft was drawn from (None: deterministic).
+    A proposer with uses_target_hidden gets take_hidden before each propose."""
+
+    uses_target_hidden = False
 
     def __init__(self, cfg: SpeculativeConfig, **context) -> None:
         self.cfg = cfg
@@ -32,6 +35,9 @@ class Proposer:
     def draft_probs(self, request_id: str, num: int) -> torch.Tensor | None:
         """[num, V] probabilities the request's current drafts were drawn from (None: one-hot)."""
         return None
+
+    def take_hidden(self, request_ids: list[str], hidden: torch.Tensor) -> None:
+        """The target's last hidden state [R, hidden] of each request that sampled."""
 
     def release(self, finished: set[str], preempted: set[str]) -> None:
         """Forget the state of finished and preempted requests."""
