@@ -14,6 +14,13 @@ from torch import nn
 
 from compiled_llm.models.config import DecoderConfig
 
+# parent module name -> (fused name, children that read the parent's same input, in order)
+SIBLINGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "self_attn": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    "mlp": ("gate_up_proj", ("gate_proj", "up_proj")),
+    "shared_expert": ("gate_up_proj", ("gate_proj", "up_proj")),  # MoE blocks (Qwen2-MoE)
+}
+
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32 and cast back, as the HF reference does."""

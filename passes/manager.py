@@ -18,6 +18,7 @@ from compiled_llm.passes.add_rms_norm import AddRMSNormFusionPass
 from compiled_llm.passes.allreduce_rms_norm import AllReduceRMSNormFusionPass
 from compiled_llm.passes.base import GraphPass, source_hash
 from compiled_llm.passes.dump import GraphDump
+from compiled_llm.passes.duplicate_ops import DuplicateOpEliminationPass
 from compiled_llm.passes.horizontal_gemm import HorizontalGemmFusionPass
 from compiled_llm.passes.lower import FusedOpLoweringPass
 from compiled_llm.passes.noop import NoOpEliminationPass
@@ -71,7 +72,7 @@ class PassConfig:
         """The configured passes in order, then the tail."""
         head = [cls for cls in PASSES if getattr(self, cls.flag)]
         tail = [FusedOpLoweringPass] if self.inline_fused_ops else []
-        return head + tail + [DeadCodeEliminationPass]
+        return head + tail + [DuplicateOpEliminationPass, DeadCodeEliminationPass]
 
     def pre_split_classes(self) -> list[type[GraphPass]]:
         """The configured passes that run on the Dynamo graph before the split."""

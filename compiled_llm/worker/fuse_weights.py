@@ -13,15 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from compiled_llm.models.layers import SIBLINGS
 from compiled_llm.quantization.fp8 import Fp8Linear
 from compiled_llm.quantization.row_fused import RowFusedLinear
-
-# parent module name -> (fused name, children that read the parent's same input, in order)
-SIBLINGS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "self_attn": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-    "mlp": ("gate_up_proj", ("gate_proj", "up_proj")),
-    "shared_expert": ("gate_up_proj", ("gate_proj", "up_proj")),  # MoE blocks (Qwen2-MoE)
-}
 
 
 class RowSliceLinear(nn.Module):

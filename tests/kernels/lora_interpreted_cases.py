@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from compiled_llm.lora.kernels import kernels_interpreted, lora_expand, lora_shrink
-from compiled_llm.lora.ops import lora_add_reference
+from compiled_llm.lora.ops import expand_block_n, lora_delta_reference
 from tests.lora.kernel_inputs import lora_inputs, segments, step_meta
 
 pytestmark = pytest.mark.skipif(not kernels_interpreted(), reason="needs TRITON_INTERPRET=1")
@@ -15,25 +15,26 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("tokens", "slots", "k", "n"), [(1, 1, 32, 48), (19, 3, 40, 24),
-                                                         (70, 4, 64, 80)])
-def test_matches_reference(dtype, tokens, slots, k, n):
-    x, y, lora_a, lora_b, token_slots = lora_inputs(tokens, slots, 16, k, n, dtype, seed=tokens)
+@pytest.mark.parametrize(("tokens", "slots", "k", "widths"), [
+    (1, 1, 32, [48]), (19, 3, 40, [32, 16, 16]), (70, 4, 64, [64, 80])])
+def test_matches_reference(dtype, tokens, slots, k, widths):
+    x, lora_a, lora_b, token_slots, ends = lora_inputs(tokens, slots, 16, k, widths, dtype,
+                                                       seed=tokens)
     sorted_tokens, seg_starts = segments(token_slots, slots)
-    shrunk = lora_shrink(x, lora_a, sorted_tokens, seg_starts, block_k=16, split_k=2)
-    out = lora_expand(y, shrunk, lora_b, sorted_tokens, seg_starts, block_n=16)
-    ref = lora_add_reference(x.float(), y.float(), lora_a.float(), lora_b.float(), token_slots)
+    shrunk = lora_shrink(x, lora_a, sorted_tokens, seg_starts, members=len(ends), block_k=16,
+                         split_k=2)
+    out = lora_expand(shrunk, lora_b, sorted_tokens, seg_starts, ends, expand_block_n(ends))
+    ref = lora_delta_reference(x.float(), lora_a.float(), lora_b.float(), token_slots, ends)
     scale = max(1.0, ref.abs().max().item())
     assert (out.float() - ref).abs().max().item() <= TOLERANCE[dtype] * scale
-    base = token_slots < 0  # base-model tokens come back untouched
-    assert torch.equal(out[base], y[base])
+    assert not out[token_slots < 0].any()  # base-model tokens get no delta
 
 
 def test_op_reads_the_step_buffer_the_pool_fills():
-    from compiled_llm.lora.ops import _lora_add_cuda
+    from compiled_llm.lora.ops import _lora_delta_cuda
 
-    x, y, lora_a, lora_b, token_slots = lora_inputs(21, 3, 16, 32, 40, seed=5)
+    x, lora_a, lora_b, token_slots, ends = lora_inputs(21, 3, 16, 32, [32, 16], seed=5)
     meta = step_meta(token_slots, 3, max_tokens=64)
-    out = _lora_add_cuda(x, y, lora_a, lora_b, meta)  # the CUDA kernel's body, interpreted
-    ref = lora_add_reference(x, y, lora_a, lora_b, token_slots)
+    out = _lora_delta_cuda(x, lora_a, lora_b, meta, ends)  # the CUDA kernel's body, interpreted
+    ref = lora_delta_reference(x, lora_a, lora_b, token_slots, ends)
     assert (out - ref).abs().max().item() <= 1e-4 * max(1.0, ref.abs().max().item())

@@ -6,16 +6,19 @@ from __future__ import annotations
 import torch
 
 
-def lora_inputs(tokens: int, slots: int, rank: int, k: int, n: int, dtype=torch.float32,
-                seed: int = 0, device: str = "cpu"):
-    """(x [T, K], y [T, N], lora_a [S, R, K], lora_b [S, N, R], token_slots [T] in [-1, S))."""
+def lora_inputs(tokens: int, slots: int, rank: int, k: int, widths: list[int],
+                dtype=torch.float32, seed: int = 0, device: str = "cpu"):
+    """(x [T, K], lora_a [S, G*R, K], lora_b [S, N, R], token_slots [T] in [-1, S),
+    slice_ends [G]) for G siblings of these output widths."""
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape):
         return (torch.randn(*shape, generator=gen) * 0.5).to(dtype).to(device)
 
     token_slots = torch.randint(-1, slots, (tokens,), generator=gen).to(device)
-    return rand(tokens, k), rand(tokens, n), rand(slots, rank, k), rand(slots, n, rank), token_slots
+    slice_ends = [sum(widths[:j + 1]) for j in range(len(widths))]
+    return (rand(tokens, k), rand(slots, rank * len(widths), k), rand(slots, slice_ends[-1], rank),
+            token_slots, slice_ends)
 
 
 def segments(token_slots: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:

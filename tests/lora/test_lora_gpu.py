@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compiled_llm.lora.ops import lora_add, lora_add_reference
+from compiled_llm.lora.ops import lora_delta, lora_delta_reference
 from tests.lora.kernel_inputs import lora_inputs, step_meta
 
 pytestmark = [pytest.mark.gpu,
@@ -19,30 +19,33 @@ def _check(out, ref):
     assert err < 2e-2, err
 
 
-@pytest.mark.parametrize(("tokens", "k", "n"), [(1, 4096, 4096), (64, 4096, 14336),
-                                                (512, 14336, 4096)])
-def test_kernel_matches_reference_bf16(tokens, k, n):
-    x, y, lora_a, lora_b, slots = lora_inputs(tokens, 4, 16, k, n, torch.bfloat16, seed=tokens,
-                                              device="cuda")
-    out = lora_add(x, y, lora_a, lora_b, step_meta(slots, 4, 1024))
-    _check(out, lora_add_reference(x.float(), y.float(), lora_a.float(), lora_b.float(), slots))
+def _reference(x, lora_a, lora_b, slots, ends):
+    return lora_delta_reference(x.float(), lora_a.float(), lora_b.float(), slots, ends)
+
+
+@pytest.mark.parametrize(("tokens", "k", "widths"), [
+    (1, 4096, [4096, 1024, 1024]), (64, 4096, [14336, 14336]), (512, 14336, [4096])])
+def test_kernel_matches_reference_bf16(tokens, k, widths):
+    x, lora_a, lora_b, slots, ends = lora_inputs(tokens, 4, 16, k, widths, torch.bfloat16,
+                                                 seed=tokens, device="cuda")
+    out = lora_delta(x, lora_a, lora_b, step_meta(slots, 4, 1024), ends)
+    _check(out, _reference(x, lora_a, lora_b, slots, ends))
 
 
 def test_kernel_replays_in_a_cuda_graph_with_new_slots():
-    x, y, lora_a, lora_b, slots = lora_inputs(64, 4, 16, 1024, 2048, torch.bfloat16,
-                                              device="cuda")
+    x, lora_a, lora_b, slots, ends = lora_inputs(64, 4, 16, 1024, [2048, 512], torch.bfloat16,
+                                                 device="cuda")
     meta = step_meta(slots, 4, 64)
-    lora_add(x, y, lora_a, lora_b, meta)
+    lora_delta(x, lora_a, lora_b, meta, ends)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = lora_add(x, y, lora_a, lora_b, meta)
+        out = lora_delta(x, lora_a, lora_b, meta, ends)
     new_slots = slots.roll(7).clone()
     new_slots[:5] = -1
     meta.copy_(step_meta(new_slots, 4, 64))
     graph.replay()
-    _check(out, lora_add_reference(x.float(), y.float(), lora_a.float(), lora_b.float(),
-                                   new_slots))
+    _check(out, _reference(x, lora_a, lora_b, new_slots, ends))
 
 
 def test_engine_with_cuda_graphs_matches_eager():

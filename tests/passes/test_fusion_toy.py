@@ -97,4 +97,5 @@ def test_disabled_flags_leave_graph_alone():
     args = _inputs(torch.float32, (7, 32), (32,))
     _, before, after, m = capture_run(lambda x, w: F.silu(rms_norm(x, w, 1e-6)) * x, args, cfg)
     assert before == after
-    assert [n for n, _, _ in m.stats] == ["FusedOpLoweringPass", "DeadCodeEliminationPass"]
+    assert [n for n, _, _ in m.stats] == ["FusedOpLoweringPass", "DuplicateOpEliminationPass",
+                                         "DeadCodeEliminationPass"]

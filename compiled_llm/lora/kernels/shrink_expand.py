@@ -1,8 +1,8 @@
-"""Segmented LoRA shrink and expand. Every row is in `sorted_tokens`, grouped by slot (slot s:
-seg_starts[s]:seg_starts[s+1]; the base-model rows, padding included, last); a program takes
-BLOCK_M rows of one segment, so an adapter's A and B tiles are read once per block. The expand
-writes every output row (base rows copied), so y is never copied first. Grids depend on the
-token and slot counts only (no host read of the segments: CUDA graphs replay them)."""
+"""Segmented LoRA shrink/expand for a group of sibling projections (q/k/v: one input, A rows
+stacked, B rows in column order), rows grouped by slot (seg_starts; the base rows last), BLOCK_M
+rows of one segment a program. The shrink writes an fp32 partial per K split (no zero fill, no
+atomics); the expand sums them and writes every row's delta (0 for the base rows). Grids depend
+on the token and slot counts only: CUDA graphs replay them."""
 
 from __future__ import annotations
 
@@ -25,12 +25,13 @@ def _segment_block(sorted_ptr, seg_ptr, slot, block, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _shrink_kernel(x_ptr, a_ptr, h_ptr, sorted_ptr, seg_ptr, K, stride_x, stride_as,
-                   stride_ar, stride_h, RANK: tl.constexpr, BLOCK_M: tl.constexpr,
+                   stride_ar, stride_hs, stride_h, RANK: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr):
-    slot, block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot, block, work = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    member, split = work // SPLIT_K, work % SPLIT_K  # which sibling's ranks, which K split
     busy, tokens, in_seg = _segment_block(sorted_ptr, seg_ptr, slot, block, BLOCK_M)
     if busy:
-        ranks = tl.arange(0, RANK)
+        ranks = member * RANK + tl.arange(0, RANK)
         acc = tl.zeros((BLOCK_M, RANK), dtype=tl.float32)
         for k0 in range(split * BLOCK_K, K, BLOCK_K * SPLIT_K):
             cols = k0 + tl.arange(0, BLOCK_K)
@@ -40,31 +41,38 @@ def _shrink_kernel(x_ptr, a_ptr, h_ptr, sorted_ptr, seg_ptr, K, stride_x, stride
             a = tl.load(a_ptr + slot * stride_as + ranks[None, :] * stride_ar + cols[:, None],
                         mask=in_k[:, None], other=0.0)
             acc += tl.dot(x, a, input_precision=PRECISION)
-        out = h_ptr + tokens[:, None] * stride_h + ranks[None, :]
-        tl.atomic_add(out, acc, mask=in_seg[:, None])
+        out = h_ptr + split * stride_hs + tokens[:, None] * stride_h + ranks[None, :]
+        tl.store(out, acc, mask=in_seg[:, None])
 
 
 @triton.jit
-def _expand_kernel(y_ptr, h_ptr, b_ptr, out_ptr, sorted_ptr, seg_ptr, N, NUM_SLOTS, stride_y,
-                   stride_h, stride_bs, stride_bn, stride_out, RANK: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+def _expand_kernel(h_ptr, b_ptr, out_ptr, sorted_ptr, seg_ptr, N, END0, END1, NUM_SLOTS,
+                   stride_hs, stride_h, stride_bs, stride_bn, stride_out, RANK: tl.constexpr,
+                   SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   PRECISION: tl.constexpr):
     slot, block, nblock = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     busy, tokens, in_seg = _segment_block(sorted_ptr, seg_ptr, slot, block, BLOCK_M)
     if busy:
         cols = nblock * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = in_seg[:, None] & (cols < N)[None, :]
-        y = tl.load(y_ptr + tokens[:, None] * stride_y + cols[None, :], mask=mask, other=0.0)
+        col_ok = cols < N
+        mask = in_seg[:, None] & col_ok[None, :]
         out = out_ptr + tokens[:, None] * stride_out + cols[None, :]
         if slot == NUM_SLOTS:  # the base-model rows
-            tl.store(out, y, mask=mask)
+            tl.store(out, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty),
+                     mask=mask)
         else:
-            ranks = tl.arange(0, RANK)
-            h = tl.load(h_ptr + tokens[:, None] * stride_h + ranks[None, :],
-                        mask=in_seg[:, None], other=0.0)
-            b = tl.load(b_ptr + slot * stride_bs + cols[None, :] * stride_bn + ranks[:, None],
-                        mask=(cols < N)[None, :], other=0.0)
+            # a block lies in one sibling's columns (BLOCK_N divides every sibling's width)
+            col0 = nblock * BLOCK_N
+            member = (col0 >= END0).to(tl.int32) + (col0 >= END1).to(tl.int32)
+            ranks = member * RANK + tl.arange(0, RANK)
+            h = tl.zeros((BLOCK_M, RANK), dtype=tl.float32)
+            for split in range(SPLIT_K):
+                h += tl.load(h_ptr + split * stride_hs + tokens[:, None] * stride_h
+                             + ranks[None, :], mask=in_seg[:, None], other=0.0)
+            b = tl.load(b_ptr + slot * stride_bs + cols[None, :] * stride_bn
+                        + tl.arange(0, RANK)[:, None], mask=col_ok[None, :], other=0.0)
             delta = tl.dot(h.to(b.dtype), b, input_precision=PRECISION)
-            tl.store(out, (y.to(tl.float32) + delta).to(out.dtype.element_ty), mask=mask)
+            tl.store(out, delta.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -77,43 +85,46 @@ def _block_m(num_tokens: int) -> int:
 
 
 def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, sorted_tokens: torch.Tensor,
-                seg_starts: torch.Tensor, block_k: int = 64, split_k: int = 0) -> torch.Tensor:
-    """h [T, R] float32 = x[t] @ lora_a[slot(t)]^T for the adapter rows (the base rows 0).
-    x [T, K] (rows contiguous), lora_a [S, R, K], sorted_tokens [T], seg_starts [S + 2];
-    split_k 0 picks one from the token count."""
+                seg_starts: torch.Tensor, members: int = 1, block_k: int = 64,
+                split_k: int = 0) -> torch.Tensor:
+    """h [SPLIT, T, G*R] float32: split partials of x[t] @ lora_a[slot(t)]^T, written for the
+    adapter rows only (the base rows are left unset: the expand never reads them).
+    x [T, K] (rows contiguous), lora_a [S, G*R, K] (G = members), sorted_tokens [T],
+    seg_starts [S + 2]; split_k 0 picks one from the token count."""
     num_tokens, num_k = x.shape
-    num_slots, rank, _ = lora_a.shape
-    h = torch.zeros(num_tokens, rank, dtype=torch.float32, device=x.device)
+    num_slots, ranks, _ = lora_a.shape
+    # few tokens leave most of the device idle: split K over more programs
+    split_k = split_k or (8 if num_tokens <= 64 else 2)
+    h = torch.empty(split_k, num_tokens, ranks, dtype=torch.float32, device=x.device)
     if num_tokens == 0:
         return h
     block_m = _block_m(num_tokens)
-    # few tokens leave most of the device idle: split K over more programs
-    split_k = split_k or (8 if num_tokens <= 64 else 2)
-    grid = (num_slots, triton.cdiv(num_tokens, block_m), split_k)
+    grid = (num_slots, triton.cdiv(num_tokens, block_m), members * split_k)
     _shrink_kernel[grid](x, lora_a, h, sorted_tokens, seg_starts, num_k, x.stride(0),
-                         lora_a.stride(0), lora_a.stride(1), h.stride(0), RANK=rank,
-                         BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=split_k,
-                         PRECISION=_precision(x.dtype))
+                         lora_a.stride(0), lora_a.stride(1), h.stride(0), h.stride(1),
+                         RANK=ranks // members, BLOCK_M=block_m, BLOCK_K=block_k,
+                         SPLIT_K=split_k, PRECISION=_precision(x.dtype))
     return h
 
 
-def lora_expand(y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor,
-                sorted_tokens: torch.Tensor, seg_starts: torch.Tensor,
-                block_n: int = 64) -> torch.Tensor:
-    """y + h[t] @ lora_b[slot(t)]^T for the adapter rows, y for the base rows: a new tensor,
-    every row of it written (the segments cover all T rows). y [T, N], h [T, R],
-    lora_b [S, N, R]."""
-    out = torch.empty_like(y)
-    num_tokens, num_n = y.shape
+def lora_expand(h: torch.Tensor, lora_b: torch.Tensor, sorted_tokens: torch.Tensor,
+                seg_starts: torch.Tensor, slice_ends: list[int], block_n: int) -> torch.Tensor:
+    """delta [T, N] in lora_b's dtype: sum of h's splits [:, t, member ranks] @
+    lora_b[slot(t)]^T for the adapter rows, 0 for the base rows; every row written.
+    h from lora_shrink, lora_b [S, N, R], slice_ends the siblings' cumulative widths (<= 3),
+    block_n dividing every sibling's width but the last (ops.expand_block_n)."""
+    split_k, num_tokens, _ = h.shape
+    num_slots, num_n, rank = lora_b.shape
+    out = torch.empty(num_tokens, num_n, dtype=lora_b.dtype, device=lora_b.device)
     if num_tokens == 0:
         return out
-    num_slots, _, rank = lora_b.shape
+    ends = [*slice_ends[:-1], num_n, num_n][:2]
     block_m = _block_m(num_tokens)
     grid = (num_slots + 1, triton.cdiv(num_tokens, block_m), triton.cdiv(num_n, block_n))
-    _expand_kernel[grid](y, h, lora_b, out, sorted_tokens, seg_starts, num_n, num_slots,
-                         y.stride(0), h.stride(0), lora_b.stride(0), lora_b.stride(1),
-                         out.stride(0), RANK=rank, BLOCK_M=block_m, BLOCK_N=block_n,
-                         PRECISION=_precision(y.dtype))
+    _expand_kernel[grid](h, lora_b, out, sorted_tokens, seg_starts, num_n, ends[0], ends[1],
+                         num_slots, h.stride(0), h.stride(1), lora_b.stride(0),
+                         lora_b.stride(1), out.stride(0), RANK=rank, SPLIT_K=split_k,
+                         BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=_precision(lora_b.dtype))
     return out
 
 
