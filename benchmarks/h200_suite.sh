@@ -26,6 +26,8 @@
 #     bash benchmarks/h200_suite.sh 20    # LoRA, MiniLM embeddings against
 #                                         # sentence-transformers (carry .bench), the W4A16
 #                                         # GEMV tiles, W4A16 against bf16
+#     bash benchmarks/h200_suite.sh 21    # LoRA GPU tests and decode (grouped deltas), the GPU
+#                                         # tests of the QK-norm + RoPE fusion and the MoE kernels
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -212,6 +214,16 @@ $py -m benchmarks.lora --checkpoint-dir $CK --skip-plain --reps 2 --output-json 
 $py -m benchmarks.embed --files .bench/minilm_files --texts 2048 --reps 2 --output-json $R/embed_h200.json
 $py -m benchmarks.w4a16_tune --tokens 1 4 --gemv-only --out $Q --output-json $R/w4a16_gemv_tune_h200.json; cp $Q $R/w4a16_tuned.json
 $py -m benchmarks.quantized --checkpoint-dir $CK --formats bf16 w4a16 --skip-user-path --output-json $R/quantized_w4a16_h200.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 21 ]; then  # one GPU: LoRA with grouped deltas, then merged features' tests
+  T="$py -m pytest -q -p no:cacheprovider"
+  mapfile -t a <<<"\
+$MK
+$T tests/lora/test_lora_gpu.py
+$py -m benchmarks.lora --checkpoint-dir $CK --skip-plain --reps 2 --output-json $R/lora_grouped_h200.json
+$T tests/kernels/test_qk_norm_rope_gpu.py tests/passes/test_qk_norm_rope.py tests/kernels/test_triton_gpu.py
+$T tests/moe/test_fused_moe_gpu.py tests/moe/test_shared_overlap.py
+$T tests/worker/test_cudagraphs_gpu.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 else
   run_streams "\
