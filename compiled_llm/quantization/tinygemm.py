@@ -1,6 +1,6 @@
 """PyTorch's tinygemm int4 kernel (`aten._weight_int4pack_mm`) as the small-M path of W4A16:
-the canonical (qweight, scales, zeros) turned once, at load and after the row fusion, into its
-packed weight and bf16 scales_and_zeros. tinygemm dequantizes w = (q - 8) * scale + offset per
+the canonical (qweight, scales, zeros) turned into its packed weight and bf16 scales_and_zeros
+(once, at load, by w4a16.prepare_tinygemm). tinygemm dequantizes w = (q - 8) * scale + offset per
 group, so our zero point z becomes offset = (8 - z) * scale.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 
 import torch
-from torch import nn
 
 from compiled_llm.quantization.packing import unpack_int4
 
@@ -64,7 +63,7 @@ def tinygemm_mm(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tenso
                                               scales_zeros.transpose(0, 1).contiguous())
 
 
-def _tinygemm_tensors(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+def tinygemm_tensors(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                       group_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(packed, scales_zeros) of one (fused) weight, or None when it does not qualify."""
     n, k = qweight.shape[0], qweight.shape[1] * 8
@@ -81,7 +80,7 @@ def tinygemm_available(device: torch.device) -> bool:
         try:
             qweight = torch.zeros(N_TILE, INNER_K_TILES * 2, dtype=torch.int32, device=device)
             scales = torch.ones(N_TILE, 1, dtype=torch.bfloat16, device=device)
-            made = _tinygemm_tensors(qweight, scales, torch.zeros_like(scales), 128)
+            made = tinygemm_tensors(qweight, scales, torch.zeros_like(scales), 128)
             x = torch.ones(1, qweight.shape[1] * 8, dtype=torch.bfloat16, device=device)
             tinygemm_mm(x, *made, 128)
             _AVAILABLE[key] = True
@@ -93,42 +92,3 @@ def tinygemm_available(device: torch.device) -> bool:
 
 
 _AVAILABLE: dict[str, bool] = {}
-
-
-def prepare_tinygemm(model: nn.Module) -> int:
-    """Give every CUDA W4A16Linear that qualifies its tinygemm tensors (buffers; a row view
-    reads rows of its parent's, made once from the fused tensors); returns how many linears
-    got them. Nothing changes off CUDA or where tinygemm is unavailable."""
-    from compiled_llm.quantization.w4a16 import W4A16Linear
-
-    linears = [(parent, child) for parent in model.modules()
-               for child in parent.children() if isinstance(child, W4A16Linear)]
-    device = linears[0][1].qweight_device() if linears else torch.device("cpu")
-    if device.type != "cuda" or not tinygemm_available(device):
-        return 0
-    return sum(_prepare_child(parent, child) for parent, child in linears)
-
-
-def _prepare_child(parent: nn.Module, child) -> int:
-    fused = child.__dict__.get("fused_qweight")
-    if fused is None:  # a whole linear: its own buffers
-        made = _tinygemm_tensors(child.qweight, child.scales, child.zeros, child.group_size)
-        if made is not None:
-            child.tinygemm_weight, child.tinygemm_scales_zeros = made
-        return int(made is not None)
-    prefix = next((key[: -len("_qweight")] for key, buf in parent.named_buffers(recurse=False)
-                   if key.endswith("_qweight") and buf is fused), None)
-    if prefix is None:
-        return 0
-    made_name = f"{prefix}_tinygemm_weight"
-    if made_name not in parent._buffers:  # first row view of this fused weight: pack it
-        made = _tinygemm_tensors(fused, child.__dict__["fused_scales"],
-                                 child.__dict__["fused_zeros"], child.group_size)
-        parent.register_buffer(made_name, None if made is None else made[0])
-        parent.register_buffer(f"{prefix}_tinygemm_scales_zeros",
-                               None if made is None else made[1])
-    weight = parent._buffers[made_name]
-    if weight is None or child.offset % N_TILE or child.out_features % N_TILE:
-        return 0
-    child.set_fused_tinygemm(weight, parent._buffers[f"{prefix}_tinygemm_scales_zeros"])
-    return 1

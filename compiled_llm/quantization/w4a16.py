@@ -1,16 +1,22 @@
 """W4A16 linears: 4-bit weights kept packed on the device (canonical layout of packing.py),
 activations in the model dtype. `compiled_llm::w4a16_gemm` runs on CUDA tinygemm (tinygemm.py)
-up to a tuned token count when the layer has its tensors, else the Triton kernel, and a torch
-reference (dequantize, then matmul) elsewhere; its fake impl lets it trace fullgraph.
+up to a tuned token count when the layer has its tensors (prepare_tinygemm, at load), else the
+Triton kernel, and a torch reference (dequantize, then matmul) elsewhere; it traces fullgraph.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from compiled_llm.quantization.packing import dequantize_int4
 from compiled_llm.quantization.row_fused import RowFusedLinear
-from compiled_llm.quantization.tinygemm import tinygemm_mm
+from compiled_llm.quantization.tinygemm import (
+    N_TILE,
+    tinygemm_available,
+    tinygemm_mm,
+    tinygemm_tensors,
+)
 
 
 def w4a16_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -98,3 +104,41 @@ class W4A16Linear(RowFusedLinear):
                          self.tensor("zeros"), self.tensor("perm"), self.bias_rows(),
                          self.group_size, *self._tinygemm_rows())
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def prepare_tinygemm(model: nn.Module) -> int:
+    """Give every CUDA W4A16Linear that qualifies its tinygemm tensors (buffers; a row view
+    reads rows of its parent's, made once from the fused tensors); returns how many linears
+    got them. Nothing changes off CUDA or where tinygemm is unavailable."""
+    linears = [(parent, child) for parent in model.modules()
+               for child in parent.children() if isinstance(child, W4A16Linear)]
+    device = linears[0][1].qweight_device() if linears else torch.device("cpu")
+    if device.type != "cuda" or not tinygemm_available(device):
+        return 0
+    return sum(_prepare_child(parent, child) for parent, child in linears)
+
+
+def _prepare_child(parent: nn.Module, child: W4A16Linear) -> int:
+    """Give one linear (or row view) its tinygemm tensors; 1 if it got them."""
+    fused = child.__dict__.get("fused_qweight")
+    if fused is None:  # a whole linear: its own buffers
+        made = tinygemm_tensors(child.qweight, child.scales, child.zeros, child.group_size)
+        if made is not None:
+            child.tinygemm_weight, child.tinygemm_scales_zeros = made
+        return int(made is not None)
+    prefix = next((key[: -len("_qweight")] for key, buf in parent.named_buffers(recurse=False)
+                   if key.endswith("_qweight") and buf is fused), None)
+    if prefix is None:
+        return 0
+    made_name = f"{prefix}_tinygemm_weight"
+    if made_name not in parent._buffers:  # first row view of this fused weight: pack it
+        made = tinygemm_tensors(fused, child.__dict__["fused_scales"],
+                                child.__dict__["fused_zeros"], child.group_size)
+        parent.register_buffer(made_name, None if made is None else made[0])
+        parent.register_buffer(f"{prefix}_tinygemm_scales_zeros",
+                               None if made is None else made[1])
+    weight = parent._buffers[made_name]
+    if weight is None or child.offset % N_TILE or child.out_features % N_TILE:
+        return 0
+    child.set_fused_tinygemm(weight, parent._buffers[f"{prefix}_tinygemm_scales_zeros"])
+    return 1

@@ -172,7 +172,7 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     only its layers are read."""
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
     from compiled_llm.quantization.loading import detect_format, prepare_quantized
-    from compiled_llm.quantization.tinygemm import prepare_tinygemm
+    from compiled_llm.quantization.w4a16 import prepare_tinygemm
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
     from compiled_llm.worker.shared_overlap import overlap_shared_experts, shared_overlap_enabled
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from compiled_llm.quantization import tinygemm
+from compiled_llm.quantization import tinygemm, w4a16
 from compiled_llm.quantization.kernels import w4a16_tuning
 from compiled_llm.quantization.packing import pack_int4, unpack_int4
 from compiled_llm.quantization.w4a16 import W4A16Linear, w4a16_gemm, w4a16_reference
@@ -71,7 +71,7 @@ def test_fused_row_views_read_their_rows_of_the_parents_tinygemm_tensors(monkeyp
     monkeypatch.setattr(tinygemm, "pack_tinygemm", lambda q: q)
     parent = _fused_attention(64)
     for name in ("q_proj", "k_proj", "v_proj"):
-        assert tinygemm._prepare_child(parent, getattr(parent, name)) == 1
+        assert w4a16._prepare_child(parent, getattr(parent, name)) == 1
     assert parent.qkv_proj_tinygemm_weight is parent.qkv_proj_qweight
     x = torch.randn(2, 256).bfloat16()
     for name in ("q_proj", "k_proj", "v_proj"):
@@ -86,17 +86,17 @@ def test_fused_row_views_read_their_rows_of_the_parents_tinygemm_tensors(monkeyp
 def test_layers_that_do_not_qualify_keep_the_triton_path(monkeypatch):
     monkeypatch.setattr(tinygemm, "pack_tinygemm", lambda q: q)
     parent = _fused_attention(128, rows=(32, 12, 20))  # k: 12 rows, v: from row 44
-    assert tinygemm._prepare_child(parent, parent.q_proj) == 1
-    assert tinygemm._prepare_child(parent, parent.k_proj) == 0
+    assert w4a16._prepare_child(parent, parent.q_proj) == 1
+    assert w4a16._prepare_child(parent, parent.k_proj) == 0
     assert parent.k_proj._tinygemm_rows() == (None, None)
-    assert tinygemm._prepare_child(parent, parent.v_proj) == 0
+    assert w4a16._prepare_child(parent, parent.v_proj) == 0
     assert not tinygemm.tinygemm_qualifies(64, 4096, 128, torch.float16)  # bf16 scales only
     assert not tinygemm.tinygemm_qualifies(64, 4096, 16, torch.bfloat16)  # group size
     assert not tinygemm.tinygemm_qualifies(64, 4160, 64, torch.bfloat16)  # K % 128
     assert tinygemm.tinygemm_qualifies(6144, 14336, 128, torch.bfloat16)
     cpu = W4A16Linear(*_random_w4(32, 256, 128, seed=0), None, None, 128)
     model = nn.Sequential(cpu)
-    assert tinygemm.prepare_tinygemm(model) == 0 and cpu.tinygemm_weight is None  # CPU
+    assert w4a16.prepare_tinygemm(model) == 0 and cpu.tinygemm_weight is None  # CPU
 
 
 def test_threshold_env_then_files_then_default(tmp_path, monkeypatch):
@@ -127,7 +127,7 @@ def test_horizontal_fusion_keeps_the_tinygemm_tensors_whole(monkeypatch):
     for parent in model.modules():
         for child in parent.children():
             if isinstance(child, W4A16Linear):
-                assert tinygemm._prepare_child(parent, child) == 1
+                assert w4a16._prepare_child(parent, child) == 1
     ref, out, before, after, manager = capture_model(model, 10,
                                                      PassConfig(inline_fused_ops=False))
     layers, op = LLAMA["num_hidden_layers"], "compiled_llm.w4a16_gemm"
