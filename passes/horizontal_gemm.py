@@ -18,11 +18,12 @@ from compiled_llm.passes.fx_utils import insert_op, val
 
 aten = torch.ops.aten
 # compiled_llm op -> (args read as row slices, the first the weight; the bias arg); every other
-# arg (activation, its scales, an input permutation, options) must be the same node to fuse
+# arg (activation, its scales, an input permutation, options) must be the same node to fuse.
+# A row-sliced arg after the weight may be None (absent) when it is in every sibling.
 ROW_SLICED_GEMMS: dict[str, tuple[tuple[int, ...], int]] = {
     "fp8_gemm": ((2, 3), 4),
     "int8_gemm": ((2, 3), 4),
-    "w4a16_gemm": ((1, 2, 3), 5),
+    "w4a16_gemm": ((1, 2, 3, 7, 8), 5),  # 7, 8: the optional tinygemm weight, scales_zeros
     "fp8_block_gemm": ((1, 2), 3),
 }
 # pure activation-quant ops: siblings each quantize the one input; merged first so that their
@@ -52,7 +53,7 @@ class Gemm(NamedTuple):
         """What gemms must share to fuse: the activation and every base tensor."""
         return (self.node.target, self.x, self.weight.base,
                 None if self.bias is None else self.bias.base,
-                *(part.base for part in self.scales or ()))
+                *(None if part is None else part.base for part in self.scales or ()))
 
 
 def _row_slice(node) -> RowSlice | None:
@@ -87,8 +88,10 @@ def _sliced_op(node: Node) -> tuple[tuple[int, ...], int] | None:
 def _sliced_gemm(node: Node, spec: tuple[tuple[int, ...], int]) -> Gemm | None:
     """Decode op(..., slice(W), slice(scale) ..., slice(b) | None, ...) by its spec."""
     sliced, bias_at = spec
-    rows = [_row_slice(node.args[i]) for i in sliced]
-    if rows[0] is None or not all(_same_rows(part, rows[0]) for part in rows[1:]):
+    args = [node.args[i] if i < len(node.args) else None for i in sliced]
+    rows = [None if arg is None else _row_slice(arg) for arg in args]
+    if rows[0] is None or not all(arg is None or _same_rows(part, rows[0])
+                                  for arg, part in zip(args[1:], rows[1:])):
         return None
     bias = node.args[bias_at]
     bias_rows = None if bias is None else _row_slice(bias)
@@ -194,6 +197,7 @@ class HorizontalGemmFusionPass(GraphPass):
         if gemm.scales is not None:  # a ROW_SLICED_GEMMS op: rebuild its args in order
             sliced, bias_at = _sliced_op(gemm.node)
             fused = dict(zip(sliced, (weight, *(rows(part) for part in gemm.scales))))
+            # args past the node's own (optional ones left at their default) stay absent
             others = iter(gemm.x)
             args = tuple(fused[i] if i in fused else bias if i == bias_at else next(others)
                          for i in range(len(gemm.node.args)))

@@ -1,14 +1,22 @@
 """W4A16 linears: 4-bit weights kept packed on the device (canonical layout of packing.py),
-activations in the model dtype. `compiled_llm::w4a16_gemm` runs the Triton kernel on CUDA and
-a torch reference (dequantize, then matmul) elsewhere; its fake impl lets it trace fullgraph.
+activations in the model dtype. `compiled_llm::w4a16_gemm` runs on CUDA tinygemm (tinygemm.py)
+up to a tuned token count when the layer has its tensors (prepare_tinygemm, at load), else the
+Triton kernel, and a torch reference (dequantize, then matmul) elsewhere; it traces fullgraph.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from compiled_llm.quantization.packing import dequantize_int4
 from compiled_llm.quantization.row_fused import RowFusedLinear
+from compiled_llm.quantization.tinygemm import (
+    N_TILE,
+    tinygemm_available,
+    tinygemm_mm,
+    tinygemm_tensors,
+)
 
 
 def w4a16_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -25,27 +33,36 @@ def w4a16_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
 @torch.library.custom_op("compiled_llm::w4a16_gemm", mutates_args=())
 def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, perm: torch.Tensor | None, bias: torch.Tensor | None,
-               group_size: int) -> torch.Tensor:
+               group_size: int, tinygemm_weight: torch.Tensor | None = None,
+               tinygemm_scales_zeros: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, K] @ dequant(qweight [N, K/8], scales, zeros [N, K/group]).T (+ bias) -> [T, N];
-    `perm` [K] (GPTQ act-order) reorders x's columns first."""
+    `perm` [K] (GPTQ act-order) reorders x's columns first. The tinygemm tensors (the same
+    weight, tinygemm.py; row-sliced like qweight) run bf16 x of up to the tuned row count."""
     if not x.is_cuda:
         return w4a16_reference(x, qweight, scales, zeros, perm, bias, group_size)
     from compiled_llm.quantization.kernels.w4a16 import w4a16_gemm_triton
+    from compiled_llm.quantization.kernels.w4a16_tuning import use_tinygemm
 
     if perm is not None:
         x = x.index_select(1, perm)
-    out = w4a16_gemm_triton(x, qweight, scales.to(x.dtype), zeros, group_size)
+    if tinygemm_weight is not None and x.dtype == torch.bfloat16 and use_tinygemm(x):
+        out = tinygemm_mm(x, tinygemm_weight, tinygemm_scales_zeros, group_size)
+    else:
+        out = w4a16_gemm_triton(x, qweight, scales.to(x.dtype), zeros, group_size)
     return out if bias is None else out + bias.to(out.dtype)
 
 
 @w4a16_gemm.register_fake
-def _(x, qweight, scales, zeros, perm, bias, group_size):
+def _(x, qweight, scales, zeros, perm, bias, group_size, tinygemm_weight=None,
+      tinygemm_scales_zeros=None):
     return x.new_empty((x.shape[0], qweight.shape[0]))
 
 
 class W4A16Linear(RowFusedLinear):
     """y = x W^T + b, W 4-bit per group of `group_size` inputs: qweight int32 [N, K/8], scales
-    [N, K/group], zeros uint8 [N, K/group], perm int64 [K] or None."""
+    [N, K/group], zeros uint8 [N, K/group], perm int64 [K] or None; on CUDA also tinygemm's
+    packed weight [N, K/8] and scales_zeros [N, K/group, 2] once prepare_tinygemm ran (the
+    4-bit weight is then held twice: tinygemm for few tokens, qweight for the Triton kernel)."""
 
     row_tensors = ("qweight", "scales", "zeros")
     shared_tensors = ("perm",)
@@ -58,15 +75,70 @@ class W4A16Linear(RowFusedLinear):
         self.register_buffer("scales", scales.contiguous())
         self.register_buffer("zeros", zeros.to(torch.uint8).contiguous())
         self.register_buffer("perm", perm)
+        self.register_buffer("tinygemm_weight", None)
+        self.register_buffer("tinygemm_scales_zeros", None)
 
     def options(self) -> tuple:
         """The group size."""
         return (self.group_size,)
+
+    def qweight_device(self) -> torch.device:
+        """The device of the (fused) packed weight."""
+        return self.tensor("qweight").device
+
+    def set_fused_tinygemm(self, weight: torch.Tensor, scales_zeros: torch.Tensor) -> None:
+        """Read this row view's tinygemm tensors as rows of the parent's fused ones (whose
+        buffers the parent registers, as for qweight)."""
+        object.__setattr__(self, "fused_tinygemm_weight", weight)
+        object.__setattr__(self, "fused_tinygemm_scales_zeros", scales_zeros)
+
+    def _tinygemm_rows(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if "fused_qweight" in self.__dict__ and "fused_tinygemm_weight" not in self.__dict__:
+            return None, None  # a row view without tinygemm tensors
+        return self.tensor("tinygemm_weight"), self.tensor("tinygemm_scales_zeros")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N] in x's dtype."""
         rows = x.reshape(-1, self.in_features)
         out = w4a16_gemm(rows, self.tensor("qweight"), self.tensor("scales"),
                          self.tensor("zeros"), self.tensor("perm"), self.bias_rows(),
-                         self.group_size)
+                         self.group_size, *self._tinygemm_rows())
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def prepare_tinygemm(model: nn.Module) -> int:
+    """Give every CUDA W4A16Linear that qualifies its tinygemm tensors (buffers; a row view
+    reads rows of its parent's, made once from the fused tensors); returns how many linears
+    got them. Nothing changes off CUDA or where tinygemm is unavailable."""
+    linears = [(parent, child) for parent in model.modules()
+               for child in parent.children() if isinstance(child, W4A16Linear)]
+    device = linears[0][1].qweight_device() if linears else torch.device("cpu")
+    if device.type != "cuda" or not tinygemm_available(device):
+        return 0
+    return sum(_prepare_child(parent, child) for parent, child in linears)
+
+
+def _prepare_child(parent: nn.Module, child: W4A16Linear) -> int:
+    """Give one linear (or row view) its tinygemm tensors; 1 if it got them."""
+    fused = child.__dict__.get("fused_qweight")
+    if fused is None:  # a whole linear: its own buffers
+        made = tinygemm_tensors(child.qweight, child.scales, child.zeros, child.group_size)
+        if made is not None:
+            child.tinygemm_weight, child.tinygemm_scales_zeros = made
+        return int(made is not None)
+    prefix = next((key[: -len("_qweight")] for key, buf in parent.named_buffers(recurse=False)
+                   if key.endswith("_qweight") and buf is fused), None)
+    if prefix is None:
+        return 0
+    made_name = f"{prefix}_tinygemm_weight"
+    if made_name not in parent._buffers:  # first row view of this fused weight: pack it
+        made = tinygemm_tensors(fused, child.__dict__["fused_scales"],
+                                child.__dict__["fused_zeros"], child.group_size)
+        parent.register_buffer(made_name, None if made is None else made[0])
+        parent.register_buffer(f"{prefix}_tinygemm_scales_zeros",
+                               None if made is None else made[1])
+    weight = parent._buffers[made_name]
+    if weight is None or child.offset % N_TILE or child.out_features % N_TILE:
+        return 0
+    child.set_fused_tinygemm(weight, parent._buffers[f"{prefix}_tinygemm_scales_zeros"])
+    return 1

@@ -172,6 +172,7 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     only its layers are read."""
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
     from compiled_llm.quantization.loading import detect_format, prepare_quantized
+    from compiled_llm.quantization.w4a16 import prepare_tinygemm
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
     from compiled_llm.worker.shared_overlap import overlap_shared_experts, shared_overlap_enabled
 
@@ -203,6 +204,7 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
         localize_kv_scales(model)
     model = finalize() if finalize else quantize_model(model, quantization)
     fuse_sibling_weights(model)
+    prepare_tinygemm(model)  # after the fusion: one packed tinygemm weight per fused weight
     if device.type == "cuda" and shared_overlap_enabled():  # routed experts on a side stream
         overlap_shared_experts(model)
     return model.eval().requires_grad_(False)

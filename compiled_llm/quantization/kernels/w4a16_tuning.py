@@ -1,7 +1,8 @@
 """Tuned tiles of the W4A16 kernel per GPU and weight shape: one JSON file (benchmarks/w4a16_tune.py
-writes it), {"devices": {GPU name: {"NxK": {token count: W4A16Config fields}}}}, read from
-$COMPILED_LLM_W4A16_CONFIG first, then from the shipped quantization/configs/w4a16.json. A shape
-or GPU without an entry keeps the built-in choice (kernels/w4a16.py w4a16_config)."""
+writes it), {"devices": {GPU name: {"NxK": {token count: W4A16Config fields}}},
+"tinygemm_max_rows": {GPU name: rows}}, read from $COMPILED_LLM_W4A16_CONFIG first, then from the
+shipped quantization/configs/w4a16.json. A shape or GPU without an entry keeps the built-in choice
+(kernels/w4a16.py w4a16_config); up to tinygemm_max_rows tokens (default 4) tinygemm runs."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class W4A16Config:
 
 
 CONFIG_ENV = "COMPILED_LLM_W4A16_CONFIG"
+TINYGEMM_ENV = "COMPILED_LLM_W4A16_TINYGEMM_MAX_ROWS"  # wins over the files; 0 turns it off
+DEFAULT_TINYGEMM_MAX_ROWS = 4  # H200: tinygemm wins at 1 and 4 rows, loses at 16
 SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "w4a16.json"
 
 
@@ -63,3 +66,31 @@ def tuned_w4a16_config(m: int, n: int, k: int, x: torch.Tensor) -> W4A16Config |
     if x.device.type != "cuda":
         return None
     return lookup(_device_name(x.device.index or 0), m, n, k)
+
+
+@functools.cache
+def _tinygemm_rows_table(path: str) -> dict[str, int]:
+    if not Path(path).is_file():
+        return {}
+    return {gpu: int(rows) for gpu, rows in
+            json.loads(Path(path).read_text()).get("tinygemm_max_rows", {}).items()}
+
+
+def tinygemm_max_rows(gpu: str) -> int:
+    """The most tokens that run on tinygemm on `gpu`: $COMPILED_LLM_W4A16_TINYGEMM_MAX_ROWS,
+    else the override file's entry, the shipped file's, DEFAULT_TINYGEMM_MAX_ROWS."""
+    override = os.environ.get(TINYGEMM_ENV)
+    if override is not None:
+        if not override.strip().isdigit():
+            raise ValueError(f"{TINYGEMM_ENV} must be a non-negative integer, got {override!r}")
+        return int(override)
+    for path in (os.environ.get(CONFIG_ENV), str(SHIPPED)):
+        rows = _tinygemm_rows_table(path).get(gpu) if path else None
+        if rows is not None:
+            return rows
+    return DEFAULT_TINYGEMM_MAX_ROWS
+
+
+def use_tinygemm(x: torch.Tensor) -> bool:
+    """Whether x [M, K] (on CUDA) runs on tinygemm: M <= tinygemm_max_rows for its GPU."""
+    return x.shape[0] <= tinygemm_max_rows(_device_name(x.device.index or 0))
