@@ -1,7 +1,7 @@
 """W4A16 linears: 4-bit weights kept packed on the device (canonical layout of packing.py),
 activations in the model dtype. `compiled_llm::w4a16_gemm` runs on CUDA tinygemm (tinygemm.py)
-up to a tuned token count when the layer has its tensors (prepare_tinygemm, at load), else the
-Triton kernel, and a torch reference (dequantize, then matmul) elsewhere; it traces fullgraph.
+up to a tuned token count when the layer has its tensors (prepare_tinygemm, at load), at prefill
+sizes dequantize-then-matmul, else the Triton kernel; off CUDA a torch reference. Fullgraph.
 """
 
 from __future__ import annotations
@@ -41,12 +41,15 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if not x.is_cuda:
         return w4a16_reference(x, qweight, scales, zeros, perm, bias, group_size)
     from compiled_llm.quantization.kernels.w4a16 import w4a16_gemm_triton
-    from compiled_llm.quantization.kernels.w4a16_tuning import use_tinygemm
+    from compiled_llm.quantization.kernels.w4a16_dequant import w4a16_dequant_mm
+    from compiled_llm.quantization.kernels.w4a16_tuning import use_dequant_mm, use_tinygemm
 
     if perm is not None:
         x = x.index_select(1, perm)
     if tinygemm_weight is not None and x.dtype == torch.bfloat16 and use_tinygemm(x):
         out = tinygemm_mm(x, tinygemm_weight, tinygemm_scales_zeros, group_size)
+    elif use_dequant_mm(x):
+        out = w4a16_dequant_mm(x, qweight, scales, zeros, group_size)
     else:
         out = w4a16_gemm_triton(x, qweight, scales.to(x.dtype), zeros, group_size)
     return out if bias is None else out + bias.to(out.dtype)

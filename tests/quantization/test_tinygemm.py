@@ -156,6 +156,27 @@ def test_cuda_tinygemm_and_the_selected_path_match_reference(m, n, k, monkeypatc
     assert torch.equal(rows, tinygemm.pack_tinygemm(qweight.narrow(0, 1024, 2048)))
 
 
+def test_prefill_sizes_choose_dequantize_then_matmul(monkeypatch):
+    rows = torch.zeros(w4a16_tuning.DEFAULT_DEQUANT_MIN_ROWS, 8)
+    assert w4a16_tuning.use_dequant_mm(rows) and not w4a16_tuning.use_dequant_mm(rows[1:])
+    monkeypatch.setenv(w4a16_tuning.DEQUANT_ENV, "0")
+    assert not w4a16_tuning.use_dequant_mm(rows)
+    monkeypatch.setenv(w4a16_tuning.DEQUANT_ENV, "many")
+    with pytest.raises(ValueError, match=w4a16_tuning.DEQUANT_ENV):
+        w4a16_tuning.use_dequant_mm(rows)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("m", [256, 1000])
+def test_cuda_dequantize_then_matmul_matches_reference(m):
+    qweight, scales, zeros = _random_w4(6144, 4096, 128, seed=m, device="cuda")
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    assert w4a16_tuning.use_dequant_mm(x)
+    ref = w4a16_reference(x.float(), qweight, scales.float(), zeros, None, None, 128)
+    assert _rel_err(w4a16_gemm(x, qweight, scales, zeros, None, None, 128), ref) < 1e-2
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("kind", ["gptq_act_order", "ct_W4A16"])

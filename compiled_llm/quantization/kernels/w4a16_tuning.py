@@ -1,8 +1,8 @@
-"""Tuned tiles of the W4A16 kernel per GPU and weight shape: one JSON file (benchmarks/w4a16_tune.py
-writes it), {"devices": {GPU name: {"NxK": {token count: W4A16Config fields}}},
-"tinygemm_max_rows": {GPU name: rows}}, read from $COMPILED_LLM_W4A16_CONFIG first, then from the
-shipped quantization/configs/w4a16.json. A shape or GPU without an entry keeps the built-in choice
-(kernels/w4a16.py w4a16_config); up to tinygemm_max_rows tokens (default 4) tinygemm runs."""
+"""W4A16 path choice per GPU and shape: one JSON file (benchmarks/w4a16_tune.py writes it),
+{"devices": {GPU: {"NxK": {tokens: W4A16Config fields}}}, "tinygemm_max_rows": {GPU: rows}}, from
+$COMPILED_LLM_W4A16_CONFIG, then the shipped configs/w4a16.json (no entry: w4a16_config's tiles).
+Up to tinygemm_max_rows tokens (default 4) tinygemm runs; from DEFAULT_DEQUANT_MIN_ROWS on,
+dequantize-then-matmul (kernels/w4a16_dequant.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ class W4A16Config:
 CONFIG_ENV = "COMPILED_LLM_W4A16_CONFIG"
 TINYGEMM_ENV = "COMPILED_LLM_W4A16_TINYGEMM_MAX_ROWS"  # wins over the files; 0 turns it off
 DEFAULT_TINYGEMM_MAX_ROWS = 4  # H200: tinygemm wins at 1 and 4 rows, loses at 16
+DEQUANT_ENV = "COMPILED_LLM_W4A16_DEQUANT_MIN_ROWS"  # 0 turns dequantize-then-matmul off
+# H200 (call 19): at 256 rows the fused kernel took 4.8x bf16's matmul time, while one pass
+# over the weight (packed read, bf16 write) costs about one bf16 matmul at that size
+DEFAULT_DEQUANT_MIN_ROWS = 256
 SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "w4a16.json"
 
 
@@ -76,14 +80,29 @@ def _tinygemm_rows_table(path: str) -> dict[str, int]:
             json.loads(Path(path).read_text()).get("tinygemm_max_rows", {}).items()}
 
 
+def _env_rows(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def use_dequant_mm(x: torch.Tensor) -> bool:
+    """Whether x [M, K] runs as dequantize-then-matmul: M >= $COMPILED_LLM_W4A16_DEQUANT_MIN_ROWS
+    (default DEFAULT_DEQUANT_MIN_ROWS; 0: never)."""
+    rows = _env_rows(DEQUANT_ENV)
+    rows = DEFAULT_DEQUANT_MIN_ROWS if rows is None else rows
+    return rows > 0 and x.shape[0] >= rows
+
+
 def tinygemm_max_rows(gpu: str) -> int:
     """The most tokens that run on tinygemm on `gpu`: $COMPILED_LLM_W4A16_TINYGEMM_MAX_ROWS,
     else the override file's entry, the shipped file's, DEFAULT_TINYGEMM_MAX_ROWS."""
-    override = os.environ.get(TINYGEMM_ENV)
+    override = _env_rows(TINYGEMM_ENV)
     if override is not None:
-        if not override.strip().isdigit():
-            raise ValueError(f"{TINYGEMM_ENV} must be a non-negative integer, got {override!r}")
-        return int(override)
+        return override
     for path in (os.environ.get(CONFIG_ENV), str(SHIPPED)):
         rows = _tinygemm_rows_table(path).get(gpu) if path else None
         if rows is not None:
