@@ -28,6 +28,8 @@
 #                                         # GEMV tiles, W4A16 against bf16
 #     bash benchmarks/h200_suite.sh 21    # LoRA GPU tests and decode (grouped deltas), the GPU
 #                                         # tests of the QK-norm + RoPE fusion and the MoE kernels
+#     bash benchmarks/h200_suite.sh 22    # W4A16 on tinygemm and dequantize-then-matmul: GPU
+#                                         # tests, decode (bf16: call 20's, for device time)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -224,6 +226,14 @@ $py -m benchmarks.lora --checkpoint-dir $CK --skip-plain --reps 2 --output-json 
 $T tests/kernels/test_qk_norm_rope_gpu.py tests/passes/test_qk_norm_rope.py tests/kernels/test_triton_gpu.py
 $T tests/moe/test_fused_moe_gpu.py tests/moe/test_shared_overlap.py
 $T tests/worker/test_cudagraphs_gpu.py"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 22 ]; then  # one GPU: W4A16's tinygemm and prefill paths, tests then decode
+  T="$py -m pytest -q -p no:cacheprovider tests/quantization/test_tinygemm.py"
+  mapfile -t a <<<"\
+$T -k 'cuda_tinygemm or dequantize'
+$MK
+$py -m benchmarks.quantized --checkpoint-dir $CK --formats w4a16 --skip-user-path --output-json $R/quantized_tinygemm_h200.json
+$T -k 'engine and ct_W4A16'"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 else
   run_streams "\
