@@ -124,20 +124,58 @@ def _decode(q, kv_cache, meta: AttentionMetadata, scale: float, window: int,
 
 def attend_uncached(q, k, v, meta: AttentionMetadata, scale: float, window: int,
                     causal: bool) -> torch.Tensor:
-    """Each sequence's queries over its own k/v rows (no cache: every sequence is whole)."""
+    """Each sequence's queries over its own k/v rows (no cache: every sequence is whole).
+    Bidirectional batches go through padded_attention, a few SDPA calls, not one per sequence."""
     if window > 0 and not causal:
         raise ValueError("a sliding window needs causal attention")
     out = torch.zeros_like(q)
     starts = meta.query_start_loc_cpu.tolist()
+    if not causal:
+        padded_attention(q, k, v, starts, scale, out)
+        return out
     for start, end in zip(starts, starts[1:]):
-        mask = _mask(end - start, end - start, window, q.device) if causal else None
         attended = F.scaled_dot_product_attention(
             q[start:end].transpose(0, 1),  # [Hq, L, D]
             k[start:end].transpose(0, 1),
             v[start:end].transpose(0, 1),
-            attn_mask=mask,
+            attn_mask=_mask(end - start, end - start, window, q.device),
             scale=scale,
             enable_gqa=True,
         )
         out[start:end] = attended.transpose(0, 1)
     return out
+
+
+def length_groups(lens: list[int], slack: float = 1.25) -> list[list[int]]:
+    """Sequence indices grouped by length, shortest first: within a group the longest is at
+    most `slack` times the shortest (plus 16 tokens), so padding to it wastes little."""
+    groups: list[list[int]] = []
+    first = 0
+    for index in sorted(range(len(lens)), key=lens.__getitem__):
+        if not groups or lens[index] > lens[first] * slack + 16:
+            groups.append([])
+            first = index
+        groups[-1].append(index)
+    return groups
+
+
+def padded_attention(q, k, v, starts: list[int], scale: float, out: torch.Tensor) -> None:
+    """Bidirectional attention of each sequence (rows starts[i]:starts[i+1]) into `out`, one
+    SDPA call per length group: rows gathered into [B, H, L, D] with the padded keys masked
+    (padded queries are computed and dropped)."""
+    lens = [end - start for start, end in zip(starts, starts[1:])]
+    for group in length_groups(lens):
+        longest = max(lens[i] for i in group)
+        offsets = torch.arange(longest, device=q.device)
+        first = torch.tensor([starts[i] for i in group], device=q.device)[:, None]
+        valid = offsets[None, :] < torch.tensor([lens[i] for i in group], device=q.device)[:, None]
+        rows = torch.where(valid, first + offsets, first)  # [B, L]; padding reads row 0 again
+        attended = F.scaled_dot_product_attention(
+            q[rows].transpose(1, 2),  # [B, Hq, L, D]
+            k[rows].transpose(1, 2),
+            v[rows].transpose(1, 2),
+            attn_mask=valid[:, None, None, :],
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[rows[valid]] = attended.transpose(1, 2)[valid]

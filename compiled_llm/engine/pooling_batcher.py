@@ -47,6 +47,11 @@ class BatchingPoolingEngine:
         with self._tokenizer_lock:
             return self._engine.tokenize(*args, **kwargs)
 
+    def tokenize_many(self, *args, **kwargs):
+        """The engine's tokenize_many, one thread at a time."""
+        with self._tokenizer_lock:
+            return self._engine.tokenize_many(*args, **kwargs)
+
     def tokenize_pair(self, *args, **kwargs):
         """The engine's tokenize_pair, one thread at a time."""
         with self._tokenizer_lock:

@@ -1,9 +1,8 @@
 """PoolingEngine: the engine of runner="pooling" runs (embeddings, classification, scores).
-
 A pooling request is one forward of its whole prompt, nothing kept after it: no scheduler, KV
-cache or sampler. Prompts are validated and tokenized (pairs for cross-encoders, token types
-kept), packed into forwards within the token budget, run in this process, and pooled.
-"""
+cache or sampler. Prompts are validated and tokenized (texts in one batched tokenizer call,
+pairs for cross-encoders, token types kept), packed into forwards within the token budget and
+pooled, step k+1 launched before the host waits for step k's rows."""
 
 from __future__ import annotations
 
@@ -22,10 +21,12 @@ from compiled_llm.models.plugins import load_general_plugins
 from compiled_llm.pooling_params import PoolerConfig, PoolingParams
 from compiled_llm.worker.loader import load_hf_config, load_model, read_json, resolve_dtype
 from compiled_llm.worker.pooler import resolve_pooler
-from compiled_llm.worker.pooling_runner import PoolingRunner
+from compiled_llm.worker.pooling_runner import HostRows, PoolingRunner
 
 logger = logging.getLogger(__name__)
 Tokens = tuple[list[int], list[int] | None]  # (token ids, token types or None)
+# the default token budget of one pooling forward (vLLM's POOLING_MODEL_MAX_NUM_BATCHED_TOKENS)
+POOLING_MAX_NUM_BATCHED_TOKENS = 32768
 
 
 def resolve_runner(args: EngineArgs, model_dir: str) -> str:
@@ -89,6 +90,9 @@ class PoolingEngine:
         sched = args.scheduler_config(limit, min(st_len or default_len, default_len))
         self.max_model_len, self.max_num_seqs = sched.max_model_len, sched.max_num_seqs
         self.max_num_batched_tokens = sched.max_num_batched_tokens
+        if args.max_num_batched_tokens is None:  # as vLLM: a pooling forward keeps no KV
+            self.max_num_batched_tokens = max(self.max_num_batched_tokens,
+                                              POOLING_MAX_NUM_BATCHED_TOKENS)
         model = load_model(model_dir, self.dtype, self.device, self.max_model_len,
                            args.load_format, args.quantization)
         self.model_config = model.config
@@ -145,14 +149,28 @@ class PoolingEngine:
                  name: str = "prompt") -> Tokens:
         """(ids, token types) of one prompt, truncated to its last `truncate` tokens (-1:
         max_model_len); ValueError naming `name` when it is malformed or too long."""
-        if isinstance(prompt, str) and self.tokenizer is not None:
-            self.inputs.check_text_prompt(prompt, name)
-            enc = self.tokenizer(prompt)
-            ids, types = list(enc["input_ids"]), enc.get("token_type_ids")
-        else:
-            _, ids = self.inputs.tokenize(prompt)
-            types = None
-        return self._fit(ids, None if types is None else list(types), truncate, name)
+        return self.tokenize_many([prompt], [truncate], name)[0]
+
+    def tokenize_many(self, prompts: list[PromptType], truncates: list[int | None],
+                      name: str = "prompt") -> list[Tokens]:
+        """tokenize of each prompt, the texts in one batched tokenizer call (a fast tokenizer
+        encodes them in parallel, without a Python round trip per text). Checks run in prompt
+        order before any text is tokenized; results equal one tokenize call per prompt."""
+        texts: list[int] = []
+        encoded: list = [None] * len(prompts)
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, str) and self.tokenizer is not None:
+                self.inputs.check_text_prompt(prompt, name)
+                texts.append(i)
+            else:
+                encoded[i] = (self.inputs.tokenize(prompt)[1], None)
+        if texts:
+            enc = self.tokenizer([prompts[i] for i in texts], return_attention_mask=False)
+            types = enc.get("token_type_ids") or [None] * len(texts)
+            for i, ids, kinds in zip(texts, enc["input_ids"], types):
+                encoded[i] = (list(ids), _types(kinds))
+        return [self._fit(ids, kinds, truncate, name)
+                for (ids, kinds), truncate in zip(encoded, truncates)]
 
     def tokenize_pair(self, text_1: str, text_2: str, truncate: int | None = None) -> Tokens:
         """A cross-encoder's input: both texts in one sequence, as the tokenizer pairs them."""
@@ -163,9 +181,8 @@ class PoolingEngine:
                 raise ValueError(f"{name} must be a str or a list of str")
             self.inputs.check_text_prompt(text, name)
         enc = self.tokenizer(text_1, text_2)
-        types = enc.get("token_type_ids")
-        return self._fit(list(enc["input_ids"]), None if types is None else list(types),
-                         truncate, "text_1")
+        return self._fit(list(enc["input_ids"]), _types(enc.get("token_type_ids")), truncate,
+                         "text_1")
 
     def _fit(self, ids: list[int], types: list[int] | None, truncate: int | None,
              name: str) -> Tokens:
@@ -209,14 +226,11 @@ class PoolingEngine:
             raise ValueError("runner: this model is a classifier; use classify (or score)")
         for p in params:
             self.check_dimensions(p.dimensions)
-        out: list[list[float]] = []
-        for idx in self.batches(seqs):
-            norm = [self.pooler.normalize if params[i].normalize is None else params[i].normalize
-                    for i in idx]
-            out += self.runner.embed(self._packed([seqs[i] for i in idx]),
-                                     self.pooler.pooling_type, norm,
-                                     [params[i].dimensions for i in idx])
-        return out
+        steps = (self.runner.embed_start(
+            self._packed([seqs[i] for i in idx]), self.pooler.pooling_type,
+            [self.pooler.normalize if params[i].normalize is None else params[i].normalize
+             for i in idx], [params[i].dimensions for i in idx]) for idx in self.batches(seqs))
+        return _overlapped(steps)
 
     def classify(self, seqs: list[Tokens], params: list[PoolingParams]) -> list[list[float]]:
         """Class probabilities per sequence (softmax, sigmoid for one label)."""
@@ -224,12 +238,11 @@ class PoolingEngine:
         if not self.can_classify:
             raise ValueError("runner: this model has no classification head "
                              "(a *ForSequenceClassification checkpoint classifies)")
-        out: list[list[float]] = []
-        for idx in self.batches(seqs):
-            out += self.runner.classify(self._packed([seqs[i] for i in idx]),
-                                        self.pooler.pooling_type,
-                                        [params[i].use_activation for i in idx])
-        return out
+        steps = (self.runner.classify_start(self._packed([seqs[i] for i in idx]),
+                                            self.pooler.pooling_type,
+                                            [params[i].use_activation for i in idx])
+                 for idx in self.batches(seqs))
+        return _overlapped(steps)
 
     def _check_open(self) -> None:
         if self.runner.model is None:
@@ -242,3 +255,22 @@ class PoolingEngine:
     def shutdown(self) -> None:
         """Free the model and compiled code (idempotent)."""
         self.runner.shutdown()
+
+
+def _types(token_types: list[int] | None) -> list[int] | None:
+    """A prompt's token types, None when all are 0 (packing zeros changes no id)."""
+    return list(token_types) if token_types and any(token_types) else None
+
+
+def _overlapped(steps: Iterator[HostRows]) -> list[list[float]]:
+    """Every step's rows in order, each step's wait for the device deferred until the next one
+    is launched, so the host prepares step k+1 while the device runs step k."""
+    out: list[list[float]] = []
+    pending: HostRows | None = None
+    for step in steps:
+        if pending is not None:
+            out += pending.rows()
+        pending = step
+    if pending is not None:
+        out += pending.rows()
+    return out

@@ -81,7 +81,7 @@ class PoolingMixin:
         engine = self._pool_engine(method)
         prompts = as_prompt_list(prompts)
         params = params_list(pooling_params, len(prompts), truncate)
-        seqs = [engine.tokenize(p, q.truncate_prompt_tokens) for p, q in zip(prompts, params)]
+        seqs = engine.tokenize_many(prompts, [q.truncate_prompt_tokens for q in params])
         return engine, seqs, params
 
     def embed(self, prompts: PromptType | Sequence[PromptType], pooling_params:
@@ -139,8 +139,9 @@ def cosine_scores(engine, pairs: list[tuple[Any, Any]], params: PoolingParams):
     """Cosine similarity of each pair's normalised embeddings, and each pair's tokens."""
     import torch
 
-    left = [engine.tokenize(a, params.truncate_prompt_tokens, "text_1") for a, _ in pairs]
-    right = [engine.tokenize(b, params.truncate_prompt_tokens, "text_2") for _, b in pairs]
+    truncates = [params.truncate_prompt_tokens] * len(pairs)
+    left = engine.tokenize_many([a for a, _ in pairs], truncates, "text_1")
+    right = engine.tokenize_many([b for _, b in pairs], truncates, "text_2")
     norm = PoolingParams(normalize=True)
     vectors = engine.embed(left + right, [norm] * (2 * len(pairs)))
     emb = torch.tensor(vectors)

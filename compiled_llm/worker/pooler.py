@@ -8,10 +8,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from compiled_llm.pooling_params import PoolerConfig
+from compiled_llm.sample.uploads import upload
 from compiled_llm.worker.loader import read_json
 
 # sentence-transformers' Pooling config keys -> our pooling types
@@ -64,26 +66,51 @@ def resolve_pooler(model_dir: str | Path, default_type: str,
 
 
 def pool(hidden: torch.Tensor, lens: list[int], pooling_type: str) -> torch.Tensor:
-    """hidden [T, D] of sequences of `lens` tokens packed in order -> [B, D] in float32."""
-    starts = torch.tensor([0, *lens[:-1]]).cumsum(0)
+    """hidden [T, D] of sequences of `lens` tokens packed in order -> [B, D] in float32. The
+    index tensors go up from pinned memory without blocking (no host sync on CUDA)."""
+    device = hidden.device
+    lengths = np.asarray(lens, dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
     if pooling_type == "CLS":
-        return hidden[starts.to(hidden.device)].float()
+        return hidden[upload(starts, torch.int64, device)].float()
     if pooling_type == "LAST":
-        ends = starts + torch.tensor(lens) - 1
-        return hidden[ends.to(hidden.device)].float()
+        return hidden[upload(starts + lengths - 1, torch.int64, device)].float()
     if pooling_type == "MEAN":
-        segment = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
-        sums = torch.zeros(len(lens), hidden.shape[1], device=hidden.device)
-        sums.index_add_(0, segment.to(hidden.device), hidden[:sum(lens)].float())
-        return sums / torch.tensor(lens, device=hidden.device, dtype=torch.float32)[:, None]
+        segment = upload(np.repeat(np.arange(len(lens)), lengths), torch.int64, device)
+        sums = torch.zeros(len(lens), hidden.shape[1], device=device)
+        sums.index_add_(0, segment, hidden[:int(lengths.sum())].float())
+        return sums / upload(lengths, torch.float32, device)[:, None]
     raise ValueError(f"pooling_type must be one of MEAN, CLS, LAST, got {pooling_type!r}")
 
 
 def embedding_head(pooled: torch.Tensor, normalize: bool, dimensions: int | None) -> torch.Tensor:
-    """One pooled row [D] -> the embedding: first `dimensions` (Matryoshka), then L2 norm."""
+    """One pooled row [D] (or rows [B, D] sharing the settings) -> the embedding: first
+    `dimensions` (Matryoshka), then L2 norm."""
     if dimensions is not None:
         pooled = pooled[..., :dimensions]
     return F.normalize(pooled, p=2, dim=-1) if normalize else pooled
+
+
+def row_groups(keys: list) -> list[tuple[object, list[int]]]:
+    """(key, the row indices that have it) per distinct key, in first-seen order: the rows a
+    per-request setting splits one step's batch into (one group in the usual call)."""
+    groups: dict = {}
+    for row, key in enumerate(keys):
+        groups.setdefault(key, []).append(row)
+    return list(groups.items())
+
+
+def embedding_groups(pooled: torch.Tensor, normalize: list[bool], dimensions: list[int | None]
+                     ) -> list[tuple[list[int], torch.Tensor]]:
+    """pooled [B, D] -> (row indices, their embeddings [n, D']) per distinct (normalize,
+    dimensions) setting, on pooled's device: the head is one op per group, and each group one
+    copy to the host."""
+    groups = row_groups(list(zip(normalize, dimensions)))
+    if len(groups) == 1:
+        (norm, dims), rows = groups[0]
+        return [(rows, embedding_head(pooled, norm, dims))]
+    return [(rows, embedding_head(pooled[upload(rows, torch.int64, pooled.device)], norm, dims))
+            for (norm, dims), rows in groups]
 
 
 def class_probs(logits: torch.Tensor, use_activation: bool) -> torch.Tensor:
@@ -93,3 +120,14 @@ def class_probs(logits: torch.Tensor, use_activation: bool) -> torch.Tensor:
     if not use_activation:
         return logits
     return logits.sigmoid() if logits.shape[-1] == 1 else logits.softmax(-1)
+
+
+def class_prob_groups(logits: torch.Tensor, use_activation: list[bool]
+                      ) -> list[tuple[list[int], torch.Tensor]]:
+    """logits [B, L] -> (row indices, their class_probs) per distinct use_activation, on
+    logits' device (one group in the usual call)."""
+    groups = row_groups(use_activation)
+    if len(groups) == 1:
+        return [(groups[0][1], class_probs(logits, groups[0][0]))]
+    return [(rows, class_probs(logits[upload(rows, torch.int64, logits.device)], act))
+            for act, rows in groups]

@@ -1,10 +1,12 @@
 """PoolingRunner: runs a model for pooling (embeddings, classification) on one device. A step is
-one forward over whole sequences packed flat, with no KV cache anywhere: the attention op
-attends within each sequence's own tokens (bidirectionally for encoders). Compiled with the
-project's backend like the generate runner; no CUDA graphs (every step is a fresh shape mix).
-"""
+one forward over whole sequences packed flat, no KV cache anywhere: the attention op attends
+within each sequence's own tokens (bidirectionally for encoders). Compiled like the generate
+runner, no CUDA graphs (every step is a fresh shape mix); a step's rows reach the host in one
+non-blocking copy (HostRows), waited for after the caller has launched the next step."""
 
 from __future__ import annotations
+
+from itertools import chain
 
 import numpy as np
 import torch
@@ -14,7 +16,7 @@ from compiled_llm.attention.forward_context import ForwardContext, set_forward_c
 from compiled_llm.attention.metadata import AttentionMetadata
 from compiled_llm.config import CompileConfig
 from compiled_llm.sample.uploads import upload
-from compiled_llm.worker.pooler import class_probs, embedding_head, pool
+from compiled_llm.worker.pooler import class_prob_groups, embedding_groups, pool
 
 
 class PoolingRunner:
@@ -48,9 +50,11 @@ class PoolingRunner:
     def hidden_states(self, input_ids: list[list[int]]) -> torch.Tensor:
         """Per-token hidden states [T, D] of the sequences packed in order."""
         lens = [len(ids) for ids in input_ids]
-        flat = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in input_ids])
-        positions = np.concatenate([np.arange(n, dtype=np.int64) for n in lens])
         starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        total = int(starts[-1])
+        # one pass over the tokens (no array per sequence)
+        flat = np.fromiter(chain.from_iterable(input_ids), dtype=np.int64, count=total)
+        positions = np.arange(total, dtype=np.int64) - np.repeat(starts[:-1], lens)
         device_ids, device_positions = (upload(a, torch.int64, self.device)
                                         for a in (flat, positions))
         starts_cpu = torch.from_numpy(starts)
@@ -72,23 +76,31 @@ class PoolingRunner:
         return pool(self.hidden_states(input_ids), [len(i) for i in input_ids], pooling_type)
 
     @torch.inference_mode()
+    def embed_start(self, input_ids: list[list[int]], pooling_type: str, normalize: list[bool],
+                    dimensions: list[int | None]) -> HostRows:
+        """embed's forward and head launched, the copy to the host under way; the caller
+        prepares the next step before it waits on rows()."""
+        pooled = self.pooled(input_ids, pooling_type)
+        return HostRows(embedding_groups(pooled, normalize, dimensions), len(input_ids))
+
     def embed(self, input_ids: list[list[int]], pooling_type: str, normalize: list[bool],
               dimensions: list[int | None]) -> list[list[float]]:
         """One embedding per sequence, with its own normalisation and Matryoshka size."""
-        pooled = self.pooled(input_ids, pooling_type).cpu()
-        return [embedding_head(row, norm, dims).tolist()
-                for row, norm, dims in zip(pooled, normalize, dimensions)]
+        return self.embed_start(input_ids, pooling_type, normalize, dimensions).rows()
 
     @torch.inference_mode()
-    def classify(self, input_ids: list[list[int]], pooling_type: str,
-                 use_activation: list[bool]) -> list[list[float]]:
-        """Class probabilities (or raw logits without activation) per sequence."""
+    def classify_start(self, input_ids: list[list[int]], pooling_type: str,
+                       use_activation: list[bool]) -> HostRows:
+        """classify's forward and head launched, the copy to the host under way."""
         if not self.can_classify:
             raise ValueError("this model has no classification head")
         logits = self.model.classify(self.pooled(input_ids, pooling_type).to(self.dtype))
-        logits = logits.float().cpu()
-        return [class_probs(row[None], act)[0].tolist()
-                for row, act in zip(logits, use_activation)]
+        return HostRows(class_prob_groups(logits, use_activation), len(input_ids))
+
+    def classify(self, input_ids: list[list[int]], pooling_type: str,
+                 use_activation: list[bool]) -> list[list[float]]:
+        """Class probabilities (or raw logits without activation) per sequence."""
+        return self.classify_start(input_ids, pooling_type, use_activation).rows()
 
     def shutdown(self) -> None:
         """Drop the compiled forward and the weights (idempotent)."""
@@ -98,3 +110,36 @@ class PoolingRunner:
             release()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+class HostRows:
+    """One step's result rows on their way to the host: each group's tensor is copied into
+    pinned memory without blocking (CUDA), so the host waits once, in rows(), after it has
+    launched the next step. Invariant: the groups' row indices cover 0..count-1 once each."""
+
+    def __init__(self, groups: list[tuple[list[int], torch.Tensor]], count: int) -> None:
+        self.count = count
+        self.copies = [(rows, _to_host(values)) for rows, values in groups]
+        self.done = None
+        if any(values.device.type == "cuda" for _, values in groups):
+            self.done = torch.cuda.Event()
+            self.done.record()
+
+    def rows(self) -> list[list[float]]:
+        """Every row as a list of floats, in row order (waits for the copies)."""
+        if self.done is not None:
+            self.done.synchronize()
+        if len(self.copies) == 1:
+            return self.copies[0][1].tolist()
+        out: list = [None] * self.count
+        for rows, host in self.copies:
+            for row, values in zip(rows, host.tolist()):
+                out[row] = values
+        return out
+
+
+def _to_host(values: torch.Tensor) -> torch.Tensor:
+    if values.device.type != "cuda":
+        return values
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    return host.copy_(values, non_blocking=True)
