@@ -40,9 +40,6 @@ class ParallelArgs(RunnerArgs):
             size = getattr(self, name)
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {size!r}")
-        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
-            raise ValueError("pipeline_parallel_size > 1 with tensor_parallel_size > 1: not "
-                             "supported together yet; set one of them to 1")
         if not isinstance(self.enable_expert_parallel, bool):
             raise ValueError(f"enable_expert_parallel must be a bool, got "
                              f"{self.enable_expert_parallel!r}")

@@ -1,5 +1,6 @@
-"""The process group of one tensor-parallel engine: gloo on CPU, NCCL on CUDA (NVLink
-multicast kept off), plus a gloo group for the host-side step description on CUDA."""
+"""The process groups of one multi-rank engine: all ranks (gloo on CPU, NCCL on CUDA with NVLink
+multicast off, plus a gloo group for the host-side step description on CUDA) and, inside it,
+one tensor-parallel group per pipeline stage: global rank = pipeline rank * TP + TP rank."""
 
 from __future__ import annotations
 
@@ -13,19 +14,23 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class TPGroup:
-    """One rank's view of its tensor-parallel group. `group_name` names the device group in
-    functional collectives (what Dynamo traces); `cpu_group` carries host tensors."""
+    """One rank's view of the groups. `rank`, `world_size` and `group_name` (the device group
+    in functional collectives, what Dynamo traces) are its tensor-parallel group's;
+    `device_group` and `cpu_group` (host tensors) hold every rank, for the step broadcast."""
 
     rank: int
     world_size: int
     group_name: str
     device_group: dist.ProcessGroup
     cpu_group: dist.ProcessGroup
+    global_rank: int = 0
+    pipeline_rank: int = 0
+    pipeline_size: int = 1
 
     @property
     def is_driver(self) -> bool:
-        """Rank 0 runs the scheduler's steps and samples; the others follow it."""
-        return self.rank == 0
+        """Global rank 0 runs the scheduler's steps and samples; the others follow it."""
+        return self.global_rank == 0
 
 
 _GROUP: TPGroup | None = None
@@ -33,10 +38,11 @@ _THREADS: list[int] = []  # the thread count before a CPU group took its share
 
 
 def init_tp_group(rank: int, world_size: int, init_method: str, device: torch.device,
-                  timeout_s: float = 120.0) -> TPGroup:
-    """Join the group of world_size ranks at init_method (a tcp:// address) as `rank`; on
-    CPU this process takes its share of the host's cores for its threads. One group per
-    process: ValueError if one exists."""
+                  timeout_s: float = 120.0, pipeline_size: int = 1) -> TPGroup:
+    """Join the group of world_size ranks at init_method (a tcp:// address) as `rank`, and its
+    tensor-parallel group of world_size // pipeline_size ranks; on CPU this process takes its
+    share of the host's cores for its threads. One group per process: ValueError if one
+    exists."""
     global _GROUP
     if _GROUP is not None or dist.is_initialized():
         raise ValueError("tensor_parallel_size: this process already belongs to a process group")
@@ -54,7 +60,15 @@ def init_tp_group(rank: int, world_size: int, init_method: str, device: torch.de
                             timeout=timedelta(seconds=timeout_s))
     world = dist.group.WORLD
     cpu_group = dist.new_group(backend="gloo") if backend == "nccl" else world
-    _GROUP = TPGroup(rank, world_size, world.group_name, world, cpu_group)
+    tp_size = world_size // pipeline_size
+    tp_group = world
+    if pipeline_size > 1 and tp_size > 1:  # every rank makes every stage's, in one order
+        stages = [dist.new_group(list(range(first, first + tp_size)))
+                  for first in range(0, world_size, tp_size)]
+        tp_group = stages[rank // tp_size]
+    _GROUP = TPGroup(rank % tp_size, tp_size, tp_group.group_name, world, cpu_group,
+                     global_rank=rank, pipeline_rank=rank // tp_size,
+                     pipeline_size=pipeline_size)
     return _GROUP
 
 

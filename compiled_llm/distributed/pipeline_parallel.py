@@ -18,7 +18,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from compiled_llm.distributed.tensor_parallel import materialize, parameters_on_meta
+from compiled_llm.distributed.parallel_state import TPGroup
+from compiled_llm.distributed.tensor_parallel import (
+    materialize,
+    parameters_on_meta,
+    shard_model,
+)
 from compiled_llm.models.llama import LlamaModel
 
 logger = logging.getLogger(__name__)
@@ -53,18 +58,21 @@ def layer_partition(num_layers: int, num_stages: int) -> list[int]:
 
 
 def stage_rank(stage: int, num_stages: int) -> int:
-    """The rank that holds `stage`: rank 0 (the engine's process) the last, rank s+1 stage s."""
+    """The pipeline rank that holds `stage`: 0 (the engine's process) the last, s+1 stage s."""
     return (stage + 1) % num_stages
 
 
 @dataclass(frozen=True)
 class PipelineStage:
-    """One rank's stage: layers [start_layer, end_layer) of the decoder."""
+    """One rank's stage: layers [start_layer, end_layer) of the decoder, held by tp_size ranks
+    (global rank = pipeline rank * tp_size + tp_rank); each talks to its own TP rank's peers."""
 
     stage: int
     num_stages: int
     start_layer: int
     end_layer: int
+    tp_rank: int = 0
+    tp_size: int = 1
 
     @property
     def is_first(self) -> bool:
@@ -79,20 +87,24 @@ class PipelineStage:
     @property
     def prev_rank(self) -> int:
         """The rank it receives its input from (first stage: none, -1)."""
-        return -1 if self.is_first else stage_rank(self.stage - 1, self.num_stages)
+        return -1 if self.is_first else self._global(self.stage - 1)
 
     @property
     def next_rank(self) -> int:
         """The rank it sends its output to (last stage: none, -1)."""
-        return -1 if self.is_last else stage_rank(self.stage + 1, self.num_stages)
+        return -1 if self.is_last else self._global(self.stage + 1)
+
+    def _global(self, stage: int) -> int:
+        return stage_rank(stage, self.num_stages) * self.tp_size + self.tp_rank
 
 
-def rank_stage(rank: int, num_stages: int, num_layers: int) -> PipelineStage:
-    """The stage rank `rank` holds, with its layer range."""
+def rank_stage(rank: int, num_stages: int, num_layers: int, tp_rank: int = 0,
+               tp_size: int = 1) -> PipelineStage:
+    """The stage pipeline rank `rank` holds, with its layer range (and its TP rank)."""
     stage = (rank - 1) % num_stages
     parts = layer_partition(num_layers, num_stages)
     start = sum(parts[:stage])
-    return PipelineStage(stage, num_stages, start, start + parts[stage])
+    return PipelineStage(stage, num_stages, start, start + parts[stage], tp_rank, tp_size)
 
 
 def check_pipeline(model_cls: type[nn.Module], config, num_stages: int) -> None:
@@ -158,10 +170,13 @@ def _stage_weight_name(base, others: set[str], hf_name: str):
 
 
 def build_stage(model_cls: type[nn.Module], config, max_len: int, device: torch.device,
-                dtype: torch.dtype, stage: PipelineStage) -> nn.Module:
+                dtype: torch.dtype, stage: PipelineStage, tp: TPGroup | None = None,
+                expert_parallel: bool = False) -> tuple[nn.Module, dict | None]:
     """This rank's stage of the model, parameters unloaded (no memory is taken for the other
-    stages' weights): its config counts the stage's layers, so the runner sizes and
-    allocates KV caches for them alone; the compile cache keys on the stage."""
+    stages' weights), and its load plan: with a tensor-parallel group of several ranks, its
+    shard of the stage (tensor_parallel.shard_model), else None. Its config counts the
+    stage's layers, so the runner sizes and allocates KV caches for them alone; the compile
+    cache keys on the stage."""
     with torch.device(device), parameters_on_meta():
         model = model_cls(config, max_len=max_len)
     model.to(dtype=dtype)
@@ -174,8 +189,12 @@ def build_stage(model_cls: type[nn.Module], config, max_len: int, device: torch.
     config.pipeline_parallel = (f"stage {stage.stage} of {stage.num_stages}: layers "
                                 f"[{stage.start_layer}, {stage.end_layer}), {_SOURCE}")
     model.config, model.pipeline_stage = config, stage
+    plan = None
+    if tp is not None and tp.world_size > 1:
+        plan = shard_model(model, tp, expert_parallel)  # a new config: keep the stage's key
+        model.config.pipeline_parallel = config.pipeline_parallel
     materialize(model, device, dtype)
-    return model
+    return model, plan
 
 
 def localize_kv_scales(model: nn.Module) -> None:

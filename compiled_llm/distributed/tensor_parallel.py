@@ -170,16 +170,23 @@ class _Sharder:
         self.plan[f"{prefix}.experts.w2_weight"] = Shard(1, start, size)
 
     def vocab(self) -> None:
-        """Embedding and LM head by vocab rows (a tied head shares the sharded table)."""
+        """Embedding and LM head by vocab rows (a tied head shares the sharded table); a
+        pipeline stage's missing ends (None) are skipped."""
         model, tp = self.model, self.tp
         embed, head = model.model.embed_tokens, model.lm_head
-        start, size = self.split(embed.num_embeddings, "vocab_size")
-        tied = head.weight is embed.weight
-        _resize(embed, "weight", (size, embed.embedding_dim))
-        self.plan["model.embed_tokens.weight"] = Shard(0, start, size)
-        embed.num_embeddings = size
-        embed.__class__ = VocabParallelEmbedding
-        embed.group_name, embed.vocab_start = tp.group_name, start
+        if embed is None and head is None:
+            return
+        full = embed.num_embeddings if embed is not None else head.out_features
+        start, size = self.split(full, "vocab_size")
+        tied = embed is not None and head is not None and head.weight is embed.weight
+        if embed is not None:
+            _resize(embed, "weight", (size, embed.embedding_dim))
+            self.plan["model.embed_tokens.weight"] = Shard(0, start, size)
+            embed.num_embeddings = size
+            embed.__class__ = VocabParallelEmbedding
+            embed.group_name, embed.vocab_start = tp.group_name, start
+        if head is None:
+            return
         if tied:
             head.weight = embed.weight
         else:

@@ -77,4 +77,7 @@ class ParallelLMHead(nn.Linear):
         local = F.linear(hidden, self.weight, self.bias)  # [N, vocab/tp]
         gathered = all_gather(local, self.world_size, self.group_name)
         rows, part = local.shape
-        return gathered.view(self.world_size, rows, part).transpose(0, 1).reshape(rows, -1)
+        # [tp, N, part] -> [N, tp * part], spelled out: N may be 0 (a step none of whose rows
+        # samples)
+        return gathered.view(self.world_size, rows, part).transpose(0, 1).reshape(
+            rows, self.world_size * part)

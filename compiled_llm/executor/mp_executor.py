@@ -126,7 +126,7 @@ def _check_model(args: EngineArgs, model_dir: str) -> None:
     model_cls, config = build_model_config(hf_config)
     if args.pipeline_parallel_size > 1:
         check_pipeline(model_cls, config, args.pipeline_parallel_size)
-    else:
+    if args.tensor_parallel_size > 1:
         check_shardable(config, args.tensor_parallel_size, args.enable_expert_parallel)
 
 
@@ -151,7 +151,8 @@ class MultiprocExecutor(UniProcExecutor):
         self.procs = [self.rank_cls(args, spec, rank, init_method) for rank in range(1, world)]
         try:
             spec = rank_spec(spec, 0)
-            self.tp = init_tp_group(0, world, init_method, spec.device)
+            self.tp = init_tp_group(0, world, init_method, spec.device,
+                                    pipeline_size=args.pipeline_parallel_size)
             for proc in self.procs:
                 proc.wait_ready()
             super().__init__(args, spec, self.tp)

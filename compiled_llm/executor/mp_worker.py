@@ -33,7 +33,8 @@ def run_worker(args, spec: WorkerSpec, rank: int, init_method: str, status_fd: i
     with os.fdopen(status_fd, "wb", buffering=0) as status:
         try:
             spec = rank_spec(spec, rank)
-            tp = init_tp_group(rank, args.world_size, init_method, spec.device)
+            tp = init_tp_group(rank, args.world_size, init_method, spec.device,
+                                pipeline_size=args.pipeline_parallel_size)
             torch.manual_seed(args.seed)
             runner = build_runner(args, spec, tp)
         except BaseException:

@@ -31,7 +31,8 @@ class RankActor:
         from compiled_llm.worker.worker import build_runner
 
         spec = rank_spec(self.spec, self.rank)
-        self.tp = init_tp_group(self.rank, self.args.world_size, self.init_method, spec.device)
+        self.tp = init_tp_group(self.rank, self.args.world_size, self.init_method, spec.device,
+                                pipeline_size=self.args.pipeline_parallel_size)
         torch.manual_seed(self.args.seed)
         self.runner = build_runner(self.args, spec, self.tp)
         return os.getpid()

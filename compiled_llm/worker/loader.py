@@ -168,8 +168,8 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     runs; then sibling linears' weights are laid out as one fused tensor each
     (worker/fuse_weights.py). With a tensor-parallel group `tp`, this rank's shard is built
     and only its slices are read (whole experts per rank with expert_parallel); with several
-    pipeline stages, `tp` (then the group of all ranks) names the stage this rank builds, and
-    only its layers are read."""
+    pipeline stages, `tp`'s pipeline rank names the stage this rank builds (and, with several
+    tensor-parallel ranks per stage, its shard of it), and only its layers are read."""
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
     from compiled_llm.quantization.loading import detect_format, prepare_quantized
     from compiled_llm.quantization.w4a16 import prepare_tinygemm
@@ -184,13 +184,15 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     files = checkpoint_files(Path(model_dir), load_format)
     plan, stage = None, None
     if pipeline_parallel_size > 1:
-        stage = rank_stage(tp.rank, pipeline_parallel_size, model_config.num_hidden_layers)
+        stage = rank_stage(tp.pipeline_rank, pipeline_parallel_size,
+                           model_config.num_hidden_layers, tp.rank, tp.world_size)
     if tp is not None and checkpoint_format:
         field = "tensor" if stage is None else "pipeline"
         raise ValueError(f"{field}_parallel_size > 1 with a quantized checkpoint "
                          f"({checkpoint_format.name}) is not supported yet")
     if stage is not None:
-        model = build_stage(model_cls, model_config, max_len, device, dtype, stage)
+        model, plan = build_stage(model_cls, model_config, max_len, device, dtype, stage, tp,
+                                  expert_parallel)
     elif tp is not None:
         model, plan = build_sharded(model_cls, model_config, max_len, device, dtype, tp,
                                     expert_parallel)

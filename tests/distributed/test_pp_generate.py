@@ -97,8 +97,30 @@ def test_moe_pp2_equals_pp1():
     ref = _reference(ckpt)
     llm = LLM(str(ckpt), pipeline_parallel_size=2, **BASE)
     try:
-        assert llm.engine.executor.tp.world_size == 2
+        assert llm.engine.executor.tp.pipeline_size == 2
         _assert_same(_run(llm), ref)
         assert llm.engine.num_used_blocks == 0
     finally:
         llm.shutdown()
+
+
+def test_llama_tp2_pp2_equals_one_rank():
+    ckpt = make_checkpoint("llama_3layers")
+    ref = _reference(ckpt)
+    llm = LLM(str(ckpt), pipeline_parallel_size=2, tensor_parallel_size=2, **BASE)
+    try:
+        tp = llm.engine.executor.tp  # rank 0: the last stage's first tensor-parallel rank
+        assert (tp.global_rank, tp.rank, tp.world_size, tp.pipeline_size) == (0, 0, 2, 2)
+        model = llm.engine.executor.worker.runner.model
+        attn = model.model.layers["2"].self_attn  # its stage's layer, half its heads
+        assert attn.num_heads * 2 == _config_heads(ckpt)
+        _assert_same(_run(llm), ref)
+        assert llm.engine.num_used_blocks == 0
+    finally:
+        llm.shutdown()
+
+
+def _config_heads(ckpt) -> int:
+    import json
+
+    return json.loads((ckpt / "config.json").read_text())["num_attention_heads"]

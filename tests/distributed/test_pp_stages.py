@@ -37,9 +37,10 @@ def test_more_stages_than_layers_is_refused():
         layer_partition(2, 3)
 
 
-def _stage(name: str, rank: int):
+def _stage(name: str, rank: int, tp_rank: int = 0, tp_size: int = 1):
     ckpt = make_checkpoint(name)
-    group = TPGroup(rank, 2, "unused", None, None)  # loading runs no collective
+    group = TPGroup(tp_rank, tp_size, "unused", None, None, global_rank=rank * tp_size + tp_rank,
+                    pipeline_rank=rank, pipeline_size=2)  # loading runs no collective
     model = load_model(ckpt, torch.float32, torch.device("cpu"), 128, tp=group,
                        pipeline_parallel_size=2)
     full = {}
@@ -77,8 +78,22 @@ def test_tied_head_on_the_last_stage_reads_the_embedding_table():
     assert torch.equal(model.lm_head.weight, full["model.embed_tokens.weight"])
 
 
+def test_a_stage_of_two_tensor_parallel_ranks_holds_its_shard_of_its_layers():
+    model, full = _stage("llama_3layers", rank=1, tp_rank=1, tp_size=2)  # stage 0, TP rank 1
+    body = model.model
+    assert list(body.layers.keys()) == ["0", "1"] and model.lm_head is None
+    stage = model.pipeline_stage
+    assert (stage.next_rank, stage.prev_rank) == (1, -1)  # stage 1's TP rank 1: global 0 * 2 + 1
+    q_full = full["model.layers.1.self_attn.q_proj.weight"]
+    half = q_full.shape[0] // 2
+    assert torch.equal(body.layers["1"].self_attn.q_proj.weight, q_full[half:])
+    vocab = full["model.embed_tokens.weight"]
+    assert torch.equal(body.embed_tokens.weight, vocab[vocab.shape[0] // 2:])
+    assert "stage 0 of 2" in model.config.pipeline_parallel
+    assert model.config.tensor_parallel == "rank 1 of 2"
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(pipeline_parallel_size=2, tensor_parallel_size=2), "not supported together"),
     (dict(pipeline_parallel_size=2, distributed_executor_backend="uni"),
      "pipeline_parallel_size 2 needs"),
     (dict(pipeline_parallel_size=2, enable_lora=True), "pipeline_parallel_size 2 with"),
