@@ -71,19 +71,24 @@ def load_eagle(model_dir: str, target: torch.nn.Module, dtype: torch.dtype,
     field when the checkpoint is missing, incomplete or shaped unlike the target."""
     config = _read_config(model_dir, target.config)
     tensors = _read_tensors(model_dir, load_format)
-    cfg = DecoderConfig.from_hf({**config, "tie_word_embeddings": False})
-    embed = target.model.embed_tokens
+    # Qwen2-style heads have biased q/k/v without saying so in config.json
+    bias = config.get("attention_bias", "layers.0.self_attn.q_proj.bias" in tensors)
+    cfg = DecoderConfig.from_hf({**config, "tie_word_embeddings": False,
+                                 "attention_bias": bias})
+    embed = getattr(getattr(target, "model", None), "embed_tokens", None)
+    if embed is None and "embed_tokens.weight" not in tensors:
+        raise ValueError(f"{_FIELD}: the EAGLE checkpoint lacks embed_tokens.weight and the "
+                         "target has no model.embed_tokens to share")
     if "embed_tokens.weight" in tensors:
         embed = torch.nn.Embedding(cfg.vocab_size, cfg.hidden_size)
     lm_head = target.lm_head
     if "lm_head.weight" in tensors:
         lm_head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
     head = EagleLlamaForCausalLM(cfg, max_len, "fc.bias" in tensors, embed, lm_head)
-    shared = {f"{prefix}.{name}" for prefix, module in (("embed_tokens", embed),
-                                                          ("lm_head", lm_head))
-              if module is target.model.embed_tokens or module is target.lm_head
-              for name, _ in module.named_parameters()}
-    params = {name: param for name, param in head.named_parameters() if name not in shared}
+    # the target's own modules are read, never written
+    shared = [name for name in ("embed_tokens", "lm_head") if f"{name}.weight" not in tensors]
+    params = {name: param for name, param in head.named_parameters()
+              if name.split(".")[0] not in shared}
     for name, tensor in tensors.items():
         param = params.get(name)
         if param is None:
