@@ -36,7 +36,7 @@ _REQUIRED = ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_he
 _IGNORED = ("layers.0.input_layernorm.weight", "rotary_emb.inv_freq")
 
 
-def _read_config(model_dir: str, target_cfg: DecoderConfig) -> dict:
+def read_config(model_dir: str, target_cfg: DecoderConfig) -> dict:
     """The head's config.json, checked against the target (ValueError naming the field)."""
     if not (Path(model_dir) / "config.json").is_file():
         raise ValueError(f"{_FIELD}: no EAGLE config.json in {model_dir!r}")
@@ -51,17 +51,41 @@ def _read_config(model_dir: str, target_cfg: DecoderConfig) -> dict:
     return config
 
 
-def _read_tensors(model_dir: str, load_format: str) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint by name (a "model." prefix dropped, as vLLM does)."""
+def read_tensors(model_dir: str, load_format: str, eagle3: bool = False
+                  ) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint by name (a "model." prefix dropped, as vLLM does);
+    ValueError when it is of the other EAGLE generation."""
     try:
         files = checkpoint_files(Path(model_dir), load_format)
     except ValueError as err:
         raise ValueError(f"{_FIELD}: {err}") from None
     tensors = {name.removeprefix("model."): tensor for name, tensor, _ in iter_tensors(files)}
-    if any(name.startswith("midlayer.") for name in tensors) or "d2t" in tensors:
-        raise ValueError(f"{_FIELD}: {model_dir!r} is an EAGLE-3 checkpoint (midlayer.*, d2t); "
-                         "speculative_config.method 'eagle3' is not supported yet")
+    if eagle3 != any(name.startswith("midlayer.") for name in tensors):
+        kind, method = ("an EAGLE-1", "eagle") if eagle3 else ("an EAGLE-3", "eagle3")
+        raise ValueError(f"{_FIELD}: {model_dir!r} is {kind} checkpoint (midlayer.* names "
+                         f"EAGLE-3); use speculative_config.method {method!r}")
     return tensors
+
+
+def copy_weights(params: dict[str, torch.nn.Parameter], tensors: dict[str, torch.Tensor],
+                 what: str) -> None:
+    """Copy every checkpoint tensor into its parameter; ValueError naming the weight that is
+    unknown to `what`, shaped otherwise, or missing."""
+    for name, tensor in tensors.items():
+        param = params.get(name)
+        if param is None:
+            if name.endswith(_IGNORED):
+                continue
+            raise ValueError(f"{_FIELD}: the EAGLE checkpoint has {name}, which {what} "
+                             "does not")
+        if tensor.shape != param.shape:
+            raise ValueError(f"{_FIELD}: {name} has shape {tuple(tensor.shape)}, "
+                             f"expected {tuple(param.shape)}")
+        with torch.no_grad():
+            param.copy_(tensor)
+    missing = sorted(set(params) - set(tensors))
+    if missing:
+        raise ValueError(f"{_FIELD}: the EAGLE checkpoint lacks {missing[:4]}")
 
 
 def load_eagle(model_dir: str, target: torch.nn.Module, dtype: torch.dtype,
@@ -69,8 +93,8 @@ def load_eagle(model_dir: str, target: torch.nn.Module, dtype: torch.dtype,
                ) -> EagleLlamaForCausalLM:
     """The EAGLE-1 head of model_dir over target (a Llama-family model); ValueError naming the
     field when the checkpoint is missing, incomplete or shaped unlike the target."""
-    config = _read_config(model_dir, target.config)
-    tensors = _read_tensors(model_dir, load_format)
+    config = read_config(model_dir, target.config)
+    tensors = read_tensors(model_dir, load_format)
     # Qwen2-style heads have biased q/k/v without saying so in config.json
     bias = config.get("attention_bias", "layers.0.self_attn.q_proj.bias" in tensors)
     cfg = DecoderConfig.from_hf({**config, "tie_word_embeddings": False,
@@ -89,21 +113,7 @@ def load_eagle(model_dir: str, target: torch.nn.Module, dtype: torch.dtype,
     shared = [name for name in ("embed_tokens", "lm_head") if f"{name}.weight" not in tensors]
     params = {name: param for name, param in head.named_parameters()
               if name.split(".")[0] not in shared}
-    for name, tensor in tensors.items():
-        param = params.get(name)
-        if param is None:
-            if name.endswith(_IGNORED):
-                continue
-            raise ValueError(f"{_FIELD}: the EAGLE checkpoint has {name}, which an EAGLE-1 "
-                             f"head of {cfg.num_hidden_layers} layers does not")
-        if tensor.shape != param.shape:
-            raise ValueError(f"{_FIELD}: {name} has shape {tuple(tensor.shape)}, "
-                             f"expected {tuple(param.shape)}")
-        with torch.no_grad():
-            param.copy_(tensor)
-    missing = sorted(set(params) - set(tensors))
-    if missing:
-        raise ValueError(f"{_FIELD}: the EAGLE checkpoint lacks {missing[:4]}")
+    copy_weights(params, tensors, f"an EAGLE-1 head of {cfg.num_hidden_layers} layers")
     return head.to(device=device, dtype=dtype).eval()
 
 
@@ -140,8 +150,7 @@ class EagleProposer(DraftModelProposer):
                  num_blocks: int = 0, **context) -> None:
         Proposer.__init__(self, cfg)  # not the draft model's: the head loads differently
         self.target = target
-        head = load_eagle(cfg.model, target.model, target.dtype, target.device,
-                          target.max_model_len, getattr(args, "load_format", "auto"))
+        head = self.load_head(target, getattr(args, "load_format", "auto"))
         extra = target.max_num_seqs * (self.k + 1)
         self.runner = ModelRunner(head, target.device, target.dtype, target.cache_cfg,
                                   target.compile_cfg, target.max_model_len, target.attn_backend,
@@ -156,6 +165,11 @@ class EagleProposer(DraftModelProposer):
         self.generators: dict[str, torch.Generator] = {}
         self._released: tuple[set[str], set[str]] = (set(), set())
         self.states: tuple[dict[str, tuple[int, int]], torch.Tensor | None] = ({}, None)
+
+    def load_head(self, target: ModelRunner, load_format: str) -> EagleLlamaForCausalLM:
+        """The head of speculative_config.model, on the target's device and dtype."""
+        return load_eagle(self.cfg.model, target.model, target.dtype, target.device,
+                          target.max_model_len, load_format)
 
     def take_states(self, rows: dict[str, tuple[int, int]], hidden: torch.Tensor) -> None:
         """The target's hidden states [T, hidden] of this step and, per request, (first row,

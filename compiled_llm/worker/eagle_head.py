@@ -1,8 +1,8 @@
-"""The EAGLE-1 draft head over a Llama-family target (the EAGLE repo's and vLLM's layout): fc
-over concat(embed(token), target hidden), Llama decoder layers whose first has no
-input_layernorm, no final norm; logits through the target's lm_head unless the checkpoint
-brings one. The target hidden states arrive through a fixed buffer (`target_hidden`), so the
-forward keeps the (input_ids, positions) contract that runners and CUDA graphs call."""
+"""EAGLE draft heads over a Llama-family target, in the published layouts: EAGLE-1 (fc over
+concat(embed, target hidden), Llama layers, the first without input_layernorm, no final norm)
+and EAGLE-3 (a midlayer over concat(embeds, hidden), norm, a draft-vocabulary lm_head, d2t).
+Hidden inputs arrive through a fixed buffer (`target_hidden`), so forward keeps the
+(input_ids, positions) contract that runners and CUDA graphs call."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from compiled_llm.models.config import DecoderConfig
-from compiled_llm.models.layers import RotaryEmbedding
-from compiled_llm.models.llama import LlamaDecoderLayer
+from compiled_llm.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from compiled_llm.models.llama import LlamaAttention, LlamaDecoderLayer
 
 
 class EagleDecoderLayer(LlamaDecoderLayer):
@@ -62,3 +62,63 @@ class EagleLlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab]."""
         return self.lm_head(hidden)
+
+
+class Eagle3DecoderLayer(nn.Module):
+    """EAGLE-3's midlayer: attention over concat(input_layernorm(embeds), hidden_norm(hidden))
+    (q/k/v read 2 * hidden), the residual stream starting at hidden, then the usual MLP."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, 0)
+        width, bias = 2 * cfg.hidden_size, cfg.attention_bias
+        for name in ("q_proj", "k_proj", "v_proj"):
+            proj = getattr(self.self_attn, name)
+            setattr(self.self_attn, name, nn.Linear(width, proj.out_features, bias=bias))
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, rope):
+        """(MLP output, residual stream without it); their sum is the pre-norm output."""
+        both = torch.cat((self.input_layernorm(embeds), self.hidden_norm(hidden)), dim=-1)
+        attn_out = self.self_attn(both, rope)
+        normed, residual = self.post_attention_layernorm(attn_out, hidden)
+        return self.mlp(normed), residual
+
+
+class Eagle3LlamaForCausalLM(EagleLlamaForCausalLM):
+    """The EAGLE-3 head: target_hidden holds fc(concat of the target's aux hidden states)
+    for rows paired with the target, else the head's own pre-norm output; logits are
+    lm_head(norm(hidden)) over draft_vocab_size ids, spread to the target's vocabulary through
+    d2t (draft id i is target id i + d2t[i]; the rest -inf). Invariant: fc is applied by the
+    proposer, never in forward (feed rows are already hidden-wide)."""
+
+    def __init__(self, cfg: DecoderConfig, max_len: int, fc_in: int, draft_vocab: int,
+                 embed_tokens: nn.Embedding, lm_head: nn.Module | None) -> None:
+        super().__init__(cfg, max_len, False, embed_tokens, lm_head)
+        del self.layers
+        self.fc = nn.Linear(fc_in, cfg.hidden_size, bias=False)
+        self.midlayer = Eagle3DecoderLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if self.lm_head is None:
+            self.lm_head = nn.Linear(cfg.hidden_size, draft_vocab, bias=False)
+        self.register_buffer("d2t", None if draft_vocab == cfg.vocab_size
+                             else torch.zeros(draft_vocab, dtype=torch.int64))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions [T] -> the head's pre-norm hidden states [T, hidden]."""
+        states = self.target_hidden[:input_ids.shape[0]]
+        out, residual = self.midlayer(self.embed_tokens(input_ids), states,
+                                      self.rotary_emb(positions))
+        return out + residual
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, target vocab] (-inf outside the draft vocab)."""
+        logits = self.lm_head(self.norm(hidden))
+        if self.d2t is None:
+            return logits
+        spread = logits.new_full((len(hidden), self.config.vocab_size), float("-inf"))
+        ids = torch.arange(len(self.d2t), device=logits.device) + self.d2t
+        return spread.index_copy_(1, ids, logits)

@@ -133,6 +133,8 @@ def build_spec_runner(args, worker) -> SpecDecodeRunner | None:
         from compiled_llm.worker import medusa  # noqa: F401  (registers the proposer)
     if cfg.method == "eagle":
         from compiled_llm.worker import eagle  # noqa: F401  (registers the proposer)
+    if cfg.method == "eagle3":
+        from compiled_llm.worker import eagle3  # noqa: F401  (registers the proposer)
     proposer = make_proposer(cfg, target=worker.runner, args=args,
                              num_blocks=worker.num_blocks)
     logger.info("speculative decoding: %s, %d tokens per step", cfg.method,

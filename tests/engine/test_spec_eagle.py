@@ -147,7 +147,7 @@ def test_eagle_refusals(ckpt):
         (_eagle(ckpt, extra={"fc.weight": torch.zeros(4, 4)}), "model.*fc.weight.*shape"),
         (_eagle(ckpt, extra={"layers.1.mlp.up_proj.weight": torch.zeros(4, 4)}),
          "model.*layers.1"),
-        (_eagle(ckpt, extra={"d2t": torch.zeros(4, dtype=torch.int64)}), "model.*eagle3"),
+        (_eagle(ckpt, extra={"midlayer.norm.weight": torch.ones(4)}), "model.*'eagle3'"),
         (tempfile.mkdtemp(), "model.*config.json"),
     ]
     for head, match in cases:
@@ -156,7 +156,7 @@ def test_eagle_refusals(ckpt):
     with pytest.raises(ValueError, match="speculative_config.model.*required"):
         SpeculativeConfig.from_dict({"method": "eagle", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="speculative_config.method.*not supported yet"):
-        SpeculativeConfig.from_dict({"method": "eagle3", "model": "/d",
+        SpeculativeConfig.from_dict({"method": "mtp", "model": "/d",
                                      "num_speculative_tokens": 2})
 
 
