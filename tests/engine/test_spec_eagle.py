@@ -90,8 +90,8 @@ def _check_metrics(llm, accepted: bool) -> None:
         assert per_pos[0] > 0 and per_pos[1] > 0  # the head's own hidden states fed back
 
 
-def test_eagle_greedy_equals_spec_off(ckpt, prompts, baseline):
-    llm = _llm(ckpt, speculative_config=_spec(_eagle(ckpt)))
+def check_greedy_and_seeded(llm, prompts, baseline) -> None:
+    """Greedy output as without drafts, seeded sampled output repeats, the pool empty."""
     assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == baseline
     _check_metrics(llm, accepted=False)
     assert llm.engine.num_used_blocks == 0
@@ -100,6 +100,11 @@ def test_eagle_greedy_equals_spec_off(ckpt, prompts, baseline):
     assert all(len(tokens) == 12 for tokens in first)
     assert _tokens(llm.generate(prompts[:2], sampled, use_tqdm=False)) == first
     assert llm.engine.num_used_blocks == 0
+
+
+def test_eagle_greedy_equals_spec_off(ckpt, prompts, baseline):
+    check_greedy_and_seeded(_llm(ckpt, speculative_config=_spec(_eagle(ckpt))), prompts,
+                            baseline)
 
 
 def test_head_reads_the_target_hidden_states(ckpt, prompts, baseline):

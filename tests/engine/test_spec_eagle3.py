@@ -23,7 +23,7 @@ from tests.engine.test_spec_decode import (  # noqa: F401  (shared module fixtur
     ckpt,
     prompts,
 )
-from tests.engine.test_spec_eagle import _check_metrics, _eagle
+from tests.engine.test_spec_eagle import _eagle, check_greedy_and_seeded
 
 K = 3
 AUX = [0, 1, 1]  # the 2-layer target: vLLM's default (2, L // 2, L - 3) needs more layers
@@ -69,15 +69,8 @@ def _spec(head: str, method: str = "eagle3") -> dict:
 
 
 def test_eagle3_greedy_equals_spec_off(ckpt, prompts, baseline):
-    llm = _llm(ckpt, speculative_config=_spec(_eagle3(ckpt)))
-    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == baseline
-    _check_metrics(llm, accepted=False)
-    assert llm.engine.num_used_blocks == 0
-    sampled = SamplingParams(temperature=1.0, max_tokens=12, seed=7, ignore_eos=True)
-    first = _tokens(llm.generate(prompts[:2], sampled, use_tqdm=False))
-    assert all(len(tokens) == 12 for tokens in first)
-    assert _tokens(llm.generate(prompts[:2], sampled, use_tqdm=False)) == first
-    assert llm.engine.num_used_blocks == 0
+    check_greedy_and_seeded(_llm(ckpt, speculative_config=_spec(_eagle3(ckpt))), prompts,
+                            baseline)
 
 
 def test_eagle3_chunked_prefill_and_preemption(ckpt, prompts, baseline):
