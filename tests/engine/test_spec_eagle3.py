@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from compiled_llm import SamplingParams
+from compiled_llm import LLM, SamplingParams
 from tests.engine.test_spec_decode import (  # noqa: F401  (shared module fixtures)
     GREEDY,
     _llm,
@@ -112,3 +112,30 @@ def test_aux_states_are_the_targets_layer_inputs(ckpt):
         layer_inputs = model(torch.tensor([prompt]), output_hidden_states=True).hidden_states
     expected = torch.cat([layer_inputs[i][0] for i in AUX], dim=-1)
     torch.testing.assert_close(aux.states(len(prompt)), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_eagle3_needs_an_eager_target():
+    from types import SimpleNamespace
+
+    from compiled_llm.speculative import SpeculativeConfig
+    from compiled_llm.worker.eagle3 import Eagle3Proposer
+
+    proposer = Eagle3Proposer.__new__(Eagle3Proposer)  # only load_head's first check runs
+    proposer.cfg = SpeculativeConfig("eagle3", K, model="/heads")
+    compiled = SimpleNamespace(compile_cfg=SimpleNamespace(mode="backend"))
+    with pytest.raises(ValueError, match="speculative_config.method 'eagle3'.*enforce_eager"):
+        proposer.load_head(compiled, "auto")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_eagle3_cuda_greedy_equal(ckpt, prompts):
+    """On CUDA (eager, as eagle3 requires): greedy equals spec off, the pool empty."""
+    with LLM(str(ckpt), dtype="float32", enforce_eager=True,
+             engine_core_process=False) as plain:
+        expected = _tokens(plain.generate(prompts, GREEDY, use_tqdm=False))
+    with LLM(str(ckpt), dtype="float32", enforce_eager=True, engine_core_process=False,
+             speculative_config=_spec(_eagle3(ckpt))) as llm:
+        assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
+        assert llm.engine.scheduler.spec_stats.num_drafts > 0
+        assert llm.engine.num_used_blocks == 0
