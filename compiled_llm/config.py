@@ -292,8 +292,8 @@ class EngineArgs(ParallelArgs, LoRAArgs):
     any prompt that fits needs)."""
     speculative_config: dict | None = None
     """Speculative decoding, as vLLM spells it: {"method": "ngram", "num_speculative_tokens": k,
-    "prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"method": "draft_model", "model": DIR,
-    "num_speculative_tokens": k} (default: off)."""
+    "prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"method": "draft_model" | "medusa" |
+    "eagle" | "eagle3", "model": DIR, "num_speculative_tokens": k} (default: off)."""
     engine_core_process: bool | None = None
     """Run the engine core (scheduler, model, sampler) in a process of its own, so that
     tokenization, detokenization, output building and HTTP overlap it (default: on behind

@@ -1,16 +1,16 @@
 """SpeculativeConfig: the `speculative_config` of LLM/EngineArgs and `--speculative-config`, as
-vLLM spells it ({"method": "ngram" | "draft_model" | "medusa", "num_speculative_tokens": k,
-"disable_by_batch_size": n, ...}). Pure Python: parsing and validation only; the proposers
-live in sample/spec_decode and worker/."""
+vLLM spells it ({"method": "ngram" | "draft_model" | "medusa" | "eagle" | "eagle3",
+"num_speculative_tokens": k, "disable_by_batch_size": n, ...}). Pure Python: parsing and
+validation only; the proposers live in sample/spec_decode and worker/."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any
 
-SUPPORTED_METHODS = ("ngram", "draft_model", "medusa")
+SUPPORTED_METHODS = ("ngram", "draft_model", "medusa", "eagle", "eagle3")
 # vLLM's other methods: known names, refused clearly until they are implemented here
-UNSUPPORTED_METHODS = ("eagle", "eagle3", "mtp", "mlp_speculator", "suffix",
+UNSUPPORTED_METHODS = ("mtp", "mlp_speculator", "suffix",
                        "ngram_gpu", "deepseek_mtp")
 _DEFAULT_LOOKUP = 5  # vLLM's prompt_lookup_min/max when neither is given
 
@@ -19,8 +19,8 @@ _DEFAULT_LOOKUP = 5  # vLLM's prompt_lookup_min/max when neither is given
 class SpeculativeConfig:
     """Validated speculative decoding settings. Invariants: method is supported,
     num_speculative_tokens >= 1, 1 <= prompt_lookup_min <= prompt_lookup_max (ngram),
-    model is set exactly for draft_model and medusa, disable_by_batch_size is None or >= 2
-    (ngram only):
+    model is set exactly for draft_model, medusa, eagle and eagle3, disable_by_batch_size is
+    None or >= 2 (ngram only):
     a step whose batch has at least that many requests runs without drafts."""
 
     method: str

@@ -28,8 +28,8 @@ def test_ngram_and_draft_model_parse():
 
 
 @pytest.mark.parametrize("spec, field", [
-    ({"method": "eagle", "model": "/d", "num_speculative_tokens": 2}, "method"),
-    ({"method": "eagle3", "model": "/d", "num_speculative_tokens": 2}, "method"),
+    ({"method": "eagle", "num_speculative_tokens": 2}, "model"),
+    ({"method": "eagle3", "num_speculative_tokens": 2}, "model"),
     ({"method": "mtp", "model": "/d", "num_speculative_tokens": 2}, "method"),
     ({"method": "medusa", "num_speculative_tokens": 2}, "model"),
     ({"method": "bogus", "num_speculative_tokens": 2}, "method"),
@@ -60,7 +60,7 @@ def test_cli_flag_takes_the_json():
     assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 5}
     with pytest.raises(ValueError, match="speculative_config.method"):
         engine_args(parser.parse_args(
-            ["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 5}']))
+            ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 5}']))
 
 
 def test_pooling_refuses_speculative_config():

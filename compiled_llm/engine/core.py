@@ -362,9 +362,9 @@ class EngineCore:
 
 def spec_slots(cfg) -> tuple[int, int]:
     """(draft tokens per step, lookahead slots) the scheduler reserves for a speculative
-    config: a draft model also writes the KV of the drafts it feeds itself."""
+    config: a draft model (or EAGLE head) also writes the KV of the drafts it feeds itself."""
     k = cfg.num_speculative_tokens
-    return k, (k if cfg.method == "draft_model" else 0)
+    return k, (k if cfg.method in ("draft_model", "eagle", "eagle3") else 0)
 
 
 def _output_counts(sched: SchedulerOutput) -> dict[str, int]:

@@ -27,7 +27,7 @@ from compiled_llm.speculative import SpeculativeConfig
 from compiled_llm.worker.loader import load_model
 from compiled_llm.worker.model_runner import ModelRunner
 
-_SHADOW_PARAMS = SamplingParams(temperature=0.0, max_tokens=1)  # the draft runner never samples
+SHADOW_PARAMS = SamplingParams(temperature=0.0, max_tokens=1)  # the draft runner never samples
 _SEED_SALT = 0x5EED  # a seeded request's draft draws: its own stream, apart from the target's
 
 
@@ -72,7 +72,7 @@ class DraftModelProposer(Proposer):
         self.runner = ModelRunner(model, target.device, target.dtype, target.cache_cfg,
                                   target.compile_cfg, target.max_model_len, target.attn_backend,
                                   target.max_num_seqs, target.max_num_batched_tokens + extra)
-        _check_room(self.runner, num_blocks)
+        check_room(self.runner, num_blocks)
         self.runner.allocate_kv_cache(num_blocks)  # mirrored: the target's block ids
         self.runner.execute_dummy(1, 1)
         self.runner.capture_cudagraphs()
@@ -127,7 +127,7 @@ class DraftModelProposer(Proposer):
         shadow = self.shadows.get(req.request_id)
         if shadow is None:  # new, or preempted: trust mirrored K/V below its start
             shadow = self.shadows[req.request_id] = _Shadow(
-                Request(req.request_id, [], _SHADOW_PARAMS), req.num_computed_tokens)
+                Request(req.request_id, [], SHADOW_PARAMS), req.num_computed_tokens)
             shadow.kv_tokens = list(req.all_token_ids[:req.num_computed_tokens])
         tokens = req.all_token_ids + ([] if new is None else new_tokens_of(new))
         end = len(tokens) if new is not None else req.num_computed_tokens + num_new
@@ -202,7 +202,7 @@ class DraftModelProposer(Proposer):
                                                              self.runner.device)
 
 
-def _check_room(runner: ModelRunner, num_blocks: int) -> None:
+def check_room(runner: ModelRunner, num_blocks: int) -> None:
     """ValueError naming the field when the draft's KV cache cannot fit the free device memory
     (its weights and cache come on top of the target's budget)."""
     if runner.device.type != "cuda":

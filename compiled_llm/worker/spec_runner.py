@@ -45,6 +45,21 @@ def verify_rows(sched: SchedulerOutput, skipped: dict[str, str]
     return out
 
 
+def state_rows(sched: SchedulerOutput, skipped: dict[str, str], errors: dict[str, str],
+               accepted: dict[str, list[int]]) -> dict[str, tuple[int, int]]:
+    """(first hidden row, rows at positions now computed) of each request in the step that
+    did not fail: a verifier's query rows up to its last accepted token, else all of them."""
+    out, row = {}, 0
+    for req, num_new in sched.scheduled:
+        rid = req.request_id
+        if rid in skipped:
+            continue
+        if rid not in errors:
+            out[rid] = (row, len(accepted[rid]) if rid in accepted else num_new)
+        row += num_new
+    return out
+
+
 def last_hidden(hidden: torch.Tensor, inputs, rows: list[tuple[Request, int, int]],
                 accepted: dict[str, list[int]]) -> tuple[list[str], torch.Tensor]:
     """(request ids, [R, hidden]) the target's hidden state at the row that gave each sampling
@@ -84,6 +99,9 @@ class SpecDecodeRunner:
         live = {rid: tokens for rid, tokens in out.sampled.items() if rid not in out.errors}
         if self.proposer.uses_target_hidden and live:
             self.proposer.take_hidden(*last_hidden(hidden, inputs, rows, accepted))
+        if self.proposer.uses_target_states:
+            self.proposer.take_states(state_rows(sched, step.result.skipped, out.errors,
+                                                 accepted), hidden)
         out.drafts = self.proposer.propose(sched, live)
         return out
 
@@ -113,6 +131,10 @@ def build_spec_runner(args, worker) -> SpecDecodeRunner | None:
         from compiled_llm.worker import draft_model  # noqa: F401  (registers the proposer)
     if cfg.method == "medusa":
         from compiled_llm.worker import medusa  # noqa: F401  (registers the proposer)
+    if cfg.method == "eagle":
+        from compiled_llm.worker import eagle  # noqa: F401  (registers the proposer)
+    if cfg.method == "eagle3":
+        from compiled_llm.worker import eagle3  # noqa: F401  (registers the proposer)
     proposer = make_proposer(cfg, target=worker.runner, args=args,
                              num_blocks=worker.num_blocks)
     logger.info("speculative decoding: %s, %d tokens per step", cfg.method,

@@ -107,7 +107,7 @@ def test_medusa_refusals(ckpt, shape):
         _llm(ckpt, speculative_config=_spec(tempfile.mkdtemp()))
     with pytest.raises(ValueError, match="speculative_config.model.*required"):
         SpeculativeConfig.from_dict({"method": "medusa", "num_speculative_tokens": 2})
-    for method in ("eagle", "eagle3", "mtp"):
+    for method in ("mtp", "deepseek_mtp"):
         with pytest.raises(ValueError, match="not supported yet"):
             SpeculativeConfig.from_dict({"method": method, "model": heads,
                                          "num_speculative_tokens": 2})

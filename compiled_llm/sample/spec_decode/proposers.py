@@ -20,9 +20,11 @@ Sampled = dict[str, "int | list[int]"]  # request id -> its token, or accepted d
 class Proposer:
     """Proposes draft tokens. Invariant: a draft list is at most num_speculative_tokens long,
     and draft_probs gives the distribution each draft was drawn from (None: deterministic).
-    A proposer with uses_target_hidden gets take_hidden before each propose."""
+    A proposer with uses_target_hidden gets take_hidden before each propose, one with
+    uses_target_states take_states (every computed position's hidden state)."""
 
     uses_target_hidden = False
+    uses_target_states = False
 
     def __init__(self, cfg: SpeculativeConfig, **context) -> None:
         self.cfg = cfg
@@ -38,6 +40,10 @@ class Proposer:
 
     def take_hidden(self, request_ids: list[str], hidden: torch.Tensor) -> None:
         """The target's last hidden state [R, hidden] of each request that sampled."""
+
+    def take_states(self, rows: dict[str, tuple[int, int]], hidden: torch.Tensor) -> None:
+        """The target's hidden states [T, hidden] of the step, and per request (first row,
+        number of its rows at computed positions: accepted ones only, for a verifier)."""
 
     def release(self, finished: set[str], preempted: set[str]) -> None:
         """Forget the state of finished and preempted requests."""

@@ -1,0 +1,129 @@
+"""The EAGLE-3 proposer: the published head checkpoint (fc.weight [H, 3H] over the target's
+hidden states at three layers, midlayer.* of one decoder layer over concat(embeds, hidden),
+norm.weight, lm_head.weight over draft_vocab_size ids with d2t, optional embed_tokens) run as
+the EAGLE-1 proposer runs its head. The target's states are read by forward pre-hooks on its
+layers, so the target must run eagerly (enforce_eager) until its compiled graphs return them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from compiled_llm.models.config import DecoderConfig
+from compiled_llm.sample.spec_decode.proposers import register_proposer
+from compiled_llm.worker.eagle import (
+    _FIELD,
+    EagleProposer,
+    copy_weights,
+    read_config,
+    read_tensors,
+)
+from compiled_llm.worker.eagle_head import Eagle3LlamaForCausalLM
+from compiled_llm.worker.model_runner import ModelRunner
+
+
+def aux_layer_ids(config: dict, num_layers: int) -> list[int]:
+    """The target layers whose input hidden state (embeddings for layer 0) the head reads:
+    eagle_config.eagle_aux_hidden_state_layer_ids, else vLLM's (2, L // 2, L - 3)."""
+    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    ids = list(ids) if ids else [2, num_layers // 2, num_layers - 3]
+    bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"{_FIELD}: eagle_aux_hidden_state_layer_ids {ids} name layers the "
+                         f"target's {num_layers} do not have (set eagle_config."
+                         "eagle_aux_hidden_state_layer_ids in the head's config.json)")
+    return ids
+
+
+class AuxStates:
+    """Forward pre-hooks that keep the input hidden state (hidden + residual) of the target
+    layers in `ids` at each target forward; `states` concatenates them in ids order."""
+
+    def __init__(self, model: nn.Module, ids: list[int]) -> None:
+        self.ids, self.seen = ids, {}
+        layers = model.model.layers
+        self.handles = [layers[i].register_forward_pre_hook(self._hook(i))
+                        for i in sorted(set(ids))]
+
+    def _hook(self, layer_idx: int):
+        def keep(module: nn.Module, args: tuple) -> None:
+            hidden, residual = args[0], args[1]
+            self.seen[layer_idx] = hidden if residual is None else hidden + residual
+        return keep
+
+    def states(self, num_rows: int) -> torch.Tensor:
+        """[num_rows, len(ids) * hidden] of the latest target forward."""
+        return torch.cat([self.seen[i][:num_rows] for i in self.ids], dim=-1)
+
+
+def load_eagle3(model_dir: str, target: nn.Module, dtype: torch.dtype, device: torch.device,
+                max_len: int, load_format: str = "auto"
+                ) -> tuple[Eagle3LlamaForCausalLM, list[int]]:
+    """(head, aux layer ids) of an EAGLE-3 checkpoint over target; ValueError naming the
+    field when it is missing, incomplete or shaped unlike the target."""
+    config = read_config(model_dir, target.config)
+    tensors = read_tensors(model_dir, load_format, eagle3=True)
+    tensors.pop("t2d", None)  # the inverse map: nothing reads it at inference
+    width = config.get("target_hidden_size") or config["hidden_size"]
+    if width != target.config.hidden_size:
+        raise ValueError(f"{_FIELD}: the EAGLE-3 head's target_hidden_size {width} differs "
+                         f"from the target's hidden_size {target.config.hidden_size}")
+    bias = config.get("attention_bias", "midlayer.self_attn.q_proj.bias" in tensors)
+    cfg = DecoderConfig.from_hf({**config, "tie_word_embeddings": False,
+                                 "attention_bias": bias})
+    draft_vocab = config.get("draft_vocab_size") or cfg.vocab_size
+    if not isinstance(draft_vocab, int) or not 0 < draft_vocab <= cfg.vocab_size:
+        raise ValueError(f"{_FIELD}: draft_vocab_size must be an integer in 1..{cfg.vocab_size}"
+                         f", got {draft_vocab!r}")
+    ids = aux_layer_ids(config, target.config.num_hidden_layers)
+    own = {name for name in ("embed_tokens", "lm_head") if f"{name}.weight" in tensors}
+    if "lm_head" not in own and draft_vocab != cfg.vocab_size:
+        raise ValueError(f"{_FIELD}: the EAGLE-3 checkpoint lacks lm_head.weight (its "
+                         f"draft_vocab_size {draft_vocab} is not the target's vocabulary)")
+    embed = (nn.Embedding(cfg.vocab_size, cfg.hidden_size) if "embed_tokens" in own
+             else target.model.embed_tokens)
+    lm_head = None if "lm_head" in own else target.lm_head
+    head = Eagle3LlamaForCausalLM(cfg, max_len, len(ids) * width, draft_vocab, embed, lm_head)
+    if head.d2t is not None:
+        _load_d2t(head, tensors.pop("d2t", None), cfg.vocab_size)
+    tensors.pop("d2t", None)
+    params = {name: param for name, param in head.named_parameters()
+              if name.split(".")[0] in own or name.split(".")[0] not in ("embed_tokens",
+                                                                           "lm_head")}
+    copy_weights(params, tensors, "an EAGLE-3 head")
+    return head.to(device=device, dtype=dtype).eval(), ids
+
+
+def _load_d2t(head: Eagle3LlamaForCausalLM, d2t: torch.Tensor | None, vocab: int) -> None:
+    """Check and keep the draft-to-target offsets (target id = draft id + d2t[draft id])."""
+    if d2t is None or d2t.shape != head.d2t.shape:
+        shape = None if d2t is None else tuple(d2t.shape)
+        raise ValueError(f"{_FIELD}: the EAGLE-3 checkpoint needs d2t of shape "
+                         f"{tuple(head.d2t.shape)} for its draft_vocab_size, got {shape}")
+    ids = torch.arange(len(d2t)) + d2t.to(torch.int64)
+    if bool(((ids < 0) | (ids >= vocab)).any()) or len(ids.unique()) != len(ids):
+        raise ValueError(f"{_FIELD}: d2t maps draft ids outside the target's vocabulary of "
+                         f"{vocab} or onto one id twice")
+    head.d2t.copy_(d2t)
+
+
+@register_proposer("eagle3")
+class Eagle3Proposer(EagleProposer):
+    """Proposes with an EAGLE-3 head: each computed position's hidden input is fc of the
+    target's aux states there, then the head feeds itself its pre-norm output."""
+
+    def load_head(self, target: ModelRunner, load_format: str) -> Eagle3LlamaForCausalLM:
+        """The head, with the hooks that keep the target's aux states installed."""
+        if target.compile_cfg.mode != "none":
+            raise ValueError("speculative_config.method 'eagle3' runs with enforce_eager=True "
+                             "only so far: the target's hidden states at its middle layers "
+                             "are read by hooks that compiled graphs do not run")
+        head, ids = load_eagle3(self.cfg.model, target.model, target.dtype, target.device,
+                                target.max_model_len, load_format)
+        self.head, self.aux = head, AuxStates(target.model, ids)
+        return head
+
+    def take_states(self, rows: dict[str, tuple[int, int]], hidden: torch.Tensor) -> None:
+        """Keep fc(aux states) of this step's rows in place of the final hidden states."""
+        with torch.inference_mode():
+            super().take_states(rows, self.head.fc(self.aux.states(len(hidden))))
