@@ -14,6 +14,7 @@ import torch
 from compiled_llm.core.request import Request
 from compiled_llm.core.scheduler import SchedulerOutput
 from compiled_llm.models.config import DecoderConfig
+from compiled_llm.models.eagle import EagleLlamaForCausalLM
 from compiled_llm.sample.spec_decode.proposers import (
     Proposer,
     Sampled,
@@ -24,7 +25,6 @@ from compiled_llm.sample.spec_decode.proposers import (
 from compiled_llm.sample.uploads import upload
 from compiled_llm.speculative import SpeculativeConfig
 from compiled_llm.worker.draft_model import SHADOW_PARAMS, DraftModelProposer, check_room
-from compiled_llm.worker.eagle_head import EagleLlamaForCausalLM
 from compiled_llm.worker.loader import checkpoint_files, iter_tensors, load_hf_config
 from compiled_llm.worker.model_runner import ModelRunner
 

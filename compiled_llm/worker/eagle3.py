@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from compiled_llm.models.config import DecoderConfig
+from compiled_llm.models.eagle import Eagle3LlamaForCausalLM
 from compiled_llm.sample.spec_decode.proposers import register_proposer
 from compiled_llm.worker.eagle import (
     _FIELD,
@@ -18,7 +19,6 @@ from compiled_llm.worker.eagle import (
     read_config,
     read_tensors,
 )
-from compiled_llm.worker.eagle_head import Eagle3LlamaForCausalLM
 from compiled_llm.worker.model_runner import ModelRunner
 
 
