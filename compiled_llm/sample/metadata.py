@@ -22,7 +22,7 @@ from compiled_llm.sample.state import (
     SamplingState,
 )
 from compiled_llm.sample.uploads import upload
-from compiled_llm.sampling_params import SamplingParams
+from compiled_llm.sampling_params import SAMPLING_EPS, SamplingParams
 
 if TYPE_CHECKING:
     from compiled_llm.core.request import Request
@@ -124,7 +124,7 @@ def build_sampling_metadata(reqs: list[Request], state: SamplingState, gen_for,
     logit_bias: dict[int, dict[int, float]] = {}
     allowed: dict[int, list[int]] = {}
     for i, req, p in live:
-        if p.is_greedy:
+        if p.temperature < SAMPLING_EPS:  # p.is_greedy, inlined (hot)
             any_greedy = True
         else:
             all_greedy = False
