@@ -86,7 +86,14 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         # decodes first, then ongoing prefill chunks: a long prompt never stalls token streams
-        order = sorted(self.running, key=lambda req: req.num_tokens - req.num_computed_tokens > 1)
+        # (a stable partition, as a sort by that key would give, without a key call per request)
+        prefills = [req for req in self.running
+                    if len(req.all_token_ids) + req.num_pending - req.num_computed_tokens > 1]
+        if prefills:
+            chunked = {id(req) for req in prefills}
+            order = [req for req in self.running if id(req) not in chunked] + prefills
+        else:
+            order = list(self.running)  # a copy: preemption removes from running in the loop
         for req in order:
             if budget <= 0:
                 break
@@ -209,13 +216,13 @@ class Scheduler:
             return RequestStatus.FINISHED_ERROR, None
 
     def _check_stop(self, req: Request, token: int) -> tuple[RequestStatus | None, int | None]:
-        params = req.sampling_params
-        if req.num_output_tokens >= params.min_tokens:
+        params, num_output = req.sampling_params, len(req.output_token_ids)
+        if num_output >= params.min_tokens:
             if not params.ignore_eos and token in req.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED, None
             if token in params.stop_token_ids:
                 return RequestStatus.FINISHED_STOPPED, token
-        if params.max_tokens is not None and req.num_output_tokens >= params.max_tokens:
+        if params.max_tokens is not None and num_output >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH, None
         if len(req.all_token_ids) >= self.cfg.max_model_len:  # known tokens, not pending
             return RequestStatus.FINISHED_LENGTH, None

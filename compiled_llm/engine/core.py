@@ -294,6 +294,8 @@ class EngineCore:
     def _fail_skipped(self, sched: SchedulerOutput, skipped: dict[str, str]) -> None:
         """Fail the requests the input batch left out of the step (their data cannot run),
         before the step counts as computed: the blocks they were to fill lose their hashes."""
+        if not skipped:  # the usual step (hot: no pass over its requests)
+            return
         for req, num_new in sched.scheduled:
             if req.request_id in skipped:
                 self.scheduler.fail_step(SchedulerOutput([(req, num_new)]),

@@ -26,7 +26,7 @@ from compiled_llm.engine.startup import StartupClock, format_timeline
 from compiled_llm.output.output_processor import OutputProcessor, request_output
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.output.request_state import RequestState
-from compiled_llm.sampling_params import SamplingParams
+from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
 from compiled_llm.worker.loader import load_hf_config, read_json, resolve_dtype
 from compiled_llm.worker.step_timer import StepStats
 from compiled_llm.worker.worker import WorkerSpec
@@ -222,7 +222,10 @@ class LLMEngine:
     def _collect(self, touched: list[RequestState]) -> list[RequestOutput]:
         """One RequestOutput per user request among touched (children merged), if any news."""
         outs = []
-        for parent_id in dict.fromkeys(state.parent_id for state in touched):
+        # a running FINAL_ONLY child has no output to give, nor has its parent (hot: skipped)
+        news = [state.parent_id for state in touched if state.finish_reason is not None
+                or state.sampling_params.output_kind != RequestOutputKind.FINAL_ONLY]
+        for parent_id in dict.fromkeys(news):
             children = self.parents.get(parent_id)
             if children is None:  # aborted meanwhile
                 continue

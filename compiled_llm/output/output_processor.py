@@ -72,6 +72,19 @@ class OutputProcessor:
     def _apply(self, state: RequestState, out: EngineCoreOutput) -> Finish | None:
         if out.prompt_logprobs:
             state.prompt_logprobs.extend(self._record(row) for row in out.prompt_logprobs)
+        if state.detokenizer is None and out.new_logprobs is None:  # no per-token work (hot)
+            state.output_token_ids.extend(out.new_token_ids)
+        else:
+            stop = self._apply_tokens(state, out)
+            if stop is not None:
+                return stop
+        if out.finish_reason is not None:
+            state.finish(out.finish_reason, out.stop_reason, out.error)
+            self._finish_text(state)
+        return None
+
+    def _apply_tokens(self, state: RequestState, out: EngineCoreOutput) -> Finish | None:
+        """Add the new tokens one by one (logprob records, text, stop strings)."""
         for index, token in enumerate(out.new_token_ids):
             state.output_token_ids.append(token)
             if out.new_logprobs is not None:
@@ -81,9 +94,6 @@ class OutputProcessor:
                 state.finish("stop", stop)
                 self._finish_text(state)
                 return state.request_id, "stop", stop
-        if out.finish_reason is not None:
-            state.finish(out.finish_reason, out.stop_reason, out.error)
-            self._finish_text(state)
         return None
 
     def _add_logprobs(self, state: RequestState, row: LogprobRow) -> None:

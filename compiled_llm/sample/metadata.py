@@ -22,7 +22,7 @@ from compiled_llm.sample.state import (
     SamplingState,
 )
 from compiled_llm.sample.uploads import upload
-from compiled_llm.sampling_params import SamplingParams
+from compiled_llm.sampling_params import SAMPLING_EPS, SamplingParams
 
 if TYPE_CHECKING:
     from compiled_llm.core.request import Request
@@ -67,6 +67,8 @@ class SamplingMetadata:
     # known on the host when the batch is built; None means all of the vocabulary
     any_repetition_penalty: bool | None = None
     max_top_k: int | None = None
+    # whether some row (a neutral one included) is greedy; None: not known on the host
+    any_greedy: bool | None = None
 
     @property
     def edits_logits(self) -> bool:
@@ -104,27 +106,50 @@ def build_sampling_metadata(reqs: list[Request], state: SamplingState, gen_for,
     device from `state` by slot (one small index copy; none for an all-greedy batch without
     penalties). Neutral rows sample greedily with nothing on: rows whose own data broke the
     batch, and requests that finished after the step was launched (their token is dropped)."""
-    neutral = set(neutral).union(i for i, r in enumerate(reqs) if r.is_finished)
-    params = [STAND_IN_PARAMS if i in neutral else r.sampling_params for i, r in enumerate(reqs)]
-    live = [(i, r, p) for i, (r, p) in enumerate(zip(reqs, params)) if i not in neutral]
-    any_repetition = any(p.repetition_penalty != 1.0 for p in params)
-    any_penalty = any_repetition or any(p.presence_penalty or p.frequency_penalty for p in params)
-    logprob_counts = [p.logprobs for p in params if p.logprobs is not None]
-    meta = SamplingMetadata(
-        temperature=None, all_greedy=all(p.is_greedy for p in params), top_k=None, top_p=None,
-        min_p=None, generators={}, presence_penalty=None, frequency_penalty=None,
-        repetition_penalty=None,
-        output_token_ids=[r.output_token_ids for r in reqs],
+    neutral = set(neutral)
+    params: list[SamplingParams] = []
+    live: list[tuple[int, Request, SamplingParams]] = []
+    for i, req in enumerate(reqs):
+        if i in neutral or req.is_finished:
+            neutral.add(i)
+            params.append(STAND_IN_PARAMS)
+        else:
+            params.append(req.sampling_params)
+            live.append((i, req, req.sampling_params))
+    # one pass over the live rows (neutral rows are greedy with nothing on: they change none)
+    all_greedy, any_greedy = True, bool(neutral)  # neutral rows are greedy
+    any_repetition, any_penalty, max_num_logprobs = False, False, None
+    banned: dict[int, list[int]] = {}
+    processors: dict[int, list[Callable]] = {}
+    logit_bias: dict[int, dict[int, float]] = {}
+    allowed: dict[int, list[int]] = {}
+    for i, req, p in live:
+        if p.temperature < SAMPLING_EPS:  # p.is_greedy, inlined (hot)
+            any_greedy = True
+        else:
+            all_greedy = False
+        if p.repetition_penalty != 1.0:
+            any_repetition = any_penalty = True
+        elif p.presence_penalty or p.frequency_penalty:
+            any_penalty = True
+        if p.logprobs is not None and (max_num_logprobs is None or p.logprobs > max_num_logprobs):
+            max_num_logprobs = p.logprobs
         # min_tokens: the row samples output token number num_output_tokens + num_pending
-        banned_token_ids={i: [*(() if p.ignore_eos else r.eos_token_ids), *p.stop_token_ids]
-                          for i, r, p in live
-                          if r.num_output_tokens + r.num_pending < p.min_tokens},
-        logits_processors={i: p.logits_processors for i, _, p in live if p.logits_processors},
-        max_num_logprobs=max(logprob_counts) if logprob_counts else None,
-        any_repetition_penalty=any_repetition,
-        logit_bias={i: p.logit_bias for i, _, p in live if p.logit_bias},
-        allowed_token_ids={i: p.allowed_token_ids for i, _, p in live if p.allowed_token_ids},
-    )
+        if len(req.output_token_ids) + req.num_pending < p.min_tokens:
+            banned[i] = [*(() if p.ignore_eos else req.eos_token_ids), *p.stop_token_ids]
+        if p.logits_processors:
+            processors[i] = p.logits_processors
+        if p.logit_bias:
+            logit_bias[i] = p.logit_bias
+        if p.allowed_token_ids:
+            allowed[i] = p.allowed_token_ids
+    meta = SamplingMetadata(
+        temperature=None, all_greedy=all_greedy, top_k=None, top_p=None, min_p=None,
+        generators={}, presence_penalty=None, frequency_penalty=None, repetition_penalty=None,
+        output_token_ids=[r.output_token_ids for r in reqs], banned_token_ids=banned,
+        logits_processors=processors, max_num_logprobs=max_num_logprobs,
+        any_repetition_penalty=any_repetition, logit_bias=logit_bias, allowed_token_ids=allowed,
+        any_greedy=any_greedy)
     if not meta.all_greedy or any_penalty:
         _gather_params(meta, reqs, params, state, neutral, any_penalty)
     if not meta.all_greedy:
@@ -142,13 +167,18 @@ def _gather_params(meta: SamplingMetadata, reqs: list[Request], params: list[Sam
     rows = state.params.index_select(0, index[:len(slots)])
     if not meta.all_greedy:
         meta.temperature = rows[:, TEMPERATURE]
-        max_top_k = max(p.top_k for p in params)
+        max_top_k, any_top_p, any_min_p = 0, False, False
+        for p in params:  # one pass (hot)
+            if p.top_k > max_top_k:
+                max_top_k = p.top_k
+            any_top_p = any_top_p or p.top_p < 1.0
+            any_min_p = any_min_p or p.min_p > 0.0
         if max_top_k:
             meta.top_k = rows[:, TOP_K].to(torch.int64)
             meta.max_top_k = min(max_top_k, state.vocab_size or max_top_k)
-        if any(p.top_p < 1.0 for p in params):
+        if any_top_p:
             meta.top_p = rows[:, TOP_P]
-        if any(p.min_p > 0.0 for p in params):
+        if any_min_p:
             meta.min_p = rows[:, MIN_P]
     if any_penalty:
         counts_index = index[len(slots):]

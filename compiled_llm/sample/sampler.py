@@ -263,12 +263,13 @@ class Sampler(nn.Module):
         meta = build_sampling_metadata(reqs, self.state, self._generator, neutral)
         if self.vocab_size is not None:
             drop_out_of_vocab(meta, self.vocab_size)
-            skip = neutral.union(i for i, r in enumerate(reqs) if r.is_finished)
-            bitmask, rows = fill_bitmask(reqs, self.vocab_size, meta.row_errors, skip,
-                                         self.device)
-            if bitmask is not None:
-                meta.grammar_bitmask = send(bitmask, self.device)
-                meta.grammar_rows = rows
+            if any(r.grammar is not None for r in reqs):  # (hot: most batches have none)
+                skip = neutral.union(i for i, r in enumerate(reqs) if r.is_finished)
+                bitmask, rows = fill_bitmask(reqs, self.vocab_size, meta.row_errors, skip,
+                                             self.device)
+                if bitmask is not None:
+                    meta.grammar_bitmask = send(bitmask, self.device)
+                    meta.grammar_rows = rows
         return meta
 
     def _build_without_bad_rows(self, reqs: list[Request], exc: Exception) -> SamplingMetadata:
@@ -336,9 +337,11 @@ class Sampler(nn.Module):
     def sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """Tokens [B] from processed float32 logits (edited in place): argmax for greedy
         rows, else temperature, min-p, top-k/p and a draw."""
-        greedy = logits.argmax(dim=-1)
         if meta.all_greedy:
-            return greedy
+            return logits.argmax(dim=-1)
+        if meta.any_greedy is False:  # known on the host: no argmax to take, none to merge
+            return random_sample(Sampler.probs(logits, meta)[0], meta.generators)
+        greedy = logits.argmax(dim=-1)
         probs, is_greedy = Sampler.probs(logits, meta)
         sampled = random_sample(probs, meta.generators)
         return torch.where(is_greedy, greedy, sampled)
@@ -351,7 +354,8 @@ class Sampler(nn.Module):
         temperature = meta.temperature.to(logits.dtype)
         is_greedy = temperature < SAMPLING_EPS
         # Greedy rows are overwritten by the caller; dividing them by 1 just avoids inf/NaN.
-        divisor = torch.where(is_greedy, torch.ones_like(temperature), temperature)
+        divisor = temperature if meta.any_greedy is False else torch.where(
+            is_greedy, torch.ones_like(temperature), temperature)
         logits = logits.div_(divisor.unsqueeze(1))
         if meta.min_p is not None:
             apply_min_p(logits, meta.min_p)

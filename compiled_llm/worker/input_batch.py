@@ -123,8 +123,7 @@ class InputBatch:
         reqs = [req for req, _ in sched.scheduled]
         counts = [num_new for _, num_new in sched.scheduled]
         # [B, 4]: (tokens computed, on the host, pending, blocks held) per request, one pass
-        known = np.array([(r.num_computed_tokens, len(r.all_token_ids), r.num_pending,
-                           len(r.block_ids)) for r in reqs], np.int64)
+        known = _known(reqs)
         self._check_fit(known, counts)
         starts = known[:, 0]
         pending = bool(known[:, 2].any())
@@ -154,9 +153,11 @@ class InputBatch:
         self.send(layout, views, -(-max_seq_len // self.block_size))
         attn = attention_metadata(views, num_tokens, num_seqs, max_query_len, max_seq_len,
                                   self.block_size)
-        prompt = [_prompt_rows(req, np.arange(start, start + count), int(first_row))
-                  for req, start, count, first_row in zip(reqs, starts, counts, query_starts)
-                  if req.needs_prompt_logprobs]
+        # (the field first, and numpy scalars only for the rare requests owing prompt logprobs)
+        prompt = [_prompt_rows(req, np.arange(starts[i], starts[i] + counts[i]),
+                               int(query_starts[i]))
+                  for i, req in enumerate(reqs)
+                  if req.prompt_logprobs is not None and req.needs_prompt_logprobs]
         sample_reqs = reqs if len(sample) == num_seqs else [reqs[i] for i in sample]
         sample_rows = self.packed64.dev[layout.sample:layout.sample + len(sample)]
         return StepInputs(views.dev["ids"], views.dev["pos"], attn, num_tokens, sample_rows,
@@ -295,7 +296,9 @@ def _fill_tokens(host: dict, reqs: list[Request], starts: np.ndarray, counts: li
     ids, pos, slots = host["ids"], host["pos"], host["slots"]
     if decode:
         ids[:num_tokens] = (
-            [_token(r, s) for r, s in zip(reqs, starts.tolist())] if pending else
+            # a pending token is ~(its row in the previous step's sampled tensor); inlined (hot)
+            [r.all_token_ids[s] if s < len(r.all_token_ids) else ~r.pending_src
+             for r, s in zip(reqs, starts.tolist())] if pending else
             [r.all_token_ids[s] for r, s in zip(reqs, starts.tolist())])
         pos[:num_tokens] = starts
         token_rows = rows
@@ -314,9 +317,15 @@ def _fill_tokens(host: dict, reqs: list[Request], starts: np.ndarray, counts: li
     slots[num_tokens:] = 0
 
 
-def _token(req: Request, index: int) -> int:
-    """Token index of req, or ~(its row in the previous step's sampled tensor) while pending."""
-    return req.all_token_ids[index] if index < len(req.all_token_ids) else ~req.pending_src
+def _known(reqs: list[Request]) -> np.ndarray:
+    """[B, 4] int64: (tokens computed, on the host, pending, blocks held) per request."""
+    flat: list[int] = []
+    add = flat.extend
+    for req in reqs:
+        add((req.num_computed_tokens, len(req.all_token_ids), req.num_pending,
+             len(req.block_ids)))
+    # one flat list converts about twice as fast as a list of tuples (hot: every step)
+    return np.array(flat, np.int64).reshape(len(reqs), 4)
 
 
 def _chunk(req: Request, start: int, count: int) -> list[int]:

@@ -241,8 +241,7 @@ class ModelRunner:
         step.prompt_host = {}
         if not step.host:
             return result
-        for req, token in zip(reqs, step.host[0].tolist()):
-            result.sampled[req.request_id] = token
+        result.sampled.update(zip([req.request_id for req in reqs], step.host[0].tolist()))
         if len(step.host) > 1:
             ids, logprobs, ranks = (t.tolist() for t in step.host[1:])
             for i, req in enumerate(reqs):

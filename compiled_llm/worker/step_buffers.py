@@ -183,23 +183,25 @@ class BlockTableRows:
     def update(self, reqs: list, rows: np.ndarray) -> np.ndarray:
         """Fill rows[i] with reqs[i]'s row and the host mirror with its new entries; returns
         the flat indices of the entries to write on the device."""
-        spans, width, owned = [], self.width, self._owned
-        for i, req in enumerate(reqs):
+        spans, width, owned, row_ids = [], self.width, self._owned, []
+        for req in reqs:
             blocks = req.block_ids
+            num_blocks = len(blocks)
             entry = owned.get(req.request_id)
             if entry is None:
                 entry = owned[req.request_id] = [self._take(), blocks, 0]
-            elif entry[1] is not blocks or len(blocks) < entry[2]:
+            elif entry[1] is not blocks or num_blocks < entry[2]:
                 entry[1], entry[2] = blocks, 0
-            row, written, num_blocks = entry[0], entry[2], len(blocks)
-            rows[i] = row
-            if num_blocks != written:
+            row_ids.append(entry[0])  # (written in one numpy call below: hot)
+            if num_blocks != entry[2]:  # (the usual decode step writes no entry: hot)
+                row, written = entry[0], entry[2]
                 if num_blocks > width:
                     raise ValueError(f"request {req.request_id} holds {num_blocks} blocks; the "
                                      f"table has {width} per row (max_model_len)")
                 self.host[row, written:num_blocks] = blocks[written:]
                 spans.append(np.arange(row * width + written, row * width + num_blocks))
                 entry[2] = num_blocks
+        rows[:len(row_ids)] = row_ids
         if not spans:
             return np.zeros(0, dtype=np.int64)
         return spans[0] if len(spans) == 1 else np.concatenate(spans)
