@@ -98,7 +98,7 @@ class Request:
     @property
     def is_finished(self) -> bool:
         """Whether the scheduler has finished this request."""
-        return self.status._value_ in _FINISHED  # RequestStatus.finished, inlined (hot)
+        return self.status.finished
 
     @property
     def needs_prompt_logprobs(self) -> bool:

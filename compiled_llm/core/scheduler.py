@@ -86,14 +86,7 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         # decodes first, then ongoing prefill chunks: a long prompt never stalls token streams
-        # (a stable partition, as a sort by that key would give, without a key call per request)
-        prefills = [req for req in self.running
-                    if len(req.all_token_ids) + req.num_pending - req.num_computed_tokens > 1]
-        if prefills:
-            chunked = {id(req) for req in prefills}
-            order = [req for req in self.running if id(req) not in chunked] + prefills
-        else:
-            order = list(self.running)  # a copy: preemption removes from running in the loop
+        order = sorted(self.running, key=lambda req: req.num_tokens - req.num_computed_tokens > 1)
         for req in order:
             if budget <= 0:
                 break
@@ -216,7 +209,7 @@ class Scheduler:
             return RequestStatus.FINISHED_ERROR, None
 
     def _check_stop(self, req: Request, token: int) -> tuple[RequestStatus | None, int | None]:
-        params, num_output = req.sampling_params, len(req.output_token_ids)
+        params, num_output = req.sampling_params, req.num_output_tokens
         if num_output >= params.min_tokens:
             if not params.ignore_eos and token in req.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED, None

@@ -153,11 +153,9 @@ class InputBatch:
         self.send(layout, views, -(-max_seq_len // self.block_size))
         attn = attention_metadata(views, num_tokens, num_seqs, max_query_len, max_seq_len,
                                   self.block_size)
-        # (the field first, and numpy scalars only for the rare requests owing prompt logprobs)
-        prompt = [_prompt_rows(req, np.arange(starts[i], starts[i] + counts[i]),
-                               int(query_starts[i]))
-                  for i, req in enumerate(reqs)
-                  if req.prompt_logprobs is not None and req.needs_prompt_logprobs]
+        prompt = [_prompt_rows(req, np.arange(start, start + count), int(first_row))
+                  for req, start, count, first_row in zip(reqs, starts, counts, query_starts)
+                  if req.needs_prompt_logprobs]
         sample_reqs = reqs if len(sample) == num_seqs else [reqs[i] for i in sample]
         sample_rows = self.packed64.dev[layout.sample:layout.sample + len(sample)]
         return StepInputs(views.dev["ids"], views.dev["pos"], attn, num_tokens, sample_rows,
