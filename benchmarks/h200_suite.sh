@@ -30,6 +30,8 @@
 #                                         # tests of the QK-norm + RoPE fusion and the MoE kernels
 #     bash benchmarks/h200_suite.sh 22    # W4A16 on tinygemm and dequantize-then-matmul: GPU
 #                                         # tests, decode (bf16: call 20's, for device time)
+#     bash benchmarks/h200_suite.sh 23    # profiles: nano-vllm and batch-1 decode kernels by
+#                                         # kind; QK-norm + RoPE fusion on/off (Qwen3-0.6B)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -234,6 +236,16 @@ $T -k 'cuda_tinygemm or dequantize'
 $MK
 $py -m benchmarks.quantized --checkpoint-dir $CK --formats w4a16 --skip-user-path --output-json $R/quantized_tinygemm_h200.json
 $T -k 'engine and ct_W4A16'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 23 ]; then  # one GPU: where the device time goes (profiles), QK-norm fusion
+  P="$py -m benchmarks.profile_steps --json $R/profile_steps_h200.jsonl"
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$P --model $CK/qwen3-0.6b --workload nano-vllm
+$P --model $CK/qwen3-0.6b --workload decode
+$py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b llama3-8b --json $R/qk_norm_rope_h200.json
+$MK
+$P --model $CK/llama3-8b --workload decode"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 else
   run_streams "\

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from compiled_llm.attention.kernels import kernels_interpreted
 from compiled_llm.core.request import Request
+from compiled_llm.sample.gumbel import gumbel_sample
 from compiled_llm.sample.metadata import (
     SamplingMetadata,
     build_sampling_metadata,
@@ -236,6 +238,13 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     return probs.div_(noise).argmax(dim=-1)
 
 
+def one_pass_rows(meta: SamplingMetadata) -> bool:
+    """Whether every row samples from softmax(logits / T) as it is (or greedily): no top-k/p,
+    min-p or seeded generator, so gumbel_sample's one pass over the logits serves the batch."""
+    return (meta.temperature is not None and meta.top_k is None and meta.top_p is None
+            and meta.min_p is None and not meta.generators)
+
+
 class Sampler(nn.Module):
     """logits [B, V] + SamplingMetadata -> one sampled token per row (+ optional logprobs).
     `prepare` builds a step's metadata from its requests; the sampler keeps each request's
@@ -247,6 +256,10 @@ class Sampler(nn.Module):
         self.device, self.vocab_size = torch.device(device), vocab_size
         self.generators: dict[str, torch.Generator] = {}
         self.state = SamplingState(self.device, vocab_size)
+        # the one-pass sampler's noise: a base drawn from torch's RNG (so `seed` fixes it),
+        # advanced every step
+        self._noise_seed = int(torch.randint(2**31 - 1, (1,)))
+        self.one_pass = self.device.type == "cuda" or kernels_interpreted()
 
     def prepare(self, reqs: list[Request]) -> SamplingMetadata:
         """The metadata of one step's sampling rows, in row order. A row whose own data
@@ -311,6 +324,10 @@ class Sampler(nn.Module):
             raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
         if meta.all_greedy and not meta.edits_logits:  # argmax reads logits as they are
             sampled = logits.argmax(dim=-1)
+        elif self.one_pass and one_pass_rows(meta):
+            if meta.edits_logits:
+                logits = self.process_logits(logits.to(torch.float32, copy=True), meta)
+            sampled = gumbel_sample(logits, meta.temperature, self._next_noise_seed())
         else:
             # Copy even when already float32 so the caller's logits are never edited in place.
             logits = logits.to(torch.float32, copy=True)
@@ -321,6 +338,10 @@ class Sampler(nn.Module):
         if raw_logprobs is not None:
             logprobs = gather_logprobs(raw_logprobs, sampled, meta.max_num_logprobs or 0)
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def _next_noise_seed(self) -> int:
+        self._noise_seed = (self._noise_seed + 0x9E3779B1) % (2**31 - 1)
+        return self._noise_seed
 
     @staticmethod
     def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

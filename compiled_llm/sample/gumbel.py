@@ -1,0 +1,77 @@
+"""Temperature sampling in one pass over the logits (Triton): argmax(logits / T + Gumbel noise)
+is an exact draw from softmax(logits / T), so no probabilities, softmax or noise tensor are
+made. Greedy rows (T = 0) take the plain argmax. Used on CUDA for rows without top-k/p, min-p
+or a seed of their own; everything else goes through the sampler's general path."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from compiled_llm.sampling_params import SAMPLING_EPS
+
+BLOCK = 1024  # logits per inner step of a program
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _gumbel_argmax_kernel(
+    logits_ptr, temperature_ptr, best_ptr, best_idx_ptr, seed, vocab, stride_row, chunk,
+    EPS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    temperature = tl.load(temperature_ptr + row)
+    greedy = temperature < EPS
+    inv_t = 1.0 / tl.where(greedy, 1.0, temperature)
+    offs = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK], tl.int32)
+    start = part * chunk
+    for col0 in range(start, tl.minimum(start + chunk, vocab), BLOCK):
+        cols = col0 + offs
+        ok = cols < vocab
+        logit = tl.load(logits_ptr + row.to(tl.int64) * stride_row + cols, mask=ok,
+                        other=float("-inf")).to(tl.float32)
+        uniform = tl.rand(seed, row * vocab + cols)  # [0, 1); 0 gives -inf noise: never picked
+        noise = -tl.log(-tl.log(uniform))
+        score = tl.where(greedy, logit, logit * inv_t + noise)
+        score = tl.where(ok, score, float("-inf"))
+        take = score > best
+        best = tl.where(take, score, best)
+        best_idx = tl.where(take, cols, best_idx)
+    top = tl.max(best, 0)
+    # the lowest column among the maxima, as torch.argmax picks
+    top_idx = tl.min(tl.where(best == top, best_idx, 2147483647), 0)
+    tl.store(best_ptr + row * tl.num_programs(1) + part, top)
+    tl.store(best_idx_ptr + row * tl.num_programs(1) + part, top_idx)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 2  # interpreter: a couple of parts still exercise the merge
+
+
+def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: int) -> torch.Tensor:
+    """Tokens [B] int64 drawn from softmax(logits / temperature) per row of logits [B, V]
+    (any float dtype, unit stride along V); rows with temperature < SAMPLING_EPS take the
+    argmax. `seed` (a host int) picks the step's noise; no host sync, logits are not edited."""
+    num_rows, vocab = logits.shape
+    if num_rows * vocab >= 2**31:
+        raise ValueError(f"gumbel_sample: {num_rows} rows x {vocab} ids overflow the counter")
+    want = triton.cdiv(4 * _sm_count(logits.device), max(num_rows, 1))
+    parts = max(1, min(want, triton.cdiv(vocab, BLOCK)))
+    chunk = triton.cdiv(triton.cdiv(vocab, parts), BLOCK) * BLOCK
+    parts = triton.cdiv(vocab, chunk)
+    best = torch.empty(num_rows, parts, dtype=torch.float32, device=logits.device)
+    best_idx = torch.empty(num_rows, parts, dtype=torch.int32, device=logits.device)
+    _gumbel_argmax_kernel[(num_rows, parts)](
+        logits, temperature, best, best_idx, seed, vocab, logits.stride(0), chunk,
+        EPS=SAMPLING_EPS, BLOCK=BLOCK, num_warps=4,
+    )
+    pick = best.argmax(dim=1, keepdim=True)  # the first part holding the row's maximum
+    return best_idx.gather(1, pick).squeeze(1).to(torch.int64)
