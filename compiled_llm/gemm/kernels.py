@@ -1,0 +1,115 @@
+"""Triton small-M GEMM, y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 tokens, built to stream W at
+the bandwidth limit: each program reads BLOCK_N rows of W over its share of K (split-K) once,
+against all M rows of x (tiny, L2-resident), in float32. With SPLIT_K > 1 the float32 partials
+[SPLIT_K, M, N] are summed and cast by a second small kernel (no memset, no atomics)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from compiled_llm.gemm.tuning import MAX_M, SmallMConfig
+
+REDUCE_BLOCK = 1024
+
+
+@triton.jit
+def _load_tiles(x_ptr, w_ptr, offs_m, offs_n, offs_k, row_ok, col_ok, K, stride_xm, stride_wn,
+                EVEN_K: tl.constexpr):
+    """(x tile [BLOCK_M, BLOCK_K], W tile [BLOCK_N, BLOCK_K]); out-of-range reads are zeros."""
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]
+    if EVEN_K:
+        x = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
+        w = tl.load(w_ptrs, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
+    else:
+        k_ok = offs_k < K
+        x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0,
+                    eviction_policy="evict_first")
+    return x, w
+
+
+@triton.jit
+def _small_m_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_os, stride_om,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
+                    PRECISION: tl.constexpr):
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok, col_ok = offs_m < M, offs_n < N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    first = pid_k * per_split
+    end = tl.minimum(first + per_split, k_tiles)
+    if USE_DOT:  # swap-AB: W rows on the MMA's wide side, tokens padded to BLOCK_M (16)
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for tile in range(first, end):
+            offs_k = tile * BLOCK_K + tl.arange(0, BLOCK_K)
+            x, w = _load_tiles(x_ptr, w_ptr, offs_m, offs_n, offs_k, row_ok, col_ok, K,
+                               stride_xm, stride_wn, EVEN_K)
+            acc_t += tl.dot(w, tl.trans(x), input_precision=PRECISION)
+        acc = tl.trans(acc_t)
+    else:  # CUDA cores: broadcast multiply, reduce over K
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for tile in range(first, end):
+            offs_k = tile * BLOCK_K + tl.arange(0, BLOCK_K)
+            x, w = _load_tiles(x_ptr, w_ptr, offs_m, offs_n, offs_k, row_ok, col_ok, K,
+                               stride_xm, stride_wn, EVEN_K)
+            prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+            acc += tl.sum(prod, axis=2)
+    out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < numel
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for split in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + split * numel + offs, mask=ok, other=0.0)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def block_m(m: int, use_dot: bool) -> int:
+    """The token rows one program covers: the next power of two (16 at least for the MMA)."""
+    rows = triton.next_power_of_2(max(m, 1))
+    return max(rows, 16) if use_dot else rows
+
+
+def check_config(m: int, config: SmallMConfig) -> None:
+    """Raise ValueError for a launch the kernel does not support."""
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"small-M GEMM takes 1..{MAX_M} rows, got {m}")
+    if config.use_dot and config.block_n < 16:
+        raise ValueError(f"use_dot needs block_n >= 16, got {config.block_n}")
+
+
+def small_m_mm_triton(x: torch.Tensor, weight: torch.Tensor,
+                      config: SmallMConfig) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]^T -> [M, N] in x's dtype, float32 accumulation."""
+    m, k = x.shape
+    n = weight.shape[0]
+    check_config(m, config)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if weight.stride(1) != 1:
+        weight = weight.contiguous()
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    split = config.split_k
+    target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32,
+                                                device=x.device)
+    grid = (triton.cdiv(n, config.block_n), split)
+    _small_m_kernel[grid](
+        x, weight, target, m, n, k, x.stride(0), weight.stride(0), m * n, n,
+        BLOCK_M=block_m(m, config.use_dot), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        SPLIT_K=split, EVEN_K=k % config.block_k == 0, USE_DOT=config.use_dot,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps, num_stages=config.num_stages)
+    if split > 1:
+        _sum_splits_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
+            target, out, m * n, SPLIT_K=split, BLOCK=REDUCE_BLOCK, num_warps=4)
+    return out
