@@ -27,11 +27,12 @@ def source_hash(module_name: str) -> str:
 
 class GraphPass:
     """One pass over a post-grad FX graph. Subclasses set `flag` (a PassConfig field, or None
-    for the fixed tail) and implement `apply`, returning how many sites they rewrote."""
+    for the fixed tail) and implement `apply`, returning how many sites they rewrote. The
+    manager builds each with its PassConfig (for options beyond the flag; unused here)."""
 
     flag: ClassVar[str | None] = None
 
-    def __init__(self) -> None:
+    def __init__(self, config: object | None = None) -> None:
         self.matches = 0
         self.seconds = 0.0
 

@@ -27,14 +27,16 @@ from compiled_llm.passes.rms_norm import RMSNormFusionPass
 from compiled_llm.passes.rms_norm_quant import RMSNormQuantFusionPass
 from compiled_llm.passes.silu_mul import SiluMulFusionPass
 from compiled_llm.passes.silu_mul_quant import SiluMulQuantFusionPass
+from compiled_llm.passes.small_m_gemm import SmallMGemmPass
 
 # Order matters: add+norm before norm (norm is its sub-pattern); the all-reduce and quant passes
 # match the single-node ops the norm and SiLU·mul passes leave behind. The horizontal GEMM
-# fusion goes last: the patterns before it match the per-projection spelling.
+# fusion goes next to last: the patterns before it match the per-projection spelling; the
+# small-M GEMM op goes last, over the matmuls it leaves (one per fused weight).
 PASSES: tuple[type[GraphPass], ...] = (
     NoOpEliminationPass, AddRMSNormFusionPass, RMSNormFusionPass, SiluMulFusionPass,
     AllReduceRMSNormFusionPass, RMSNormQuantFusionPass, SiluMulQuantFusionPass,
-    HorizontalGemmFusionPass,
+    HorizontalGemmFusionPass, SmallMGemmPass,
 )
 # run on the whole Dynamo graph before the split at attention (their ops go with attention);
 # each is built with the PassConfig
@@ -61,6 +63,10 @@ class PassConfig:
     enable_fp8_quant_fusion: bool = True  # matches only graphs holding FP8 quant ops
     enable_allreduce_rms: bool = True  # matches only graphs holding all-reduces
     enable_horizontal_gemm: bool = True  # matches only fused weight layouts (fuse_weights.py)
+    # weight matmuls -> compiled_llm::small_m_mm (tuned Triton or cuBLAS per token count)
+    enable_small_m_gemm: bool = True
+    # ... on CPU graphs too (tests): there the op is torch.mm, hidden from Inductor
+    small_m_gemm_on_cpu: bool = False
     # pre-split: norm + RoPE + KV write, one op; opt-in until its kernel is measured on a GPU
     enable_qk_norm_rope_kv_write: bool = False
     # ... on CPU too: there the op runs the reference eagerly, slower than Inductor's kernels
@@ -93,7 +99,7 @@ class PassManager(CustomGraphPass):
 
     def __init__(self, config: PassConfig | None = None) -> None:
         self.config = config or PassConfig()
-        self.passes = [cls() for cls in self.config.pass_classes()]
+        self.passes = [cls(self.config) for cls in self.config.pass_classes()]
         self.pre_split_passes = [cls(self.config) for cls in self.config.pre_split_classes()]
         self.piece_name = "graph"
         self.last_stats: list[tuple[str, int, float]] = []

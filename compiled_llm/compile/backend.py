@@ -250,7 +250,7 @@ def model_factors(model: nn.Module, dtype: torch.dtype) -> dict:
         "class": type(model).__qualname__,
         # compat.py: how T is marked (its size hint steers Inductor's fusion)
         "sources": source_hash(models_dir, passes_dir, pkg / "attention", pkg / "moe",
-                               pkg / "compile", pkg / "compat.py"),
+                               pkg / "gemm", pkg / "compile", pkg / "compat.py"),
     }
 
 
