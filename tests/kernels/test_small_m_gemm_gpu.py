@@ -1,0 +1,72 @@
+"""The small-M GEMM on the GPU: the kernel in bfloat16 at the decode shapes (both variants,
+split-K), the op taking a tuned Triton entry inside a CUDA graph, and the pass putting the op in
+a compiled CUDA graph by default."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from compiled_llm.gemm import SmallMConfig, small_m_mm, tuning
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+CONFIGS = [SmallMConfig(16, 256, 4), SmallMConfig(32, 512, 1, 8, 4),
+           SmallMConfig(64, 256, 8, 4, 3, use_dot=True), SmallMConfig(32, 128, 2, 8, 2, True)]
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize(("n", "k"), [(4096, 1024), (1024, 3072), (1000, 1000)])
+@pytest.mark.parametrize("m", [1, 3, 8, 16])
+def test_kernel_matches_mm_in_bf16(config, n, k, m):
+    from compiled_llm.gemm.kernels import small_m_mm_triton
+
+    if not config.use_dot and m > 4:
+        pytest.skip("the CUDA-core variant is tuned up to 4 rows")
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    out = small_m_mm_triton(x, weight, config)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    assert _rel_err(out, torch.mm(x.float(), weight.float().t())) < 1e-2
+
+
+def test_op_takes_the_tuned_entry_in_a_cuda_graph(tmp_path, monkeypatch):
+    cfg = SmallMConfig(32, 256, 4)
+    gpu = torch.cuda.get_device_name()
+    path = tmp_path / "small_m.json"
+    entry = {"2": dataclasses.asdict(cfg), "16": "cublas"}
+    path.write_text(json.dumps({"devices": {gpu: {"2048,1024": entry}}}))
+    monkeypatch.setenv(tuning.CONFIG_ENV, str(path))
+    x = torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16)
+    assert tuning.tuned_config(x, weight) == cfg
+    small_m_mm(x, weight)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = small_m_mm(x, weight)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert _rel_err(out, torch.mm(x.float(), weight.float().t())) < 1e-2
+    assert tuning.tuned_config(x[:1].contiguous().expand(8, -1), weight) is None  # M=8: cuBLAS
+
+
+def test_pass_rewrites_cuda_graphs_by_default():
+    from compiled_llm.passes import PassConfig
+    from tests.passes.helpers import compile_run
+
+    linear = torch.nn.Linear(256, 512, bias=False, device="cuda", dtype=torch.bfloat16)
+    linear.requires_grad_(False)
+    x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+    out, code, manager = compile_run(linear, (x,), PassConfig())
+    assert manager.matches("SmallMGemmPass") == 1 and "small_m_mm" in code
+    assert _rel_err(out, torch.mm(x.float(), linear.weight.float().t())) < 1e-2
