@@ -32,6 +32,8 @@
 #                                         # tests, decode (bf16: call 20's, for device time)
 #     bash benchmarks/h200_suite.sh 23    # profiles: nano-vllm and batch-1 decode kernels by
 #                                         # kind; QK-norm + RoPE fusion on/off (Qwen3-0.6B)
+#     bash benchmarks/h200_suite.sh 24    # the one-pass sampler: GPU tests, nano-vllm default
+#                                         # with and without it, tuned; Llama-3-8B profile
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -246,6 +248,20 @@ $P --model $CK/qwen3-0.6b --workload decode
 $py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b llama3-8b --json $R/qk_norm_rope_h200.json
 $MK
 $P --model $CK/llama3-8b --workload decode"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 24 ]; then  # one GPU: the one-pass sampler: tests, nano-vllm on and off
+  P="$py -m benchmarks.profile_steps --json $R/profile_steps_h200.jsonl"
+  U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl"
+  mapfile -t a <<<"\
+$py -m pytest -q -p no:cacheprovider tests/kernels/gumbel_interpreted_cases.py tests/sample/test_no_host_sync.py tests/engine/test_async_sampling.py -k 'cuda or gumbel or sampler or draws or greedy or bf16'
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $CK/qwen3-0.6b --label default
+COMPILED_LLM_ONE_PASS_SAMPLING=0 $U --model $CK/qwen3-0.6b --label default-without-one-pass
+$U --model $CK/qwen3-0.6b --label tuned --preset tuned
+$P --model $CK/qwen3-0.6b --workload nano-vllm
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
+$U --model $CK/llama3-8b --label default-8b
+$P --model $CK/llama3-8b --workload nano-vllm"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 else
   run_streams "\

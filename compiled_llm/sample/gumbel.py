@@ -16,6 +16,24 @@ from compiled_llm.sampling_params import SAMPLING_EPS
 BLOCK = 1024  # logits per inner step of a program
 
 
+@triton.jit
+def _gumbel_scores(logits_ptr, cols, vocab, uniform, greedy, inv_t):
+    """Scores of one quarter tile: the logit (greedy) or logit / T + Gumbel(uniform), where a
+    uniform of 0 gives -inf noise (never picked)."""
+    ok = cols < vocab
+    logit = tl.load(logits_ptr + cols, mask=ok, other=float("-inf")).to(tl.float32)
+    score = tl.where(greedy, logit, logit * inv_t - tl.log(-tl.log(uniform)))
+    return tl.where(ok, score, float("-inf"))
+
+
+@triton.jit
+def _quarter(row_ptr, cols, vocab, uniform, greedy, inv_t, best, best_idx):
+    """The running (best score, its column) per lane after one quarter tile."""
+    score = _gumbel_scores(row_ptr, cols, vocab, uniform, greedy, inv_t)
+    take = score > best
+    return tl.where(take, score, best), tl.where(take, cols, best_idx)
+
+
 @triton.jit(do_not_specialize=["seed"])
 def _gumbel_argmax_kernel(
     logits_ptr, temperature_ptr, best_ptr, best_idx_ptr, seed, vocab, stride_row, chunk,
@@ -26,22 +44,24 @@ def _gumbel_argmax_kernel(
     temperature = tl.load(temperature_ptr + row)
     greedy = temperature < EPS
     inv_t = 1.0 / tl.where(greedy, 1.0, temperature)
-    offs = tl.arange(0, BLOCK)
-    best = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_idx = tl.zeros([BLOCK], tl.int32)
+    quarter: tl.constexpr = BLOCK // 4
+    offs = tl.arange(0, quarter)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    best = tl.full([quarter], float("-inf"), tl.float32)
+    best_idx = tl.zeros([quarter], tl.int32)
     start = part * chunk
     for col0 in range(start, tl.minimum(start + chunk, vocab), BLOCK):
-        cols = col0 + offs
-        ok = cols < vocab
-        logit = tl.load(logits_ptr + row.to(tl.int64) * stride_row + cols, mask=ok,
-                        other=float("-inf")).to(tl.float32)
-        uniform = tl.rand(seed, row * vocab + cols)  # [0, 1); 0 gives -inf noise: never picked
-        noise = -tl.log(-tl.log(uniform))
-        score = tl.where(greedy, logit, logit * inv_t + noise)
-        score = tl.where(ok, score, float("-inf"))
-        take = score > best
-        best = tl.where(take, score, best)
-        best_idx = tl.where(take, cols, best_idx)
+        # one Philox call gives four uniforms in [0, 1): one per quarter of the tile (counters
+        # unique per row and tile: the tile's first quarter of column ids)
+        rand0, rand1, rand2, rand3 = tl.rand4x(seed, row * vocab + col0 + offs)
+        best, best_idx = _quarter(row_ptr, col0 + offs, vocab, rand0, greedy, inv_t, best,
+                                  best_idx)
+        best, best_idx = _quarter(row_ptr, col0 + quarter + offs, vocab, rand1, greedy, inv_t,
+                                  best, best_idx)
+        best, best_idx = _quarter(row_ptr, col0 + 2 * quarter + offs, vocab, rand2, greedy,
+                                  inv_t, best, best_idx)
+        best, best_idx = _quarter(row_ptr, col0 + 3 * quarter + offs, vocab, rand3, greedy,
+                                  inv_t, best, best_idx)
     top = tl.max(best, 0)
     # the lowest column among the maxima, as torch.argmax picks
     top_idx = tl.min(tl.where(best == top, best_idx, 2147483647), 0)

@@ -8,6 +8,7 @@ requests alone. A step copies to the device only from pinned memory, never reads
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -259,7 +260,8 @@ class Sampler(nn.Module):
         # the one-pass sampler's noise: a base drawn from torch's RNG (so `seed` fixes it),
         # advanced every step
         self._noise_seed = int(torch.randint(2**31 - 1, (1,)))
-        self.one_pass = self.device.type == "cuda" or kernels_interpreted()
+        self.one_pass = (self.device.type == "cuda" or kernels_interpreted()) and \
+            os.environ.get("COMPILED_LLM_ONE_PASS_SAMPLING", "1") != "0"
 
     def prepare(self, reqs: list[Request]) -> SamplingMetadata:
         """The metadata of one step's sampling rows, in row order. A row whose own data
