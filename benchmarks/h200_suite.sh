@@ -34,6 +34,8 @@
 #                                         # kind; QK-norm + RoPE fusion on/off (Qwen3-0.6B)
 #     bash benchmarks/h200_suite.sh 24    # the one-pass sampler: GPU tests, nano-vllm default
 #                                         # with and without it, tuned; Llama-3-8B profile
+#     bash benchmarks/h200_suite.sh 25    # tune the small-M GEMM, decode with and without it,
+#                                         # the one-pass sampler on the user's path (carry .whl)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -262,6 +264,18 @@ $P --model $CK/qwen3-0.6b --workload nano-vllm
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
 $U --model $CK/llama3-8b --label default-8b
 $P --model $CK/llama3-8b --workload nano-vllm"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 25 ]; then  # one GPU: tune the small-M GEMM, decode with it and without; the
+  # one-pass sampler on the user's path (process core); GPU tests last (carry .whl)
+  U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl"
+  G=compiled_llm/gemm/configs/small_m_gemm.json
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; [c.shape_checkpoint(s, \"$CK\", tokenizer=True) for s in (\"qwen3-0.6b\", \"llama3-8b\")]'
+$py -m benchmarks.small_m_gemm_tune --shapes qwen3-0.6b.qkv qwen3-0.6b.o qwen3-0.6b.gate_up qwen3-0.6b.down llama3-8b.qkv llama3-8b.o llama3-8b.gate_up llama3-8b.down --tokens 1 2 4 8 16 --block-n 16 32 64 --block-k 128 256 512 --split-k 1 2 4 8 --max-seconds 120 --out $G --output-json $R/small_m_gemm_tune_h200.json; cp $G $R/small_m_gemm.json
+$py -m benchmarks.small_m_gemm --checkpoint-dir $CK --shape qwen3-0.6b llama3-8b --json $R/small_m_gemm_h200.json
+$U --model $CK/qwen3-0.6b --label default
+COMPILED_LLM_ONE_PASS_SAMPLING=0 $U --model $CK/qwen3-0.6b --label default-without-one-pass
+$py -m pytest -q -p no:cacheprovider tests/kernels/test_small_m_gemm_gpu.py tests/passes/test_small_m_gemm.py tests/engine/test_async_sampling.py -k 'cuda or small'"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 else
   run_streams "\

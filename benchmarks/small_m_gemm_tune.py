@@ -57,10 +57,12 @@ def _fits(m: int, cfg: SmallMConfig) -> bool:
     return rows * cfg.block_n * cfg.block_k <= 4096 * cfg.num_warps
 
 
+GRID = [[8, 16, 32, 64], [128, 256, 512], [1, 2, 4, 8]]  # block_n, block_k, split_k
+
+
 def coarse(m: int, n: int, k: int, sms: int, quick: bool) -> list[SmallMConfig]:
     """Tiles and K splits at 4 warps, 3 stages: the MMA variant always, CUDA cores to 4 rows."""
-    block_ns, block_ks, splits = ([16, 32], [32, 64], [1, 2]) if quick else (
-        [8, 16, 32, 64], [128, 256, 512], [1, 2, 4, 8])
+    block_ns, block_ks, splits = ([16, 32], [32, 64], [1, 2]) if quick else GRID
     out = []
     for block_n, block_k, split, dot in itertools.product(block_ns, block_ks, splits,
                                                           [False, True]):
@@ -176,8 +178,12 @@ def main() -> None:
                     help="a handful of small tiles, no refinement (the CPU interpreter check)")
     ap.add_argument("--max-seconds", type=float, default=230.0,
                     help="time budget: refinement stops at 70%% of it")
+    ap.add_argument("--block-n", type=int, nargs="+", default=GRID[0])
+    ap.add_argument("--block-k", type=int, nargs="+", default=GRID[1])
+    ap.add_argument("--split-k", type=int, nargs="+", default=GRID[2])
     ap.add_argument("--output-json", default=None)
     args = ap.parse_args()
+    GRID[:] = [args.block_n, args.block_k, args.split_k]
     on_gpu = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if on_gpu else ("cpu", torch.float32)
     gpu = torch.cuda.get_device_name() if on_gpu else "cpu-interpreter"
