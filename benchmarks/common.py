@@ -237,6 +237,8 @@ def decode_pair_main(name: str, doc: str, title: str, shapes: list[str], run_sha
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=batch_sizes)
     ap.add_argument("--prompt-len", type=int, default=prompt_len)
     ap.add_argument("--new-tokens", type=int, default=new_tokens)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs per variant, the order reversed every other round; best kept")
     args = ap.parse_args()
     rows = []
     for shape in args.shape:
@@ -264,16 +266,21 @@ def fused_pair_rows(shape: str, args: argparse.Namespace, off_passes: dict,
 
 
 def decode_runs(shape: str, args: argparse.Namespace, variants: dict[str, dict]):
-    """Run benchmarks.ours:decode once per variant (its extra arguments), each in its own
-    process: (results by variant, {variant: {batch: tok/s}}); failures are printed."""
+    """Run benchmarks.ours:decode once per variant (its extra arguments) and round
+    (`args.rounds`, default 1; odd rounds run the variants in reverse order, so neither is
+    always the first process), each in its own process: (last results by variant, {variant:
+    {batch: best tok/s}}); failures are printed."""
     from benchmarks import isolate
 
     common = decode_engine_args(shape, args)
-    runs = {name: isolate.call("benchmarks.ours:decode", **common, **extra)
-            for name, extra in variants.items()}
-    for name, res in runs.items():
-        if "error" in res:
-            print(f"{shape} {name}: {res['error']}")
-    tok_s = {name: {r["batch"]: r["tok_s"] for r in res.get("rows", [])}
-             for name, res in runs.items()}
+    runs, tok_s = {}, {name: {} for name in variants}
+    for round_index in range(getattr(args, "rounds", 1)):
+        names = list(variants)[::-1] if round_index % 2 else list(variants)
+        for name in names:
+            res = runs[name] = isolate.call("benchmarks.ours:decode", **common, **variants[name])
+            if "error" in res:
+                print(f"{shape} {name}: {res['error']}")
+            for row in res.get("rows", []):
+                best = tok_s[name].get(row["batch"], 0.0)
+                tok_s[name][row["batch"]] = max(best, row["tok_s"])
     return runs, tok_s
