@@ -10,7 +10,10 @@ peaked_checkpoint): its argmax has a margin no bf16 rounding flips, so every dra
 and tokens per target step should be k+1. The copy-heavy workload is made here too: a prompt
 that repeats one random span, whose copying answer continues the period. Random weights cannot
 copy spans on purpose; what n-gram accepts on them is what their own repetition gives, and the
-JSON says so. --configs runs a subset (to split the run over two calls).
+JSON says so. The quoting workload (`off_peaked`, `ngram_peaked`) runs on the peaked checkpoint,
+which does copy: its prompt is a walk along the checkpoint's permutation, filler, then the
+walk's first token, so the greedy answer quotes the prompt's first span (see quoting).
+--configs runs a subset (to split the run over two calls).
 
     python -m benchmarks.spec_decode --checkpoint-dir /tmp/ckpt --output-json spec.json
     python -m benchmarks.spec_decode --shape cpu-small --new-tokens 16 --compile-mode none
@@ -37,7 +40,7 @@ from benchmarks.common import (
 )
 from benchmarks.ours import make_llm
 
-CONFIGS = ("off", "ngram", "draft_self", "draft_2layer")
+CONFIGS = ("off", "ngram", "draft_self", "draft_2layer", "off_peaked", "ngram_peaked")
 EXTRA_CONFIGS = ("ngram_nolimit",)  # run when named in --configs
 _BRANCH_SCALE = 1e-4  # the peaked checkpoint's residual branches (o_proj, down_proj)
 
@@ -123,13 +126,30 @@ def peaked_checkpoint(shape: str, root: str | None) -> str:
             layer.self_attn.o_proj.weight.mul_(_BRANCH_SCALE)
             layer.mlp.down_proj.weight.mul_(_BRANCH_SCALE)
         embed = model.get_input_embeddings().weight
-        perm = torch.randperm(embed.shape[0], generator=torch.Generator().manual_seed(1))
+        perm = peak_permutation(embed.shape[0])
         model.get_output_embeddings().weight.copy_(embed[perm.argsort().to(embed.device)])
     model.save_pretrained(out, safe_serialization=True)
     del model, embed
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # phases run in child processes and need the whole device
     return str(out)
+
+
+def peak_permutation(vocab: int) -> torch.Tensor:
+    """perm of the peaked checkpoint: its greedy token after x is perm[x]."""
+    return torch.randperm(vocab, generator=torch.Generator().manual_seed(1))
+
+
+def quoting(prompt_len: int, vocab: int, filler: int = 32) -> list[list[int]]:
+    """One prompt for the peaked checkpoint whose answer quotes it: a walk x, perm[x],
+    perm[perm[x]] ..., random filler, then x again, after which the model's greedy answer
+    is the walk once more (a quote of the prompt's first prompt_len - filler - 1 tokens)."""
+    perm, token = peak_permutation(vocab).tolist(), 1
+    walk = []
+    for _ in range(prompt_len - filler - 1):
+        walk.append(token)
+        token = perm[token]
+    return [walk + random_ids(1, filler, vocab, seed=3)[0] + walk[:1]]
 
 
 def copy_heavy(prompt_len: int, vocab: int, span: int = 32) -> list[list[int]]:
@@ -171,6 +191,13 @@ def main() -> None:
                           {"copy_b1": copy, f"plain_b{args.batch}": plain}, model_dir),
         "ngram_nolimit": lambda: (ngram, {f"plain_b{args.batch}": plain}, model_dir),
         "draft_self": lambda: _draft_self(args, plain),
+        # the peaked checkpoint copies by construction: n-gram at the acceptance of a real
+        # quoting answer, against spec off on the same checkpoint and prompt
+        "off_peaked": lambda: (None, {"quote_b1": quoting(args.prompt_len, vocab)},
+                               peaked_checkpoint(args.shape, args.checkpoint_dir)),
+        "ngram_peaked": lambda: ({**ngram, "disable_by_batch_size": args.disable_by_batch_size},
+                                 {"quote_b1": quoting(args.prompt_len, vocab)},
+                                 peaked_checkpoint(args.shape, args.checkpoint_dir)),
         "draft_2layer": lambda: ({"method": "draft_model", "num_speculative_tokens": k,
                                   "model": _two_layer_draft(args)}, {"plain_b1": plain[:1]},
                                  model_dir),
@@ -212,7 +239,9 @@ def _two_layer_draft(args) -> str:
 
 def _table(results: dict) -> list[dict]:
     """One row per (config, workload), with speed-up against spec off on the same workload."""
-    rows, off = [], results.get("off", {}).get("rows", {})
+    rows = []
+    off = {**results.get("off", {}).get("rows", {}),
+           **results.get("off_peaked", {}).get("rows", {})}
     for name, res in results.items():
         if "error" in res:
             rows.append({"config": name, "workload": "-", "decode tok/s": 0.0, "speedup": 0.0,
