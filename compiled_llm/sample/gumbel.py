@@ -78,9 +78,11 @@ def _sm_count(device: torch.device) -> int:
 
 def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: int) -> torch.Tensor:
     """Tokens [B] int64 drawn from softmax(logits / temperature) per row of logits [B, V]
-    (any float dtype, unit stride along V); rows with temperature < SAMPLING_EPS take the
+    (any float dtype); rows with temperature < SAMPLING_EPS take the
     argmax. `seed` (a host int) picks the step's noise; no host sync, logits are not edited."""
     num_rows, vocab = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
     if num_rows * vocab >= 2**31:
         raise ValueError(f"gumbel_sample: {num_rows} rows x {vocab} ids overflow the counter")
     want = triton.cdiv(4 * _sm_count(logits.device), max(num_rows, 1))
