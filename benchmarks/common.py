@@ -284,3 +284,22 @@ def decode_runs(shape: str, args: argparse.Namespace, variants: dict[str, dict])
                 best = tok_s[name].get(row["batch"], 0.0)
                 tok_s[name][row["batch"]] = max(best, row["tok_s"])
     return runs, tok_s
+
+
+def graph_ms(call, copies: int, iters: int = 24) -> float:
+    """Mean ms of call(i) over iters calls (i cycling the copies) replayed in one CUDA graph."""
+    for i in range(copies):
+        call(i)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(iters):
+            call(i % copies)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(3):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (3 * iters)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import print_table, save_json
+from benchmarks.common import graph_ms, print_table, save_json
 from compiled_llm.gemm.kernels import small_m_mm_triton
 from compiled_llm.gemm.tuning import CUBLAS, SmallMConfig, shape_key
 
@@ -84,28 +84,15 @@ def refine(m: int, best: list[SmallMConfig], quick: bool) -> list[SmallMConfig]:
 
 
 def graph_us(call, copies: int) -> float:
-    """Mean us of call(i) over ITERS calls (i cycling the copies) replayed in one CUDA graph;
-    on the CPU (the interpreter check) plain wall time of a few eager calls."""
-    for i in range(min(copies, 2)):
-        call(i)
-    if not torch.cuda.is_available():
-        start = time.perf_counter()
-        for i in range(2):
-            call(i % copies)
-        return (time.perf_counter() - start) / 2 * 1e6
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(ITERS):
-            call(i % copies)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(4):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (4 * ITERS)
+    """Mean us of call(i) replayed in one CUDA graph (benchmarks.common.graph_ms); on the CPU
+    (the interpreter check) plain wall time of two eager calls."""
+    if torch.cuda.is_available():
+        return graph_ms(call, copies, ITERS) * 1e3
+    call(0)
+    start = time.perf_counter()
+    for i in range(2):
+        call(i % copies)
+    return (time.perf_counter() - start) / 2 * 1e6
 
 
 def time_configs(x: torch.Tensor, weights: list[torch.Tensor], ref: torch.Tensor,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import print_table, save_json
+from benchmarks.common import graph_ms, print_table, save_json
 from compiled_llm.quantization.kernels.w4a16 import (
     GEMV_MAX_ROWS,
     W4A16Config,
@@ -89,25 +89,6 @@ def tinygemm_ms(x: torch.Tensor, ref: torch.Tensor, tiny: list[tuple]) -> float 
     except RuntimeError as exc:  # no tinygemm on this GPU or build
         print(f"tinygemm m={x.shape[0]}: {type(exc).__name__}: {str(exc)[:120]}")
         return None
-
-
-def graph_ms(call, copies: int, iters: int = 24) -> float:
-    """Mean ms of call(i) over iters calls (i cycling the copies) replayed in one CUDA graph."""
-    for i in range(copies):
-        call(i)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(iters):
-            call(i % copies)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(3):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / (3 * iters)
 
 
 def tune_point(name: str, m: int, packed: list[tuple], dense: list[torch.Tensor],

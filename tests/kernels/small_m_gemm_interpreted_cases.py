@@ -1,6 +1,6 @@
 """The small-M GEMM kernel (compiled_llm/gemm/kernels.py) against torch.mm: 1, 3 and 16 rows,
 split-K 1 and > 1, N and K not multiples of the blocks, the CUDA-core and MMA variants; run by
-test_small_m_gemm_interpreter.py under TRITON_INTERPRET=1."""
+test_interpreter.py under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 

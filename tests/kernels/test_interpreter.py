@@ -1,9 +1,10 @@
 """Runs interpreted_cases.py (attention), moe_interpreted_cases.py (fused MoE),
 fp8_kv_interpreted_cases.py (FP8 KV cache), lora_interpreted_cases.py (LoRA shrink/expand),
-quant_interpreted_cases.py (W4A16 and block-FP8 GEMMs), w4a16_dequant_interpreted_cases.py
-and qk_norm_rope_interpreted_cases.py (the fused QK-norm + RoPE + KV write) and
-gumbel_interpreted_cases.py (the one-pass temperature sampler) under Triton's
-interpreter (TRITON_INTERPRET=1) in a subprocess.
+quant_interpreted_cases.py (W4A16 and block-FP8 GEMMs), w4a16_dequant_interpreted_cases.py,
+qk_norm_rope_interpreted_cases.py (the fused QK-norm + RoPE + KV write),
+gumbel_interpreted_cases.py (the one-pass temperature sampler) and
+small_m_gemm_interpreted_cases.py (the small-M GEMM) under Triton's interpreter
+(TRITON_INTERPRET=1) in a subprocess.
 
 TRITON_INTERPRET must be set before Triton is first imported and would turn every later
 @triton.jit in the process into interpreted code; a subprocess keeps it away from the other tests
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = ("interpreted_cases.py", "moe_interpreted_cases.py", "fp8_kv_interpreted_cases.py",
          "lora_interpreted_cases.py", "quant_interpreted_cases.py",
          "w4a16_dequant_interpreted_cases.py", "qk_norm_rope_interpreted_cases.py",
-         "gumbel_interpreted_cases.py")
+         "gumbel_interpreted_cases.py", "small_m_gemm_interpreted_cases.py")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),
