@@ -257,9 +257,9 @@ class Sampler(nn.Module):
         self.device, self.vocab_size = torch.device(device), vocab_size
         self.generators: dict[str, torch.Generator] = {}
         self.state = SamplingState(self.device, vocab_size)
-        # the one-pass sampler's noise: a base drawn from torch's RNG (so `seed` fixes it),
-        # advanced every step
-        self._noise_seed = int(torch.randint(2**31 - 1, (1,)))
+        # the one-pass sampler's noise: a base drawn from torch's RNG at its first use (so
+        # `seed` fixes it; no draw where it never runs), advanced every step
+        self._noise_seed: int | None = None
         self.one_pass = (self.device.type == "cuda" or kernels_interpreted()) and \
             os.environ.get("COMPILED_LLM_ONE_PASS_SAMPLING", "1") != "0"
 
@@ -342,6 +342,8 @@ class Sampler(nn.Module):
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
 
     def _next_noise_seed(self) -> int:
+        if self._noise_seed is None:
+            self._noise_seed = int(torch.randint(2**31 - 1, (1,)))
         self._noise_seed = (self._noise_seed + 0x9E3779B1) % (2**31 - 1)
         return self._noise_seed
 
