@@ -51,9 +51,10 @@ def _gumbel_argmax_kernel(
     best_idx = tl.zeros([quarter], tl.int32)
     start = part * chunk
     for col0 in range(start, tl.minimum(start + chunk, vocab), BLOCK):
-        # one Philox call gives four uniforms in [0, 1): one per quarter of the tile (counters
-        # unique per row and tile: the tile's first quarter of column ids)
-        rand0, rand1, rand2, rand3 = tl.rand4x(seed, row * vocab + col0 + offs)
+        # one Philox call gives four uniforms in [0, 1): one per quarter of the tile; a row
+        # owns cdiv(vocab, BLOCK) * quarter counters, a tile the next quarter of them
+        counters = row * (tl.cdiv(vocab, BLOCK) * quarter) + col0 // 4 + offs
+        rand0, rand1, rand2, rand3 = tl.rand4x(seed, counters)
         best, best_idx = _quarter(row_ptr, col0 + offs, vocab, rand0, greedy, inv_t, best,
                                   best_idx)
         best, best_idx = _quarter(row_ptr, col0 + quarter + offs, vocab, rand1, greedy, inv_t,
