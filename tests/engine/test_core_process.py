@@ -33,9 +33,12 @@ def _alive(pid: int) -> bool:
         return stat.read().split(") ")[1][0] != "Z"
 
 
-async def _collect(engine: AsyncLLM, prompt: str, params: SamplingParams, rid: str):
+async def _collect(engine: AsyncLLM, prompt: str, params: SamplingParams, rid: str,
+                   started: asyncio.Event | None = None):
     final = None
     async for out in engine.generate(prompt, params, rid):
+        if started is not None:
+            started.set()
         final = out
     return final
 
@@ -72,9 +75,11 @@ def test_a_crashed_core_fails_every_request_and_the_server_reports_unhealthy():
         core = engine.engine.core
 
         async def run():
-            tasks = [asyncio.create_task(_collect(engine, p, long, str(i)))
+            started = [asyncio.Event() for _ in PROMPTS]
+            tasks = [asyncio.create_task(_collect(engine, p, long, str(i), started[i]))
                      for i, p in enumerate(PROMPTS)]
-            await asyncio.sleep(1.0)
+            # killed once every request streams, hundreds of tokens before any can finish
+            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 30)
             os.kill(core.process.pid, signal.SIGKILL)
             return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
 
