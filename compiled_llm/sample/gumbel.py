@@ -5,12 +5,11 @@ or a seed of their own; everything else goes through the sampler's general path.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from compiled_llm.attention.kernels.decode import sm_count
 from compiled_llm.sampling_params import SAMPLING_EPS
 
 BLOCK = 1024  # logits per inner step of a program
@@ -70,13 +69,6 @@ def _gumbel_argmax_kernel(
     tl.store(best_idx_ptr + row * tl.num_programs(1) + part, top_idx)
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 2  # interpreter: a couple of parts still exercise the merge
-
-
 def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: int) -> torch.Tensor:
     """Tokens [B] int64 drawn from softmax(logits / temperature) per row of logits [B, V]
     (any float dtype); rows with temperature < SAMPLING_EPS take the
@@ -86,7 +78,7 @@ def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: int) ->
         logits = logits.contiguous()
     if num_rows * vocab >= 2**31:
         raise ValueError(f"gumbel_sample: {num_rows} rows x {vocab} ids overflow the counter")
-    want = triton.cdiv(4 * _sm_count(logits.device), max(num_rows, 1))
+    want = triton.cdiv(4 * sm_count(logits.device), max(num_rows, 1))
     parts = max(1, min(want, triton.cdiv(vocab, BLOCK)))
     chunk = triton.cdiv(triton.cdiv(vocab, parts), BLOCK) * BLOCK
     parts = triton.cdiv(vocab, chunk)

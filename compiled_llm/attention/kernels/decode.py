@@ -105,16 +105,17 @@ def _decode_reduce_kernel(
 
 
 @functools.cache
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
+    """The device's SM count (4 under the interpreter: a few splits still exercise merges)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # interpreter: a few splits still exercise the merge
+    return 4
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_tokens: int, config: DecodeConfig,
                       device: torch.device) -> int:
     """Splits so that about two programs per SM run, from shapes only (CUDA-graph stable)."""
-    want = triton.cdiv(2 * _sm_count(device), max(1, num_seqs * num_kv_heads))
+    want = triton.cdiv(2 * sm_count(device), max(1, num_seqs * num_kv_heads))
     return max(1, min(want, config.max_splits, triton.cdiv(max_tokens, config.block_n)))
 
 
