@@ -36,8 +36,12 @@
 #                                         # with and without it, tuned; Llama-3-8B profile
 #     bash benchmarks/h200_suite.sh 25    # tune the small-M GEMM, decode with and without it,
 #                                         # the one-pass sampler on the user's path (carry .whl)
-#     bash benchmarks/h200_suite.sh 26    # n-gram on a quoting answer (peaked checkpoint), the
-#                                         # small-M / QK-norm pairs in both orders, gpt-fast
+#     bash benchmarks/h200_suite.sh 26    # MoE end to end (Qwen3-30B-A3B shape, bf16, against
+#                                         # transformers; alone: its checkpoint fills the disk),
+#                                         # then the mp executor against uni at TP=1
+#     bash benchmarks/h200_suite.sh 27    # speculative decoding, every config (Llama-3-8B)
+#     bash benchmarks/h200_suite.sh 28    # the small-M / QK-norm pairs in both orders, gpt-fast
+#                                         # (carry .peer), the tuned user path
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -279,13 +283,26 @@ $U --model $CK/qwen3-0.6b --label default
 COMPILED_LLM_ONE_PASS_SAMPLING=0 $U --model $CK/qwen3-0.6b --label default-without-one-pass
 $py -m pytest -q -p no:cacheprovider tests/kernels/test_small_m_gemm_gpu.py tests/passes/test_small_m_gemm.py tests/engine/test_async_sampling.py -k 'cuda or small'"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 26 ]; then  # one GPU (carry .whl .peer): n-gram on a quoting answer, the
-  # small-M and QK-norm pairs in both orders, batch 1 against gpt-fast
+elif [ "$CALL" = 26 ]; then  # one GPU (carry .whl): MoE end to end, then mp against uni
+  mapfile -t a <<<"\
+$py -m benchmarks.moe_e2e --checkpoint-dir $CK --formats bf16 --output-json $R/moe_e2e_bf16_h200.json
+$py -m benchmarks.tp_executor --shape qwen3-0.6b --checkpoint-dir $CK --output-json $R/tp_executor_h200.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 27 ]; then  # one GPU (carry .whl): speculative decoding, every config
   mapfile -t a <<<"\
 $MK
-$py -m benchmarks.spec_decode --checkpoint-dir $CK --configs off_peaked ngram_peaked --output-json $R/spec_quote_h200.json
-$py -m benchmarks.small_m_gemm --checkpoint-dir $CK --shape qwen3-0.6b --batch-sizes 1 8 32 --rounds 2 --json $R/small_m_gemm_rounds_h200.json
+$py -m benchmarks.spec_decode --checkpoint-dir $CK --output-json $R/spec_decode_h200.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 28 ]; then  # one GPU (carry .whl .peer): the paired decode benchmarks in both
+  # orders, batch 1 against gpt-fast, the tuned user path
+  U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl"
+  mapfile -t a <<<"\
+$MK
 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $CK/qwen3-0.6b --label default
+$U --model $CK/qwen3-0.6b --label tuned --preset tuned
+$py -m benchmarks.small_m_gemm --checkpoint-dir $CK --shape qwen3-0.6b --batch-sizes 1 8 32 --rounds 2 --json $R/small_m_gemm_rounds_h200.json
 $py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --rounds 2 --json $R/qk_norm_rope_rounds_h200.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 else
