@@ -1,7 +1,7 @@
 """Pipeline parallelism from outside the model: layers split into contiguous stages (vLLM's rule
 or VLLM_PP_LAYER_PARTITION), each rank building and loading only its stage (embedding on the
-first, final norm and LM head on the last), hidden state and residual passed on by send/recv
-outside the compiled graph. Rank 0 (the engine's process) holds the last stage, so it samples
+first, final norm and LM head on the last); the step's send/recv between stages is
+worker/pipeline_step.py's. Rank 0 (the engine's process) holds the last stage, so it samples
 with the scheduler's requests at hand; ranks 1..N-1 hold stages 0..N-2."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from compiled_llm.distributed.parallel_state import TPGroup
@@ -204,36 +203,3 @@ def localize_kv_scales(model: nn.Module) -> None:
     model.checkpoint_kv_scales = {layer - stage.start_layer: value
                                   for layer, value in scales.items()
                                   if stage.start_layer <= layer < stage.end_layer}
-
-
-class StageForward:
-    """The runner's forward for one stage: receive the stage's input from the previous
-    stage (all T rows, padding included), run the (compiled) stage, send its output to the
-    next. Every stage runs the same steps in the same order, so sends meet receives."""
-
-    def __init__(self, inner, stage: PipelineStage, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        self.inner, self.stage = inner, stage
-        self.hidden_size, self.dtype, self.device = hidden_size, dtype, device
-        self.release = getattr(inner, "release", None)  # the runner's shutdown calls it
-
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The stage's output for one step (see stage_class)."""
-        stage_input = input_ids
-        if not self.stage.is_first:
-            stage_input = torch.empty((len(input_ids), 2, self.hidden_size), dtype=self.dtype,
-                                      device=self.device)
-            dist.recv(stage_input, self.stage.prev_rank)
-        out = self.inner(stage_input, positions)
-        if not self.stage.is_last:
-            dist.send(out.contiguous(), self.stage.next_rank)
-        return out
-
-
-def wrap_stage_forward(runner) -> None:
-    """Put StageForward around a stage runner's forward (no-op for a model not split)."""
-    stage = getattr(runner.model, "pipeline_stage", None)
-    if stage is not None:
-        runner.forward_fn = StageForward(runner.forward_fn, stage,
-                                         runner.model.config.hidden_size, runner.dtype,
-                                         runner.device)

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 STEP, STOP, BLOCKS = 0, 1, 2
 # header fields, in order
 FIELDS = ("kind", "padded", "slots", "seqs", "width", "num_tokens", "max_query_len",
-          "max_seq_len", "samples", "prompt_calls", "prompt_rows", "num_blocks")
+          "max_seq_len", "samples", "prompt_calls", "prompt_rows", "num_blocks", "micro_batches")
 
 
 def _header(values: dict[str, int]) -> torch.Tensor:
@@ -46,7 +46,9 @@ class StepBroadcaster:
             "num_tokens": inputs.num_tokens, "max_query_len": attn.max_query_len,
             "max_seq_len": attn.max_seq_len, "samples": samples, "prompt_calls": len(prompt),
             "prompt_rows": sum(len(rows) for rows in prompt),
-            "num_blocks": runner.kv_caches[0].shape[1] if runner.kv_caches else 0})
+            "num_blocks": runner.kv_caches[0].shape[1] if runner.kv_caches else 0,
+            # a pipeline stage's micro-batches: every rank must cut the step alike
+            "micro_batches": getattr(runner.forward_fn, "micro_batches", 1)})
         dist.broadcast(header, 0, group=self.tp.cpu_group)
         device = runner.device
         parts = [inputs.input_ids, inputs.positions, attn.slot_mapping, attn.query_start_loc,
@@ -126,6 +128,8 @@ def follow(tp: TPGroup, runner: ModelRunner) -> None:
             runner.kv_caches = []
             runner.allocate_kv_cache(sizes["num_blocks"])
         inputs = _step_inputs(sizes, parts)
+        if hasattr(runner.forward_fn, "micro_batches"):  # a pipeline stage: the driver's cut
+            runner.forward_fn.micro_batches = sizes["micro_batches"]
         hidden = runner.run_forward(inputs)
         model = runner.model
         if getattr(model, "lm_head", None) is None:  # an earlier pipeline stage

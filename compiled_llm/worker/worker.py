@@ -14,11 +14,11 @@ import torch
 
 from compiled_llm.config import EngineArgs, SchedulerConfig
 from compiled_llm.distributed.parallel_state import TPGroup
-from compiled_llm.distributed.pipeline_parallel import wrap_stage_forward
 from compiled_llm.lora.manager import attach_lora
 from compiled_llm.worker.kv_budget import budget_blocks
 from compiled_llm.worker.loader import load_model
 from compiled_llm.worker.model_runner import ModelRunner
+from compiled_llm.worker.pipeline_step import wrap_stage_forward
 from compiled_llm.worker.tp_follower import StepBroadcaster
 
 logger = logging.getLogger(__name__)

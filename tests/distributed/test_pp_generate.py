@@ -115,6 +115,9 @@ def test_llama_tp2_pp2_equals_one_rank():
         attn = model.model.layers["2"].self_attn  # its stage's layer, half its heads
         assert attn.num_heads * 2 == _config_heads(ckpt)
         _assert_same(_run(llm), ref)
+        # three requests a step: two micro-batches, each all-reduced within its stage's group
+        counts = llm.engine.executor.worker.runner.forward_fn.counts
+        assert counts["recv"] == counts["micro_batches"] > counts["steps"]
         assert llm.engine.num_used_blocks == 0
     finally:
         llm.shutdown()
