@@ -6,7 +6,6 @@ with an error naming it, not a hang; shutdown stops the workers and leaves the g
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import multiprocessing
 import os
@@ -102,21 +101,6 @@ def _kind(args: EngineArgs) -> str:
     return args.parallel_field.split("_")[0] + "-parallel"
 
 
-def _without_cudagraphs(args: EngineArgs, device: torch.device) -> EngineArgs:
-    """args with CUDA graphs off: the followers replay the driver's steps from a broadcast,
-    and graph capture is not such a step (nor are a pipeline stage's send and receive, which
-    run outside the compiled graph, between the pieces a graph would hold). Asked for by
-    name, they are refused."""
-    if device.type != "cuda" or args.compile_config().cudagraph_mode == "none":
-        return args
-    if args.cudagraph_mode not in (None, "none"):
-        raise ValueError(f"cudagraph_mode {args.cudagraph_mode!r}: CUDA graphs are not "
-                         f"supported with {args.parallel_field} > 1; leave it unset or pass "
-                         "'none'")
-    logger.warning("%s %d: CUDA graphs are off", args.parallel_field, args.world_size)
-    return dataclasses.replace(args, cudagraph_mode="none")
-
-
 def _check_model(args: EngineArgs, model_dir: str) -> None:
     """ValueError naming the field when the model cannot be split over the ranks."""
     hf_config = load_hf_config(model_dir)
@@ -141,7 +125,6 @@ class MultiprocExecutor(UniProcExecutor):
         if world == 1:  # rank 0 is this process: nothing to start, no group to join
             super().__init__(args, spec)
             return
-        args = _without_cudagraphs(args, spec.device)
         if spec.device.type == "cuda" and torch.cuda.device_count() < world:
             raise ValueError(f"{args.parallel_field} {world} needs {world} GPUs; "
                              f"{torch.cuda.device_count()} are visible")

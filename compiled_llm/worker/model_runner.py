@@ -285,21 +285,29 @@ class ModelRunner:
                 to_host(t) for t in (lp.token_ids, lp.logprobs, lp.ranks))
 
     # ------------------------------------------------------------------ CUDA graphs
+    def cudagraph_plan(self) -> tuple[list[int], list[int]]:
+        """The (piecewise, full) sizes that cudagraph_mode asks for (none on CPU); the driver
+        of several ranks sends them to the followers, which capture the same."""
+        piecewise = piecewise_graph_sizes(min(self.compile_cfg.piecewise_max_tokens,
+                                              self.max_model_len - 1))
+        full = sorted(set(self.compile_cfg.cudagraph_batch_sizes
+                          or full_graph_sizes(self.max_num_seqs)))
+        return (piecewise if self._wants(PIECEWISE) else [], full if self._wants(FULL) else [])
+
     @torch.inference_mode()  # captures made as inference tensors, as steps run
-    def capture_cudagraphs(self) -> None:
-        """Capture what cudagraph_mode asks for, before serving (nothing on CPU); the
-        dispatcher hands the sizes out from then on."""
-        if self._wants(PIECEWISE):
-            self.cudagraph_capture_seconds[PIECEWISE] = self._capture_piecewise()
-        if self._wants(FULL):
-            self.cudagraph_capture_seconds[FULL] = self._capture_full()
+    def capture_cudagraphs(self, plan: tuple[list[int], list[int]] | None = None) -> None:
+        """Capture the plan's graphs (default: cudagraph_plan()), before serving (nothing on
+        CPU); the dispatcher hands the sizes out from then on."""
+        piecewise, full = self.cudagraph_plan() if plan is None else plan
+        if piecewise:
+            self.cudagraph_capture_seconds[PIECEWISE] = self._capture_piecewise(piecewise)
+        if full:
+            self.cudagraph_capture_seconds[FULL] = self._capture_full(full)
         if self.cudagraph_capture_seconds:
             logger.info("CUDA graph capture: %s", self.cudagraph_capture_seconds)
 
-    def _capture_piecewise(self) -> float:
+    def _capture_piecewise(self, sizes: list[int]) -> float:
         start = time.perf_counter()
-        sizes = piecewise_graph_sizes(min(self.compile_cfg.piecewise_max_tokens,
-                                          self.max_model_len - 1))
         self.dispatcher.piecewise_sizes = sizes
         for size in reversed(sizes):  # largest first: smaller graphs reuse its pool memory
             sched = dummy_schedule(size, self.cache_cfg.block_size, size)
@@ -310,10 +318,8 @@ class ModelRunner:
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    def _capture_full(self) -> float:
+    def _capture_full(self, sizes: list[int]) -> float:
         start = time.perf_counter()
-        sizes = sorted(set(self.compile_cfg.cudagraph_batch_sizes
-                           or full_graph_sizes(self.max_num_seqs)))
         batch = self.input_batch
         if sizes[-1] > min(batch.max_seqs, batch.max_tokens):
             raise ValueError(f"cudagraph_batch_sizes go up to {sizes[-1]}; the step buffers "

@@ -1,8 +1,8 @@
 """One pipeline stage's forward in a step: receive the stage's input from the previous stage,
 run the (compiled) stage, send its output on, outside the compiled graph (and outside any
 CUDA graph). A step of several requests runs as micro-batches cut at request boundaries, so
-stage s works on micro-batch m+1 while stage s+1 works on micro-batch m (GPipe within a step).
-"""
+stage s works on micro-batch m+1 while stage s+1 works on micro-batch m (GPipe within a step),
+each under its own piecewise graph when the step runs under piecewise graphs."""
 
 from __future__ import annotations
 
@@ -14,9 +14,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from compiled_llm.attention.forward_context import current_forward_context, set_forward_context
+from compiled_llm.attention.forward_context import (
+    CUDAGraphKey,
+    current_forward_context,
+    set_forward_context,
+)
 from compiled_llm.attention.metadata import AttentionMetadata
 from compiled_llm.distributed.pipeline_parallel import PipelineStage
+from compiled_llm.worker.cudagraph import FULL, PIECEWISE, CUDAGraphDispatcher
 
 ENV_MICRO_BATCHES = "COMPILED_LLM_PP_MICRO_BATCHES"  # micro-batches per step; default: stages
 
@@ -77,9 +82,10 @@ class StageForward:
     micro-batches, receives and sends."""
 
     def __init__(self, inner, stage: PipelineStage, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, dispatcher: CUDAGraphDispatcher | None = None) -> None:
         self.inner, self.stage = inner, stage
         self.hidden_size, self.dtype, self.device = hidden_size, dtype, device
+        self.dispatcher = dispatcher  # its piecewise graphs run micro-batches too
         self.micro_batches = micro_batch_count(stage.num_stages)
         self.counts: Counter[str] = Counter()
         self.release = getattr(inner, "release", None)  # the runner's shutdown calls it
@@ -88,10 +94,11 @@ class StageForward:
         """The stage's output for one step (see pipeline_parallel.stage_class)."""
         ctx = current_forward_context()
         attn = None if ctx is None else ctx.attn_metadata
+        key = None if ctx is None else ctx.cudagraph_key
         self.counts["steps"] += 1
-        # a step padded to a CUDA graph (or capturing one) runs whole: the graph is one piece
-        if (attn is None or ctx.cudagraph_key is not None or self.micro_batches < 2
-                or attn.num_seqs < 2 or attn.num_actual_tokens != len(input_ids)):
+        # a full graph (or a capture) is one piece: the step runs whole
+        if (attn is None or ctx.capturing or (key is not None and key.mode == FULL)
+                or self.micro_batches < 2 or attn.num_seqs < 2):
             return self._whole(input_ids, positions)
         bounds = split_requests(attn.query_start_loc_cpu.numpy(), self.micro_batches)
         return self._micro(input_ids, positions, ctx, bounds)
@@ -118,8 +125,7 @@ class StageForward:
         """The step as micro-batches: every receive is posted first (micro-batch m+1 arrives
         while m runs), every send is asynchronous (m+1 runs while m travels); the sends are
         waited for at the end, when the next stage has taken them."""
-        attn, stage = ctx.attn_metadata, self.stage
-        starts = attn.query_start_loc_cpu.tolist()
+        starts, stage = ctx.attn_metadata.query_start_loc_cpu.tolist(), self.stage
         spans = [(starts[a], starts[b]) for a, b in zip(bounds, bounds[1:])]
         received = []
         if not stage.is_first:
@@ -134,12 +140,8 @@ class StageForward:
             else:
                 stage_input, work = received[m]
                 work.wait()
-            sub = dataclasses.replace(ctx, attn_metadata=slice_metadata(attn, bounds[m],
-                                                                        bounds[m + 1]))
-            with set_forward_context(sub):
-                out = self.inner(stage_input, positions[t0:t1])
-            if not stage.is_last:
-                out = out.contiguous()  # kept alive (in outs) until its send is done
+            out = self._run(stage_input, positions[t0:t1], ctx, bounds[m], bounds[m + 1])
+            if not stage.is_last:  # out is kept alive (in outs) until its send is done
                 sends.append(dist.isend(out, stage.next_rank, tag=m))
             outs.append(out)
         for work in sends:
@@ -147,6 +149,33 @@ class StageForward:
         self.counts["send"] += len(sends)
         self.counts["micro_batches"] += len(spans)
         return torch.cat(outs)
+
+    def _run(self, stage_input: torch.Tensor, positions: torch.Tensor, ctx, first: int,
+             end: int) -> torch.Tensor:
+        """One micro-batch (requests [first, end)) as a step of its own: under the smallest
+        piecewise graph that holds it when the step itself runs under piecewise graphs, its
+        rows padded as the input batch pads (token 0 at position 0, attention writes only
+        the real rows); the graph's output buffer is copied, the next replay reuses it."""
+        rows = len(positions)
+        key = ctx.cudagraph_key
+        if key is not None:
+            size = next(s for s in self.dispatcher.piecewise_sizes if s >= rows)
+            key = CUDAGraphKey(PIECEWISE, size)
+            stage_input, positions = _padded(stage_input, size), _padded(positions, size)
+        sub = dataclasses.replace(ctx, attn_metadata=slice_metadata(ctx.attn_metadata, first,
+                                                                    end), cudagraph_key=key)
+        with set_forward_context(sub):
+            out = self.inner(stage_input, positions)
+        return out.contiguous() if key is None else out[:rows].clone()
+
+
+def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x with zero rows after its own, `rows` in all."""
+    if len(x) == rows:
+        return x
+    out = x.new_zeros((rows, *x.shape[1:]))
+    out[:len(x)] = x
+    return out
 
 
 def wrap_stage_forward(runner) -> None:
@@ -156,7 +185,7 @@ def wrap_stage_forward(runner) -> None:
     stage = getattr(runner.model, "pipeline_stage", None)
     if stage is None:
         return
-    shape = (runner.model.config.hidden_size, runner.dtype, runner.device)
+    shape = (runner.model.config.hidden_size, runner.dtype, runner.device, runner.dispatcher)
     runner.forward_fn = StageForward(runner.forward_fn, stage, *shape)
     if runner.full_graph is not None:
         runner.full_graph = StageForward(runner.full_graph, stage, *shape)

@@ -67,7 +67,10 @@ class Worker:
         allocated = time.perf_counter()
         self.runner.execute_dummy(1, 1)  # the decode shape
         warm = time.perf_counter()
-        self.runner.capture_cudagraphs()
+        if tp is not None:  # the followers capture the same graphs with it, in lockstep
+            self.runner.step_hook.capture(self.runner.cudagraph_plan())
+        else:
+            self.runner.capture_cudagraphs()
         self.startup_seconds = {"load": loaded - start, "compile_and_profile": profiled - loaded,
                                 "kv_cache": allocated - profiled, "warmup": warm - allocated,
                                 "cudagraphs": time.perf_counter() - warm}

@@ -1,7 +1,8 @@
 """Pipeline micro-batches: a step is cut at request boundaries into micro-batches of about
-equal tokens (the same cut on every rank), each runs as a step of its own metadata; over gloo
-in two processes the stages exchange one transfer per micro-batch and greedy tokens and prompt
-logprobs equal one rank's, with any micro-batch count, and no KV block is left held."""
+equal tokens (the same cut on every rank), each runs as a step of its own metadata (under its
+own piecewise graph when the step has one); over gloo in two processes the stages exchange one
+transfer per micro-batch and greedy tokens and prompt logprobs equal one rank's, with any
+micro-batch count, and no KV block is left held."""
 
 from __future__ import annotations
 
@@ -10,9 +11,18 @@ import pytest
 import torch
 
 from compiled_llm import LLM, SamplingParams
+from compiled_llm.attention.forward_context import (
+    CUDAGraphKey,
+    ForwardContext,
+    current_forward_context,
+    set_forward_context,
+)
 from compiled_llm.attention.metadata import AttentionMetadata
+from compiled_llm.distributed.pipeline_parallel import PipelineStage
+from compiled_llm.worker.cudagraph import FULL, PIECEWISE, CUDAGraphDispatcher
 from compiled_llm.worker.pipeline_step import (
     ENV_MICRO_BATCHES,
+    StageForward,
     micro_batch_count,
     slice_metadata,
     split_requests,
@@ -106,3 +116,37 @@ def test_pp2_micro_batches_keep_tokens_and_overlap(reference, micro_batches, mon
         assert llm.engine.num_used_blocks == 0
     finally:
         llm.shutdown()
+
+
+def test_micro_batches_under_piecewise_graphs_run_padded_to_their_own_sizes():
+    """A step padded to a piecewise graph (7 tokens in 8 rows): each micro-batch runs under
+    the smallest piecewise size holding it, its rows padded, and only its real rows come
+    back; a full-graph step runs whole."""
+    seen = []
+
+    def inner(ids, positions):
+        ctx = current_forward_context()
+        seen.append((len(ids), ctx.cudagraph_key, ctx.attn_metadata.num_actual_tokens))
+        return (ids * 10 + positions).float().unsqueeze(1)
+
+    dispatcher = CUDAGraphDispatcher()
+    dispatcher.piecewise_sizes = [1, 2, 4, 8]
+    forward = StageForward(inner, PipelineStage(0, 1, 0, 1), 4, torch.float32,
+                           torch.device("cpu"), dispatcher)
+    forward.micro_batches = 2
+    starts = torch.tensor([0, 3, 4, 7], dtype=torch.int32)
+    seq_lens = torch.tensor([3, 5, 9], dtype=torch.int32)
+    attn = AttentionMetadata(torch.arange(7), starts, seq_lens,
+                             torch.zeros(3, 4, dtype=torch.int32), 7, 3, 9, starts, seq_lens)
+    ids, positions = torch.arange(1, 9), torch.arange(8) % 3
+    ids[7] = positions[7] = 0  # the padding row
+    with set_forward_context(ForwardContext(attn, cudagraph_key=CUDAGraphKey(PIECEWISE, 8))):
+        out = forward(ids, positions)
+    assert out.squeeze(1).tolist() == (ids * 10 + positions)[:7].float().tolist()
+    # [3 + 1 | 3] tokens, each under the graph of 4
+    assert seen == [(4, CUDAGraphKey(PIECEWISE, 4), 4), (4, CUDAGraphKey(PIECEWISE, 4), 3)]
+    assert forward.counts["micro_batches"] == 2
+    seen.clear()
+    with set_forward_context(ForwardContext(attn, cudagraph_key=CUDAGraphKey(FULL, 8))):
+        forward(ids, positions)
+    assert seen == [(8, CUDAGraphKey(FULL, 8), 7)]

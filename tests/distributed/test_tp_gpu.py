@@ -1,8 +1,8 @@
 """Tensor and pipeline parallelism on CUDA: TP=2 over NCCL (one GPU per rank) gives TP=1's
 greedy tokens, with the fused all-reduce + RMSNorm on symmetric-memory one-shot all-reduce and
-on NCCL alone, and with expert parallelism; PP=2 (3 layers split 2 + 1) gives PP=1's; the mp
-executor at one rank equals the uniprocess one; two stages on one GPU, or CUDA graphs by name
-with them, are refused."""
+on NCCL alone, and with expert parallelism; PP=2 (3 layers split 2 + 1) gives PP=1's; both
+with CUDA graphs captured on every rank (full, piecewise, both); the mp executor at one rank
+equals the uniprocess one; two stages on one GPU are refused."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from compiled_llm import LLM, SamplingParams
+from compiled_llm.compile.counters import counters
 from tests.utils import make_checkpoint, random_prompts
 
 pytestmark = [
@@ -23,10 +24,19 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPU
 
 
 def _greedy(**kw) -> list[list[int]]:
+    return _greedy_and_graphs(**kw)[0]
+
+
+def _greedy_and_graphs(**kw) -> tuple[list[list[int]], list[int], int]:
+    """Greedy tokens, the driver's full-graph sizes and its full-graph replays."""
     llm = LLM(str(make_checkpoint(kw.pop("arch", "llama"))), **BASE, **kw)
     prompts = [{"prompt_token_ids": p} for p in random_prompts(4, 300, lo=3, hi=60, seed=2)]
     try:
-        return [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
+        replays = counters.full_graph_replays
+        outs = llm.generate(prompts, PARAMS, use_tqdm=False)
+        return ([o.outputs[0].token_ids for o in outs],
+                llm.engine.executor.cudagraph_batch_sizes(),
+                counters.full_graph_replays - replays)
     finally:
         llm.shutdown()
 
@@ -46,9 +56,21 @@ def test_tp2_on_two_gpus_equals_tp1(arch, symm_mem, monkeypatch):
 @two_gpus
 @pytest.mark.parametrize("arch", ["llama_3layers", "qwen3_moe"])
 def test_pp2_on_two_gpus_equals_pp1(arch):
-    # CUDA graphs are off with two stages: one rank runs without them too
-    assert (_greedy(arch=arch, pipeline_parallel_size=2)
-            == _greedy(arch=arch, cudagraph_mode="none"))
+    assert _greedy(arch=arch, pipeline_parallel_size=2) == _greedy(arch=arch)
+
+
+@two_gpus
+@pytest.mark.parametrize("mode", ["full_and_piecewise", "piecewise", "full"])
+@pytest.mark.parametrize("parallel", ["tensor_parallel_size", "pipeline_parallel_size"])
+def test_cudagraphs_on_two_gpus_equal_one_rank(parallel, mode):
+    """Every rank captures the driver's graphs in lockstep (NCCL inside them); decode steps
+    replay full graphs (a stage's send and receive outside them), mixed steps piecewise ones
+    (two stages: a micro-batch each)."""
+    tokens, sizes, replays = _greedy_and_graphs(arch="llama_3layers", cudagraph_mode=mode,
+                                                **{parallel: 2})
+    assert tokens == _greedy(arch="llama_3layers", cudagraph_mode=mode)
+    if "full" in mode:
+        assert sizes and replays > 0
 
 
 def test_two_stages_on_one_gpu_are_refused():
@@ -56,11 +78,6 @@ def test_two_stages_on_one_gpu_are_refused():
         pytest.skip("more than one GPU is visible")
     with pytest.raises(ValueError, match="pipeline_parallel_size 2 needs 2 GPUs"):
         _greedy(pipeline_parallel_size=2)
-
-
-def test_cudagraphs_by_name_with_two_stages_are_refused():
-    with pytest.raises(ValueError, match="cudagraph_mode 'full'.*pipeline_parallel_size"):
-        _greedy(pipeline_parallel_size=2, cudagraph_mode="full")
 
 
 @two_gpus
