@@ -291,7 +291,8 @@ $py -m benchmarks.tp_executor --shape qwen3-0.6b --checkpoint-dir $CK --output-j
 elif [ "$CALL" = 27 ]; then  # one GPU (carry .whl): speculative decoding, every config
   mapfile -t a <<<"\
 $MK
-$py -m benchmarks.spec_decode --checkpoint-dir $CK --output-json $R/spec_decode_h200.json"
+$py -m benchmarks.spec_decode --checkpoint-dir $CK --configs off_peaked ngram_peaked draft_self off ngram draft_2layer --output-json $R/spec_decode_h200.json
+$py -m pytest -q -p no:cacheprovider tests/engine/test_spec_decode.py tests/engine/test_spec_eagle.py tests/engine/test_spec_medusa.py -k cuda"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 28 ]; then  # one GPU (carry .whl .peer): the paired decode benchmarks in both
   # orders, batch 1 against gpt-fast, the tuned user path
