@@ -28,9 +28,14 @@ def _full_slice(node: Node, src: torch.Tensor) -> bool:
     args = list(node.args[1:])
     dim, start, end, step = args + [0, None, None, 1][len(args):]
     dim = dim % src.dim()
+    # a symbolic bound (`x[:T]`) arrives as the node that computes it: compare its SymInt
+    if any(isinstance(b, Node) and "val" not in b.meta for b in (start, end)):
+        return False
+    start, end = (b.meta["val"] if isinstance(b, Node) else b for b in (start, end))
     start_ok = start is None or statically_known_true(start == 0)
     # sys.maxsize is how `x[a:]` spells "to the end"; it must not depend on a symbolic size
-    end_ok = end is None or end >= sys.maxsize or statically_known_true(end >= src.shape[dim])
+    end_ok = end is None or statically_known_true(end >= sys.maxsize) \
+        or statically_known_true(end >= src.shape[dim])
     return start_ok and end_ok and step == 1
 
 

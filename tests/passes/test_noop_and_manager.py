@@ -8,7 +8,7 @@ import torch
 
 from compiled_llm.models.layers import rms_norm
 from compiled_llm.passes import PassConfig, PassManager
-from tests.passes.helpers import capture_run
+from tests.passes.helpers import capture_run, compile_run
 
 
 def test_noop_elimination_removes_only_noops():
@@ -27,6 +27,19 @@ def test_noop_elimination_removes_only_noops():
     assert after["aten.slice"] == 1 and after["aten.clone"] == 0 and after["aten.cat"] == 0
     assert sum(before.values()) - sum(after.values()) == m.matches("NoOpEliminationPass")
     torch.testing.assert_close(out, fn(*args), rtol=0, atol=0)
+
+
+def test_noop_elimination_reads_symbolic_slice_bounds():
+    # buf[:T] with T dynamic: the slice's end is a node of the graph (a real slice: kept)
+    def fn(x, buf):
+        buf[:x.shape[0]].copy_(x)
+        return buf[:x.shape[0]] * 2
+
+    x, buf = torch.randn(6, 8), torch.zeros(32, 8)
+    out, _, _ = compile_run(fn, [x, buf], PassConfig())
+    torch.testing.assert_close(out, 2 * x)
+    torch.testing.assert_close(buf[:6], x)
+    assert not buf[6:].any()
 
 
 def test_config_key_is_stable_and_tracks_flags():
