@@ -32,6 +32,7 @@ def step_times(model_dir: str, dtype: str, pipeline: int, micro_batches: str | N
     batch = [{"prompt_token_ids": p} for p in prompts]
 
     def run(tokens: int) -> float:
+        """Seconds to generate `tokens` for every prompt."""
         params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
         start = time.perf_counter()
         llm.generate(batch, params, use_tqdm=False)
