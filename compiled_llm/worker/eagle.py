@@ -26,7 +26,7 @@ from compiled_llm.sample.uploads import upload
 from compiled_llm.speculative import SpeculativeConfig
 from compiled_llm.worker.draft_model import SHADOW_PARAMS, DraftModelProposer, check_room
 from compiled_llm.worker.loader import checkpoint_files, iter_tensors, load_hf_config
-from compiled_llm.worker.model_runner import ModelRunner
+from compiled_llm.worker.model_runner import ModelRunner, step_tokens
 
 _FIELD = "speculative_config.model"
 _REQUIRED = ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads",
@@ -151,11 +151,12 @@ class EagleProposer(DraftModelProposer):
         Proposer.__init__(self, cfg)  # not the draft model's: the head loads differently
         self.target = target
         head = self.load_head(target, getattr(args, "load_format", "auto"))
-        extra = target.max_num_seqs * (self.k + 1)
+        tokens = target.max_num_batched_tokens + target.max_num_seqs * (self.k + 1)
+        # sized before the runner compiles: the buffer's shape keys its compiled code
+        head.size_states(step_tokens(target.compile_cfg, target.max_num_seqs, tokens))
         self.runner = ModelRunner(head, target.device, target.dtype, target.cache_cfg,
                                   target.compile_cfg, target.max_model_len, target.attn_backend,
-                                  target.max_num_seqs, target.max_num_batched_tokens + extra)
-        head.size_states(self.runner.input_batch.max_tokens)
+                                  target.max_num_seqs, tokens)
         check_room(self.runner, num_blocks)
         self.runner.allocate_kv_cache(num_blocks)  # mirrored: the target's block ids
         self.runner.execute_dummy(1, 1)

@@ -134,10 +134,9 @@ class ModelRunner:
     def _make_input_batch(self, max_num_seqs: int, max_num_batched_tokens: int) -> InputBatch:
         """Sized for the largest step: the token budget (or a padded graph), the sequence cap,
         and the profiling run's requests of max_model_len tokens each."""
-        cfg = self.compile_cfg
-        graphs = max(cfg.cudagraph_batch_sizes or [0])
+        graphs = max(self.compile_cfg.cudagraph_batch_sizes or [0])
         seqs = max(max_num_seqs, graphs, -(-max_num_batched_tokens // self.max_model_len))
-        tokens = max(max_num_batched_tokens, seqs, cfg.piecewise_max_tokens)
+        tokens = step_tokens(self.compile_cfg, max_num_seqs, max_num_batched_tokens)
         return InputBatch(tokens, seqs, self.max_blocks_per_seq, self.cache_cfg.block_size,
                           self.device, self.dispatcher, self.model.config.vocab_size)
 
@@ -355,6 +354,13 @@ class ModelRunner:
             release()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def step_tokens(cfg: CompileConfig, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """The most tokens one forward runs (the step buffers' rows): the token budget, the
+    sequence cap, the largest full graph or the largest piecewise graph."""
+    graphs = max(cfg.cudagraph_batch_sizes or [0])
+    return max(max_num_batched_tokens, max_num_seqs, graphs, cfg.piecewise_max_tokens)
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
