@@ -1,17 +1,21 @@
 """The EAGLE-3 proposer: the published head checkpoint (fc.weight [H, 3H] over the target's
 hidden states at three layers, midlayer.* of one decoder layer over concat(embeds, hidden),
 norm.weight, lm_head.weight over draft_vocab_size ids with d2t, optional embed_tokens) run as
-the EAGLE-1 proposer runs its head. The target's states are read by forward pre-hooks on its
-layers, so the target must run eagerly (enforce_eager) until its compiled graphs return them."""
+the EAGLE-1 proposer runs its head. The target's states are written by taps on its layers
+inside its forward (aux_states.py), installed before it compiles, so eager, compiled and
+CUDA-graph targets all hand them over."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from compiled_llm.config import EngineArgs, SchedulerConfig
 from compiled_llm.models.config import DecoderConfig
 from compiled_llm.models.eagle import Eagle3LlamaForCausalLM
 from compiled_llm.sample.spec_decode.proposers import register_proposer
+from compiled_llm.speculative import speculative_config_of
+from compiled_llm.worker.aux_states import AuxHiddenStates, install_aux_taps
 from compiled_llm.worker.eagle import (
     _FIELD,
     EagleProposer,
@@ -19,7 +23,7 @@ from compiled_llm.worker.eagle import (
     read_config,
     read_tensors,
 )
-from compiled_llm.worker.model_runner import ModelRunner
+from compiled_llm.worker.model_runner import ModelRunner, step_tokens
 
 
 def aux_layer_ids(config: dict, num_layers: int) -> list[int]:
@@ -35,25 +39,21 @@ def aux_layer_ids(config: dict, num_layers: int) -> list[int]:
     return ids
 
 
-class AuxStates:
-    """Forward pre-hooks that keep the input hidden state (hidden + residual) of the target
-    layers in `ids` at each target forward; `states` concatenates them in ids order."""
-
-    def __init__(self, model: nn.Module, ids: list[int]) -> None:
-        self.ids, self.seen = ids, {}
-        layers = model.model.layers
-        self.handles = [layers[i].register_forward_pre_hook(self._hook(i))
-                        for i in sorted(set(ids))]
-
-    def _hook(self, layer_idx: int):
-        def keep(module: nn.Module, args: tuple) -> None:
-            hidden, residual = args[0], args[1]
-            self.seen[layer_idx] = hidden if residual is None else hidden + residual
-        return keep
-
-    def states(self, num_rows: int) -> torch.Tensor:
-        """[num_rows, len(ids) * hidden] of the latest target forward."""
-        return torch.cat([self.seen[i][:num_rows] for i in self.ids], dim=-1)
+def tap_target(args: EngineArgs, model: nn.Module, sched: SchedulerConfig, dtype: torch.dtype,
+               device: torch.device) -> AuxHiddenStates | None:
+    """When args ask for EAGLE-3: tap the target layers its head reads (ids from the head's
+    config.json) for forwards of the step buffers' size. Before the target compiles, so its
+    graphs (and the compile cache key) include the writes."""
+    cfg = speculative_config_of(args.speculative_config)
+    if cfg is None or cfg.method != "eagle3":
+        return None
+    try:
+        ids = aux_layer_ids(read_config(cfg.model, model.config),
+                            model.config.num_hidden_layers)
+    except ValueError:
+        return None  # load_eagle3 raises it again, after checks that name a better fix
+    rows = step_tokens(args.compile_config(), sched.max_num_seqs, sched.max_num_batched_tokens)
+    return install_aux_taps(model, ids, rows, dtype, device)
 
 
 def load_eagle3(model_dir: str, target: nn.Module, dtype: torch.dtype, device: torch.device,
@@ -113,14 +113,15 @@ class Eagle3Proposer(EagleProposer):
     target's aux states there, then the head feeds itself its pre-norm output."""
 
     def load_head(self, target: ModelRunner, load_format: str) -> Eagle3LlamaForCausalLM:
-        """The head, with the hooks that keep the target's aux states installed."""
-        if target.compile_cfg.mode != "none":
-            raise ValueError("speculative_config.method 'eagle3' runs with enforce_eager=True "
-                             "only so far: the target's hidden states at its middle layers "
-                             "are read by hooks that compiled graphs do not run")
+        """The head, reading the aux states that the target's taps (tap_target) write."""
         head, ids = load_eagle3(self.cfg.model, target.model, target.dtype, target.device,
                                 target.max_model_len, load_format)
-        self.head, self.aux = head, AuxStates(target.model, ids)
+        aux = getattr(target.model, "aux_hidden_states", None)
+        if aux is None or aux.ids != ids or aux.rows < target.input_batch.max_tokens:
+            raise RuntimeError("EAGLE-3: the target was built without taps for layers "
+                               f"{ids} of {target.input_batch.max_tokens} rows (tap_target "
+                               "runs before the target compiles)")
+        self.head, self.aux = head, aux
         return head
 
     def take_states(self, rows: dict[str, tuple[int, int]], hidden: torch.Tensor) -> None:

@@ -88,6 +88,10 @@ def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None) 
                        args.load_format, args.quantization, tp, stages,
                        args.enable_expert_parallel)
     lora = attach_lora(model, args, sched) if args.enable_lora else None
+    if args.speculative_config is not None:  # EAGLE-3 taps the target before it compiles
+        from compiled_llm.worker.eagle3 import tap_target
+
+        tap_target(args, model, sched, spec.dtype, spec.device)
     runner = ModelRunner(model, spec.device, spec.dtype, args.cache_config(),
                          args.compile_config(), sched.max_model_len,
                          args.attention_backend_for(spec.device.type), sched.max_num_seqs,

@@ -131,7 +131,12 @@ def test_eagle_sampled_output_follows_the_target_distribution(ckpt):
     # the repeat-last head's drafts are sometimes what the target draws: acceptance, the
     # recovered draw and the bonus draw all take part (small sample: see test_spec_decode)
     llm = _llm(ckpt, speculative_config=_spec(_eagle(ckpt, repeat="embed"), k=2))
-    prompt = random_prompts(1, 300, lo=6, hi=7, seed=3)[0]
+    check_target_distribution(llm, ckpt, random_prompts(1, 300, lo=6, hi=7, seed=3)[0])
+
+
+def check_target_distribution(llm, ckpt: Path, prompt: list[int]) -> None:
+    """200 continuations of prompt sampled at temperature 1, top-k 2, 3 tokens, against the
+    target's exact joint distribution; some drafts accepted, some not; the pool empty."""
     params = SamplingParams(temperature=1.0, top_k=2, max_tokens=3, ignore_eos=True)
     seen = [tuple(t) for t in _tokens(llm.generate([{"prompt_token_ids": prompt}] * 200,
                                                    params, use_tqdm=False))]
