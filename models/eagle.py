@@ -49,9 +49,16 @@ class EagleLlamaForCausalLM(nn.Module):
         self.target_hidden = torch.zeros(max_tokens, self.config.hidden_size,
                                          dtype=weight.dtype, device=weight.device)
 
+    def states(self, num_tokens: int) -> torch.Tensor:
+        """target_hidden[:num_tokens]; the check tells the tracer that the slice is whole, so
+        its length stays num_tokens (without it, a slice whose end may pass the buffer's gets
+        a data-dependent length under some torch versions)."""
+        torch._check(num_tokens <= self.target_hidden.shape[0])
+        return self.target_hidden[:num_tokens]
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] -> the head's hidden states [T, hidden] (pre-lm_head)."""
-        states = self.target_hidden[:input_ids.shape[0]]
+        states = self.states(input_ids.shape[0])
         hidden = self.fc(torch.cat((self.embed_tokens(input_ids), states), dim=-1))
         rope = self.rotary_emb(positions)
         residual = None
@@ -109,7 +116,7 @@ class Eagle3LlamaForCausalLM(EagleLlamaForCausalLM):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] -> the head's pre-norm hidden states [T, hidden]."""
-        states = self.target_hidden[:input_ids.shape[0]]
+        states = self.states(input_ids.shape[0])
         out, residual = self.midlayer(self.embed_tokens(input_ids), states,
                                       self.rotary_emb(positions))
         return out + residual
