@@ -21,10 +21,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class CUDAGraphKey:
     """Which captured graph runs a step: `mode` "full" (the whole model, pure decode) or
-    "piecewise" (each compiled piece, attention eager between), at a padded token count."""
+    "piecewise" (each compiled piece, attention eager between), at a padded token count. A
+    full graph with query_len q > 1 runs num_tokens / q sequences of exactly q tokens each
+    (speculative verification: k drafts + 1)."""
 
     mode: str
     num_tokens: int
+    query_len: int = 1
 
 
 @dataclass

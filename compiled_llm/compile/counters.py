@@ -23,6 +23,7 @@ class CompileCounters:
     cache_corrupt: int = 0
     snapshot_loads: int = 0  # warm starts that skipped Dynamo
     full_graph_replays: int = 0  # decode steps replayed as one whole-model CUDA graph
+    verify_graph_replays: int = 0  # of which speculative verify steps (k + 1 tokens a request)
     piecewise_steps: int = 0  # steps run through piecewise CUDA graphs
     pass_matches: dict[str, int] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)

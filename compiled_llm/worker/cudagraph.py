@@ -1,7 +1,8 @@
 """CUDA graphs, owned by the worker: the captured sizes, the dispatcher mapping a step to its
 graph key, and the one wrapper that captures and replays full and piecewise graphs. A full graph
-is the whole model for a padded pure-decode batch; piecewise graphs are the compiled pieces
-(attention eager between) for any batch padded to a captured token count; one pool per engine.
+is the whole model for a padded pure-decode batch (or a verify batch: k + 1 tokens for every
+sequence); piecewise graphs are the compiled pieces (attention eager between) for any batch
+padded to a captured token count; one pool per engine.
 """
 
 from __future__ import annotations
@@ -34,18 +35,27 @@ def piecewise_graph_sizes(max_tokens: int) -> list[int]:
 
 class CUDAGraphDispatcher:
     """Maps a step's (sequences, tokens, max query length) to the graph that runs it. Empty
-    until graphs are captured (then every step runs plainly)."""
+    until graphs are captured (then every step runs plainly). uniform_sizes are the sequence
+    counts with a full graph of uniform_query_len tokens per sequence (verify steps)."""
 
     def __init__(self) -> None:
         self.full_sizes: list[int] = []
         self.piecewise_sizes: list[int] = []
+        self.uniform_sizes: list[int] = []
+        self.uniform_query_len = 0
 
     def dispatch(self, num_seqs: int, num_tokens: int, max_query_len: int) -> CUDAGraphKey | None:
-        """A full graph for a pure-decode batch that fits one, else the smallest piecewise
-        size holding every token, else None."""
+        """A full graph for a pure-decode batch, or for one whose every sequence has
+        uniform_query_len tokens, that fits one; else the smallest piecewise size holding
+        every token, else None."""
         full = self.full_sizes
         if max_query_len == 1 and full and num_seqs <= full[-1]:
             return CUDAGraphKey(FULL, next(s for s in full if s >= num_seqs))
+        query_len, uniform = self.uniform_query_len, self.uniform_sizes
+        if (max_query_len == query_len and num_tokens == num_seqs * query_len and uniform
+                and num_seqs <= uniform[-1]):
+            seqs = next(s for s in uniform if s >= num_seqs)
+            return CUDAGraphKey(FULL, seqs * query_len, query_len)
         size = next((s for s in self.piecewise_sizes if s >= num_tokens), None)
         return None if size is None else CUDAGraphKey(PIECEWISE, size)
 
@@ -67,7 +77,7 @@ class CUDAGraphWrapper(nn.Module):
     def __init__(self, runnable, mode: str, pool) -> None:
         super().__init__()
         self.runnable, self.mode, self.pool = runnable, mode, pool
-        self.graphs: dict[int, _Captured] = {}
+        self.graphs: dict[tuple[int, int], _Captured] = {}  # (tokens, query_len)
 
     def forward(self, *args):
         """runnable(*args): plainly, or through the graph the forward context's key names."""
@@ -75,15 +85,17 @@ class CUDAGraphWrapper(nn.Module):
         key = None if ctx is None else ctx.cudagraph_key
         if key is None or key.mode != self.mode:
             return self.runnable(*args)
-        captured = self.graphs.get(key.num_tokens)
+        size = (key.num_tokens, key.query_len)
+        captured = self.graphs.get(size)
         if captured is None:
             if not ctx.capturing:
                 raise RuntimeError(f"no {self.mode} CUDA graph captured for {key.num_tokens} "
-                                   "tokens")
-            return self._capture(key.num_tokens, args)
+                                   f"tokens ({key.query_len} per sequence)")
+            return self._capture(size, args)
+        counters.verify_graph_replays += int(key.query_len > 1)
         return self._replay(captured, args)
 
-    def _capture(self, size: int, args):
+    def _capture(self, size: tuple[int, int], args):
         self.runnable(*args)  # warm-up outside the graph: lazy initialisation, autotuning
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()

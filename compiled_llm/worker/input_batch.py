@@ -139,7 +139,9 @@ class InputBatch:
         rows = np.empty(num_seqs, dtype=np.int64)
         entries = self.table.update(reqs, rows)
         padded_tokens = num_tokens if key is None else key.num_tokens
-        padded_seqs = key.num_tokens if key is not None and key.mode == FULL else num_seqs
+        full = key is not None and key.mode == FULL
+        pad_len = key.query_len if full else 1  # tokens of each padding sequence
+        padded_seqs = key.num_tokens // pad_len if full else num_seqs
         layout = Layout(padded_tokens, padded_seqs, len(sample), len(entries))
         self.check(layout)
         views = self.views(layout.tokens, layout.seqs)
@@ -147,7 +149,7 @@ class InputBatch:
         _fill_tokens(host, reqs, starts, counts, query_starts, rows, self.block_size,
                      self.table.host, pending)
         self._check_ids(host["ids"][:num_tokens], query_starts, pending)
-        _fill_seqs(host, query_starts, ends, rows, num_tokens)
+        _fill_seqs(host, query_starts, ends, rows, num_tokens, pad_len)
         self._fill_sample_and_entries(layout, query_starts[1:][sample], entries)
         max_seq_len = int(ends.max())
         self.send(layout, views, -(-max_seq_len // self.block_size))
@@ -192,24 +194,27 @@ class InputBatch:
             int64s[layout.entry_idx:layout.end64] = entries
             int32s[layout.entry_val:layout.end32] = self.table.host.reshape(-1)[entries]
 
-    def pad(self, size: int) -> None:
-        """Fill and send a step of `size` padding rows only (valid inputs for graph capture:
-        null slot, one token of context, the zero table row)."""
-        layout = Layout(size, size)
+    def pad(self, size: int, query_len: int = 1) -> None:
+        """Fill and send a step of `size` padding sequences of query_len tokens only (valid
+        inputs for graph capture: null slot, query_len tokens of context, the zero table
+        row)."""
+        layout = Layout(size * query_len, size)
         self.wait()
-        views = self.views(size, size)
+        views = self.views(layout.tokens, size)
         host = views.host(self)
         for name in ("ids", "pos", "slots"):
             host[name][:] = 0
         empty = np.zeros(0, dtype=np.int64)
-        _fill_seqs(host, np.zeros(1, dtype=np.int64), empty, empty, 0)
-        self.send(layout, views, 1)
+        _fill_seqs(host, np.zeros(1, dtype=np.int64), empty, empty, 0, query_len)
+        self.send(layout, views, -(-query_len // self.block_size))
 
-    def padded_inputs(self, size: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor,
-                                                              AttentionMetadata]:
-        """ids, positions and metadata over the views a full graph of `size` reads."""
-        views = self.views(size, size)
-        meta = attention_metadata(views, size, size, 1, max_len, self.block_size)
+    def padded_inputs(self, size: int, max_len: int, query_len: int = 1
+                      ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """ids, positions and metadata over the views a full graph of `size` sequences of
+        query_len tokens reads."""
+        views = self.views(size * query_len, size)
+        meta = attention_metadata(views, size * query_len, size, query_len, max_len,
+                                  self.block_size)
         return views.dev["ids"], views.dev["pos"], meta
 
     def release(self, finished: set[str], preempted: set[str] = frozenset()) -> None:
@@ -338,13 +343,14 @@ def _chunk_with_pending(req: Request, start: int, count: int) -> list[int]:
 
 
 def _fill_seqs(host: dict, query_starts: np.ndarray, ends: np.ndarray, rows: np.ndarray,
-               num_tokens: int) -> None:
-    """Per-sequence segments; padded sequences hold one token of context in the null row."""
+               num_tokens: int, pad_len: int = 1) -> None:
+    """Per-sequence segments; padded sequences hold pad_len tokens (all of their context) in
+    the null row."""
     num_seqs, padded_seqs = len(rows), len(host["rows"])
     host["query_start_loc"][:num_seqs + 1] = query_starts
-    host["query_start_loc"][num_seqs + 1:] = np.arange(num_tokens + 1,
-                                                       num_tokens + 1 + padded_seqs - num_seqs)
+    host["query_start_loc"][num_seqs + 1:] = num_tokens + pad_len * np.arange(
+        1, 1 + padded_seqs - num_seqs)
     host["seq_lens"][:num_seqs] = ends
-    host["seq_lens"][num_seqs:] = 1
+    host["seq_lens"][num_seqs:] = pad_len
     host["rows"][:num_seqs] = rows
     host["rows"][num_seqs:] = 0

@@ -7,7 +7,6 @@ for the rows that need them -> Sampler -> plain Python results for the scheduler
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -15,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from compiled_llm.attention.forward_context import CUDAGraphKey, ForwardContext, set_forward_context
+from compiled_llm.attention.forward_context import ForwardContext, set_forward_context
 from compiled_llm.attention.kv_quant import cache_dtype, is_fp8
 from compiled_llm.compile.counters import counters
 from compiled_llm.config import CacheConfig, CompileConfig
@@ -23,7 +22,6 @@ from compiled_llm.core.request import Request
 from compiled_llm.core.scheduler import SchedulerOutput
 from compiled_llm.sample.sampler import Sampler, compute_prompt_logprobs
 from compiled_llm.sample.uploads import upload
-from compiled_llm.sampling_params import SamplingParams
 from compiled_llm.worker.cudagraph import (
     FULL,
     PIECEWISE,
@@ -31,6 +29,12 @@ from compiled_llm.worker.cudagraph import (
     CUDAGraphWrapper,
     full_graph_sizes,
     piecewise_graph_sizes,
+)
+from compiled_llm.worker.graph_capture import (
+    capture_full,
+    capture_piecewise,
+    dummy_schedule,
+    verify_sizes,
 )
 from compiled_llm.worker.input_batch import InputBatch, StepInputs
 from compiled_llm.worker.kv_cache import allocate_caches, initial_scales
@@ -101,6 +105,7 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.input_batch = self._make_input_batch(max_num_seqs, max_num_batched_tokens)
         self.step_hook = None  # called with each step's inputs (tensor parallel: broadcast)
+        self.verify_query_len = 0  # k + 1 under speculative decoding: full verify graphs
 
     def set_max_model_len(self, max_model_len: int) -> None:
         """Settle the longest sequence once the KV cache is sized (the profiling run used an
@@ -299,42 +304,15 @@ class ModelRunner:
         CPU); the dispatcher hands the sizes out from then on."""
         piecewise, full = self.cudagraph_plan() if plan is None else plan
         if piecewise:
-            self.cudagraph_capture_seconds[PIECEWISE] = self._capture_piecewise(piecewise)
+            self.cudagraph_capture_seconds[PIECEWISE] = capture_piecewise(self, piecewise)
         if full:
-            self.cudagraph_capture_seconds[FULL] = self._capture_full(full)
+            self.cudagraph_capture_seconds[FULL] = capture_full(self, full)
+        verify = verify_sizes(full, self.verify_query_len, self.input_batch.max_tokens)
+        if self.verify_query_len > 1 and verify:
+            self.cudagraph_capture_seconds["verify"] = capture_full(self, verify,
+                                                                   self.verify_query_len)
         if self.cudagraph_capture_seconds:
             logger.info("CUDA graph capture: %s", self.cudagraph_capture_seconds)
-
-    def _capture_piecewise(self, sizes: list[int]) -> float:
-        start = time.perf_counter()
-        self.dispatcher.piecewise_sizes = sizes
-        for size in reversed(sizes):  # largest first: smaller graphs reuse its pool memory
-            sched = dummy_schedule(size, self.cache_cfg.block_size, size)
-            try:
-                self.run_forward(self.input_batch.prepare(sched), capturing=True)
-            finally:
-                self.release({r.request_id for r, _ in sched.scheduled})
-        torch.cuda.synchronize()
-        return time.perf_counter() - start
-
-    def _capture_full(self, sizes: list[int]) -> float:
-        start = time.perf_counter()
-        batch = self.input_batch
-        if sizes[-1] > min(batch.max_seqs, batch.max_tokens):
-            raise ValueError(f"cudagraph_batch_sizes go up to {sizes[-1]}; the step buffers "
-                             f"hold {batch.max_seqs} sequences")
-        batch.pad(sizes[-1])  # valid inputs for every size: all rows padding
-        torch.cuda.synchronize()
-        for size in reversed(sizes):
-            ids, positions, meta = batch.padded_inputs(size, self.max_model_len)
-            ctx = ForwardContext(meta, self.kv_caches, self.attn_backend,
-                                 cudagraph_key=CUDAGraphKey(FULL, size), capturing=True,
-                                 kv_scales=self.kv_scales)
-            with set_forward_context(ctx):
-                self.full_graph(ids, positions)
-        torch.cuda.synchronize()
-        self.dispatcher.full_sizes = sizes
-        return time.perf_counter() - start
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
@@ -346,7 +324,7 @@ class ModelRunner:
         release = getattr(self.forward_fn, "release", None)
         if self.full_graph is not None:
             self.full_graph.release()
-        self.dispatcher.full_sizes, self.dispatcher.piecewise_sizes = [], []
+        self.dispatcher = CUDAGraphDispatcher()  # no graph is handed out any more
         self.kv_caches, self.input_batch, self.full_graph = [], None, None
         self.forward_fn = self.model = self.graph_pool = None
         self.sampler.generators.clear()
@@ -378,16 +356,3 @@ def fill_pending(ids: torch.Tensor, prev: LaunchedStep | None) -> None:
         raise RuntimeError("a step has pending input tokens but no launched step samples them")
     src = prev.sampled.index_select(0, (~ids).clamp_(0, len(prev.sampled) - 1))
     ids.copy_(torch.where(ids < 0, src, ids))
-
-
-def dummy_schedule(num_tokens: int, block_size: int, max_len: int) -> SchedulerOutput:
-    """Requests of at most max_len tokens, num_tokens in all, whose K/V land in the null block
-    (warm-up, profiling and capture)."""
-    out = SchedulerOutput()
-    for i, start in enumerate(range(0, num_tokens, max_len)):
-        count = min(max_len, num_tokens - start)
-        req = Request(f"__warmup{i}__", [0] * count,
-                      SamplingParams(temperature=0.0, max_tokens=1))
-        req.block_ids = [0] * -(-count // block_size)
-        out.scheduled.append((req, count))
-    return out

@@ -15,6 +15,7 @@ import torch
 from compiled_llm.config import EngineArgs, SchedulerConfig
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.lora.manager import attach_lora
+from compiled_llm.speculative import speculative_config_of
 from compiled_llm.worker.kv_budget import budget_blocks
 from compiled_llm.worker.loader import load_model
 from compiled_llm.worker.model_runner import ModelRunner
@@ -97,6 +98,9 @@ def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None) 
                          args.attention_backend_for(spec.device.type), sched.max_num_seqs,
                          sched.max_num_batched_tokens, lora)
     wrap_stage_forward(runner)  # a pipeline stage receives its input and sends its output
+    spec_cfg = speculative_config_of(args.speculative_config)
+    if spec_cfg is not None:  # verify steps of k drafts + 1 token per request: full graphs too
+        runner.verify_query_len = spec_cfg.num_speculative_tokens + 1
     return runner
 
 

@@ -241,8 +241,9 @@ def test_engine_core_process(ckpt, prompts, baseline):
 @pytest.mark.parametrize("method, limit", [("ngram", None), ("ngram", 4),
                                            ("draft_model", None)])
 def test_cuda_graphs_greedy_equal(ckpt, prompts, method, limit):
-    """Compiled with CUDA graphs: greedy equals spec off, the verify steps (k+1 query tokens
-    per request) replay piecewise graphs; with disable_by_batch_size the full batch decodes
+    """Compiled with CUDA graphs: greedy equals spec off; verify steps where every request
+    has k drafts (k+1 query tokens each; always so with a draft model) replay full verify
+    graphs, the others piecewise graphs; with disable_by_batch_size the full batch decodes
     async first."""
     from compiled_llm.compile.counters import counters
 
@@ -257,9 +258,10 @@ def test_cuda_graphs_greedy_equal(ckpt, prompts, method, limit):
         {"prompt_lookup_max": 3, "prompt_lookup_min": 1, "disable_by_batch_size": limit})}
     with LLM(str(ckpt), dtype="float32", speculative_config=spec,
              engine_core_process=False) as llm:
-        before = counters.piecewise_steps
+        before, verify = counters.piecewise_steps, counters.verify_graph_replays
         assert _tokens(llm.generate(prompts, params, use_tqdm=False)) == baseline
-        assert counters.piecewise_steps > before
+        assert counters.piecewise_steps > before  # the prefills
+        assert method == "ngram" or counters.verify_graph_replays > verify
         stats = llm.engine.scheduler.spec_stats
         assert stats.num_accepted_tokens > 0
         assert method == "ngram" or stats.num_accepted_tokens == stats.num_draft_tokens

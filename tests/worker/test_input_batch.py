@@ -201,3 +201,53 @@ def test_piecewise_padding_pads_tokens_not_sequences():
     assert inputs.cudagraph_key == CUDAGraphKey(PIECEWISE, 8) and inputs.input_ids.shape[0] == 8
     assert inputs.input_ids[4:].tolist() == [0] * 4 and inputs.attn.num_actual_tokens == 4
     assert inputs.sample_rows.tolist() == [0, 3] and not inputs.all_rows_sample
+
+
+def verify_batch(b: int, query_len: int) -> SchedulerOutput:
+    """b requests each verifying query_len - 1 drafts (query_len new tokens)."""
+    out = decode_batch(b)
+    for i, (req, _) in enumerate(out.scheduled):
+        req.spec_token_ids = [5] * (query_len - 1)
+        blocks = -(-(req.num_computed_tokens + query_len) // BS)
+        req.block_ids = list(range(10 + 4 * i, 10 + 4 * i + blocks))
+    out.scheduled = [(req, query_len) for req, _ in out.scheduled]
+    return out
+
+
+def test_uniform_verify_batches_get_a_full_graph_of_padded_sequences():
+    dispatcher = CUDAGraphDispatcher()
+    dispatcher.full_sizes, dispatcher.piecewise_sizes = [1, 2, 4], [4, 8, 16]
+    dispatcher.uniform_sizes, dispatcher.uniform_query_len = [1, 2, 4], 3
+    bufs = InputBatch(32, 16, 8, BS, CPU, dispatcher)
+    inputs = bufs.prepare(verify_batch(3, 3))
+    assert inputs.cudagraph_key == CUDAGraphKey(FULL, 12, 3) and inputs.num_tokens == 9
+    views = bufs.views(12, 4)  # what the graph of 4 sequences x 3 tokens captured
+    assert views.dev["query_start_loc"].tolist() == [0, 3, 6, 9, 12]
+    assert views.dev["seq_lens"][3:].tolist() == [3] and not views.dev["slots"][9:].any()
+    assert inputs.input_ids.data_ptr() == views.dev["ids"].data_ptr()
+    # a batch whose queries differ in length, or longer than the graphs, runs piecewise
+    mixed = verify_batch(2, 3)
+    mixed.scheduled[1] = (mixed.scheduled[1][0], 2)
+    assert bufs.prepare(mixed).cudagraph_key == CUDAGraphKey(PIECEWISE, 8)
+    assert bufs.prepare(verify_batch(5, 3)).cudagraph_key == CUDAGraphKey(PIECEWISE, 16)
+    assert dispatcher.dispatch(2, 8, 4) == CUDAGraphKey(PIECEWISE, 8)  # another query length
+
+
+def test_padded_verify_sequences_leave_the_real_rows_attention_unchanged():
+    from compiled_llm.attention.reference import attention_forward
+    from compiled_llm.worker.input_batch import attention_metadata
+
+    dispatcher = CUDAGraphDispatcher()
+    dispatcher.full_sizes, dispatcher.uniform_sizes, dispatcher.uniform_query_len = [4], [4], 3
+    bufs = InputBatch(32, 16, 8, BS, CPU, dispatcher)
+    inputs = bufs.prepare(verify_batch(2, 3))
+    torch.manual_seed(0)
+    heads, dim, padded = 2, 8, 12
+    cache = torch.randn(2, 40, BS, heads, dim)
+    q, k, v = (torch.randn(padded, heads, dim) for _ in range(3))
+    cut = attention_forward(q, k, v, cache.clone(), inputs.attn, 0.3, 0)[:6]
+    # the whole padded batch, as the captured graph sees it
+    whole = attention_metadata(bufs.views(padded, 4), padded, 4, 3, 48, BS)
+    out = attention_forward(q, k, v, cache.clone(), whole, 0.3, 0)
+    torch.testing.assert_close(out[:6], cut)
+    assert torch.isfinite(out).all()
