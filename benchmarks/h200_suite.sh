@@ -40,7 +40,9 @@
 #                                         # transformers; alone: its checkpoint fills the disk),
 #                                         # then the mp executor against uni at TP=1
 #     bash benchmarks/h200_suite.sh 27    # speculative decoding, every config (Llama-3-8B)
-#     bash benchmarks/h200_suite.sh 28    # the small-M / QK-norm pairs in both orders, gpt-fast
+#     bash benchmarks/h200_suite.sh 28    # verify steps in full graphs: spec GPU tests, n-gram on
+#                                         # the quoting answer, the CUDA-graph and EAGLE tests
+#     bash benchmarks/h200_suite.sh 29    # the small-M / QK-norm pairs in both orders, gpt-fast
 #                                         # (carry .peer), the tuned user path
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
@@ -294,7 +296,15 @@ $MK
 $py -m benchmarks.spec_decode --checkpoint-dir $CK --configs off_peaked ngram_peaked draft_self off ngram draft_2layer --output-json $R/spec_decode_h200.json
 $py -m pytest -q -p no:cacheprovider tests/engine/test_spec_decode.py tests/engine/test_spec_eagle.py tests/engine/test_spec_medusa.py -k cuda"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 28 ]; then  # one GPU (carry .whl .peer): the paired decode benchmarks in both
+elif [ "$CALL" = 28 ]; then  # one GPU (carry .whl): verify steps in full CUDA graphs
+  T="$py -m pytest -q -p no:cacheprovider"
+  mapfile -t a <<<"\
+$T tests/engine/test_spec_decode.py -k cuda
+$MK
+$py -m benchmarks.spec_decode --checkpoint-dir $CK --configs off_peaked ngram_peaked --output-json $R/spec_verify_graphs_h200.json
+$T tests/engine/test_spec_eagle.py tests/engine/test_spec_eagle3.py tests/worker/test_cudagraphs_gpu.py -k 'cuda or graph'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 29 ]; then  # one GPU (carry .whl .peer): the paired decode benchmarks in both
   # orders, batch 1 against gpt-fast, the tuned user path
   U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl"
   mapfile -t a <<<"\
