@@ -29,7 +29,10 @@ class TappedRMSNorm(RMSNorm):
         out = super().forward(hidden, residual)
         # the norm's own sum, not a second add: the add + RMSNorm fusion still matches
         state = hidden if residual is None else out[1]
-        self.aux_states[:hidden.shape[0]].copy_(state)
+        # rows by index, not a slice [:T]: torch 2.11 gives the traced slice a length of its
+        # own that the copy cannot match to T (Inductor still writes the T rows in place)
+        rows = torch.arange(state.shape[0], device=state.device)
+        self.aux_states.index_copy_(0, rows, state)
         return out
 
 
