@@ -53,6 +53,7 @@ class StepInputs:
     has_pending: bool = False
     # requests of the schedule left out of this step, and why (their data cannot run)
     skipped: dict[str, str] = field(default_factory=dict)
+    calibrate_kv: bool = False  # the step that calibrates FP8 KV scales (every rank alike)
 
     @property
     def all_rows_sample(self) -> bool:

@@ -206,13 +206,13 @@ class ModelRunner:
                                    len(inputs.input_ids))
         if inputs.has_pending:
             fill_pending(inputs.input_ids, prev)
-        if self.step_hook is not None:
+        inputs.calibrate_kv = self.calibrate_kv and not dummy
+        if inputs.calibrate_kv:
+            self.calibrate_kv = False  # once: the scales stay fixed from here on
+        if self.step_hook is not None:  # (tensor parallel: followers calibrate on this step too)
             self.step_hook(inputs)
         self.step_timer.forward_start()
-        calibrate = self.calibrate_kv and not dummy
-        if calibrate:
-            self.calibrate_kv = False  # once: the scales stay fixed from here on
-        hidden = self.run_forward(inputs, calibrate=calibrate)
+        hidden = self.run_forward(inputs, calibrate=inputs.calibrate_kv)
         step = LaunchedStep(StepResult(skipped=inputs.skipped), inputs.sample_reqs, hidden,
                             inputs)
         if inputs.prompt_rows:

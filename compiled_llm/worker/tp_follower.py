@@ -33,7 +33,8 @@ STEP, STOP, BLOCKS, CAPTURE = 0, 1, 2, 3
 # header fields, in order
 FIELDS = ("kind", "padded", "slots", "seqs", "width", "num_tokens", "max_query_len",
           "max_seq_len", "samples", "prompt_calls", "prompt_rows", "num_blocks", "micro_batches",
-          "graph_mode", "graph_size", "max_model_len", "capture_piecewise", "capture_full")
+          "graph_mode", "graph_size", "max_model_len", "capture_piecewise", "capture_full",
+          "calibrate_kv")
 
 
 def _header(values: dict[str, int]) -> torch.Tensor:
@@ -93,7 +94,7 @@ def step_message(runner: ModelRunner, inputs: StepInputs) -> tuple[torch.Tensor,
         "num_blocks": runner.kv_caches[0].shape[1] if runner.kv_caches else 0,
         # a pipeline stage's micro-batches: every rank must cut the step alike
         "micro_batches": getattr(runner.forward_fn, "micro_batches", 1),
-        **graph_fields(inputs)})
+        "calibrate_kv": int(inputs.calibrate_kv), **graph_fields(inputs)})
     device = runner.device
     parts = [inputs.input_ids, inputs.positions, attn.slot_mapping, attn.query_start_loc,
              attn.seq_lens, attn.block_tables.reshape(-1),
@@ -184,7 +185,10 @@ def follow(tp: TPGroup, runner: ModelRunner) -> None:
         follow_graph(runner, sizes, inputs)
         if hasattr(runner.forward_fn, "micro_batches"):  # a pipeline stage: the driver's cut
             runner.forward_fn.micro_batches = sizes["micro_batches"]
-        hidden = runner.run_forward(inputs)
+        # FP8 KV scales the checkpoint lacks: each rank calibrates its own heads on the
+        # driver's calibrating step (that step runs without graphs on every rank)
+        runner.calibrate_kv = runner.calibrate_kv and not sizes["calibrate_kv"]
+        hidden = runner.run_forward(inputs, calibrate=bool(sizes["calibrate_kv"]))
         model = runner.model
         if getattr(model, "lm_head", None) is None:  # an earlier pipeline stage
             continue

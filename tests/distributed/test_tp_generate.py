@@ -68,3 +68,23 @@ def test_tp2_compiled_one_kv_head_fuses_allreduce_rms_norm(monkeypatch):
         assert counters.graph_breaks == 0
     finally:
         llm.shutdown()
+
+
+def test_tp2_fp8_kv_cache_calibrates_every_rank():
+    """FP8 KV scales the checkpoint lacks are calibrated on the first real step by every rank
+    for its own heads, so TP=2 gives TP=1's tokens and prompt logprobs."""
+    ckpt = make_checkpoint("llama")
+    params = SamplingParams(temperature=0.0, max_tokens=6, prompt_logprobs=1)
+    runs = []
+    for tp in (1, 2):
+        llm = LLM(str(ckpt), enforce_eager=True, tensor_parallel_size=tp,
+                  kv_cache_dtype="fp8", **BASE)
+        try:
+            runs.append(llm.generate(_prompts(), params, use_tqdm=False))
+        finally:
+            llm.shutdown()
+    for one, two in zip(*runs):
+        assert one.outputs[0].token_ids == two.outputs[0].token_ids
+        for a, b in zip(one.prompt_logprobs[1:], two.prompt_logprobs[1:]):
+            token = next(iter(a))
+            assert a[token].logprob == pytest.approx(b[token].logprob, abs=1e-3)
