@@ -7,6 +7,7 @@ graphs; afterwards it runs the engine's steps through the runner.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -99,7 +100,8 @@ def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None) 
                          sched.max_num_batched_tokens, lora)
     wrap_stage_forward(runner)  # a pipeline stage receives its input and sends its output
     spec_cfg = speculative_config_of(args.speculative_config)
-    if spec_cfg is not None:  # verify steps of k drafts + 1 token per request: full graphs too
+    # verify steps of k drafts + 1 token per request get full graphs too (=0: piecewise only)
+    if spec_cfg is not None and os.environ.get("COMPILED_LLM_VERIFY_GRAPHS", "1") != "0":
         runner.verify_query_len = spec_cfg.num_speculative_tokens + 1
     return runner
 
