@@ -24,7 +24,8 @@ class TappedRMSNorm(RMSNorm):
         # a buffer, so Dynamo lifts it as a graph input and keeps the write in the graph
         self.register_buffer("aux_states", states, persistent=False)
 
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """RMSNorm's result; the sum it forms (or hidden alone) is copied into aux_states."""
         out = super().forward(hidden, residual)
         # the norm's own sum, not a second add: the add + RMSNorm fusion still matches
