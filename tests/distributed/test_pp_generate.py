@@ -1,5 +1,5 @@
 """Pipeline parallelism over gloo in two processes: greedy tokens and prompt logprobs equal one
-rank's for Llama and a mixture-of-experts model, both of three layers (split 2 + 1); each stage
+rank's for every registered decoder architecture (Llama with three layers, split 2 + 1); each stage
 holds only its layers and their KV caches, the pool is the fewest blocks any stage holds, and
 a killed stage fails the requests with an error naming it."""
 
@@ -92,8 +92,12 @@ def test_killed_stage_fails_requests_with_a_clear_error(llama_pp2):
     llm.shutdown()  # this process may join one group at a time: the next test's
 
 
-def test_moe_pp2_equals_pp1():
-    ckpt = make_checkpoint("qwen3_moe")  # 3 layers, sparse and dense MLPs mixed
+# every other registered decoder architecture (llama above); qwen3_moe has 3 layers, sparse
+# and dense MLPs mixed, qwen3 ties its LM head to the embedding (both stages hold the table)
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mistral", "qwen2", "qwen3", "mixtral",
+                                  "qwen2_moe"])
+def test_pp2_equals_pp1(arch):
+    ckpt = make_checkpoint(arch)
     ref = _reference(ckpt)
     llm = LLM(str(ckpt), pipeline_parallel_size=2, **BASE)
     try:
