@@ -44,6 +44,8 @@
 #                                         # the quoting answer, the CUDA-graph and EAGLE tests
 #     bash benchmarks/h200_suite.sh 29    # the small-M / QK-norm pairs in both orders, gpt-fast
 #                                         # (carry .peer), the tuned user path
+#     bash benchmarks/h200_suite.sh 30    # serving's ITL tail: the default token budget against
+#                                         # --performance-mode interactivity, offline beside
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -315,6 +317,17 @@ $U --model $CK/qwen3-0.6b --label default
 $U --model $CK/qwen3-0.6b --label tuned --preset tuned
 $py -m benchmarks.small_m_gemm --checkpoint-dir $CK --shape qwen3-0.6b --batch-sizes 1 8 32 --rounds 2 --json $R/small_m_gemm_rounds_h200.json
 $py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --rounds 2 --json $R/qk_norm_rope_rounds_h200.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 30 ]; then  # one GPU (carry .whl): call 7's serving workload, the default
+  # against --performance-mode interactivity (2048-token steps: shorter steps where prefill
+  # chunks join the decodes), offline throughput beside
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" SIZES="--num-prompts 1024"
+  SERVE="$CLI bench serve --port 8100 $SIZES --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 4 --ready-check-timeout-sec 120 --result-dir $R --result-filename serve_default.json"
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$CLI bench throughput --model $Q $SIZES --input-len 512 --output-len 256 --output-json $R/throughput_default.json
+$CLI serve --model $Q --port 8100 --log-level warning & s=\$!; $SERVE; r=\$?; kill \$s; wait \$s; exit \$r
+$CLI serve --model $Q --port 8100 --log-level warning --performance-mode interactivity & s=\$!; ${SERVE/serve_default.json/serve_interactivity.json}; r=\$?; kill \$s; wait \$s; exit \$r"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 else
   run_streams "\
