@@ -16,7 +16,7 @@ from torch import nn
 
 from compiled_llm.attention.kernels import kernels_interpreted
 from compiled_llm.core.request import Request
-from compiled_llm.sample.gumbel import gumbel_sample
+from compiled_llm.sample.fused_topk import fused_rows, one_pass_sample
 from compiled_llm.sample.metadata import (
     SamplingMetadata,
     build_sampling_metadata,
@@ -239,13 +239,6 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     return probs.div_(noise).argmax(dim=-1)
 
 
-def one_pass_rows(meta: SamplingMetadata) -> bool:
-    """Whether every row samples from softmax(logits / T) as it is (or greedily): no top-k/p,
-    min-p or seeded generator, so gumbel_sample's one pass over the logits serves the batch."""
-    return (meta.temperature is not None and meta.top_k is None and meta.top_p is None
-            and meta.min_p is None and not meta.generators)
-
-
 class Sampler(nn.Module):
     """logits [B, V] + SamplingMetadata -> one sampled token per row (+ optional logprobs).
     `prepare` builds a step's metadata from its requests; the sampler keeps each request's
@@ -326,10 +319,10 @@ class Sampler(nn.Module):
             raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
         if meta.all_greedy and not meta.edits_logits:  # argmax reads logits as they are
             sampled = logits.argmax(dim=-1)
-        elif self.one_pass and one_pass_rows(meta):
+        elif self.one_pass and fused_rows(meta):  # no seeded row: Triton, no sort
             if meta.edits_logits:
                 logits = self.process_logits(logits.to(torch.float32, copy=True), meta)
-            sampled = gumbel_sample(logits, meta.temperature, self._next_noise_seed())
+            sampled = one_pass_sample(logits, meta, self._next_noise_seed())
         else:
             # Copy even when already float32 so the caller's logits are never edited in place.
             logits = logits.to(torch.float32, copy=True)

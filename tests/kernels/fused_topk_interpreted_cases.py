@@ -2,7 +2,8 @@
 under TRITON_INTERPRET=1 in a subprocess, and natively on a GPU when named on pytest's command
 line: its kept sets are the general path's masks (ties, top_k=1, tiny and full top_p, mixed
 rows, greedy rows), its draws follow softmax(masked logits / T) (a total-variation bound that a
-wrong cut or temperature fails), and masked ids are never drawn."""
+wrong cut or temperature fails), masked ids are never drawn, and the Sampler takes it for
+unseeded rows with top-k, top-p or min-p."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import pytest
 import torch
 
 from compiled_llm.attention.kernels import kernels_interpreted
+from compiled_llm.sample import fused_topk
 from compiled_llm.sample.fused_topk import fused_topk_sample
-from compiled_llm.sample.sampler import apply_min_p, apply_top_k_top_p
+from compiled_llm.sample.metadata import SamplingMetadata
+from compiled_llm.sample.sampler import Sampler, apply_min_p, apply_top_k_top_p, make_generator
 
 pytestmark = pytest.mark.skipif(not (kernels_interpreted() or torch.cuda.is_available()),
                                 reason="needs TRITON_INTERPRET=1 or CUDA")
@@ -129,3 +132,31 @@ def test_masked_ids_are_never_drawn():
     assert not banned.gather(1, tokens.unsqueeze(1)).any()
     expected = reference_kept(logits, temperature, top_k, top_p, min_p)
     assert torch.equal(kept & ~banned, expected & ~banned)
+
+
+def _meta(temperature, top_k=None, top_p=None, generators=None) -> SamplingMetadata:
+    return SamplingMetadata(
+        temperature=temperature.to(DEVICE), all_greedy=False,
+        top_k=None if top_k is None else top_k.to(DEVICE),
+        top_p=None if top_p is None else top_p.to(DEVICE), min_p=None,
+        generators=generators or {}, presence_penalty=None, frequency_penalty=None,
+        repetition_penalty=None, output_token_ids=[[] for _ in temperature],
+        banned_token_ids={}, logits_processors={}, max_num_logprobs=None)
+
+
+def test_sampler_takes_the_fused_kernel_for_unseeded_truncated_rows(monkeypatch):
+    calls = []
+    real = fused_topk.fused_topk_sample
+    monkeypatch.setattr(fused_topk, "fused_topk_sample",
+                        lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    sampler = Sampler(DEVICE, 16)
+    logits = tied_logits(3, 16, seed=4).to(DEVICE)
+    out = sampler(logits, _meta(torch.tensor([0.0, 1.0, 0.8]), top_k=torch.tensor([2, 1, 1])))
+    assert calls and out.sampled_token_ids.tolist() == logits.argmax(-1).tolist()
+    # a seeded row keeps the general path (its own generator's noise)
+    calls.clear()
+    sampler(logits, _meta(torch.ones(3), top_p=torch.full((3,), 0.5),
+                          generators={1: make_generator(5, DEVICE)}))
+    assert not calls
+    monkeypatch.setenv("COMPILED_LLM_ONE_PASS_SAMPLING", "0")
+    assert not Sampler(DEVICE, 16).one_pass

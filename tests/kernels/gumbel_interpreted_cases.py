@@ -88,6 +88,6 @@ def test_sampler_uses_one_pass_only_where_it_serves():
                                    {1: make_generator(5, DEVICE)}))
     alone = sampler(logits[1:2], _meta(torch.tensor([1.0]), {0: make_generator(5, DEVICE)}))
     assert seeded.sampled_token_ids[1].item() == alone.sampled_token_ids[0].item()
-    # top-k rows stay on the general path: only the top-1 id can come out
+    # top-k rows take the fused top-k kernel (fused_topk.py): only the top-1 id can come out
     top1 = sampler(logits, _meta(torch.ones(3), top_k=torch.ones(3, dtype=torch.int64)))
     assert top1.sampled_token_ids.tolist() == logits.argmax(-1).tolist()
