@@ -216,10 +216,13 @@ def fused_topk_sample(logits: torch.Tensor, temperature: torch.Tensor,
     return out
 
 
-def fused_rows(meta: SamplingMetadata) -> bool:
-    """Whether the one-pass kernels serve the batch: temperature rows (greedy ones too) with
-    any top-k, top-p or min-p, and no seeded generator (those keep their own noise)."""
-    return meta.temperature is not None and not meta.generators
+def fused_rows(meta: SamplingMetadata, with_cuts: bool) -> bool:
+    """Whether the one-pass kernels serve the batch: temperature rows (greedy ones too) and
+    no seeded generator (those keep their own noise); with top-k, top-p or min-p only when
+    with_cuts (the fused kernel is opt-in until it is timed on the GPU)."""
+    if meta.temperature is None or meta.generators:
+        return False
+    return with_cuts or (meta.top_k is None and meta.top_p is None and meta.min_p is None)
 
 
 def one_pass_sample(logits: torch.Tensor, meta: SamplingMetadata, seed: int) -> torch.Tensor:

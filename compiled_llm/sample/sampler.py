@@ -255,6 +255,8 @@ class Sampler(nn.Module):
         self._noise_seed: int | None = None
         self.one_pass = (self.device.type == "cuda" or kernels_interpreted()) and \
             os.environ.get("COMPILED_LLM_ONE_PASS_SAMPLING", "1") != "0"
+        # top-k/p and min-p rows in the fused kernel: opt-in until it is timed on the GPU
+        self.fused_cuts = os.environ.get("COMPILED_LLM_FUSED_TOPK_SAMPLING", "0") == "1"
 
     def prepare(self, reqs: list[Request]) -> SamplingMetadata:
         """The metadata of one step's sampling rows, in row order. A row whose own data
@@ -319,7 +321,7 @@ class Sampler(nn.Module):
             raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
         if meta.all_greedy and not meta.edits_logits:  # argmax reads logits as they are
             sampled = logits.argmax(dim=-1)
-        elif self.one_pass and fused_rows(meta):  # no seeded row: Triton, no sort
+        elif self.one_pass and fused_rows(meta, self.fused_cuts):  # Triton, no sort
             if meta.edits_logits:
                 logits = self.process_logits(logits.to(torch.float32, copy=True), meta)
             sampled = one_pass_sample(logits, meta, self._next_noise_seed())

@@ -149,8 +149,12 @@ def test_sampler_takes_the_fused_kernel_for_unseeded_truncated_rows(monkeypatch)
     real = fused_topk.fused_topk_sample
     monkeypatch.setattr(fused_topk, "fused_topk_sample",
                         lambda *args, **kw: calls.append(1) or real(*args, **kw))
-    sampler = Sampler(DEVICE, 16)
     logits = tied_logits(3, 16, seed=4).to(DEVICE)
+    # opt-in: by default truncated rows keep the general path
+    Sampler(DEVICE, 16)(logits, _meta(torch.ones(3), top_k=torch.tensor([2, 1, 1])))
+    assert not calls
+    monkeypatch.setenv("COMPILED_LLM_FUSED_TOPK_SAMPLING", "1")
+    sampler = Sampler(DEVICE, 16)
     out = sampler(logits, _meta(torch.tensor([0.0, 1.0, 0.8]), top_k=torch.tensor([2, 1, 1])))
     assert calls and out.sampled_token_ids.tolist() == logits.argmax(-1).tolist()
     # a seeded row keeps the general path (its own generator's noise)
