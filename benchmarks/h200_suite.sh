@@ -304,7 +304,8 @@ elif [ "$CALL" = 28 ]; then  # one GPU (carry .whl): verify steps in full CUDA g
 $T tests/engine/test_spec_decode.py -k cuda
 $MK
 $py -m benchmarks.spec_decode --checkpoint-dir $CK --configs off_peaked ngram_peaked --output-json $R/spec_verify_graphs_h200.json
-$T tests/engine/test_spec_eagle.py tests/engine/test_spec_eagle3.py tests/worker/test_cudagraphs_gpu.py -k 'cuda or graph'"
+$T tests/engine/test_spec_eagle.py tests/engine/test_spec_eagle3.py tests/worker/test_cudagraphs_gpu.py -k 'cuda or graph'
+$T tests/kernels/fused_topk_interpreted_cases.py tests/kernels/gumbel_interpreted_cases.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 29 ]; then  # one GPU (carry .whl .peer): the paired decode benchmarks in both
   # orders, batch 1 against gpt-fast, the tuned user path
