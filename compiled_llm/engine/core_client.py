@@ -23,6 +23,7 @@ import zmq
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.engine_output import EngineCoreOutput
 from compiled_llm.core.request import Request
+from compiled_llm.engine import core_prestart
 from compiled_llm.engine.core import CoreInfo, EngineStats
 from compiled_llm.engine.core_multi import HELLO, CoreEndpoint
 from compiled_llm.engine.core_proc import (
@@ -300,11 +301,8 @@ def start_core_process(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[
     pair: core_proc; more: core_multi); it reports ready (or why it failed) on each outbox.
     new_session: out of the caller's process group, so a terminal's Ctrl-C reaches only the
     caller, which stops it."""
-    # a fresh interpreter, not multiprocessing's spawn: that re-runs the caller's main
-    # module, which a script without a __main__ guard cannot survive
     module = "core_multi" if len(addresses) > 1 else "core_proc"
-    process = subprocess.Popen([sys.executable, "-m", f"compiled_llm.engine.{module}"],
-                               stdin=subprocess.PIPE, start_new_session=new_session)
+    process = core_prestart.take(module, new_session)  # started ahead, else a fresh one
     process.stdin.write(pickle.dumps((args, spec, eos_token_ids, addresses, os.getpid(),
                                       registered_models(), sys.path)))
     process.stdin.close()

@@ -183,7 +183,16 @@ def launch(run: Callable) -> None:
     """What a core process's main does first: logging, then the arguments pickled on stdin,
     the starter's sys.path and its models; then run(args, spec, eos ids, addresses, parent)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine-core %(message)s")
-    args, spec, eos, addresses, parent_pid, models, path = pickle.load(sys.stdin.buffer)
+    # what building the core imports, before waiting for the arguments: a core started ahead
+    # (core_prestart) imports it while its front end is still importing its own
+    import compiled_llm.compile  # noqa: F401
+    import compiled_llm.engine.core  # noqa: F401
+
+    try:
+        payload = pickle.load(sys.stdin.buffer)
+    except EOFError:  # started ahead, and its front end exited without taking it
+        return
+    args, spec, eos, addresses, parent_pid, models, path = payload
     sys.path[:] = path  # the front end's: its models' modules import here too
     _register_models(models)
     run(args, spec, eos, addresses, parent_pid)

@@ -60,12 +60,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_serve(ns: argparse.Namespace) -> int:
     """Build the engine and serve until interrupted."""
+    from compiled_llm.engine.core_prestart import discard
+
+    args, opts = engine_args(ns), dataclass_from(ServeArgs, ns)
+    _prestart_core(args, opts)  # first: its imports overlap the server stack's, below
+    try:
+        return _serve(ns, args, opts)
+    finally:
+        discard()  # a core started ahead that serving did not take (refused settings)
+
+
+def _serve(ns: argparse.Namespace, args, opts: ServeArgs) -> int:
     import logging
 
     from compiled_llm.entrypoints.server.app import serve
     from compiled_llm.entrypoints.server.lora_routes import runtime_updates_allowed
 
-    args, opts = engine_args(ns), dataclass_from(ServeArgs, ns)
     cfg = dataclass_from(ServerConfig, ns,
                          model_name=opts.served_model_name or args.model or "demo")
     logging.basicConfig(level=opts.log_level.upper(),
@@ -83,6 +93,23 @@ def run_serve(ns: argparse.Namespace) -> int:
         return serve_many(args, opts.host, opts.port, cfg, opts.log_level, count)
     serve(args, opts.host, opts.port, cfg, opts.log_level)
     return 0
+
+
+def _prestart_core(args, opts: ServeArgs) -> None:
+    """Start the engine core's interpreter that serving will most likely ask for (one core
+    process of one front end, or the core of several API servers) before anything heavy is
+    imported here. The guess costs no torch import; a wrong one only loses the head start."""
+    from compiled_llm.engine.core_prestart import prestart
+
+    if args.engine_core_process is False or args.runner == "pooling":
+        return  # the engine runs in this process
+    count = opts.api_server_count
+    if count is None:  # auto_api_server_count without importing torch to ask for CUDA
+        maybe_cuda = args.device.startswith("cuda") or (
+            args.device == "auto" and os.path.exists("/dev/nvidiactl"))
+        count = 4 if maybe_cuda and (os.cpu_count() or 1) >= 16 else 1
+    # as serve_many and CoreClient start theirs
+    prestart("core_multi" if count > 1 else "core_proc", new_session=count > 1)
 
 
 def auto_api_server_count(args) -> int:

@@ -1,0 +1,85 @@
+"""Start-up without needless work: the CLI and the core pre-start import nothing heavy, an
+engine core's interpreter started ahead is the one the engine takes and serves with, and one
+that no engine takes is ended (or, its front end gone, exits quietly by itself)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from compiled_llm import LLM, AsyncLLM, SamplingParams
+from compiled_llm.engine import core_prestart
+from compiled_llm.engine.core_client import CoreClient
+from tests.entrypoints.server.inprocess import engine_args
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "transformers", "fastapi", "uvicorn", "xgrammar", "triton")
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+def _imported_by(module: str) -> list[str]:
+    code = (f"import sys, {module}\n"
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    return ast.literal_eval(res.stdout)
+
+
+def test_the_cli_and_the_core_prestart_import_nothing_heavy():
+    # `compiled-llm serve` starts the core's interpreter before any of these is imported
+    assert _imported_by("compiled_llm.entrypoints.cli.main") == []
+    assert _imported_by("compiled_llm.engine.core_prestart") == []
+
+
+def test_the_engine_takes_the_prestarted_core_and_serves_with_it():
+    with LLM(**vars(engine_args())) as llm:
+        expected = llm.generate(["Hello there"], GREEDY, use_tqdm=False)[0].outputs[0]
+    core_prestart.prestart("core_proc")
+    [waiting] = core_prestart._waiting.values()
+    engine = AsyncLLM(engine_args())
+    try:
+        core = engine.engine.core
+        assert isinstance(core, CoreClient) and core.process is waiting
+        assert core_prestart._waiting == {}
+        got = engine.engine.tokenize("Hello there")  # the front end works as before
+        assert got[1]
+
+        async def run():
+            final = None
+            async for out in engine.generate("Hello there", GREEDY, "a"):
+                final = out
+            return final.outputs[0]
+
+        assert asyncio.run(run()).token_ids == expected.token_ids
+    finally:
+        engine.shutdown()
+    assert core.process.returncode == 0
+
+
+def test_a_wrongly_guessed_or_untaken_core_is_ended():
+    core_prestart.prestart("core_multi", new_session=True)
+    [guessed] = core_prestart._waiting.values()
+    taken = core_prestart.take("core_proc")  # not the guess: a fresh one, the guess ended
+    try:
+        assert taken is not guessed and guessed.returncode is not None
+        assert core_prestart._waiting == {}
+        core_prestart.prestart("core_proc")
+        [untaken] = core_prestart._waiting.values()
+        core_prestart.discard()
+        assert untaken.returncode is not None and core_prestart._waiting == {}
+    finally:
+        taken.kill()
+        taken.wait()
+
+
+def test_a_prestarted_core_whose_front_end_is_gone_exits_quietly():
+    process = subprocess.Popen([sys.executable, "-m", "compiled_llm.engine.core_proc"],
+                               stdin=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    process.stdin.close()  # what its end of the pipe reads once the front end has died
+    assert process.wait(120) == 0
+    assert b"Traceback" not in process.stderr.read()
