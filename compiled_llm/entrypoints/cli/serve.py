@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from compiled_llm.config import check_choices
+from compiled_llm.engine.core_prestart import discard, prestart
 from compiled_llm.entrypoints.cli.args import (
     HelpFormatter,
     add_dataclass_args,
@@ -60,8 +61,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_serve(ns: argparse.Namespace) -> int:
     """Build the engine and serve until interrupted."""
-    from compiled_llm.engine.core_prestart import discard
-
     args, opts = engine_args(ns), dataclass_from(ServeArgs, ns)
     _prestart_core(args, opts)  # first: its imports overlap the server stack's, below
     try:
@@ -81,6 +80,8 @@ def _serve(ns: argparse.Namespace, args, opts: ServeArgs) -> int:
     logging.basicConfig(level=opts.log_level.upper(),
                         format="%(levelname)s %(name)s: %(message)s")
     pooling = _runner(args) == "pooling"
+    if pooling:  # a pooling engine runs in this process: the core started ahead goes now
+        discard()
     # adapters loaded at run time are known to the API server that loaded them only
     one_server = pooling or (args.enable_lora and runtime_updates_allowed())
     count = opts.api_server_count or (1 if one_server else auto_api_server_count(args))
@@ -99,9 +100,7 @@ def _prestart_core(args, opts: ServeArgs) -> None:
     """Start the engine core's interpreter that serving will most likely ask for (one core
     process of one front end, or the core of several API servers) before anything heavy is
     imported here. The guess costs no torch import; a wrong one only loses the head start."""
-    from compiled_llm.engine.core_prestart import prestart
-
-    if args.engine_core_process is False or args.runner == "pooling":
+    if args.engine_core_process is False:
         return  # the engine runs in this process
     count = opts.api_server_count
     if count is None:  # auto_api_server_count without importing torch to ask for CUDA
