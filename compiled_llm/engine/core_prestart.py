@@ -1,10 +1,7 @@
-"""An engine core's interpreter started ahead of need. `compiled-llm serve` starts one first
-thing, so the core's imports (torch, Dynamo, Inductor, the model stack) run while the front end
-imports its own (the server stack, transformers) and loads its tokenizer; start_core_process
-then hands it its arguments on stdin instead of starting an interpreter. One that no engine
-takes is ended when the front end exits (or reads end-of-file on stdin, if the front end dies).
-
-Light on purpose (no torch): the CLI imports it before anything heavy."""
+"""An engine core's interpreter started ahead of need: `compiled-llm serve` starts one first, so
+the core's imports (torch, Dynamo, Inductor) overlap the front end's (server stack, transformers,
+tokenizer); start_core_process hands it its arguments on stdin. One no engine takes is ended
+at exit (or reads end-of-file if its front end dies). No torch here: the CLI imports this."""
 
 from __future__ import annotations
 
