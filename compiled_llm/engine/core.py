@@ -8,8 +8,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.async_scheduler import AsyncScheduler
@@ -18,59 +16,14 @@ from compiled_llm.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from compiled_llm.core.request import Request, RequestStatus
 from compiled_llm.core.scheduler import Scheduler, SchedulerOutput
 from compiled_llm.core.spec_scheduler import SpecScheduler
+from compiled_llm.engine.core_types import CoreInfo, EngineStats
 from compiled_llm.executor import make_executor
 from compiled_llm.speculative import speculative_config_of
 from compiled_llm.worker.model_runner import LaunchedStep, StepResult
+from compiled_llm.worker.spec import WorkerSpec
 from compiled_llm.worker.step_timer import StepStats, StepTimer
-from compiled_llm.worker.worker import WorkerSpec
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot of the engine's load (read by the server's metrics from any thread)."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    num_used_blocks: int = 0
-    num_blocks: int = 1
-    num_preemptions: int = 0
-    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache so far
-    prefix_cache_hits: int = 0  # of those, tokens served from it
-    # speculative decoding (vLLM's spec_decode counters): verify steps, drafts, accepted drafts
-    spec_num_drafts: int = 0
-    spec_num_draft_tokens: int = 0
-    spec_num_accepted_tokens: int = 0
-    spec_accepted_per_pos: tuple[int, ...] = ()  # accepted drafts by position in the draft
-
-    @property
-    def kv_usage(self) -> float:
-        """Fraction of the usable KV blocks (all but the null block) held by requests."""
-        return self.num_used_blocks / max(1, self.num_blocks - 1)
-
-
-@dataclass(frozen=True)
-class CoreInfo:
-    """What a core built at start-up, as its front end needs it (plain data: it crosses to
-    the front end's process as it is)."""
-
-    num_blocks: int  # KV blocks in the pool, the null block included
-    block_size: int
-    vocab_size: int
-    max_model_len: int  # as the worker settled it from the KV cache's size
-    model_config: Any
-    startup_seconds: dict[str, float]
-    cudagraph_batch_sizes: list[int]
-    cudagraph_capture_seconds: dict[str, float]
-
-    def check_fits(self, reqs: list[Request]) -> None:
-        """ValueError if a request's prompt can never fit the KV cache (the null block
-        aside), the check the scheduler makes, made before anything is queued."""
-        for req in reqs:
-            if -(-(req.num_prompt_tokens + 1) // self.block_size) > self.num_blocks - 1:
-                raise ValueError(f"prompt of {req.num_prompt_tokens} tokens can never fit the "
-                                 "KV cache")
 
 
 class EngineCore:
@@ -375,3 +328,25 @@ def _output_counts(sched: SchedulerOutput) -> dict[str, int]:
 
 def _scheduled_request(request_id: str, sched: SchedulerOutput) -> Request:
     return next(req for req, _ in sched.scheduled if req.request_id == request_id)
+
+
+class InProcCore(EngineCore):
+    """The engine core in the front end's process, offering what CoreClient offers."""
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by live requests."""
+        return self.kv.num_used_blocks
+
+    def step(self, timeout_s: float | None = None):
+        """Run one step now (timeout_s is for a core in another process; unused here)."""
+        return super().step()
+
+    def add_requests(self, reqs: list[Request]) -> None:
+        """Queue validated child requests."""
+        for req in reqs:
+            self.add_request(req)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block hash."""
+        self.kv.reset_prefix_cache()

@@ -24,7 +24,6 @@ from compiled_llm.config import EngineArgs
 from compiled_llm.core.engine_output import EngineCoreOutput
 from compiled_llm.core.request import Request
 from compiled_llm.engine import core_prestart
-from compiled_llm.engine.core import CoreInfo, EngineStats
 from compiled_llm.engine.core_multi import HELLO, CoreEndpoint
 from compiled_llm.engine.core_proc import (
     ABORT,
@@ -39,7 +38,8 @@ from compiled_llm.engine.core_proc import (
     pack,
     unpack,
 )
-from compiled_llm.worker.worker import WorkerSpec
+from compiled_llm.engine.core_types import CoreInfo, EngineStats
+from compiled_llm.worker.spec import WorkerSpec
 
 LIVENESS_POLL_MS = 200  # how often a waiting front end checks that the core is alive
 SHUTDOWN_WAIT_S = 10.0

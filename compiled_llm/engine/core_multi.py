@@ -36,7 +36,7 @@ from compiled_llm.engine.core_proc import (
     stats_wire,
     unpack,
 )
-from compiled_llm.worker.worker import WorkerSpec
+from compiled_llm.worker.spec import WorkerSpec
 
 logger = logging.getLogger(__name__)
 HELLO = "hello"  # front end -> core, its first message: its pid

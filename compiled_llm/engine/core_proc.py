@@ -17,7 +17,7 @@ import zmq
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.engine_output import EngineCoreOutput
-from compiled_llm.worker.worker import WorkerSpec
+from compiled_llm.worker.spec import WorkerSpec
 
 logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 1000  # how often an idle core checks that its parent is alive

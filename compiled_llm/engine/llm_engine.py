@@ -19,8 +19,7 @@ from transformers import AutoTokenizer
 
 from compiled_llm.config import EngineArgs, model_len_bounds
 from compiled_llm.core.kv_cache_manager import PrefixCacheStats
-from compiled_llm.core.request import Request
-from compiled_llm.engine.core import EngineCore, EngineStats
+from compiled_llm.engine.core_types import EngineStats
 from compiled_llm.engine.input_processor import InputProcessor, PromptType
 from compiled_llm.engine.startup import StartupClock, format_timeline
 from compiled_llm.output.output_processor import OutputProcessor, request_output
@@ -28,8 +27,8 @@ from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.output.request_state import RequestState
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
 from compiled_llm.worker.loader import load_hf_config, read_json, resolve_dtype
+from compiled_llm.worker.spec import WorkerSpec
 from compiled_llm.worker.step_timer import StepStats
-from compiled_llm.worker.worker import WorkerSpec
 
 if TYPE_CHECKING:
     from compiled_llm.engine.core_multi import CoreEndpoint
@@ -128,6 +127,10 @@ class LLMEngine:
             from compiled_llm.engine.core_client import CoreClient
 
             return CoreClient(args, spec, self.eos_token_ids, endpoint)
+        # imported here: a front end whose core runs in another process never needs the
+        # core's stack (the worker, the compiler, Dynamo: 1.7 s of imports on the CPU)
+        from compiled_llm.engine.core import InProcCore
+
         return InProcCore(args, spec)  # its grammars come from the input processor, below
 
     # ------------------------------------------------------------------ requests
@@ -271,25 +274,3 @@ class LLMEngine:
         """RuntimeError once the engine is shut down."""
         if self._shut_down:
             raise RuntimeError("engine is shut down: build a new one to generate again")
-
-
-class InProcCore(EngineCore):
-    """The engine core in the front end's process, offering what CoreClient offers."""
-
-    @property
-    def num_used_blocks(self) -> int:
-        """Blocks held by live requests."""
-        return self.kv.num_used_blocks
-
-    def step(self, timeout_s: float | None = None):
-        """Run one step now (timeout_s is for a core in another process; unused here)."""
-        return super().step()
-
-    def add_requests(self, reqs: list[Request]) -> None:
-        """Queue validated child requests."""
-        for req in reqs:
-            self.add_request(req)
-
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached block hash."""
-        self.kv.reset_prefix_cache()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from compiled_llm.engine.core import EngineStats
+from compiled_llm.engine.core_types import EngineStats
 
 
 @dataclass

@@ -9,11 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
 
 import torch
 
-from compiled_llm.config import EngineArgs, SchedulerConfig
+from compiled_llm.config import EngineArgs
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.lora.manager import attach_lora
 from compiled_llm.speculative import speculative_config_of
@@ -21,19 +20,10 @@ from compiled_llm.worker.kv_budget import budget_blocks
 from compiled_llm.worker.loader import load_model
 from compiled_llm.worker.model_runner import ModelRunner
 from compiled_llm.worker.pipeline_step import wrap_stage_forward
+from compiled_llm.worker.spec import WorkerSpec
 from compiled_llm.worker.tp_follower import StepBroadcaster
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class WorkerSpec:
-    """What a worker needs besides EngineArgs, resolved once by the engine."""
-
-    model_dir: str
-    dtype: torch.dtype
-    device: torch.device
-    scheduler: SchedulerConfig
 
 
 class Worker:

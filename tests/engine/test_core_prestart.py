@@ -1,6 +1,6 @@
-"""Start-up without needless work: the CLI and the core pre-start import nothing heavy, an
-engine core's interpreter started ahead is the one the engine takes and serves with, and one
-that no engine takes is ended (or, its front end gone, exits quietly by itself)."""
+"""Start-up without needless work: the CLI and the core pre-start import nothing heavy, a
+front end whose core runs elsewhere not the core's stack; a core started ahead is the one the
+engine serves with, and one no engine takes is ended (or exits quietly by itself)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ HEAVY = ("torch", "transformers", "fastapi", "uvicorn", "xgrammar", "triton")
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 
-def _imported_by(module: str) -> list[str]:
-    code = (f"import sys, {module}\n"
-            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))")
+def _loaded(imports: str, names: tuple[str, ...]) -> list[str]:
+    """Which of names (modules) a fresh interpreter holds after `import <imports>`."""
+    code = f"import sys, {imports}\nprint(sorted(set({names!r}) & set(sys.modules)))"
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert res.returncode == 0, res.stderr[-2000:]
@@ -32,8 +32,15 @@ def _imported_by(module: str) -> list[str]:
 
 def test_the_cli_and_the_core_prestart_import_nothing_heavy():
     # `compiled-llm serve` starts the core's interpreter before any of these is imported
-    assert _imported_by("compiled_llm.entrypoints.cli.main") == []
-    assert _imported_by("compiled_llm.engine.core_prestart") == []
+    assert _loaded("compiled_llm.entrypoints.cli.main", HEAVY) == []
+    assert _loaded("compiled_llm.engine.core_prestart", HEAVY) == []
+
+
+def test_a_front_end_of_a_process_core_does_not_import_the_core_stack():
+    front_end = "compiled_llm.entrypoints.server.app, compiled_llm.engine.core_client"
+    core_stack = ("torch._dynamo", "torch._inductor.compile_fx", "compiled_llm.compile",
+                  "compiled_llm.engine.core", "compiled_llm.worker.model_runner")
+    assert _loaded(front_end, core_stack) == []
 
 
 def test_the_engine_takes_the_prestarted_core_and_serves_with_it():
