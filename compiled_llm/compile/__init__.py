@@ -21,6 +21,7 @@ from compiled_llm.compat import allow_many_models, graph_break_count, mark_token
 from compiled_llm.compile.backend import BackendOptions, CompiledLLMBackend, model_factors
 from compiled_llm.compile.cache import ENV_DISABLE, CompileCache, cache_key, default_cache_root
 from compiled_llm.compile.counters import counters
+from compiled_llm.compile.isa_probe import wait_cpu_isa_probe
 from compiled_llm.compile.snapshot import snapshot_name
 from compiled_llm.config import CompileConfig
 
@@ -62,6 +63,7 @@ def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype,
                   piece_wrapper: PieceWrapper | None = None):
     """forward(input_ids, positions) compiled per cfg.mode, with T dynamic and no breaks.
     With the backend and a warm cache, the stored snapshot skips Dynamo altogether."""
+    wait_cpu_isa_probe()  # else Inductor would run the probe a second time, here
     allow_many_models()
     backend = ("inductor" if cfg.mode == "stock"
                else build_backend(model, cfg, dtype, piece_wrapper))

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from compiled_llm.compile.isa_probe import start_cpu_isa_probe
 from compiled_llm.config import EngineArgs
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.lora.manager import attach_lora
@@ -35,6 +36,8 @@ class Worker:
         sched = spec.scheduler
         start = time.perf_counter()
         baseline = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
+        if self.device.type == "cpu" and args.compile_config().mode != "none":
+            start_cpu_isa_probe()  # ~1.5 s of Inductor's, now beside the weights' load
         self.runner = build_runner(args, spec, tp)
         loaded = time.perf_counter()
         if tp is not None:  # the driver of a tensor-parallel group: followers mirror its steps
