@@ -1,6 +1,6 @@
 """Start-up without needless work: the CLI and the core pre-start import nothing heavy, a
-front end whose core runs elsewhere not the core's stack; a core started ahead is the one the
-engine serves with, and one no engine takes is ended (or exits quietly by itself)."""
+front end whose core runs elsewhere not the core's stack, nor a core the front end's; a core
+started ahead is the one the engine serves with, one no engine takes is ended."""
 
 from __future__ import annotations
 
@@ -41,6 +41,25 @@ def test_a_front_end_of_a_process_core_does_not_import_the_core_stack():
     core_stack = ("torch._dynamo", "torch._inductor.compile_fx", "compiled_llm.compile",
                   "compiled_llm.engine.core", "compiled_llm.worker.model_runner")
     assert _loaded(front_end, core_stack) == []
+
+
+def test_a_core_does_not_import_the_front_ends_stack():
+    # what a core process imports before its arguments come, then builds (an eager core)
+    args = engine_args()
+    build = ("compiled_llm.engine.core_proc, compiled_llm.compile, compiled_llm.engine.core\n"
+             "from compiled_llm.config import EngineArgs, model_len_bounds\n"
+             "from compiled_llm.engine.core_proc import build_core\n"
+             "from compiled_llm.worker.loader import load_hf_config\n"
+             "from compiled_llm.worker.spec import WorkerSpec\n"
+             "import torch\n"
+             f"args = EngineArgs(model={args.model!r}, enforce_eager=True, dtype='float32',\n"
+             "                  kv_cache_memory_bytes=16 << 20)\n"
+             "sched = args.scheduler_config(*model_len_bounds(load_hf_config(args.model)))\n"
+             "spec = WorkerSpec(args.model, torch.float32, torch.device('cpu'), sched)\n"
+             "build_core(args, spec, (0,)).shutdown()")
+    front_end = ("transformers", "fastapi", "uvicorn", "starlette", "prometheus_client",
+                 "xgrammar", "openai")
+    assert _loaded(build, front_end) == []
 
 
 def test_the_engine_takes_the_prestarted_core_and_serves_with_it():
