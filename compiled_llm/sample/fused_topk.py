@@ -1,15 +1,8 @@
-"""Temperature + top-k / top-p / min-p sampling without a sort (Triton), one program per row.
-
-The general path sorts (or topks) the float32 [B, V] logits and builds several full-size
-tensors. Here each row finds its cuts by sweeps over its own logits s = logits / T: the max
-(sweep 1), the top-k cut by a search over the float32 values' sortable integer keys (count of
-tokens at or above each of PIVOTS candidate keys per sweep), the softmax normaliser of what
-top-k and min-p keep, the top-p cut by the same search on the mass at or below each candidate,
-and a last Gumbel-max sweep over the kept tokens. Cuts are exact values of the row, so the
-kept set is {s >= cut} as apply_top_k_top_p defines it (ties with the cut kept, the top token
-always kept) and min-p keeps p >= min_p * p_max, as apply_min_p does. Greedy rows take the
-argmax. Rows with a seed of their own keep the general path (see `fused_rows`).
-"""
+"""Temperature + top-k / top-p / min-p sampling without a sort (Triton), one program per row:
+sweeps over s = logits / T find the max, the top-k and top-p cuts (a search over float32
+sortable keys) and the normaliser, then a Gumbel-max sweep draws among {s >= cut}, ties with
+the cut kept as apply_top_k_top_p / apply_min_p define them; greedy rows take the argmax.
+Seeded rows keep the general path (`fused_rows`); opt-in until timed on the GPU."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""The EAGLE-3 proposer: the published head checkpoint (fc.weight [H, 3H] over the target's
-hidden states at three layers, midlayer.* of one decoder layer over concat(embeds, hidden),
-norm.weight, lm_head.weight over draft_vocab_size ids with d2t, optional embed_tokens) run as
-the EAGLE-1 proposer runs its head. The target's states are written by taps on its layers
-inside its forward (aux_states.py), installed before it compiles, so eager, compiled and
-CUDA-graph targets all hand them over."""
+"""The EAGLE-3 proposer: the published head (fc.weight [H, 3H] over the target's states at three
+layers, midlayer.* over concat(embeds, hidden), norm, lm_head over draft_vocab_size ids with
+d2t) run as the EAGLE-1 proposer runs its head. The target's states are written by taps inside
+its forward (aux_states.py), installed before it compiles, so eager, compiled and CUDA-graph
+targets all hand them over."""
 
 from __future__ import annotations
 

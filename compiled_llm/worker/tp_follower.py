@@ -1,9 +1,8 @@
-"""Steps across ranks (tensor or pipeline parallel): rank 0 (the driver) runs the engine's steps
-and broadcasts each one's device inputs (a header of sizes over the host group, then one int64
-tensor of ids, positions, slots, sequence bounds, block table and logit rows). Followers run
-the same forward and LM-head calls (a stage without the head: none), so collectives meet; only
-the driver samples. At start-up the ranks agree on the KV pool (the fewest blocks any holds)
-and capture the driver's CUDA graphs together (worker/tp_graphs.py)."""
+"""Steps across ranks (tensor or pipeline parallel): the driver (rank 0) runs the engine's steps
+and broadcasts each one's inputs (a header of sizes, then one int64 tensor); followers run the
+same forward and LM-head calls so collectives meet, and only the driver samples. At start-up
+the ranks agree on the KV pool (the fewest blocks any holds) and capture the driver's CUDA
+graphs together (worker/tp_graphs.py)."""
 
 from __future__ import annotations
 
