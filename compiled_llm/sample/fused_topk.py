@@ -170,14 +170,18 @@ def _fused_topk_sample_kernel(
     top = _row_max(row_ptr, vocab, temperature, tl.where(greedy, 0, vocab), BLOCK)
     top = tl.where(greedy, 0.0, top)
     top_key = _sortable(top).to(tl.int64)
-    lo = tl.full([], NEG_INF_KEY, tl.int64)
-    cut = _top_k_cut(row_ptr, vocab, temperature, top, min_p, k, lo,
-                     tl.where(use_k, top_key + 1, lo + 1), BLOCK, PIVOTS)
-    total = _kept_total(row_ptr, vocab, temperature, top, min_p, cut,
-                        tl.where(use_p, vocab, 0), BLOCK)
-    tail = 1.0 - top_p  # as the general path rounds it
-    cut = _top_p_cut(row_ptr, vocab, temperature, top, min_p, cut, total, tail, cut - 1,
-                     tl.where(use_p, top_key, cut), BLOCK, PIVOTS)
+    cut = tl.full([], NEG_INF_KEY, tl.int64)
+    # absent cuts are left out at compile time: Triton 3.6 fails to compile the search loop
+    # once a constant k folds its counts away
+    if HAS_TOP_K:
+        cut = _top_k_cut(row_ptr, vocab, temperature, top, min_p, k, cut,
+                         tl.where(use_k, top_key + 1, cut + 1), BLOCK, PIVOTS)
+    if HAS_TOP_P:
+        total = _kept_total(row_ptr, vocab, temperature, top, min_p, cut,
+                            tl.where(use_p, vocab, 0), BLOCK)
+        tail = 1.0 - top_p  # as the general path rounds it
+        cut = _top_p_cut(row_ptr, vocab, temperature, top, min_p, cut, total, tail, cut - 1,
+                         tl.where(use_p, top_key, cut), BLOCK, PIVOTS)
     token = _draw(row_ptr, vocab, temperature, top, min_p, cut, greedy, seed, row * vocab,
                   kept_ptr + row.to(tl.int64) * vocab, BLOCK, STORE_KEPT)
     tl.store(out_ptr + row, token.to(tl.int64))

@@ -1,0 +1,54 @@
+"""Compiles the sampler's Triton kernels for the H200 (sm_90) on a machine without a GPU: every
+constexpr specialization the engine launches goes through Triton's whole pipeline (TTIR, TTGIR,
+LLVM, PTX, ptxas), which the interpreter skips. Under Triton 3.6 (the H200 image's) the kernel
+without top-k once failed in TTGIR; this runs under whichever Triton is installed.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+triton = pytest.importorskip("triton")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from compiled_llm.sample import fused_topk  # noqa: E402
+
+SM90 = GPUTarget("cuda", 90, 32)
+POINTERS = {"logits_ptr": "*fp32", "temperature_ptr": "*fp32", "top_k_ptr": "*i64",
+            "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "out_ptr": "*i64", "kept_ptr": "*i8",
+            "seed": "i32", "vocab": "i32", "stride_row": "i32"}
+
+
+def compile_fused_topk(has_top_k: bool, has_top_p: bool, has_min_p: bool, store_kept: bool):
+    """The fused top-k/top-p/min-p kernel as sm_90 machine code, for one specialization."""
+    constants = dict(STORE_KEPT=store_kept, HAS_TOP_K=has_top_k, HAS_TOP_P=has_top_p,
+                     HAS_MIN_P=has_min_p, EPS=1e-5, BLOCK=fused_topk.BLOCK,
+                     PIVOTS=fused_topk.PIVOTS)
+    # an absent parameter's pointer is the temperature's (fused_topk_sample passes it)
+    signature = dict(POINTERS, **{name: "constexpr" for name in constants})
+    if not has_top_k:
+        signature["top_k_ptr"] = "*fp32"
+    source = ASTSource(fused_topk._fused_topk_sample_kernel, signature, constants, {})
+    return triton.compile(source, target=SM90, options={"num_warps": 8})
+
+
+@pytest.mark.parametrize("has_top_k,has_top_p,has_min_p",
+                         list(itertools.product([True, False], repeat=3)))
+def test_fused_topk_compiles_for_sm90(has_top_k, has_top_p, has_min_p):
+    try:
+        kernel = compile_fused_topk(has_top_k, has_top_p, has_min_p, store_kept=False)
+    except (ImportError, KeyError) as err:  # a Triton build without the NVIDIA backend
+        pytest.skip(f"no sm_90 backend: {err}")
+    assert kernel.asm["cubin"]
+
+
+def test_fused_topk_with_kept_sets_compiles_for_sm90():
+    """The tests' specialization (STORE_KEPT) without top-k: the one that failed."""
+    try:
+        kernel = compile_fused_topk(False, True, True, store_kept=True)
+    except (ImportError, KeyError) as err:
+        pytest.skip(f"no sm_90 backend: {err}")
+    assert kernel.asm["cubin"]
