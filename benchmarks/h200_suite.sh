@@ -46,6 +46,8 @@
 #                                         # (carry .peer), the tuned user path
 #     bash benchmarks/h200_suite.sh 30    # serving's ITL tail: the default token budget against
 #                                         # --performance-mode interactivity, offline beside
+#     bash benchmarks/h200_suite.sh 31    # batch 1 against gpt-fast (carry .peer), default and
+#                                         # tuned user path, the fused top-k sampler, start-up
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -318,6 +320,21 @@ $U --model $CK/qwen3-0.6b --label default
 $U --model $CK/qwen3-0.6b --label tuned --preset tuned
 $py -m benchmarks.small_m_gemm --checkpoint-dir $CK --shape qwen3-0.6b --batch-sizes 1 8 32 --rounds 2 --json $R/small_m_gemm_rounds_h200.json
 $py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --rounds 2 --json $R/qk_norm_rope_rounds_h200.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 31 ]; then  # one GPU (carry .whl .peer): batch 1 against gpt-fast, the
+  # default and tuned user path, the fused top-k sampler alone and on the user path, start-up
+  U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl"
+  Q=$CK/qwen3-0.6b TP="--sampling '{\"top_p\": 0.95}'"
+  mapfile -t a <<<"\
+$MK
+$py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $Q --label default --workload decode nano-vllm
+$U --model $Q --label tuned --preset tuned
+$py -m benchmarks.sampler --json $R/sampler_h200.json
+$U --model $Q --label top_p_general $TP
+COMPILED_LLM_FUSED_TOPK_SAMPLING=1 $U --model $Q --label top_p_fused $TP
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 30 ]; then  # one GPU (carry .whl): call 7's serving workload, the default
   # against --performance-mode interactivity (2048-token steps: shorter steps where prefill
