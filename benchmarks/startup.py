@@ -39,10 +39,12 @@ def serve_first_token(model: str, cache: Path, inductor: Path, port: int) -> flo
     import httpx
 
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
+    log = cache.parent / "serve.log"
     started = time.perf_counter()
-    server = subprocess.Popen([*CLI, "serve", "--model", model, "--port", str(port),
-                               "--compile-cache-dir", str(cache)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with log.open("wb") as sink:
+        server = subprocess.Popen([*CLI, "serve", "--model", model, "--port", str(port),
+                                   "--compile-cache-dir", str(cache)], env=env,
+                                  stdout=sink, stderr=subprocess.STDOUT)
     body = {"model": model, "prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0.0}
     try:
         while True:
@@ -54,7 +56,8 @@ def serve_first_token(model: str, cache: Path, inductor: Path, port: int) -> flo
             except httpx.TransportError:
                 pass
             if server.poll() is not None:
-                raise RuntimeError(f"server exited with {server.returncode}")
+                tail = log.read_text(errors="replace")[-4000:]
+                raise RuntimeError(f"server exited with {server.returncode}; its log:\n{tail}")
             time.sleep(0.05)
     finally:
         server.terminate()

@@ -239,6 +239,11 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     return probs.div_(noise).argmax(dim=-1)
 
 
+def _min_p_only(meta: SamplingMetadata) -> bool:
+    """Whether min-p is the batch's only cut (no top-k, no top-p row)."""
+    return meta.top_k is None and meta.top_p is None
+
+
 class Sampler(nn.Module):
     """logits [B, V] + SamplingMetadata -> one sampled token per row (+ optional logprobs).
     `prepare` builds a step's metadata from its requests; the sampler keeps each request's
@@ -255,7 +260,9 @@ class Sampler(nn.Module):
         self._noise_seed: int | None = None
         self.one_pass = (self.device.type == "cuda" or kernels_interpreted()) and \
             os.environ.get("COMPILED_LLM_ONE_PASS_SAMPLING", "1") != "0"
-        # top-k/p and min-p rows in the fused kernel: opt-in until it is timed on the GPU
+        # top-k/p rows in the fused kernel: opt-in, as its pivot searches were 0.1-0.7x the
+        # sort at batch 1-256 on the H200; min-p alone (no search) goes there by default:
+        # 1.1-4.1x (benchmarks/sampler.py, docs/benchmarks.md)
         self.fused_cuts = os.environ.get("COMPILED_LLM_FUSED_TOPK_SAMPLING", "0") == "1"
 
     def prepare(self, reqs: list[Request]) -> SamplingMetadata:
@@ -321,7 +328,7 @@ class Sampler(nn.Module):
             raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
         if meta.all_greedy and not meta.edits_logits:  # argmax reads logits as they are
             sampled = logits.argmax(dim=-1)
-        elif self.one_pass and fused_rows(meta, self.fused_cuts):  # Triton, no sort
+        elif self.one_pass and fused_rows(meta, self.fused_cuts or _min_p_only(meta)):
             if meta.edits_logits:
                 logits = self.process_logits(logits.to(torch.float32, copy=True), meta)
             sampled = one_pass_sample(logits, meta, self._next_noise_seed())
