@@ -72,9 +72,6 @@ def run_serve(ns: argparse.Namespace) -> int:
 def _serve(ns: argparse.Namespace, args, opts: ServeArgs) -> int:
     import logging
 
-    from compiled_llm.entrypoints.server.app import serve
-    from compiled_llm.entrypoints.server.lora_routes import runtime_updates_allowed
-
     cfg = dataclass_from(ServerConfig, ns,
                          model_name=opts.served_model_name or args.model or "demo")
     logging.basicConfig(level=opts.log_level.upper(),
@@ -83,7 +80,7 @@ def _serve(ns: argparse.Namespace, args, opts: ServeArgs) -> int:
     if pooling:  # a pooling engine runs in this process: the core started ahead goes now
         discard()
     # adapters loaded at run time are known to the API server that loaded them only
-    one_server = pooling or (args.enable_lora and runtime_updates_allowed())
+    one_server = pooling or (args.enable_lora and _runtime_lora_updates())
     count = opts.api_server_count or (1 if one_server else auto_api_server_count(args))
     if count > 1 and one_server:
         raise ValueError("api_server_count > 1 serves generating models only, without runtime "
@@ -92,8 +89,18 @@ def _serve(ns: argparse.Namespace, args, opts: ServeArgs) -> int:
         from compiled_llm.entrypoints.server.api_servers import serve_many
 
         return serve_many(args, opts.host, opts.port, cfg, opts.log_level, count)
+    # the HTTP stack is imported only here: with several API servers the core's arguments
+    # go out first (the servers import it in their own processes)
+    from compiled_llm.entrypoints.server.app import serve
+
     serve(args, opts.host, opts.port, cfg, opts.log_level)
     return 0
+
+
+def _runtime_lora_updates() -> bool:
+    from compiled_llm.entrypoints.server.lora_routes import runtime_updates_allowed
+
+    return runtime_updates_allowed()
 
 
 def _prestart_core(args, opts: ServeArgs) -> None:

@@ -87,8 +87,11 @@ def serve_many(args: EngineArgs, host: str, port: int, cfg: ServerConfig, log_le
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir or
            os.environ["PROMETHEUS_MULTIPROC_DIR"]}
     try:
-        tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args)
-        spec, eos = core_spec(args, tokenizer)
+        # the core's arguments before the tokenizer's load: it is needed here only for EOS
+        # ids that neither generation_config.json nor config.json gives
+        spec, eos = core_spec(args, None)
+        if not eos and not args.skip_tokenizer_init:
+            spec, eos = core_spec(args, load_tokenizer(args))
         children.core = start_core_process(
             args, spec, eos, [client_addresses(children.ipc_dir, i) for i in range(count)],
             new_session=True)
