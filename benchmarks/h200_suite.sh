@@ -348,6 +348,7 @@ $py -m benchmarks.sampler --json $R/sampler_h200.json
 $CLI bench throughput --model $Q $SIZES --input-len 512 --output-len 256 --output-json $R/throughput_default.json
 $CLI serve --model $Q --port 8100 --log-level warning & s=\$!; $SERVE; r=\$?; kill \$s; wait \$s; exit \$r
 $CLI serve --model $Q --port 8100 --log-level warning --performance-mode interactivity & s=\$!; ${SERVE/serve_default.json/serve_interactivity.json}; r=\$?; kill \$s; wait \$s; exit \$r
+$py -X importtime -c 'import compiled_llm.engine.core, compiled_llm.compile' 2> $R/importtime_core.txt; sort -t'|' -k2 -n $R/importtime_core.txt | tail -25
 $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
