@@ -17,7 +17,9 @@ from compiled_llm.sampling_params import SAMPLING_EPS
 BLOCK = 512  # logits per step of a sweep
 PIVOTS = 16  # candidate cuts one search sweep tests: 2**32 keys in 8 sweeps
 NEG_INF_KEY = tl.constexpr(-2139095041)  # _sortable(-inf): the lowest key of a non-NaN float32
-MAX_KEY = tl.constexpr(2**31)  # above every int32 key
+# above every key (+inf's is 2139095040): keys and bounds stay int32, as the GPU compares,
+# takes min / max of 64-bit integers in several instructions each
+MAX_KEY = tl.constexpr(2147483647)
 
 
 @triton.jit
@@ -48,28 +50,40 @@ def _row_max(row_ptr, vocab, temperature, end, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _pivots(lo, hi, PIVOTS: tl.constexpr):
+    """PIVOTS int32 keys spread over [lo + 1, hi - 1], as a [PIVOTS, 1] column; hi - lo can
+    pass 2**31, so the spacing is worked out in int64 on these PIVOTS values only."""
+    steps = tl.arange(0, PIVOTS).to(tl.int64)
+    first = lo.to(tl.int64) + 1
+    return (first + (hi.to(tl.int64) - first) * steps // PIVOTS).to(tl.int32)[:, None]
+
+
+@triton.jit
 def _top_k_cut(row_ptr, vocab, temperature, top, min_p, k, lo, hi,
                BLOCK: tl.constexpr, PIVOTS: tl.constexpr):
     """The largest key with at least k min-p-kept tokens at or above it, searched in (lo, hi)
     where hi has fewer than k; lo when no key in between has k (no top-k cut)."""
     offs = tl.arange(0, BLOCK)
-    steps = tl.arange(0, PIVOTS).to(tl.int64)
-    while hi - lo > 1:
-        pivots = lo + 1 + (hi - lo - 1) * steps // PIVOTS  # in [lo + 1, hi - 1]
-        counts = tl.zeros([PIVOTS], tl.int32)
-        above = tl.full([PIVOTS], MAX_KEY, tl.int64)  # the least token key >= each pivot
-        below = tl.full([PIVOTS], NEG_INF_KEY, tl.int64)  # the greatest one < each pivot
+    while lo + 1 < hi:  # not hi - lo > 1: that int32 difference can overflow
+        pivots = _pivots(lo, hi, PIVOTS)
+        # [PIVOTS, BLOCK] partials, reduced once a sweep rather than once a tile; pivots on
+        # the first axis keep a column's pivots in one thread (its key computed once).
+        # float32 counts: one predicated add a pair (int32 ones compile to several), exact
+        # up to 2**24 tokens a row
+        counts = tl.zeros([PIVOTS, BLOCK], tl.float32)
+        above = tl.full([PIVOTS, BLOCK], MAX_KEY, tl.int32)  # least token key >= each pivot
+        below = tl.full([PIVOTS, BLOCK], NEG_INF_KEY, tl.int32)  # greatest one < each pivot
         for col0 in range(0, vocab, BLOCK):
             s = _scaled(row_ptr, col0 + offs, vocab, temperature)
-            key = tl.where(tl.exp(s - top) >= min_p, _sortable(s), NEG_INF_KEY).to(tl.int64)
-            over = key[:, None] >= pivots[None, :]
-            counts += tl.sum(over.to(tl.int32), 0)
-            above = tl.minimum(above, tl.min(tl.where(over, key[:, None], MAX_KEY), 0))
-            below = tl.maximum(below, tl.max(tl.where(over, NEG_INF_KEY, key[:, None]), 0))
-        enough = counts >= k
+            key = tl.where(tl.exp(s - top) >= min_p, _sortable(s), NEG_INF_KEY)[None, :]
+            over = key >= pivots
+            counts = tl.where(over, counts + 1.0, counts)
+            above = tl.where(over, tl.minimum(above, key), above)
+            below = tl.where(over, below, tl.maximum(below, key))
+        enough = tl.sum(counts, 1) >= k
         # counts only change at token keys: snap to them, so few distinct values end it early
-        lo = tl.maximum(lo, tl.max(tl.where(enough, above, lo), 0))
-        hi = tl.minimum(hi, tl.min(tl.where(enough, hi, below + 1), 0))
+        lo = tl.maximum(lo, tl.max(tl.where(enough, tl.min(above, 1), lo), 0))
+        hi = tl.minimum(hi, tl.min(tl.where(enough, hi, tl.max(below, 1) + 1), 0))
     return lo
 
 
@@ -77,7 +91,7 @@ def _top_k_cut(row_ptr, vocab, temperature, top, min_p, k, lo, hi,
 def _kept_exp(s, top, min_p, cut):
     """exp(s - max) of the tokens min-p and the cut keep, 0 for the others."""
     weight = tl.exp(s - top)
-    return tl.where((weight >= min_p) & (_sortable(s).to(tl.int64) >= cut), weight, 0.0)
+    return tl.where((weight >= min_p) & (_sortable(s) >= cut), weight, 0.0)
 
 
 @triton.jit
@@ -86,25 +100,26 @@ def _top_p_cut(row_ptr, vocab, temperature, top, min_p, cut, total, tail, lo, hi
     """The smallest key whose kept mass at or below it exceeds tail (= 1 - top_p), searched
     in (lo, hi] where lo's mass does not; hi when none in between does (the top token)."""
     offs = tl.arange(0, BLOCK)
-    steps = tl.arange(0, PIVOTS).to(tl.int64)
-    while hi - lo > 1:
-        pivots = lo + 1 + (hi - lo - 1) * steps // PIVOTS
-        mass = tl.zeros([PIVOTS], tl.float32)
-        at_or_below = tl.full([PIVOTS], NEG_INF_KEY, tl.int64)  # greatest kept key <= pivot
-        above = tl.full([PIVOTS], MAX_KEY, tl.int64)  # least kept key > pivot
+    while lo + 1 < hi:
+        pivots = _pivots(lo, hi, PIVOTS)
+        # per-column partials as in _top_k_cut (each then summed in one fixed order)
+        mass = tl.zeros([PIVOTS, BLOCK], tl.float32)
+        at_or_below = tl.full([PIVOTS, BLOCK], NEG_INF_KEY, tl.int32)  # greatest kept key <=
+        above = tl.full([PIVOTS, BLOCK], MAX_KEY, tl.int32)  # least kept key > each pivot
         for col0 in range(0, vocab, BLOCK):
             s = _scaled(row_ptr, col0 + offs, vocab, temperature)
             weight = _kept_exp(s, top, min_p, cut)
-            key = tl.where(weight > 0.0, _sortable(s), NEG_INF_KEY).to(tl.int64)[:, None]
-            below = _sortable(s).to(tl.int64)[:, None] <= pivots[None, :]
-            mass += tl.sum(tl.where(below, weight[:, None], 0.0), 0)
-            at_or_below = tl.maximum(at_or_below, tl.max(tl.where(below, key, NEG_INF_KEY), 0))
-            key = tl.where(key == NEG_INF_KEY, MAX_KEY, key)
-            above = tl.minimum(above, tl.min(tl.where(below, MAX_KEY, key), 0))
-        over = mass / total > tail
+            # dropped tokens take the lowest key: at or below every pivot (>= lo + 1 >= cut),
+            # they add weight 0 and the identity of the max and of the min
+            key = tl.where(weight > 0.0, _sortable(s), NEG_INF_KEY)[None, :]
+            below = key <= pivots
+            mass = tl.where(below, mass + weight[None, :], mass)
+            at_or_below = tl.where(below, tl.maximum(at_or_below, key), at_or_below)
+            above = tl.where(below, above, tl.minimum(above, key))
+        over = tl.sum(mass, 1) / total > tail
         # the mass only changes at kept keys: snap to them (few distinct values end it early)
-        hi = tl.minimum(hi, tl.min(tl.where(over, at_or_below, hi), 0))
-        lo = tl.maximum(lo, tl.max(tl.where(over, lo, above - 1), 0))
+        hi = tl.minimum(hi, tl.min(tl.where(over, tl.max(at_or_below, 1), hi), 0))
+        lo = tl.maximum(lo, tl.max(tl.where(over, lo, tl.min(above, 1) - 1), 0))
         lo = tl.minimum(lo, hi - 1)  # all the mass within tail (rounding): keep hi
     return hi
 
@@ -130,7 +145,7 @@ def _draw(row_ptr, vocab, temperature, top, min_p, cut, greedy, seed, counter0, 
     for col0 in range(0, vocab, BLOCK):
         cols = col0 + offs
         s = _scaled(row_ptr, cols, vocab, temperature)
-        keep = (tl.exp(s - top) >= min_p) & (_sortable(s).to(tl.int64) >= cut)
+        keep = (tl.exp(s - top) >= min_p) & (_sortable(s) >= cut)
         keep = tl.where(greedy, True, keep) & (cols < vocab)
         if STORE_KEPT:
             tl.store(kept_ptr + cols, keep.to(tl.int8), mask=cols < vocab)
@@ -169,19 +184,20 @@ def _fused_topk_sample_kernel(
     # greedy rows skip every sweep but the last (no cut: their max only has to be finite)
     top = _row_max(row_ptr, vocab, temperature, tl.where(greedy, 0, vocab), BLOCK)
     top = tl.where(greedy, 0.0, top)
-    top_key = _sortable(top).to(tl.int64)
-    cut = tl.full([], NEG_INF_KEY, tl.int64)
+    top_key = _sortable(top)
+    cut = tl.full([], NEG_INF_KEY, tl.int32)
     # absent cuts are left out at compile time: Triton 3.6 fails to compile the search loop
-    # once a constant k folds its counts away
+    # once a constant k folds its counts away. The searches step BLOCK // 2 logits: their
+    # [PIVOTS, step] partials then fit two programs an SM (<= 128 registers a thread)
     if HAS_TOP_K:
         cut = _top_k_cut(row_ptr, vocab, temperature, top, min_p, k, cut,
-                         tl.where(use_k, top_key + 1, cut + 1), BLOCK, PIVOTS)
+                         tl.where(use_k, top_key + 1, cut + 1), BLOCK // 2, PIVOTS)
     if HAS_TOP_P:
         total = _kept_total(row_ptr, vocab, temperature, top, min_p, cut,
                             tl.where(use_p, vocab, 0), BLOCK)
         tail = 1.0 - top_p  # as the general path rounds it
         cut = _top_p_cut(row_ptr, vocab, temperature, top, min_p, cut, total, tail, cut - 1,
-                         tl.where(use_p, top_key, cut), BLOCK, PIVOTS)
+                         tl.where(use_p, top_key, cut), BLOCK // 2, PIVOTS)
     token = _draw(row_ptr, vocab, temperature, top, min_p, cut, greedy, seed, row * vocab,
                   kept_ptr + row.to(tl.int64) * vocab, BLOCK, STORE_KEPT)
     tl.store(out_ptr + row, token.to(tl.int64))
