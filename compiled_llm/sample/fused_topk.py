@@ -2,7 +2,7 @@
 sweeps over s = logits / T find the max, the top-k and top-p cuts (a search over float32
 sortable keys) and the normaliser, then a Gumbel-max sweep draws among {s >= cut}, ties with
 the cut kept as apply_top_k_top_p / apply_min_p define them; greedy rows take the argmax.
-Seeded rows keep the general path (`fused_rows`); opt-in until timed on the GPU."""
+Seeded rows keep the general path (`fused_rows`); the Sampler uses it for min-p-only batches."""
 
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ def fused_topk_sample(logits: torch.Tensor, temperature: torch.Tensor,
 def fused_rows(meta: SamplingMetadata, with_cuts: bool) -> bool:
     """Whether the one-pass kernels serve the batch: temperature rows (greedy ones too) and
     no seeded generator (those keep their own noise); with top-k, top-p or min-p only when
-    with_cuts (the fused kernel is opt-in until it is timed on the GPU)."""
+    with_cuts (the Sampler's choice: min-p-only batches, or all with the opt-in flag)."""
     if meta.temperature is None or meta.generators:
         return False
     return with_cuts or (meta.top_k is None and meta.top_p is None and meta.min_p is None)

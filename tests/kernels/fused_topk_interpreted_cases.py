@@ -150,9 +150,15 @@ def test_sampler_takes_the_fused_kernel_for_unseeded_truncated_rows(monkeypatch)
     monkeypatch.setattr(fused_topk, "fused_topk_sample",
                         lambda *args, **kw: calls.append(1) or real(*args, **kw))
     logits = tied_logits(3, 16, seed=4).to(DEVICE)
-    # opt-in: by default truncated rows keep the general path
+    # opt-in: by default rows with top-k or top-p keep the general path
     Sampler(DEVICE, 16)(logits, _meta(torch.ones(3), top_k=torch.tensor([2, 1, 1])))
     assert not calls
+    # min-p as the only cut takes the kernel by default (no pivot search: it is the faster)
+    min_p_meta = _meta(torch.ones(3))
+    min_p_meta.min_p = torch.full((3,), 0.5, device=DEVICE)
+    Sampler(DEVICE, 16)(logits, min_p_meta)
+    assert calls
+    calls.clear()
     monkeypatch.setenv("COMPILED_LLM_FUSED_TOPK_SAMPLING", "1")
     sampler = Sampler(DEVICE, 16)
     out = sampler(logits, _meta(torch.tensor([0.0, 1.0, 0.8]), top_k=torch.tensor([2, 1, 1])))
