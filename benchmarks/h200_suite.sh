@@ -344,13 +344,15 @@ elif [ "$CALL" = 32 ]; then  # one GPU (carry .whl): the sampler alone, call 30'
   SERVE="$CLI bench serve --port 8100 $SIZES --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 4 --ready-check-timeout-sec 120 --result-dir $R --result-filename serve_default.json"
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$py -m pytest -q -p no:cacheprovider tests/kernels/fused_topk_interpreted_cases.py
 $py -m benchmarks.sampler --json $R/sampler_h200.json
 $CLI bench throughput --model $Q $SIZES --input-len 512 --output-len 256 --output-json $R/throughput_default.json
 $CLI serve --model $Q --port 8100 --log-level warning & s=\$!; $SERVE; r=\$?; kill \$s; wait \$s; exit \$r
 $CLI serve --model $Q --port 8100 --log-level warning --performance-mode interactivity & s=\$!; ${SERVE/serve_default.json/serve_interactivity.json}; r=\$?; kill \$s; wait \$s; exit \$r
 $py -X importtime -c 'import compiled_llm.engine.core, compiled_llm.compile' 2> $R/importtime_core.txt; sort -t'|' -k2 -n $R/importtime_core.txt | tail -25
 $MK
-$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json"
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json
+COMPILED_LLM_FUSED_TOPK_SAMPLING=1 $py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl --model $Q --label top_p_fused --sampling '{\"top_p\": 0.95}'"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 30 ]; then  # one GPU (carry .whl): call 7's serving workload, the default
   # against --performance-mode interactivity (2048-token steps: shorter steps where prefill
