@@ -50,7 +50,7 @@ def time_ms(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata, iter
 
 def run(vocab: int, batch_sizes: list[int], iters: int) -> list[dict]:
     general, fused = Sampler("cuda", vocab), Sampler("cuda", vocab)
-    general.fused_cuts, fused.fused_cuts = False, True
+    general.fused_cuts, fused.fused_cuts = "0", "1"  # never, always
     rows = []
     for batch in batch_sizes:
         logits = torch.randn(batch, vocab, device="cuda", dtype=torch.bfloat16) * 3

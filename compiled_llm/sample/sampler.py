@@ -16,7 +16,7 @@ from torch import nn
 
 from compiled_llm.attention.kernels import kernels_interpreted
 from compiled_llm.core.request import Request
-from compiled_llm.sample.fused_topk import fused_rows, one_pass_sample
+from compiled_llm.sample.fused_topk import fused_cuts_pay, fused_rows, one_pass_sample
 from compiled_llm.sample.metadata import (
     SamplingMetadata,
     build_sampling_metadata,
@@ -239,11 +239,6 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     return probs.div_(noise).argmax(dim=-1)
 
 
-def _min_p_only(meta: SamplingMetadata) -> bool:
-    """Whether min-p is the batch's only cut (no top-k, no top-p row)."""
-    return meta.top_k is None and meta.top_p is None
-
-
 class Sampler(nn.Module):
     """logits [B, V] + SamplingMetadata -> one sampled token per row (+ optional logprobs).
     `prepare` builds a step's metadata from its requests; the sampler keeps each request's
@@ -260,10 +255,9 @@ class Sampler(nn.Module):
         self._noise_seed: int | None = None
         self.one_pass = (self.device.type == "cuda" or kernels_interpreted()) and \
             os.environ.get("COMPILED_LLM_ONE_PASS_SAMPLING", "1") != "0"
-        # top-k/p rows in the fused kernel: opt-in, as its pivot searches were 0.1-0.7x the
-        # sort at batch 1-256 on the H200; min-p alone (no search) goes there by default:
-        # 1.1-4.1x (benchmarks/sampler.py, docs/benchmarks.md)
-        self.fused_cuts = os.environ.get("COMPILED_LLM_FUSED_TOPK_SAMPLING", "0") == "1"
+        # rows with cuts in the fused kernel: unset, where it measured faster (fused_cuts_pay);
+        # 1: always; 0: never (benchmarks/sampler.py, docs/benchmarks.md)
+        self.fused_cuts = os.environ.get("COMPILED_LLM_FUSED_TOPK_SAMPLING", "")
 
     def prepare(self, reqs: list[Request]) -> SamplingMetadata:
         """The metadata of one step's sampling rows, in row order. A row whose own data
@@ -328,7 +322,7 @@ class Sampler(nn.Module):
             raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
         if meta.all_greedy and not meta.edits_logits:  # argmax reads logits as they are
             sampled = logits.argmax(dim=-1)
-        elif self.one_pass and fused_rows(meta, self.fused_cuts or _min_p_only(meta)):
+        elif self.one_pass and fused_rows(meta, self._fused_cuts(meta, logits.shape[0])):
             if meta.edits_logits:
                 logits = self.process_logits(logits.to(torch.float32, copy=True), meta)
             sampled = one_pass_sample(logits, meta, self._next_noise_seed())
@@ -342,6 +336,11 @@ class Sampler(nn.Module):
         if raw_logprobs is not None:
             logprobs = gather_logprobs(raw_logprobs, sampled, meta.max_num_logprobs or 0)
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def _fused_cuts(self, meta: SamplingMetadata, rows: int) -> bool:
+        if self.fused_cuts in ("0", "1"):
+            return self.fused_cuts == "1"
+        return fused_cuts_pay(meta, rows)
 
     def _next_noise_seed(self) -> int:
         if self._noise_seed is None:

@@ -12,7 +12,7 @@ import torch
 
 from compiled_llm.attention.kernels import kernels_interpreted
 from compiled_llm.sample import fused_topk
-from compiled_llm.sample.fused_topk import fused_topk_sample
+from compiled_llm.sample.fused_topk import FUSED_TOP_P_MIN_ROWS, fused_topk_sample
 from compiled_llm.sample.metadata import SamplingMetadata
 from compiled_llm.sample.sampler import Sampler, apply_min_p, apply_top_k_top_p, make_generator
 
@@ -150,15 +150,21 @@ def test_sampler_takes_the_fused_kernel_for_unseeded_truncated_rows(monkeypatch)
     monkeypatch.setattr(fused_topk, "fused_topk_sample",
                         lambda *args, **kw: calls.append(1) or real(*args, **kw))
     logits = tied_logits(3, 16, seed=4).to(DEVICE)
-    # opt-in: by default rows with top-k or top-p keep the general path
+    # by default, where it measured faster: top-k alone, and top-p below 64 rows, keep the sort
     Sampler(DEVICE, 16)(logits, _meta(torch.ones(3), top_k=torch.tensor([2, 1, 1])))
+    Sampler(DEVICE, 16)(logits, _meta(torch.ones(3), top_p=torch.full((3,), 0.5)))
     assert not calls
-    # min-p as the only cut takes the kernel by default (no pivot search: it is the faster)
-    min_p_meta = _meta(torch.ones(3))
+    wide = tied_logits(FUSED_TOP_P_MIN_ROWS, 16, seed=5).to(DEVICE)
+    Sampler(DEVICE, 16)(wide, _meta(torch.ones(len(wide)), top_p=torch.full((len(wide),), 0.5)))
+    assert len(calls) == 1
+    min_p_meta = _meta(torch.ones(3))  # min-p as the only cut (no pivot search)
     min_p_meta.min_p = torch.full((3,), 0.5, device=DEVICE)
     Sampler(DEVICE, 16)(logits, min_p_meta)
-    assert calls
+    assert len(calls) == 2
     calls.clear()
+    monkeypatch.setenv("COMPILED_LLM_FUSED_TOPK_SAMPLING", "0")  # never
+    Sampler(DEVICE, 16)(logits, min_p_meta)
+    assert not calls
     monkeypatch.setenv("COMPILED_LLM_FUSED_TOPK_SAMPLING", "1")
     sampler = Sampler(DEVICE, 16)
     out = sampler(logits, _meta(torch.tensor([0.0, 1.0, 0.8]), top_k=torch.tensor([2, 1, 1])))
