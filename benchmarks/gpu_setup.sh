@@ -8,9 +8,12 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
 # The engine's own dependencies the device image lacks (the process core's ZMQ and msgpack,
-# xgrammar, xxhash): say so at once rather than in each benchmark's traceback. Fill .whl/ with
+# xgrammar, xxhash, the server's uvicorn and FastAPI): say so at once rather than in each
+# benchmark's traceback. Fill .whl/ with
 #   bash ../shared/gpu/fetch-wheels.sh pyzmq msgpack xgrammar==0.2.9 xxhash \
-#     apache-tvm-ffi==0.1.15.post2 pydantic pydantic-core annotated-types typing-inspection
+#     apache-tvm-ffi==0.1.15.post2 pydantic pydantic-core annotated-types typing-inspection \
+#     uvicorn fastapi starlette h11 click anyio sniffio annotated-doc prometheus-client
 # (and tiktoken sentencepiece regex requests for the gpt-fast peer), then carry .whl.
-python3 -c 'import zmq, msgpack, xgrammar, xxhash' 2>/dev/null \
-  || echo "gpu_setup.sh: pyzmq, msgpack, xgrammar or xxhash is missing: carry .whl (see this file)" >&2
+python3 -c 'import zmq, msgpack, xgrammar, xxhash, uvicorn, fastapi, prometheus_client' \
+  2>/dev/null || echo "gpu_setup.sh: a package the engine or server needs is missing:" \
+  "carry .whl (see this file)" >&2
