@@ -294,6 +294,12 @@ class EngineArgs(ParallelArgs, LoRAArgs):
     """Speculative decoding, as vLLM spells it: {"method": "ngram", "num_speculative_tokens": k,
     "prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"method": "draft_model" | "medusa" |
     "eagle" | "eagle3", "model": DIR, "num_speculative_tokens": k} (default: off)."""
+    generation_config: str = "auto"
+    """Where requests' default sampling parameters come from: auto (the model's
+    generation_config.json: temperature, top_k, top_p, min_p, repetition_penalty,
+    max_new_tokens), vllm (SamplingParams' own) or a directory holding a generation_config.json."""
+    override_generation_config: dict | None = None
+    """Default sampling parameters over the generation config's, e.g. {"temperature": 0.5}."""
     engine_core_process: bool | None = None
     """Run the engine core (scheduler, model, sampler) in a process of its own, so that
     tokenization, detokenization, output building and HTTP overlap it (default: on behind

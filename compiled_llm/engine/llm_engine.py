@@ -20,6 +20,7 @@ from transformers import AutoTokenizer
 from compiled_llm.config import EngineArgs, model_len_bounds
 from compiled_llm.core.kv_cache_manager import PrefixCacheStats
 from compiled_llm.engine.core_types import EngineStats
+from compiled_llm.engine.generation_defaults import generation_defaults, max_tokens_cap
 from compiled_llm.engine.input_processor import InputProcessor, PromptType
 from compiled_llm.engine.startup import StartupClock, format_timeline
 from compiled_llm.output.output_processor import OutputProcessor, request_output
@@ -96,6 +97,13 @@ class LLMEngine:
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args)
         spec, self.eos_token_ids = core_spec(args, self.tokenizer)
         self.device, self.dtype = spec.device, spec.dtype
+        # what a request leaves unset: the model's generation config (ValueError before the
+        # core is started when it is not usable)
+        self.sampling_defaults = generation_defaults(model_dir, args.generation_config,
+                                                     args.override_generation_config)
+        self.max_tokens_cap = max_tokens_cap(args.generation_config,
+                                             args.override_generation_config,
+                                             self.sampling_defaults)
         clock.mark("config")  # hf config, tokenizer, EOS ids
         self._core_process = core_process
         self.core = self._make_core(args, spec, core_process, core_endpoint)

@@ -139,6 +139,9 @@ class AsyncLLM:
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
         self.max_prompt_bytes = self.engine.inputs.max_prompt_bytes
+        # what requests leave unset, and the budget none may pass: the generation config's
+        self.sampling_defaults = self.engine.sampling_defaults
+        self.max_tokens_cap = self.engine.max_tokens_cap
         self._tokenizer_pool = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="tokenizer")  # one thread: a fast tokenizer is not reentrant
         self.observer = observer or RequestObserver()
@@ -192,7 +195,7 @@ class AsyncLLM:
         lora_request: the LoRARequest the prompt runs with (None: the base model)."""
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        params = (params or SamplingParams()).clone()
+        params = (params or SamplingParams(**self.sampling_defaults)).clone()
         user_kind = params.output_kind
         if user_kind == RequestOutputKind.CUMULATIVE:
             params.output_kind = RequestOutputKind.DELTA

@@ -55,6 +55,11 @@ class LLM(PoolingMixin):
         # a pooling engine keeps no load statistics: its snapshot is all zeros
         return engine_metrics(getattr(self.engine, "get_stats", EngineStats)())
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate and chat sample with when given no SamplingParams: the model's
+        generation-config defaults (EngineArgs.generation_config), else SamplingParams()."""
+        return SamplingParams(**getattr(self.engine, "sampling_defaults", {}))
+
     def get_tokenizer(self):
         """The engine's HF tokenizer (None with skip_tokenizer_init)."""
         return self.engine.tokenizer
@@ -72,6 +77,8 @@ class LLM(PoolingMixin):
         lora_request: one LoRARequest for every prompt, or one (or None) per prompt."""
         check_runner(self.runner_type, "generate", "generate")
         prompts = as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params = _final_only(_params_list(sampling_params, len(prompts)))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority: got {len(priority)} values for {len(prompts)} prompts")

@@ -49,15 +49,24 @@ def structured_spec(req: SamplingFields) -> StructuredOutputsParams | None:
 
 
 def output_budget(requested: int | None, prompt_len: int, max_model_len: int, *,
-                  prompt_param: str = "messages", budget_param: str = "max_tokens") -> int:
-    """max_tokens: the request's, checked to be >= 1 and to fit the context, else what the
-    context leaves; a 400 names prompt_param or budget_param, the field at fault."""
+                  prompt_param: str = "messages", budget_param: str = "max_tokens",
+                  default: int | None = None, cap: int | None = None) -> int:
+    """max_tokens: the request's, checked to be >= 1 and to fit the context, else the
+    default (the generation config's) within what the context leaves; never past cap. A 400
+    names prompt_param or budget_param, the field at fault."""
     if prompt_len >= max_model_len:
         raise OpenAIError(400, f"the prompt is {prompt_len} tokens; this model's maximum "
                           f"context length is {max_model_len} tokens", param=prompt_param,
                           code="context_length_exceeded")
     if requested is None:
-        return max_model_len - prompt_len
+        left = max_model_len - prompt_len
+        return min([left, *(limit for limit in (default, cap) if limit is not None)])
+    requested = _checked_budget(requested, prompt_len, max_model_len, budget_param)
+    return requested if cap is None else min(requested, cap)
+
+
+def _checked_budget(requested: int, prompt_len: int, max_model_len: int,
+                    budget_param: str) -> int:
     if requested < 1:
         raise OpenAIError(400, f"{budget_param} must be >= 1, got {requested}",
                           param=budget_param, code="invalid_value")
@@ -83,10 +92,12 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
 
 
 def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
-                    stream: bool, prompt_logprobs: int | None = None) -> SamplingParams:
+                    stream: bool, prompt_logprobs: int | None = None,
+                    defaults: dict | None = None) -> SamplingParams:
     """SamplingParams for req; ValueError (-> 400, naming the field) on bad values (the
     engine checks what needs the model: ids in the vocabulary, n and logprobs limits).
-    prompt_logprobs is the handler's default for the request's field of that name."""
+    prompt_logprobs is the handler's default for the request's field of that name; defaults
+    (the model's generation config) fill the sampling fields req leaves unset."""
     refuse_unsupported(req.model_extra, chat=isinstance(req, ChatCompletionRequest))
     if req.stream_options is not None and not req.stream:
         raise OpenAIError(400, "stream_options is only allowed with stream=true",
@@ -99,6 +110,8 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
     optional = {name: value for name, value in (
         ("temperature", req.temperature), ("top_p", req.top_p), ("top_k", req.top_k),
         ("min_p", req.min_p), ("repetition_penalty", req.repetition_penalty)) if value is not None}
+    # max_tokens: output_budget's (the default budget and cap come from there)
+    optional = {**{k: v for k, v in (defaults or {}).items() if k != "max_tokens"}, **optional}
     return SamplingParams(
         n=req.n, max_tokens=max_tokens, stop=req.stop, seed=req.seed, logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,

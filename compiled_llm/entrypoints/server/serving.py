@@ -30,6 +30,10 @@ class Serving:
         self.engine, self.cfg, self.metrics = engine, cfg, metrics
         self.model_name = cfg.model_name
         self.max_model_len = engine.max_model_len
+        # output_budget's default and cap: the model's generation config (none for pooling)
+        self.budget_limits = {"default": getattr(engine, "sampling_defaults", {}).get("max_tokens"),
+                              "cap": getattr(engine, "max_tokens_cap", None)}
+        self.sampling_defaults = getattr(engine, "sampling_defaults", {})
         self.tracer = request_tracer(cfg.otlp_traces_endpoint, cfg.model_name)
         self.loras = None  # the served LoRA adapters (lora_routes.ServedLoRAs), set by the app
 

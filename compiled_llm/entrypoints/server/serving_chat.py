@@ -55,9 +55,11 @@ class ServingChat(Serving):
         num_top = (req.top_logprobs or 0) if req.logprobs else None
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
-        budget = output_budget(requested, len(ids), self.max_model_len, budget_param=budget_param)
+        budget = output_budget(requested, len(ids), self.max_model_len, budget_param=budget_param,
+                               **self.budget_limits)
         reply = self.reply_format(plan, ids)
-        params = reply_params(sampling_params(req, budget, num_top, req.stream), reply,
+        params = reply_params(sampling_params(req, budget, num_top, req.stream,
+                                             defaults=self.sampling_defaults), reply,
                               self.engine.tokenizer, req.thinking_token_budget)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self.start(rid, ids, params, plan, self.check_model(req.model))

@@ -49,9 +49,11 @@ class ServingCompletion(Serving):
         prompts = await self._prompts(req.prompt, req.add_special_tokens)
         max_tokens = 1 if req.echo and req.max_tokens == 0 else req.max_tokens
         params = [sampling_params(req, output_budget(max_tokens, len(p), self.max_model_len,
-                                                     prompt_param="prompt"),
+                                                     prompt_param="prompt",
+                                                     **self.budget_limits),
                                   req.logprobs, req.stream,
-                                  prompt_logprobs=req.logprobs if req.echo else None)
+                                  prompt_logprobs=req.logprobs if req.echo else None,
+                                  defaults=self.sampling_defaults)
                   for p in prompts]
         rid, lora = f"cmpl-{uuid.uuid4().hex}", self.check_model(req.model)
         streams = []

@@ -82,14 +82,16 @@ class ServingResponses(Serving):
         ids = await self.encode_chat(messages(req, tool_names(plan)), True,
                                      req.chat_template_kwargs, plan.tools)
         budget = output_budget(req.max_output_tokens, len(ids), self.max_model_len,
-                               prompt_param="input", budget_param="max_output_tokens")
+                               prompt_param="input", budget_param="max_output_tokens",
+                               **self.budget_limits)
         wants_logprobs = LOGPROBS_INCLUDE in (req.include or ()) or req.top_logprobs is not None
         num_top = (req.top_logprobs or 0) if wants_logprobs else None
         reply = self.reply_format(plan, ids)
         rid = f"resp_{uuid.uuid4().hex}"
         with _responses_names():
             params = sampling_params(req.model_copy(update={"response_format": fmt}), budget,
-                                     num_top, req.stream)
+                                     num_top, req.stream,
+                                     defaults=self.sampling_defaults)
             params = reply_params(params, reply, self.engine.tokenizer,
                                   req.thinking_token_budget)
             stream = await self.start(rid, ids, params, plan, self.check_model(req.model))
