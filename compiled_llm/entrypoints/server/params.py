@@ -97,7 +97,8 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
     """SamplingParams for req; ValueError (-> 400, naming the field) on bad values (the
     engine checks what needs the model: ids in the vocabulary, n and logprobs limits).
     prompt_logprobs is the handler's default for the request's field of that name; defaults
-    (the model's generation config) fill the sampling fields req leaves unset."""
+    (the model's generation config, max_tokens aside) fill the sampling fields req leaves
+    unset."""
     refuse_unsupported(req.model_extra, chat=isinstance(req, ChatCompletionRequest))
     if req.stream_options is not None and not req.stream:
         raise OpenAIError(400, "stream_options is only allowed with stream=true",
@@ -110,8 +111,7 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
     optional = {name: value for name, value in (
         ("temperature", req.temperature), ("top_p", req.top_p), ("top_k", req.top_k),
         ("min_p", req.min_p), ("repetition_penalty", req.repetition_penalty)) if value is not None}
-    # max_tokens: output_budget's (the default budget and cap come from there)
-    optional = {**{k: v for k, v in (defaults or {}).items() if k != "max_tokens"}, **optional}
+    optional = {**(defaults or {}), **optional}
     return SamplingParams(
         n=req.n, max_tokens=max_tokens, stop=req.stop, seed=req.seed, logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,

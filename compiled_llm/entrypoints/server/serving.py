@@ -30,10 +30,11 @@ class Serving:
         self.engine, self.cfg, self.metrics = engine, cfg, metrics
         self.model_name = cfg.model_name
         self.max_model_len = engine.max_model_len
-        # output_budget's default and cap: the model's generation config (none for pooling)
-        self.budget_limits = {"default": getattr(engine, "sampling_defaults", {}).get("max_tokens"),
+        # the model's generation config (none for pooling): the sampling fields a request
+        # leaves unset, and output_budget's default and cap
+        self.sampling_defaults = dict(getattr(engine, "sampling_defaults", {}))
+        self.budget_limits = {"default": self.sampling_defaults.pop("max_tokens", None),
                               "cap": getattr(engine, "max_tokens_cap", None)}
-        self.sampling_defaults = getattr(engine, "sampling_defaults", {})
         self.tracer = request_tracer(cfg.otlp_traces_endpoint, cfg.model_name)
         self.loras = None  # the served LoRA adapters (lora_routes.ServedLoRAs), set by the app
 
