@@ -50,6 +50,8 @@
 #                                         # tuned user path, the fused top-k sampler, start-up
 #     bash benchmarks/h200_suite.sh 32    # the sampler alone, serving's ITL tail (default and
 #                                         # interactivity, offline beside), start-up
+#     bash benchmarks/h200_suite.sh 33    # call 30's serving runs, 8B start-up, a batch-1
+#                                         # decode profile (carry .whl)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -353,6 +355,19 @@ $py -X importtime -c 'import compiled_llm.engine.core, compiled_llm.compile' 2> 
 $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json
 COMPILED_LLM_FUSED_TOPK_SAMPLING=1 $py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl --model $Q --label top_p_fused --sampling '{\"top_p\": 0.95}'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 33 ]; then  # one GPU (carry .whl): call 30's serving runs (default and
+  # interactivity, offline beside), 8B start-up as whole processes, a batch-1 decode profile
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" SIZES="--num-prompts 1024"
+  SERVE="$CLI bench serve --port 8100 $SIZES --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 4 --ready-check-timeout-sec 120 --result-dir $R --result-filename serve_default.json"
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$CLI bench throughput --model $Q $SIZES --input-len 512 --output-len 256 --output-json $R/throughput_default.json
+$CLI serve --model $Q --port 8100 --log-level warning & s=\$!; $SERVE; r=\$?; kill \$s; wait \$s; exit \$r
+$CLI serve --model $Q --port 8100 --log-level warning --performance-mode interactivity & s=\$!; ${SERVE/serve_default.json/serve_interactivity.json}; r=\$?; kill \$s; wait \$s; exit \$r
+$MK
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json
+$py -m benchmarks.profile_steps --model $Q --workload decode --json $R/profile_decode_qwen3-0.6b.jsonl"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 30 ]; then  # one GPU (carry .whl): call 7's serving workload, the default
   # against --performance-mode interactivity (2048-token steps: shorter steps where prefill
