@@ -12,8 +12,15 @@ fi
 # benchmark's traceback. Fill .whl/ with
 #   bash ../shared/gpu/fetch-wheels.sh pyzmq msgpack xgrammar==0.2.9 xxhash \
 #     apache-tvm-ffi==0.1.15.post2 pydantic pydantic-core annotated-types typing-inspection \
-#     uvicorn fastapi starlette h11 click anyio sniffio annotated-doc prometheus-client
+#     uvicorn fastapi starlette h11 click anyio sniffio annotated-doc prometheus-client \
+#     opentelemetry-api typing-extensions httpx httpcore
 # (and tiktoken sentencepiece regex requests for the gpt-fast peer), then carry .whl.
-python3 -c 'import zmq, msgpack, xgrammar, xxhash, uvicorn, fastapi, prometheus_client' \
-  2>/dev/null || echo "gpu_setup.sh: a package the engine or server needs is missing:" \
-  "carry .whl (see this file)" >&2
+python3 - <<'CHECK' >&2
+import importlib
+for name in ("zmq", "msgpack", "xgrammar", "xxhash", "uvicorn", "fastapi", "prometheus_client",
+             "httpx"):
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # name the package and why, once, before any benchmark runs
+        print(f"gpu_setup.sh: cannot import {name} ({exc!r}): carry .whl (see this file)")
+CHECK

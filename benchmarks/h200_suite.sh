@@ -52,6 +52,7 @@
 #                                         # interactivity, offline beside), start-up
 #     bash benchmarks/h200_suite.sh 33    # call 30's serving runs, 8B start-up, a batch-1
 #                                         # decode profile (carry .whl)
+#     bash benchmarks/h200_suite.sh 34    # call 33 with the server's packages, the QK-norm pair
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -368,6 +369,19 @@ $CLI serve --model $Q --port 8100 --log-level warning --performance-mode interac
 $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --json $R/profile_decode_qwen3-0.6b.jsonl"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 34 ]; then  # one GPU (carry .whl): call 33 again with the server's packages
+  # complete, the batch-1 profile replaced by the QK-norm + RoPE + KV-write pair on Qwen3-0.6B
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" SIZES="--num-prompts 1024"
+  SERVE="$CLI bench serve --port 8100 $SIZES --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 4 --ready-check-timeout-sec 120 --result-dir $R --result-filename serve_default.json"
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$CLI bench throughput --model $Q $SIZES --input-len 512 --output-len 256 --output-json $R/throughput_default.json
+$CLI serve --model $Q --port 8100 --log-level warning & s=\$!; $SERVE; r=\$?; kill \$s; wait \$s; exit \$r
+$CLI serve --model $Q --port 8100 --log-level warning --performance-mode interactivity & s=\$!; ${SERVE/serve_default.json/serve_interactivity.json}; r=\$?; kill \$s; wait \$s; exit \$r
+$MK
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json
+$py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --rounds 2 --json $R/qk_norm_rope_qwen3-0.6b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 30 ]; then  # one GPU (carry .whl): call 7's serving workload, the default
   # against --performance-mode interactivity (2048-token steps: shorter steps where prefill
