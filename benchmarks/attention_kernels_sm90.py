@@ -27,7 +27,7 @@ from compiled_llm.attention.kernels.decode import _decode_reduce_kernel, _decode
 from compiled_llm.attention.kernels.prefill import _prefill_kernel
 from compiled_llm.attention.triton_backend import decode_config, prefill_config
 
-_INDEX_PTRS = {"qsl_ptr", "seq_lens_ptr", "table_ptr"}
+_INDEX_PTRS = {"qsl_ptr", "seq_lens_ptr", "table_ptr", "counter_ptr"}
 _FP32_PTRS = {"part_acc_ptr", "part_ml_ptr"}
 
 
@@ -84,10 +84,11 @@ def variants(head_dim: int, gqa: int):
         yield (f"prefill d{head_dim} g{gqa} window={window}", _prefill_kernel,
                dict(G=gqa, BLOCK_Q=bm // gqa, BLOCK_M=bm, BLOCK_N=pc.block_n, D=head_dim, BS=16,
                     HAS_WINDOW=window, PREC="tf32"), pc.num_warps, pc.num_stages)
-    for direct in (False, True):
-        yield (f"decode d{head_dim} g{gqa} direct={direct}", _decode_split_kernel,
+    for direct, merge in ((False, True), (False, False), (True, False)):
+        yield (f"decode d{head_dim} g{gqa} direct={direct} merge={merge}", _decode_split_kernel,
                dict(G=gqa, G_PAD=max(16, triton.next_power_of_2(gqa)), BLOCK_N=dc.block_n,
-                    D=head_dim, BS=16, HAS_WINDOW=False, DIRECT=direct, PREC="tf32"),
+                    D=head_dim, BS=16, HAS_WINDOW=False, DIRECT=direct, PREC="tf32",
+                    MERGE=merge, S_PAD=1 if direct else 32),
                dc.num_warps, dc.num_stages)
     yield (f"decode reduce d{head_dim}", _decode_reduce_kernel, dict(S_PAD=32, D=head_dim), 4, 1)
     yield (f"cache write d{head_dim}", _write_kv_kernel, dict(BS=16, H=8, H_PAD=8, D=head_dim),

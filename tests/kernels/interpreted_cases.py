@@ -21,6 +21,7 @@ from compiled_llm.attention.kernels import (
     prefill_attention,
     write_kv_cache,
 )
+from compiled_llm.attention.kernels import decode as decode_module
 from tests.kernels.batches import make_batch, pad_decode, reference, tolerance
 
 pytestmark = pytest.mark.skipif(not kernels_interpreted(), reason="needs TRITON_INTERPRET=1")
@@ -125,6 +126,25 @@ def test_decode_padded_sequences_write_zeros(num_splits):
     out = _decode(batch, -1, num_splits)
     _assert_close(out, ref, torch.float32, rows=2)
     assert torch.equal(out[2:], torch.zeros_like(out[2:]))
+
+
+@pytest.mark.parametrize("num_splits,window", [(None, -1), (3, -1), (8, -1), (4, 30)])
+def test_decode_merges_splits_in_one_launch(num_splits, window, monkeypatch):
+    # the last split of each (sequence, KV head) merges: no second kernel, the counters back at
+    # zero, a rerun alike, and the two-kernel merge's result bit for bit (5 tokens: empty splits)
+    batch = make_batch([1, 1, 1], [100, 5, 47], 8, 2, 32, seed=7)
+    ref, _ = reference(batch, SCALE, window)
+    counters = decode_module.merge_counters(batch.q.device)
+    monkeypatch.setattr(decode_module, "_decode_reduce_kernel", None)  # launching it would fail
+    first = _decode(batch, window, num_splits)
+    assert not counters.any()
+    assert torch.equal(_decode(batch, window, num_splits), first)
+    _assert_close(first, ref, torch.float32)
+    monkeypatch.undo()
+    too_narrow = torch.zeros(5, dtype=torch.int32)  # 3 sequences x 2 KV heads do not fit
+    monkeypatch.setattr(decode_module, "merge_counters", lambda device: too_narrow)
+    assert torch.equal(_decode(batch, window, num_splits), first)
+    assert not too_narrow.any()
 
 
 def test_num_splits_depend_on_shapes_only():

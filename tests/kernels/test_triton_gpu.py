@@ -161,3 +161,34 @@ def test_fp8_decode_in_a_cuda_graph():
                                kv_scales=scales)
     graph.replay()
     assert _rel_err(out[:6], ref[:6]) < 1.5e-2
+
+
+def test_decode_merges_in_one_launch(monkeypatch):
+    """The split path's last program merges (no second kernel): the two-kernel merge's bits, the
+    counters back at zero, and replays of a captured graph alike (short contexts: near-empty
+    splits arrive together)."""
+    from compiled_llm.attention.kernels import decode
+    from compiled_llm.attention.triton_backend import triton_attention
+
+    batch = make_batch([1] * 3, [9000, 5, 700], HQ, HKV, D, dtype=torch.bfloat16, device="cuda",
+                       seed=4)
+    ref, _ = reference(batch, SCALE, -1)
+    run = lambda: triton_attention(batch.q, batch.k, batch.v, batch.kv_cache,  # noqa: E731
+                                   batch.meta, SCALE, -1)
+    monkeypatch.setattr(decode, "_decode_reduce_kernel", None)  # launching it would fail
+    fused = run()
+    counters = decode.merge_counters(fused.device)
+    assert not counters.any()
+    assert _rel_err(fused, ref) < 1.5e-2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    mismatches = torch.zeros((), dtype=torch.int64, device="cuda")
+    for _ in range(200):
+        graph.replay()
+        mismatches += (out != fused).sum()
+    assert mismatches.item() == 0
+    assert not counters.any()
+    monkeypatch.undo()
+    monkeypatch.setattr(decode, "merge_counters", lambda device: None)
+    assert torch.equal(run(), fused)

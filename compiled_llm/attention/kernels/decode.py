@@ -1,8 +1,8 @@
-"""Split-K paged decode attention (flash-decoding) in two Triton kernels.
+"""Split-K paged decode attention (flash-decoding) in one Triton launch.
 
-Kernel 1: program (seq, KV head, split) attends that KV head's G query heads over one slice of
-the keys and writes a partial (max, sum, acc; FP8 scales folded in), or with one split the
-output; kernel 2 merges the splits. The grid depends on shapes only (CUDA-graph capturable).
+Program (seq, KV head, split) attends that KV head's G query heads over one slice of the keys
+and writes a partial (max, sum, acc; FP8 scales folded in); the last split to finish merges them
+(a per-device semaphore), or one split writes the output. Shape-only grid: CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -29,15 +29,76 @@ class DecodeConfig:
     max_splits: int = 32  # upper bound on KV splits per (sequence, KV head)
 
 
+COUNTER_SLOTS = 1 << 16  # (sequence, KV head) pairs one launch can merge in place
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def merge_counters(device: torch.device) -> torch.Tensor | None:
+    """The device's arrival counters of the in-launch merge: int32 [COUNTER_SLOTS], zero between
+    launches (each launch's last program resets its own). Made once, outside any CUDA-graph
+    capture (None while capturing before then: the caller merges in a second kernel instead).
+    Invariant: launches sharing the buffer run one after another (one stream at a time, as a
+    model's steps do); two decode launches overlapping on two streams would mix their counts."""
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # a buffer from the graph's pool would be zeroed only on replay
+        counters = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+        _COUNTERS[device] = counters
+    return counters
+
+
+@triton.jit
+def _merge_head(part_acc_ptr, part_ml_ptr, out_ptr, b, h, num_heads, num_splits, stride_ot,
+                stride_oh, S_PAD: tl.constexpr, D: tl.constexpr, CACHE: tl.constexpr):
+    """Query head h's output from its num_splits partials (CACHE: the loads' cache modifier)."""
+    offs_s = tl.arange(0, S_PAD)
+    offs_d = tl.arange(0, D)
+    s_ok = offs_s < num_splits
+    row = (b.to(tl.int64) * num_heads + h) * num_splits + offs_s  # [S_PAD]
+    m = tl.load(part_ml_ptr + row * 2, mask=s_ok, other=-1.0e30, cache_modifier=CACHE)
+    lsum = tl.load(part_ml_ptr + row * 2 + 1, mask=s_ok, other=0.0, cache_modifier=CACHE)
+    acc = tl.load(part_acc_ptr + row[:, None] * D + offs_d[None, :], mask=s_ok[:, None],
+                  other=0.0, cache_modifier=CACHE)
+    w = tl.exp2(m - tl.max(m, 0))  # empty splits carry m = -1e30 and l = 0: weight 0 or l = 0
+    total = tl.sum(w * lsum, 0)
+    o = tl.sum(w[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
+    o_offs = b.to(tl.int64) * stride_ot + h * stride_oh + offs_d
+    tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _last_split_merges(counter_ptr, part_acc_ptr, part_ml_ptr, out_ptr, b, kvh, num_splits,
+                       stride_ot, stride_oh, G: tl.constexpr, S_PAD: tl.constexpr,
+                       D: tl.constexpr):
+    """After this program's partials: count its arrival; the last of (b, kvh)'s splits merges
+    its G query heads and zeroes the counter for the next launch (or graph replay).
+
+    A CTA barrier (every thread's stores issued), then one thread's gpu-scope acq_rel add: its
+    release publishes the program's partials, the last arrival's acquire sees every split's. A
+    scalar atomic's result reaches all threads through shared memory: the branch is uniform."""
+    tl.debug_barrier()
+    slot = counter_ptr + (b * tl.num_programs(1) + kvh)
+    arrived = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu")
+    if arrived == num_splits - 1:
+        num_heads = tl.num_programs(1) * G
+        for g in range(G):  # .cg: read at L2, never a stale L1 line
+            _merge_head(part_acc_ptr, part_ml_ptr, out_ptr, b, kvh * G + g, num_heads,
+                        num_splits, stride_ot, stride_oh, S_PAD, D, ".cg")
+        tl.store(slot, 0)
+
+
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    scales_ptr, qk_scale, window, num_splits,
+    scales_ptr, counter_ptr, qk_scale, window, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
-    FP8: tl.constexpr = False,
+    FP8: tl.constexpr = False, MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
 ):
+    """DIRECT: one split writes the output. Otherwise partials; MERGE: the last of a (seq, KV
+    head)'s splits to arrive merges them (counter_ptr: zeroed int32 [>= B * Hkv])."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -81,6 +142,9 @@ def _decode_split_kernel(
         tl.store(part_acc_ptr + row[:, None] * D + offs_d[None, :], acc, mask=g_ok[:, None])
         tl.store(part_ml_ptr + row * 2, m_i, mask=g_ok)
         tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=g_ok)
+        if MERGE:
+            _last_split_merges(counter_ptr, part_acc_ptr, part_ml_ptr, out_ptr, b, kvh,
+                               num_splits, stride_ot, stride_oh, G, S_PAD, D)
 
 
 @triton.jit
@@ -88,20 +152,10 @@ def _decode_reduce_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, num_splits, stride_ot, stride_oh,
     S_PAD: tl.constexpr, D: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    offs_s = tl.arange(0, S_PAD)
-    offs_d = tl.arange(0, D)
-    s_ok = offs_s < num_splits
-    row = (b.to(tl.int64) * tl.num_programs(1) + h) * num_splits + offs_s  # [S_PAD]
-    m = tl.load(part_ml_ptr + row * 2, mask=s_ok, other=-1.0e30)
-    lsum = tl.load(part_ml_ptr + row * 2 + 1, mask=s_ok, other=0.0)
-    acc = tl.load(part_acc_ptr + row[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
-    w = tl.exp2(m - tl.max(m, 0))  # empty splits carry m = -1e30 and l = 0: weight 0 or l = 0
-    total = tl.sum(w * lsum, 0)
-    o = tl.sum(w[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
-    o_offs = b.to(tl.int64) * stride_ot + h * stride_oh + offs_d
-    tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty))
+    """The merge as a second kernel, program (seq, query head): launches too wide for the
+    counters (or the first one inside a CUDA-graph capture)."""
+    _merge_head(part_acc_ptr, part_ml_ptr, out_ptr, tl.program_id(0), tl.program_id(1),
+                tl.num_programs(1), num_splits, stride_ot, stride_oh, S_PAD, D, "")
 
 
 @functools.cache
@@ -141,6 +195,9 @@ def decode_attention(
         num_splits = choose_num_splits(num_seqs, num_kv_heads,
                                        block_tables.shape[1] * block_size, config, q.device)
     direct = num_splits == 1
+    counters = None if direct else merge_counters(q.device)
+    if counters is not None and num_seqs * num_kv_heads > counters.numel():
+        counters = None  # too wide for the counters: merge in a second kernel
     if direct:
         part_acc = part_ml = out  # unused
     else:
@@ -150,16 +207,18 @@ def decode_attention(
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
-        seq_lens if kv_scales is None else kv_scales, scale * LOG2E, sliding_window, num_splits,
+        seq_lens if kv_scales is None else kv_scales,
+        seq_lens if counters is None else counters, scale * LOG2E, sliding_window, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=group_size, G_PAD=max(16, triton.next_power_of_2(group_size)),
         BLOCK_N=config.block_n, D=head_dim,
         BS=block_size, HAS_WINDOW=sliding_window > 0, DIRECT=direct,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", FP8=kv_scales is not None,
+        MERGE=counters is not None, S_PAD=triton.next_power_of_2(num_splits),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    if not direct:
+    if not direct and counters is None:
         _decode_reduce_kernel[(num_seqs, num_q_heads)](
             part_acc, part_ml, out, num_splits, out.stride(0), out.stride(1),
             S_PAD=triton.next_power_of_2(num_splits), D=head_dim, num_warps=4,

@@ -1,0 +1,58 @@
+"""Compiles the split decode attention kernels for the H200 (sm_90) without a GPU, as
+test_sm90_compile does the sampler's: every specialization through TTGIR, PTX and ptxas, and the
+one-launch merge's PTX (a gpu-scope acq_rel arrival, partials read at L2) checked."""
+
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from compiled_llm.attention.kernels import decode  # noqa: E402
+
+SM90 = GPUTarget("cuda", 90, 32)
+
+
+def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool):
+    """The split decode kernel as sm_90 code: Qwen-like GQA 7, head_dim 128, bf16 queries."""
+    kv = "*fp8e4nv" if fp8 else "*bf16"
+    signature = dict(q_ptr="*bf16", k_cache_ptr=kv, v_cache_ptr=kv, table_ptr="*i32",
+                     seq_lens_ptr="*i32", out_ptr="*bf16", part_acc_ptr="*fp32",
+                     part_ml_ptr="*fp32", scales_ptr="*fp32" if fp8 else "*i32",
+                     counter_ptr="*i32", qk_scale="fp32", window="i32", num_splits="i32",
+                     **{f"stride_{s}": "i32" for s in ("qt", "qh", "ot", "oh", "cb", "cs", "ch",
+                                                       "tb")})
+    constants = dict(G=7, G_PAD=16, BLOCK_N=64, D=128, BS=16, HAS_WINDOW=window, DIRECT=direct,
+                     PREC="tf32", FP8=fp8, MERGE=merge, S_PAD=1 if direct else 32)
+    signature.update({name: "constexpr" for name in constants})
+    source = ASTSource(decode._decode_split_kernel, signature, constants, {})
+    return triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})
+
+
+@pytest.mark.parametrize("direct,merge,fp8,window", [
+    (True, False, False, False), (False, False, False, True), (False, True, False, False),
+    (False, True, True, True)])
+def test_decode_split_kernel_compiles_for_sm90(direct, merge, fp8, window):
+    try:
+        kernel = compile_decode(direct, merge, fp8, window)
+    except (ImportError, KeyError) as err:
+        pytest.skip(f"no sm_90 backend: {err}")
+    ptx = kernel.asm["ptx"]
+    assert kernel.asm["cubin"]
+    # the in-launch merge: one gpu-scope acq_rel arrival, partials read past L1
+    assert ptx.count("atom.global.gpu.acq_rel.add") == int(merge)
+    assert ("ld.global.cg" in ptx) == merge
+
+
+def test_decode_reduce_kernel_compiles_for_sm90():
+    signature = dict(part_acc_ptr="*fp32", part_ml_ptr="*fp32", out_ptr="*bf16",
+                     num_splits="i32", stride_ot="i32", stride_oh="i32", S_PAD="constexpr",
+                     D="constexpr")
+    source = ASTSource(decode._decode_reduce_kernel, signature, dict(S_PAD=32, D=128), {})
+    try:
+        kernel = triton.compile(source, target=SM90, options={"num_warps": 4})
+    except (ImportError, KeyError) as err:
+        pytest.skip(f"no sm_90 backend: {err}")
+    assert kernel.asm["cubin"]
