@@ -1,7 +1,8 @@
 """Triton small-M GEMM, y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 tokens, built to stream W at
 the bandwidth limit: each program reads BLOCK_N rows of W over its share of K (split-K) once,
-against all M rows of x (tiny, L2-resident), in float32. With SPLIT_K > 1 the float32 partials
-[SPLIT_K, M, N] are summed and cast by a second small kernel (no memset, no atomics)."""
+against all M rows of x (tiny, L2-resident), in float32. With SPLIT_K > 1 each program stores a
+float32 partial [M, BLOCK_N] and the last of a column block's programs to arrive (a per-block
+counter) sums the SPLIT_K partials in split order and writes the output: one launch."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import triton.language as tl
 from compiled_llm.gemm.tuning import MAX_M, SmallMConfig
 
 REDUCE_BLOCK = 1024
+COUNTERS = 1 << 15  # column blocks one split-K launch may have: N = 262144 at block_n 8
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 @triton.jit
@@ -32,10 +35,27 @@ def _load_tiles(x_ptr, w_ptr, offs_m, offs_n, offs_k, row_ok, col_ok, K, stride_
 
 
 @triton.jit
-def _small_m_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_os, stride_om,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
-                    PRECISION: tl.constexpr):
+def _reduce_if_last(part_ptr, out_ptr, counter_ptr, pid_n, tile, tile_ok, stride_os,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Called after this program stored its partial: count it in; the program that completes the
+    column block's count sums all SPLIT_K partials in split order, writes out, resets the count."""
+    tl.debug_barrier()  # every thread's partial stores come before the release below
+    # a scalar atomic: one thread issues it and the old count reaches all threads (uniform branch)
+    arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT_K - 1:
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for split in tl.static_range(SPLIT_K):  # .cg: from L2, never a stale L1 line
+            total += tl.load(part_ptr + split * stride_os + tile, mask=tile_ok, other=0.0,
+                             cache_modifier=".cg")
+        tl.store(out_ptr + tile, total.to(out_ptr.dtype.element_ty), mask=tile_ok)
+        tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")  # zero for the next
+
+
+@triton.jit
+def _small_m_kernel(x_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, stride_xm, stride_wn,
+                    stride_os, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+                    USE_DOT: tl.constexpr, PRECISION: tl.constexpr, FUSED_SUM: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -60,8 +80,15 @@ def _small_m_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride
                                stride_xm, stride_wn, EVEN_K)
             prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
             acc += tl.sum(prod, axis=2)
-    out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    tile = offs_m[:, None] * N + offs_n[None, :]
+    tile_ok = row_ok[:, None] & col_ok[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptr + tile, acc.to(out_ptr.dtype.element_ty), mask=tile_ok)
+    else:
+        tl.store(part_ptr + pid_k * stride_os + tile, acc, mask=tile_ok)
+        if FUSED_SUM:
+            _reduce_if_last(part_ptr, out_ptr, counter_ptr, pid_n, tile, tile_ok, stride_os,
+                            BLOCK_M, BLOCK_N, SPLIT_K)
 
 
 @triton.jit
@@ -72,6 +99,19 @@ def _sum_splits_kernel(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: t
     for split in tl.static_range(SPLIT_K):
         acc += tl.load(part_ptr + split * numel + offs, mask=ok, other=0.0)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def split_counters(device: torch.device) -> torch.Tensor | None:
+    """The device's COUNTERS int32 arrival counts of split-K launches, zeros between launches
+    (each launch's last programs reset theirs). Allocated once, never inside a CUDA graph
+    capture: None while capturing before they exist. Launches sharing them must not overlap:
+    the engine runs small-M GEMMs on its forward's one stream (MoE's side stream never does);
+    not keyed by stream, as a graph may be captured on a side stream."""
+    counters = _COUNTERS.get(device)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if counters is None and not capturing:
+        counters = _COUNTERS[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    return counters
 
 
 def block_m(m: int, use_dot: bool) -> int:
@@ -90,7 +130,8 @@ def check_config(m: int, config: SmallMConfig) -> None:
 
 def small_m_mm_triton(x: torch.Tensor, weight: torch.Tensor,
                       config: SmallMConfig) -> torch.Tensor:
-    """x [M, K] @ weight [N, K]^T -> [M, N] in x's dtype, float32 accumulation."""
+    """x [M, K] @ weight [N, K]^T -> [M, N] in x's dtype, float32 accumulation. Split-K sums in
+    the same launch; a second kernel only past COUNTERS column blocks or without counters."""
     m, k = x.shape
     n = weight.shape[0]
     check_config(m, config)
@@ -99,17 +140,18 @@ def small_m_mm_triton(x: torch.Tensor, weight: torch.Tensor,
     if weight.stride(1) != 1:
         weight = weight.contiguous()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    split = config.split_k
-    target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32,
-                                                device=x.device)
-    grid = (triton.cdiv(n, config.block_n), split)
-    _small_m_kernel[grid](
-        x, weight, target, m, n, k, x.stride(0), weight.stride(0), m * n, n,
-        BLOCK_M=block_m(m, config.use_dot), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT_K=split, EVEN_K=k % config.block_k == 0, USE_DOT=config.use_dot,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages)
-    if split > 1:
+    split, blocks = config.split_k, triton.cdiv(n, config.block_n)
+    part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32,
+                                              device=x.device)
+    counters = split_counters(x.device) if split > 1 else None
+    fused = counters is not None and blocks <= counters.numel()
+    _small_m_kernel[(blocks, split)](
+        x, weight, out, part, counters if fused else out, m, n, k, x.stride(0),
+        weight.stride(0), m * n, BLOCK_M=block_m(m, config.use_dot), BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, SPLIT_K=split, EVEN_K=k % config.block_k == 0,
+        USE_DOT=config.use_dot, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        FUSED_SUM=fused, num_warps=config.num_warps, num_stages=config.num_stages)
+    if split > 1 and not fused:
         _sum_splits_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
-            target, out, m * n, SPLIT_K=split, BLOCK=REDUCE_BLOCK, num_warps=4)
+            part, out, m * n, SPLIT_K=split, BLOCK=REDUCE_BLOCK, num_warps=4)
     return out

@@ -1,6 +1,7 @@
 """The small-M GEMM kernel (compiled_llm/gemm/kernels.py) against torch.mm: 1, 3 and 16 rows,
-split-K 1 and > 1, N and K not multiples of the blocks, the CUDA-core and MMA variants; run by
-test_interpreter.py under TRITON_INTERPRET=1."""
+split-K 1 and > 1, N and K not multiples of the blocks, the CUDA-core and MMA variants; split-K in
+one launch bit-equal to the two-kernel sum, its counters back at zero, repeated launches equal;
+run by test_interpreter.py under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from compiled_llm.attention.kernels import kernels_interpreted
+from compiled_llm.gemm import kernels
 from compiled_llm.gemm.kernels import small_m_mm_triton
 from compiled_llm.gemm.tuning import SmallMConfig
 
@@ -64,3 +66,40 @@ def test_unsupported_launches_raise():
         small_m_mm_triton(x, weight, SmallMConfig(block_n=16, block_k=32))
     with pytest.raises(ValueError, match="block_n >= 16"):
         small_m_mm_triton(x[:2], weight, SmallMConfig(block_n=8, block_k=32, use_dot=True))
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        raise AssertionError("split-K summed by a second kernel")
+
+
+@pytest.mark.parametrize("use_dot", [False, True])
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("half", [False, True])
+def test_split_k_sums_in_one_launch_like_two_kernels(monkeypatch, use_dot, m, half):
+    """One launch (no _sum_splits_kernel), bit-equal to the two-kernel path's split-order sum and
+    to itself on a second launch (a graph replay), close to float32; the counters end at 0."""
+    dtype = (torch.float16 if use_dot else torch.bfloat16) if half else torch.float32
+    x, weight = _inputs(m, 80, 264, dtype, seed=11)
+    config = SmallMConfig(block_n=16, block_k=32, split_k=4, use_dot=use_dot)
+    with monkeypatch.context() as patch:
+        patch.setitem(kernels._COUNTERS, x.device, torch.zeros(0, dtype=torch.int32))
+        two_kernels = small_m_mm_triton(x, weight, config)  # no room for 5 counters: fallback
+    with monkeypatch.context() as patch:
+        patch.setattr(kernels, "_sum_splits_kernel", _NoLaunch())
+        first = small_m_mm_triton(x, weight, config)
+        counters = kernels.split_counters(x.device)
+        assert counters.shape == (kernels.COUNTERS,) and not counters.any()
+        again = small_m_mm_triton(x, weight, config)
+    assert torch.equal(first, two_kernels) and torch.equal(again, first)
+    assert not counters.any()
+    _check(x, weight, config)
+
+
+def test_float32_split_k_matches_float32_reference(monkeypatch):
+    monkeypatch.setattr(kernels, "_sum_splits_kernel", _NoLaunch())
+    x, weight = _inputs(2, 48, 512, torch.float32, seed=5)
+    out = small_m_mm_triton(x, weight, SmallMConfig(block_n=16, block_k=64, split_k=8))
+    torch.testing.assert_close(out, torch.mm(x.double(), weight.double().t()).float(),
+                               rtol=1e-5, atol=1e-5)
+    assert not kernels.split_counters(x.device).any()

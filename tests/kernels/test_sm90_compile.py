@@ -1,8 +1,8 @@
-"""Compiles the sampler's Triton kernels for the H200 (sm_90) on a machine without a GPU: every
-constexpr specialization the engine launches goes through Triton's whole pipeline (TTIR, TTGIR,
-LLVM, PTX, ptxas), which the interpreter skips. Under Triton 3.6 (the H200 image's) the kernel
-without top-k once failed in TTGIR; this runs under whichever Triton is installed.
-"""
+"""Compiles the sampler's and the small-M GEMM's Triton kernels for the H200 (sm_90) on a machine
+without a GPU: every constexpr specialization the engine launches goes through Triton's whole
+pipeline (TTIR, TTGIR, LLVM, PTX, ptxas), which the interpreter skips. Under Triton 3.6 (the H200
+image's) the kernel without top-k once failed in TTGIR; this runs under whichever Triton is
+installed."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from compiled_llm.gemm import kernels as small_m  # noqa: E402
 from compiled_llm.sample import fused_topk  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -52,3 +53,28 @@ def test_fused_topk_with_kept_sets_compiles_for_sm90():
     except (ImportError, KeyError) as err:
         pytest.skip(f"no sm_90 backend: {err}")
     assert kernel.asm["cubin"]
+
+
+GEMM_ARGS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
+             "counter_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
+             "stride_wn": "i32", "stride_os": "i32"}
+
+
+@pytest.mark.parametrize("use_dot", [False, True])
+@pytest.mark.parametrize("split_k,fused_sum", [(1, False), (4, True), (4, False)])
+def test_small_m_gemm_compiles_for_sm90(use_dot, split_k, fused_sum):
+    """The split-K sum in one launch: after a barrier one thread's acquire-release add on the
+    column block's counter, its old value broadcast to the program (a uniform branch), the
+    partials read from L2 (.cg); the counter reset. Neither without a fused sum."""
+    constants = dict(BLOCK_M=16 if use_dot else 2, BLOCK_N=32, BLOCK_K=256, SPLIT_K=split_k,
+                     EVEN_K=False, USE_DOT=use_dot, PRECISION="tf32", FUSED_SUM=fused_sum)
+    signature = dict(GEMM_ARGS, **{name: "constexpr" for name in constants})
+    source = ASTSource(small_m._small_m_kernel, signature, constants, {})
+    try:
+        kernel = triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})
+    except (ImportError, KeyError) as err:
+        pytest.skip(f"no sm_90 backend: {err}")
+    assert kernel.asm["cubin"]
+    ptx = kernel.asm["ptx"]
+    assert ptx.count("atom.global.gpu.acq_rel.add") == int(fused_sum)
+    assert ("ld.global.cg" in ptx) == fused_sum and ("exch" in ptx) == fused_sum

@@ -1,6 +1,7 @@
 """The small-M GEMM on the GPU: the kernel in bfloat16 at the decode shapes (both variants,
-split-K), the op taking a tuned Triton entry inside a CUDA graph, and the pass putting the op in
-a compiled CUDA graph by default."""
+split-K), split-K summed in one launch bit-equal to the two-kernel sum, the op taking a tuned
+Triton entry inside a CUDA graph, and the pass putting the op in a compiled CUDA graph by
+default."""
 
 from __future__ import annotations
 
@@ -38,6 +39,41 @@ def test_kernel_matches_mm_in_bf16(config, n, k, m):
     out = small_m_mm_triton(x, weight, config)
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     assert _rel_err(out, torch.mm(x.float(), weight.float().t())) < 1e-2
+
+
+def _two_kernels(x: torch.Tensor, weight: torch.Tensor, config: SmallMConfig) -> torch.Tensor:
+    """The split-K sum by a second kernel: no counters to count arrivals with."""
+    from compiled_llm.gemm import kernels
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(kernels._COUNTERS, x.device, torch.zeros(0, dtype=torch.int32,
+                                                                  device=x.device))
+        return kernels.small_m_mm_triton(x, weight, config)
+
+
+@pytest.mark.parametrize("config", [SmallMConfig(16, 128, 8), SmallMConfig(32, 128, 4, 4, 3, True)],
+                         ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_split_k_in_one_launch_is_the_two_kernel_sum(config, dtype):
+    """The last program of a column block reads every other program's partial (release/acquire
+    on its counter), launch after launch and replay after replay (new inputs each time, so a
+    stale partial shows); the counters end at zero."""
+    from compiled_llm.gemm import kernels
+
+    x = torch.randn(4, 4096, device="cuda", dtype=dtype)
+    weight = torch.randn(8192, 4096, device="cuda", dtype=dtype) / 64
+    for _ in range(20):
+        x.copy_(torch.randn_like(x))
+        assert torch.equal(kernels.small_m_mm_triton(x, weight, config),
+                           _two_kernels(x, weight, config))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernels.small_m_mm_triton(x, weight, config)
+    for _ in range(20):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        assert torch.equal(out, _two_kernels(x, weight, config))
+    assert not kernels.split_counters(x.device).any()
 
 
 def test_op_takes_the_tuned_entry_in_a_cuda_graph(tmp_path, monkeypatch):
