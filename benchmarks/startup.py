@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -34,17 +35,29 @@ def compile_process(model: str, cache: Path, inductor: Path, out: Path) -> dict:
     return {"wall s": wall, **json.loads(out.read_text())}
 
 
-def serve_first_token(model: str, cache: Path, inductor: Path, port: int) -> float:
-    """Seconds from spawning `compiled-llm serve` to the end of its first one-token reply."""
+def _stamp_lines(stream, sink, started: float) -> None:
+    """Copy the server's output to sink, each line prefixed by seconds since its spawn."""
+    for raw in iter(stream.readline, b""):
+        sink.write(f"+{time.perf_counter() - started:7.2f}s ".encode() + raw)
+        sink.flush()
+
+
+def serve_first_token(model: str, cache: Path, inductor: Path, port: int,
+                      extra: list[str]) -> float:
+    """Seconds from spawning `compiled-llm serve` to the end of its first one-token reply;
+    the server's output goes to serve.log with each line stamped (its timeline)."""
     import httpx
 
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
     log = cache.parent / "serve.log"
     started = time.perf_counter()
-    with log.open("wb") as sink:
-        server = subprocess.Popen([*CLI, "serve", "--model", model, "--port", str(port),
-                                   "--compile-cache-dir", str(cache)], env=env,
-                                  stdout=sink, stderr=subprocess.STDOUT)
+    server = subprocess.Popen([*CLI, "serve", "--model", model, "--port", str(port),
+                               "--compile-cache-dir", str(cache), *extra], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    sink = log.open("wb")
+    copier = threading.Thread(target=_stamp_lines, args=(server.stdout, sink, started),
+                              daemon=True)
+    copier.start()
     body = {"model": model, "prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0.0}
     try:
         while True:
@@ -56,12 +69,15 @@ def serve_first_token(model: str, cache: Path, inductor: Path, port: int) -> flo
             except httpx.TransportError:
                 pass
             if server.poll() is not None:
+                copier.join(5)
                 tail = log.read_text(errors="replace")[-4000:]
                 raise RuntimeError(f"server exited with {server.returncode}; its log:\n{tail}")
             time.sleep(0.05)
     finally:
         server.terminate()
         server.wait(60)
+        copier.join(5)
+        sink.close()
 
 
 def _row(name: str, res: dict) -> dict:
@@ -82,6 +98,8 @@ def main() -> None:
     ap.add_argument("--checkpoint-dir", default=None)
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
+                    help="more `compiled-llm serve` flags for the serve row (last)")
     args = ap.parse_args()
     model = shape_checkpoint(args.shape, args.checkpoint_dir, tokenizer=True)
     work = Path(tempfile.mkdtemp(prefix="startup-"))
@@ -97,13 +115,12 @@ def main() -> None:
     print(f"cold / warm (compile processes): {cold / warm:.2f}x")
     result = {"rows": rows, "runs": runs}
     try:  # the compile rows stand even when serving fails (its log says why)
-        serve_s = serve_first_token(model, cache, inductor, args.port)
+        serve_s = serve_first_token(model, cache, inductor, args.port, args.serve_args)
         print(f"warm serve, spawn to first token: {serve_s:.1f} s")
-        # the server's own start-up phases (its engine-ready lines): where the time went
+        # the server's timeline: every log line stamped with seconds since the spawn
         log = (work / "serve.log").read_text(errors="replace").splitlines()
-        ready_lines = [line for line in log if "engine ready" in line or "capture" in line]
-        print("\n".join(ready_lines))
-        result.update(serve_first_token_s=serve_s, serve_log_ready_lines=ready_lines)
+        print("\n".join(log[-60:]))
+        result.update(serve_first_token_s=serve_s, serve_log=log[-200:])
     except RuntimeError as err:
         print(f"warm serve failed: {err}")
         result["serve_error"] = str(err)
