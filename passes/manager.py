@@ -27,16 +27,18 @@ from compiled_llm.passes.rms_norm import RMSNormFusionPass
 from compiled_llm.passes.rms_norm_quant import RMSNormQuantFusionPass
 from compiled_llm.passes.silu_mul import SiluMulFusionPass
 from compiled_llm.passes.silu_mul_quant import SiluMulQuantFusionPass
+from compiled_llm.passes.silu_mul_small_m import SiluMulSmallMGemmFusionPass
 from compiled_llm.passes.small_m_gemm import SmallMGemmPass
 
 # Order matters: add+norm before norm (norm is its sub-pattern); the all-reduce and quant passes
 # match the single-node ops the norm and SiLU·mul passes leave behind. The horizontal GEMM
 # fusion goes next to last: the patterns before it match the per-projection spelling; the
-# small-M GEMM op goes last, over the matmuls it leaves (one per fused weight).
+# small-M GEMM op goes next, over the matmuls it leaves (one per fused weight), then the down
+# projection's takes in the SiLU·mul it alone reads (before the tail inlines silu_and_mul).
 PASSES: tuple[type[GraphPass], ...] = (
     NoOpEliminationPass, AddRMSNormFusionPass, RMSNormFusionPass, SiluMulFusionPass,
     AllReduceRMSNormFusionPass, RMSNormQuantFusionPass, SiluMulQuantFusionPass,
-    HorizontalGemmFusionPass, SmallMGemmPass,
+    HorizontalGemmFusionPass, SmallMGemmPass, SiluMulSmallMGemmFusionPass,
 )
 # run on the whole Dynamo graph before the split at attention (their ops go with attention);
 # each is built with the PassConfig
@@ -67,6 +69,8 @@ class PassConfig:
     enable_small_m_gemm: bool = True
     # ... on CPU graphs too (tests): there the op is torch.mm, hidden from Inductor
     small_m_gemm_on_cpu: bool = False
+    # small_m_mm(silu_and_mul(gate, up), W) -> compiled_llm::small_m_mm_silu_mul, one kernel
+    enable_silu_mul_small_m: bool = True
     # pre-split: norm + RoPE + KV write, one op; opt-in until its kernel is measured on a GPU
     enable_qk_norm_rope_kv_write: bool = False
     # ... on CPU too: there the op runs the reference eagerly, slower than Inductor's kernels

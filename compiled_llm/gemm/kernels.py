@@ -1,14 +1,16 @@
-"""Triton small-M GEMM, y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 tokens, built to stream W at
-the bandwidth limit: each program reads BLOCK_N rows of W over its share of K (split-K) once,
-against all M rows of x (tiny, L2-resident), in float32. With SPLIT_K > 1 each program stores a
-float32 partial [M, BLOCK_N] and the last of a column block's programs to arrive (a per-block
-counter) sums the SPLIT_K partials in split order and writes the output: one launch."""
+"""Triton small-M GEMM, y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 tokens, streaming W at the
+bandwidth limit: each program reads BLOCK_N rows of W over its share of K (split-K) once, against
+all M rows of x (tiny, L2-resident), in float32; with SPLIT_K > 1 the last program of a column
+block (a per-block counter) sums the float32 partials in split order: one launch. GATED: x is
+silu(gate) * up of two [M, K] operands, rounded once as Inductor's kernel for it rounds."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+from triton.runtime.jit import JITFunction
 
 from compiled_llm.gemm.tuning import MAX_M, SmallMConfig
 
@@ -18,19 +20,39 @@ _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 @triton.jit
-def _load_tiles(x_ptr, w_ptr, offs_m, offs_n, offs_k, row_ok, col_ok, K, stride_xm, stride_wn,
-                EVEN_K: tl.constexpr):
-    """(x tile [BLOCK_M, BLOCK_K], W tile [BLOCK_N, BLOCK_K]); out-of-range reads are zeros."""
+def _exp(x):
+    """Inductor's exp: libdevice's, not tl.exp's ex2.approx (the interpreter's _exp below)."""
+    return libdevice.exp(x)
+
+
+if not isinstance(_exp, JITFunction):  # TRITON_INTERPRET=1: no libdevice
+
+    @triton.jit
+    def _exp(x):
+        return tl.exp(x)
+
+
+@triton.jit
+def _load_tiles(x_ptr, u_ptr, w_ptr, offs_m, offs_n, offs_k, row_ok, col_ok, K, stride_xm,
+                stride_um, stride_wn, EVEN_K: tl.constexpr, GATED: tl.constexpr):
+    """(x tile [BLOCK_M, BLOCK_K], W tile [BLOCK_N, BLOCK_K]); out-of-range reads are zeros.
+    GATED: x_ptr is gate, u_ptr up, and the x tile is silu(gate) * up in x's dtype."""
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
     w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]
     if EVEN_K:
-        x = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
+        x_ok = row_ok[:, None]
         w = tl.load(w_ptrs, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
     else:
         k_ok = offs_k < K
-        x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        x_ok = row_ok[:, None] & k_ok[None, :]
         w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0,
                     eviction_policy="evict_first")
+    x = tl.load(x_ptrs, mask=x_ok, other=0.0)
+    if GATED:  # as Inductor's decomposition: g / (1 + exp(-g)) * u in float32, rounded once
+        up = tl.load(u_ptr + offs_m[:, None] * stride_um + offs_k[None, :], mask=x_ok, other=0.0)
+        gate = x.to(tl.float32)
+        act = gate / (_exp(-gate) + 1.0) * up.to(tl.float32)
+        x = act.to(x_ptr.dtype.element_ty)  # zeros stay zeros: silu(0) * 0
     return x, w
 
 
@@ -52,10 +74,11 @@ def _reduce_if_last(part_ptr, out_ptr, counter_ptr, pid_n, tile, tile_ok, stride
 
 
 @triton.jit
-def _small_m_kernel(x_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, stride_xm, stride_wn,
-                    stride_os, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                    USE_DOT: tl.constexpr, PRECISION: tl.constexpr, FUSED_SUM: tl.constexpr):
+def _small_m_kernel(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, stride_xm,
+                    stride_um, stride_wn, stride_os, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                    EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
+                    FUSED_SUM: tl.constexpr, GATED: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -68,16 +91,16 @@ def _small_m_kernel(x_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, strid
         acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for tile in range(first, end):
             offs_k = tile * BLOCK_K + tl.arange(0, BLOCK_K)
-            x, w = _load_tiles(x_ptr, w_ptr, offs_m, offs_n, offs_k, row_ok, col_ok, K,
-                               stride_xm, stride_wn, EVEN_K)
+            x, w = _load_tiles(x_ptr, u_ptr, w_ptr, offs_m, offs_n, offs_k, row_ok, col_ok, K,
+                               stride_xm, stride_um, stride_wn, EVEN_K, GATED)
             acc_t += tl.dot(w, tl.trans(x), input_precision=PRECISION)
         acc = tl.trans(acc_t)
     else:  # CUDA cores: broadcast multiply, reduce over K
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for tile in range(first, end):
             offs_k = tile * BLOCK_K + tl.arange(0, BLOCK_K)
-            x, w = _load_tiles(x_ptr, w_ptr, offs_m, offs_n, offs_k, row_ok, col_ok, K,
-                               stride_xm, stride_wn, EVEN_K)
+            x, w = _load_tiles(x_ptr, u_ptr, w_ptr, offs_m, offs_n, offs_k, row_ok, col_ok, K,
+                               stride_xm, stride_um, stride_wn, EVEN_K, GATED)
             prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
             acc += tl.sum(prod, axis=2)
     tile = offs_m[:, None] * N + offs_n[None, :]
@@ -132,13 +155,30 @@ def small_m_mm_triton(x: torch.Tensor, weight: torch.Tensor,
                       config: SmallMConfig) -> torch.Tensor:
     """x [M, K] @ weight [N, K]^T -> [M, N] in x's dtype, float32 accumulation. Split-K sums in
     the same launch; a second kernel only past COUNTERS column blocks or without counters."""
+    return _launch(x, None, weight, config)
+
+
+def small_m_mm_silu_mul_triton(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor,
+                               config: SmallMConfig) -> torch.Tensor:
+    """(silu(gate) * up) @ weight [N, K]^T -> [M, N]: gate and up [M, K] (views of one [M, 2K]
+    tensor will do), the activation made in the GEMM's prologue, rounded to gate's dtype."""
+    if up.shape != gate.shape or up.dtype != gate.dtype:
+        raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    return _launch(gate, up, weight, config)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
+def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor,
+            config: SmallMConfig) -> torch.Tensor:
     m, k = x.shape
     n = weight.shape[0]
     check_config(m, config)
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    if weight.stride(1) != 1:
-        weight = weight.contiguous()
+    x, weight = _rows(x), _rows(weight)
+    gated = up is not None
+    up = _rows(up) if gated else x
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     split, blocks = config.split_k, triton.cdiv(n, config.block_n)
     part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32,
@@ -146,11 +186,12 @@ def small_m_mm_triton(x: torch.Tensor, weight: torch.Tensor,
     counters = split_counters(x.device) if split > 1 else None
     fused = counters is not None and blocks <= counters.numel()
     _small_m_kernel[(blocks, split)](
-        x, weight, out, part, counters if fused else out, m, n, k, x.stride(0),
-        weight.stride(0), m * n, BLOCK_M=block_m(m, config.use_dot), BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, SPLIT_K=split, EVEN_K=k % config.block_k == 0,
-        USE_DOT=config.use_dot, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        FUSED_SUM=fused, num_warps=config.num_warps, num_stages=config.num_stages)
+        x, up, weight, out, part, counters if fused else out, m, n, k, x.stride(0),
+        up.stride(0), weight.stride(0), m * n, BLOCK_M=block_m(m, config.use_dot),
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
+        EVEN_K=k % config.block_k == 0, USE_DOT=config.use_dot,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FUSED_SUM=fused, GATED=gated,
+        num_warps=config.num_warps, num_stages=config.num_stages)
     if split > 1 and not fused:
         _sum_splits_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
             part, out, m * n, SPLIT_K=split, BLOCK=REDUCE_BLOCK, num_warps=4)

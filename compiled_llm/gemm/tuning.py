@@ -84,3 +84,11 @@ def tuned_config(x: torch.Tensor, weight: torch.Tensor) -> SmallMConfig | None:
     if x.device.type != "cuda" or x.dtype not in TUNED_DTYPES or weight.dtype != x.dtype:
         return None
     return lookup(device_name(x.device.index or 0), x.shape[0], weight.shape[0], x.shape[1])
+
+
+def triton_tuned(device: torch.device, dtype: torch.dtype, n: int, k: int) -> bool:
+    """Whether a [n, k] weight in dtype takes the Triton kernel at some token count on device."""
+    if device.type != "cuda" or dtype not in TUNED_DTYPES:
+        return False
+    gpu = device_name(device.index or 0)
+    return any(lookup(gpu, m, n, k) is not None for m in range(1, MAX_M + 1))

@@ -1,16 +1,19 @@
 """The small-M GEMM kernel (compiled_llm/gemm/kernels.py) against torch.mm: 1, 3 and 16 rows,
 split-K 1 and > 1, N and K not multiples of the blocks, the CUDA-core and MMA variants; split-K in
 one launch bit-equal to the two-kernel sum, its counters back at zero, repeated launches equal;
-run by test_interpreter.py under TRITON_INTERPRET=1."""
+the GATED variant against eager silu * up then mm, bit-equal to Inductor's rounding then the
+plain kernel; run by test_interpreter.py under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from compiled_llm.attention.kernels import kernels_interpreted
 from compiled_llm.gemm import kernels
-from compiled_llm.gemm.kernels import small_m_mm_triton
+from compiled_llm.gemm.kernels import small_m_mm_silu_mul_triton, small_m_mm_triton
 from compiled_llm.gemm.tuning import SmallMConfig
 
 pytestmark = pytest.mark.skipif(not kernels_interpreted(), reason="needs TRITON_INTERPRET=1")
@@ -103,3 +106,53 @@ def test_float32_split_k_matches_float32_reference(monkeypatch):
     torch.testing.assert_close(out, torch.mm(x.double(), weight.double().t()).float(),
                                rtol=1e-5, atol=1e-5)
     assert not kernels.split_counters(x.device).any()
+
+
+def _gated_inputs(m: int, n: int, k: int, dtype: torch.dtype, seed: int):
+    """gate and up as column views of one [m, 2k] tensor (the gate/up GEMM's output), W."""
+    gen = torch.Generator().manual_seed(seed)
+    gate_up = (torch.randn(m, 2 * k, generator=gen) * 3).to(dtype)
+    weight = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    return gate_up[:, :k], gate_up[:, k:], weight
+
+
+def _inductor_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up as Inductor's kernel computes it: g / (1 + exp(-g)) * u in float32,
+    rounded once to the dtype (eager rounds silu's result first); exp is numpy's, as the
+    interpreter's (on the GPU both take libdevice's)."""
+    g = gate.float()
+    exp = torch.from_numpy(np.exp(-g.numpy()))
+    return (g / (exp + 1.0) * up.float()).to(gate.dtype)
+
+
+# bfloat16 with use_dot: see test_mma_variant_matches_mm (half precision in its place)
+@pytest.mark.parametrize(("use_dot", "dtype"), [(False, torch.bfloat16), (False, torch.float32),
+                                                (True, torch.float16), (True, torch.float32)])
+@pytest.mark.parametrize("split_k", [1, 4])
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_gated_matches_eager_silu_mul_then_mm(use_dot, dtype, split_k, m):
+    gate, up, weight = _gated_inputs(m, 72, 200, dtype, seed=m + split_k)
+    config = SmallMConfig(block_n=16 if not use_dot else 32, block_k=32, split_k=split_k,
+                          use_dot=use_dot)
+    out = small_m_mm_silu_mul_triton(gate, up, weight, config)
+    ref = torch.mm((F.silu(gate) * up).float(), weight.float().t()).to(dtype)  # eager
+    assert out.shape == (m, 72) and out.dtype == dtype
+    rtol, atol = TOLERANCES[dtype]  # atol relative to the outputs' scale
+    scale = ref.float().abs().max().item()
+    torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=atol * scale)
+    # bit-equal to the unfused path: Inductor's silu * up, then the same small-M kernel (not in
+    # bfloat16 here: the interpreter truncates float32 to bfloat16; the GPU test checks it)
+    unfused = small_m_mm_triton(_inductor_silu_mul(gate, up), weight, config)
+    assert torch.equal(out, unfused) or dtype == torch.bfloat16
+    assert not kernels.split_counters(gate.device).any()
+
+
+def test_gated_activation_rounds_once_like_inductor():
+    """With W = I the output is the activation itself: Inductor's rounding, bit for bit (float16:
+    the interpreter rounds float32 to bfloat16 toward zero, the GPU to nearest)."""
+    dtype = torch.float16
+    gate, up, _ = _gated_inputs(16, 1, 64, dtype, seed=3)
+    eye = torch.eye(64, dtype=dtype)
+    out = small_m_mm_silu_mul_triton(gate, up, eye, SmallMConfig(block_n=16, block_k=32))
+    assert torch.equal(out, _inductor_silu_mul(gate, up))
+    assert not torch.equal(out, F.silu(gate) * up)  # eager's two roundings differ somewhere

@@ -55,19 +55,22 @@ def test_fused_topk_with_kept_sets_compiles_for_sm90():
     assert kernel.asm["cubin"]
 
 
-GEMM_ARGS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
-             "counter_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
-             "stride_wn": "i32", "stride_os": "i32"}
+GEMM_ARGS = {"x_ptr": "*bf16", "u_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16",
+             "part_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
+             "stride_xm": "i32", "stride_um": "i32", "stride_wn": "i32", "stride_os": "i32"}
 
 
+@pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("use_dot", [False, True])
 @pytest.mark.parametrize("split_k,fused_sum", [(1, False), (4, True), (4, False)])
-def test_small_m_gemm_compiles_for_sm90(use_dot, split_k, fused_sum):
+def test_small_m_gemm_compiles_for_sm90(gated, use_dot, split_k, fused_sum):
     """The split-K sum in one launch: after a barrier one thread's acquire-release add on the
     column block's counter, its old value broadcast to the program (a uniform branch), the
-    partials read from L2 (.cg); the counter reset. Neither without a fused sum."""
+    partials read from L2 (.cg); the counter reset. Neither without a fused sum. GATED: the
+    SiLU·mul prologue's exp (libdevice's, built on ex2) only there."""
     constants = dict(BLOCK_M=16 if use_dot else 2, BLOCK_N=32, BLOCK_K=256, SPLIT_K=split_k,
-                     EVEN_K=False, USE_DOT=use_dot, PRECISION="tf32", FUSED_SUM=fused_sum)
+                     EVEN_K=False, USE_DOT=use_dot, PRECISION="tf32", FUSED_SUM=fused_sum,
+                     GATED=gated)
     signature = dict(GEMM_ARGS, **{name: "constexpr" for name in constants})
     source = ASTSource(small_m._small_m_kernel, signature, constants, {})
     try:
@@ -78,3 +81,4 @@ def test_small_m_gemm_compiles_for_sm90(use_dot, split_k, fused_sum):
     ptx = kernel.asm["ptx"]
     assert ptx.count("atom.global.gpu.acq_rel.add") == int(fused_sum)
     assert ("ld.global.cg" in ptx) == fused_sum and ("exch" in ptx) == fused_sum
+    assert ("ex2.approx" in ptx) == gated

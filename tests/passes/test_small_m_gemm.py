@@ -14,7 +14,9 @@ from compiled_llm.worker.loader import load_model
 from tests.passes.helpers import capture_model, capture_run, compile_run
 from tests.utils import make_checkpoint
 
-FORCED = PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False)
+# the down projection's silu_and_mul stays out (test_silu_mul_small_m.py folds it in)
+FORCED = PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False,
+                    enable_silu_mul_small_m=False)
 LAYERS = 2  # tests/utils.py SMALL
 
 
