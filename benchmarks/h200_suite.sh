@@ -53,6 +53,8 @@
 #     bash benchmarks/h200_suite.sh 33    # call 30's serving runs, 8B start-up, a batch-1
 #                                         # decode profile (carry .whl)
 #     bash benchmarks/h200_suite.sh 34    # call 33 with the server's packages, the QK-norm pair
+#     bash benchmarks/h200_suite.sh 35    # one-launch split kernels and the gated GEMM: GPU
+#                                         # tests, batch 1 with and without, QK-norm pair
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -382,6 +384,20 @@ $CLI serve --model $Q --port 8100 --log-level warning --performance-mode interac
 $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json
 $py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --rounds 2 --json $R/qk_norm_rope_qwen3-0.6b.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 35 ]; then  # one GPU: GPU tests of the one-launch split-K GEMM, the one-launch
+  # split decode attention and the gated small-M GEMM; batch-1 decode with them and without
+  # (same call), the QK-norm pair, a batch-1 profile, then Llama-3-8B batch 1
+  Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  mapfile -t a <<<"\
+$py -m pytest -q -x -p no:cacheprovider tests/kernels/test_small_m_gemm_gpu.py tests/kernels/test_triton_gpu.py tests/worker/test_cudagraphs_gpu.py
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $Q --label one_launch
+COMPILED_LLM_ONE_LAUNCH_SPLITS=0 $U --model $Q --label two_launch --engine-args '{\"passes\": {\"enable_silu_mul_small_m\": false}}'
+$py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --json $R/qk_norm_rope_qwen3-0.6b.json
+$py -m benchmarks.profile_steps --model $Q --workload decode --json $R/profile_decode_qwen3-0.6b.jsonl
+$MK
+$U --model $CK/llama3-8b --label one_launch"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 30 ]; then  # one GPU (carry .whl): call 7's serving workload, the default
   # against --performance-mode interactivity (2048-token steps: shorter steps where prefill

@@ -6,6 +6,8 @@ silu(gate) * up of two [M, K] operands, rounded once as Inductor's kernel for it
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -17,6 +19,8 @@ from compiled_llm.gemm.tuning import MAX_M, SmallMConfig
 REDUCE_BLOCK = 1024
 COUNTERS = 1 << 15  # column blocks one split-K launch may have: N = 262144 at block_n 8
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+# COMPILED_LLM_ONE_LAUNCH_SPLITS=0: always the second kernel (the A/B of benchmarks)
+ONE_LAUNCH = os.environ.get("COMPILED_LLM_ONE_LAUNCH_SPLITS", "1") != "0"
 
 
 @triton.jit
@@ -130,6 +134,8 @@ def split_counters(device: torch.device) -> torch.Tensor | None:
     capture: None while capturing before they exist. Launches sharing them must not overlap:
     the engine runs small-M GEMMs on its forward's one stream (MoE's side stream never does);
     not keyed by stream, as a graph may be captured on a side stream."""
+    if not ONE_LAUNCH:
+        return None
     counters = _COUNTERS.get(device)
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if counters is None and not capturing:

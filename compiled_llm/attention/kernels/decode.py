@@ -8,6 +8,7 @@ and writes a partial (max, sum, acc; FP8 scales folded in); the last split to fi
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,8 @@ class DecodeConfig:
 
 COUNTER_SLOTS = 1 << 16  # (sequence, KV head) pairs one launch can merge in place
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+# COMPILED_LLM_ONE_LAUNCH_SPLITS=0: always the second kernel (the A/B of benchmarks)
+ONE_LAUNCH = os.environ.get("COMPILED_LLM_ONE_LAUNCH_SPLITS", "1") != "0"
 
 
 def merge_counters(device: torch.device) -> torch.Tensor | None:
@@ -39,6 +42,8 @@ def merge_counters(device: torch.device) -> torch.Tensor | None:
     capture (None while capturing before then: the caller merges in a second kernel instead).
     Invariant: launches sharing the buffer run one after another (one stream at a time, as a
     model's steps do); two decode launches overlapping on two streams would mix their counts."""
+    if not ONE_LAUNCH:
+        return None
     counters = _COUNTERS.get(device)
     if counters is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
