@@ -10,6 +10,7 @@ import os
 import pickle
 import select
 import signal
+import threading
 import traceback
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ import zmq
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.engine_output import EngineCoreOutput
+from compiled_llm.engine.core_prestart import client_addresses
 from compiled_llm.engine.core_proc import (
     ABORT,
     ADD,
@@ -38,8 +40,11 @@ from compiled_llm.engine.core_proc import (
 )
 from compiled_llm.worker.spec import WorkerSpec
 
+__all__ = ["CoreEndpoint", "FrontEnds", "HELLO", "client_addresses", "run_shared_core"]
+
 logger = logging.getLogger(__name__)
 HELLO = "hello"  # front end -> core, its first message: its pid
+PARENT_POLL_S = 1.0  # how often a core being built checks that its parent still runs
 SEND_RETRY_MS = 100  # a front end too slow to take outputs is checked for life this often
 
 
@@ -58,11 +63,6 @@ class CoreEndpoint:
         return client_addresses(self.ipc_dir, self.client_index)
 
 
-def client_addresses(ipc_dir: str, index: int) -> tuple[str, str]:
-    """(requests in, outputs out) IPC addresses of front end `index`; it binds them."""
-    return f"ipc://{ipc_dir}/in-{index}", f"ipc://{ipc_dir}/out-{index}"
-
-
 class _Stop(Exception):
     """SIGTERM: stop serving (raised by the signal handler, wherever the loop is)."""
 
@@ -78,9 +78,10 @@ def run_shared_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int
     signal.signal(signal.SIGTERM, _stop)
     context = zmq.Context()
     fronts = FrontEnds(context, addresses)
-    core = None
+    core, built = None, _watch_parent(parent_pid)
     try:
         core = build_core(args, spec, eos_token_ids)
+        built.set()  # from here _serve watches the parent
         fronts.broadcast(pack(READY, pickle.dumps((core.info, core.get_stats()))))
         _serve(core, fronts, parent_pid)
     except _Stop:
@@ -89,11 +90,28 @@ def run_shared_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int
         logger.exception("engine core failed")
         fronts.broadcast(pack(FAILED, traceback.format_exc()))
     finally:
+        built.set()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one stops us anywhere
         if core is not None:
             core.shutdown()
         fronts.close()
         context.term()
+
+
+def _watch_parent(parent_pid: int) -> threading.Event:
+    """While the core is built (a model loading): SIGTERM to this process once its parent is
+    gone, so a core whose parent died before stopping it does not live on. Set the event
+    returned to stop watching."""
+    built = threading.Event()
+
+    def watch() -> None:
+        while not built.wait(PARENT_POLL_S):
+            if os.getppid() != parent_pid:
+                logger.error("engine core: its parent is gone while starting; exiting")
+                return os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    return built
 
 
 class FrontEnds:

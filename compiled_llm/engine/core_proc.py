@@ -70,10 +70,16 @@ def run_engine_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int
         context.term()
 
 
-def build_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int, ...]):
-    """The EngineCore, its grammar compiler built lazily in this process."""
+def build_core(args: EngineArgs, spec: WorkerSpec | None,
+               eos_token_ids: tuple[int, ...] | None):
+    """The EngineCore, its grammar compiler built lazily in this process. spec None: derive
+    the spec and EOS ids from args here (errors then reach the front ends as a failed start)."""
     from compiled_llm.engine.core import EngineCore
 
+    if spec is None:
+        from compiled_llm.engine.core_spec import core_spec_from_args
+
+        spec, eos_token_ids = core_spec_from_args(args)
     grammars = _LazyGrammars(args, spec, eos_token_ids)
     core = EngineCore(args, spec, grammars)
     grammars.vocab_size = core.info.vocab_size
@@ -181,7 +187,8 @@ def call_utility(core, method: str, call_args: list) -> tuple[bool, bytes]:
 
 def launch(run: Callable) -> None:
     """What a core process's main does first: logging, then the arguments pickled on stdin,
-    the starter's sys.path and its models; then run(args, spec, eos ids, addresses, parent)."""
+    the starter's sys.path and its models; then run(args, spec, eos ids, addresses, parent).
+    A spec of None (with EOS ids None and no models): build_core derives them from args."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine-core %(message)s")
     # what building the core imports, before waiting for the arguments: a core started ahead
     # (core_prestart) imports it while its front end is still importing its own

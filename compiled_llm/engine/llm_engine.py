@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,8 +16,9 @@ import torch
 # cycles, and inside LLMEngine.__init__ they would hold the engine until the garbage collector.
 from transformers import AutoTokenizer
 
-from compiled_llm.config import EngineArgs, model_len_bounds
+from compiled_llm.config import EngineArgs
 from compiled_llm.core.kv_cache_manager import PrefixCacheStats
+from compiled_llm.engine.core_spec import DEMO_MODEL, core_spec, eos_ids, resolve_device
 from compiled_llm.engine.core_types import EngineStats
 from compiled_llm.engine.generation_defaults import generation_defaults, max_tokens_cap
 from compiled_llm.engine.input_processor import InputProcessor, PromptType
@@ -27,7 +27,6 @@ from compiled_llm.output.output_processor import OutputProcessor, request_output
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.output.request_state import RequestState
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
-from compiled_llm.worker.loader import load_hf_config, read_json, resolve_dtype
 from compiled_llm.worker.spec import WorkerSpec
 from compiled_llm.worker.step_timer import StepStats
 
@@ -38,40 +37,11 @@ __all__ = ["LLMEngine", "EngineStats", "resolve_device", "eos_ids", "core_spec",
            "load_tokenizer", "DEMO_MODEL"]
 
 logger = logging.getLogger(__name__)
-DEMO_MODEL = Path(__file__).parents[1] / "data" / "demo_model"
-
-
-def resolve_device(device: str) -> torch.device:
-    """The torch device for EngineArgs.device (auto: CUDA when present, else CPU)."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def eos_ids(model_dir: str, hf: dict[str, Any], tokenizer) -> tuple[int, ...]:
-    """EOS ids from generation_config.json, else config.json, else the tokenizer."""
-    gen = read_json(Path(model_dir) / "generation_config.json")
-    eos = gen.get("eos_token_id", hf.get("eos_token_id"))
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    return tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
 
 
 def load_tokenizer(args: EngineArgs):
     """The tokenizer of args.tokenizer, else of the model."""
     return AutoTokenizer.from_pretrained(args.tokenizer or str(args.model or DEMO_MODEL))
-
-
-def core_spec(args: EngineArgs, tokenizer) -> tuple[WorkerSpec, tuple[int, ...]]:
-    """What an engine core is built from besides args: the worker spec (model directory,
-    dtype, device, scheduler config) and the EOS token ids."""
-    model_dir = str(args.model or DEMO_MODEL)
-    device = resolve_device(args.device)
-    hf = load_hf_config(model_dir)
-    # max_model_len is an upper bound here: the worker settles it from the KV cache's size
-    sched_cfg = args.scheduler_config(*model_len_bounds(hf))
-    spec = WorkerSpec(model_dir, resolve_dtype(args.dtype, hf, device), device, sched_cfg)
-    return spec, eos_ids(model_dir, hf, tokenizer)
 
 
 class LLMEngine:

@@ -109,3 +109,55 @@ def test_a_prestarted_core_whose_front_end_is_gone_exits_quietly():
     process.stdin.close()  # what its end of the pipe reads once the front end has died
     assert process.wait(120) == 0
     assert b"Traceback" not in process.stderr.read()
+
+
+def test_prestarted_api_servers_are_taken_and_a_wrong_count_is_made_up():
+    core_prestart.prestart_servers(3)
+    prestarted = list(core_prestart._servers)
+    metrics_dir = core_prestart._state["metrics_dir"]
+    taken, owned = core_prestart.take_servers(2)  # fewer than guessed: the extra one ends
+    try:
+        assert taken == prestarted[:2] and prestarted[2].returncode is not None
+        assert owned == metrics_dir and os.path.isdir(metrics_dir)
+        assert all(proc.poll() is None for proc in taken)
+        assert all(os.getsid(proc.pid) == proc.pid for proc in taken)  # sessions of their own
+        core_prestart.prestart_servers(1)
+        [waiting] = core_prestart._servers
+        more, again = core_prestart.take_servers(2)  # more than guessed: a fresh one added
+        assert more[0] is waiting and more[1] not in prestarted and again is not None
+        taken += more
+        os.rmdir(again)
+    finally:
+        for proc in taken:
+            proc.kill()
+            proc.wait()
+        os.rmdir(metrics_dir)
+
+
+def test_what_a_wrong_guess_started_for_several_servers_is_ended_with_its_dirs():
+    args = engine_args()
+    core_prestart.start_early_core(args, 4)  # guessed 4; serving settles on 1
+    core_prestart.prestart_servers(4)
+    early, servers = core_prestart._state["early"], list(core_prestart._servers)
+    dirs = [early.ipc_dir, core_prestart._state["metrics_dir"]]
+    core_prestart.prestart("core_proc")
+    core_prestart.discard_servers()
+    assert early.process.returncode is not None
+    assert all(proc.returncode is not None for proc in servers)
+    assert not any(map(os.path.exists, dirs))
+    assert list(core_prestart._waiting) == [("core_proc", False)]  # the one-server core stays
+    core_prestart.discard()
+    assert core_prestart._waiting == {} and core_prestart._state == {}
+
+
+def test_an_early_core_of_another_count_is_stopped_and_replaced():
+    args = engine_args()
+    core_prestart.start_early_core(args, 3)
+    guessed = core_prestart._state["early"]
+    early = core_prestart.take_early_core(args, 2)
+    try:
+        assert guessed.process.returncode is not None and not os.path.exists(guessed.ipc_dir)
+        assert early.count == 2 and early.process.poll() is None and core_prestart._state == {}
+    finally:
+        core_prestart._stop_early(early)
+    assert not os.path.exists(early.ipc_dir)

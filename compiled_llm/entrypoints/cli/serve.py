@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from compiled_llm.config import check_choices
-from compiled_llm.engine.core_prestart import discard, prestart
+from compiled_llm.engine.core_prestart import (
+    discard,
+    discard_servers,
+    prestart,
+    prestart_servers,
+    start_early_core,
+)
 from compiled_llm.entrypoints.cli.args import (
     HelpFormatter,
     add_dataclass_args,
@@ -66,7 +72,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     try:
         return _serve(ns, args, opts)
     finally:
-        discard()  # a core started ahead that serving did not take (refused settings)
+        discard()  # what was started ahead and serving did not take (refused settings)
 
 
 def _serve(ns: argparse.Namespace, args, opts: ServeArgs) -> int:
@@ -82,6 +88,8 @@ def _serve(ns: argparse.Namespace, args, opts: ServeArgs) -> int:
     # adapters loaded at run time are known to the API server that loaded them only
     one_server = pooling or (args.enable_lora and _runtime_lora_updates())
     count = opts.api_server_count or (1 if one_server else auto_api_server_count(args))
+    if count == 1:  # what was started ahead for several API servers goes now
+        discard_servers()
     if count > 1 and one_server:
         raise ValueError("api_server_count > 1 serves generating models only, without runtime "
                          "LoRA updates (runner pooling, VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
@@ -106,7 +114,9 @@ def _runtime_lora_updates() -> bool:
 def _prestart_core(args, opts: ServeArgs) -> None:
     """Start the engine core's interpreter that serving will most likely ask for (one core
     process of one front end, or the core of several API servers) before anything heavy is
-    imported here. The guess costs no torch import; a wrong one only loses the head start."""
+    imported here. The guess costs no torch import; a wrong one only loses the head start.
+    For several API servers their interpreters start too, and the core gets its arguments
+    (args alone) at once: it loads the model while this process imports and checks."""
     if args.engine_core_process is False:
         return  # the engine runs in this process
     count = opts.api_server_count
@@ -114,8 +124,11 @@ def _prestart_core(args, opts: ServeArgs) -> None:
         maybe_cuda = args.device.startswith("cuda") or (
             args.device == "auto" and os.path.exists("/dev/nvidiactl"))
         count = 4 if maybe_cuda and (os.cpu_count() or 1) >= 16 else 1
-    # as serve_many and CoreClient start theirs
-    prestart("core_multi" if count > 1 else "core_proc", new_session=count > 1)
+    if count == 1:
+        prestart("core_proc")  # as CoreClient starts its own
+        return
+    start_early_core(args, count)  # each in a session of its own, as serve_many wants them
+    prestart_servers(count)
 
 
 def auto_api_server_count(args) -> int:

@@ -104,9 +104,25 @@ def run_api_server(spec: ApiServerSpec) -> None:
         engine.shutdown()
 
 
+def _import_server_stack() -> None:
+    """What run_api_server imports, before the spec is read: an API server started ahead of
+    its spec (core_prestart) imports it while the parent is still starting the core.
+    PROMETHEUS_MULTIPROC_DIR is in this process's environment from its start."""
+    import uvicorn  # noqa: F401
+
+    import compiled_llm.entrypoints.async_llm  # noqa: F401
+    import compiled_llm.entrypoints.server.app  # noqa: F401
+    import compiled_llm.entrypoints.server.metrics  # noqa: F401
+
+
 def main() -> None:
-    """The process's entry point: the spec from stdin, then serve."""
-    spec: ApiServerSpec = pickle.load(sys.stdin.buffer)
+    """The process's entry point: the server stack's imports, the spec from stdin, then
+    serve. End-of-file instead of a spec (a parent gone or not needing it): exit quietly."""
+    _import_server_stack()
+    try:
+        spec: ApiServerSpec = pickle.load(sys.stdin.buffer)
+    except EOFError:
+        return
     sys.path[:] = spec.sys_path
     logging.basicConfig(level=spec.log_level.upper(),
                         format=log_prefix() + "%(levelname)s %(name)s: %(message)s")

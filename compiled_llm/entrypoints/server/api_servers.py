@@ -14,11 +14,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass, field
 
 from compiled_llm.config import EngineArgs
+from compiled_llm.engine import core_prestart
 from compiled_llm.entrypoints.server.api_server import ApiServerSpec, reuse_port_socket
 from compiled_llm.entrypoints.server.server_config import ServerConfig
 
@@ -70,10 +70,9 @@ def _stop_wait(proc: subprocess.Popen, seconds: float) -> None:
 def serve_many(args: EngineArgs, host: str, port: int, cfg: ServerConfig, log_level: str,
                count: int) -> int:
     """Serve with `count` API servers until SIGTERM or Ctrl-C (0), or until every server
-    is gone (1)."""
-    from compiled_llm.engine.core_client import start_core_process
-    from compiled_llm.engine.core_multi import CoreEndpoint, client_addresses
-    from compiled_llm.engine.llm_engine import core_spec, load_tokenizer
+    is gone (1). The core and the servers are those core_prestart started ahead where they
+    fit (the core already loading from args alone), else started now."""
+    from compiled_llm.engine.core_multi import CoreEndpoint
 
     if args.engine_core_process is False:
         raise ValueError("api_server_count > 1 needs the engine core in its own process "
@@ -81,24 +80,16 @@ def serve_many(args: EngineArgs, host: str, port: int, cfg: ServerConfig, log_le
     held = reuse_port_socket(host, port)  # the port is ours (not listening: no connections)
     port = held.getsockname()[1]
     stop = _stop_on_signals()
-    metrics_dir = None if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else \
-        tempfile.mkdtemp(prefix="compiled-llm-metrics-")
-    children = _Children(tempfile.mkdtemp(prefix="compiled-llm-core-"), metrics_dir)
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir or
-           os.environ["PROMETHEUS_MULTIPROC_DIR"]}
+    # the core derives its spec from args (a bad model or dtype: it says why in the log and
+    # every server exits, so this does too)
+    early = core_prestart.take_early_core(args, count)
+    children = _Children(early.ipc_dir, None, early.process)
     try:
-        # the core's arguments before the tokenizer's load: it is needed here only for EOS
-        # ids that neither generation_config.json nor config.json gives
-        spec, eos = core_spec(args, None)
-        if not eos and not args.skip_tokenizer_init:
-            spec, eos = core_spec(args, load_tokenizer(args))
-        children.core = start_core_process(
-            args, spec, eos, [client_addresses(children.ipc_dir, i) for i in range(count)],
-            new_session=True)
-        for index in range(count):
+        children.servers, children.metrics_dir = core_prestart.take_servers(count)
+        for index, proc in enumerate(children.servers):
             endpoint = CoreEndpoint(children.ipc_dir, index, children.core.pid)
-            children.servers.append(_start_server(ApiServerSpec(
-                args, host, port, cfg, log_level, endpoint, os.getpid(), sys.path), env))
+            _hand_spec(proc, ApiServerSpec(args, host, port, cfg, log_level, endpoint,
+                                           os.getpid(), sys.path))
         logger.info("serving on %s:%d with %d API servers (pids %s), engine core pid %d",
                     host, port, count, [p.pid for p in children.servers], children.core.pid)
         return _supervise(children, stop)
@@ -107,12 +98,12 @@ def serve_many(args: EngineArgs, host: str, port: int, cfg: ServerConfig, log_le
         held.close()
 
 
-def _start_server(spec: ApiServerSpec, env: dict[str, str]) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "compiled_llm.entrypoints.server.api_server"],
-                            stdin=subprocess.PIPE, env=env, start_new_session=True)
-    proc.stdin.write(pickle.dumps(spec))
-    proc.stdin.close()
-    return proc
+def _hand_spec(proc: subprocess.Popen, spec: ApiServerSpec) -> None:
+    """Write its spec to an API server waiting for it on stdin (one that died already is
+    found by the supervision)."""
+    with contextlib.suppress(OSError):
+        proc.stdin.write(pickle.dumps(spec))
+        proc.stdin.close()
 
 
 def _stop_on_signals() -> threading.Event:

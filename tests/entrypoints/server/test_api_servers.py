@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import httpx
@@ -18,7 +19,7 @@ import pytest
 
 from compiled_llm.engine.llm_engine import DEMO_MODEL
 from compiled_llm.entrypoints.cli.main import main
-from tests.entrypoints.server.conftest import Server, start_server
+from tests.entrypoints.server.conftest import ROOT, Server, start_server
 from tests.entrypoints.server.inprocess import MODEL, engine_args, serving
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "In a hole in the ground", "Hello",
@@ -134,6 +135,25 @@ def test_concurrent_streams_match_the_one_server_path_on_both_servers(served, ex
         set(servers), "every stream landed on one API server"
 
 
+def _started(pid: int) -> float:
+    """When process pid started, in seconds since boot."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(") ", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_servers_started_ahead_with_the_core_are_the_ones_serving(served):
+    proc, server = served
+    servers, core = _roles(proc)
+    logged = re.search(r"with 2 API servers \(pids \[(\d+), (\d+)\]\), engine core pid (\d+)",
+                       server.log.read_text())
+    assert logged and sorted(map(int, logged.groups()[:2])) == servers
+    assert int(logged[3]) == core
+    # started together at the very start (before the parent's imports), not after them
+    assert all(abs(_started(pid) - _started(core)) < 2.0 for pid in servers)
+    assert set(servers) == _access(server, "/v1/completions") | \
+        _access(server, "/v1/chat/completions")
+
+
 def test_any_server_metrics_show_the_totals_and_the_core_gauges(served):
     proc, server = served
     servers, _ = _roles(proc)
@@ -222,6 +242,16 @@ def test_a_dead_core_makes_every_api_server_unhealthy():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_bad_model_path_exits_non_zero_with_the_error(tmp_path):
+    missing = tmp_path / "no-such-model"
+    res = subprocess.run([sys.executable, "-m", "compiled_llm.entrypoints.cli", "serve",
+                          "--model", str(missing), "--port", "0", "--api-server-count", "2"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode != 0
+    assert str(missing) in res.stdout + res.stderr
 
 
 @pytest.mark.parametrize("argv, message", [

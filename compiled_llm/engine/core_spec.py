@@ -1,0 +1,56 @@
+"""What an engine core is built from besides EngineArgs (the worker spec and the EOS ids),
+without transformers: a core process can derive it from args alone (`serve` with several API
+servers sends it only args, before the front end has imported anything heavy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from compiled_llm.config import EngineArgs, model_len_bounds
+from compiled_llm.worker.loader import load_hf_config, read_json, resolve_dtype
+from compiled_llm.worker.spec import WorkerSpec
+
+DEMO_MODEL = Path(__file__).parents[1] / "data" / "demo_model"
+
+
+def resolve_device(device: str) -> torch.device:
+    """The torch device for EngineArgs.device (auto: CUDA when present, else CPU)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def eos_ids(model_dir: str, hf: dict[str, Any], tokenizer) -> tuple[int, ...]:
+    """EOS ids from generation_config.json, else config.json, else the tokenizer."""
+    gen = read_json(Path(model_dir) / "generation_config.json")
+    eos = gen.get("eos_token_id", hf.get("eos_token_id"))
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    return tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+
+
+def core_spec(args: EngineArgs, tokenizer) -> tuple[WorkerSpec, tuple[int, ...]]:
+    """What an engine core is built from besides args: the worker spec (model directory,
+    dtype, device, scheduler config) and the EOS token ids."""
+    model_dir = str(args.model or DEMO_MODEL)
+    device = resolve_device(args.device)
+    hf = load_hf_config(model_dir)
+    # max_model_len is an upper bound here: the worker settles it from the KV cache's size
+    sched_cfg = args.scheduler_config(*model_len_bounds(hf))
+    spec = WorkerSpec(model_dir, resolve_dtype(args.dtype, hf, device), device, sched_cfg)
+    return spec, eos_ids(model_dir, hf, tokenizer)
+
+
+def core_spec_from_args(args: EngineArgs) -> tuple[WorkerSpec, tuple[int, ...]]:
+    """core_spec with the tokenizer loaded only when the configs give no EOS id (as a front
+    end that has not loaded its tokenizer yet does)."""
+    spec, eos = core_spec(args, None)
+    if not eos and not args.skip_tokenizer_init:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or spec.model_dir)
+        spec, eos = core_spec(args, tokenizer)
+    return spec, eos
