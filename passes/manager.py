@@ -69,8 +69,9 @@ class PassConfig:
     enable_small_m_gemm: bool = True
     # ... on CPU graphs too (tests): there the op is torch.mm, hidden from Inductor
     small_m_gemm_on_cpu: bool = False
-    # small_m_mm(silu_and_mul(gate, up), W) -> compiled_llm::small_m_mm_silu_mul, one kernel
-    enable_silu_mul_small_m: bool = True
+    # small_m_mm(silu_and_mul(gate, up), W) -> compiled_llm::small_m_mm_silu_mul, one kernel;
+    # opt-in: with it the H200's batch-1 step was slower (docs/benchmarks.md, call 35)
+    enable_silu_mul_small_m: bool = False
     # pre-split: norm + RoPE + KV write, one op; opt-in until its kernel is measured on a GPU
     enable_qk_norm_rope_kv_write: bool = False
     # ... on CPU too: there the op runs the reference eagerly, slower than Inductor's kernels

@@ -19,8 +19,10 @@ from compiled_llm.gemm.tuning import MAX_M, SmallMConfig
 REDUCE_BLOCK = 1024
 COUNTERS = 1 << 15  # column blocks one split-K launch may have: N = 262144 at block_n 8
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
-# COMPILED_LLM_ONE_LAUNCH_SPLITS=0: always the second kernel (the A/B of benchmarks)
-ONE_LAUNCH = os.environ.get("COMPILED_LLM_ONE_LAUNCH_SPLITS", "1") != "0"
+# COMPILED_LLM_ONE_LAUNCH_SPLITS=1: the last program sums the splits (no second kernel);
+# opt-in: on the H200 the fence, atomic and dependent loads cost more than the second
+# kernel's launch inside a CUDA graph (docs/benchmarks.md, call 35)
+ONE_LAUNCH = os.environ.get("COMPILED_LLM_ONE_LAUNCH_SPLITS", "0") == "1"
 
 
 @triton.jit

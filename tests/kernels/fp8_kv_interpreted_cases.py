@@ -83,6 +83,7 @@ def test_decode_over_fp8_cache(num_splits, monkeypatch):
                                 DecodeConfig(block_n=16, num_warps=4, num_stages=1, max_splits=8),
                                 num_splits=num_splits, kv_scales=scales)
 
+    monkeypatch.setattr(decode_module, "ONE_LAUNCH", True)  # the opt-in one-launch merge
     out = run()
     _close(out, ref)
     assert not decode_module.merge_counters(out.device).any()

@@ -134,6 +134,7 @@ def test_decode_merges_splits_in_one_launch(num_splits, window, monkeypatch):
     # zero, a rerun alike, and the two-kernel merge's result bit for bit (5 tokens: empty splits)
     batch = make_batch([1, 1, 1], [100, 5, 47], 8, 2, 32, seed=7)
     ref, _ = reference(batch, SCALE, window)
+    monkeypatch.setattr(decode_module, "ONE_LAUNCH", True)  # opt-in (COMPILED_LLM_...=1)
     counters = decode_module.merge_counters(batch.q.device)
     monkeypatch.setattr(decode_module, "_decode_reduce_kernel", None)  # launching it would fail
     first = _decode(batch, window, num_splits)

@@ -22,6 +22,13 @@ TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2),
               torch.float16: (2e-3, 2e-3)}
 
 
+@pytest.fixture(autouse=True)
+def _one_launch(monkeypatch):
+    """The opt-in one-launch split-K (COMPILED_LLM_ONE_LAUNCH_SPLITS=1) under test; the two-kernel
+    default is what the fallback cases here run."""
+    monkeypatch.setattr(kernels, "ONE_LAUNCH", True)
+
+
 def _inputs(m: int, n: int, k: int, dtype: torch.dtype, seed: int):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=gen).to(dtype)

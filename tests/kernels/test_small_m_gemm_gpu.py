@@ -55,12 +55,13 @@ def _two_kernels(x: torch.Tensor, weight: torch.Tensor, config: SmallMConfig) ->
 @pytest.mark.parametrize("config", [SmallMConfig(16, 128, 8), SmallMConfig(32, 128, 4, 4, 3, True)],
                          ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_split_k_in_one_launch_is_the_two_kernel_sum(config, dtype):
+def test_split_k_in_one_launch_is_the_two_kernel_sum(config, dtype, monkeypatch):
     """The last program of a column block reads every other program's partial (release/acquire
     on its counter), launch after launch and replay after replay (new inputs each time, so a
     stale partial shows); the counters end at zero."""
     from compiled_llm.gemm import kernels
 
+    monkeypatch.setattr(kernels, "ONE_LAUNCH", True)  # opt-in: COMPILED_LLM_ONE_LAUNCH_SPLITS=1
     x = torch.randn(4, 4096, device="cuda", dtype=dtype)
     weight = torch.randn(8192, 4096, device="cuda", dtype=dtype) / 64
     for _ in range(20):

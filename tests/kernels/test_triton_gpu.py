@@ -175,6 +175,7 @@ def test_decode_merges_in_one_launch(monkeypatch):
     ref, _ = reference(batch, SCALE, -1)
     run = lambda: triton_attention(batch.q, batch.k, batch.v, batch.kv_cache,  # noqa: E731
                                    batch.meta, SCALE, -1)
+    monkeypatch.setattr(decode, "ONE_LAUNCH", True)  # opt-in: COMPILED_LLM_ONE_LAUNCH_SPLITS=1
     monkeypatch.setattr(decode, "_decode_reduce_kernel", None)  # launching it would fail
     fused = run()
     counters = decode.merge_counters(fused.device)
@@ -191,4 +192,5 @@ def test_decode_merges_in_one_launch(monkeypatch):
     assert not counters.any()
     monkeypatch.undo()
     monkeypatch.setattr(decode, "merge_counters", lambda device: None)
-    assert torch.equal(run(), fused)
+    # the two kernels' merge compiles to other instructions: close, not bit-equal (call 35)
+    assert _rel_err(run(), fused) < 1e-2

@@ -32,8 +32,10 @@ class DecodeConfig:
 
 COUNTER_SLOTS = 1 << 16  # (sequence, KV head) pairs one launch can merge in place
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
-# COMPILED_LLM_ONE_LAUNCH_SPLITS=0: always the second kernel (the A/B of benchmarks)
-ONE_LAUNCH = os.environ.get("COMPILED_LLM_ONE_LAUNCH_SPLITS", "1") != "0"
+# COMPILED_LLM_ONE_LAUNCH_SPLITS=1: the last program sums the splits (no second kernel);
+# opt-in: on the H200 the fence, atomic and dependent loads cost more than the second
+# kernel's launch inside a CUDA graph (docs/benchmarks.md, call 35)
+ONE_LAUNCH = os.environ.get("COMPILED_LLM_ONE_LAUNCH_SPLITS", "0") == "1"
 
 
 def merge_counters(device: torch.device) -> torch.Tensor | None:
