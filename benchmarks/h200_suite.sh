@@ -397,7 +397,7 @@ COMPILED_LLM_ONE_LAUNCH_SPLITS=0 $U --model $Q --label two_launch --engine-args 
 $py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --json $R/qk_norm_rope_qwen3-0.6b.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --json $R/profile_decode_qwen3-0.6b.jsonl
 $MK
-$U --model $CK/llama3-8b --label one_launch"
+$U --model $CK/llama3-8b --label one_launch --skip-tokenizer-init"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 30 ]; then  # one GPU (carry .whl): call 7's serving workload, the default
   # against --performance-mode interactivity (2048-token steps: shorter steps where prefill
