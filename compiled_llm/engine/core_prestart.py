@@ -94,7 +94,8 @@ def take_early_core(args, count: int) -> EarlyCore:
     that many and still runs, else (that one stopped) one started now. The taker stops it
     and removes its directory."""
     early = _state.pop("early", None)
-    if early is not None and early.count == count and early.process.poll() is None:
+    # one that exited by itself failed on these args: a second would too (its log says why)
+    if early is not None and early.count == count:
         return early
     if early is not None:
         _stop_early(early)
@@ -165,11 +166,14 @@ def _kill(process: subprocess.Popen) -> None:
 
 def _stop_early(early: EarlyCore) -> None:
     """SIGTERM (it stops building and releases what it loaded), killed if it takes long."""
-    if early.process.poll() is None:
-        early.process.send_signal(signal.SIGTERM)
     try:
+        if early.process.poll() is None:
+            early.process.send_signal(signal.SIGTERM)
         early.process.wait(EARLY_CORE_STOP_WAIT_S)
     except subprocess.TimeoutExpired:
-        early.process.kill()
-        early.process.wait()
-    shutil.rmtree(early.ipc_dir, ignore_errors=True)
+        pass
+    finally:  # a second Ctrl-C in the wait still ends it and removes its directory
+        if early.process.poll() is None:
+            early.process.kill()
+            early.process.wait()
+        shutil.rmtree(early.ipc_dir, ignore_errors=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -68,11 +70,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_serve(ns: argparse.Namespace) -> int:
     """Build the engine and serve until interrupted."""
     args, opts = engine_args(ns), dataclass_from(ServeArgs, ns)
+    # until the servers install their own: a SIGTERM during start-up still runs the finally
+    # below (the processes and directories started ahead are removed)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     _prestart_core(args, opts)  # first: its imports overlap the server stack's, below
     try:
         return _serve(ns, args, opts)
     finally:
         discard()  # what was started ahead and serving did not take (refused settings)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    sys.exit(128 + signum)
 
 
 def _serve(ns: argparse.Namespace, args, opts: ServeArgs) -> int:
@@ -124,7 +133,10 @@ def _prestart_core(args, opts: ServeArgs) -> None:
         maybe_cuda = args.device.startswith("cuda") or (
             args.device == "auto" and os.path.exists("/dev/nvidiactl"))
         count = 4 if maybe_cuda and (os.cpu_count() or 1) >= 16 else 1
-    if count == 1:
+    # one API server for a pooling runner or runtime LoRA updates (_serve): no shared core
+    one_server = args.runner == "pooling" or (args.enable_lora and os.environ.get(
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"))
+    if count == 1 or one_server:
         prestart("core_proc")  # as CoreClient starts its own
         return
     start_early_core(args, count)  # each in a session of its own, as serve_many wants them

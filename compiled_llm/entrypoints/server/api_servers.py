@@ -73,6 +73,7 @@ def serve_many(args: EngineArgs, host: str, port: int, cfg: ServerConfig, log_le
     is gone (1). The core and the servers are those core_prestart started ahead where they
     fit (the core already loading from args alone), else started now."""
     from compiled_llm.engine.core_multi import CoreEndpoint
+    from compiled_llm.engine.core_spec import core_spec
 
     if args.engine_core_process is False:
         raise ValueError("api_server_count > 1 needs the engine core in its own process "
@@ -80,8 +81,9 @@ def serve_many(args: EngineArgs, host: str, port: int, cfg: ServerConfig, log_le
     held = reuse_port_socket(host, port)  # the port is ours (not listening: no connections)
     port = held.getsockname()[1]
     stop = _stop_on_signals()
-    # the core derives its spec from args (a bad model or dtype: it says why in the log and
-    # every server exits, so this does too)
+    # the settings the core derives its spec from, checked here too: a bad dtype or length
+    # is a clear error of this process (the early core, failing alike, is stopped by discard)
+    core_spec(args, None)
     early = core_prestart.take_early_core(args, count)
     children = _Children(early.ipc_dir, None, early.process)
     try:

@@ -254,6 +254,18 @@ def test_a_bad_model_path_exits_non_zero_with_the_error(tmp_path):
     assert str(missing) in res.stdout + res.stderr
 
 
+def test_settings_the_core_would_refuse_are_a_clear_error_of_serve():
+    """The early core gets args alone; serve checks what it derives from them too, so a length
+    past the model's maximum is one error line and exit status 2, not core tracebacks."""
+    res = subprocess.run([sys.executable, "-m", "compiled_llm.entrypoints.cli", "serve",
+                          "--model", str(DEMO_MODEL), "--port", "0", "--api-server-count", "2",
+                          "--max-model-len", "100000000"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 2
+    assert "exceeds the model's maximum length" in res.stderr
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--api-server-count", "0"], "api_server_count must be >= 1"),
     (["--api-server-count", "2", "--no-engine-core-process"], "engine_core_process"),
