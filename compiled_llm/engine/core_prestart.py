@@ -75,6 +75,13 @@ def take(module: str, new_session: bool = False) -> subprocess.Popen:
     return process
 
 
+def shared_core_fits(args) -> bool:
+    """Whether settings read without imports allow several API servers: not an explicit
+    pooling runner, nor runtime LoRA updates (each is served by one API server)."""
+    runtime_lora = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower()
+    return args.runner != "pooling" and not (args.enable_lora and runtime_lora in ("1", "true"))
+
+
 def start_early_core(args, count: int) -> None:
     """Send the (prestarted) shared core of `count` API servers its arguments now: args, the
     addresses in a directory made here, this pid and sys.path; no spec (it derives that)."""

@@ -16,6 +16,7 @@ from compiled_llm.engine.core_prestart import (
     discard_servers,
     prestart,
     prestart_servers,
+    shared_core_fits,
     start_early_core,
 )
 from compiled_llm.entrypoints.cli.args import (
@@ -133,10 +134,7 @@ def _prestart_core(args, opts: ServeArgs) -> None:
         maybe_cuda = args.device.startswith("cuda") or (
             args.device == "auto" and os.path.exists("/dev/nvidiactl"))
         count = 4 if maybe_cuda and (os.cpu_count() or 1) >= 16 else 1
-    # one API server for a pooling runner or runtime LoRA updates (_serve): no shared core
-    one_server = args.runner == "pooling" or (args.enable_lora and os.environ.get(
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"))
-    if count == 1 or one_server:
+    if count == 1 or not shared_core_fits(args):
         prestart("core_proc")  # as CoreClient starts its own
         return
     start_early_core(args, count)  # each in a session of its own, as serve_many wants them
