@@ -361,10 +361,13 @@ $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json
 COMPILED_LLM_FUSED_TOPK_SAMPLING=1 $py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl --model $Q --label top_p_fused --sampling '{\"top_p\": 0.95}'"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 33 ]; then  # one GPU (carry .whl): call 30's serving runs (default and
-  # interactivity, offline beside), 8B start-up as whole processes, a batch-1 decode profile
+elif [ "$CALL" = 33 ] || [ "$CALL" = 34 ]; then  # one GPU (carry .whl): call 30's serving runs
+  # (default and interactivity, offline beside), 8B start-up as whole processes, then a batch-1
+  # decode profile (33) or the QK-norm + RoPE + KV-write pair on Qwen3-0.6B (34)
   Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" SIZES="--num-prompts 1024"
   SERVE="$CLI bench serve --port 8100 $SIZES --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 4 --ready-check-timeout-sec 120 --result-dir $R --result-filename serve_default.json"
+  LAST="$py -m benchmarks.profile_steps --model $Q --workload decode --json $R/profile_decode_qwen3-0.6b.jsonl"
+  [ "$CALL" = 34 ] && LAST="$py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --rounds 2 --json $R/qk_norm_rope_qwen3-0.6b.json"
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $CLI bench throughput --model $Q $SIZES --input-len 512 --output-len 256 --output-json $R/throughput_default.json
@@ -372,20 +375,7 @@ $CLI serve --model $Q --port 8100 --log-level warning & s=\$!; $SERVE; r=\$?; ki
 $CLI serve --model $Q --port 8100 --log-level warning --performance-mode interactivity & s=\$!; ${SERVE/serve_default.json/serve_interactivity.json}; r=\$?; kill \$s; wait \$s; exit \$r
 $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json
-$py -m benchmarks.profile_steps --model $Q --workload decode --json $R/profile_decode_qwen3-0.6b.jsonl"
-  stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 34 ]; then  # one GPU (carry .whl): call 33 again with the server's packages
-  # complete, the batch-1 profile replaced by the QK-norm + RoPE + KV-write pair on Qwen3-0.6B
-  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" SIZES="--num-prompts 1024"
-  SERVE="$CLI bench serve --port 8100 $SIZES --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 4 --ready-check-timeout-sec 120 --result-dir $R --result-filename serve_default.json"
-  mapfile -t a <<<"\
-$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
-$CLI bench throughput --model $Q $SIZES --input-len 512 --output-len 256 --output-json $R/throughput_default.json
-$CLI serve --model $Q --port 8100 --log-level warning & s=\$!; $SERVE; r=\$?; kill \$s; wait \$s; exit \$r
-$CLI serve --model $Q --port 8100 --log-level warning --performance-mode interactivity & s=\$!; ${SERVE/serve_default.json/serve_interactivity.json}; r=\$?; kill \$s; wait \$s; exit \$r
-$MK
-$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json
-$py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --rounds 2 --json $R/qk_norm_rope_qwen3-0.6b.json"
+$LAST"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 35 ]; then  # one GPU: GPU tests of the one-launch split-K GEMM, the one-launch
   # split decode attention and the gated small-M GEMM; batch-1 decode with them and without
