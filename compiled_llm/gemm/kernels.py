@@ -1,12 +1,10 @@
 """Triton small-M GEMM, y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 tokens, streaming W at the
 bandwidth limit: each program reads BLOCK_N rows of W over its share of K (split-K) once, against
-all M rows of x (tiny, L2-resident), in float32; with SPLIT_K > 1 the last program of a column
-block (a per-block counter) sums the float32 partials in split order: one launch. GATED: x is
+all M rows of x (tiny, L2-resident), in float32; with SPLIT_K > 1 a second kernel sums the float32
+partials in split order, or (opt-in, arrival.py) the column block's last program does. GATED: x is
 silu(gate) * up of two [M, K] operands, rounded once as Inductor's kernel for it rounds."""
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -14,15 +12,11 @@ import triton.language as tl
 from triton.language.extra import libdevice
 from triton.runtime.jit import JITFunction
 
+from compiled_llm.gemm.arrival import SLOTS, arrival_counters
 from compiled_llm.gemm.tuning import MAX_M, SmallMConfig
 
 REDUCE_BLOCK = 1024
-COUNTERS = 1 << 15  # column blocks one split-K launch may have: N = 262144 at block_n 8
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-# COMPILED_LLM_ONE_LAUNCH_SPLITS=1: the last program sums the splits (no second kernel);
-# opt-in: on the H200 the fence, atomic and dependent loads cost more than the second
-# kernel's launch inside a CUDA graph (docs/benchmarks.md, call 35)
-ONE_LAUNCH = os.environ.get("COMPILED_LLM_ONE_LAUNCH_SPLITS", "0") == "1"
+COUNTERS = SLOTS  # column blocks one split-K launch may have (shared with decode attention)
 
 
 @triton.jit
@@ -131,18 +125,8 @@ def _sum_splits_kernel(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: t
 
 
 def split_counters(device: torch.device) -> torch.Tensor | None:
-    """The device's COUNTERS int32 arrival counts of split-K launches, zeros between launches
-    (each launch's last programs reset theirs). Allocated once, never inside a CUDA graph
-    capture: None while capturing before they exist. Launches sharing them must not overlap:
-    the engine runs small-M GEMMs on its forward's one stream (MoE's side stream never does);
-    not keyed by stream, as a graph may be captured on a side stream."""
-    if not ONE_LAUNCH:
-        return None
-    counters = _COUNTERS.get(device)
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if counters is None and not capturing:
-        counters = _COUNTERS[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-    return counters
+    """The arrival counters of one-launch split-K sums (None: two kernels); see arrival.py."""
+    return arrival_counters(device)
 
 
 def block_m(m: int, use_dot: bool) -> int:
@@ -162,7 +146,7 @@ def check_config(m: int, config: SmallMConfig) -> None:
 def small_m_mm_triton(x: torch.Tensor, weight: torch.Tensor,
                       config: SmallMConfig) -> torch.Tensor:
     """x [M, K] @ weight [N, K]^T -> [M, N] in x's dtype, float32 accumulation. Split-K sums in
-    the same launch; a second kernel only past COUNTERS column blocks or without counters."""
+    a second kernel, or in the same launch with arrival counters (opt-in) for the grid."""
     return _launch(x, None, weight, config)
 
 

@@ -20,6 +20,7 @@ from compiled_llm.attention.kernels import (
     write_kv_cache,
 )
 from compiled_llm.attention.kernels import decode as decode_module
+from compiled_llm.gemm import arrival
 from tests.kernels.batches import fp8_batch, fp8_reference, make_batch
 
 pytestmark = pytest.mark.skipif(not kernels_interpreted(), reason="needs TRITON_INTERPRET=1")
@@ -83,7 +84,7 @@ def test_decode_over_fp8_cache(num_splits, monkeypatch):
                                 DecodeConfig(block_n=16, num_warps=4, num_stages=1, max_splits=8),
                                 num_splits=num_splits, kv_scales=scales)
 
-    monkeypatch.setattr(decode_module, "ONE_LAUNCH", True)  # the opt-in one-launch merge
+    monkeypatch.setattr(arrival, "ONE_LAUNCH", True)  # the opt-in one-launch merge
     out = run()
     _close(out, ref)
     assert not decode_module.merge_counters(out.device).any()

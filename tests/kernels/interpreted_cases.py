@@ -22,6 +22,7 @@ from compiled_llm.attention.kernels import (
     write_kv_cache,
 )
 from compiled_llm.attention.kernels import decode as decode_module
+from compiled_llm.gemm import arrival
 from tests.kernels.batches import make_batch, pad_decode, reference, tolerance
 
 pytestmark = pytest.mark.skipif(not kernels_interpreted(), reason="needs TRITON_INTERPRET=1")
@@ -134,7 +135,7 @@ def test_decode_merges_splits_in_one_launch(num_splits, window, monkeypatch):
     # zero, a rerun alike, and the two-kernel merge's result bit for bit (5 tokens: empty splits)
     batch = make_batch([1, 1, 1], [100, 5, 47], 8, 2, 32, seed=7)
     ref, _ = reference(batch, SCALE, window)
-    monkeypatch.setattr(decode_module, "ONE_LAUNCH", True)  # opt-in (COMPILED_LLM_...=1)
+    monkeypatch.setattr(arrival, "ONE_LAUNCH", True)  # opt-in (COMPILED_LLM_...=1)
     counters = decode_module.merge_counters(batch.q.device)
     monkeypatch.setattr(decode_module, "_decode_reduce_kernel", None)  # launching it would fail
     first = _decode(batch, window, num_splits)

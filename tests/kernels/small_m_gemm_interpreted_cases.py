@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from compiled_llm.attention.kernels import kernels_interpreted
-from compiled_llm.gemm import kernels
+from compiled_llm.gemm import arrival, kernels
 from compiled_llm.gemm.kernels import small_m_mm_silu_mul_triton, small_m_mm_triton
 from compiled_llm.gemm.tuning import SmallMConfig
 
@@ -26,7 +26,7 @@ TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2),
 def _one_launch(monkeypatch):
     """The opt-in one-launch split-K (COMPILED_LLM_ONE_LAUNCH_SPLITS=1) under test; the two-kernel
     default is what the fallback cases here run."""
-    monkeypatch.setattr(kernels, "ONE_LAUNCH", True)
+    monkeypatch.setattr(arrival, "ONE_LAUNCH", True)
 
 
 def _inputs(m: int, n: int, k: int, dtype: torch.dtype, seed: int):
@@ -93,7 +93,7 @@ def test_split_k_sums_in_one_launch_like_two_kernels(monkeypatch, use_dot, m, ha
     x, weight = _inputs(m, 80, 264, dtype, seed=11)
     config = SmallMConfig(block_n=16, block_k=32, split_k=4, use_dot=use_dot)
     with monkeypatch.context() as patch:
-        patch.setitem(kernels._COUNTERS, x.device, torch.zeros(0, dtype=torch.int32))
+        patch.setitem(arrival._COUNTERS, x.device, torch.zeros(0, dtype=torch.int32))
         two_kernels = small_m_mm_triton(x, weight, config)  # no room for 5 counters: fallback
     with monkeypatch.context() as patch:
         patch.setattr(kernels, "_sum_splits_kernel", _NoLaunch())

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from compiled_llm.gemm import SmallMConfig, small_m_mm, small_m_mm_silu_mul, tuning
+from compiled_llm.gemm import SmallMConfig, arrival, small_m_mm, small_m_mm_silu_mul, tuning
 
 pytestmark = [
     pytest.mark.gpu,
@@ -47,7 +47,7 @@ def _two_kernels(x: torch.Tensor, weight: torch.Tensor, config: SmallMConfig) ->
     from compiled_llm.gemm import kernels
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(kernels._COUNTERS, x.device, torch.zeros(0, dtype=torch.int32,
+        patch.setitem(arrival._COUNTERS, x.device, torch.zeros(0, dtype=torch.int32,
                                                                   device=x.device))
         return kernels.small_m_mm_triton(x, weight, config)
 
@@ -61,7 +61,7 @@ def test_split_k_in_one_launch_is_the_two_kernel_sum(config, dtype, monkeypatch)
     stale partial shows); the counters end at zero."""
     from compiled_llm.gemm import kernels
 
-    monkeypatch.setattr(kernels, "ONE_LAUNCH", True)  # opt-in: COMPILED_LLM_ONE_LAUNCH_SPLITS=1
+    monkeypatch.setattr(arrival, "ONE_LAUNCH", True)  # opt-in: COMPILED_LLM_ONE_LAUNCH_SPLITS=1
     x = torch.randn(4, 4096, device="cuda", dtype=dtype)
     weight = torch.randn(8192, 4096, device="cuda", dtype=dtype) / 64
     for _ in range(20):

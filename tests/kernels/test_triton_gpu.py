@@ -169,13 +169,14 @@ def test_decode_merges_in_one_launch(monkeypatch):
     splits arrive together)."""
     from compiled_llm.attention.kernels import decode
     from compiled_llm.attention.triton_backend import triton_attention
+    from compiled_llm.gemm import arrival
 
     batch = make_batch([1] * 3, [9000, 5, 700], HQ, HKV, D, dtype=torch.bfloat16, device="cuda",
                        seed=4)
     ref, _ = reference(batch, SCALE, -1)
     run = lambda: triton_attention(batch.q, batch.k, batch.v, batch.kv_cache,  # noqa: E731
                                    batch.meta, SCALE, -1)
-    monkeypatch.setattr(decode, "ONE_LAUNCH", True)  # opt-in: COMPILED_LLM_ONE_LAUNCH_SPLITS=1
+    monkeypatch.setattr(arrival, "ONE_LAUNCH", True)  # opt-in: COMPILED_LLM_ONE_LAUNCH_SPLITS=1
     monkeypatch.setattr(decode, "_decode_reduce_kernel", None)  # launching it would fail
     fused = run()
     counters = decode.merge_counters(fused.device)

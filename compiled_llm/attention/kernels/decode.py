@@ -8,7 +8,6 @@ and writes a partial (max, sum, acc; FP8 scales folded in); the last split to fi
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +15,7 @@ import triton
 import triton.language as tl
 
 from compiled_llm.attention.kernels.tile import attend_tile, kv_scale
+from compiled_llm.gemm.arrival import arrival_counters
 
 LOG2E = 1.4426950408889634
 
@@ -30,29 +30,10 @@ class DecodeConfig:
     max_splits: int = 32  # upper bound on KV splits per (sequence, KV head)
 
 
-COUNTER_SLOTS = 1 << 16  # (sequence, KV head) pairs one launch can merge in place
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-# COMPILED_LLM_ONE_LAUNCH_SPLITS=1: the last program sums the splits (no second kernel);
-# opt-in: on the H200 the fence, atomic and dependent loads cost more than the second
-# kernel's launch inside a CUDA graph (docs/benchmarks.md, call 35)
-ONE_LAUNCH = os.environ.get("COMPILED_LLM_ONE_LAUNCH_SPLITS", "0") == "1"
-
-
 def merge_counters(device: torch.device) -> torch.Tensor | None:
-    """The device's arrival counters of the in-launch merge: int32 [COUNTER_SLOTS], zero between
-    launches (each launch's last program resets its own). Made once, outside any CUDA-graph
-    capture (None while capturing before then: the caller merges in a second kernel instead).
-    Invariant: launches sharing the buffer run one after another (one stream at a time, as a
-    model's steps do); two decode launches overlapping on two streams would mix their counts."""
-    if not ONE_LAUNCH:
-        return None
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None  # a buffer from the graph's pool would be zeroed only on replay
-        counters = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-        _COUNTERS[device] = counters
-    return counters
+    """The arrival counters of the in-launch merge (None: a second kernel merges); see
+    compiled_llm/gemm/arrival.py."""
+    return arrival_counters(device)
 
 
 @triton.jit
