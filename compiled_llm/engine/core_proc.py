@@ -17,6 +17,7 @@ import zmq
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.engine_output import EngineCoreOutput
+from compiled_llm.core.gc_heap import freeze_startup_heap
 from compiled_llm.worker.spec import WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ def run_engine_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int
         outbox.close(linger=5000)
         context.term()
         return
+    freeze_startup_heap()
     outbox.send(pack(READY, pickle.dumps((core.info, core.get_stats()))))
     try:
         _serve(core, inbox, outbox, parent_pid)

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoTokenizer
 
 from compiled_llm.config import EngineArgs
+from compiled_llm.core.gc_heap import install_gc_debug
 from compiled_llm.core.kv_cache_manager import PrefixCacheStats
 from compiled_llm.engine.core_spec import DEMO_MODEL, core_spec, eos_ids, resolve_device
 from compiled_llm.engine.core_types import EngineStats
@@ -98,6 +99,7 @@ class LLMEngine:
         # can leave garbage cycles whose frames reach this frame and so the engine: collect
         # them now, so dropping the engine frees it without waiting for the collector.
         gc.collect()
+        install_gc_debug()
 
     def _make_core(self, args: EngineArgs, spec: WorkerSpec, core_process: bool,
                    endpoint: CoreEndpoint | None):

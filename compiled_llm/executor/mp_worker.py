@@ -13,6 +13,7 @@ import traceback
 
 import torch
 
+from compiled_llm.core.gc_heap import freeze_startup_heap
 from compiled_llm.distributed.parallel_state import destroy_tp_group, init_tp_group
 from compiled_llm.worker.tp_follower import follow
 from compiled_llm.worker.worker import WorkerSpec, build_runner
@@ -40,6 +41,7 @@ def run_worker(args, spec: WorkerSpec, rank: int, init_method: str, status_fd: i
         except BaseException:
             status.write(pickle.dumps(("error", traceback.format_exc())))
             raise
+        freeze_startup_heap()
         status.write(pickle.dumps(("ready", None)))
     try:
         follow(tp, runner)

@@ -85,6 +85,7 @@ def run_api_server(spec: ApiServerSpec) -> None:
     """Serve on the shared port until SIGTERM (or the parent's death)."""
     import uvicorn
 
+    from compiled_llm.core.gc_heap import freeze_startup_heap
     from compiled_llm.entrypoints.async_llm import AsyncLLM
     from compiled_llm.entrypoints.server.app import build_app, uvicorn_config
     from compiled_llm.entrypoints.server.metrics import ServerMetrics
@@ -99,6 +100,7 @@ def run_api_server(spec: ApiServerSpec) -> None:
         app = build_app(engine, spec.cfg, metrics)
         config = uvicorn_config(app, spec.host, spec.port, spec.cfg, spec.log_level,
                                 log_config=_uvicorn_log_config(log_prefix()))
+        freeze_startup_heap()
         uvicorn.Server(config).run(sockets=[reuse_port_socket(spec.host, spec.port)])
     finally:
         engine.shutdown()

@@ -182,6 +182,7 @@ def serve(args: EngineArgs, host: str, port: int, cfg: ServerConfig,
     """Build the engine and serve until interrupted (a pooling engine for runner pooling)."""
     import uvicorn
 
+    from compiled_llm.core.gc_heap import freeze_startup_heap
     from compiled_llm.engine.pooling_engine import resolve_runner
 
     if resolve_runner(args, str(args.model or DEMO_MODEL)) == "pooling":
@@ -192,6 +193,7 @@ def serve(args: EngineArgs, host: str, port: int, cfg: ServerConfig,
         metrics = ServerMetrics(cfg.model_name)
         engine = AsyncLLM(args, observer=metrics)
         app = build_app(engine, cfg, metrics)
+    freeze_startup_heap()  # this process is the server's own
     try:
         uvicorn.Server(uvicorn_config(app, host, port, cfg, log_level)).run()
     finally:
