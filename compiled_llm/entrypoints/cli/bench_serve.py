@@ -125,7 +125,9 @@ def request_bodies(data: list[tuple[list[int], int]], model: str, chat: bool,
 
 def summarize(records: list, duration: float) -> dict:
     """vLLM's result keys: counts, throughputs, {mean,median,std,p99}_{ttft,tpot,itl,e2el}_ms
-    over the successful requests, and per-request lists over all of them."""
+    over the successful requests, and per-request lists over all of them; `starts` (send
+    times on the machine's monotonic clock, as time.monotonic() and the server's logs read it)
+    places each request's gaps in time."""
     ok = [r for r in records if r.ok]
     inputs, outputs = sum(r.prompt_len for r in ok), sum(r.output_tokens for r in ok)
     result = {"duration": duration, "completed": len(ok), "failed": len(records) - len(ok),
@@ -146,7 +148,8 @@ def summarize(records: list, duration: float) -> dict:
     result.update(input_lens=[r.prompt_len for r in records],
                   output_lens=[r.output_tokens for r in records],
                   ttfts=[r.ttft for r in records], itls=[r.itl for r in records],
-                  e2els=[r.latency for r in records], errors=[r.error for r in records])
+                  e2els=[r.latency for r in records], errors=[r.error for r in records],
+                  starts=[r.start for r in records])
     return result
 
 

@@ -6,6 +6,7 @@ the random and nano-vllm workloads on their own."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -30,7 +31,7 @@ JSON_KEYS = ["duration", "completed", "total_input_tokens", "total_output_tokens
              "request_throughput", "output_throughput", "total_token_throughput",
              *(f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl", "e2el")
                for stat in ("mean", "median", "std", "p99")),
-             "input_lens", "output_lens", "ttfts", "itls", "errors"]
+             "input_lens", "output_lens", "ttfts", "itls", "errors", "starts"]
 
 
 @pytest.fixture(autouse=True)
@@ -69,6 +70,10 @@ def test_bench_serve_reports_consistent_figures(server, tmp_path, capsys):
     assert result["output_throughput"] == pytest.approx(NUM_PROMPTS * OUTPUT_LEN / duration)
     assert result["request_throughput"] == pytest.approx(NUM_PROMPTS / duration)
     assert max(result["e2els"]) <= duration
+    # send times on one clock over both client processes: within the run, and on this
+    # machine's monotonic clock (what the server's gc log stamps)
+    starts = result["starts"]
+    assert max(starts) - min(starts) <= duration <= time.monotonic() - min(starts)
     assert result["median_ttft_ms"] <= result["p99_ttft_ms"]
     assert result["mean_ttft_ms"] <= result["mean_e2el_ms"]
 
