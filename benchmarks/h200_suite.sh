@@ -55,8 +55,8 @@
 #     bash benchmarks/h200_suite.sh 34    # call 33 with the server's packages, the QK-norm pair
 #     bash benchmarks/h200_suite.sh 35    # one-launch split kernels and the gated GEMM: GPU
 #                                         # tests, batch 1 with and without, QK-norm pair
-#     bash benchmarks/h200_suite.sh 36    # 8B start-up (args at spawn), serving with 8 client
-#                                         # processes, 8B batch 1 against gpt-fast (.whl .peer)
+#     bash benchmarks/h200_suite.sh 36    # serving's ITL tail, heap frozen or not (8 client
+#                                         # processes), 8B start-up, 8B batch 1 against gpt-fast
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -391,16 +391,19 @@ $py -m benchmarks.profile_steps --model $Q --workload decode --json $R/profile_d
 $MK
 $U --model $CK/llama3-8b --label one_launch --skip-tokenizer-init"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 36 ]; then  # one GPU (carry .whl .peer): 8B start-up with the serve path that
-  # hands the core its args at spawn (stamped server log), serving with 8 client processes
-  # (is the ITL tail the clients'?), then Llama-3-8B batch 1 against gpt-fast
-  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli"
-  SERVE="$CLI bench serve --port 8100 --num-prompts 1024 --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 8 --ready-check-timeout-sec 120 --result-dir $R --result-filename serve_clients8.json"
+elif [ "$CALL" = 36 ]; then  # one GPU (carry .whl .peer): serving's ITL tail with the
+  # start-up heap frozen (the default) and not, the collections logged, 8 client processes;
+  # offline beside; 8B start-up (args at spawn); Llama-3-8B batch 1 against gpt-fast
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" GAPS="$py -m benchmarks.itl_gaps"
+  SERVE="$CLI bench serve --port 8100 --num-prompts 1024 --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 8 --ready-check-timeout-sec 120 --result-dir $R --result-filename serve_frozen.json"
+  ON="COMPILED_LLM_GC_DEBUG=1 $CLI serve --model $Q --port 8100 --log-level warning"
   mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
+$ON 2> $R/serve_frozen.log & s=\$!; $SERVE; r=\$?; kill \$s; wait \$s; $GAPS $R/serve_frozen.json --log $R/serve_frozen.log; exit \$r
+COMPILED_LLM_GC_FREEZE=0 $ON 2> $R/serve_unfrozen.log & s=\$!; ${SERVE/serve_frozen.json/serve_unfrozen.json}; r=\$?; kill \$s; wait \$s; $GAPS $R/serve_unfrozen.json --log $R/serve_unfrozen.log; exit \$r
 $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json
-$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
-$CLI serve --model $Q --port 8100 --log-level warning & s=\$!; $SERVE; r=\$?; kill \$s; wait \$s; exit \$r
 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 30 ]; then  # one GPU (carry .whl): call 7's serving workload, the default
