@@ -17,6 +17,7 @@ from compiled_llm.core.request import Request, RequestStatus
 from compiled_llm.core.scheduler import Scheduler, SchedulerOutput
 from compiled_llm.core.spec_scheduler import SpecScheduler
 from compiled_llm.engine.core_types import CoreInfo, EngineStats
+from compiled_llm.engine.step_log import StepLog
 from compiled_llm.executor import make_executor
 from compiled_llm.speculative import speculative_config_of
 from compiled_llm.worker.model_runner import LaunchedStep, StepResult
@@ -57,6 +58,7 @@ class EngineCore:
         self._awaiting_grammar: list[tuple[Request, Future]] = []
         self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling
         self._news: dict[str, EngineCoreOutput] = {}
+        self._step_log = StepLog()
         ex = self.executor
         self.info = CoreInfo(ex.num_blocks, args.block_size, ex.vocab_size, ex.max_model_len,
                              ex.model_config, ex.startup_seconds, ex.cudagraph_batch_sizes(),
@@ -149,6 +151,7 @@ class EngineCore:
             self._admit_compiled()
         timer = self.executor.step_timer
         timer.begin()
+        began = self._step_log.begin()
         try:
             if self.spec_config is not None:
                 self._step_spec(timer)
@@ -158,6 +161,7 @@ class EngineCore:
                 self._step(timer)
         finally:
             timer.end()
+            self._step_log.end(began)
         news, self._news = self._news, {}
         return list(news.values())
 
@@ -256,6 +260,7 @@ class EngineCore:
 
     def _process(self, sched: SchedulerOutput, result: StepResult) -> None:
         """A finished step's results: failures, prompt logprobs, tokens and stop checks."""
+        self._step_log.landed = sched
         for rid, err in result.errors.items():
             self.scheduler.finish(_scheduled_request(rid, sched), RequestStatus.FINISHED_ERROR,
                                   error=err)
