@@ -13,12 +13,12 @@ fi
 #   bash ../shared/gpu/fetch-wheels.sh pyzmq msgpack xgrammar==0.2.9 xxhash \
 #     apache-tvm-ffi==0.1.15.post2 pydantic pydantic-core annotated-types typing-inspection \
 #     uvicorn fastapi starlette h11 click anyio sniffio annotated-doc prometheus-client \
-#     opentelemetry-api typing-extensions httpx httpcore
+#     opentelemetry-api typing-extensions httpx httpcore uvloop httptools
 # (and tiktoken sentencepiece regex requests for the gpt-fast peer), then carry .whl.
 python3 - <<'CHECK' >&2
 import importlib
 for name in ("zmq", "msgpack", "xgrammar", "xxhash", "uvicorn", "fastapi", "prometheus_client",
-             "httpx"):
+             "httpx", "uvloop", "httptools"):
     try:
         importlib.import_module(name)
     except Exception as exc:  # name the package and why, once, before any benchmark runs

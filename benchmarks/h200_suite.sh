@@ -57,6 +57,8 @@
 #                                         # tests, batch 1 with and without, QK-norm pair
 #     bash benchmarks/h200_suite.sh 36    # serving's ITL tail, heap frozen or not (8 client
 #                                         # processes), 8B start-up, 8B batch 1 against gpt-fast
+#     bash benchmarks/h200_suite.sh 37    # serving's slow gaps beside logged collections and
+#                                         # slow steps: 4 or 8 API servers, 2048-token steps
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -405,6 +407,22 @@ COMPILED_LLM_GC_FREEZE=0 $ON 2> $R/serve_unfrozen.log & s=\$!; ${SERVE/serve_fro
 $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json
 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 37 ]; then  # one GPU (carry .whl): where serving's slow gaps come from:
+  # collections and slow steps logged beside the gaps, with 4 API servers (default), 8, and
+  # 2048-token steps; offline beside
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" GAPS="$py -m benchmarks.itl_gaps"
+  SERVE="$CLI bench serve --port 8100 --num-prompts 1024 --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 8 --ready-check-timeout-sec 120 --result-dir $R"
+  ON="COMPILED_LLM_GC_DEBUG=1 COMPILED_LLM_STEP_DEBUG=15 $CLI serve --model $Q --port 8100 --log-level warning"
+  run() {  # run NAME [serve flags]: serve, bench, place the gaps
+    echo "$ON ${*:2} 2> $R/serve_$1.log & s=\$!; $SERVE --result-filename serve_$1.json; r=\$?; kill \$s; wait \$s; $GAPS $R/serve_$1.json --log $R/serve_$1.log; exit \$r"
+  }
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$(run default)
+$(run api8 --api-server-count 8)
+$(run tokens2048 --max-num-batched-tokens 2048)
+$CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 30 ]; then  # one GPU (carry .whl): call 7's serving workload, the default
   # against --performance-mode interactivity (2048-token steps: shorter steps where prefill

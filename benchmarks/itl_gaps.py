@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 STEP_LINE = re.compile(r"step: ([\d.]+) ms at monotonic ([\d.]+); landed (\d+) requests, "
-                       r"(\d+) tokens, (\d+) of them prefill")
+                       r"(\d+) tokens, (\d+) of them prefill; ([\d.]+) ms outside")
 GC_LINE = re.compile(r"gc: generation (\d) took ([\d.]+) ms, collected \d+ "
                      r"\(pid (\d+), monotonic ([\d.]+)\)")
 
@@ -38,10 +38,12 @@ def collections(log: Path) -> list[tuple[float, float, int, int]]:
     return found
 
 
-def steps(log: Path) -> list[tuple[float, float, int, int]]:
-    """(start, seconds, requests, prefill tokens) of each logged slow step."""
-    return [(float(began), float(millis) / 1e3, int(reqs), int(prefill))
-            for millis, began, reqs, _, prefill in STEP_LINE.findall(log.read_text(
+def steps(log: Path) -> list[tuple[float, float, int, int, float]]:
+    """(start, seconds with the time outside steps before it, requests, prefill tokens,
+    seconds outside steps) of each logged slow step."""
+    return [(float(began) - float(out) / 1e3, (float(millis) + float(out)) / 1e3, int(reqs),
+             int(prefill), float(out) / 1e3)
+            for millis, began, reqs, _, prefill, out in STEP_LINE.findall(log.read_text(
                 errors="replace"))]
 
 
@@ -52,12 +54,13 @@ def _overlapping(slow: list, windows: list) -> int:
 
 
 def step_makeup(slow_steps: list) -> dict:
-    """The slow steps: how many, and how many carried prefill (their tokens' median)."""
-    prefill = [tokens for *_, tokens in slow_steps if tokens]
+    """The slow steps: how many, how many carried prefill (their tokens' median), how many
+    waited 2 ms or more outside steps (the core loop's own work) before they began."""
+    prefill = [step[3] for step in slow_steps if step[3]]
     return {"count": len(slow_steps), "with_prefill": len(prefill),
             "median_prefill_tokens": statistics.median(prefill) if prefill else 0,
-            "median_ms": 1e3 * statistics.median(s for _, s, _, _ in slow_steps)
-            if slow_steps else 0}
+            "median_ms": 1e3 * statistics.median(s[1] for s in slow_steps) if slow_steps else 0,
+            "after_2ms_outside_steps": sum(step[4] >= 2e-3 for step in slow_steps)}
 
 
 def report(result: dict, pauses: list, factor: float, step_list: list = ()) -> dict:
@@ -66,6 +69,7 @@ def report(result: dict, pauses: list, factor: float, step_list: list = ()) -> d
     first = min(result["starts"])
     last = max(start + e2el for start, e2el in zip(result["starts"], result["e2els"]))
     pauses = [p for p in pauses if first <= p[0] <= last]  # the run's, not start-up's
+    step_list = [s for s in step_list if first <= s[0] <= last]
     events = gap_events(result)
     median = statistics.median(gap for _, gap, _, _ in events)
     slow = [e for e in events if e[1] > factor * median]

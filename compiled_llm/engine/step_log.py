@@ -1,6 +1,7 @@
-"""Opt-in log of slow engine steps ($COMPILED_LLM_STEP_DEBUG=MS): each EngineCore.step() call of
-MS milliseconds or more, with what the step it landed held (tokens, requests, prefill tokens),
-stamped on the monotonic clock that `bench serve`'s send times and the collector log share."""
+"""Opt-in log of slow engine steps ($COMPILED_LLM_STEP_DEBUG=MS): each EngineCore.step() call
+that took, with the time since the previous one ended (the core loop's own work: admitting
+requests, sending outputs), MS milliseconds or more; with what the step landed held, stamped on
+the monotonic clock that `bench serve`'s send times and the collector log share."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class StepLog:
     def __init__(self) -> None:
         self.min_ms = float(os.environ.get(ENV_STEP_DEBUG, "0") or 0)
         self.landed: SchedulerOutput | None = None  # set by the core as a step's results land
+        self._last_end: float | None = None
 
     def begin(self) -> float:
         """The step's start (monotonic seconds)."""
@@ -27,12 +29,17 @@ class StepLog:
         return time.monotonic()
 
     def end(self, began: float) -> None:
-        """Log the step that began at `began` if it took min_ms or more."""
-        millis = (time.monotonic() - began) * 1e3
-        if not self.min_ms or millis < self.min_ms:
+        """Log the step that began at `began` if it and the time before it since the last
+        step's end took min_ms or more."""
+        now = time.monotonic()
+        millis = (now - began) * 1e3
+        before = 0.0 if self._last_end is None else max(0.0, began - self._last_end) * 1e3
+        self._last_end = now
+        if not self.min_ms or millis + before < self.min_ms:
             return
         scheduled = self.landed.scheduled if self.landed is not None else []
         prefill = sum(num_new for _, num_new in scheduled if num_new > 1)
         logger.warning("step: %.1f ms at monotonic %.3f; landed %d requests, %d tokens, "
-                       "%d of them prefill", millis, began, len(scheduled),
-                       sum(num_new for _, num_new in scheduled), prefill)
+                       "%d of them prefill; %.1f ms outside steps before it", millis, began,
+                       len(scheduled), sum(num_new for _, num_new in scheduled), prefill,
+                       before)

@@ -22,6 +22,7 @@ def test_logs_steps_over_the_threshold(monkeypatch, caplog):
         log.end(began - 1.0)  # a step of a second
     [record] = caplog.records
     assert "landed 3 requests, 302 tokens, 300 of them prefill" in record.getMessage()
+    assert "0.0 ms outside steps before it" in record.getMessage()  # the first step
 
 
 def test_off_by_default(monkeypatch, caplog):
