@@ -129,9 +129,14 @@ class SchedulerConfig:
     """Split long prompts over several steps so prefill shares steps with decode."""
     scheduling_policy: SchedulerPolicy = "fcfs"
     """fcfs: first come, first served; priority: the lowest request priority value first."""
+    max_decode_slowdown: float | None = None
+    """With requests decoding, cap a step's prefill tokens so the step lasts at most this many
+    times a decode-only step (both learned from the steps run); None: no cap."""
 
     def __post_init__(self) -> None:
         check_choices(self)
+        if self.max_decode_slowdown is not None and not self.max_decode_slowdown > 1:
+            raise ValueError(f"max_decode_slowdown must be > 1, got {self.max_decode_slowdown}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -261,6 +266,10 @@ class EngineArgs(ParallelArgs, LoRAArgs):
     """Block hash for prefix caching: xxhash (fast) or sha256."""
     scheduling_policy: SchedulerPolicy = "fcfs"
     """fcfs: first come, first served; priority: the lowest request priority value first."""
+    max_decode_slowdown: float | None = None
+    """With requests decoding, cap each step's prompt tokens so the step lasts at most this
+    many times a decode-only step, both learned from the steps run: it bounds inter-token
+    latency while prompts arrive, at some throughput (default: none; 0: none)."""
     async_scheduling: bool = True
     """Schedule and launch step N+1 before reading step N's tokens, so host work overlaps the
     device; a step returns the previous step's outputs. Sampling that needs the previous token
@@ -312,6 +321,9 @@ class EngineArgs(ParallelArgs, LoRAArgs):
         check_speculative(self)  # ValueError naming the speculative_config field at fault
         self.check_parallel()
         self.check_parallel_combinations()
+        if self.max_decode_slowdown and not self.max_decode_slowdown > 1:
+            raise ValueError(f"max_decode_slowdown must be > 1 (or 0: none), got "
+                             f"{self.max_decode_slowdown}")
         if self.max_model_len in AUTO_MAX_MODEL_LEN:
             self.max_model_len = None  # one spelling of auto from here on
         elif self.max_model_len is not None and (
@@ -341,7 +353,7 @@ class EngineArgs(ParallelArgs, LoRAArgs):
             tokens = max(mode.max_num_batched_tokens, 0 if self.enable_chunked_prefill else max_len)
         seqs = mode.max_num_seqs if self.max_num_seqs is None else self.max_num_seqs
         return SchedulerConfig(seqs, tokens, max_len, self.enable_chunked_prefill,
-                               self.scheduling_policy)
+                               self.scheduling_policy, self.max_decode_slowdown or None)
 
     def cache_config(self) -> CacheConfig:
         """The KV cache's settings."""

@@ -57,6 +57,10 @@ class Scheduler:
         self._newly_finished: list[Request] = []  # to report, in finish order
         self.num_preemptions = 0
         self.max_loras = 0  # most adapters among running requests (0: no limit); the core sets it
+        # most prefill tokens in a step with decodes (None: only the token budget); the core
+        # sets it from StepCostModel when max_decode_slowdown is on
+        self.prefill_cap: int | None = None
+        self._prefill_room: int | None = None  # what is left of prefill_cap in this step
 
     def add_request(self, req: Request) -> None:
         """Queue a request; its prompt must fit max_model_len and the pool (checked here)."""
@@ -79,6 +83,7 @@ class Scheduler:
         last (none in a step that had to preempt)."""
         out = SchedulerOutput(finished_req_ids=self._finished_ids)
         self._finished_ids = set()
+        self._prefill_room = self.prefill_cap if self._has_decodes() else None
         budget = self._schedule_running(out, self.cfg.max_num_batched_tokens)
         if not out.num_preempted:
             self._schedule_waiting(out, budget)
@@ -95,11 +100,28 @@ class Scheduler:
             if req.num_pending and self._nothing_to_compute(req):  # (hot: test the field first)
                 continue
             num_new = self._num_new_tokens(req, budget)
+            if num_new > 1 and req.num_computed_tokens < req.num_prompt_tokens:
+                num_new = self._take_prefill(num_new)  # a prompt's chunk
+                if not num_new:
+                    continue
             if not self._allocate_or_preempt(req, num_new, out):
                 continue
             out.scheduled.append((req, num_new))
             budget -= num_new
         return budget
+
+    def _has_decodes(self) -> bool:
+        """Whether a running request is past its prompt (only asked with a prefill cap)."""
+        return self.prefill_cap is not None and any(
+            req.num_computed_tokens >= req.num_prompt_tokens for req in self.running)
+
+    def _take_prefill(self, num_new: int) -> int:
+        """num_new prompt tokens, cut to what the step's prefill room has left."""
+        if self._prefill_room is None:
+            return num_new
+        num_new = min(num_new, self._prefill_room)
+        self._prefill_room -= num_new
+        return num_new
 
     def _num_new_tokens(self, req: Request, budget: int) -> int:
         """Tokens a running request computes this step (speculative decoding adds drafts)."""
@@ -131,13 +153,16 @@ class Scheduler:
             hits = self.kv.get_computed_blocks(req)  # waiting requests hold no blocks
             left = req.num_tokens - len(hits) * self.kv.block_size
             num_new = min(left, budget)
-            if not self.cfg.enable_chunked_prefill and num_new < left:
+            if self._prefill_room is not None:
+                num_new = min(num_new, self._prefill_room)
+            if not num_new or not self.cfg.enable_chunked_prefill and num_new < left:
                 break
             if self.max_loras and not self._lora_fits(req):
                 break  # its adapter would exceed max_loras: it waits for a slot
             if not self.kv.allocate_slots(req, num_new + self._lookahead(req, num_new), hits):
                 break
             self.waiting.pop()
+            self._take_prefill(num_new)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append((req, num_new))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from concurrent.futures import Future
 
 from compiled_llm.config import EngineArgs
@@ -16,6 +17,7 @@ from compiled_llm.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from compiled_llm.core.request import Request, RequestStatus
 from compiled_llm.core.scheduler import Scheduler, SchedulerOutput
 from compiled_llm.core.spec_scheduler import SpecScheduler
+from compiled_llm.core.step_cost import StepCostModel
 from compiled_llm.engine.core_types import CoreInfo, EngineStats
 from compiled_llm.engine.step_log import StepLog
 from compiled_llm.executor import make_executor
@@ -54,6 +56,9 @@ class EngineCore:
             scheduler_cls = AsyncScheduler if args.async_scheduling else Scheduler
             self.scheduler = scheduler_cls(sched_cfg, self.kv)
         self.scheduler.max_loras = args.max_loras if args.enable_lora else 0
+        slowdown = sched_cfg.max_decode_slowdown
+        self._step_cost = StepCostModel(slowdown) if slowdown else None
+        self._last_landing: float | None = None  # when the previous step landed
         self.grammars = grammars  # a callable giving the GrammarManager, built on first use
         self._awaiting_grammar: list[tuple[Request, Future]] = []
         self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling
@@ -248,6 +253,20 @@ class EngineCore:
             timer.executed()
         self._process(sched, result)
 
+    def _observe_cost(self, sched: SchedulerOutput) -> None:
+        """Feed the step cost model the landed step (its time: since the previous landing,
+        when the engine ran steps back to back), and the scheduler its new prefill cap."""
+        now = time.monotonic()
+        last, self._last_landing = self._last_landing, now
+        if not self.scheduler.has_unfinished():
+            self._last_landing = None  # idle next: the time until the next landing is not a step
+        if last is None:
+            return
+        prefill = sum(num_new for _, num_new in sched.scheduled if num_new > 1)
+        decodes = sum(num_new == 1 for _, num_new in sched.scheduled)
+        self._step_cost.observe(decodes, prefill, now - last)
+        self.scheduler.prefill_cap = self._step_cost.prefill_cap()
+
     def _fail_skipped(self, sched: SchedulerOutput, skipped: dict[str, str]) -> None:
         """Fail the requests the input batch left out of the step (their data cannot run),
         before the step counts as computed: the blocks they were to fill lose their hashes."""
@@ -261,6 +280,8 @@ class EngineCore:
     def _process(self, sched: SchedulerOutput, result: StepResult) -> None:
         """A finished step's results: failures, prompt logprobs, tokens and stop checks."""
         self._step_log.landed = sched
+        if self._step_cost is not None:
+            self._observe_cost(sched)
         for rid, err in result.errors.items():
             self.scheduler.finish(_scheduled_request(rid, sched), RequestStatus.FINISHED_ERROR,
                                   error=err)

@@ -1,0 +1,42 @@
+"""What a step costs, learned from the steps the engine runs: the time of a decode-only step
+and the extra time per prefill token on top of it. From them, the most prefill tokens a step
+that carries decodes may take so it lasts at most `slowdown` times a decode-only step: the
+bound on inter-token latency while prompts arrive (SchedulerConfig.max_decode_slowdown)."""
+
+from __future__ import annotations
+
+SMOOTHING = 0.2  # weight of the newest step in the running averages
+MIN_PREFILL_SAMPLE = 64  # fewer prefill tokens say little about their cost
+MIN_CAP = 256  # a step with decodes always takes this much prefill: prompts keep moving
+
+
+class StepCostModel:
+    """Running averages of a decode-only step's seconds and a prefill token's extra seconds;
+    `prefill_cap()` is None until both are known."""
+
+    def __init__(self, slowdown: float) -> None:
+        if not slowdown > 1:
+            raise ValueError(f"max_decode_slowdown must be > 1, got {slowdown}")
+        self.slowdown = slowdown
+        self.decode_s: float | None = None
+        self.token_s: float | None = None
+
+    def observe(self, decodes: int, prefill_tokens: int, seconds: float) -> None:
+        """One landed step: its decoding requests, prefill tokens and duration."""
+        if decodes and not prefill_tokens:
+            self.decode_s = _blend(self.decode_s, seconds)
+        elif decodes and prefill_tokens >= MIN_PREFILL_SAMPLE and self.decode_s is not None:
+            extra = seconds - self.decode_s
+            if extra > 0:
+                self.token_s = _blend(self.token_s, extra / prefill_tokens)
+
+    def prefill_cap(self) -> int | None:
+        """Most prefill tokens for a step with decodes (None: no estimate yet, no cap)."""
+        if self.decode_s is None or self.token_s is None:
+            return None
+        room = (self.slowdown - 1) * self.decode_s / self.token_s
+        return max(MIN_CAP, int(room))
+
+
+def _blend(average: float | None, sample: float) -> float:
+    return sample if average is None else average + SMOOTHING * (sample - average)

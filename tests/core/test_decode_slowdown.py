@@ -1,0 +1,70 @@
+"""The prefill cap that bounds inter-token latency: the step cost model's estimates, and the
+scheduler holding steps with decodes to the cap (waiting and running prompts alike) while a
+step without decodes keeps the whole token budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from compiled_llm.config import EngineArgs, SchedulerConfig
+from compiled_llm.core.step_cost import MIN_CAP, StepCostModel
+from tests.core.test_scheduler import fake_step, layout, make_req, make_sched, run_to_completion
+
+
+def test_cost_model_learns_decode_time_and_prefill_token_cost():
+    model = StepCostModel(2.5)
+    assert model.prefill_cap() is None
+    model.observe(decodes=256, prefill_tokens=0, seconds=0.006)
+    assert model.prefill_cap() is None  # no prefill cost seen yet
+    model.observe(decodes=100, prefill_tokens=8192, seconds=0.006 + 8192 * 3e-6)
+    # a step may take 1.5 decode steps of prefill: 0.009 s / 3 us a token
+    assert model.prefill_cap() == pytest.approx(3000, abs=1)
+    model.observe(decodes=0, prefill_tokens=8192, seconds=1.0)  # no decodes: says nothing
+    model.observe(decodes=5, prefill_tokens=10, seconds=1.0)  # too few tokens to count
+    assert model.prefill_cap() == pytest.approx(3000, abs=1)
+
+
+def test_cost_model_never_caps_below_the_minimum():
+    model = StepCostModel(1.1)
+    model.observe(decodes=1, prefill_tokens=0, seconds=0.001)
+    model.observe(decodes=1, prefill_tokens=1000, seconds=1.0)
+    assert model.prefill_cap() == MIN_CAP
+
+
+def test_a_step_with_decodes_takes_at_most_the_cap():
+    sched, kv = make_sched(max_num_batched_tokens=64, num_blocks=128)
+    sched.prefill_cap = 10
+    a = make_req("a", 4, arrival=0, max_tokens=6)
+    sched.add_request(a)
+    out, _ = fake_step(sched)
+    assert layout(out) == [("a", 4)]  # nothing decodes yet: no cap
+    for k, size in enumerate((30, 30)):
+        sched.add_request(make_req(f"p{k}", size, arrival=1 + k, max_tokens=1))
+    out, _ = fake_step(sched)
+    assert layout(out) == [("a", 1), ("p0", 10)]
+    out, _ = fake_step(sched)
+    assert layout(out) == [("a", 1), ("p0", 10)]  # a running prompt's chunk is capped too
+    run_to_completion(sched)
+    assert kv.num_used_blocks == 0
+
+
+def test_without_a_cap_the_budget_alone_limits_prefill():
+    sched, _ = make_sched(max_num_batched_tokens=64, num_blocks=128)
+    sched.add_request(make_req("a", 4, arrival=0, max_tokens=6))
+    fake_step(sched)
+    sched.add_request(make_req("p", 30, arrival=1, max_tokens=1))
+    out, _ = fake_step(sched)
+    assert layout(out) == [("a", 1), ("p", 30)]
+
+
+@pytest.mark.parametrize("bad", [1.0, 0.5, -2])
+def test_bad_slowdowns_are_refused(bad):
+    with pytest.raises(ValueError, match="max_decode_slowdown"):
+        EngineArgs(max_decode_slowdown=bad)
+    with pytest.raises(ValueError, match="max_decode_slowdown"):
+        SchedulerConfig(max_decode_slowdown=bad)
+
+
+def test_zero_turns_the_cap_off():
+    assert EngineArgs(max_decode_slowdown=0).scheduler_config(4096).max_decode_slowdown is None
+    assert EngineArgs(max_decode_slowdown=2.5).scheduler_config(4096).max_decode_slowdown == 2.5
