@@ -38,11 +38,13 @@ _THREADS: list[int] = []  # the thread count before a CPU group took its share
 
 
 def init_tp_group(rank: int, world_size: int, init_method: str, device: torch.device,
-                  timeout_s: float = 120.0, pipeline_size: int = 1) -> TPGroup:
+                  timeout_s: float = 600.0, pipeline_size: int = 1) -> TPGroup:
     """Join the group of world_size ranks at init_method (a tcp:// address) as `rank`, and its
     tensor-parallel group of world_size // pipeline_size ranks; on CPU this process takes its
     share of the host's cores for its threads. One group per process: ValueError if one
-    exists."""
+    exists. timeout_s bounds one collective's wait: a peer compiling a piece between two
+    collectives on a loaded 2-core CPU took over 120 s (a dead peer is caught sooner, by the
+    executor's process checks)."""
     global _GROUP
     if _GROUP is not None or dist.is_initialized():
         raise ValueError("tensor_parallel_size: this process already belongs to a process group")
