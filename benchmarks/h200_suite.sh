@@ -58,7 +58,8 @@
 #     bash benchmarks/h200_suite.sh 36    # serving's ITL tail, heap frozen or not (8 client
 #                                         # processes), 8B start-up, 8B batch 1 against gpt-fast
 #     bash benchmarks/h200_suite.sh 37    # serving's slow gaps beside logged collections and
-#                                         # slow steps: 4 or 8 API servers, 2048-token steps
+#                                         # slow steps: 4 or 8 API servers, the prefill cap;
+#                                         # the pinned weight reader against safetensors (8B)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -409,8 +410,8 @@ $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/start
 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 37 ]; then  # one GPU (carry .whl): where serving's slow gaps come from:
-  # collections and slow steps logged beside the gaps, with 4 API servers (default), 8, the
-  # prefill cap (max_decode_slowdown 2.5) and 2048-token steps; offline beside
+  # collections and slow steps logged beside the gaps, with 4 API servers (default), 8 and the
+  # prefill cap (max_decode_slowdown 2.5); offline beside; the pinned weight reader (8B)
   Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" GAPS="$py -m benchmarks.itl_gaps"
   SERVE="$CLI bench serve --port 8100 --num-prompts 1024 --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 8 --ready-check-timeout-sec 120 --result-dir $R"
   ON="COMPILED_LLM_GC_DEBUG=1 COMPILED_LLM_STEP_DEBUG=15 $CLI serve --model $Q --port 8100 --log-level warning"
@@ -422,8 +423,10 @@ $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\
 $(run default)
 $(run api8 --api-server-count 8)
 $(run slowdown --max-decode-slowdown 2.5)
-$(run tokens2048 --max-num-batched-tokens 2048)
-$CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json"
+$CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
+$py -m pytest -q -x -p no:cacheprovider tests/worker/test_weight_reader.py
+$MK
+$py -m benchmarks.load_weights --checkpoint-dir $CK/llama3-8b --json $R/load_weights_llama3-8b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 30 ]; then  # one GPU (carry .whl): call 7's serving workload, the default
   # against --performance-mode interactivity (2048-token steps: shorter steps where prefill

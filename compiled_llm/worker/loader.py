@@ -73,11 +73,24 @@ def _files_with(model_dir: Path, ext: str, index_name: str) -> list[Path]:
     return sorted(model_dir.glob(f"*{ext}"))
 
 
+def pinned_load_enabled() -> bool:
+    """Whether whole safetensors files go to CUDA through pinned staging buffers
+    (COMPILED_LLM_PINNED_LOAD=1; off by default until measured on the H200)."""
+    return os.environ.get("COMPILED_LLM_PINNED_LOAD", "0") == "1"
+
+
 def iter_tensors(files: list[Path], device: torch.device | None = None, index_of=None):
     """Yield (name, tensor, file) over every tensor in the checkpoint files; safetensors files
-    are read straight onto `device` (a CUDA device: no staging copy in host memory). Where
-    `index_of(name)` gives an index, only that slice is read (a tensor-parallel shard)."""
+    are read straight onto `device` where it is CUDA, whole files through pinned staging
+    buffers (worker/weight_reader.py). Where `index_of(name)` gives an index, only that slice
+    is read (a tensor-parallel shard), through safetensors' own slicing."""
     target = str(device) if device is not None and device.type == "cuda" else "cpu"
+    if (target != "cpu" and index_of is None and pinned_load_enabled()
+            and all(path.suffix == ".safetensors" for path in files)):
+        from compiled_llm.worker.weight_reader import iter_safetensors
+
+        yield from iter_safetensors(files, device)
+        return
     for path in files:
         if path.suffix == ".safetensors":
             from safetensors import safe_open
