@@ -269,7 +269,8 @@ class EngineArgs(ParallelArgs, LoRAArgs):
     max_decode_slowdown: float | None = None
     """With requests decoding, cap each step's prompt tokens so the step lasts at most this
     many times a decode-only step, both learned from the steps run: it bounds inter-token
-    latency while prompts arrive, at some throughput (default: none; 0: none)."""
+    latency while prompts arrive, at some throughput (default: 2.5 under `serve`, none for
+    `LLM`; 0: none)."""
     async_scheduling: bool = True
     """Schedule and launch step N+1 before reading step N's tokens, so host work overlaps the
     device; a step returns the previous step's outputs. Sampling that needs the previous token

@@ -6,8 +6,11 @@ bound on inter-token latency while prompts arrive (SchedulerConfig.max_decode_sl
 from __future__ import annotations
 
 SMOOTHING = 0.2  # weight of the newest step in the running averages
-MIN_PREFILL_SAMPLE = 64  # fewer prefill tokens say little about their cost
-MIN_CAP = 256  # a step with decodes always takes this much prefill: prompts keep moving
+# A token's cost is learned from big prefills only: a step with prefill pays a fixed cost too
+# (it runs outside the full CUDA graphs), which small prefills would spread over few tokens;
+# learned from them, the cap shrank step after step to its floor on the H200 (call 37).
+MIN_PREFILL_SAMPLE = 1024
+MIN_CAP = 512  # a step with decodes always takes this much prefill: prompts keep moving
 
 
 class StepCostModel:

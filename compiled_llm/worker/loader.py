@@ -74,9 +74,10 @@ def _files_with(model_dir: Path, ext: str, index_name: str) -> list[Path]:
 
 
 def pinned_load_enabled() -> bool:
-    """Whether whole safetensors files go to CUDA through pinned staging buffers
-    (COMPILED_LLM_PINNED_LOAD=1; off by default until measured on the H200)."""
-    return os.environ.get("COMPILED_LLM_PINNED_LOAD", "0") == "1"
+    """Whether whole safetensors files go to CUDA through pinned staging buffers: the default
+    (Llama-3-8B shape, H200: load_model 0.61 s against 3.04 s); COMPILED_LLM_PINNED_LOAD=0
+    keeps safetensors' own per-tensor reads."""
+    return os.environ.get("COMPILED_LLM_PINNED_LOAD", "1") != "0"
 
 
 def iter_tensors(files: list[Path], device: torch.device | None = None, index_of=None):

@@ -20,14 +20,14 @@ def test_cost_model_learns_decode_time_and_prefill_token_cost():
     # a step may take 1.5 decode steps of prefill: 0.009 s / 3 us a token
     assert model.prefill_cap() == pytest.approx(3000, abs=1)
     model.observe(decodes=0, prefill_tokens=8192, seconds=1.0)  # no decodes: says nothing
-    model.observe(decodes=5, prefill_tokens=10, seconds=1.0)  # too few tokens to count
+    model.observe(decodes=5, prefill_tokens=500, seconds=1.0)  # too few tokens to count
     assert model.prefill_cap() == pytest.approx(3000, abs=1)
 
 
 def test_cost_model_never_caps_below_the_minimum():
     model = StepCostModel(1.1)
     model.observe(decodes=1, prefill_tokens=0, seconds=0.001)
-    model.observe(decodes=1, prefill_tokens=1000, seconds=1.0)
+    model.observe(decodes=1, prefill_tokens=2000, seconds=1.0)
     assert model.prefill_cap() == MIN_CAP
 
 

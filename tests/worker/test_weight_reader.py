@@ -193,7 +193,7 @@ class FakeSafeOpen:
 
 
 @pytest.mark.parametrize("switch, index_of, expect", [
-    ("1", None, "pinned"), (None, None, "cuda"), ("0", None, "cuda"),
+    ("1", None, "pinned"), (None, None, "pinned"), ("0", None, "cuda"),
     ("1", lambda name: slice(0, 2), "cuda")])
 def test_iter_tensors_routes_whole_cuda_reads(monkeypatch, switch, index_of, expect):
     import safetensors
