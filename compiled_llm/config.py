@@ -85,7 +85,8 @@ def model_len_bounds(hf_config: dict) -> tuple[int, int]:
 # the per-request bounds among EngineArgs' fields, and their smallest values
 _REQUEST_LIMITS = {"max_logprobs": 0, "max_n_sequences": 1, "max_prompt_bytes": 1,
                    "max_stop_strings": 0, "max_stop_string_chars": 1,
-                   "structured_outputs_max_bytes": 1, "structured_outputs_timeout_s": 0.001}
+                   "structured_outputs_max_bytes": 1, "structured_outputs_timeout_s": 0.001,
+                   "max_cudagraph_capture_size": 1}
 
 
 @dataclass
@@ -253,6 +254,9 @@ class EngineArgs(ParallelArgs, LoRAArgs):
     cudagraph_batch_sizes: list[int] | None = None
     """Batch sizes to capture full CUDA graphs for (default: 1, 2, 4, 8, 16, 24, 32, then
     every 16 up to max_num_seqs; every size up to 32 with performance_mode interactivity)."""
+    max_cudagraph_capture_size: int | None = None
+    """Most tokens a step may hold and still replay piecewise CUDA graphs (captured at powers
+    of two up to it; default: 512); longer steps run the compiled pieces without graphs."""
     enable_chunked_prefill: bool = True
     """Split long prompts over several steps so prefill shares steps with decode."""
     load_format: LoadFormat = "auto"
@@ -269,8 +273,8 @@ class EngineArgs(ParallelArgs, LoRAArgs):
     max_decode_slowdown: float | None = None
     """With requests decoding, cap each step's prompt tokens so the step lasts at most this
     many times a decode-only step, both learned from the steps run: it bounds inter-token
-    latency while prompts arrive, at some throughput (default: 2.5 under `serve`, none for
-    `LLM`; 0: none)."""
+    latency while prompts arrive, at a cost in throughput that is large today: steps of more
+    than max_cudagraph_capture_size tokens run without CUDA graphs (default: none; 0: none)."""
     async_scheduling: bool = True
     """Schedule and launch step N+1 before reading step N's tokens, so host work overlaps the
     device; a step returns the previous step's outputs. Sampling that needs the previous token
@@ -374,4 +378,6 @@ class EngineArgs(ParallelArgs, LoRAArgs):
             cudagraph_mode="none" if self.enforce_eager else (
                 self.cudagraph_mode or level.cudagraph_mode),
             cudagraph_batch_sizes=self.cudagraph_batch_sizes or mode_graph_sizes(
-                self.performance_mode, self.max_num_seqs), max_autotune=autotune)
+                self.performance_mode, self.max_num_seqs), max_autotune=autotune,
+            **({} if self.max_cudagraph_capture_size is None else
+               {"piecewise_max_tokens": self.max_cudagraph_capture_size}))

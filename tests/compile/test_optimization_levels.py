@@ -98,3 +98,11 @@ def test_o3_autotunes_and_keeps_tokens(tmp_path):
     tuned = _tokens(optimization_level=3, compile_cache_dir=str(tmp_path / "o3"))
     assert list((tmp_path / "o3").iterdir())  # its own cache entry (autotune is a factor)
     assert tuned == _tokens(optimization_level=0)
+
+
+def test_max_cudagraph_capture_size_bounds_the_piecewise_graphs():
+    assert EngineArgs().compile_config().piecewise_max_tokens == 512
+    assert EngineArgs(max_cudagraph_capture_size=2048).compile_config().piecewise_max_tokens \
+        == 2048
+    with pytest.raises(ValueError, match="max_cudagraph_capture_size"):
+        EngineArgs(max_cudagraph_capture_size=0)

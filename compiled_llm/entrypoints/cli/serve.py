@@ -4,7 +4,6 @@ ServeArgs (where to listen) and ServerConfig (the request guards)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import signal
 import sys
@@ -28,10 +27,6 @@ from compiled_llm.entrypoints.cli.args import (
     engine_args,
 )
 from compiled_llm.entrypoints.server.server_config import ServerConfig
-
-# With 256 streams and prompts arriving in waves, 8192-token steps carrying prompts took 4-5x a
-# decode step and set ITL p99 (H200, docs/benchmarks.md): serving caps them by default
-SERVE_MAX_DECODE_SLOWDOWN = 2.5
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
@@ -75,7 +70,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_serve(ns: argparse.Namespace) -> int:
     """Build the engine and serve until interrupted."""
-    args, opts = serving_defaults(engine_args(ns)), dataclass_from(ServeArgs, ns)
+    args, opts = engine_args(ns), dataclass_from(ServeArgs, ns)
     # until the servers install their own: a SIGTERM during start-up still runs the finally
     # below (the processes and directories started ahead are removed)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -84,14 +79,6 @@ def run_serve(ns: argparse.Namespace) -> int:
         return _serve(ns, args, opts)
     finally:
         discard()  # what was started ahead and serving did not take (refused settings)
-
-
-def serving_defaults(args):
-    """args with serving's own defaults where the user left them unset: max_decode_slowdown
-    (streams waiting on a step that carries a prompt; offline LLM has no cap)."""
-    if args.max_decode_slowdown is None:
-        return dataclasses.replace(args, max_decode_slowdown=SERVE_MAX_DECODE_SLOWDOWN)
-    return args
 
 
 def _exit_on_sigterm(signum, frame) -> None:
