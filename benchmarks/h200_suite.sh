@@ -60,8 +60,10 @@
 #     bash benchmarks/h200_suite.sh 37    # serving's slow gaps beside logged collections and
 #                                         # slow steps: 4 or 8 API servers, the prefill cap;
 #                                         # the pinned weight reader against safetensors (8B)
-#     bash benchmarks/h200_suite.sh 38    # serving with the prefill cap (default 2.5), offline
-#                                         # beside, the cap at 2.0 and off
+#     bash benchmarks/h200_suite.sh 38    # serving with the prefill cap (2.5), offline beside,
+#                                         # the cap at 2.0 and off
+#     bash benchmarks/h200_suite.sh 39    # piecewise graphs up to 2048 / 4096 tokens, served
+#                                         # with and without the cap; 8B start-up (pinned load)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -444,6 +446,24 @@ $(run default)
 $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
 $(run slowdown2 --max-decode-slowdown 2.0)
 $(run uncapped --max-decode-slowdown 0)"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 39 ]; then  # one GPU (carry .whl): steps of more than 512 tokens in
+  # piecewise CUDA graphs (--max-cudagraph-capture-size 2048 / 4096), served with and without
+  # the prefill cap, offline beside; then the 8B start-up with the pinned weight reader
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" GAPS="$py -m benchmarks.itl_gaps"
+  SERVE="$CLI bench serve --port 8100 --num-prompts 1024 --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 8 --ready-check-timeout-sec 180 --result-dir $R"
+  ON="COMPILED_LLM_STEP_DEBUG=15 $CLI serve --model $Q --port 8100 --log-level warning"
+  run() {  # run NAME [serve flags]: serve, bench, place the gaps
+    echo "$ON ${*:2} 2> $R/serve_$1.log & s=\$!; $SERVE --result-filename serve_$1.json; r=\$?; kill \$s; wait \$s; $GAPS $R/serve_$1.json --log $R/serve_$1.log; exit \$r"
+  }
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
+$(run graphs2048 --max-cudagraph-capture-size 2048)
+$(run graphs2048_cap --max-cudagraph-capture-size 2048 --max-decode-slowdown 2.5)
+$(run graphs4096_cap --max-cudagraph-capture-size 4096 --max-decode-slowdown 2.5)
+$MK
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 30 ]; then  # one GPU (carry .whl): call 7's serving workload, the default
   # against --performance-mode interactivity (2048-token steps: shorter steps where prefill
