@@ -432,8 +432,8 @@ $py -m pytest -q -x -p no:cacheprovider tests/worker/test_weight_reader.py
 $MK
 $py -m benchmarks.load_weights --checkpoint-dir $CK/llama3-8b --json $R/load_weights_llama3-8b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 38 ]; then  # one GPU (carry .whl): serving with the prefill cap on by
-  # default (max_decode_slowdown 2.5), offline beside, then the cap at 2.0 and off
+elif [ "$CALL" = 38 ]; then  # one GPU (carry .whl): serving with the prefill cap
+  # (max_decode_slowdown 2.5, the serve default when this ran), offline beside, 2.0 and off
   Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" GAPS="$py -m benchmarks.itl_gaps"
   SERVE="$CLI bench serve --port 8100 --num-prompts 1024 --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 8 --ready-check-timeout-sec 120 --result-dir $R"
   ON="COMPILED_LLM_STEP_DEBUG=15 $CLI serve --model $Q --port 8100 --log-level warning"
@@ -442,7 +442,7 @@ elif [ "$CALL" = 38 ]; then  # one GPU (carry .whl): serving with the prefill ca
   }
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
-$(run default)
+$(run default --max-decode-slowdown 2.5)
 $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
 $(run slowdown2 --max-decode-slowdown 2.0)
 $(run uncapped --max-decode-slowdown 0)"
