@@ -5,6 +5,7 @@ The string under each field is its documentation (read by `config_docs`, the hel
 
 from __future__ import annotations
 
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -136,8 +137,9 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
-        if self.max_decode_slowdown is not None and not self.max_decode_slowdown > 1:
-            raise ValueError(f"max_decode_slowdown must be > 1, got {self.max_decode_slowdown}")
+        if self.max_decode_slowdown is not None and not 1 < self.max_decode_slowdown < math.inf:
+            raise ValueError(f"max_decode_slowdown must be > 1 and finite, got "
+                             f"{self.max_decode_slowdown}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -326,8 +328,8 @@ class EngineArgs(ParallelArgs, LoRAArgs):
         check_speculative(self)  # ValueError naming the speculative_config field at fault
         self.check_parallel()
         self.check_parallel_combinations()
-        if self.max_decode_slowdown and not self.max_decode_slowdown > 1:
-            raise ValueError(f"max_decode_slowdown must be > 1 (or 0: none), got "
+        if self.max_decode_slowdown and not 1 < self.max_decode_slowdown < math.inf:
+            raise ValueError(f"max_decode_slowdown must be > 1 and finite (or 0: none), got "
                              f"{self.max_decode_slowdown}")
         if self.max_model_len in AUTO_MAX_MODEL_LEN:
             self.max_model_len = None  # one spelling of auto from here on
@@ -379,5 +381,13 @@ class EngineArgs(ParallelArgs, LoRAArgs):
                 self.cudagraph_mode or level.cudagraph_mode),
             cudagraph_batch_sizes=self.cudagraph_batch_sizes or mode_graph_sizes(
                 self.performance_mode, self.max_num_seqs), max_autotune=autotune,
-            **({} if self.max_cudagraph_capture_size is None else
-               {"piecewise_max_tokens": self.max_cudagraph_capture_size}))
+            **self._piecewise_limit())
+
+    def _piecewise_limit(self) -> dict:
+        """piecewise_max_tokens from max_cudagraph_capture_size, at most the token budget (a
+        graph no step can use would only cost capture time and memory)."""
+        if self.max_cudagraph_capture_size is None:
+            return {}
+        budget = (self.max_num_batched_tokens
+                  or PERFORMANCE_MODES[self.performance_mode].max_num_batched_tokens)
+        return {"piecewise_max_tokens": min(self.max_cudagraph_capture_size, budget)}

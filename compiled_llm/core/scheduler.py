@@ -26,6 +26,8 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)  # since the previous step
     preempted_req_ids: set[str] = field(default_factory=set)  # in this step's scheduling
     num_preempted: int = 0
+    num_prefill_tokens: int = 0  # prompt (or recompute) tokens among the scheduled ones
+    num_prefill_reqs: int = 0  # requests that computed such tokens
 
     @property
     def total_tokens(self) -> int:
@@ -83,7 +85,9 @@ class Scheduler:
         last (none in a step that had to preempt)."""
         out = SchedulerOutput(finished_req_ids=self._finished_ids)
         self._finished_ids = set()
-        self._prefill_room = self.prefill_cap if self._has_decodes() else None
+        # without chunked prefill a prompt runs whole: no cap (it would hold the queue back)
+        self._prefill_room = (self.prefill_cap if self.cfg.enable_chunked_prefill
+                              and self._has_decodes() else None)
         budget = self._schedule_running(out, self.cfg.max_num_batched_tokens)
         if not out.num_preempted:
             self._schedule_waiting(out, budget)
@@ -100,20 +104,23 @@ class Scheduler:
             if req.num_pending and self._nothing_to_compute(req):  # (hot: test the field first)
                 continue
             num_new = self._num_new_tokens(req, budget)
-            if num_new > 1 and req.num_computed_tokens < req.num_prompt_tokens:
-                num_new = self._take_prefill(num_new)  # a prompt's chunk
+            prompt = req.num_tokens - req.num_computed_tokens > 1  # a prompt's (or recompute's)
+            if prompt:
+                num_new = self._take_prefill(num_new)
                 if not num_new:
                     continue
             if not self._allocate_or_preempt(req, num_new, out):
                 continue
             out.scheduled.append((req, num_new))
+            if prompt:
+                _count_prefill(out, num_new)
             budget -= num_new
         return budget
 
     def _has_decodes(self) -> bool:
-        """Whether a running request is past its prompt (only asked with a prefill cap)."""
+        """Whether a running request decodes (only asked with a prefill cap)."""
         return self.prefill_cap is not None and any(
-            req.num_computed_tokens >= req.num_prompt_tokens for req in self.running)
+            req.num_tokens - req.num_computed_tokens <= 1 for req in self.running)
 
     def _take_prefill(self, num_new: int) -> int:
         """num_new prompt tokens, cut to what the step's prefill room has left."""
@@ -166,6 +173,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append((req, num_new))
+            _count_prefill(out, num_new)
             budget -= num_new
 
     def _lora_fits(self, req: Request) -> bool:
@@ -290,3 +298,8 @@ class Scheduler:
         if req is not None:
             self.finish(req, RequestStatus.FINISHED_ABORTED)
         return req
+
+
+def _count_prefill(out: SchedulerOutput, num_new: int) -> None:
+    out.num_prefill_tokens += num_new
+    out.num_prefill_reqs += 1

@@ -18,7 +18,7 @@ class StepCostModel:
     `prefill_cap()` is None until both are known."""
 
     def __init__(self, slowdown: float) -> None:
-        if not slowdown > 1:
+        if not 1 < slowdown < float("inf"):
             raise ValueError(f"max_decode_slowdown must be > 1, got {slowdown}")
         self.slowdown = slowdown
         self.decode_s: float | None = None
@@ -28,10 +28,16 @@ class StepCostModel:
         """One landed step: its decoding requests, prefill tokens and duration."""
         if decodes and not prefill_tokens:
             self.decode_s = _blend(self.decode_s, seconds)
-        elif decodes and prefill_tokens >= MIN_PREFILL_SAMPLE and self.decode_s is not None:
+        elif decodes and self.decode_s is not None and prefill_tokens >= self._min_sample():
             extra = seconds - self.decode_s
             if extra > 0:
                 self.token_s = _blend(self.token_s, extra / prefill_tokens)
+
+    def _min_sample(self) -> int:
+        """Big enough to say what a token costs, small enough that capped steps still teach
+        the model (else a cap under MIN_PREFILL_SAMPLE would never move again)."""
+        cap = self.prefill_cap()
+        return MIN_PREFILL_SAMPLE if cap is None else min(MIN_PREFILL_SAMPLE, cap // 2)
 
     def prefill_cap(self) -> int | None:
         """Most prefill tokens for a step with decodes (None: no estimate yet, no cap)."""

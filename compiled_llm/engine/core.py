@@ -262,9 +262,8 @@ class EngineCore:
             self._last_landing = None  # idle next: the time until the next landing is not a step
         if last is None:
             return
-        prefill = sum(num_new for _, num_new in sched.scheduled if num_new > 1)
-        decodes = sum(num_new == 1 for _, num_new in sched.scheduled)
-        self._step_cost.observe(decodes, prefill, now - last)
+        decodes = len(sched.scheduled) - sched.num_prefill_reqs
+        self._step_cost.observe(decodes, sched.num_prefill_tokens, now - last)
         self.scheduler.prefill_cap = self._step_cost.prefill_cap()
 
     def _fail_skipped(self, sched: SchedulerOutput, skipped: dict[str, str]) -> None:
@@ -280,8 +279,6 @@ class EngineCore:
     def _process(self, sched: SchedulerOutput, result: StepResult) -> None:
         """A finished step's results: failures, prompt logprobs, tokens and stop checks."""
         self._step_log.landed = sched
-        if self._step_cost is not None:
-            self._observe_cost(sched)
         for rid, err in result.errors.items():
             self.scheduler.finish(_scheduled_request(rid, sched), RequestStatus.FINISHED_ERROR,
                                   error=err)
@@ -305,6 +302,8 @@ class EngineCore:
         if drafts is not None:
             self.scheduler.set_drafts(drafts)
         self._report_finished()
+        if self._step_cost is not None:  # after the stop checks: idle is known
+            self._observe_cost(sched)
 
     def _news_of(self, request_id: str) -> EngineCoreOutput:
         out = self._news.get(request_id)

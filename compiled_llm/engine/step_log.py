@@ -19,7 +19,11 @@ class StepLog:
     """Times step() calls; logs at WARNING those over the threshold (off when unset or 0)."""
 
     def __init__(self) -> None:
-        self.min_ms = float(os.environ.get(ENV_STEP_DEBUG, "0") or 0)
+        value = os.environ.get(ENV_STEP_DEBUG, "0") or "0"
+        try:
+            self.min_ms = float(value)
+        except ValueError:
+            raise ValueError(f"${ENV_STEP_DEBUG} must be milliseconds, got {value!r}") from None
         self.landed: SchedulerOutput | None = None  # set by the core as a step's results land
         self._last_end: float | None = None
 
@@ -38,7 +42,7 @@ class StepLog:
         if not self.min_ms or millis + before < self.min_ms:
             return
         scheduled = self.landed.scheduled if self.landed is not None else []
-        prefill = sum(num_new for _, num_new in scheduled if num_new > 1)
+        prefill = self.landed.num_prefill_tokens if self.landed is not None else 0
         logger.warning("step: %.1f ms at monotonic %.3f; landed %d requests, %d tokens, "
                        "%d of them prefill; %.1f ms outside steps before it", millis, began,
                        len(scheduled), sum(num_new for _, num_new in scheduled), prefill,

@@ -198,3 +198,6 @@ def iter_safetensors(paths: list[Path], device: torch.device | str,
         finally:
             if staging.stream is not None:
                 staging.stream.synchronize()  # no buffer is freed under a copy
+                # the tensors read were allocated on the copy stream: their cached blocks
+                # would serve only that stream, and the KV budget counts them as free
+                torch.cuda.empty_cache()

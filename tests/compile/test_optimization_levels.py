@@ -106,3 +106,10 @@ def test_max_cudagraph_capture_size_bounds_the_piecewise_graphs():
         == 2048
     with pytest.raises(ValueError, match="max_cudagraph_capture_size"):
         EngineArgs(max_cudagraph_capture_size=0)
+
+
+def test_piecewise_graphs_stop_at_the_token_budget():
+    args = EngineArgs(max_cudagraph_capture_size=4096, max_num_batched_tokens=2048)
+    assert args.compile_config().piecewise_max_tokens == 2048  # no step holds more
+    assert EngineArgs(max_cudagraph_capture_size=4096).compile_config().piecewise_max_tokens \
+        == 4096  # under the default 8192-token budget

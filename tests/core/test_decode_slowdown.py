@@ -57,7 +57,53 @@ def test_without_a_cap_the_budget_alone_limits_prefill():
     assert layout(out) == [("a", 1), ("p", 30)]
 
 
-@pytest.mark.parametrize("bad", [1.0, 0.5, -2])
+def test_capped_steps_keep_teaching_the_model():
+    model = StepCostModel(2.5)
+    model.observe(decodes=8, prefill_tokens=0, seconds=0.006)
+    model.observe(decodes=8, prefill_tokens=1024, seconds=0.5)  # one slow first sample
+    assert model.prefill_cap() == MIN_CAP
+    for _ in range(40):  # steps at the cap are samples too: the estimate recovers
+        cap = model.prefill_cap()
+        model.observe(decodes=8, prefill_tokens=cap, seconds=0.006 + cap * 3e-6)
+    assert model.prefill_cap() == pytest.approx(3000, rel=0.05)
+
+
+def test_prompt_tokens_are_counted_where_they_are_scheduled():
+    sched, _ = make_sched(max_num_batched_tokens=64, num_blocks=128)
+    sched.add_request(make_req("a", 4, arrival=0, max_tokens=6))
+    out, _ = fake_step(sched)
+    assert (out.num_prefill_tokens, out.num_prefill_reqs) == (4, 1)
+    sched.add_request(make_req("p", 30, arrival=1, max_tokens=1))
+    out, _ = fake_step(sched)
+    assert (out.num_prefill_tokens, out.num_prefill_reqs) == (30, 1)  # a's decode is not
+
+
+def test_without_chunked_prefill_a_prompt_is_never_capped():
+    sched, _ = make_sched(max_num_batched_tokens=64, num_blocks=128,
+                          enable_chunked_prefill=False, max_model_len=64)
+    sched.prefill_cap = 10
+    sched.add_request(make_req("a", 4, arrival=0, max_tokens=6))
+    fake_step(sched)
+    sched.add_request(make_req("p", 30, arrival=1, max_tokens=1))
+    out, _ = fake_step(sched)
+    assert layout(out) == [("a", 1), ("p", 30)]  # whole: a cap would hold the queue back
+
+
+def test_a_recompute_after_preemption_is_capped_like_a_prompt():
+    sched, _ = make_sched(max_num_batched_tokens=64, num_blocks=128)
+    a = make_req("a", 4, arrival=0, max_tokens=20)
+    b = make_req("b", 4, arrival=1, max_tokens=20)
+    sched.add_request(a)
+    sched.add_request(b)
+    for _ in range(12):
+        fake_step(sched)
+    sched.preempt(b)  # b recomputes its prompt and 12 outputs beside a's decodes
+    sched.prefill_cap = 5
+    out, _ = fake_step(sched)
+    assert layout(out) == [("a", 1), ("b", 5)]
+
+
+@pytest.mark.parametrize("bad", [1.0, 0.5, -2, float("inf")])
 def test_bad_slowdowns_are_refused(bad):
     with pytest.raises(ValueError, match="max_decode_slowdown"):
         EngineArgs(max_decode_slowdown=bad)

@@ -29,3 +29,21 @@ def test_same_tokens_with_the_prefill_cap(ckpt, async_scheduling):
 def test_a_bad_slowdown_is_refused(ckpt):
     with pytest.raises(ValueError, match="max_decode_slowdown"):
         LLM(str(ckpt), enforce_eager=True, max_decode_slowdown=0.9)
+
+
+def test_the_engine_learns_a_cap_from_its_steps(ckpt):
+    """A second generate's steps carry decodes beside big prompt chunks: the cost model
+    learns a token's cost there and the scheduler gets a cap (the tokens stay the same).
+    Step by step: on the CPU an async launch runs the forward, so the time between two
+    landings is the next step's (on a GPU the launch returns at once)."""
+    first, second = ([{"prompt_token_ids": p} for p in random_prompts(8, 300, 400, 401, seed)]
+                     for seed in (0, 1))  # not the same: no prefix-cache hits the second time
+    llm = _llm(ckpt, max_num_batched_tokens=1500, max_decode_slowdown=2.0)
+    llm.generate(first, GREEDY, use_tqdm=False)
+    baseline = _tokens(_llm(ckpt, max_num_batched_tokens=1500).generate(second, GREEDY,
+                                                                         use_tqdm=False))
+    assert _tokens(llm.generate(second, GREEDY, use_tqdm=False)) == baseline
+    core = llm.engine.core
+    assert core._step_cost.decode_s is not None and core._step_cost.token_s is not None
+    assert core.scheduler.prefill_cap is not None
+    assert llm.engine.num_used_blocks == 0

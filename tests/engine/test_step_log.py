@@ -17,7 +17,8 @@ def test_logs_steps_over_the_threshold(monkeypatch, caplog):
     monkeypatch.setenv(step_log.ENV_STEP_DEBUG, "0.0001")
     log = step_log.StepLog()
     began = log.begin()
-    log.landed = SchedulerOutput([(_Req(), 1), (_Req(), 1), (_Req(), 300)])
+    log.landed = SchedulerOutput([(_Req(), 1), (_Req(), 1), (_Req(), 300)],
+                                 num_prefill_tokens=300, num_prefill_reqs=1)
     with caplog.at_level(logging.WARNING, logger=step_log.__name__):
         log.end(began - 1.0)  # a step of a second
     [record] = caplog.records
