@@ -88,10 +88,11 @@ def iter_tensors(files: list[Path], device: torch.device | None = None, index_of
     target = str(device) if device is not None and device.type == "cuda" else "cpu"
     if (target != "cpu" and index_of is None and pinned_load_enabled()
             and all(path.suffix == ".safetensors" for path in files)):
-        from compiled_llm.worker.weight_reader import iter_safetensors
+        from compiled_llm.worker.weight_reader import dtypes_supported, iter_safetensors
 
-        yield from iter_safetensors(files, device)
-        return
+        if dtypes_supported(files):  # a dtype it does not map (FP4, FP6): safetensors' reads
+            yield from iter_safetensors(files, device)
+            return
     for path in files:
         if path.suffix == ".safetensors":
             from safetensors import safe_open

@@ -49,6 +49,18 @@ class Fill:
     finished: list[int] = field(default_factory=list)
 
 
+def dtypes_supported(paths: list[Path]) -> bool:
+    """Whether every tensor of the files has a dtype this reader maps (else: safetensors')."""
+    for path in paths:
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(min(length, 100 << 20)))
+        header.pop("__metadata__", None)
+        if any(spec.get("dtype") not in DTYPES for spec in header.values()):
+            return False
+    return True
+
+
 def read_header(path: str | os.PathLike) -> tuple[list[TensorEntry], dict[str, str]]:
     """The tensors of a safetensors file in file order, and its __metadata__ ({} if none)."""
     size = os.path.getsize(path)

@@ -203,6 +203,7 @@ def test_iter_tensors_routes_whole_cuda_reads(monkeypatch, switch, index_of, exp
     monkeypatch.setattr(FakeSafeOpen, "devices", calls)
     monkeypatch.setattr(weight_reader, "iter_safetensors",
                         lambda files, device: calls.append("pinned") or iter(()))
+    monkeypatch.setattr(weight_reader, "dtypes_supported", lambda files: True)
     if switch is None:
         monkeypatch.delenv("COMPILED_LLM_PINNED_LOAD", raising=False)
     else:
@@ -250,3 +251,11 @@ def test_load_model_same_weights_either_way(name, monkeypatch):
     assert weights["0"].keys() == weights["1"].keys()
     for key, value in weights["0"].items():
         assert same_bytes(weights["1"][key], value), key
+
+
+def test_a_dtype_the_reader_does_not_map_keeps_safetensors_reads(tmp_path, checkpoint):
+    header = json.dumps({"w": {"dtype": "F4", "shape": [2], "data_offsets": [0, 1]}}).encode()
+    odd = tmp_path / "fp4.safetensors"
+    odd.write_bytes(struct.pack("<Q", len(header)) + header + b"\x00")
+    assert weight_reader.dtypes_supported([checkpoint])
+    assert not weight_reader.dtypes_supported([checkpoint, odd])
