@@ -79,6 +79,15 @@ py=${PY:-python3}
 
 END=$(($(date +%s) + LIMIT))
 
+# Qwen3-0.6B served to 8 client processes (calls 37-39): served NAME ENV [serve flags]
+# prints the command line that serves, benches into serve_NAME.json and places the slow gaps
+served() {
+  local cli="$py -m compiled_llm.entrypoints.cli"
+  local bench="$cli bench serve --port 8100 --num-prompts 1024 --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 8 --ready-check-timeout-sec 180 --result-dir $R"
+  echo "$2 $cli serve --model $CK/qwen3-0.6b --port 8100 --log-level warning ${*:3} 2> $R/serve_$1.log & s=\$!; $bench --result-filename serve_$1.json; r=\$?; kill \$s; wait \$s; $py -m benchmarks.itl_gaps $R/serve_$1.json --log $R/serve_$1.log; exit \$r"
+}
+
+
 stream() {  # stream GPU NAME CMD...: the commands in order on one GPU, logged, until END
   local gpu=$1 name=$2 c left
   shift 2
@@ -401,9 +410,7 @@ $U --model $CK/llama3-8b --label one_launch --skip-tokenizer-init"
 elif [ "$CALL" = 36 ]; then  # one GPU (carry .whl .peer): serving's ITL tail with the
   # start-up heap frozen (the default) and not, the collections logged, 8 client processes;
   # offline beside; 8B start-up (args at spawn); Llama-3-8B batch 1 against gpt-fast
-  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" GAPS="$py -m benchmarks.itl_gaps"
-  SERVE="$CLI bench serve --port 8100 --num-prompts 1024 --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 8 --ready-check-timeout-sec 120 --result-dir $R --result-filename serve_frozen.json"
-  ON="COMPILED_LLM_GC_DEBUG=1 $CLI serve --model $Q --port 8100 --log-level warning"
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" LOGS=COMPILED_LLM_STEP_DEBUG=15
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
@@ -416,17 +423,13 @@ $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer g
 elif [ "$CALL" = 37 ]; then  # one GPU (carry .whl): where serving's slow gaps come from:
   # collections and slow steps logged beside the gaps, with 4 API servers (default), 8 and the
   # prefill cap (max_decode_slowdown 2.5); offline beside; the pinned weight reader (8B)
-  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" GAPS="$py -m benchmarks.itl_gaps"
-  SERVE="$CLI bench serve --port 8100 --num-prompts 1024 --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 8 --ready-check-timeout-sec 120 --result-dir $R"
-  ON="COMPILED_LLM_GC_DEBUG=1 COMPILED_LLM_STEP_DEBUG=15 $CLI serve --model $Q --port 8100 --log-level warning"
-  run() {  # run NAME [serve flags]: serve, bench, place the gaps
-    echo "$ON ${*:2} 2> $R/serve_$1.log & s=\$!; $SERVE --result-filename serve_$1.json; r=\$?; kill \$s; wait \$s; $GAPS $R/serve_$1.json --log $R/serve_$1.log; exit \$r"
-  }
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli"
+  LOGS="COMPILED_LLM_GC_DEBUG=1 COMPILED_LLM_STEP_DEBUG=15"
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
-$(run default)
-$(run api8 --api-server-count 8)
-$(run slowdown --max-decode-slowdown 2.5)
+$(served default "$LOGS")
+$(served api8 "$LOGS" --api-server-count 8)
+$(served slowdown "$LOGS" --max-decode-slowdown 2.5)
 $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
 $py -m pytest -q -x -p no:cacheprovider tests/worker/test_weight_reader.py
 $MK
@@ -434,34 +437,24 @@ $py -m benchmarks.load_weights --checkpoint-dir $CK/llama3-8b --json $R/load_wei
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 38 ]; then  # one GPU (carry .whl): serving with the prefill cap
   # (max_decode_slowdown 2.5, the serve default when this ran), offline beside, 2.0 and off
-  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" GAPS="$py -m benchmarks.itl_gaps"
-  SERVE="$CLI bench serve --port 8100 --num-prompts 1024 --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 8 --ready-check-timeout-sec 120 --result-dir $R"
-  ON="COMPILED_LLM_STEP_DEBUG=15 $CLI serve --model $Q --port 8100 --log-level warning"
-  run() {  # run NAME [serve flags]: serve, bench, place the gaps
-    echo "$ON ${*:2} 2> $R/serve_$1.log & s=\$!; $SERVE --result-filename serve_$1.json; r=\$?; kill \$s; wait \$s; $GAPS $R/serve_$1.json --log $R/serve_$1.log; exit \$r"
-  }
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" LOGS=COMPILED_LLM_STEP_DEBUG=15
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
-$(run default --max-decode-slowdown 2.5)
+$(served default $LOGS --max-decode-slowdown 2.5)
 $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
-$(run slowdown2 --max-decode-slowdown 2.0)
-$(run uncapped --max-decode-slowdown 0)"
+$(served slowdown2 $LOGS --max-decode-slowdown 2.0)
+$(served uncapped $LOGS --max-decode-slowdown 0)"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 39 ]; then  # one GPU (carry .whl): steps of more than 512 tokens in
   # piecewise CUDA graphs (--max-cudagraph-capture-size 2048 / 4096), served with and without
   # the prefill cap, offline beside; then the 8B start-up with the pinned weight reader
-  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" GAPS="$py -m benchmarks.itl_gaps"
-  SERVE="$CLI bench serve --port 8100 --num-prompts 1024 --random-input-len 512 --random-output-len 256 --max-concurrency 256 --ignore-eos --temperature 1.0 --num-client-processes 8 --ready-check-timeout-sec 180 --result-dir $R"
-  ON="COMPILED_LLM_STEP_DEBUG=15 $CLI serve --model $Q --port 8100 --log-level warning"
-  run() {  # run NAME [serve flags]: serve, bench, place the gaps
-    echo "$ON ${*:2} 2> $R/serve_$1.log & s=\$!; $SERVE --result-filename serve_$1.json; r=\$?; kill \$s; wait \$s; $GAPS $R/serve_$1.json --log $R/serve_$1.log; exit \$r"
-  }
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" LOGS=COMPILED_LLM_STEP_DEBUG=15
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
-$(run graphs2048 --max-cudagraph-capture-size 2048)
-$(run graphs2048_cap --max-cudagraph-capture-size 2048 --max-decode-slowdown 2.5)
-$(run graphs4096_cap --max-cudagraph-capture-size 4096 --max-decode-slowdown 2.5)
+$(served graphs2048 $LOGS --max-cudagraph-capture-size 2048)
+$(served graphs2048_cap $LOGS --max-cudagraph-capture-size 2048 --max-decode-slowdown 2.5)
+$(served graphs4096_cap $LOGS --max-cudagraph-capture-size 4096 --max-decode-slowdown 2.5)
 $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"

@@ -63,7 +63,7 @@ class EngineCore:
         self._awaiting_grammar: list[tuple[Request, Future]] = []
         self._inflight: tuple[SchedulerOutput, LaunchedStep] | None = None  # async scheduling
         self._news: dict[str, EngineCoreOutput] = {}
-        self._step_log = StepLog()
+        self._step_log = StepLog.from_env()  # None unless asked for
         ex = self.executor
         self.info = CoreInfo(ex.num_blocks, args.block_size, ex.vocab_size, ex.max_model_len,
                              ex.model_config, ex.startup_seconds, ex.cudagraph_batch_sizes(),
@@ -156,7 +156,7 @@ class EngineCore:
             self._admit_compiled()
         timer = self.executor.step_timer
         timer.begin()
-        began = self._step_log.begin()
+        began = self._step_log.begin() if self._step_log is not None else 0.0
         try:
             if self.spec_config is not None:
                 self._step_spec(timer)
@@ -166,7 +166,8 @@ class EngineCore:
                 self._step(timer)
         finally:
             timer.end()
-            self._step_log.end(began)
+            if self._step_log is not None:
+                self._step_log.end(began)
         news, self._news = self._news, {}
         return list(news.values())
 
@@ -278,7 +279,8 @@ class EngineCore:
 
     def _process(self, sched: SchedulerOutput, result: StepResult) -> None:
         """A finished step's results: failures, prompt logprobs, tokens and stop checks."""
-        self._step_log.landed = sched
+        if self._step_log is not None:
+            self._step_log.landed = sched
         for rid, err in result.errors.items():
             self.scheduler.finish(_scheduled_request(rid, sched), RequestStatus.FINISHED_ERROR,
                                   error=err)

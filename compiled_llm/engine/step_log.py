@@ -27,6 +27,12 @@ class StepLog:
         self.landed: SchedulerOutput | None = None  # set by the core as a step's results land
         self._last_end: float | None = None
 
+    @classmethod
+    def from_env(cls) -> StepLog | None:
+        """A log when $COMPILED_LLM_STEP_DEBUG asks for one, else None (no per-step work)."""
+        log = cls()
+        return log if log.min_ms else None
+
     def begin(self) -> float:
         """The step's start (monotonic seconds)."""
         self.landed = None
