@@ -63,7 +63,7 @@
 #     bash benchmarks/h200_suite.sh 38    # serving with the prefill cap (2.5), offline beside,
 #                                         # the cap at 2.0 and off
 #     bash benchmarks/h200_suite.sh 39    # piecewise graphs up to 2048 / 4096 tokens, served
-#                                         # with and without the cap; 8B start-up (pinned load)
+#                                         # with the cap or 2048-token steps; 8B start-up
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -452,8 +452,8 @@ elif [ "$CALL" = 39 ]; then  # one GPU (carry .whl): steps of more than 512 toke
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
-$(served graphs2048 $LOGS --max-cudagraph-capture-size 2048)
 $(served graphs2048_cap $LOGS --max-cudagraph-capture-size 2048 --max-decode-slowdown 2.5)
+$(served interactivity2048 $LOGS --performance-mode interactivity --max-cudagraph-capture-size 2048)
 $(served graphs4096_cap $LOGS --max-cudagraph-capture-size 4096 --max-decode-slowdown 2.5)
 $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json"
