@@ -18,7 +18,23 @@ def _rope_params(hf_config: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     merged = {**params, **scaling}
     kind = merged.get("rope_type", merged.get("type", "default"))
     merged["rope_type"] = kind
+    if kind in ("llama3", "yarn"):  # HF's fallback for the pretraining length
+        merged.setdefault("original_max_position_embeddings",
+                          hf_config.get("max_position_embeddings", 2048))
     return float(theta), merged
+
+
+def _sliding_layers(hf_config: dict[str, Any], max_window_layers: int | None,
+                    num_layers: int) -> tuple[int, ...] | None:
+    """The layers a sliding window applies to (None: every layer), as HF decides: the layers
+    config.json's layer_types marks sliding_attention, else (older Qwen configs) those from
+    max_window_layers on."""
+    layer_types = hf_config.get("layer_types")
+    if layer_types:
+        return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+    if max_window_layers is not None:
+        return tuple(range(max_window_layers, num_layers))
+    return None
 
 
 @dataclass
@@ -71,8 +87,11 @@ class DecoderConfig:
     rope_scaling: dict[str, Any] = field(default_factory=lambda: {"rope_type": "default"})
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # biases on q/k/v_proj
+    o_proj_bias: bool = False
+    mlp_bias: bool = False  # biases on a dense MLP's gate/up/down_proj (Llama's mlp_bias)
     sliding_window: int = -1  # -1: full attention
+    sliding_window_layers: tuple[int, ...] | None = None  # the windowed layers; None: all
     architecture: str = ""
     moe: MoeConfig | None = None
 
@@ -82,9 +101,14 @@ class DecoderConfig:
         def get(key: str, fallback: Any = None) -> Any:
             return hf_config.get(key, defaults.get(key, fallback))
 
+        act = hf_config.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):  # GatedMLP is silu-gated
+            raise ValueError(f"hidden_act {act!r} is not supported; have ['silu']")
         heads = hf_config["num_attention_heads"]
         theta, scaling = _rope_params(hf_config)
         window = get("sliding_window") if get("use_sliding_window", True) else None
+        # Qwen2-MoE spells it qkv_bias; o_proj follows attention_bias unless the model says
+        bias = get("attention_bias", get("qkv_bias", False))
         return cls(
             vocab_size=hf_config["vocab_size"],
             hidden_size=hf_config["hidden_size"],
@@ -98,9 +122,17 @@ class DecoderConfig:
             rope_scaling=scaling,
             max_position_embeddings=get("max_position_embeddings", 2048),
             tie_word_embeddings=get("tie_word_embeddings", False),
-            # Qwen2-MoE spells it qkv_bias
-            attention_bias=get("attention_bias", get("qkv_bias", False)),
+            attention_bias=bias,
+            o_proj_bias=get("o_proj_bias", bias),
+            mlp_bias=get("mlp_bias", False),
             sliding_window=window or -1,
+            sliding_window_layers=_sliding_layers(hf_config, get("max_window_layers"),
+                                                  hf_config["num_hidden_layers"]),
             architecture=(hf_config.get("architectures") or [""])[0],
             moe=MoeConfig.from_hf(get),
         )
+
+    def layer_window(self, layer_idx: int) -> int:
+        """The sliding window of layer layer_idx (-1: full attention)."""
+        layers = self.sliding_window_layers
+        return self.sliding_window if layers is None or layer_idx in layers else -1

@@ -46,7 +46,7 @@ class RMSNorm(nn.Module):
         return rms_norm(hidden, self.weight, self.eps), hidden
 
 
-def _scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict, max_len: int) -> torch.Tensor:
+def _scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict, theta: float) -> torch.Tensor:
     kind = scaling.get("rope_type", "default")
     if kind == "linear":
         return inv_freq / scaling["factor"]
@@ -61,7 +61,42 @@ def _scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict, max_len: int) -> tor
         return torch.where(medium, smoothed, scaled)
     if kind in ("default", "dynamic"):
         return inv_freq
+    if kind == "yarn":
+        return _yarn_inv_freq(inv_freq, theta, scaling)
     raise ValueError(f"rope_scaling.rope_type {kind!r} is not supported")
+
+
+def _yarn_inv_freq(inv_freq: torch.Tensor, theta: float, scaling: dict) -> torch.Tensor:
+    """YaRN: interpolated (divided by factor) low frequencies, extrapolated high ones, a linear
+    ramp between the dimensions that turn beta_slow and beta_fast times in the original length
+    (HF's _compute_yarn_parameters)."""
+    dim, original = 2 * len(inv_freq), scaling["original_max_position_embeddings"]
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = correction_dim(scaling.get("beta_fast") or 32)
+    high = correction_dim(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return inv_freq / scaling["factor"] * ramp + inv_freq * (1 - ramp)
+
+
+def _yarn_mscale(scaling: dict) -> float:
+    """The factor YaRN scales cos and sin by (1 for every other rope type)."""
+    if scaling.get("rope_type") != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    factor, m, m_all = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+    return mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
 
 
 def _dynamic_theta(theta: float, dim: int, scaling: dict, original_len: int,
@@ -82,10 +117,11 @@ class RotaryEmbedding(nn.Module):
         dim, original_len = cfg.head_dim, cfg.max_position_embeddings
         theta = _dynamic_theta(cfg.rope_theta, dim, cfg.rope_scaling, original_len, max_len)
         inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
-        inv_freq = _scaled_inv_freq(inv_freq, cfg.rope_scaling, max_len)
+        inv_freq = _scaled_inv_freq(inv_freq, cfg.rope_scaling, theta)
         table_len = max(max_len, original_len)
         freqs = torch.outer(torch.arange(table_len, dtype=torch.float32), inv_freq)
-        self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], -1), persistent=False)
+        cos_sin = torch.cat([freqs.cos(), freqs.sin()], -1) * _yarn_mscale(cfg.rope_scaling)
+        self.register_buffer("cos_sin", cos_sin, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, D] of the positions: gathered once a step, shared by every layer
@@ -107,13 +143,13 @@ def _rotate(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
 
 class GatedMLP(nn.Module):
-    """down_proj(silu(gate_proj(x)) * up_proj(x))."""
+    """down_proj(silu(gate_proj(x)) * up_proj(x)); biased linears where `bias` (mlp_bias)."""
 
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, hidden] -> [T, hidden]."""

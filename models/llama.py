@@ -25,13 +25,13 @@ class LlamaAttention(nn.Module):
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.scale = cfg.head_dim**-0.5
-        self.sliding_window = cfg.sliding_window
+        self.sliding_window = cfg.layer_window(layer_idx)
         q_size, kv_size = self.num_heads * cfg.head_dim, self.num_kv_heads * cfg.head_dim
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(cfg.hidden_size, q_size, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, kv_size, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_size, bias=bias)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
 
     def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Hook for per-head q/k norms (Qwen3); identity here."""
@@ -126,6 +126,6 @@ class MistralForCausalLM(LlamaForCausalLM):
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
-    """Qwen2: the Llama layout with biased q/k/v projections."""
+    """Qwen2: the Llama layout with biased q/k/v projections (o_proj has none)."""
 
-    hf_defaults = {"attention_bias": True}
+    hf_defaults = {"attention_bias": True, "o_proj_bias": False}

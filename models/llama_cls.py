@@ -57,4 +57,4 @@ class LlamaForSequenceClassification(LlamaForCausalLM):
 class Qwen2ForSequenceClassification(LlamaForSequenceClassification):
     """Qwen2's classifier: biased q/k/v projections."""
 
-    hf_defaults = {"attention_bias": True}
+    hf_defaults = {"attention_bias": True, "o_proj_bias": False}

@@ -12,4 +12,4 @@ from compiled_llm.models.moe import MoeWeightMap
 class Qwen2MoeForCausalLM(MoeWeightMap, LlamaForCausalLM):
     """Qwen2-MoE for causal LM; q/k/v biases unless config.json sets qkv_bias false."""
 
-    hf_defaults = {"qkv_bias": True}
+    hf_defaults = {"qkv_bias": True, "o_proj_bias": False}

@@ -29,6 +29,14 @@ CONFIGS = {
     "mistral": ("MistralConfig", {"sliding_window": 24, "head_dim": 16}),
     "qwen2": ("Qwen2Config", {"use_sliding_window": False}),
     "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}),
+    # biased o_proj (attention_bias) and MLP (mlp_bias); YaRN past its original length
+    "llama_biases": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
+    "qwen3_yarn_bias": ("Qwen3Config", {"head_dim": 32, "attention_bias": True, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 32}}),
+    # the window on layers from max_window_layers on only (config.json's layer_types)
+    "qwen2_window_layers": ("Qwen2Config", {
+        "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}),
     # mixture of experts: 8 experts, top-2; dense and sparse layers mixed where the config can
     "qwen3_moe": ("Qwen3MoeConfig", {
         "head_dim": 32, "num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,

@@ -97,8 +97,8 @@ def load_eagle(model_dir: str, target: torch.nn.Module, dtype: torch.dtype,
     tensors = read_tensors(model_dir, load_format)
     # Qwen2-style heads have biased q/k/v without saying so in config.json
     bias = config.get("attention_bias", "layers.0.self_attn.q_proj.bias" in tensors)
-    cfg = DecoderConfig.from_hf({**config, "tie_word_embeddings": False,
-                                 "attention_bias": bias})
+    cfg = DecoderConfig.from_hf({**config, "tie_word_embeddings": False, "attention_bias": bias,
+                                 "o_proj_bias": "layers.0.self_attn.o_proj.bias" in tensors})
     embed = getattr(getattr(target, "model", None), "embed_tokens", None)
     if embed is None and "embed_tokens.weight" not in tensors:
         raise ValueError(f"{_FIELD}: the EAGLE checkpoint lacks embed_tokens.weight and the "

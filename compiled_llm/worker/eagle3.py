@@ -68,8 +68,8 @@ def load_eagle3(model_dir: str, target: nn.Module, dtype: torch.dtype, device: t
         raise ValueError(f"{_FIELD}: the EAGLE-3 head's target_hidden_size {width} differs "
                          f"from the target's hidden_size {target.config.hidden_size}")
     bias = config.get("attention_bias", "midlayer.self_attn.q_proj.bias" in tensors)
-    cfg = DecoderConfig.from_hf({**config, "tie_word_embeddings": False,
-                                 "attention_bias": bias})
+    cfg = DecoderConfig.from_hf({**config, "tie_word_embeddings": False, "attention_bias": bias,
+                                 "o_proj_bias": "midlayer.self_attn.o_proj.bias" in tensors})
     draft_vocab = config.get("draft_vocab_size") or cfg.vocab_size
     if not isinstance(draft_vocab, int) or not 0 < draft_vocab <= cfg.vocab_size:
         raise ValueError(f"{_FIELD}: draft_vocab_size must be an integer in 1..{cfg.vocab_size}"
