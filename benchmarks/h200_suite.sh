@@ -64,6 +64,8 @@
 #                                         # the cap at 2.0 and off
 #     bash benchmarks/h200_suite.sh 39    # piecewise graphs up to 2048 / 4096 tokens, served
 #                                         # with the cap or 2048-token steps; 8B start-up
+#     bash benchmarks/h200_suite.sh 40    # served steps of 1024 / 1536 / 2048 tokens with
+#                                         # graphs up to them, offline beside
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -444,6 +446,17 @@ $(served default $LOGS --max-decode-slowdown 2.5)
 $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
 $(served slowdown2 $LOGS --max-decode-slowdown 2.0)
 $(served uncapped $LOGS --max-decode-slowdown 0)"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 40 ]; then  # one GPU (carry .whl): the token budget of a served step at
+  # 1024 / 1536 / 2048 with piecewise graphs up to it, offline beside
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" LOGS=COMPILED_LLM_STEP_DEBUG=15
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
+$(served budget2048 $LOGS --max-num-batched-tokens 2048 --max-cudagraph-capture-size 2048)
+$(served budget1024 $LOGS --max-num-batched-tokens 1024 --max-cudagraph-capture-size 1024)
+$(served budget1536 $LOGS --max-num-batched-tokens 1536 --max-cudagraph-capture-size 2048)
+$(served interactivity2048 $LOGS --performance-mode interactivity --max-cudagraph-capture-size 2048)"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 39 ]; then  # one GPU (carry .whl): steps of more than 512 tokens in
   # piecewise CUDA graphs (--max-cudagraph-capture-size 2048 / 4096), served with and without

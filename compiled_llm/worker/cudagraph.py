@@ -25,12 +25,13 @@ def full_graph_sizes(max_num_seqs: int) -> list[int]:
 
 
 def piecewise_graph_sizes(max_tokens: int) -> list[int]:
-    """Powers of two up to max_tokens: few sizes keep the kept outputs' memory small."""
+    """Powers of two below max_tokens, then max_tokens itself: few sizes keep the kept outputs'
+    memory small, and a step of max_tokens (a token budget of 1536, say) still replays one."""
     sizes, size = [], 1
-    while size <= max_tokens:
+    while size < max_tokens:
         sizes.append(size)
         size *= 2
-    return sizes
+    return sizes + [max_tokens] if max_tokens >= 1 else sizes
 
 
 class CUDAGraphDispatcher:

@@ -45,7 +45,8 @@ def test_nothing_is_dispatched_before_capture():
 def test_sizes():
     assert full_graph_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 48, 64]
     assert full_graph_sizes(5) == [1, 2, 4, 5]
-    assert piecewise_graph_sizes(20) == [1, 2, 4, 8, 16]
+    assert piecewise_graph_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert piecewise_graph_sizes(16) == [1, 2, 4, 8, 16]
 
 
 def test_the_wrapper_runs_plainly_unless_its_mode_is_keyed():
