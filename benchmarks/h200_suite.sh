@@ -66,6 +66,8 @@
 #                                         # with the cap or 2048-token steps; 8B start-up
 #     bash benchmarks/h200_suite.sh 40    # served steps of 1024 / 1536 / 2048 tokens with
 #                                         # graphs up to them, offline beside
+#     bash benchmarks/h200_suite.sh 41    # kernel profiles of mixed steps (token budget 1024
+#                                         # against the default)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -446,6 +448,14 @@ $(served default $LOGS --max-decode-slowdown 2.5)
 $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
 $(served slowdown2 $LOGS --max-decode-slowdown 2.0)
 $(served uncapped $LOGS --max-decode-slowdown 0)"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 41 ]; then  # one GPU: where a mixed step's time goes, device kernels by
+  # kind, the nano-vllm workload at the default token budget and at 1024 (graphs up to it)
+  Q=$CK/qwen3-0.6b
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$py -m benchmarks.profile_steps --model $Q --workload nano-vllm --json $R/profile_budget1024.json --engine-args '{\"max_num_batched_tokens\": 1024, \"max_cudagraph_capture_size\": 1024}'
+$py -m benchmarks.profile_steps --model $Q --workload nano-vllm --json $R/profile_default.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 40 ]; then  # one GPU (carry .whl): the token budget of a served step at
   # 1024 / 1536 / 2048 with piecewise graphs up to it, offline beside
