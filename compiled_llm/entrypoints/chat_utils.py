@@ -57,10 +57,11 @@ def _reserved(tokenizer_cls: type) -> frozenset[str]:
 def render(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
            tools: list | None = None, template_kwargs: dict | None = None,
            chat_template: str | None = None, timeout_s: float = 2.0,
-           max_chars: int | None = None) -> str:
-    """The chat template (the tokenizer's, or chat_template) applied to messages, as text.
-    ValueError when the template fails, runs past timeout_s (it is interrupted: the calling
-    thread is never held longer) or renders more than max_chars characters."""
+           max_chars: int | None = None, continue_final_message: bool = False) -> str:
+    """The chat template (the tokenizer's, or chat_template) applied to messages, as text
+    (with continue_final_message, cut after the last message's content). ValueError when
+    the template fails, runs past timeout_s (it is interrupted: the calling thread is never
+    held longer) or renders more than max_chars characters."""
     extra = dict(template_kwargs or {})
     clash = sorted(set(extra) & _reserved(type(tokenizer)))
     if clash:
@@ -69,7 +70,8 @@ def render(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: 
         with Deadline(timeout_s):
             text = tokenizer.apply_chat_template(
                 messages, tools=tools, chat_template=chat_template, tokenize=False,
-                add_generation_prompt=add_generation_prompt, **extra)
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, **extra)
     except (TimeoutError, _Expired):  # _Expired: it fired as the render was returning
         raise ValueError(f"messages: the chat template ran past {timeout_s:g} s") from None
     except Exception as exc:  # jinja raise_exception, undefined names, bad roles ...

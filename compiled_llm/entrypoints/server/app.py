@@ -158,11 +158,14 @@ def _add_token_routes(app: FastAPI, serving: ServingChat) -> None:
         if req.messages is not None:
             ids = await serving.encode_chat(req.messages, req.add_generation_prompt,
                                             req.chat_template_kwargs, req.tools,
-                                            req.chat_template)
+                                            req.chat_template,
+                                            continue_final_message=req.continue_final_message)
         else:
             ids = await serving.encode(req.prompt, req.add_special_tokens)
-        return JSONResponse({"tokens": ids, "count": len(ids),
-                             "max_model_len": serving.max_model_len})
+        body = {"tokens": ids, "count": len(ids), "max_model_len": serving.max_model_len}
+        if req.return_token_strs:
+            body["token_strs"] = serving.engine.tokenizer.convert_ids_to_tokens(ids)
+        return JSONResponse(body)
 
     @app.post("/detokenize", response_model=DetokenizeResponse,
               responses=errors(400, 401, 404, 413))

@@ -26,11 +26,10 @@ def add_compat_routes(app: FastAPI, serving: Serving) -> None:
 
     @app.get("/v1/models/{model_id:path}", responses=errors(400, 401, 404))
     async def retrieve_model(model_id: str) -> ModelCard:
-        if model_id != serving.model_name:
-            raise OpenAIError(404, f"the model {model_id!r} does not exist; this server serves "
-                              f"{serving.model_name!r}", param="model", code="model_not_found")
-        return ModelCard(id=serving.model_name, created=created,
-                         max_model_len=serving.max_model_len)
+        lora = serving.check_model(model_id)  # the base model, a served adapter, else 404
+        return ModelCard(id=model_id, created=created, max_model_len=serving.max_model_len,
+                         root=lora.lora_path if lora else serving.model_name,
+                         parent=serving.model_name if lora else None)
 
     @app.get("/tokenizer_info", responses=errors(400, 401, 404))
     async def tokenizer_info() -> dict[str, Any]:

@@ -8,7 +8,7 @@ ignores them; those it defines but this server does not honour are refused (unsu
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import (
     AliasChoices,
@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
     StrictInt,
     model_validator,
 )
@@ -58,6 +59,19 @@ class RequestBody(BaseModel):
             pass  # not JSON data (built in Python): the fields' own types decide
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """A null for a field with a default that takes no None (n, stream, logprobs, the
+        penalties ...) means that default, as vLLM's optional fields read it: clients send
+        null for "unset". Fields where None has a meaning of its own keep it."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {key: value for key, value in data.items()
+                if value is not None or key not in fields or fields[key].is_required()
+                or type(None) in get_args(fields[key].annotation)}
+
 
 class StreamOptions(BaseModel):
     """stream_options: whether a final chunk carries the usage, and whether every chunk
@@ -95,17 +109,17 @@ class SamplingFields(RequestBody):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: StrictInt | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
+    presence_penalty: StrictFloat = 0.0
+    frequency_penalty: StrictFloat = 0.0
+    logit_bias: dict[str, StrictFloat] | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
     # vLLM extras
     top_k: StrictInt | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    min_p: StrictFloat | None = None
+    repetition_penalty: StrictFloat | None = None
     min_tokens: StrictInt = 0
     ignore_eos: StrictBool = False
     stop_token_ids: list[StrictInt] | None = None
@@ -174,6 +188,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
     add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -192,9 +207,11 @@ class TokenizeRequest(RequestBody):
     messages: list[ChatMessage] | None = None
     add_special_tokens: StrictBool = True
     add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    return_token_strs: StrictBool = False
 
 
 class DetokenizeRequest(RequestBody):
@@ -244,6 +261,7 @@ class TokenizeResponse(BaseModel):
     tokens: list[int]
     count: int
     max_model_len: int
+    token_strs: list[str] | None = None  # with return_token_strs: each token's string
 
 
 class DetokenizeResponse(BaseModel):

@@ -57,11 +57,16 @@ class Serving:
 
     async def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
                           kwargs: dict | None = None, tools: list | None = None,
-                          chat_template: str | None = None) -> str:
+                          chat_template: str | None = None, *,
+                          continue_final_message: bool = False) -> str:
         """The chat template applied to messages, rendered in a worker thread under the
         server's time limit; a 400 when it fails, runs too long or renders too much, and for
-        a template sent with the request unless trust_request_chat_template is set."""
+        a template sent with the request unless trust_request_chat_template is set.
+        continue_final_message: the text ends inside the last message (as vLLM and HF)."""
         refuse_non_text_parts(messages)
+        if continue_final_message and add_generation_prompt:
+            raise OpenAIError(400, "continue_final_message and add_generation_prompt cannot "
+                              "both be true", param="continue_final_message")
         kwargs = dict(kwargs or {})
         chat_template = chat_template if chat_template is not None else kwargs.pop(
             "chat_template", None)
@@ -74,14 +79,17 @@ class Serving:
         return await asyncio.to_thread(
             render, self.engine.tokenizer, convo, add_generation_prompt=add_generation_prompt,
             tools=tools, template_kwargs=kwargs, chat_template=chat_template,
-            timeout_s=self.cfg.chat_template_timeout_s, max_chars=self.engine.max_prompt_bytes)
+            timeout_s=self.cfg.chat_template_timeout_s, max_chars=self.engine.max_prompt_bytes,
+            continue_final_message=continue_final_message)
 
     async def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
                           kwargs: dict | None = None, tools: list | None = None,
-                          chat_template: str | None = None) -> list[int]:
+                          chat_template: str | None = None, *,
+                          continue_final_message: bool = False) -> list[int]:
         """Token ids of the rendered chat (the template adds any special tokens itself)."""
         text = await self.render_chat(messages, add_generation_prompt, kwargs, tools,
-                                      chat_template)
+                                      chat_template,
+                                      continue_final_message=continue_final_message)
         return await self.encode(text, add_special_tokens=False, name="messages")
 
     def tool_plan(self, tools: list | None, tool_choice, parallel_tool_calls: bool | None

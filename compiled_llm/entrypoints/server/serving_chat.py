@@ -47,7 +47,8 @@ class ServingChat(Serving):
         its tools, tokenized, admitted."""
         plan = self.tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls)
         ids = await self.encode_chat(req.messages, req.add_generation_prompt,
-                                     req.chat_template_kwargs, plan.tools, req.chat_template)
+                                     req.chat_template_kwargs, plan.tools, req.chat_template,
+                                     continue_final_message=req.continue_final_message)
         # max_completion_tokens: 0 is a value (refused), not "unset"
         budget_param = "max_tokens" if req.max_completion_tokens is None else \
             "max_completion_tokens"

@@ -127,19 +127,28 @@ def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], num_t
 def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob] | None],
                         num_top: int, offset: int, unscored: str = "") -> dict:
     """OpenAI completions `logprobs`; text offsets start at offset. A None entry (an echoed
-    prompt's first token, which nothing predicts) gets null logprobs and the text unscored."""
+    prompt's first token, which nothing predicts) gets null logprobs and the text unscored.
+    Each top_logprobs dict holds the chosen token first, then the num_top best (OpenAI and
+    vLLM: up to num_top + 1 entries, so logprobs=0 still shows the chosen token's)."""
     tokens, logprobs, tops, offsets = [], [], [], []
     for token_id, entry in zip(token_ids, entries):
         text = unscored if entry is None else _token_text(token_id, entry[token_id])
         tokens.append(text)
         logprobs.append(None if entry is None else _finite(entry[token_id].logprob))
-        tops.append(None if entry is None else {
-            _token_text(top_id, top): _finite(top.logprob)
-            for top_id, top in _top(entry, num_top)})
+        tops.append(None if entry is None else _completion_top(token_id, entry, num_top))
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops,
             "text_offset": offsets}
+
+
+def _completion_top(token_id: int, entry: dict[int, Logprob], num_top: int) -> dict:
+    """{text: logprob} of the chosen token, then of the num_top best (a text already there,
+    the chosen token's included, keeps its first logprob)."""
+    top: dict[str, float] = {}
+    for top_id, logprob in [(token_id, entry[token_id]), *_top(entry, num_top)]:
+        top.setdefault(_token_text(top_id, logprob), _finite(logprob.logprob))
+    return top
 
 
 def _finite(logprob: float) -> float:

@@ -122,3 +122,38 @@ def test_api_key_only_guards_v1(server):
     ok = httpx.get(f"{server.url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
     assert ok.status_code == 200
     assert httpx.get(f"{server.url}/metrics").status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_top_logprobs_hold_the_chosen_token(client, server, stream):
+    # OpenAI and vLLM: up to logprobs + 1 entries, the chosen token's always among them
+    for num in (0, 2):
+        kw = dict(model=server.model, prompt="The quick", max_tokens=6, logprobs=num,
+                  extra_body={"ignore_eos": True})
+        out = client.completions.create(stream=stream, **kw)
+        chunks = list(out) if stream else [out]
+        lps = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+        rows = [row for lp in lps for row in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs)]
+        assert len(rows) == 6
+        for token, logprob, top in rows:
+            assert 1 <= len(top) <= num + 1 and top[token] == logprob
+            assert next(iter(top)) == token  # the chosen token first, as vLLM
+        if num == 0:
+            assert all(len(top) == 1 for _, _, top in rows)
+
+
+def test_null_fields_mean_their_defaults(client, server):
+    # clients send null for "unset"; vLLM reads it as the field's default
+    chat = _chat(client, server, n=None, logprobs=None, top_logprobs=None, stream=None,
+                 presence_penalty=None, frequency_penalty=None, max_tokens=3,
+                 extra_body={"add_generation_prompt": None, "ignore_eos": None})
+    assert len(chat.choices) == 1 and chat.choices[0].logprobs is None
+    assert chat.usage.completion_tokens <= 3
+    comp = client.completions.create(model=server.model, prompt="The quick", max_tokens=3,
+                                     n=None, echo=None, stream=None, presence_penalty=None,
+                                     extra_body={"min_tokens": None})
+    assert len(comp.choices) == 1 and not comp.choices[0].text.startswith("The quick")
+    # where null has a meaning of its own, it keeps it: max_tokens null is "to the end"
+    rest = client.completions.create(model=server.model, prompt="The quick", max_tokens=None,
+                                     extra_body={"ignore_eos": True})
+    assert rest.usage.total_tokens == 512 and rest.choices[0].finish_reason == "length"

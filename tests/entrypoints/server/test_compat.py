@@ -80,3 +80,34 @@ def test_vllm_metric_names_mirror_the_servers_own(client, server):
     assert 16 <= hits <= families["vllm:prefix_cache_queries"].samples[0].value
     preempt = families["vllm:num_preemptions"]
     assert preempt.samples[0].name == "vllm:num_preemptions_total"
+
+
+def test_models_retrieve_shows_the_root_as_the_list_does(client, server):
+    listed = {card.id: card for card in client.models.list().data}
+    card = client.models.retrieve(server.model)
+    assert card.model_dump() == listed[server.model].model_dump()
+
+
+def test_continue_final_message(client, server):
+    messages = [{"role": "user", "content": "Go on"},
+                {"role": "assistant", "content": "The quick brown"}]
+
+    def tokenize(**kw) -> dict:
+        return httpx.post(f"{server.url}/tokenize", json={"messages": messages, **kw},
+                          headers=AUTH).json()
+
+    cont = tokenize(add_generation_prompt=False, continue_final_message=True,
+                    return_token_strs=True)
+    closed = tokenize(add_generation_prompt=False)
+    # the prompt stops inside the assistant's message: the template's closing "\n" is cut
+    assert closed["tokens"][:cont["count"]] == cont["tokens"]
+    assert cont["count"] < closed["count"]
+    assert len(cont["token_strs"]) == cont["count"] and "token_strs" not in closed
+    out = client.chat.completions.create(
+        model=server.model, messages=messages, max_tokens=4,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    assert out.usage.prompt_tokens == cont["count"] and out.usage.completion_tokens == 4
+    with pytest.raises(openai.BadRequestError) as err:  # as vLLM: not both
+        client.chat.completions.create(model=server.model, messages=messages, max_tokens=4,
+                                       extra_body={"continue_final_message": True})
+    assert err.value.body["param"] == "continue_final_message"

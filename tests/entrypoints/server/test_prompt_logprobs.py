@@ -52,12 +52,13 @@ def test_echo_logprobs_score_the_prompt(client, server, max_tokens):
     assert lp.tokens[0] == PROMPT[: len(lp.tokens[0])] and lp.text_offset[0] == 0
     torch.testing.assert_close(lp.token_logprobs[1:len(ids)], _reference(server, ids),
                                atol=1e-4, rtol=1e-4)
-    # top_logprobs: the 2 best (keyed by text, so tokens decoding alike share a key)
+    # top_logprobs: the token's own, then the 2 best (keyed by text, so tokens decoding alike
+    # share a key)
     best = _logprobs(server, ids).topk(2).values
     for pos, top in enumerate(lp.top_logprobs[1:len(ids)]):
-        assert 1 <= len(top) <= 2
-        assert all(torch.isclose(best[pos], torch.tensor(v), atol=1e-4).any()
-                   for v in top.values())
+        own, *rest = top.items()
+        assert 1 <= len(top) <= 3 and own == (lp.tokens[pos + 1], lp.token_logprobs[pos + 1])
+        assert all(torch.isclose(best[pos], torch.tensor(v), atol=1e-4).any() for _, v in rest)
     assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(lp.tokens))]
     assert choice.text.startswith(PROMPT) and (max_tokens or choice.text == PROMPT)
     assert out.usage.prompt_tokens == len(ids) and out.usage.completion_tokens == max_tokens
