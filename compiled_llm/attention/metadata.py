@@ -7,6 +7,7 @@ reference backend slice per sequence without a device sync.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -33,3 +34,12 @@ class AttentionMetadata:
     def num_seqs(self) -> int:
         """B, the sequences of the batch (padding sequences included when padded)."""
         return self.seq_lens_cpu.shape[0]
+
+    @cached_property
+    def num_leading_decodes(self) -> int:
+        """How many sequences at the front have one query token each (the scheduler lists
+        running requests first, so in a mixed batch these are its decodes): a backend may run
+        them on its decode path and the rest as prefills. Read from the host copy, no sync."""
+        query_lens = self.query_start_loc_cpu[1:] - self.query_start_loc_cpu[:-1]
+        longer = torch.nonzero(query_lens != 1)
+        return int(longer[0, 0]) if longer.numel() else int(query_lens.shape[0])

@@ -95,13 +95,27 @@ def triton_attention(
         if q.shape[0] > num_seqs:
             out[num_seqs:].zero_()  # padded rows, as the reference leaves them
         return out
-    prefill_attention(q, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-                      meta.max_query_len, scale, sliding_window, out, prefill_config(head_dim),
-                      kv_scales)
+    _mixed(q, kv_cache, meta, scale, sliding_window, out, kv_scales)
     if q.shape[0] > meta.num_actual_tokens:
         out[meta.num_actual_tokens:].zero_()
     return out
 
+
+def _mixed(q, kv_cache, meta: AttentionMetadata, scale: float, sliding_window: int,
+           out: torch.Tensor, kv_scales: torch.Tensor | None) -> None:
+    """A batch with prompt chunks: its leading one-token sequences (the decodes) on the split
+    decode kernel, the rest on the prefill kernel. The prefill kernel's tiles hold up to 128
+    query rows, so a decode row in them wastes most of each tile while it reads the whole
+    context; decode rows dominate a serving step's KV reads."""
+    head_dim, decodes = q.shape[2], meta.num_leading_decodes
+    if decodes:
+        decode_attention(q, kv_cache, meta.seq_lens[:decodes], meta.block_tables[:decodes],
+                         scale, sliding_window, out, decode_config(head_dim),
+                         kv_scales=kv_scales)
+    if decodes < meta.seq_lens.shape[0]:
+        prefill_attention(q, kv_cache, meta.query_start_loc[decodes:], meta.seq_lens[decodes:],
+                          meta.block_tables[decodes:], meta.max_query_len, scale,
+                          sliding_window, out, prefill_config(head_dim), kv_scales)
 
 
 def _uncached(q, k, v, meta: AttentionMetadata, scale: float, sliding_window: int,

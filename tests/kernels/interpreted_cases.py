@@ -175,6 +175,24 @@ def test_backend_through_the_op(window):
     _assert_close(_run_op(decode, "triton", window), ref, torch.float32)
 
 
+@pytest.mark.parametrize("window", [-1, 6])
+@pytest.mark.parametrize("gqa", [1, 2])
+def test_mixed_batch_runs_its_leading_decodes_on_the_decode_kernel(window, gqa):
+    # three decodes, a prompt chunk, a one-token chunk and a prompt: the first three take the
+    # decode kernel, the rest (a one-token row among them) the prefill kernel
+    batch = make_batch([1, 1, 1, 23, 1, 7], [30, 5, 70, 0, 12, 3], 2 * gqa, 2, 32, pad_rows=2,
+                       seed=11 + gqa)
+    assert batch.meta.num_leading_decodes == 3
+    ref, _ = reference(batch, SCALE, window)
+    out = _run_op(batch, "triton", window)
+    _assert_close(out, ref, torch.float32)
+    assert torch.equal(out[-2:], torch.zeros_like(out[-2:]))
+    prompt_first = make_batch([9, 1, 1], [0, 40, 7], 2 * gqa, 2, 32, seed=gqa)
+    assert prompt_first.meta.num_leading_decodes == 0
+    ref, _ = reference(prompt_first, SCALE, window)
+    _assert_close(_run_op(prompt_first, "triton", window), ref, torch.float32)
+
+
 @pytest.mark.parametrize("name", ["llama", "mistral"])  # mistral: sliding window 24, head_dim 16
 def test_engine_greedy_tokens_match_torch_backend(name):
     from compiled_llm import LLM, SamplingParams
