@@ -68,6 +68,8 @@
 #                                         # graphs up to them, offline beside
 #     bash benchmarks/h200_suite.sh 41    # kernel profiles of mixed steps (token budget 1024
 #                                         # against the default)
+#     bash benchmarks/h200_suite.sh 42    # mixed steps' decodes on the decode kernel: GPU
+#                                         # test, served (2048 / default), offline
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -448,6 +450,16 @@ $(served default $LOGS --max-decode-slowdown 2.5)
 $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
 $(served slowdown2 $LOGS --max-decode-slowdown 2.0)
 $(served uncapped $LOGS --max-decode-slowdown 0)"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 42 ]; then  # one GPU (carry .whl): a mixed step's decodes on the decode
+  # kernel: its GPU test, served at 2048-token steps (graphs to 2048), offline, served default
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" LOGS=COMPILED_LLM_STEP_DEBUG=15
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$py -m pytest -q -x -p no:cacheprovider tests/kernels/test_triton_gpu.py -k mixed
+$(served budget2048 $LOGS --max-num-batched-tokens 2048 --max-cudagraph-capture-size 2048)
+$CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
+$(served default $LOGS)"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 41 ]; then  # one GPU: where a mixed step's time goes, device kernels by
   # kind, the nano-vllm workload at the default token budget and at 1024 (graphs up to it)

@@ -41,11 +41,15 @@ def test_prefill_matches_sdpa(seq_len):
     assert _rel_err(out, ref) < 1.5e-2
 
 
+@pytest.mark.parametrize("decodes_first", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_mixed_chunked_batch_matches_reference(head_dim):
-    # chunks with cached context, fresh prefills and decodes in one flat batch
+def test_mixed_chunked_batch_matches_reference(head_dim, decodes_first):
+    # chunks with cached context, fresh prefills and decodes in one flat batch; decodes first
+    # (as the scheduler lists them) take the decode kernel
     q_lens = [2048, 1, 517, 1, 1, 3000]
     ctx_lens = [6000, 9000, 0, 15, 16000, 1024]
+    if decodes_first:
+        q_lens, ctx_lens = [1, 1, 1, 2048, 517, 1, 3000], [9000, 15, 16000, 6000, 0, 700, 1024]
     batch = make_batch(q_lens, ctx_lens, HQ, HKV, head_dim, dtype=torch.bfloat16, device="cuda",
                        pad_rows=5, seed=1)
     ref, ref_cache = reference(batch, head_dim**-0.5, -1)
