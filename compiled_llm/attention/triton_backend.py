@@ -113,9 +113,9 @@ def _mixed(q, kv_cache, meta: AttentionMetadata, scale: float, sliding_window: i
                          scale, sliding_window, out, decode_config(head_dim),
                          kv_scales=kv_scales)
     if decodes < meta.seq_lens.shape[0]:
-        prefill_attention(q, kv_cache, meta.query_start_loc[decodes:], meta.seq_lens[decodes:],
-                          meta.block_tables[decodes:], meta.max_query_len, scale,
-                          sliding_window, out, prefill_config(head_dim), kv_scales)
+        prefill_attention(q, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
+                          meta.max_query_len, scale, sliding_window, out,
+                          prefill_config(head_dim), kv_scales, first_seq=decodes)
 
 
 def _uncached(q, k, v, meta: AttentionMetadata, scale: float, sliding_window: int,

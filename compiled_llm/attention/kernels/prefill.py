@@ -57,10 +57,10 @@ def _visible_keys(first, last, seq_len, window, BLOCK_N: tl.constexpr, HAS_WINDO
     return lo, lo, (seq_len // BLOCK_N) * BLOCK_N, seq_len + lo
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["first_seq"])  # one compiled kernel whatever a step's offset
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, table_ptr, scales_ptr,
-    qk_scale, window,
+    qk_scale, window, first_seq,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     G: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, BS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
@@ -68,7 +68,7 @@ def _prefill_kernel(
 ):
     # longest causal tiles first: better tail balance
     pid_q = tl.num_programs(0) - 1 - tl.program_id(0)
-    b, kvh = tl.program_id(1), tl.program_id(2)
+    b, kvh = tl.program_id(1) + first_seq, tl.program_id(2)
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     tile0 = pid_q * BLOCK_Q
@@ -139,9 +139,11 @@ def prefill_attention(
     out: torch.Tensor,  # [T, Hq, D]; rows outside query_start_loc's ranges are left as they are
     config: PrefillConfig,
     kv_scales: torch.Tensor | None = None,  # [2, Hkv] float32: the cache is FP8
+    first_seq: int = 0,
 ) -> torch.Tensor:
-    """Causal varlen attention of every sequence's queries over its cached context."""
-    num_seqs, num_q_heads, head_dim = seq_lens.shape[0], q.shape[1], q.shape[2]
+    """Causal varlen attention of the queries of sequences first_seq.. over their cached
+    context (the sequences before first_seq are left to the decode kernel)."""
+    num_seqs, num_q_heads, head_dim = seq_lens.shape[0] - first_seq, q.shape[1], q.shape[2]
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
     group_size = num_q_heads // num_kv_heads
     block_m, block_q, num_warps = _tiles(max_query_len, group_size, config)
@@ -150,7 +152,7 @@ def prefill_attention(
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
         seq_lens if kv_scales is None else kv_scales,
-        scale * LOG2E, sliding_window,
+        scale * LOG2E, sliding_window, first_seq,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=group_size, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, D=head_dim,
@@ -187,7 +189,7 @@ def varlen_attention(
     grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
     _prefill_kernel[grid](
         q, k, v, out, query_start_loc, query_start_loc, query_start_loc, query_start_loc,
-        scale * LOG2E, sliding_window,
+        scale * LOG2E, sliding_window, 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         0, k.stride(0), k.stride(1), 0,
         G=group_size, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, D=head_dim,
