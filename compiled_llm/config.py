@@ -214,8 +214,9 @@ class EngineArgs(ParallelArgs, LoRAArgs):
     max_num_seqs: int | None = None
     """Most sequences in one step (default: 256; 512 with performance_mode throughput)."""
     max_num_batched_tokens: int | None = None
-    """Most tokens in one step (default: 8192, 2048 with performance_mode interactivity, 16384
-    with throughput; or max_model_len if larger and chunked prefill is off)."""
+    """Most tokens in one step (default: 8192, and 2048 in `serve`; 2048 with performance_mode
+    interactivity, 16384 with throughput; or max_model_len if larger and chunked prefill is
+    off)."""
     block_size: int = 16
     """Tokens per KV-cache block (a power of two)."""
     gpu_memory_utilization: float = 0.9
@@ -258,7 +259,8 @@ class EngineArgs(ParallelArgs, LoRAArgs):
     every 16 up to max_num_seqs; every size up to 32 with performance_mode interactivity)."""
     max_cudagraph_capture_size: int | None = None
     """Most tokens a step may hold and still replay piecewise CUDA graphs (captured at powers
-    of two up to it; default: 512); longer steps run the compiled pieces without graphs."""
+    of two up to it; default: 512, and `serve`'s token budget there); longer steps run the
+    compiled pieces without graphs."""
     enable_chunked_prefill: bool = True
     """Split long prompts over several steps so prefill shares steps with decode."""
     load_format: LoadFormat = "auto"

@@ -61,6 +61,13 @@ PERFORMANCE_MODES: dict[str, ModeDefaults] = {
 }
 
 
+# `serve`'s token budget in balanced mode when none is given (LLM keeps the mode's 8192), with
+# piecewise CUDA graphs up to it: a step that carries prompt chunks beside 256 decodes then
+# lasts at most about 3x a decode step (ITL p99 / p50 3.0 against 5.4 at 8192, at 0.90x
+# against 0.99x of offline throughput: docs/benchmarks.md, calls 39-40)
+SERVE_MAX_NUM_BATCHED_TOKENS = 2048
+
+
 def level_defaults(level: int) -> LevelDefaults:
     """The defaults of optimization level `level` (0-3); ValueError naming the field."""
     if level not in LEVELS:

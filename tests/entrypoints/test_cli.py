@@ -245,3 +245,19 @@ def test_api_server_count_defaults_to_one_off_cuda():
     assert auto_api_server_count(EngineArgs(engine_core_process=False)) == 1
     ns = build_parser().parse_args(["serve"])
     assert ns.api_server_count is None  # auto: chosen in run_serve
+
+
+def test_serve_defaults_to_2048_token_steps_with_graphs_up_to_them():
+    from compiled_llm.entrypoints.cli.serve import serving_defaults
+
+    args = serving_defaults(EngineArgs())
+    assert args.scheduler_config(4096, 4096).max_num_batched_tokens == 2048
+    assert args.compile_config().piecewise_max_tokens == 2048
+    assert EngineArgs().scheduler_config(4096, 4096).max_num_batched_tokens == 8192  # LLM's
+    # a setting the user gives wins, and other modes and pooling keep their own defaults
+    assert serving_defaults(EngineArgs(max_cudagraph_capture_size=256)) \
+        .compile_config().piecewise_max_tokens == 256
+    for kept in (EngineArgs(max_num_batched_tokens=8192), EngineArgs(runner="pooling"),
+                 EngineArgs(performance_mode="throughput"),
+                 EngineArgs(enable_chunked_prefill=False)):
+        assert serving_defaults(kept) == kept

@@ -7,10 +7,10 @@ import argparse
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from compiled_llm.config import check_choices
+from compiled_llm.config import EngineArgs, check_choices
 from compiled_llm.engine.core_prestart import (
     discard,
     discard_servers,
@@ -27,6 +27,7 @@ from compiled_llm.entrypoints.cli.args import (
     engine_args,
 )
 from compiled_llm.entrypoints.server.server_config import ServerConfig
+from compiled_llm.optimization import SERVE_MAX_NUM_BATCHED_TOKENS
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
@@ -70,7 +71,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_serve(ns: argparse.Namespace) -> int:
     """Build the engine and serve until interrupted."""
-    args, opts = engine_args(ns), dataclass_from(ServeArgs, ns)
+    args, opts = serving_defaults(engine_args(ns)), dataclass_from(ServeArgs, ns)
     # until the servers install their own: a SIGTERM during start-up still runs the finally
     # below (the processes and directories started ahead are removed)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -79,6 +80,18 @@ def run_serve(ns: argparse.Namespace) -> int:
         return _serve(ns, args, opts)
     finally:
         discard()  # what was started ahead and serving did not take (refused settings)
+
+
+def serving_defaults(args: EngineArgs) -> EngineArgs:
+    """args with `serve`'s defaults where the user set none: in balanced mode with chunked
+    prefill, steps of SERVE_MAX_NUM_BATCHED_TOKENS tokens and piecewise CUDA graphs up to
+    them (a pooling engine keeps its own budget)."""
+    if (args.max_num_batched_tokens is not None or args.performance_mode != "balanced"
+            or not args.enable_chunked_prefill or args.runner == "pooling"):
+        return args
+    graphs = args.max_cudagraph_capture_size or SERVE_MAX_NUM_BATCHED_TOKENS
+    return replace(args, max_num_batched_tokens=SERVE_MAX_NUM_BATCHED_TOKENS,
+                   max_cudagraph_capture_size=graphs)
 
 
 def _exit_on_sigterm(signum, frame) -> None:
@@ -95,6 +108,7 @@ def _serve(ns: argparse.Namespace, args, opts: ServeArgs) -> int:
     pooling = _runner(args) == "pooling"
     if pooling:  # a pooling engine runs in this process: the core started ahead goes now
         discard()
+        args = engine_args(ns)  # with its own token budget, not serving_defaults
     # adapters loaded at run time are known to the API server that loaded them only
     one_server = pooling or (args.enable_lora and _runtime_lora_updates())
     count = opts.api_server_count or (1 if one_server else auto_api_server_count(args))
