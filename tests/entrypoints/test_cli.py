@@ -254,10 +254,9 @@ def test_serve_defaults_to_2048_token_steps_with_graphs_up_to_them():
     assert args.scheduler_config(4096, 4096).max_num_batched_tokens == 2048
     assert args.compile_config().piecewise_max_tokens == 2048
     assert EngineArgs().scheduler_config(4096, 4096).max_num_batched_tokens == 8192  # LLM's
-    # a setting the user gives wins, and other modes and pooling keep their own defaults
+    # a setting the user gives wins, and other modes keep their own defaults
     assert serving_defaults(EngineArgs(max_cudagraph_capture_size=256)) \
         .compile_config().piecewise_max_tokens == 256
-    for kept in (EngineArgs(max_num_batched_tokens=8192), EngineArgs(runner="pooling"),
-                 EngineArgs(performance_mode="throughput"),
+    for kept in (EngineArgs(max_num_batched_tokens=8192), EngineArgs(performance_mode="throughput"),
                  EngineArgs(enable_chunked_prefill=False)):
         assert serving_defaults(kept) == kept

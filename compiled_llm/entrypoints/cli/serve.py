@@ -85,9 +85,9 @@ def run_serve(ns: argparse.Namespace) -> int:
 def serving_defaults(args: EngineArgs) -> EngineArgs:
     """args with `serve`'s defaults where the user set none: in balanced mode with chunked
     prefill, steps of SERVE_MAX_NUM_BATCHED_TOKENS tokens and piecewise CUDA graphs up to
-    them (a pooling engine keeps its own budget)."""
+    them (a pooling engine is built from the user's own args: see _serve)."""
     if (args.max_num_batched_tokens is not None or args.performance_mode != "balanced"
-            or not args.enable_chunked_prefill or args.runner == "pooling"):
+            or not args.enable_chunked_prefill):
         return args
     graphs = args.max_cudagraph_capture_size or SERVE_MAX_NUM_BATCHED_TOKENS
     return replace(args, max_num_batched_tokens=SERVE_MAX_NUM_BATCHED_TOKENS,
