@@ -452,14 +452,24 @@ $(served slowdown2 $LOGS --max-decode-slowdown 2.0)
 $(served uncapped $LOGS --max-decode-slowdown 0)"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 42 ]; then  # one GPU (carry .whl): a mixed step's decodes on the decode
-  # kernel: its GPU test, served at 2048-token steps (graphs to 2048), offline, served default
+  # kernel: its GPU test, served at 2048-token steps (graphs to 2048), offline, served default,
+  # the nano-vllm user path
   Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" LOGS=COMPILED_LLM_STEP_DEBUG=15
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m pytest -q -x -p no:cacheprovider tests/kernels/test_triton_gpu.py -k mixed
 $(served budget2048 $LOGS --max-num-batched-tokens 2048 --max-cudagraph-capture-size 2048)
 $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
-$(served default $LOGS)"
+$(served default $LOGS)
+$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl --model $Q --label default"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 43 ]; then  # one GPU: 8B start-up as whole processes with the pinned weight
+  # reader (the CUDA default since call 37), then the 8B nano-vllm user path (mixed steps)
+  mapfile -t a <<<"\
+$MK
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
+$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl --model $CK/llama3-8b --label default-8b"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 41 ]; then  # one GPU: where a mixed step's time goes, device kernels by
   # kind, the nano-vllm workload at the default token budget and at 1024 (graphs up to it)
