@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -184,13 +185,15 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     (worker/fuse_weights.py). With a tensor-parallel group `tp`, this rank's shard is built
     and only its slices are read (whole experts per rank with expert_parallel); with several
     pipeline stages, `tp`'s pipeline rank names the stage this rank builds (and, with several
-    tensor-parallel ranks per stage, its shard of it), and only its layers are read."""
+    tensor-parallel ranks per stage, its shard of it), and only its layers are read.
+    `model.load_seconds` times its phases: build (config and modules), read, prepare."""
     from compiled_llm.quantization.fp8 import check_quantization, quantize_model
     from compiled_llm.quantization.loading import detect_format, prepare_quantized
     from compiled_llm.quantization.w4a16 import prepare_tinygemm
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
     from compiled_llm.worker.shared_overlap import overlap_shared_experts, shared_overlap_enabled
 
+    started = time.perf_counter()
     hf_config = load_hf_config(model_dir)
     model_cls, model_config = build_model_config(hf_config)
     checkpoint_format = detect_format(hf_config, quantization)
@@ -215,8 +218,10 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
         with torch.device(device):
             model = model_cls(model_config, max_len=max_len)
         model.to(dtype=dtype)
+    built = time.perf_counter()
     finalize = checkpoint_format and prepare_quantized(model, checkpoint_format, files)
     load_weights(model, files, device, plan)
+    read = _synchronized(device)
     if stage is not None:
         localize_kv_scales(model)
     model = finalize() if finalize else quantize_model(model, quantization)
@@ -224,4 +229,13 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     prepare_tinygemm(model)  # after the fusion: one packed tinygemm weight per fused weight
     if device.type == "cuda" and shared_overlap_enabled():  # routed experts on a side stream
         overlap_shared_experts(model)
+    model.load_seconds = {"build": built - started, "read": read - built,
+                          "prepare": _synchronized(device) - read}
     return model.eval().requires_grad_(False)
+
+
+def _synchronized(device: torch.device) -> float:
+    """perf_counter once `device`'s queued work is done (the phase times are the device's)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

@@ -35,6 +35,9 @@ class Worker:
         self.device = spec.device
         sched = spec.scheduler
         start = time.perf_counter()
+        if self.device.type == "cuda":  # the context, timed apart from the weights
+            torch.cuda.synchronize(self.device)
+            logger.info("device context: %.2f s", time.perf_counter() - start)
         baseline = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
         if self.device.type == "cpu" and args.compile_config().mode != "none":
             start_cpu_isa_probe()  # ~1.5 s of Inductor's, now beside the weights' load
@@ -82,6 +85,7 @@ def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None) 
     model = load_model(spec.model_dir, spec.dtype, spec.device, sched.max_model_len,
                        args.load_format, args.quantization, tp, stages,
                        args.enable_expert_parallel)
+    loaded = time.perf_counter()
     lora = attach_lora(model, args, sched) if args.enable_lora else None
     if args.speculative_config is not None:  # EAGLE-3 taps the target before it compiles
         from compiled_llm.worker.eagle3 import tap_target
@@ -96,6 +100,8 @@ def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None) 
     # verify steps of k drafts + 1 token per request get full graphs too (=0: piecewise only)
     if spec_cfg is not None and os.environ.get("COMPILED_LLM_VERIFY_GRAPHS", "1") != "0":
         runner.verify_query_len = spec_cfg.num_speculative_tokens + 1
+    phases = {**model.load_seconds, "runner": time.perf_counter() - loaded}
+    logger.info("weights phase: %s", ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
     return runner
 
 
