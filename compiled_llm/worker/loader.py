@@ -6,6 +6,7 @@ must be filled with a tensor of the right shape; errors name the tensor and the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -215,7 +216,7 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
         model, plan = build_sharded(model_cls, model_config, max_len, device, dtype, tp,
                                     expert_parallel)
     else:
-        with torch.device(device):
+        with torch.device(device), _default_dtype(dtype):  # no float32 copy first
             model = model_cls(model_config, max_len=max_len)
         model.to(dtype=dtype)
     built = time.perf_counter()
@@ -232,6 +233,18 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     model.load_seconds = {"build": built - started, "read": read - built,
                           "prepare": _synchronized(device) - read}
     return model.eval().requires_grad_(False)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    """Parameters made inside are `dtype` from the start (their values are overwritten by the
+    checkpoint; buffers that ask for float32 keep it until the model's .to(dtype))."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype if dtype.is_floating_point else previous)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def _synchronized(device: torch.device) -> float:
