@@ -464,10 +464,10 @@ $(served default $LOGS)
 $py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl --model $Q --label default"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 43 ]; then  # one GPU: 8B start-up as whole processes with the pinned weight
-  # reader (the CUDA default since call 37), then the 8B nano-vllm user path (mixed steps)
+  # reader and the early load (and serve without each), then the 8B nano-vllm user path
   mapfile -t a <<<"\
 $MK
-$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-env COMPILED_LLM_EARLY_LOAD=0 COMPILED_LLM_PINNED_LOAD=0
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
 $py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl --model $CK/llama3-8b --label default-8b"
   stream 0 "gpu0_call$CALL" "${a[@]}"

@@ -43,13 +43,14 @@ def _stamp_lines(stream, sink, started: float) -> None:
 
 
 def serve_first_token(model: str, cache: Path, inductor: Path, port: int,
-                      extra: list[str]) -> float:
+                      extra: list[str], env_extra: dict[str, str] | None = None,
+                      log_name: str = "serve.log") -> float:
     """Seconds from spawning `compiled-llm serve` to the end of its first one-token reply;
-    the server's output goes to serve.log with each line stamped (its timeline)."""
+    the server's output goes to log_name with each line stamped (its timeline)."""
     import httpx
 
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
-    log = cache.parent / "serve.log"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor), **(env_extra or {})}
+    log = cache.parent / log_name
     started = time.perf_counter()
     server = subprocess.Popen([*CLI, "serve", "--model", model, "--port", str(port),
                                "--compile-cache-dir", str(cache), *extra], env=env,
@@ -92,12 +93,33 @@ def _row(name: str, res: dict) -> dict:
             "inductor compiles": res.get("inductor_compiles"), "cache hits": res.get("cache_hits")}
 
 
+def serve_variants(model: str, cache: Path, inductor: Path, args) -> dict:
+    """The warm serve row again under each --serve-env KEY=VALUE: seconds and the log tail."""
+    out = {}
+    for setting in args.serve_env:
+        key, _, value = setting.partition("=")
+        name = f"serve_{key}_{value}.log"
+        try:
+            seconds = serve_first_token(model, cache, inductor, args.port, args.serve_args,
+                                        {key: value}, name)
+        except RuntimeError as err:
+            out[setting] = {"error": str(err)}
+            continue
+        log = (cache.parent / name).read_text(errors="replace").splitlines()
+        print(f"warm serve with {setting}, spawn to first token: {seconds:.1f} s")
+        print("\n".join(log[-40:]))
+        out[setting] = {"serve_first_token_s": seconds, "serve_log": log[-200:]}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="llama3-8b")
     ap.add_argument("--checkpoint-dir", default=None)
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--serve-env", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="after the default serve row, one more warm serve row per setting")
     ap.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
                     help="more `compiled-llm serve` flags for the serve row (last)")
     args = ap.parse_args()
@@ -124,6 +146,7 @@ def main() -> None:
     except RuntimeError as err:
         print(f"warm serve failed: {err}")
         result["serve_error"] = str(err)
+    result["serve_variants"] = serve_variants(model, cache, inductor, args)
     save_json(args.json or f"bench_out/startup_{args.shape}.json", result)
     shutil.rmtree(work, ignore_errors=True)
 

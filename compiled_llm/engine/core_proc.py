@@ -192,11 +192,13 @@ def launch(run: Callable) -> None:
     the starter's sys.path and its models; then run(args, spec, eos ids, addresses, parent).
     A spec of None (with EOS ids None and no models): build_core derives them from args."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine-core %(message)s")
-    # what building the core imports, before waiting for the arguments: a core started ahead
-    # (core_prestart) imports it while its front end is still importing its own
-    import compiled_llm.compile  # noqa: F401
-    import compiled_llm.engine.core  # noqa: F401
+    from compiled_llm.worker import early_load  # torch and the weight loader, no compiler
 
+    early_load.import_loader()
+    # what building the core imports, on a thread from the start: a core started ahead
+    # (core_prestart) imports it while its front end is still importing its own, and while
+    # this thread loads the weights once the arguments are here
+    imports = early_load.BackgroundImports("compiled_llm.compile", "compiled_llm.engine.core")
     try:
         payload = pickle.load(sys.stdin.buffer)
     except EOFError:  # started ahead, and its front end exited without taking it
@@ -204,7 +206,23 @@ def launch(run: Callable) -> None:
     args, spec, eos, addresses, parent_pid, models, path = payload
     sys.path[:] = path  # the front end's: its models' modules import here too
     _register_models(models)
+    if os.environ.get("COMPILED_LLM_EARLY_LOAD", "1") != "0":
+        _load_early(args, spec)
+    imports.join()
     run(args, spec, eos, addresses, parent_pid)
+
+
+def _load_early(args: EngineArgs, spec: WorkerSpec | None) -> None:
+    """The worker's model, loaded now (early_load); a spec of None is derived from args
+    without the tokenizer, and where that fails the core's own start says why."""
+    from compiled_llm.engine.core_spec import core_spec
+    from compiled_llm.worker import early_load
+
+    try:
+        spec = spec or core_spec(args, None)[0]
+    except Exception:  # noqa: BLE001 (build_core raises it again, and reports it)
+        return
+    early_load.load_early(args, spec)
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from compiled_llm.config import EngineArgs
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.lora.manager import attach_lora
 from compiled_llm.speculative import speculative_config_of
+from compiled_llm.worker import early_load
 from compiled_llm.worker.kv_budget import budget_blocks
 from compiled_llm.worker.loader import load_model
 from compiled_llm.worker.model_runner import ModelRunner
@@ -38,10 +39,15 @@ class Worker:
         if self.device.type == "cuda":  # the context, timed apart from the weights
             torch.cuda.synchronize(self.device)
             logger.info("device context: %.2f s", time.perf_counter() - start)
+        early = early_load.take(args, spec) if tp is None else None
         baseline = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
         if self.device.type == "cpu" and args.compile_config().mode != "none":
             start_cpu_isa_probe()  # ~1.5 s of Inductor's, now beside the weights' load
-        self.runner = build_runner(args, spec, tp)
+        if early is not None:  # loaded by the core process beside its imports
+            baseline = early.baseline
+            logger.info("weights loaded early: %.2f s, beside the compiler's imports",
+                        early.seconds)
+        self.runner = build_runner(args, spec, tp, None if early is None else early.model)
         loaded = time.perf_counter()
         if tp is not None:  # the driver of a tensor-parallel group: followers mirror its steps
             self.runner.step_hook = StepBroadcaster(tp, self.runner)
@@ -72,19 +78,23 @@ class Worker:
         self.startup_seconds = {"load": loaded - start, "compile_and_profile": profiled - loaded,
                                 "kv_cache": allocated - profiled, "warmup": warm - allocated,
                                 "cudagraphs": time.perf_counter() - warm}
+        if early is not None:
+            self.startup_seconds["weights_early"] = early.seconds
 
     def shutdown(self) -> None:
         """Free everything the worker holds on its device (idempotent)."""
         self.runner.shutdown()
 
 
-def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None) -> ModelRunner:
-    """Load the model (this rank's shard or pipeline stage under `tp`) and build its
-    runner."""
+def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None,
+                 model: torch.nn.Module | None = None) -> ModelRunner:
+    """Load the model (this rank's shard or pipeline stage under `tp`; none when `model`,
+    loaded early for these settings, is given) and build its runner."""
     sched, stages = spec.scheduler, args.pipeline_parallel_size
-    model = load_model(spec.model_dir, spec.dtype, spec.device, sched.max_model_len,
-                       args.load_format, args.quantization, tp, stages,
-                       args.enable_expert_parallel)
+    if model is None:
+        model = load_model(spec.model_dir, spec.dtype, spec.device, sched.max_model_len,
+                           args.load_format, args.quantization, tp, stages,
+                           args.enable_expert_parallel)
     loaded = time.perf_counter()
     lora = attach_lora(model, args, sched) if args.enable_lora else None
     if args.speculative_config is not None:  # EAGLE-3 taps the target before it compiles

@@ -58,6 +58,8 @@ def test_process_core_matches_in_process_core_and_frees_everything():
         got = [o.outputs[0] for o in asyncio.run(run())]
         assert [o.token_ids for o in got] == [o.token_ids for o in expected]
         assert [o.text for o in got] == [o.text for o in expected]
+        # the core loaded its weights beside its compiler imports, and its worker took them
+        assert engine.engine.startup_seconds["weights_early"] > 0
         deadline = time.monotonic() + 10
         while engine.engine.get_stats().num_used_blocks and time.monotonic() < deadline:
             time.sleep(0.05)
