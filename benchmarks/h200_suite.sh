@@ -463,13 +463,17 @@ $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len
 $(served default $LOGS)
 $py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl --model $Q --label default"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 43 ]; then  # one GPU: 8B start-up as whole processes with the pinned weight
-  # reader and the early load (and serve without each), then the 8B nano-vllm user path
+elif [ "$CALL" = 43 ]; then  # one GPU (carry .whl): serving with a mixed step's decodes on the
+  # decode kernel (on, off, on: the first also warms Triton's cache), then 8B start-up as whole
+  # processes with the early load (and serve without it)
+  Q=$CK/qwen3-0.6b LOGS=COMPILED_LLM_STEP_DEBUG=15
   mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$(served mixed_on1 $LOGS)
+$(served mixed_off "$LOGS COMPILED_LLM_MIXED_DECODES=0")
+$(served mixed_on2 $LOGS)
 $MK
-$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-env COMPILED_LLM_EARLY_LOAD=0 COMPILED_LLM_PINNED_LOAD=0
-$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
-$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl --model $CK/llama3-8b --label default-8b"
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-env COMPILED_LLM_EARLY_LOAD=0"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 41 ]; then  # one GPU: where a mixed step's time goes, device kernels by
   # kind, the nano-vllm workload at the default token budget and at 1024 (graphs up to it)

@@ -7,6 +7,8 @@ take the same kernels. CPU tensors run them through Triton's interpreter (slow: 
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from compiled_llm.attention import register_backend
@@ -24,6 +26,9 @@ from compiled_llm.attention.metadata import AttentionMetadata
 from compiled_llm.attention.qk_norm_rope import register_fused_write
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# a mixed batch's leading decodes on the decode kernel (=0: every row on the prefill kernel,
+# as before; for A/B measurements)
+MIXED_DECODES = os.environ.get("COMPILED_LLM_MIXED_DECODES", "1") != "0"
 
 
 def prefill_config(head_dim: int) -> PrefillConfig:
@@ -107,7 +112,7 @@ def _mixed(q, kv_cache, meta: AttentionMetadata, scale: float, sliding_window: i
     decode kernel, the rest on the prefill kernel. The prefill kernel's tiles hold up to 128
     query rows, so a decode row in them wastes most of each tile while it reads the whole
     context; decode rows dominate a serving step's KV reads."""
-    head_dim, decodes = q.shape[2], meta.num_leading_decodes
+    head_dim, decodes = q.shape[2], meta.num_leading_decodes if MIXED_DECODES else 0
     if decodes:
         decode_attention(q, kv_cache, meta.seq_lens[:decodes], meta.block_tables[:decodes],
                          scale, sliding_window, out, decode_config(head_dim),

@@ -198,7 +198,7 @@ def launch(run: Callable) -> None:
     # what building the core imports, on a thread from the start: a core started ahead
     # (core_prestart) imports it while its front end is still importing its own, and while
     # this thread loads the weights once the arguments are here
-    imports = early_load.BackgroundImports("compiled_llm.compile", "compiled_llm.engine.core")
+    imports = early_load.BackgroundImports(*early_load.COMPILER_MODULES)
     try:
         payload = pickle.load(sys.stdin.buffer)
     except EOFError:  # started ahead, and its front end exited without taking it

@@ -30,6 +30,10 @@ class EarlyModel:
     seconds: float
 
 
+# what building the core imports besides the loader: the engine, the compiler and its pass
+# manager (Inductor's pattern matcher and lowerings), which the runner imports on first use
+COMPILER_MODULES = ("compiled_llm.compile", "compiled_llm.engine.core",
+                    "compiled_llm.passes.manager", "torch._inductor.compile_fx")
 _loaded: list[EarlyModel] = []  # this process's early model until its worker takes it
 
 
