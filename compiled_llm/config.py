@@ -76,9 +76,13 @@ def model_len_bounds(hf_config: dict) -> tuple[int, int]:
     trained = min(lengths, default=2048)
     scaling = {**(hf_config.get("rope_parameters") or {}), **(hf_config.get("rope_scaling") or {})}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
-    factor = float(scaling.get("factor") or 1.0)
+    factor = scaling.get("factor")
     if kind == "yarn" and "original_max_position_embeddings" in scaling:
-        trained = scaling["original_max_position_embeddings"]
+        original = scaling["original_max_position_embeddings"]
+        if factor is None:  # HF's YaRN with factor null: the ratio of the two lengths
+            factor = hf_config.get("max_position_embeddings", trained) / original
+        trained = original
+    factor = float(factor or 1.0)
     limit = int(trained * factor) if kind in ("linear", "dynamic", "yarn") else trained
     return limit, (trained if kind == "dynamic" else limit)
 

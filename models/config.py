@@ -21,20 +21,27 @@ def _rope_params(hf_config: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     if kind in ("llama3", "yarn"):  # HF's fallback for the pretraining length
         merged.setdefault("original_max_position_embeddings",
                           hf_config.get("max_position_embeddings", 2048))
+    if kind in _NEEDS_FACTOR:
+        merged["factor"] = _rope_factor(merged, hf_config.get("max_position_embeddings", 2048))
     return float(theta), merged
 
 
-def _sliding_layers(hf_config: dict[str, Any], max_window_layers: int | None,
-                    num_layers: int) -> tuple[int, ...] | None:
-    """The layers a sliding window applies to (None: every layer), as HF decides: the layers
-    config.json's layer_types marks sliding_attention, else (older Qwen configs) those from
-    max_window_layers on."""
-    layer_types = hf_config.get("layer_types")
-    if layer_types:
-        return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
-    if max_window_layers is not None:
-        return tuple(range(max_window_layers, num_layers))
-    return None
+_NEEDS_FACTOR = ("linear", "dynamic", "llama3", "yarn")  # HF's rope types that require it
+
+
+def _rope_factor(scaling: dict[str, Any], max_positions: int) -> float:
+    """The scaling factor, as HF reads it: required; an explicit null only for YaRN, where it
+    is max_position_embeddings / original_max_position_embeddings (HF's DeepSeek-V3 rule)."""
+    kind = scaling["rope_type"]
+    if "factor" not in scaling:
+        raise ValueError(f"rope_scaling.factor is required for rope_type {kind!r}")
+    factor = scaling["factor"]
+    if factor is None and kind == "yarn":
+        return max_positions / scaling["original_max_position_embeddings"]
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        raise ValueError(f"rope_scaling.factor must be a number for rope_type {kind!r}, "
+                         f"got {factor!r}")
+    return float(factor)
 
 
 @dataclass
@@ -126,11 +133,23 @@ class DecoderConfig:
             o_proj_bias=get("o_proj_bias", bias),
             mlp_bias=get("mlp_bias", False),
             sliding_window=window or -1,
-            sliding_window_layers=_sliding_layers(hf_config, get("max_window_layers"),
-                                                  hf_config["num_hidden_layers"]),
+            sliding_window_layers=cls.sliding_layers(hf_config, get),
             architecture=(hf_config.get("architectures") or [""])[0],
             moe=MoeConfig.from_hf(get),
         )
+
+    @staticmethod
+    def sliding_layers(hf_config: dict[str, Any], get) -> tuple[int, ...] | None:
+        """The layers a sliding window applies to (None: every layer), as HF decides: the
+        layers layer_types marks sliding_attention, else (older Qwen2/Qwen3 configs) those from
+        max_window_layers on. A model whose HF config reads these differently overrides it."""
+        layer_types = hf_config.get("layer_types")
+        if layer_types:
+            return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+        max_window_layers = get("max_window_layers")
+        if max_window_layers is not None:
+            return tuple(range(max_window_layers, hf_config["num_hidden_layers"]))
+        return None
 
     def layer_window(self, layer_idx: int) -> int:
         """The sliding window of layer layer_idx (-1: full attention)."""

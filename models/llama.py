@@ -128,4 +128,5 @@ class MistralForCausalLM(LlamaForCausalLM):
 class Qwen2ForCausalLM(LlamaForCausalLM):
     """Qwen2: the Llama layout with biased q/k/v projections (o_proj has none)."""
 
-    hf_defaults = {"attention_bias": True, "o_proj_bias": False}
+    hf_defaults = {"attention_bias": True, "o_proj_bias": False, "use_sliding_window": False,
+                   "max_window_layers": 28}

@@ -5,11 +5,28 @@ when norm_topk_prob says so (HF's default: not).
 
 from __future__ import annotations
 
+from typing import Any
+
+from compiled_llm.models.config import DecoderConfig
 from compiled_llm.models.llama import LlamaForCausalLM
 from compiled_llm.models.moe import MoeWeightMap
+
+
+class Qwen2MoeDecoderConfig(DecoderConfig):
+    """DecoderConfig that reads an older Qwen2-MoE config.json (no layer_types) as HF does."""
+
+    @staticmethod
+    def sliding_layers(hf_config: dict[str, Any], get) -> tuple[int, ...] | None:
+        """layer_types' sliding layers; without it, HF Qwen2MoeConfig's own layer_types: the
+        even-indexed layers below max_window_layers (28 when unset)."""
+        if hf_config.get("layer_types"):
+            return DecoderConfig.sliding_layers(hf_config, get)
+        below = min(get("max_window_layers", 28), hf_config["num_hidden_layers"])
+        return tuple(range(0, below, 2))
 
 
 class Qwen2MoeForCausalLM(MoeWeightMap, LlamaForCausalLM):
     """Qwen2-MoE for causal LM; q/k/v biases unless config.json sets qkv_bias false."""
 
-    hf_defaults = {"qkv_bias": True, "o_proj_bias": False}
+    config_cls = Qwen2MoeDecoderConfig
+    hf_defaults = {"qkv_bias": True, "o_proj_bias": False, "use_sliding_window": False}

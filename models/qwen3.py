@@ -43,3 +43,4 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     """Qwen3 for causal LM: the Llama contract over Qwen3Model."""
 
     model_cls = Qwen3Model
+    hf_defaults = {"use_sliding_window": False, "max_window_layers": 28}  # HF's defaults

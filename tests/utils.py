@@ -54,6 +54,13 @@ EXTRA_CONFIGS = {
     "llama_kv1": ("LlamaConfig", {"num_key_value_heads": 1}),
     # an odd layer count: two pipeline stages split it unevenly
     "llama_3layers": ("LlamaConfig", {"num_hidden_layers": 3}),
+    # a window of 8 where layer_types (saved, or derived by HF) decides which layers slide
+    "qwen2_moe_window": ("Qwen2MoeConfig", {
+        **CONFIGS["qwen2_moe"][1], "num_hidden_layers": 4, "use_sliding_window": True,
+        "sliding_window": 8, "max_window_layers": 3}),
+    "qwen3_moe_window": ("Qwen3MoeConfig", {
+        **CONFIGS["qwen3_moe"][1], "use_sliding_window": True, "sliding_window": 8,
+        "max_window_layers": 1}),
 }
 
 

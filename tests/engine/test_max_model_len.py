@@ -61,6 +61,9 @@ def baseline(prompts):
     ({"max_position_embeddings": 32768, "rope_scaling": {
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}},
      (131072, 131072)),
+    ({"max_position_embeddings": 131072, "rope_scaling": {  # transformers: factor = the ratio
+        "rope_type": "yarn", "factor": None, "original_max_position_embeddings": 32768}},
+     (131072, 131072)),
 ])
 def test_model_len_bounds_as_vllm_derives_them(hf, bounds):
     assert model_len_bounds(hf) == bounds

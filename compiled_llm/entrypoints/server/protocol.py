@@ -189,6 +189,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: StrictInt | None = None
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
+    echo: StrictBool = False  # vLLM: the reply starts with the last message, if it is its role
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None

@@ -70,16 +70,18 @@ class ServingChat(Serving):
         """The whole JSON body (cancelled, it aborts the request)."""
         stream, rid, _, num_top, reply = await self._admit(req)
         try:
-            return self._response(await self.last(stream), rid, num_top, reply)
+            return self._response(await self.last(stream), rid, num_top, reply, echoed(req))
         finally:
             stream.abort()
 
     def _response(self, out: RequestOutput, rid: str, num_top: int | None,
-                  reply: ReplyFormat) -> dict:
+                  reply: ReplyFormat, echo: str | None) -> dict:
         self.check_output(out)
         choices = []
         for o in out.outputs:
             message, finish_reason = reply.message(o.text, o.finish_reason)
+            if echo is not None:  # as vLLM: the echo leads the content, even an empty one
+                message["content"] = echo + (message["content"] or "")
             choices.append({"index": o.index, "message": message,
                             "logprobs": self._logprobs(o, num_top),
                             "finish_reason": finish_reason, "stop_reason": o.stop_reason})
@@ -110,10 +112,14 @@ class ServingChat(Serving):
             return event(choices, **extra)
 
         gen, streamers = 0, [reply.streamer() for _ in range(req.n)]
+        echo = echoed(req)
         try:
             for i in range(req.n):  # the role comes first, before any token
                 yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
                               "logprobs": None, "finish_reason": None}])
+            for i in range(req.n if echo else 0):  # then the echoed message, if any
+                yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None,
+                              "finish_reason": None}])
             async for out in stream:
                 self.check_output(out)
                 for completion in out.outputs:
@@ -131,3 +137,14 @@ class ServingChat(Serving):
         if req.stream_options and req.stream_options.include_usage:
             yield chunk([], usage=usage(prompt_len, gen))
         yield DONE
+
+
+def echoed(req: ChatCompletionRequest) -> str | None:
+    """What vLLM's chat `echo` puts before the reply (None: echo is off): the last message's
+    content when its role is the reply's (assistant after a generation prompt, else the last
+    message's own), else ""."""
+    if not req.echo:
+        return None
+    last = req.messages[-1]
+    role = "assistant" if req.add_generation_prompt else last.role
+    return last.text() if last.role == role else ""

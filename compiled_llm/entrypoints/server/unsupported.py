@@ -44,7 +44,6 @@ _CHAT: dict[str, tuple[tuple[Any, ...], str]] = {
     "functions": ((None, []), "functions (deprecated) is not supported; use tools"),
     "function_call": ((None,), "function_call (deprecated) is not supported; use "
                                "tool_choice"),
-    "echo": ((None, False), "echo on chat (continue the last message) is not supported"),
     "documents": ((None, []), "documents for the chat template are not supported"),
     "add_special_tokens": ((None, False), "add_special_tokens on chat is not supported (the "
                                           "chat template adds them)"),

@@ -111,3 +111,39 @@ def test_continue_final_message(client, server):
         client.chat.completions.create(model=server.model, messages=messages, max_tokens=4,
                                        extra_body={"continue_final_message": True})
     assert err.value.body["param"] == "continue_final_message"
+
+
+def test_chat_echo_leads_with_the_last_message_of_the_replys_role(client, server):
+    messages = [{"role": "user", "content": "Go on"},
+                {"role": "assistant", "content": "The quick brown"}]
+    cont = {"add_generation_prompt": False, "continue_final_message": True}
+
+    def chat(msgs, **extra):
+        return client.chat.completions.create(model=server.model, messages=msgs, max_tokens=4,
+                                              temperature=0, extra_body=extra)
+
+    plain = chat(messages, **cont).choices[0].message.content
+    assert chat(messages, **cont, echo=True).choices[0].message.content == \
+        "The quick brown" + plain
+    # as vLLM: the reply's role is the assistant's after a generation prompt, else the last
+    # message's own; the last message is echoed when it has that role
+    assert chat(messages, echo=True).choices[0].message.content == \
+        "The quick brown" + chat(messages).choices[0].message.content
+    assert chat(messages[:1], echo=True).choices[0].message.content == \
+        chat(messages[:1]).choices[0].message.content
+    assert chat(messages[:1], add_generation_prompt=False, echo=True).choices[0].message \
+        .content.startswith("Go on")
+    stream = client.chat.completions.create(
+        model=server.model, messages=messages, max_tokens=4, temperature=0, n=2, stream=True,
+        extra_body={**cont, "echo": True})
+    deltas: dict[int, list] = {0: [], 1: []}
+    for event in stream:
+        for choice in event.choices:
+            deltas[choice.index].append(choice.delta)
+    for index in (0, 1):  # the role, then the echoed message, then the reply
+        first, echoed, *rest = deltas[index]
+        assert first.role == "assistant" and echoed.content == "The quick brown"
+        assert "".join(d.content or "" for d in rest) == plain
+    bad = httpx.post(f"{server.url}/v1/chat/completions", headers=AUTH, json={
+        "model": server.model, "messages": messages, "echo": "yes"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "echo", bad.text

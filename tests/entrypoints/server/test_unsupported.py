@@ -24,7 +24,6 @@ ASKING = {"use_beam_search": True, "length_penalty": 0.5, "early_stopping": True
           "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
           "web_search_options": {}, "store": True, "verbosity": "low",
           "functions": [{"name": "f", "parameters": {}}], "function_call": "auto",
-          "echo": True,
           "documents": [{"title": "t", "text": "x"}], "add_special_tokens": True}
 
 
