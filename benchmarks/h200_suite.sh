@@ -475,6 +475,14 @@ $(served mixed_on2 $LOGS)
 $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-env COMPILED_LLM_EARLY_LOAD=0"
   stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the serving workload
+  # offline at serve's defaults (2048-token steps, graphs to 2048), mixed decodes on and off
+  Q=$CK/qwen3-0.6b E='{"max_num_batched_tokens": 2048, "max_cudagraph_capture_size": 2048}'
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
+COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 41 ]; then  # one GPU: where a mixed step's time goes, device kernels by
   # kind, the nano-vllm workload at the default token budget and at 1024 (graphs up to it)
   Q=$CK/qwen3-0.6b

@@ -5,7 +5,8 @@ in-process so the profiler sees it) under torch.profiler, kernels grouped by kin
     python -m benchmarks.profile_steps --model /tmp/ckpt/llama3-8b --workload decode
 
 nano-vllm runs twice with different prompts (seed 0 timed, seed 1 profiled), so the prefix
-cache cannot turn the profiled run's prefills into hits. decode: 64 greedy batch-1 steps.
+cache cannot turn the profiled run's prefills into hits. serve-like: the serving benchmark's
+requests offline (1,024 x 512 random prompt tokens, 256 out). decode: 64 greedy batch-1 steps.
 """
 
 from __future__ import annotations
@@ -71,6 +72,23 @@ def nano_vllm(llm, seed: int) -> tuple[int, float]:
     return sum(len(o.outputs[0].token_ids) for o in outs), time.perf_counter() - start
 
 
+def serve_like(llm, seed: int) -> tuple[int, float]:
+    """(output tokens, seconds) of the serving benchmark's workload offline: 1,024 requests of
+    512 random prompt tokens and 256 output tokens, temperature 1.0, ignore_eos."""
+    import random
+
+    from compiled_llm import SamplingParams
+
+    rng = random.Random(seed)
+    vocab = llm.engine.model_config.vocab_size
+    prompts = [{"prompt_token_ids": [rng.randrange(1, vocab) for _ in range(512)]}
+               for _ in range(1024)]
+    params = SamplingParams(temperature=1.0, max_tokens=256, ignore_eos=True)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return sum(len(o.outputs[0].token_ids) for o in outs), time.perf_counter() - start
+
+
 def decode(llm, new_tokens: int) -> tuple[int, float]:
     """(tokens, seconds) of one greedy batch-1 run from a 128-token prompt."""
     from compiled_llm import SamplingParams
@@ -87,8 +105,9 @@ def run(args) -> dict:
     from compiled_llm import LLM
 
     llm = LLM(model=args.model, engine_core_process=False, **args.engine_args)
-    work = (lambda seed: nano_vllm(llm, seed)) if args.workload == "nano-vllm" else \
-        (lambda seed: decode(llm, args.decode_tokens))
+    work = {"nano-vllm": lambda seed: nano_vllm(llm, seed),
+            "serve-like": lambda seed: serve_like(llm, seed),
+            "decode": lambda seed: decode(llm, args.decode_tokens)}[args.workload]
     work(2)  # warm-up: Triton/Inductor autotune and the sampler's first shapes
     stats0 = llm.engine.step_stats
     tokens, seconds = work(0)
@@ -114,7 +133,8 @@ def run(args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--workload", choices=["nano-vllm", "decode"], default="nano-vllm")
+    ap.add_argument("--workload", choices=["nano-vllm", "serve-like", "decode"],
+                    default="nano-vllm")
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--engine-args", type=json.loads, default={})
     ap.add_argument("--json", default=None)
