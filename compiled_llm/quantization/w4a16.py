@@ -1,8 +1,8 @@
 """W4A16 linears: 4-bit weights kept packed on the device (canonical layout of packing.py),
-activations in the model dtype. `compiled_llm::w4a16_gemm` runs on CUDA tinygemm (tinygemm.py)
-up to a tuned token count when the layer has its tensors (prepare_tinygemm, at load), at prefill
-sizes dequantize-then-matmul, else the Triton kernel; off CUDA a torch reference. Fullgraph.
-"""
+activations in the model dtype. On CUDA `compiled_llm::w4a16_gemm` takes the path w4a16_tuning's
+w4a16_path picks per shape and token count: the Triton GEMV (few tokens, where tuned or forced),
+tinygemm (tinygemm.py, tensors from prepare_tinygemm), the Triton tiles, dequantize-then-matmul at
+prefill sizes; off CUDA a torch reference. Fullgraph."""
 
 from __future__ import annotations
 
@@ -40,18 +40,36 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     weight, tinygemm.py; row-sliced like qweight) run bf16 x of up to the tuned row count."""
     if not x.is_cuda:
         return w4a16_reference(x, qweight, scales, zeros, perm, bias, group_size)
-    from compiled_llm.quantization.kernels.w4a16 import w4a16_gemm_triton
+    from compiled_llm.quantization.kernels.w4a16_tuning import device_name
+
+    return w4a16_kernels(x, qweight, scales, zeros, perm, bias, group_size, tinygemm_weight,
+                         tinygemm_scales_zeros, device_name(x.device.index or 0))
+
+
+def w4a16_kernels(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                  zeros: torch.Tensor, perm: torch.Tensor | None, bias: torch.Tensor | None,
+                  group_size: int, tinygemm_weight: torch.Tensor | None,
+                  tinygemm_scales_zeros: torch.Tensor | None, gpu: str) -> torch.Tensor:
+    """The op's kernel side on the GPU named `gpu` (under TRITON_INTERPRET=1, CPU tensors: the
+    tests'): perm, the path w4a16_path picks with that GPU's tuned files, bias."""
+    from compiled_llm.quantization.kernels.w4a16 import w4a16_gemm_triton, w4a16_gemv_config
     from compiled_llm.quantization.kernels.w4a16_dequant import w4a16_dequant_mm
-    from compiled_llm.quantization.kernels.w4a16_tuning import use_dequant_mm, use_tinygemm
+    from compiled_llm.quantization.kernels.w4a16_tuning import lookup, w4a16_path
 
     if perm is not None:
         x = x.index_select(1, perm)
-    if tinygemm_weight is not None and x.dtype == torch.bfloat16 and use_tinygemm(x):
+    (m, k), n = x.shape, qweight.shape[0]
+    tinygemm_ok = tinygemm_weight is not None and x.dtype == torch.bfloat16
+    path = w4a16_path(gpu, m, n, k, tinygemm_ok)
+    if path == "tinygemm":
         out = tinygemm_mm(x, tinygemm_weight, tinygemm_scales_zeros, group_size)
-    elif use_dequant_mm(x):
+    elif path == "dequant":
         out = w4a16_dequant_mm(x, qweight, scales, zeros, group_size)
     else:
-        out = w4a16_gemm_triton(x, qweight, scales.to(x.dtype), zeros, group_size)
+        config = lookup(gpu, m, n, k)
+        if path == "gemv" and (config is None or not config.gemv):  # forced, or tuned elsewhere
+            config = w4a16_gemv_config(m, n, k, group_size)
+        out = w4a16_gemm_triton(x, qweight, scales.to(x.dtype), zeros, group_size, config)
     return out if bias is None else out + bias.to(out.dtype)
 
 

@@ -1,8 +1,8 @@
-"""Compiles the sampler's and the small-M GEMM's Triton kernels for the H200 (sm_90) on a machine
-without a GPU: every constexpr specialization the engine launches goes through Triton's whole
-pipeline (TTIR, TTGIR, LLVM, PTX, ptxas), which the interpreter skips. Under Triton 3.6 (the H200
-image's) the kernel without top-k once failed in TTGIR; this runs under whichever Triton is
-installed."""
+"""Compiles the sampler's, the small-M GEMM's and the W4A16 GEMV's Triton kernels for the H200
+(sm_90) on a machine without a GPU: every constexpr specialization the engine launches goes
+through Triton's whole pipeline (TTIR, TTGIR, LLVM, PTX, ptxas), which the interpreter skips. Under
+Triton 3.6 (the H200 image's) the kernel without top-k once failed in TTGIR; this runs under
+whichever Triton is installed."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from compiled_llm.gemm import kernels as small_m  # noqa: E402
+from compiled_llm.quantization.kernels import w4a16  # noqa: E402
 from compiled_llm.sample import fused_topk  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -82,3 +83,36 @@ def test_small_m_gemm_compiles_for_sm90(gated, use_dot, split_k, fused_sum):
     assert ptx.count("atom.global.gpu.acq_rel.add") == int(fused_sum)
     assert ("ld.global.cg" in ptx) == fused_sum and ("exch" in ptx) == fused_sum
     assert ("ex2.approx" in ptx) == gated
+
+
+GEMV_ARGS = {"qweight_ptr": "*i32", "zeros_ptr": "*u8", "N": "i32", "K": "i32",
+             "nibble_mask": "i32", "stride_xm": "i32", "stride_qn": "i32", "stride_sn": "i32",
+             "stride_zn": "i32", "stride_os": "i32", "stride_om": "i32"}
+# pointers 16-byte aligned and K, row strides multiples of 16, as Triton specializes them
+GEMV_ALIGNED = ("x_ptr", "qweight_ptr", "scales_ptr", "zeros_ptr", "out_ptr", "K", "stride_xm",
+                "stride_qn")
+
+
+@pytest.mark.parametrize("rows,group,block_n,block_k,split,dtype", [
+    (1, 128, 32, 256, 1, "bf16"), (2, 128, 64, 128, 1, "bf16"), (3, 64, 16, 512, 2, "fp16"),
+    (4, 32, 32, 256, 2, "bf16"), (4, 128, 32, 128, 1, "fp32"), (1, 32, 128, 128, 4, "bf16")])
+def test_w4a16_gemv_compiles_for_sm90(rows, group, block_n, block_k, split, dtype):
+    """The GEMV's specializations (token rows, a tile of groups, a group of tiles, split K): no
+    int-to-float conversion (the exponent trick), the packed words read 16 bytes a thread past
+    L2 (evict_first), and one launch writing x's dtype without a K split."""
+    constants = dict(GROUP=group, ROWS=rows, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split)
+    signature = dict(GEMV_ARGS, x_ptr=f"*{dtype}", scales_ptr=f"*{dtype}",
+                     out_ptr=f"*{dtype}" if split == 1 else "*fp32",
+                     **{name: "constexpr" for name in constants})
+    kernel_fn = w4a16._w4a16_gemv_kernel
+    attrs = {(kernel_fn.arg_names.index(name),): [["tt.divisibility", 16]]
+             for name in GEMV_ALIGNED}
+    source = ASTSource(kernel_fn, signature, constants, attrs)
+    try:
+        kernel = triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 1})
+    except (ImportError, KeyError) as err:
+        pytest.skip(f"no sm_90 backend: {err}")
+    assert kernel.asm["cubin"]
+    ptx = kernel.asm["ptx"]
+    assert "cvt.rn.f32.s32" not in ptx and "cvt.rn.f32.u32" not in ptx
+    assert "ld.global.L1::evict_first.L2::cache_hint.v4.b32" in ptx

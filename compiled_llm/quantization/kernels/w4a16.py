@@ -1,8 +1,7 @@
-"""W4A16 Triton GEMM over the canonical packed layout (quantization/packing.py), swap-AB:
-out.T = W @ x.T, weight rows on the MMA's wide side; K-contiguous words are read once, unpacked to
-exact integers, and the group's zero and scale apply after the dot: s (q . x - z sum(x)). A GEMV
-variant (gemv=True, up to 4 rows) skips the MMA. Small M may split K (float32 partials).
-Tuned tiles per shape and GPU: w4a16_tuning.py."""
+"""W4A16 Triton kernels over the canonical packed layout (quantization/packing.py). The MMA GEMM,
+swap-AB (out.T = W @ x.T): words read once, unpacked to exact integers, s (q . x - z sum(x)) per
+group. The GEMV (gemv=True, up to GEMV_MAX_ROWS rows): CUDA cores, nibbles dequantized by the
+float exponent trick. Small M may split K (float32 partials); tiles: w4a16_tuning.py."""
 
 from __future__ import annotations
 
@@ -11,10 +10,18 @@ import triton
 import triton.language as tl
 
 from compiled_llm.attention.kernels import kernels_interpreted
-from compiled_llm.quantization.kernels.w4a16_tuning import W4A16Config, tuned_w4a16_config
+from compiled_llm.quantization.kernels.w4a16_tuning import (
+    GEMV_MAX_ROWS,
+    W4A16Config,
+    tuned_w4a16_config,
+)
 
-GEMV_MAX_ROWS = 4
-__all__ = ["GEMV_MAX_ROWS", "W4A16Config", "w4a16_config", "w4a16_gemm_triton"]
+# 0xF passed at run time: as an immediate, ptxas re-materialized each shifted mask before every
+# LOP3 (a fifth more instructions in the loop); as a value the five masks stay in registers
+NIBBLE_MASK = 0xF
+SMS = 132  # H200 streaming multiprocessors: the unit of the built-in launches' program counts
+__all__ = ["GEMV_MAX_ROWS", "W4A16Config", "gemv_fits", "w4a16_config", "w4a16_gemm_triton",
+           "w4a16_gemv_config"]
 
 
 @triton.jit
@@ -65,63 +72,165 @@ def _w4a16_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
 
 
 @triton.jit
-def _w4a16_gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
+def _biased(bits, P: tl.constexpr):
+    """2^(23 - 4P) + v, exactly, as float32 for `bits` holding only v (0..15) at [4P, 4P + 4):
+    with that exponent the nibble's lowest bit is the mantissa's unit (no shift, no I2F)."""
+    return (bits | ((150 - 4 * P) << 23)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dequant(words, zeros, nibble_mask, J: tl.constexpr):
+    """q - z of nibble J of every word as exact float32, one LOP3 and one FADD: nibbles 0-4 read in
+    place (bits 0-19 fit the 23-bit mantissa), 5-7 from one words >> 12; (2^e + q) - (2^e + z)
+    rounds nothing (Sterbenz), and no 2^e-sized value is ever accumulated."""
+    if J < 5:
+        bits = words & (nibble_mask << (4 * J))
+        P: tl.constexpr = J
+    else:
+        bits = (words >> 12) & (nibble_mask << (4 * (J - 3)))
+        P: tl.constexpr = J - 3
+    return _biased(bits, P) - _biased(zeros << (4 * P), P)
+
+
+@triton.jit
+def _x_nibbles(x, GT: tl.constexpr, WG: tl.constexpr):
+    """x [GT, WG, 8] -> 8 float32 tensors [1, GT, WG], the j-th holding x[8 w + j] (Triton moves
+    the small x tile once through shared memory to the words' layout; the splits move nothing)."""
+    even, odd = tl.split(tl.reshape(x.to(tl.float32), (GT, WG, 2, 2, 2)))
+    even0, even1 = tl.split(even)
+    odd0, odd1 = tl.split(odd)
+    x0, x4 = tl.split(even0)
+    x2, x6 = tl.split(even1)
+    x1, x5 = tl.split(odd0)
+    x3, x7 = tl.split(odd1)
+    return (x0[None], x1[None], x2[None], x3[None], x4[None], x5[None], x6[None], x7[None])
+
+
+@triton.jit
+def _tile_fma(accs, words, scale, zero, xs, nibble_mask, ROWS: tl.constexpr, GT: tl.constexpr,
+              WG: tl.constexpr):
+    """accs[r] [BN, GT, WG] += scale * sum_j (q_j - z) x_r[8 w + j] for one tile: each nibble is
+    dequantized once for all ROWS rows, the scale applied once per word and row."""
+    q = (_dequant(words, zero, nibble_mask, 0), _dequant(words, zero, nibble_mask, 1),
+         _dequant(words, zero, nibble_mask, 2), _dequant(words, zero, nibble_mask, 3),
+         _dequant(words, zero, nibble_mask, 4), _dequant(words, zero, nibble_mask, 5),
+         _dequant(words, zero, nibble_mask, 6), _dequant(words, zero, nibble_mask, 7))
+    out = ()
+    for row in tl.static_range(ROWS):
+        x_j = _x_nibbles(xs[row], GT, WG)
+        dot = q[0] * x_j[0]
+        for j in tl.static_range(1, 8):
+            dot += q[j] * x_j[j]
+        out = out + (accs[row] + dot * scale,)
+    return out
+
+
+@triton.jit
+def _gemv_loads(w_ptrs, s_ptrs, z_ptrs, x_ptrs, tile, end, col_ok, stride_xm,
+                GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Tile `tile`'s packed words [BN, GT, WG] (16 bytes a thread, streamed past L2), scales
+    (float32) and zeros (int32) [BN, GT, 1] and the ROWS x tiles [GT, WG, 8]; zeros from `end`
+    on. (`ok` is a [1] tensor: the interpreter makes a scalar comparison int32, no load mask.)"""
+    ok = tl.zeros((1,), dtype=tl.int32) + tile < end
+    w_ok = ok & col_ok[:, None, None]
+    words = tl.load(w_ptrs + tile * (BLOCK_K // 8), mask=w_ok, other=0,
+                    eviction_policy="evict_first")
+    group = (tile * BLOCK_K) // GROUP
+    s_ok = ok & col_ok[:, None]
+    scale = tl.load(s_ptrs + group, mask=s_ok, other=0.0).to(tl.float32)[:, :, None]
+    zero = tl.load(z_ptrs + group, mask=s_ok, other=0).to(tl.int32)[:, :, None]
+    xs = ()
+    for row in tl.static_range(ROWS):
+        xs = xs + (tl.load(x_ptrs + row * stride_xm + tile * BLOCK_K, mask=ok, other=0.0),)
+    return words, scale, zero, xs
+
+
+@triton.jit
+def _w4a16_gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, N, K, nibble_mask,
                        stride_xm, stride_qn, stride_sn, stride_zn, stride_os, stride_om,
                        GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    # a tile: BLOCK_N weight rows x GT groups x WG words (GT = 1 when BLOCK_K divides the group)
+    GT: tl.constexpr = BLOCK_K // GROUP if BLOCK_K > GROUP else 1
+    WG: tl.constexpr = (GROUP if BLOCK_K > GROUP else BLOCK_K) // 8
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows, offs_w = tl.arange(0, ROWS), tl.arange(0, BLOCK_K // 8)
-    col_ok, row_ok = offs_n < N, rows < M
+    col_ok, groups = offs_n < N, tl.arange(0, GT)
+    word = groups[:, None] * WG + tl.arange(0, WG)[None, :]  # [GT, WG]
+    w_ptrs = qweight_ptr + offs_n[:, None, None] * stride_qn + word[None]
+    s_ptrs = scales_ptr + offs_n[:, None] * stride_sn + groups[None, :]
+    z_ptrs = zeros_ptr + offs_n[:, None] * stride_zn + groups[None, :]
+    x_ptrs = x_ptr + word[:, :, None] * 8 + tl.arange(0, 8)[None, None, :]
     per_split = tl.cdiv(K // BLOCK_K, SPLIT_K)
     first = pid_k * per_split
     end = tl.minimum(first + per_split, K // BLOCK_K)
-    acc = tl.zeros((ROWS, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+    accs = (tl.zeros((BLOCK_N, GT, WG), dtype=tl.float32),) * ROWS
+    loads = _gemv_loads(w_ptrs, s_ptrs, z_ptrs, x_ptrs, first, end, col_ok, stride_xm, GROUP,
+                        ROWS, BLOCK_K)
     for tile in range(first, end):
-        word_cols = tile * (BLOCK_K // 8) + offs_w
-        words = tl.load(qweight_ptr + offs_n[:, None] * stride_qn + word_cols[None, :],
-                        mask=col_ok[:, None], other=0)  # [BN, W]
-        x_row = x_ptr + rows[:, None] * stride_xm + word_cols[None, :] * 8  # [R, W]
-        dot = tl.zeros((ROWS, BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
-        x_sum = tl.zeros((ROWS, BLOCK_K // 8), dtype=tl.float32)
-        for j in tl.static_range(8):
-            x_j = tl.load(x_row + j, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            q_j = ((words >> (4 * j)) & 0xF).to(tl.float32)
-            dot += q_j[None, :, :] * x_j[:, None, :]
-            x_sum += x_j
-        groups = (word_cols * 8) // GROUP  # [W]: the group of each word's 8 inputs
-        scale = tl.load(scales_ptr + offs_n[:, None] * stride_sn + groups[None, :],
-                        mask=col_ok[:, None], other=0.0).to(tl.float32)
-        zero = tl.load(zeros_ptr + offs_n[:, None] * stride_zn + groups[None, :],
-                       mask=col_ok[:, None], other=0).to(tl.float32)
-        acc += (dot - zero[None, :, :] * x_sum[:, None, :]) * scale[None, :, :]
-    out = out_ptr + pid_k * stride_os + rows[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, tl.sum(acc, axis=2).to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & col_ok[None, :])
+        # the next tile's loads go out before this one's math (Triton pipelines only dot loads)
+        ahead = _gemv_loads(w_ptrs, s_ptrs, z_ptrs, x_ptrs, tile + 1, end, col_ok, stride_xm,
+                            GROUP, ROWS, BLOCK_K)
+        words, scale, zero, xs = loads
+        accs = _tile_fma(accs, words, scale, zero, xs, nibble_mask, ROWS, GT, WG)
+        loads = ahead
+    out = out_ptr + pid_k * stride_os + offs_n
+    for row in tl.static_range(ROWS):
+        total = tl.sum(tl.sum(accs[row], axis=2), axis=1)
+        tl.store(out + row * stride_om, total.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
 def _launch_gemv(x, qweight, scales, zeros, out, group_size: int, config: W4A16Config):
     (m, k), n = x.shape, qweight.shape[0]
     grid = (triton.cdiv(n, config.block_n), config.split_k)
-    _w4a16_gemv_kernel[grid](x, qweight, scales, zeros, out, m, n, k, x.stride(0),
+    _w4a16_gemv_kernel[grid](x, qweight, scales, zeros, out, n, k, NIBBLE_MASK, x.stride(0),
                              qweight.stride(0), scales.stride(0), zeros.stride(0),
-                             out.stride(0), out.stride(1), GROUP=group_size,
-                             ROWS=triton.next_power_of_2(m), BLOCK_N=config.block_n,
-                             BLOCK_K=config.block_k, SPLIT_K=config.split_k,
-                             num_warps=config.num_warps, num_stages=config.num_stages)
+                             out.stride(0), out.stride(1), GROUP=group_size, ROWS=m,
+                             BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                             SPLIT_K=config.split_k, num_warps=config.num_warps,
+                             num_stages=config.num_stages)
 
 
 def w4a16_config(m: int, n: int, k: int, group_size: int) -> W4A16Config:
-    """The built-in launch for an [m, k] x [k, n] product (no tuned file for the shape): a
+    """The built-in MMA launch for an [m, k] x [k, n] product (no tuned file for the shape): a
     narrow token side for decode, K split until the programs cover the GPU twice."""
     block_k = min(group_size, 128)
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     block_n = 32 if m <= 64 else 128
     programs = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     split = 1
-    while m <= 64 and programs * split < 264 and split < 8 and k // block_k >= 4 * split:
+    while m <= 64 and programs * split < 2 * SMS and split < 8 and k // block_k >= 4 * split:
         split *= 2
     return W4A16Config(block_m, block_n, block_k, split, num_stages=3 if m <= 64 else 2)
+
+
+def _power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def gemv_fits(config: W4A16Config, m: int, k: int, group_size: int) -> bool:
+    """Whether the GEMV kernel runs `config` for m rows: powers of two for block_n, block_k and
+    the group, one of block_k and the group dividing the other (a tile never straddles a group
+    it does not hold whole), K a multiple of block_k."""
+    block_k = config.block_k
+    return (config.gemv and 1 <= m <= GEMV_MAX_ROWS and _power_of_two(config.block_n)
+            and _power_of_two(block_k) and _power_of_two(group_size) and block_k >= 8
+            and k % block_k == 0 and (block_k % group_size == 0 or group_size % block_k == 0))
+
+
+def w4a16_gemv_config(m: int, n: int, k: int, group_size: int) -> W4A16Config | None:
+    """The built-in GEMV launch (no tuned one): 256-wide K tiles, 32 rows (eight words a thread,
+    no spills at 4 tokens) where that makes two programs per SM, else 16; K split only below one
+    program per SM (the partials' sum is a second kernel); None if no tile fits the group."""
+    block_k = next((bk for bk in (256, 128, group_size)
+                    if gemv_fits(W4A16Config(m, 16, bk, 1, gemv=True), m, k, group_size)), None)
+    if block_k is None:
+        return None
+    block_n = 32 if triton.cdiv(n, 32) >= 2 * SMS else 16
+    split = 1
+    while triton.cdiv(n, block_n) * split < SMS and split < 8 and k // block_k >= 4 * split:
+        split *= 2
+    return W4A16Config(m, block_n, block_k, split, num_stages=1, gemv=True)
 
 
 def check_w4a16_inputs(x: torch.Tensor, qweight: torch.Tensor, group_size: int) -> None:
@@ -137,16 +246,19 @@ def check_w4a16_inputs(x: torch.Tensor, qweight: torch.Tensor, group_size: int) 
 def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                       zeros: torch.Tensor, group_size: int,
                       config: W4A16Config | None = None) -> torch.Tensor:
-    """x [M, K] @ dequant(qweight, scales, zeros).T -> [M, N] in x's dtype."""
+    """x [M, K] @ dequant(qweight, scales, zeros).T -> [M, N] in x's dtype: the GEMV kernel for a
+    gemv config it fits (else the built-in MMA tiles), the MMA kernel otherwise. SPLIT_K 1
+    writes x's dtype in one launch; more add float32 partials after."""
     check_w4a16_inputs(x, qweight, group_size)
     x = x.contiguous()
     (m, k), n = x.shape, qweight.shape[0]
     config = config or tuned_w4a16_config(m, n, k, x)
-    if config is None or k % (config.block_k if config.gemv else group_size):
+    gemv = config is not None and gemv_fits(config, m, k, group_size)
+    if config is None or (config.gemv and not gemv):
         config = w4a16_config(m, n, k, group_size)
     split = config.split_k
     out = x.new_empty((split, m, n), dtype=torch.float32 if split > 1 else x.dtype)
-    if config.gemv and m <= GEMV_MAX_ROWS:
+    if gemv:
         _launch_gemv(x, qweight, scales, zeros, out, group_size, config)
     else:
         _launch_mma(x, qweight, scales, zeros, out, group_size, config)

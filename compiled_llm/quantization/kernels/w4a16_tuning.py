@@ -1,8 +1,8 @@
-"""W4A16 path choice per GPU and shape: one JSON file (benchmarks/w4a16_tune.py writes it),
-{"devices": {GPU: {"NxK": {tokens: W4A16Config fields}}}, "tinygemm_max_rows": {GPU: rows}}, from
-$COMPILED_LLM_W4A16_CONFIG, then the shipped configs/w4a16.json (no entry: w4a16_config's tiles).
-Up to tinygemm_max_rows tokens (default 4) tinygemm runs; from DEFAULT_DEQUANT_MIN_ROWS on,
-dequantize-then-matmul (kernels/w4a16_dequant.py)."""
+"""W4A16 path choice per GPU and shape, w4a16_path, from one JSON file (benchmarks/w4a16_tune.py):
+$COMPILED_LLM_W4A16_CONFIG, then the shipped configs/w4a16.json. "devices": tiles per "NxK" and
+token count; "small_m": "gemv" where the GEMV kernel beat tinygemm ($COMPILED_LLM_W4A16_SMALL_M =
+gemv | tinygemm forces one up to 4 tokens); else tinygemm up to "tinygemm_max_rows" tokens, the
+Triton tiles, dequantize-then-matmul from DEFAULT_DEQUANT_MIN_ROWS (knobs: the *_ENV below)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ import torch
 
 @dataclass(frozen=True)
 class W4A16Config:
-    """Tile sizes and K split of one launch; block_k divides the group size. expand: unpack by
-    reading each word once per nibble (a [BLOCK_N, BLOCK_K] gather) instead of a reshape."""
+    """Tile sizes and K split of one launch; block_k divides the group size (a GEMV's may also be
+    a multiple of it). expand: unpack by reading each word once per nibble (a [BLOCK_N, BLOCK_K]
+    gather) instead of a reshape. gemv: the GEMV kernel (block_m is then the token count)."""
 
     block_m: int
     block_n: int
@@ -27,10 +28,16 @@ class W4A16Config:
     num_warps: int = 4
     num_stages: int = 3
     expand: bool = False
-    gemv: bool = False  # block_m rows (<= GEMV_MAX_ROWS) without tl.dot
+    gemv: bool = False
 
 
+GEMV_MAX_ROWS = 4  # the most token rows the GEMV kernel takes
 CONFIG_ENV = "COMPILED_LLM_W4A16_CONFIG"
+# "gemv": the GEMV kernel at every token count up to GEMV_MAX_ROWS; "tinygemm": tinygemm there
+# (up to tinygemm_max_rows, where the layer has its tensors), the files' small_m ignored; unset:
+# the files' small_m entry, else tinygemm (an A/B knob for benchmarks)
+SMALL_M_ENV = "COMPILED_LLM_W4A16_SMALL_M"
+SMALL_M_CHOICES = ("gemv", "tinygemm")
 TINYGEMM_ENV = "COMPILED_LLM_W4A16_TINYGEMM_MAX_ROWS"  # wins over the files; 0 turns it off
 DEFAULT_TINYGEMM_MAX_ROWS = 4  # H200: tinygemm wins at 1 and 4 rows, loses at 16
 DEQUANT_ENV = "COMPILED_LLM_W4A16_DEQUANT_MIN_ROWS"  # 0 turns dequantize-then-matmul off
@@ -51,7 +58,8 @@ def load_table(path: str) -> dict[str, dict[str, dict[int, W4A16Config]]]:
 
 
 @functools.cache
-def _device_name(index: int) -> str:
+def device_name(index: int) -> str:
+    """The name of CUDA device `index`, the files' GPU key (cached: the op asks every call)."""
     return torch.cuda.get_device_name(index)
 
 
@@ -69,7 +77,7 @@ def tuned_w4a16_config(m: int, n: int, k: int, x: torch.Tensor) -> W4A16Config |
     """lookup() for x's GPU; None on the CPU."""
     if x.device.type != "cuda":
         return None
-    return lookup(_device_name(x.device.index or 0), m, n, k)
+    return lookup(device_name(x.device.index or 0), m, n, k)
 
 
 @functools.cache
@@ -92,9 +100,13 @@ def _env_rows(name: str) -> int | None:
 def use_dequant_mm(x: torch.Tensor) -> bool:
     """Whether x [M, K] runs as dequantize-then-matmul: M >= $COMPILED_LLM_W4A16_DEQUANT_MIN_ROWS
     (default DEFAULT_DEQUANT_MIN_ROWS; 0: never)."""
+    return _dequant_rows(x.shape[0])
+
+
+def _dequant_rows(m: int) -> bool:
     rows = _env_rows(DEQUANT_ENV)
     rows = DEFAULT_DEQUANT_MIN_ROWS if rows is None else rows
-    return rows > 0 and x.shape[0] >= rows
+    return rows > 0 and m >= rows
 
 
 def tinygemm_max_rows(gpu: str) -> int:
@@ -112,4 +124,42 @@ def tinygemm_max_rows(gpu: str) -> int:
 
 def use_tinygemm(x: torch.Tensor) -> bool:
     """Whether x [M, K] (on CUDA) runs on tinygemm: M <= tinygemm_max_rows for its GPU."""
-    return x.shape[0] <= tinygemm_max_rows(_device_name(x.device.index or 0))
+    return x.shape[0] <= tinygemm_max_rows(device_name(x.device.index or 0))
+
+
+@functools.cache
+def _small_m_table(path: str) -> dict[str, dict[str, dict[int, str]]]:
+    if not Path(path).is_file():
+        return {}
+    table = json.loads(Path(path).read_text()).get("small_m", {})
+    return {gpu: {shape: {int(m): choice for m, choice in by_m.items()}
+                  for shape, by_m in shapes.items()} for gpu, shapes in table.items()}
+
+
+def small_m_choice(gpu: str, m: int, n: int, k: int) -> str | None:
+    """"gemv" or "tinygemm" for m <= GEMV_MAX_ROWS tokens against an [n, k] weight on `gpu`:
+    $COMPILED_LLM_W4A16_SMALL_M, else the files' small_m entry at the nearest tuned token count
+    (ties: the smaller; the override file first), else None (today's rule: tinygemm)."""
+    if m > GEMV_MAX_ROWS:
+        return None
+    forced = os.environ.get(SMALL_M_ENV)
+    if forced:
+        if forced not in SMALL_M_CHOICES:
+            raise ValueError(f"{SMALL_M_ENV} must be one of {SMALL_M_CHOICES}, got {forced!r}")
+        return forced
+    for path in (os.environ.get(CONFIG_ENV), str(SHIPPED)):
+        by_m = _small_m_table(path).get(gpu, {}).get(f"{n}x{k}") if path else None
+        if by_m:
+            return by_m[min(by_m, key=lambda tuned: (abs(tuned - m), tuned))]
+    return None
+
+
+def w4a16_path(gpu: str, m: int, n: int, k: int, tinygemm_ok: bool) -> str:
+    """The path of x [m, k] against an [n, k] weight on `gpu`: "gemv" where small_m_choice says
+    so, "tinygemm" up to tinygemm_max_rows when `tinygemm_ok` (bf16 x, the layer has its
+    tensors), "dequant" from the dequantize threshold on, else "triton" (the tuned tiles)."""
+    if small_m_choice(gpu, m, n, k) == "gemv":
+        return "gemv"
+    if tinygemm_ok and m <= tinygemm_max_rows(gpu):
+        return "tinygemm"
+    return "dequant" if _dequant_rows(m) else "triton"
