@@ -482,6 +482,13 @@ $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
   stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 45 ]; then  # one GPU: the W4A16 GEMV (exponent-trick dequantization): its GPU
+  # tests, a 1-token tune beside tinygemm, then 8B batch-1 decode: bf16, tinygemm, GEMV
+  mapfile -t a <<<"\
+$py -m pytest -q -x -p no:cacheprovider tests/quantization/test_w4a16_gemv_gpu.py
+$py -m benchmarks.w4a16_tune --gemv-only --tokens 1 --gemv-block-n 16 32 64 --gemv-block-k 256 512 --gemv-warps 4 8 --out $R/w4a16.json --output-json $R/w4a16_tune_gemv.json
+$py -m benchmarks.w4a16_small_m --checkpoint-dir $CK --variants bf16 tinygemm gemv --batch-sizes 1 --new-tokens 128 --output-json $R/w4a16_small_m.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 41 ]; then  # one GPU: where a mixed step's time goes, device kernels by
   # kind, the nano-vllm workload at the default token budget and at 1024 (graphs up to it)
   Q=$CK/qwen3-0.6b
