@@ -463,16 +463,16 @@ $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len
 $(served default $LOGS)
 $py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl --model $Q --label default"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 43 ]; then  # one GPU (carry .whl): serving with a mixed step's decodes on the
-  # decode kernel (off, then on), after 8B start-up as whole processes with the early load (and
-  # serve without it), which also warms Triton's cache
-  Q=$CK/qwen3-0.6b LOGS=COMPILED_LLM_STEP_DEBUG=15
+elif [ "$CALL" = 43 ]; then  # one GPU (carry .whl): 8B start-up as whole processes with the
+  # early load (and serve without it), then the serving workload offline at serve's defaults,
+  # profiled, with a mixed step's decodes on the decode kernel and off (as call 44)
+  Q=$CK/qwen3-0.6b E='{"max_num_batched_tokens": 2048, "max_cudagraph_capture_size": 2048}'
   mapfile -t a <<<"\
-$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-env COMPILED_LLM_EARLY_LOAD=0
-$(served mixed_off "$LOGS COMPILED_LLM_MIXED_DECODES=0")
-$(served mixed_on $LOGS)"
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
+COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the serving workload
   # offline at serve's defaults (2048-token steps, graphs to 2048), mixed decodes on and off
