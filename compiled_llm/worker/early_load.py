@@ -1,8 +1,7 @@
-"""The model loaded before the engine is built: an engine core process loads it as soon as it
-has its arguments, while a thread imports the compiler (Dynamo and Inductor, ~5 s of a warm
-start), and its worker takes it when it was loaded with the worker's own settings. Only one
-process on one device loads early; any other setup, or a failed early load, loads as before,
-where an error is raised and reported as it always was."""
+"""The model loaded before the engine is built (opt-in, COMPILED_LLM_EARLY_LOAD=1): an engine
+core process loads it once it has its arguments while a thread imports the compiler, and its
+worker takes it when loaded with the worker's settings. Lone workers only; a failed early load
+is left to the worker's own load. Slower on the H200 so far: the imports starve the reader."""
 
 from __future__ import annotations
 
