@@ -74,15 +74,21 @@ def test_small_m_gemm_compiles_for_sm90(gated, use_dot, split_k, fused_sum):
                      GATED=gated)
     signature = dict(GEMM_ARGS, **{name: "constexpr" for name in constants})
     source = ASTSource(small_m._small_m_kernel, signature, constants, {})
-    try:
-        kernel = triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})
-    except (ImportError, KeyError) as err:
-        pytest.skip(f"no sm_90 backend: {err}")
+    kernel = _compile_or_skip(source, num_warps=4, num_stages=3)
     assert kernel.asm["cubin"]
     ptx = kernel.asm["ptx"]
     assert ptx.count("atom.global.gpu.acq_rel.add") == int(fused_sum)
     assert ("ld.global.cg" in ptx) == fused_sum and ("exch" in ptx) == fused_sum
     assert ("ex2.approx" in ptx) == gated
+
+
+def _compile_or_skip(source, **options):
+    """source compiled for sm_90 with these options; the test skips where Triton has no sm_90
+    backend."""
+    try:
+        return triton.compile(source, target=SM90, options=options)
+    except (ImportError, KeyError) as err:
+        pytest.skip(f"no sm_90 backend: {err}")
 
 
 GEMV_ARGS = {"qweight_ptr": "*i32", "zeros_ptr": "*u8", "N": "i32", "K": "i32",
@@ -108,10 +114,7 @@ def test_w4a16_gemv_compiles_for_sm90(rows, group, block_n, block_k, split, dtyp
     attrs = {(kernel_fn.arg_names.index(name),): [["tt.divisibility", 16]]
              for name in GEMV_ALIGNED}
     source = ASTSource(kernel_fn, signature, constants, attrs)
-    try:
-        kernel = triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 1})
-    except (ImportError, KeyError) as err:
-        pytest.skip(f"no sm_90 backend: {err}")
+    kernel = _compile_or_skip(source, num_warps=4, num_stages=1)
     assert kernel.asm["cubin"]
     ptx = kernel.asm["ptx"]
     assert "cvt.rn.f32.s32" not in ptx and "cvt.rn.f32.u32" not in ptx
