@@ -482,6 +482,18 @@ $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
   stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 46 ]; then  # one GPU (carry .whl): where a warm serve's seconds go: the 8B
+  # start-up with one API server beside the default, the core's imports alone and five at once,
+  # then the serving workload offline at serve's defaults, mixed decodes on and off
+  Q=$CK/qwen3-0.6b E='{"max_num_batched_tokens": 2048, "max_cudagraph_capture_size": 2048}'
+  mapfile -t a <<<"\
+$MK
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-env '--api-server-count 1'
+$py -m benchmarks.import_profile --json $R/import_profile.json --concurrent 5
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
+COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 45 ]; then  # one GPU: the W4A16 GEMV (exponent-trick dequantization): its GPU
   # tests, a 1-token tune beside tinygemm, then 8B batch-1 decode: bf16, tinygemm, GEMV
   mapfile -t a <<<"\

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -94,14 +95,20 @@ def _row(name: str, res: dict) -> dict:
 
 
 def serve_variants(model: str, cache: Path, inductor: Path, args) -> dict:
-    """The warm serve row again under each --serve-env KEY=VALUE: seconds and the log tail."""
+    """The warm serve row again under each --serve-env KEY=VALUE (or, for a setting that
+    starts with "--", with those serve flags added): seconds and the log tail."""
     out = {}
-    for setting in args.serve_env:
-        key, _, value = setting.partition("=")
-        name = f"serve_{key}_{value}.log"
+    for index, setting in enumerate(args.serve_env):
+        flags, env = [], {}
+        if setting.startswith("--"):
+            flags = shlex.split(setting)
+        else:
+            key, _, value = setting.partition("=")
+            env = {key: value}
+        name = f"serve_variant{index}.log"
         try:
-            seconds = serve_first_token(model, cache, inductor, args.port, args.serve_args,
-                                        {key: value}, name)
+            seconds = serve_first_token(model, cache, inductor, args.port,
+                                        [*args.serve_args, *flags], env, name)
         except RuntimeError as err:
             out[setting] = {"error": str(err)}
             continue
@@ -119,7 +126,8 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--json", default=None)
     ap.add_argument("--serve-env", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="after the default serve row, one more warm serve row per setting")
+                    help="after the default serve row, one more warm serve row per setting "
+                    "(an environment variable, or serve flags when it starts with --)")
     ap.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
                     help="more `compiled-llm serve` flags for the serve row (last)")
     args = ap.parse_args()

@@ -18,6 +18,7 @@ import zmq
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.engine_output import EngineCoreOutput
 from compiled_llm.core.gc_heap import freeze_startup_heap
+from compiled_llm.engine.startup import process_age_s
 from compiled_llm.worker.spec import WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -210,8 +211,15 @@ def launch(run: Callable) -> None:
     # the interpreter (8B: read 6.9 s against 0.8 s), and the warm serve took 19.9 s, not 17.4
     if os.environ.get("COMPILED_LLM_EARLY_LOAD", "0") == "1":
         _load_early(args, spec)
+    arrived = process_age_s()
     imports.join()
+    logger.info("interpreter timeline: arguments at %s s, imports done at %s s",
+                _seconds(arrived), _seconds(process_age_s()))
     run(args, spec, eos, addresses, parent_pid)
+
+
+def _seconds(age: float | None) -> str:
+    return "?" if age is None else f"{age:.2f}"
 
 
 def _load_early(args: EngineArgs, spec: WorkerSpec | None) -> None:
