@@ -482,6 +482,13 @@ $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
   stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 47 ]; then  # one GPU (carry .whl): the bytecode cache: the core's imports
+  # (bytecode coverage, a fresh prefix twice), then the 8B start-up, serve with it and without
+  mapfile -t a <<<"\
+$MK
+$py -m benchmarks.import_profile --json $R/import_profile.json --concurrent 5
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-env COMPILED_LLM_BYTECODE_CACHE=0"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 46 ]; then  # one GPU (carry .whl): where a warm serve's seconds go: the 8B
   # start-up with one API server beside the default, the core's imports alone and five at once,
   # then the serving workload offline at serve's defaults, mixed decodes on and off

@@ -1,7 +1,8 @@
 """What an engine core's interpreter spends before it can build the engine (issue 14, item 5):
 the core's imports as one fresh process (`-X importtime`, self time summed by package), the
-same imports in N processes at once (as `serve` starts its core beside its API servers), and
-`import torch` with the first CUDA tensor.
+same imports in N processes at once (as `serve` starts its core beside its API servers),
+`import torch` with the first CUDA tensor, how much of torch, sympy and networkx has cached
+bytecode, and the imports twice with a writable PYTHONPYCACHEPREFIX.
 
     python -m benchmarks.import_profile --json bench_out/import_profile.json --concurrent 5
 """
@@ -9,9 +10,13 @@ same imports in N processes at once (as `serve` starts its core beside its API s
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks.common import print_table, save_json
 
@@ -24,11 +29,11 @@ TORCH_AND_DEVICE = ("import time; t = time.perf_counter(); import torch; a = tim
                     "print(a - t, time.perf_counter() - a)")
 
 
-def timed_process(code: str, *flags: str) -> tuple[float, str]:
+def timed_process(code: str, *flags: str, env: dict | None = None) -> tuple[float, str]:
     """(wall seconds, stderr) of `python <flags> -c code` in a fresh interpreter."""
     started = time.perf_counter()
     done = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True,
-                          check=True)
+                          check=True, env={**os.environ, **(env or {})})
     return time.perf_counter() - started, done.stderr + done.stdout
 
 
@@ -44,6 +49,23 @@ def by_package(importtime: str, top: int) -> list[dict]:
         totals[package] = totals.get(package, 0) + int(self_us)
     ranked = sorted(totals.items(), key=lambda item: -item[1])
     return [{"package": name, "self s": micros / 1e6} for name, micros in ranked[:top]]
+
+
+def bytecode_cached(package: str) -> dict:
+    """Of one installed package's .py files: how many have this interpreter's cached .pyc,
+    and whether its directory is writable (where a missing .pyc would be written)."""
+    root = Path(importlib.util.find_spec(package).origin).parent
+    sources = list(root.rglob("*.py"))
+    cached = sum(Path(importlib.util.cache_from_source(str(src))).is_file() for src in sources)
+    return {"package": package, "py files": len(sources), "with .pyc": cached,
+            "writable": os.access(root, os.W_OK)}
+
+
+def with_pycache_prefix() -> list[float]:
+    """The core's imports twice with bytecode written under a fresh PYTHONPYCACHEPREFIX."""
+    with tempfile.TemporaryDirectory() as prefix:
+        env = {"PYTHONPYCACHEPREFIX": prefix, "PYTHONDONTWRITEBYTECODE": ""}
+        return [timed_process(CORE_IMPORTS, env=env)[0] for _ in range(2)]
 
 
 def concurrent_walls(code: str, count: int) -> list[float]:
@@ -69,13 +91,21 @@ def main() -> None:
     plain_s, _ = timed_process(CORE_IMPORTS)
     walls = concurrent_walls(CORE_IMPORTS, args.concurrent)
     packages = by_package(trace, args.top)
+    bytecode = [bytecode_cached(name) for name in ("torch", "sympy", "networkx")]
+    prefixed = with_pycache_prefix()
+    print(f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE')!r}, "
+          f"sys.flags.dont_write_bytecode={sys.flags.dont_write_bytecode}; the core's imports "
+          f"with a fresh PYTHONPYCACHEPREFIX: {prefixed[0]:.2f} s, again {prefixed[1]:.2f} s")
+    print_table(bytecode, "Cached bytecode of the largest pure-Python imports")
     print(f"import torch {torch_s:.2f} s, first device tensor {device_s:.2f} s; the core's "
           f"imports alone {plain_s:.2f} s (traced {alone_s:.2f} s); {args.concurrent} at once: "
           + ", ".join(f"{wall:.2f}" for wall in walls))
     print_table(packages, "The engine core's imports, self time by package")
     save_json(args.json, {"import_torch_s": torch_s, "first_device_tensor_s": device_s,
                           "core_imports_s": plain_s, "core_imports_traced_s": alone_s,
-                          "concurrent_walls_s": walls, "by_package": packages})
+                          "concurrent_walls_s": walls, "by_package": packages,
+                          "dont_write_bytecode": sys.flags.dont_write_bytecode,
+                          "bytecode": bytecode, "pycache_prefix_runs_s": prefixed})
 
 
 if __name__ == "__main__":

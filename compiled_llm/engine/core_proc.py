@@ -213,8 +213,8 @@ def launch(run: Callable) -> None:
         _load_early(args, spec)
     arrived = process_age_s()
     imports.join()
-    logger.info("interpreter timeline: arguments at %s s, imports done at %s s",
-                _seconds(arrived), _seconds(process_age_s()))
+    logger.info("interpreter timeline: arguments at %s s, imports done at %s s (bytecode "
+                "prefix %s)", _seconds(arrived), _seconds(process_age_s()), sys.pycache_prefix)
     run(args, spec, eos, addresses, parent_pid)
 
 
