@@ -128,21 +128,25 @@ def main() -> None:
     ap.add_argument("--serve-env", nargs="*", default=[], metavar="KEY=VALUE",
                     help="after the default serve row, one more warm serve row per setting "
                     "(an environment variable, or serve flags when it starts with --)")
+    ap.add_argument("--serve-only", action="store_true",
+                    help="one cold compile (it fills the cache), then only the serve rows")
     ap.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
                     help="more `compiled-llm serve` flags for the serve row (last)")
     args = ap.parse_args()
     model = shape_checkpoint(args.shape, args.checkpoint_dir, tokenizer=True)
     work = Path(tempfile.mkdtemp(prefix="startup-"))
     cache, inductor, moved = work / "cache", work / "inductor", work / "moved"
-    runs = {"cold compile": compile_process(model, cache, inductor, work / "cold.json"),
-            "warm compile": compile_process(model, cache, inductor, work / "warm.json")}
-    shutil.copytree(cache, moved)
-    runs["warm, cache copied elsewhere"] = compile_process(model, moved, inductor,
-                                                           work / "moved.json")
+    runs = {"cold compile": compile_process(model, cache, inductor, work / "cold.json")}
+    if not args.serve_only:
+        runs["warm compile"] = compile_process(model, cache, inductor, work / "warm.json")
+        shutil.copytree(cache, moved)
+        runs["warm, cache copied elsewhere"] = compile_process(model, moved, inductor,
+                                                               work / "moved.json")
     rows = [_row(name, res) for name, res in runs.items()]
-    cold, warm = runs["cold compile"]["wall s"], runs["warm compile"]["wall s"]
     print_table(rows, f"Start-up as whole processes, {args.shape}")
-    print(f"cold / warm (compile processes): {cold / warm:.2f}x")
+    if "warm compile" in runs:
+        cold, warm = runs["cold compile"]["wall s"], runs["warm compile"]["wall s"]
+        print(f"cold / warm (compile processes): {cold / warm:.2f}x")
     result = {"rows": rows, "runs": runs}
     try:  # the compile rows stand even when serving fails (its log says why)
         serve_s = serve_first_token(model, cache, inductor, args.port, args.serve_args)
