@@ -1,7 +1,7 @@
-"""The model loaded before the engine is built (opt-in, COMPILED_LLM_EARLY_LOAD=1): an engine
-core process loads it once it has its arguments while a thread imports the compiler, and its
-worker takes it when loaded with the worker's settings. Lone workers only; a failed early load
-is left to the worker's own load. Slower on the H200 so far: the imports starve the reader."""
+"""The model loaded before the engine is built (on by default; COMPILED_LLM_EARLY_LOAD=0 turns
+it off): an engine core process loads it once it has its arguments while a thread imports the
+compiler, and its worker takes it when loaded with the worker's settings. Lone workers only; a
+failed early load is left to the worker's own load."""
 
 from __future__ import annotations
 

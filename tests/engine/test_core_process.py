@@ -44,7 +44,7 @@ async def _collect(engine: AsyncLLM, prompt: str, params: SamplingParams, rid: s
 
 
 def test_process_core_matches_in_process_core_and_frees_everything(monkeypatch):
-    monkeypatch.setenv("COMPILED_LLM_EARLY_LOAD", "1")  # the core process inherits it
+    monkeypatch.delenv("COMPILED_LLM_EARLY_LOAD", raising=False)  # the default: on
     with LLM(**vars(engine_args())) as llm:
         expected = [o.outputs[0] for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
     engine = AsyncLLM(engine_args())
