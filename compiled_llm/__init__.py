@@ -1,13 +1,17 @@
 """compiled-llm: plain PyTorch models, made fast by the compiler, driven by a small scheduler.
 
 The public names load lazily, so importing a pure-Python layer (compiled_llm.core) does not
-import torch.
+import torch; before any of them, bytecode_cache keeps torch's bytecode where Python keeps none.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING
+
+from compiled_llm import bytecode_cache
+
+bytecode_cache.enable()  # before torch is imported: a no-op where its bytecode is kept
 
 _PUBLIC = {
     "LLM": "compiled_llm.entrypoints.llm",

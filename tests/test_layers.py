@@ -35,6 +35,7 @@ LAYERS = [
     ("compiled_llm.attention", "compiled_llm.moe", "compiled_llm.gemm"),
     ("compiled_llm.core",),
     ("compiled_llm.config", "compiled_llm.optimization", "compiled_llm.compat",
+     "compiled_llm.bytecode_cache",
      "compiled_llm.sampling_params", "compiled_llm.lora.request", "compiled_llm.lora.config",
      PKG),
 ]

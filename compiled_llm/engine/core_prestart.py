@@ -16,7 +16,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from compiled_llm.engine.bytecode_cache import bytecode_prefix, child_env
+from compiled_llm.bytecode_cache import bytecode_prefix, child_env
 
 API_SERVER = "compiled_llm.entrypoints.server.api_server"
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"

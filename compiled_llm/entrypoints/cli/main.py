@@ -9,7 +9,6 @@ import os
 import sys
 import threading
 
-from compiled_llm.engine import bytecode_cache
 from compiled_llm.entrypoints.cli import bench, generate, serve
 from compiled_llm.entrypoints.cli import compile as compile_cmd
 
@@ -27,7 +26,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse argv and run the subcommand; bad input exits 2 with the message."""
-    bytecode_cache.enable()  # before any subcommand imports torch
     ns = build_parser().parse_args(argv)
     try:
         code = ns.func(ns)

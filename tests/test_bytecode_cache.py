@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from compiled_llm.engine import bytecode_cache
+from compiled_llm import bytecode_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,8 +73,8 @@ def test_child_env_writes_bytecode_under_the_prefix():
 
 
 def test_enabled_process_and_its_child_keep_bytecode_under_the_prefix(tmp_path):
-    """A process with writing off and an uncompiled torch: enable() sets the prefix, the
-    probe module's bytecode is written under it, and a child inherits the setting."""
+    """A process with writing off and an uncompiled torch: `import compiled_llm` sets the
+    prefix, the probe module's bytecode is written under it, and a child inherits it."""
     fake_torch(tmp_path, compiled=False)
     cache = tmp_path / "cache"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", bytecode_cache.CACHE_DIR_ENV: str(cache),
@@ -82,8 +82,8 @@ def test_enabled_process_and_its_child_keep_bytecode_under_the_prefix(tmp_path):
     env.pop("PYTHONPYCACHEPREFIX", None)
     env.pop(bytecode_cache.SWITCH_ENV, None)
     code = ("import subprocess, sys\n"
-            "from compiled_llm.engine import bytecode_cache\n"
-            "print(bytecode_cache.enable())\n"
+            "import compiled_llm  # enables it\n"
+            "print(sys.pycache_prefix)\n"
             "import torch._inductor.compile_fx\n"
             "subprocess.run([sys.executable, '-c', 'import sys; print(sys.pycache_prefix, "
             "sys.flags.dont_write_bytecode)'], check=True)\n")

@@ -2,7 +2,7 @@
 write .pyc files (PYTHONDONTWRITEBYTECODE) beside a torch installed without them, every process
 compiles torch, sympy and Inductor from source at each start. Then the bytecode goes under the
 compile cache root (PYTHONPYCACHEPREFIX; COMPILED_LLM_BYTECODE_CACHE=0 leaves Python's settings
-alone). No torch here: it runs before torch is imported."""
+alone). Enabled on `import compiled_llm`, before torch is imported; no torch here."""
 
 from __future__ import annotations
 
