@@ -482,6 +482,12 @@ $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
   stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 49 ]; then  # one GPU: which start-up phase compiles Triton kernels: a cold
+  # compile, then two warm serves (the first after a compile captured for 13 s in call 48)
+  mapfile -t a <<<"\
+$MK
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-only --serve-env COMPILED_LLM_EARLY_LOAD=1"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 48 ]; then  # one GPU: warm serve of the 8B shape with the bytecode cache,
   # its weights loaded after the imports (the default) and beside them (early load)
   mapfile -t a <<<"\

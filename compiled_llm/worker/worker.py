@@ -18,6 +18,7 @@ from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.lora.manager import attach_lora
 from compiled_llm.speculative import speculative_config_of
 from compiled_llm.worker import early_load
+from compiled_llm.worker.kernel_cache_log import KernelCacheLog
 from compiled_llm.worker.kv_budget import budget_blocks
 from compiled_llm.worker.loader import load_model
 from compiled_llm.worker.model_runner import ModelRunner
@@ -39,6 +40,7 @@ class Worker:
         if self.device.type == "cuda":  # the context, timed apart from the weights
             torch.cuda.synchronize(self.device)
             logger.info("device context: %.2f s", time.perf_counter() - start)
+        kernels = KernelCacheLog(self.device.type == "cuda")
         early = early_load.take(args, spec) if tp is None else None
         baseline = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
         if self.device.type == "cpu" and args.compile_config().mode != "none":
@@ -49,6 +51,7 @@ class Worker:
                         early.seconds)
         self.runner = build_runner(args, spec, tp, None if early is None else early.model)
         loaded = time.perf_counter()
+        kernels.mark("load")
         if tp is not None:  # the driver of a tensor-parallel group: followers mirror its steps
             self.runner.step_hook = StepBroadcaster(tp, self.runner)
         # the profiling forward is also the first call: Dynamo, passes and Inductor run here
@@ -57,6 +60,7 @@ class Worker:
         if tp is not None:  # the pool is the same on every rank: the fewest blocks any holds
             self.num_blocks = self.runner.step_hook.agree_blocks(self.num_blocks)
         profiled = time.perf_counter()
+        kernels.mark("profile")
         # the KV cache's size is known only now: settle max_model_len before the buffers of
         # its width (block tables) are made for good and before any graph reads them
         try:
@@ -71,10 +75,13 @@ class Worker:
         allocated = time.perf_counter()
         self.runner.execute_dummy(1, 1)  # the decode shape
         warm = time.perf_counter()
+        kernels.mark("warmup")
         if tp is not None:  # the followers capture the same graphs with it, in lockstep
             self.runner.step_hook.capture(self.runner.cudagraph_plan())
         else:
             self.runner.capture_cudagraphs()
+        kernels.mark("capture")
+        kernels.log()
         self.startup_seconds = {"load": loaded - start, "compile_and_profile": profiled - loaded,
                                 "kv_cache": allocated - profiled, "warmup": warm - allocated,
                                 "cudagraphs": time.perf_counter() - warm}

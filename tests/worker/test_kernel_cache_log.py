@@ -1,0 +1,32 @@
+"""The start-up's Triton compile count: new cache entries per phase, nothing when disabled."""
+
+from __future__ import annotations
+
+import logging
+
+from compiled_llm.worker.kernel_cache_log import KernelCacheLog, triton_cache_dirs
+
+
+def test_counts_new_entries_per_phase(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    (tmp_path / "old").mkdir()
+    log = KernelCacheLog(enabled=True)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    log.mark("profile")
+    log.mark("warmup")
+    (tmp_path / "c").mkdir()
+    log.mark("capture")
+    assert log.phases == {"profile": 2, "warmup": 0, "capture": 1}
+    assert triton_cache_dirs()[0] == tmp_path
+    with caplog.at_level(logging.INFO, logger="compiled_llm.worker.kernel_cache_log"):
+        log.log()
+    assert "profile 2, warmup 0, capture 1" in caplog.text
+
+
+def test_disabled_counts_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    log = KernelCacheLog(enabled=False)
+    (tmp_path / "a").mkdir()
+    log.mark("capture")
+    assert log.phases == {}
