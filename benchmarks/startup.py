@@ -30,10 +30,15 @@ def compile_process(model: str, cache: Path, inductor: Path, out: Path) -> dict:
     """One `compiled-llm compile` process: its wall time and what it reported."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
     started = time.perf_counter()
-    subprocess.run([*CLI, "compile", "--model", model, "--compile-cache-dir", str(cache),
-                    "--output-json", str(out)], env=env, check=True, capture_output=True)
+    done = subprocess.run([*CLI, "compile", "--model", model, "--compile-cache-dir", str(cache),
+                           "--output-json", str(out)], env=env, check=True, capture_output=True,
+                          text=True)
     wall = time.perf_counter() - started
-    return {"wall s": wall, **json.loads(out.read_text())}
+    # the start-up lines of its log (Triton compiles per phase, the weights phase)
+    notes = [line for line in done.stderr.splitlines()
+             if "Triton kernels compiled" in line or "weights phase" in line]
+    print("\n".join(notes))
+    return {"wall s": wall, **json.loads(out.read_text()), "log": notes}
 
 
 def _stamp_lines(stream, sink, started: float) -> None:

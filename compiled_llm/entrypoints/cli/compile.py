@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 
 from compiled_llm.entrypoints.cli.args import HelpFormatter, add_engine_args, engine_args
@@ -34,6 +35,12 @@ def run_compile(ns: argparse.Namespace) -> int:
     from compiled_llm.engine.llm_engine import LLMEngine
 
     counters.reset()
+    # the worker's start-up lines (device context, weights phase, Triton compiles per phase)
+    # on stderr, beside the phase table this command prints
+    worker_log = logging.getLogger("compiled_llm.worker")
+    if not worker_log.handlers:
+        worker_log.addHandler(logging.StreamHandler())
+        worker_log.setLevel(logging.INFO)
     args = engine_args(ns)
     engine = LLMEngine(args)
     phases = {**engine.startup_seconds, "first_request": _first_request(engine)}
