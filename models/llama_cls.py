@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from compiled_llm.models.config import DecoderConfig
-from compiled_llm.models.llama import LlamaForCausalLM
+from compiled_llm.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
 
 
 @dataclass
@@ -55,6 +55,7 @@ class LlamaForSequenceClassification(LlamaForCausalLM):
 
 
 class Qwen2ForSequenceClassification(LlamaForSequenceClassification):
-    """Qwen2's classifier: biased q/k/v projections."""
+    """Qwen2's classifier: the decoder's defaults as Qwen2ForCausalLM reads them (biased q/k/v,
+    no sliding window unless config.json turns it on)."""
 
-    hf_defaults = {"attention_bias": True, "o_proj_bias": False}
+    hf_defaults = Qwen2ForCausalLM.hf_defaults

@@ -44,7 +44,8 @@ def test_unsupported_activation_refused():
 
 
 def _windows(model_cls, hf_config: dict) -> list[int]:
-    cfg = model_cls.config_cls.from_hf(hf_config, **model_cls.hf_defaults)
+    config_cls = getattr(model_cls, "config_cls", DecoderConfig)  # as the loader reads it
+    cfg = config_cls.from_hf(hf_config, **model_cls.hf_defaults)
     return [cfg.layer_window(i) for i in range(hf_config["num_hidden_layers"])]
 
 
@@ -103,3 +104,14 @@ def test_yarn_null_factor_is_the_length_ratio_as_in_transformers():
     ours_cos, ours_sin = RotaryEmbedding(cfg, 128)(positions)
     torch.testing.assert_close(ours_cos[:, 0], cos[0])
     torch.testing.assert_close(ours_sin[:, 0], sin[0])
+
+
+def test_qwen2_classifier_reads_config_json_as_qwen2_does():
+    from compiled_llm.models.llama import Qwen2ForCausalLM
+    from compiled_llm.models.llama_cls import Qwen2ForSequenceClassification
+
+    unset = {**BASE, "sliding_window": 8, "max_window_layers": 2}  # use_sliding_window absent
+    assert _windows(Qwen2ForSequenceClassification, unset) == [-1] * 4  # HF: off unless set
+    assert _windows(Qwen2ForSequenceClassification, unset) == _windows(Qwen2ForCausalLM, unset)
+    on = {**unset, "use_sliding_window": True}
+    assert _windows(Qwen2ForSequenceClassification, on) == [-1, -1, 8, 8]
