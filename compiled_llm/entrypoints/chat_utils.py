@@ -15,8 +15,8 @@ from compiled_llm.sampling_params import check_text
 
 def conversation(messages: list) -> list[dict[str, Any]]:
     """The messages as template input: each a dict with a str role and a str content (None
-    becomes "", a list of {"type": "text", "text": ...} parts is joined); ValueError naming
-    the message otherwise. Other keys (name, tool_calls ...) are kept."""
+    becomes "", a list of {"type": "text", "text": ...} parts is joined by newlines); ValueError
+    naming the message otherwise. Other keys (name, tool_calls ...) are kept."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of messages")
     return [_message(i, message) for i, message in enumerate(messages)]
@@ -42,7 +42,7 @@ def _content_text(where: str, message: dict) -> str:
     if isinstance(content, list) and all(
             isinstance(part, dict) and part.get("type") == "text"
             and isinstance(part.get("text"), str) for part in content):
-        return "".join(part["text"] for part in content)
+        return "\n".join(part["text"] for part in content)  # as vLLM's "string" format
     raise ValueError(f"{where}.content must be a string, a list of text parts or None")
 
 

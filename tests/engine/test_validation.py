@@ -136,6 +136,16 @@ def test_row15_chat_content_none_counts_as_empty(llm):
     assert none.outputs[0].token_ids == empty.outputs[0].token_ids
 
 
+def test_row15_chat_text_parts_are_joined_by_newlines(llm):
+    # as vLLM's "string" content format (the server's chat endpoint does the same)
+    def prompt(content) -> list[int]:
+        out = llm.chat([{"role": "user", "content": content}], HEALTHY, use_tqdm=False)[0]
+        return out.prompt_token_ids
+
+    parts = [{"type": "text", "text": "The quick"}, {"type": "text", "text": "brown fox"}]
+    assert prompt(parts) == prompt("The quick\nbrown fox") != prompt("The quickbrown fox")
+
+
 @pytest.mark.parametrize("messages,field", [
     ([{"role": "user", "content": 5}], r"messages\[0\]\.content"),
     ([{"role": "user", "content": [{"type": "image", "url": "x"}]}], r"messages\[0\]\.content"),

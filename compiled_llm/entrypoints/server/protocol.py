@@ -167,9 +167,9 @@ class ChatMessage(BaseModel):
     reasoning_content: str | None = None
 
     def text(self) -> str:
-        """The content as one string (parts joined, "" when absent)."""
-        if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+        """The content as one string (text parts joined by newlines, "" when absent)."""
+        if isinstance(self.content, list):  # vLLM's "string" content format joins with "\n"
+            return "\n".join(p.text for p in self.content)
         return self.content or ""
 
     def template_input(self) -> dict[str, Any]:

@@ -28,11 +28,12 @@ class ReplyFormat:
         """(reasoning, the rest) of the reply so far."""
         return (None, text) if self.reasoning is None else self.reasoning.split(text, final)
 
-    def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
-        """The assistant message of a finished reply, and OpenAI's finish_reason for it."""
+    def message(self, text: str, finish_reason: str | None, role: str = "assistant"
+                ) -> tuple[dict[str, Any], str | None]:
+        """The message (of role) of a finished reply, and OpenAI's finish_reason for it."""
         reasoning, rest = self.split(text, True)
         content, calls = self.plan.extract(rest)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
+        message: dict[str, Any] = {"role": role, "content": content}
         if reasoning is not None:
             message["reasoning_content"] = message["reasoning"] = reasoning
         if calls:

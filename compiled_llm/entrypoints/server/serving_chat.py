@@ -27,6 +27,9 @@ from compiled_llm.entrypoints.server.streaming import (
 )
 from compiled_llm.output.outputs import CompletionOutput, RequestOutput
 
+# vLLM's --response-role default; this server has no such flag, so it is always this
+RESPONSE_ROLE = "assistant"
+
 
 class ServingChat(Serving):
     """The /v1/chat/completions handler."""
@@ -70,16 +73,17 @@ class ServingChat(Serving):
         """The whole JSON body (cancelled, it aborts the request)."""
         stream, rid, _, num_top, reply = await self._admit(req)
         try:
-            return self._response(await self.last(stream), rid, num_top, reply, echoed(req))
+            return self._response(await self.last(stream), rid, num_top, reply, echoed(req),
+                                  reply_role(req))
         finally:
             stream.abort()
 
     def _response(self, out: RequestOutput, rid: str, num_top: int | None,
-                  reply: ReplyFormat, echo: str | None) -> dict:
+                  reply: ReplyFormat, echo: str | None, role: str) -> dict:
         self.check_output(out)
         choices = []
         for o in out.outputs:
-            message, finish_reason = reply.message(o.text, o.finish_reason)
+            message, finish_reason = reply.message(o.text, o.finish_reason, role)
             if echo is not None:  # as vLLM: the echo leads the content, even an empty one
                 message["content"] = echo + (message["content"] or "")
             choices.append({"index": o.index, "message": message,
@@ -112,10 +116,10 @@ class ServingChat(Serving):
             return event(choices, **extra)
 
         gen, streamers = 0, [reply.streamer() for _ in range(req.n)]
-        echo = echoed(req)
+        echo, role = echoed(req), reply_role(req)
         try:
             for i in range(req.n):  # the role comes first, before any token
-                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                yield chunk([{"index": i, "delta": {"role": role, "content": ""},
                               "logprobs": None, "finish_reason": None}])
             for i in range(req.n if echo else 0):  # then the echoed message, if any
                 yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None,
@@ -139,12 +143,16 @@ class ServingChat(Serving):
         yield DONE
 
 
+def reply_role(req: ChatCompletionRequest) -> str:
+    """The reply's role, as vLLM's get_chat_request_role: the response role after a
+    generation prompt, else the last message's own (the reply continues that message)."""
+    return RESPONSE_ROLE if req.add_generation_prompt else req.messages[-1].role
+
+
 def echoed(req: ChatCompletionRequest) -> str | None:
     """What vLLM's chat `echo` puts before the reply (None: echo is off): the last message's
-    content when its role is the reply's (assistant after a generation prompt, else the last
-    message's own), else ""."""
+    content when its role is the reply's (reply_role), else ""."""
     if not req.echo:
         return None
     last = req.messages[-1]
-    role = "assistant" if req.add_generation_prompt else last.role
-    return last.text() if last.role == role else ""
+    return last.text() if last.role == reply_role(req) else ""

@@ -147,3 +147,38 @@ def test_chat_echo_leads_with_the_last_message_of_the_replys_role(client, server
     bad = httpx.post(f"{server.url}/v1/chat/completions", headers=AUTH, json={
         "model": server.model, "messages": messages, "echo": "yes"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "echo", bad.text
+
+
+def test_chat_reply_role_is_the_last_messages_without_a_generation_prompt(client, server):
+    # as vLLM's get_chat_request_role: "assistant" after a generation prompt, else the role
+    # of the last message (the reply continues it), in the message and the first delta
+    def roles(messages, **extra) -> tuple[str, str]:
+        kw = dict(model=server.model, messages=messages, max_tokens=2, extra_body=extra)
+        full = client.chat.completions.create(**kw).choices[0].message.role
+        first = next(iter(client.chat.completions.create(**kw, stream=True)))
+        return full, first.choices[0].delta.role
+
+    user = [{"role": "user", "content": "Go on"}]
+    assistant = [*user, {"role": "assistant", "content": "The quick"}]
+    assert roles(user) == ("assistant", "assistant")
+    assert roles(user, add_generation_prompt=False) == ("user", "user")
+    assert roles([{"role": "system", "content": "Be brief."}],
+                 add_generation_prompt=False) == ("system", "system")
+    assert roles(assistant, add_generation_prompt=False,
+                 continue_final_message=True) == ("assistant", "assistant")
+
+
+def test_chat_text_parts_are_joined_by_newlines(client, server):
+    # as vLLM's "string" content format: the template sees the text parts joined by "\n"
+    def tokens(content) -> list[int]:
+        return httpx.post(f"{server.url}/tokenize", headers=AUTH, json={
+            "messages": [{"role": "user", "content": content}],
+            "add_generation_prompt": False}).json()["tokens"]
+
+    parts = [{"type": "text", "text": "The quick"}, {"type": "text", "text": "brown fox"}]
+    assert tokens(parts) == tokens("The quick\nbrown fox") != tokens("The quickbrown fox")
+    out = client.chat.completions.create(
+        model=server.model, messages=[{"role": "user", "content": parts}], max_tokens=2,
+        extra_body={"add_generation_prompt": False, "echo": True})
+    assert out.usage.prompt_tokens == len(tokens("The quick\nbrown fox"))
+    assert out.choices[0].message.content.startswith("The quick\nbrown fox")  # echo, joined
