@@ -52,6 +52,9 @@ class ServerConfig:
     reasoning_parser: str | None = None
     """How the model marks its thinking (deepseek_r1, qwen3 or glm45): the span goes to
     reasoning_content, and structured outputs and tool grammars start after it."""
+    response_role: str = "assistant"
+    """The role of a chat reply that follows a generation prompt (without one, the reply
+    continues the last message and takes its role)."""
     lora_modules: list[str] | None = None
     """LoRA adapters to serve (with --enable-lora), each `name=path` or a JSON object
     {"name": ..., "path": ...}; a request's model selects one by name."""

@@ -27,9 +27,6 @@ from compiled_llm.entrypoints.server.streaming import (
 )
 from compiled_llm.output.outputs import CompletionOutput, RequestOutput
 
-# vLLM's --response-role default; this server has no such flag, so it is always this
-RESPONSE_ROLE = "assistant"
-
 
 class ServingChat(Serving):
     """The /v1/chat/completions handler."""
@@ -73,8 +70,9 @@ class ServingChat(Serving):
         """The whole JSON body (cancelled, it aborts the request)."""
         stream, rid, _, num_top, reply = await self._admit(req)
         try:
-            return self._response(await self.last(stream), rid, num_top, reply, echoed(req),
-                                  reply_role(req))
+            role = reply_role(req, self.cfg.response_role)
+            return self._response(await self.last(stream), rid, num_top, reply,
+                                  echoed(req, role), role)
         finally:
             stream.abort()
 
@@ -116,7 +114,8 @@ class ServingChat(Serving):
             return event(choices, **extra)
 
         gen, streamers = 0, [reply.streamer() for _ in range(req.n)]
-        echo, role = echoed(req), reply_role(req)
+        role = reply_role(req, self.cfg.response_role)
+        echo = echoed(req, role)
         try:
             for i in range(req.n):  # the role comes first, before any token
                 yield chunk([{"index": i, "delta": {"role": role, "content": ""},
@@ -143,16 +142,16 @@ class ServingChat(Serving):
         yield DONE
 
 
-def reply_role(req: ChatCompletionRequest) -> str:
-    """The reply's role, as vLLM's get_chat_request_role: the response role after a
-    generation prompt, else the last message's own (the reply continues that message)."""
-    return RESPONSE_ROLE if req.add_generation_prompt else req.messages[-1].role
+def reply_role(req: ChatCompletionRequest, response_role: str) -> str:
+    """The reply's role, as vLLM's get_chat_request_role: response_role (--response-role)
+    after a generation prompt, else the last message's own (the reply continues it)."""
+    return response_role if req.add_generation_prompt else req.messages[-1].role
 
 
-def echoed(req: ChatCompletionRequest) -> str | None:
+def echoed(req: ChatCompletionRequest, role: str) -> str | None:
     """What vLLM's chat `echo` puts before the reply (None: echo is off): the last message's
-    content when its role is the reply's (reply_role), else ""."""
+    content when its role is the reply's `role`, else ""."""
     if not req.echo:
         return None
     last = req.messages[-1]
-    return last.text() if last.role == reply_role(req) else ""
+    return last.text() if last.role == role else ""
