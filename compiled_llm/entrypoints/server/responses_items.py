@@ -151,7 +151,7 @@ def _content(content: Any, where: str) -> str:
             raise OpenAIError(400, f"{where}[{j}].text must be a string",
                               param=f"{where}[{j}].text")
         texts.append(part["text"])
-    return "".join(texts)
+    return "\n".join(texts)  # as vLLM: parts reach the template joined by newlines
 
 
 def response_format(req: ResponsesRequest) -> ResponseFormat | None:

@@ -53,15 +53,17 @@ def test_text_input_equals_chat_greedy(client, server):
 def test_message_items_equal_chat_greedy(client, server):
     items = [{"role": "developer", "content": "Answer."},
              {"type": "message", "role": "user",
-              "content": [{"type": "input_text", "text": "The "},
-                          {"type": "input_text", "text": "quick"}]},
+              "content": [{"type": "input_text", "text": "The"},
+                          {"type": "input_text", "text": "quick"}]},  # joined by "\n", as vLLM
              {"role": "assistant", "content": [{"type": "output_text", "text": "brown"}]},
              {"role": "user", "content": "fox"}]
     r = client.responses.create(model=server.model, input=items, max_output_tokens=8,
                                 temperature=0)
-    chat = [{"role": "developer", "content": "Answer."}, {"role": "user", "content": "The quick"},
+    chat = [{"role": "developer", "content": "Answer."}, {"role": "user", "content": "The\nquick"},
             {"role": "assistant", "content": "brown"}, {"role": "user", "content": "fox"}]
-    assert r.output_text == _chat_text(client, server, chat, 8)[0].message.content
+    choice, usage = _chat_text(client, server, chat, 8)
+    assert r.output_text == choice.message.content
+    assert r.usage.input_tokens == usage.prompt_tokens  # the same prompt, parts and all
 
 
 def test_stream_events_in_order(client, server):
