@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -90,3 +91,14 @@ def capture_inductor_code() -> Iterator[list[str]]:
 def graph_break_count() -> int:
     """Graph breaks Dynamo has counted in this process."""
     return sum(torch._dynamo.utils.counters["graph_break"].values())
+
+
+def pin_triton_cache_dir(device_index: int) -> str:
+    """Set $TRITON_CACHE_DIR (unless set) to the directory Inductor would set it to when it
+    loads its first kernel ({Inductor cache}/triton/{device}), and return it. Set at a worker's
+    start, so every Triton kernel (ours too) of every process lands in, and is found in, one
+    place, whatever ran first."""
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+    os.environ.setdefault("TRITON_CACHE_DIR", triton_cache_dir(device_index))
+    return os.environ["TRITON_CACHE_DIR"]

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from compiled_llm.compat import pin_triton_cache_dir
 from compiled_llm.compile.isa_probe import start_cpu_isa_probe
 from compiled_llm.config import EngineArgs
 from compiled_llm.distributed.parallel_state import TPGroup
@@ -38,6 +39,7 @@ class Worker:
         sched = spec.scheduler
         start = time.perf_counter()
         if self.device.type == "cuda":  # the context, timed apart from the weights
+            pin_triton_cache_dir(self.device.index or 0)
             torch.cuda.synchronize(self.device)
             logger.info("device context: %.2f s", time.perf_counter() - start)
         kernels = KernelCacheLog(self.device.type == "cuda")
