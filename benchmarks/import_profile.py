@@ -29,11 +29,17 @@ TORCH_AND_DEVICE = ("import time; t = time.perf_counter(); import torch; a = tim
                     "print(a - t, time.perf_counter() - a)")
 
 
+# the baseline rows: Python's own bytecode settings, as without compiled_llm's bytecode cache
+# (which `import compiled_llm` would otherwise turn on in the child)
+BASELINE_ENV = {"COMPILED_LLM_BYTECODE_CACHE": "0"}
+
+
 def timed_process(code: str, *flags: str, env: dict | None = None) -> tuple[float, str]:
-    """(wall seconds, stderr) of `python <flags> -c code` in a fresh interpreter."""
+    """(wall seconds, stderr) of `python <flags> -c code` in a fresh interpreter (env: on top
+    of BASELINE_ENV)."""
     started = time.perf_counter()
     done = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True,
-                          check=True, env={**os.environ, **(env or {})})
+                          check=True, env={**os.environ, **BASELINE_ENV, **(env or {})})
     return time.perf_counter() - started, done.stderr + done.stdout
 
 
@@ -64,14 +70,16 @@ def bytecode_cached(package: str) -> dict:
 def with_pycache_prefix() -> list[float]:
     """The core's imports twice with bytecode written under a fresh PYTHONPYCACHEPREFIX."""
     with tempfile.TemporaryDirectory() as prefix:
-        env = {"PYTHONPYCACHEPREFIX": prefix, "PYTHONDONTWRITEBYTECODE": ""}
+        env = {"PYTHONPYCACHEPREFIX": prefix, "PYTHONDONTWRITEBYTECODE": "",
+               "COMPILED_LLM_BYTECODE_CACHE": "1"}
         return [timed_process(CORE_IMPORTS, env=env)[0] for _ in range(2)]
 
 
 def concurrent_walls(code: str, count: int) -> list[float]:
     """Wall seconds of `count` interpreters importing `code` at once."""
     started = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
+    env = {**os.environ, **BASELINE_ENV}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(count)]
     walls = []
     for proc in procs:
         proc.wait()

@@ -14,26 +14,24 @@ from pathlib import Path
 SWITCH_ENV = "COMPILED_LLM_BYTECODE_CACHE"
 # the compile cache's root (compile/cache.py's default_cache_root, which imports torch)
 CACHE_DIR_ENV = "COMPILED_LLM_CACHE_DIR"
-# large modules every engine core imports (package, path inside it): whether their bytecode is
-# cached stands for the compiler stack's
-PROBES = (("torch", ("_inductor", "compile_fx.py")), ("sympy", ("core", "basic.py")),
-          ("networkx", ("classes", "graph.py")))
+PYCACHE_DIRNAME = "pycache"  # under the compile cache root; `cache ls` skips it
+# torch's largest module, which every engine core imports: whether its bytecode is cached
+# stands for torch's (and so for most of a start's imports)
+PROBE = ("_inductor", "compile_fx.py")
 
 
 def bytecode_prefix() -> str | None:
     """The directory this process's imports should keep their bytecode in, or None where
-    Python keeps (or will write) it beside the sources, a prefix is already set, or the
-    switch is off."""
+    Python keeps (or will write) torch's beside its sources, a prefix is already set, the
+    switch is off, or no directory can be made."""
     if os.environ.get(SWITCH_ENV) == "0" or sys.pycache_prefix:
         return None
-    if not any(_uncached(probe) for probe in _probe_files()):
+    probe = _torch_probe()
+    if probe is None or not _uncached(probe):
         return None
     root = Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "compiled_llm")
-    prefix = root / "pycache"
-    try:
-        prefix.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
+    prefix = root / PYCACHE_DIRNAME
+    prefix.mkdir(parents=True, exist_ok=True)
     return str(prefix)
 
 
@@ -44,28 +42,23 @@ def _uncached(source: Path) -> bool:
     return sys.dont_write_bytecode or not os.access(source.parent, os.W_OK)
 
 
-def _probe_files() -> list[Path]:
-    """The PROBES files of the installed packages (found without importing them)."""
-    files = []
-    for package, parts in PROBES:
-        spec = importlib.util.find_spec(package)
-        if spec is not None and spec.origin is not None:
-            files.append(Path(spec.origin).parent.joinpath(*parts))
-    return [probe for probe in files if probe.is_file()]
-
-
-def child_env(prefix: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """base (default: this process's environment) for a child interpreter that keeps its
-    bytecode under prefix."""
-    env = {**(os.environ if base is None else base), "PYTHONPYCACHEPREFIX": prefix}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
+def _torch_probe() -> Path | None:
+    """The installed torch's PROBE file (found without importing torch), or None."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return None
+    probe = Path(spec.origin).parent.joinpath(*PROBE)
+    return probe if probe.is_file() else None
 
 
 def enable() -> str | None:
     """Keep this process's (and its children's) bytecode under bytecode_prefix(); the prefix,
-    or None where nothing changed. For a process's entry point, before torch is imported."""
-    prefix = bytecode_prefix()
+    or None where nothing changed (also on any error: a speed-up never fails an import).
+    For a process's entry point, before torch is imported."""
+    try:
+        prefix = bytecode_prefix()
+    except Exception:  # noqa: BLE001 (no home directory, a torch stub without a spec ...)
+        return None
     if prefix is not None:
         sys.pycache_prefix = prefix
         sys.dont_write_bytecode = False

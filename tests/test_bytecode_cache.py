@@ -14,7 +14,7 @@ import pytest
 
 from compiled_llm import bytecode_cache
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def fake_torch(tmp_path: Path, compiled: bool) -> Path:
@@ -42,24 +42,24 @@ def settings(monkeypatch, tmp_path):
 
 def test_prefix_where_torch_bytecode_is_missing_and_not_written(settings, tmp_path):
     probe = fake_torch(tmp_path, compiled=False)
-    settings.setattr(bytecode_cache, "_probe_files", lambda: [probe])
+    settings.setattr(bytecode_cache, "_torch_probe", lambda: probe)
     assert bytecode_cache.bytecode_prefix() == str(tmp_path / "cache" / "pycache")
     assert (tmp_path / "cache" / "pycache").is_dir()
 
 
 def test_no_prefix_where_python_keeps_or_writes_it(settings, tmp_path):
     cached = fake_torch(tmp_path / "a", compiled=True)
-    settings.setattr(bytecode_cache, "_probe_files", lambda: [cached])
+    settings.setattr(bytecode_cache, "_torch_probe", lambda: cached)
     assert bytecode_cache.bytecode_prefix() is None  # cached beside the source
     bare = fake_torch(tmp_path / "b", compiled=False)
-    settings.setattr(bytecode_cache, "_probe_files", lambda: [bare])
+    settings.setattr(bytecode_cache, "_torch_probe", lambda: bare)
     settings.setattr(sys, "dont_write_bytecode", False)
     assert bytecode_cache.bytecode_prefix() is None  # the first import writes it
 
 
 def test_switch_and_a_users_prefix_win(settings, tmp_path):
     probe = fake_torch(tmp_path, compiled=False)
-    settings.setattr(bytecode_cache, "_probe_files", lambda: [probe])
+    settings.setattr(bytecode_cache, "_torch_probe", lambda: probe)
     settings.setenv(bytecode_cache.SWITCH_ENV, "0")
     assert bytecode_cache.bytecode_prefix() is None
     settings.delenv(bytecode_cache.SWITCH_ENV)
@@ -67,9 +67,20 @@ def test_switch_and_a_users_prefix_win(settings, tmp_path):
     assert bytecode_cache.bytecode_prefix() is None
 
 
-def test_child_env_writes_bytecode_under_the_prefix():
-    env = bytecode_cache.child_env("/x/pycache", {"PYTHONDONTWRITEBYTECODE": "1", "A": "b"})
-    assert env == {"A": "b", "PYTHONPYCACHEPREFIX": "/x/pycache"}
+def test_enable_never_fails_an_import(settings, tmp_path):
+    def broken():
+        raise ValueError("torch.__spec__ is None")
+
+    settings.setattr(bytecode_cache, "_torch_probe", broken)
+    assert bytecode_cache.enable() is None and sys.pycache_prefix is None
+
+
+def test_cache_ls_skips_the_bytecode(tmp_path):
+    from compiled_llm.compile import cache
+
+    (tmp_path / bytecode_cache.PYCACHE_DIRNAME).mkdir()
+    (tmp_path / "somekey").mkdir()
+    assert [entry["key"] for entry in cache.list_entries(tmp_path)] == ["somekey"]
 
 
 def test_enabled_process_and_its_child_keep_bytecode_under_the_prefix(tmp_path):

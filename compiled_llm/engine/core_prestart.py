@@ -16,8 +16,6 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from compiled_llm.bytecode_cache import bytecode_prefix, child_env
-
 API_SERVER = "compiled_llm.entrypoints.server.api_server"
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 EARLY_CORE_STOP_WAIT_S = 10.0
@@ -49,9 +47,6 @@ def spawn(module: str, new_session: bool = False, env: dict[str, str] | None = N
     # a fresh interpreter, not multiprocessing's spawn: that re-runs the caller's main
     # module, which a script without a __main__ guard cannot survive
     name = module if "." in module else f"compiled_llm.engine.{module}"
-    prefix = bytecode_prefix()
-    if prefix is not None:  # torch's bytecode is not kept: the child keeps it under prefix
-        env = child_env(prefix, env)
     return subprocess.Popen([sys.executable, "-m", name], stdin=subprocess.PIPE, env=env,
                             start_new_session=new_session)
 

@@ -8,7 +8,8 @@ from compiled_llm.compat import pin_triton_cache_dir
 
 
 def test_pinned_to_inductors_directory(tmp_path, monkeypatch):
-    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "x")  # recorded, so teardown removes the pin
+    monkeypatch.delenv("TRITON_CACHE_DIR")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     expected = str(tmp_path / "triton" / "1")
     assert pin_triton_cache_dir(1) == expected

@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from compiled_llm.entrypoints.cli.args import HelpFormatter, add_engine_args, engine_args
 
@@ -35,14 +38,9 @@ def run_compile(ns: argparse.Namespace) -> int:
     from compiled_llm.engine.llm_engine import LLMEngine
 
     counters.reset()
-    # the worker's start-up lines (device context, weights phase, Triton compiles per phase)
-    # on stderr, beside the phase table this command prints
-    worker_log = logging.getLogger("compiled_llm.worker")
-    if not worker_log.handlers:
-        worker_log.addHandler(logging.StreamHandler())
-        worker_log.setLevel(logging.INFO)
     args = engine_args(ns)
-    engine = LLMEngine(args)
+    with _worker_lines():
+        engine = LLMEngine(args)
     phases = {**engine.startup_seconds, "first_request": _first_request(engine)}
     print(f"model: {args.model or 'embedded demo'}  device: {engine.device}  "
           f"dtype: {engine.dtype}")
@@ -80,6 +78,21 @@ def _first_request(engine) -> float:
     while engine.has_unfinished_requests():
         engine.step()
     return time.perf_counter() - started
+
+
+@contextmanager
+def _worker_lines() -> Iterator[None]:
+    """The worker's start-up lines (device context, weights phase, Triton compiles per phase)
+    on stderr while the engine is built, beside the phase table this command prints."""
+    worker_log = logging.getLogger("compiled_llm.worker")
+    handler, level = logging.StreamHandler(sys.stderr), worker_log.level
+    worker_log.addHandler(handler)
+    worker_log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        worker_log.removeHandler(handler)
+        worker_log.setLevel(level)
 
 
 def run_cache(ns: argparse.Namespace) -> int:

@@ -155,7 +155,8 @@ def test_chat_reply_role_is_the_last_messages_without_a_generation_prompt(client
     def roles(messages, **extra) -> tuple[str, str]:
         kw = dict(model=server.model, messages=messages, max_tokens=2, extra_body=extra)
         full = client.chat.completions.create(**kw).choices[0].message.role
-        first = next(iter(client.chat.completions.create(**kw, stream=True)))
+        with client.chat.completions.create(**kw, stream=True) as stream:
+            first = next(iter(stream))
         return full, first.choices[0].delta.role
 
     user = [{"role": "user", "content": "Go on"}]
