@@ -93,12 +93,16 @@ def graph_break_count() -> int:
     return sum(torch._dynamo.utils.counters["graph_break"].values())
 
 
-def pin_triton_cache_dir(device_index: int) -> str:
+def pin_triton_cache_dir(device_index: int) -> str | None:
     """Set $TRITON_CACHE_DIR (unless set) to the directory Inductor would set it to when it
     loads its first kernel ({Inductor cache}/triton/{device}), and return it. Set at a worker's
     start, so every Triton kernel (ours too) of every process lands in, and is found in, one
-    place, whatever ran first."""
+    place, whatever ran first. None (nothing set) where Inductor's directory cannot be made."""
     from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
 
-    os.environ.setdefault("TRITON_CACHE_DIR", triton_cache_dir(device_index))
+    if "TRITON_CACHE_DIR" not in os.environ:
+        try:
+            os.environ["TRITON_CACHE_DIR"] = triton_cache_dir(device_index)
+        except OSError:  # a read-only temp directory: Triton keeps its own default
+            return None
     return os.environ["TRITON_CACHE_DIR"]
