@@ -56,9 +56,13 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--windows", type=int, default=3)
     args = ap.parse_args()
-    llm = make_llm(shape_checkpoint(args.shape, args.checkpoint_dir), args.dtype,
-                   args.compile_mode, args.cudagraph_mode,
-                   max_model_len=args.prompt_len + args.new_tokens + 32, max_num_seqs=args.batch)
+
+    def build(**kw):
+        return make_llm(shape_checkpoint(args.shape, args.checkpoint_dir), args.dtype,
+                        args.compile_mode, args.cudagraph_mode, max_num_seqs=args.batch,
+                        max_model_len=args.prompt_len + args.new_tokens + 32, **kw)
+
+    llm = build()
     eng = llm.engine
     decode_window(eng, args.batch, args.prompt_len, 4, "warm")
     rows = [decode_window(eng, args.batch, args.prompt_len, args.new_tokens, f"w{i}")
@@ -66,7 +70,12 @@ def main() -> None:
     print(f"{args.shape}, batch {args.batch}, {args.compile_mode}, per decode step:")
     for k in KEYS:
         print(f"  {k:16s}" + "".join(f"{r[k]:9.3f}" for r in rows))
-    us = warm_prepare_us(eng, args.batch, args.prompt_len)
+    llm.shutdown()
+    # the warm loop runs steps by hand: one step at a time, so on a synchronous engine (an
+    # asynchronous one's scheduled steps wait on the tokens of a launched one)
+    sync = build(async_scheduling=False)
+    us = warm_prepare_us(sync.engine, args.batch, args.prompt_len)
+    sync.shutdown()
     print(f"  prepare() alone, warm loop: {us:.1f} us")
 
 
