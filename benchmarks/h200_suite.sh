@@ -70,6 +70,12 @@
 #                                         # against the default)
 #     bash benchmarks/h200_suite.sh 42    # mixed steps' decodes on the decode kernel: GPU
 #                                         # test, served (2048 / default), offline
+#     bash benchmarks/h200_suite.sh 43-44 # 8B start-up with the early load; serve-like profiles
+#     bash benchmarks/h200_suite.sh 45    # the W4A16 GEMV: GPU tests, tune, 8B batch 1
+#     bash benchmarks/h200_suite.sh 46    # start-up diagnostics (import profile), profiles
+#     bash benchmarks/h200_suite.sh 47    # the bytecode cache: import profile, 8B start-up
+#     bash benchmarks/h200_suite.sh 48    # warm serve with and without the early load
+#     bash benchmarks/h200_suite.sh 49    # Triton kernels compiled per start-up phase
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
