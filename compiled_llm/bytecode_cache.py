@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 SWITCH_ENV = "COMPILED_LLM_BYTECODE_CACHE"
-# the compile cache's root (compile/cache.py's default_cache_root, which imports torch)
 CACHE_DIR_ENV = "COMPILED_LLM_CACHE_DIR"
 PYCACHE_DIRNAME = "pycache"  # under the compile cache root; `cache ls` skips it
 # torch's largest module, which every engine core imports: whether its bytecode is cached
@@ -29,10 +28,15 @@ def bytecode_prefix() -> str | None:
     probe = _torch_probe()
     if probe is None or not _uncached(probe):
         return None
-    root = Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "compiled_llm")
-    prefix = root / PYCACHE_DIRNAME
+    prefix = cache_root() / PYCACHE_DIRNAME
     prefix.mkdir(parents=True, exist_ok=True)
     return str(prefix)
+
+
+def cache_root() -> Path:
+    """The compile cache's root: $COMPILED_LLM_CACHE_DIR, else ~/.cache/compiled_llm (here,
+    torch-free, so that the bytecode can live under it before torch is imported)."""
+    return Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "compiled_llm")
 
 
 def _uncached(source: Path) -> bool:

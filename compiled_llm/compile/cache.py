@@ -20,17 +20,12 @@ from pathlib import Path
 
 import torch
 
-from compiled_llm.bytecode_cache import PYCACHE_DIRNAME
+from compiled_llm.bytecode_cache import PYCACHE_DIRNAME, cache_root
 from compiled_llm.compile.counters import counters
 
 logger = logging.getLogger(__name__)
-ENV_DIR = "COMPILED_LLM_CACHE_DIR"
 ENV_DISABLE = "COMPILED_LLM_DISABLE_CACHE"
-
-
-def default_cache_root() -> Path:
-    """$COMPILED_LLM_CACHE_DIR, else ~/.cache/compiled_llm."""
-    return Path(os.environ.get(ENV_DIR) or Path.home() / ".cache" / "compiled_llm")
+default_cache_root = cache_root  # $COMPILED_LLM_CACHE_DIR, else ~/.cache/compiled_llm
 
 
 def source_hash(*paths: Path) -> str:

@@ -8,9 +8,16 @@ import ctypes
 import functools
 import inspect
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from compiled_llm.sampling_params import check_text
+
+
+def join_text_parts(texts: Iterable[str]) -> str:
+    """A message's text parts as one string: joined by newlines, as vLLM's "string" content
+    format (chat, LLM.chat and the Responses API's input items alike)."""
+    return "\n".join(texts)
 
 
 def conversation(messages: list) -> list[dict[str, Any]]:
@@ -42,7 +49,7 @@ def _content_text(where: str, message: dict) -> str:
     if isinstance(content, list) and all(
             isinstance(part, dict) and part.get("type") == "text"
             and isinstance(part.get("text"), str) for part in content):
-        return "\n".join(part["text"] for part in content)  # as vLLM's "string" format
+        return join_text_parts(part["text"] for part in content)
     raise ValueError(f"{where}.content must be a string, a list of text parts or None")
 
 

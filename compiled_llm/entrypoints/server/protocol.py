@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from compiled_llm.entrypoints.chat_utils import join_text_parts
 from compiled_llm.sampling_params import check_text
 
 
@@ -168,8 +169,8 @@ class ChatMessage(BaseModel):
 
     def text(self) -> str:
         """The content as one string (text parts joined by newlines, "" when absent)."""
-        if isinstance(self.content, list):  # vLLM's "string" content format joins with "\n"
-            return "\n".join(p.text for p in self.content)
+        if isinstance(self.content, list):
+            return join_text_parts(p.text for p in self.content)
         return self.content or ""
 
     def template_input(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import time
 import uuid
 from typing import Any
 
+from compiled_llm.entrypoints.chat_utils import join_text_parts
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.protocol import ChatMessage, JsonSchemaFormat, ResponseFormat
 from compiled_llm.entrypoints.server.protocol_responses import ResponsesRequest
@@ -151,7 +152,7 @@ def _content(content: Any, where: str) -> str:
             raise OpenAIError(400, f"{where}[{j}].text must be a string",
                               param=f"{where}[{j}].text")
         texts.append(part["text"])
-    return "\n".join(texts)  # as vLLM: parts reach the template joined by newlines
+    return join_text_parts(texts)
 
 
 def response_format(req: ResponsesRequest) -> ResponseFormat | None:
