@@ -7,6 +7,9 @@ padded to a captured token count; one pool per engine.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -79,6 +82,7 @@ class CUDAGraphWrapper(nn.Module):
         super().__init__()
         self.runnable, self.mode, self.pool = runnable, mode, pool
         self.graphs: dict[tuple[int, int], _Captured] = {}  # (tokens, query_len)
+        self.stream: torch.cuda.Stream | None = None  # the side stream captures run on
 
     def forward(self, *args):
         """runnable(*args): plainly, or through the graph the forward context's key names."""
@@ -98,9 +102,10 @@ class CUDAGraphWrapper(nn.Module):
 
     def _capture(self, size: tuple[int, int], args):
         self.runnable(*args)  # warm-up outside the graph: lazy initialisation, autotuning
-        torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
+        with capturing_into(graph, self.pool, self.stream):
             out = self.runnable(*args)
         self.graphs[size] = _Captured(graph, list(args), out)
         return out
@@ -117,3 +122,18 @@ class CUDAGraphWrapper(nn.Module):
     def release(self) -> None:
         """Drop every captured graph (their pool memory goes back once all are gone)."""
         self.graphs.clear()
+
+
+@contextlib.contextmanager
+def capturing_into(graph: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream) -> Iterator[None]:
+    """torch.cuda.graph without its flush of the allocator's caches (device and pinned host)
+    before every capture: a start-up captures hundreds of graphs (every piece at every size),
+    and each flush frees the warm-up's blocks only for the next warm-up to allocate them
+    again. The caller flushes once before its captures (capture_cudagraphs)."""
+    torch.cuda.synchronize()  # the warm-up's work is done before the side stream records
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool)
+        try:
+            yield
+        finally:
+            graph.capture_end()

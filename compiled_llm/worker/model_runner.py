@@ -303,6 +303,8 @@ class ModelRunner:
         """Capture the plan's graphs (default: cudagraph_plan()), before serving (nothing on
         CPU); the dispatcher hands the sizes out from then on."""
         piecewise, full = self.cudagraph_plan() if plan is None else plan
+        if piecewise or full:  # once: the captures themselves keep the warm-ups' blocks
+            torch.cuda.empty_cache()
         if piecewise:
             self.cudagraph_capture_seconds[PIECEWISE] = capture_piecewise(self, piecewise)
         if full:

@@ -13,6 +13,7 @@ import time
 import torch
 
 from compiled_llm.compat import pin_triton_cache_dir
+from compiled_llm.compile.counters import counters
 from compiled_llm.compile.isa_probe import start_cpu_isa_probe
 from compiled_llm.config import EngineArgs
 from compiled_llm.distributed.parallel_state import TPGroup
@@ -120,6 +121,9 @@ def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None,
     if spec_cfg is not None and os.environ.get("COMPILED_LLM_VERIFY_GRAPHS", "1") != "0":
         runner.verify_query_len = spec_cfg.num_speculative_tokens + 1
     phases = {**model.load_seconds, "runner": time.perf_counter() - loaded}
+    # of which the warm start's compiled pieces (snapshot, cache loads), where they ran
+    phases.update({f"runner: {stage}": counters.stage_seconds[stage]
+                   for stage in ("snapshot_load", "cache_load") if stage in counters.stage_seconds})
     logger.info("weights phase: %s", ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
     return runner
 
