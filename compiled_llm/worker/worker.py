@@ -19,7 +19,7 @@ from compiled_llm.config import EngineArgs
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.lora.manager import attach_lora
 from compiled_llm.speculative import speculative_config_of
-from compiled_llm.worker import early_load
+from compiled_llm.worker import early_load, precompile
 from compiled_llm.worker.kernel_cache_log import KernelCacheLog
 from compiled_llm.worker.kv_budget import budget_blocks
 from compiled_llm.worker.loader import load_model
@@ -57,6 +57,11 @@ class Worker:
         kernels.mark("load")
         if tp is not None:  # the driver of a tensor-parallel group: followers mirror its steps
             self.runner.step_hook = StepBroadcaster(tp, self.runner)
+        if args.world_size == 1 and precompile.wanted(self.runner):  # a cold start
+            # the first call (Dynamo, passes, Inductor) runs here, beside the kernels' compiles
+            precompile.precompile_kernels(self.runner, sched.max_num_batched_tokens,
+                                          sched.max_model_len)
+            kernels.mark("precompile")
         # the profiling forward is also the first call: Dynamo, passes and Inductor run here
         self.num_blocks = num_kv_blocks(self.runner, sched.max_num_batched_tokens,
                                         sched.max_model_len, baseline)
