@@ -80,6 +80,7 @@
 #                                         # their GPU tests, cold compile, two warm serves
 #     bash benchmarks/h200_suite.sh 51    # Triton kernels compiled side by side on a cold
 #                                         # start: its GPU test, cold compile off and on
+#     bash benchmarks/h200_suite.sh 52    # as call 51, the compiles in child processes
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -491,6 +492,13 @@ elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the ser
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 52 ]; then  # one GPU: call 51 again, the compiles now in child processes
+  mapfile -t a <<<"\
+$py -m pytest -q -x -p no:cacheprovider tests/worker/test_precompile_gpu.py
+$MK
+COMPILED_LLM_PARALLEL_TRITON_COMPILE=0 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_off.json --serve-only
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_on.json --serve-only"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 51 ]; then  # one GPU: a cold start's Triton kernels compiled side by side
   # (precompile.py): its GPU test, then the 8B cold compile and a serve, off, then on

@@ -1,7 +1,7 @@
 """Our own Triton kernels (attention, KV write, small-M GEMMs) compiled side by side on a cold
-start: one dry pass over every shape the start-up will run queues each kernel's compile on a
-thread pool instead of compiling it at its first launch, one after another (63 kernels, most of
-a cold 8B compile's profiling and capture). $COMPILED_LLM_PARALLEL_TRITON_COMPILE=0 turns it off."""
+start: a dry pass over every shape the start-up runs hands each kernel's compile to child
+processes instead of compiling it at its first launch, one after another (26 kernels for the
+8B shape, 11 s of its cold compile). $COMPILED_LLM_PARALLEL_TRITON_COMPILE=0 turns it off."""
 
 from __future__ import annotations
 
@@ -10,57 +10,41 @@ import contextvars
 import logging
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 from compiled_llm.attention.forward_context import ForwardContext, set_forward_context
+from compiled_llm.worker.compile_children import CompileChildren
 from compiled_llm.worker.graph_capture import dummy_schedule
 
 ENV = "COMPILED_LLM_PARALLEL_TRITON_COMPILE"
+CHILDREN = 8  # compile processes (each imports torch and makes a CUDA context)
 logger = logging.getLogger(__name__)
 _dry: contextvars.ContextVar[KernelQueue | None] = contextvars.ContextVar("dry", default=None)
 
 
 class KernelQueue:
-    """The compiles a dry pass asked for, each once, running on `pool`."""
+    """The compiles a dry pass asked for, each once, handed to the compile children."""
 
-    def __init__(self, pool: ThreadPoolExecutor) -> None:
-        self.pool = pool
-        self.futures: dict[tuple[int, str], Future] = {}
-        self.failed = 0
+    def __init__(self, children: CompileChildren) -> None:
+        self.children = children
+        self.kernels: set[tuple[int, str]] = set()
+        self.first_at: float | None = None  # when the first kernel was queued
+        self.errors: list[str] = []
 
     def submit(self, jit_function, key, specialization: str) -> None:
-        """Queue jit_function's compile for this specialization (Triton's preload: it lands
-        in the function's kernel cache, so the real launch finds it)."""
+        """Queue jit_function's compile for this specialization, once."""
         ident = (id(jit_function), str(key))
-        if ident not in self.futures:
-            device = torch.cuda.current_device() if torch.cuda.is_available() else None
-            self.futures[ident] = self.pool.submit(_compile, jit_function, specialization,
-                                                   device)
-
-    def wait(self) -> int:
-        """Wait for every compile; how many failed (their launches compile them again, and
-        say why)."""
-        failed = 0
-        for future in self.futures.values():
-            try:
-                future.result()
-            except Exception as exc:  # noqa: BLE001 (the real launch raises it properly)
-                failed += 1
-                logger.debug("parallel Triton compile failed: %s", exc)
-        return failed
-
-
-def _compile(jit_function, specialization: str, device: int | None) -> None:
-    if device is not None:  # the pool's threads start on device 0
-        torch.cuda.set_device(device)
-    jit_function.preload(specialization)
+        if ident not in self.kernels:
+            self.kernels.add(ident)
+            self.first_at = self.first_at or time.perf_counter()
+            self.children.submit(jit_function.fn.__module__, jit_function.fn.__qualname__,
+                                 specialization)
 
 
 def _hook(**kwargs) -> bool | None:
     """Triton's jit_cache_hook: in a dry pass, queue the compile and skip the launch (True);
-    elsewhere (the pool's threads included) let Triton compile as usual (None)."""
+    elsewhere let Triton compile as usual (None)."""
     queue = _dry.get()
     if queue is None:
         return None
@@ -94,23 +78,22 @@ def wanted(runner) -> bool:
 
 
 @contextlib.contextmanager
-def dry_launches(workers: int):
-    """Within: a Triton kernel not compiled yet is queued for compiling, not launched (its
+def dry_launches(children: CompileChildren):
+    """Within: a Triton kernel not compiled yet is queued for the children, not launched (its
     outputs are left as allocated); on exit, every queued compile has finished."""
     import triton
 
     runtime = triton.knobs.runtime
     previous = runtime.jit_cache_hook
-    with ThreadPoolExecutor(workers, thread_name_prefix="triton-compile") as pool:
-        queue = KernelQueue(pool)
-        token = _dry.set(queue)
-        runtime.jit_cache_hook = _hook
-        try:
-            yield queue
-        finally:
-            _dry.reset(token)
-            runtime.jit_cache_hook = previous
-            queue.failed = queue.wait()
+    queue = KernelQueue(children)
+    token = _dry.set(queue)
+    runtime.jit_cache_hook = _hook
+    try:
+        yield queue
+    finally:
+        _dry.reset(token)
+        runtime.jit_cache_hook = previous
+        queue.errors = children.wait()
 
 
 @torch.inference_mode()
@@ -120,16 +103,22 @@ def precompile_kernels(runner, profile_tokens: int, max_len: int) -> None:
     dummy row writes the null block); the allocator's blocks go back after."""
     start = time.perf_counter()
     piecewise, full = runner.cudagraph_plan()
+    children = CompileChildren(min(CHILDREN, os.cpu_count() or 1), torch.cuda.current_device())
     runner.allocate_kv_cache(1)
     try:
-        with dry_launches(min(16, os.cpu_count() or 1)) as queue:
+        with dry_launches(children) as queue:
             _dry_steps(runner, [(profile_tokens, max_len), (1, 1)] + [(s, s) for s in piecewise])
             _dry_decodes(runner, full)
+            swept = time.perf_counter()
     finally:
         runner.kv_caches = []
         torch.cuda.empty_cache()
-    logger.info("Triton kernels compiled side by side: %d (%d failed) in %.2f s",
-                len(queue.futures), queue.failed, time.perf_counter() - start)
+    first = "-" if queue.first_at is None else f"{queue.first_at - start:.2f}"
+    logger.info("Triton kernels compiled side by side: %d (%d failed) in %.2f s (first queued "
+                "at %s s, dry forwards done at %.2f s)", len(queue.kernels), len(queue.errors),
+                time.perf_counter() - start, first, swept - start)
+    for error in queue.errors[:3]:
+        logger.warning("a side-by-side Triton compile failed (compiled at launch): %s", error)
 
 
 def _dry_steps(runner, shapes: list[tuple[int, int]]) -> None:

@@ -1,57 +1,39 @@
-"""The cold start's side-by-side Triton compiles: the dry pass's hook queues each kernel once
-and skips its launch, lets Triton compile elsewhere, and is off on CPU and by its switch."""
+"""The cold start's side-by-side Triton compiles: the dry pass's hook hands each kernel to the
+compile children once and skips its launch, lets Triton compile elsewhere, and is wanted only
+on a cold lone CUDA worker with the switch on."""
 
-import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from compiled_llm.worker import precompile
+from compiled_llm.worker.compile_children import CompileChildren
+from tests.worker import compile_child_fixture as fixture
 
 
-class Kernel:
-    """A stand-in for a JITFunction: what the hook reads and what the pool calls."""
-
-    def __init__(self) -> None:
-        self.preloaded: list[tuple[str, str]] = []
-
-    def preload(self, specialization: str) -> None:
-        self.preloaded.append((specialization, threading.current_thread().name))
-
-
-def _hook_args(kernel: Kernel, key: str) -> dict:
+def _hook_args(kernel, key: str, spec: str) -> dict:
     info = type("Info", (), {"jit_function": kernel})()
-    return {"key": key, "fn": info, "compile": {"specialization_data": f"spec-{key}"}}
+    return {"key": key, "fn": info, "compile": {"specialization_data": spec}}
 
 
-def test_hook_compiles_in_place_outside_a_dry_pass():
-    assert precompile._hook(**_hook_args(Kernel(), "a")) is None
+def test_hook_compiles_in_place_outside_a_dry_pass(tmp_path):
+    assert precompile._hook(**_hook_args(fixture.kernel, "a", str(tmp_path / "a"))) is None
 
 
 @pytest.mark.skipif(not precompile.supported(), reason="this Triton lacks the hook")
-def test_dry_pass_queues_each_specialization_once_on_the_pool():
-    kernel = Kernel()
-    with precompile.dry_launches(2) as queue:
-        assert precompile._hook(**_hook_args(kernel, "a")) is True  # launch skipped
-        assert precompile._hook(**_hook_args(kernel, "a")) is True
-        assert precompile._hook(**_hook_args(kernel, "b")) is True
+def test_dry_pass_hands_each_specialization_once_to_the_children(tmp_path):
+    children = CompileChildren(2, None)
+    with precompile.dry_launches(children) as queue:
+        for key in ("a", "a", "b"):  # a launch skipped and queued, once per specialization
+            assert precompile._hook(**_hook_args(fixture.kernel, key, str(tmp_path / key)))
         assert precompile._hook(fn=None) is None  # unknown arguments: compile in place
-    assert sorted(spec for spec, _ in kernel.preloaded) == ["spec-a", "spec-b"]
-    assert all(name.startswith("triton-compile") for _, name in kernel.preloaded)
-    assert queue.failed == 0
-    assert precompile._hook(**_hook_args(kernel, "c")) is None  # the pass is over
-
-
-@pytest.mark.skipif(not precompile.supported(), reason="this Triton lacks the hook")
-def test_failed_compiles_are_counted_not_raised():
-    class Broken(Kernel):
-        def preload(self, specialization: str) -> None:
-            raise RuntimeError("no")
-
-    with precompile.dry_launches(1) as queue:
-        precompile._hook(**_hook_args(Broken(), "a"))
-    assert queue.failed == 1
+        assert precompile._hook(**_hook_args(fixture.broken, "c", str(tmp_path / "c")))
+    assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text() == "compiled"
+    assert children.submitted == 3 and len(queue.kernels) == 3
+    assert queue.errors == ["RuntimeError: cannot compile"]
+    assert all(child.returncode == 0 for child in children.children)
+    assert precompile._hook(**_hook_args(fixture.kernel, "d", str(tmp_path / "d"))) is None
 
 
 def _runner(device: str, warm: bool, step_hook=None):

@@ -1,0 +1,28 @@
+"""Stand-ins for Triton JIT functions that compile children import by module and name: each
+preload writes the file its specialization names (or fails)."""
+
+from pathlib import Path
+
+
+class StandIn:
+    """What a child calls (preload) and what the parent reads (fn's module and name)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def preload(self, specialization: str) -> None:
+        if self.fn.__name__ == "broken":
+            raise RuntimeError("cannot compile")
+        Path(specialization).write_text("compiled")
+
+
+def kernel():
+    """The stand-in's function."""
+
+
+def broken():
+    """A stand-in whose compile fails."""
+
+
+kernel = StandIn(kernel)  # noqa: F811 (a JIT function replaces its function under its name)
+broken = StandIn(broken)  # noqa: F811
