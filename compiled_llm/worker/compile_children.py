@@ -12,6 +12,9 @@ import json
 import os
 import subprocess
 import sys
+import time
+
+TIMEOUT_S = 600.0  # the most a start-up waits for its compile children
 
 
 class CompileChildren:
@@ -33,19 +36,37 @@ class CompileChildren:
             child.stdin.write(json.dumps({"module": module, "name": name, "spec": spec}) + "\n")
             child.stdin.flush()
 
-    def wait(self) -> list[str]:
-        """Every queued compile finished (the children exit); the failures' messages (their
-        kernels compile again at their first launch, which says why)."""
+    def wait(self, timeout_s: float = TIMEOUT_S) -> list[str]:
+        """Every queued compile finished (the children exit; one still running after
+        timeout_s in all is killed); the failures' messages (their kernels compile again at
+        their first launch, which says why)."""
         for child in self.children:
             with contextlib.suppress(OSError):
                 child.stdin.close()
+            child.stdin = None  # closed: communicate() must not flush it
+        deadline = time.monotonic() + timeout_s
         answers = []
         for child in self.children:
-            answers += [json.loads(line) for line in child.stdout if line.strip()]
-            child.wait()
-        errors = [a["error"] for a in answers if not a["ok"]]
-        return errors + ["no answer: a compile child exited early"] * (self.submitted
-                                                                        - len(answers))
+            try:
+                out, _ = child.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                out, _ = child.communicate()
+            answers += _answers(out)
+        errors = [a.get("error", "?") for a in answers if not a.get("ok")]
+        return errors + ["no answer: a compile child exited early or was stopped"] * (
+            self.submitted - len(answers))
+
+
+def _answers(out: str) -> list[dict]:
+    """The answer lines of a child's output (anything else a library printed is skipped)."""
+    answers = []
+    for line in out.splitlines():
+        with contextlib.suppress(ValueError):
+            answer = json.loads(line)
+            if isinstance(answer, dict) and "ok" in answer:
+                answers.append(answer)
+    return answers
 
 
 def compile_one(job: dict) -> None:

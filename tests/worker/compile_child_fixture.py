@@ -1,6 +1,7 @@
 """Stand-ins for Triton JIT functions that compile children import by module and name: each
 preload writes the file its specialization names (or fails)."""
 
+import time
 from pathlib import Path
 
 
@@ -13,6 +14,9 @@ class StandIn:
     def preload(self, specialization: str) -> None:
         if self.fn.__name__ == "broken":
             raise RuntimeError("cannot compile")
+        if self.fn.__name__ == "stuck":
+            time.sleep(120)
+        print("a library's chatter on stdout")
         Path(specialization).write_text("compiled")
 
 
@@ -24,5 +28,10 @@ def broken():
     """A stand-in whose compile fails."""
 
 
+def stuck():
+    """A stand-in whose compile never ends."""
+
+
 kernel = StandIn(kernel)  # noqa: F811 (a JIT function replaces its function under its name)
 broken = StandIn(broken)  # noqa: F811
+stuck = StandIn(stuck)  # noqa: F811

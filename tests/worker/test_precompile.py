@@ -36,6 +36,16 @@ def test_dry_pass_hands_each_specialization_once_to_the_children(tmp_path):
     assert precompile._hook(**_hook_args(fixture.kernel, "d", str(tmp_path / "d"))) is None
 
 
+def test_a_stuck_child_is_stopped_and_its_kernel_reported(tmp_path):
+    children = CompileChildren(1, None)
+    children.submit(fixture.__name__, "kernel", str(tmp_path / "a"))
+    children.submit(fixture.__name__, "stuck", str(tmp_path / "b"))
+    errors = children.wait(timeout_s=20)
+    assert (tmp_path / "a").read_text() == "compiled"  # answered despite the chatter
+    assert errors == ["no answer: a compile child exited early or was stopped"]
+    assert children.children[0].returncode != 0
+
+
 def _runner(device: str, warm: bool, step_hook=None):
     backend = SimpleNamespace(graphs=["snapshot"] if warm else [])
     return SimpleNamespace(device=torch.device(device), step_hook=step_hook,
