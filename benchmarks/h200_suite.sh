@@ -81,6 +81,8 @@
 #     bash benchmarks/h200_suite.sh 51    # Triton kernels compiled side by side on a cold
 #                                         # start: its GPU test, cold compile off and on
 #     bash benchmarks/h200_suite.sh 52    # as call 51, the compiles in child processes
+#     bash benchmarks/h200_suite.sh 53    # review fixes (one capture stream, children fed by
+#                                         # threads): GPU tests, cold compile and a serve
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -492,6 +494,14 @@ elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the ser
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 53 ]; then  # one GPU: the review's fixes (one capture stream for a runner's
+  # graphs, compile children fed and drained by threads): graph and precompile GPU tests, then
+  # the 8B cold compile and a warm serve
+  mapfile -t a <<<"\
+$py -m pytest -q -x -p no:cacheprovider tests/worker/test_cudagraphs_gpu.py tests/worker/test_precompile_gpu.py
+$MK
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-only"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 52 ]; then  # one GPU: call 51 again, the compiles now in child processes
   mapfile -t a <<<"\

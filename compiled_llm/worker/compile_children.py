@@ -1,7 +1,7 @@
 """Child processes that compile Triton kernels into the parent's Triton cache directory, one
 JSON line per kernel ({"module", "name", "spec"}: Triton's specialization data) on stdin and one
 answer line each on stdout. Processes, not threads: Triton's compile holds the interpreter's lock
-for much of its time. `python -m compiled_llm.worker.compile_children [DEVICE]` is one child."""
+for much of its time. `python -m compiled_llm.worker.compile_children` is one child."""
 
 from __future__ import annotations
 
@@ -10,86 +10,120 @@ import functools
 import importlib
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 
 TIMEOUT_S = 600.0  # the most a start-up waits for its compile children
 
 
+class _Child:
+    """One child, fed by a writer thread and drained by a reader thread, so the parent never
+    blocks on a pipe, whatever the child does."""
+
+    def __init__(self, argv: list[str], env: dict) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=env, text=True)
+        self.jobs: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self.answers: list[dict] = []
+        self.threads = [threading.Thread(target=target, daemon=True, name="triton-compile-io")
+                        for target in (self._write, self._read)]
+        for thread in self.threads:
+            thread.start()
+
+    def _write(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a child gone: wait() counts it
+            while (line := self.jobs.get()) is not None:
+                self.proc.stdin.write(line)
+                self.proc.stdin.flush()
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with contextlib.suppress(ValueError):  # a library's chatter is skipped
+                answer = json.loads(line)
+                if isinstance(answer, dict) and "ok" in answer:
+                    self.answers.append(answer)
+
+    def finish(self, deadline: float) -> None:
+        """No more jobs; the child exits by the deadline or is killed."""
+        self.jobs.put(None)
+        try:
+            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for thread in self.threads:
+            thread.join(timeout=5.0)
+
+
 class CompileChildren:
     """`count` children started now (their imports overlap the parent's work); submit()
-    hands each kernel to the next in turn, wait() closes their input and counts failures."""
+    hands each kernel to the next in turn without blocking, wait() counts the failures."""
 
-    def __init__(self, count: int, device: int | None) -> None:
+    def __init__(self, count: int) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        argv = [sys.executable, "-m", __name__] + ([] if device is None else [str(device)])
-        self.children = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          env=env, text=True) for _ in range(count)]
+        argv = [sys.executable, "-m", __name__]
+        self.children = [_Child(argv, env) for _ in range(count)]
         self.submitted = 0
 
     def submit(self, module: str, name: str, spec: str) -> None:
-        """Queue one kernel's compile (a child that died already is counted by wait())."""
+        """Queue one kernel's compile."""
         child = self.children[self.submitted % len(self.children)]
         self.submitted += 1
-        with contextlib.suppress(OSError):
-            child.stdin.write(json.dumps({"module": module, "name": name, "spec": spec}) + "\n")
-            child.stdin.flush()
+        child.jobs.put(json.dumps({"module": module, "name": name, "spec": spec}) + "\n")
 
     def wait(self, timeout_s: float = TIMEOUT_S) -> list[str]:
-        """Every queued compile finished (the children exit; one still running after
-        timeout_s in all is killed); the failures' messages (their kernels compile again at
+        """Every queued compile finished (the children exit; those still running after
+        timeout_s in all are killed); the failures' messages (their kernels compile again at
         their first launch, which says why)."""
-        for child in self.children:
-            with contextlib.suppress(OSError):
-                child.stdin.close()
-            child.stdin = None  # closed: communicate() must not flush it
         deadline = time.monotonic() + timeout_s
-        answers = []
         for child in self.children:
-            try:
-                out, _ = child.communicate(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                out, _ = child.communicate()
-            answers += _answers(out)
-        errors = [a.get("error", "?") for a in answers if not a.get("ok")]
+            child.finish(deadline)
+        answers = [answer for child in self.children for answer in child.answers]
+        errors = [answer.get("error", "?") for answer in answers if not answer["ok"]]
         return errors + ["no answer: a compile child exited early or was stopped"] * (
             self.submitted - len(answers))
 
-
-def _answers(out: str) -> list[dict]:
-    """The answer lines of a child's output (anything else a library printed is skipped)."""
-    answers = []
-    for line in out.splitlines():
-        with contextlib.suppress(ValueError):
-            answer = json.loads(line)
-            if isinstance(answer, dict) and "ok" in answer:
-                answers.append(answer)
-    return answers
+    def kill(self) -> None:
+        """Stop every child now (start-up failed; their compiles are not needed)."""
+        for child in self.children:
+            child.proc.kill()
+        self.wait(timeout_s=0.0)
 
 
 def compile_one(job: dict) -> None:
-    """Compile one kernel: the module's JIT function preloaded from its specialization."""
-    module = importlib.import_module(job["module"])
-    kernel = functools.reduce(getattr, job["name"].split("."), module)
+    """Compile one kernel: the JIT function (a module attribute, else in Triton's registry)
+    preloaded from its specialization, into Triton's cache."""
+    try:
+        module = importlib.import_module(job["module"])
+        kernel = functools.reduce(getattr, job["name"].split("."), module)
+    except AttributeError:  # defined where no attribute reaches it
+        from triton.runtime import jit
+
+        kernel = jit._triton_jit_function_registry[f"{job['module']}:{job['name']}"]
     kernel.preload(job["spec"])
 
 
 def main() -> None:
-    """One child: the imports first (while the parent is busy), then the jobs on stdin."""
-    import torch
+    """One child: the imports first (while the parent is busy), then the jobs on stdin; the
+    answers on the original stdout, anything else printed going to stderr."""
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    import torch  # noqa: F401
     import triton  # noqa: F401
 
-    if len(sys.argv) > 1 and torch.cuda.is_available():
-        torch.cuda.set_device(int(sys.argv[1]))
     for line in sys.stdin:
         try:
             compile_one(json.loads(line))
             answer = {"ok": True}
         except Exception as exc:  # noqa: BLE001 (reported to the parent, which goes on)
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
-        print(json.dumps(answer), flush=True)
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
 
 
 if __name__ == "__main__":

@@ -78,11 +78,14 @@ class CUDAGraphWrapper(nn.Module):
     whose address moved since capture is copied into the captured tensor first; inputs read
     from the persistent step buffers never move, so a steady-state replay copies nothing."""
 
-    def __init__(self, runnable, mode: str, pool) -> None:
+    def __init__(self, runnable, mode: str, pool, stream: torch.cuda.Stream | None = None
+                 ) -> None:
         super().__init__()
         self.runnable, self.mode, self.pool = runnable, mode, pool
         self.graphs: dict[tuple[int, int], _Captured] = {}  # (tokens, query_len)
-        self.stream: torch.cuda.Stream | None = None  # the side stream captures run on
+        # the side stream captures run on: one for every wrapper sharing the pool, since the
+        # allocator reuses a freed block only on the stream that allocated it
+        self.stream = stream
 
     def forward(self, *args):
         """runnable(*args): plainly, or through the graph the forward context's key names."""

@@ -99,8 +99,10 @@ class ModelRunner:
         # this runner's own graph memory pool: engines in one process never share one
         uses_graphs = device.type == "cuda" and compile_cfg.cudagraph_mode != "none"
         self.graph_pool = torch.cuda.graph_pool_handle() if uses_graphs else None
+        self.capture_stream = torch.cuda.Stream(device) if uses_graphs else None
         self.forward_fn = self._build_forward(model, compile_cfg)
-        self.full_graph = (CUDAGraphWrapper(self.forward_fn, FULL, self.graph_pool)
+        self.full_graph = (CUDAGraphWrapper(self.forward_fn, FULL, self.graph_pool,
+                                            self.capture_stream)
                            if self._wants(FULL) else None)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.input_batch = self._make_input_batch(max_num_seqs, max_num_batched_tokens)
@@ -132,7 +134,8 @@ class ModelRunner:
         from compiled_llm.compile import compile_model
 
         # a partial, not a method: the compiled pieces must not hold the runner (no cycle)
-        wrap = (partial(CUDAGraphWrapper, mode=PIECEWISE, pool=self.graph_pool)
+        wrap = (partial(CUDAGraphWrapper, mode=PIECEWISE, pool=self.graph_pool,
+                        stream=self.capture_stream)
                 if self._wants(PIECEWISE) else None)
         return compile_model(model, cfg, self.dtype, wrap)
 
@@ -328,7 +331,7 @@ class ModelRunner:
             self.full_graph.release()
         self.dispatcher = CUDAGraphDispatcher()  # no graph is handed out any more
         self.kv_caches, self.input_batch, self.full_graph = [], None, None
-        self.forward_fn = self.model = self.graph_pool = None
+        self.forward_fn = self.model = self.graph_pool = self.capture_stream = None
         self.sampler.generators.clear()
         if release is not None:  # Dynamo keeps the compiled graphs (and their piece graphs)
             release()

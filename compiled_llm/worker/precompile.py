@@ -18,7 +18,7 @@ from compiled_llm.worker.compile_children import CompileChildren
 from compiled_llm.worker.graph_capture import dummy_schedule
 
 ENV = "COMPILED_LLM_PARALLEL_TRITON_COMPILE"
-CHILDREN = 8  # compile processes (each imports torch and makes a CUDA context)
+CHILDREN = 8  # compile processes (each imports torch and Triton)
 logger = logging.getLogger(__name__)
 _dry: contextvars.ContextVar[KernelQueue | None] = contextvars.ContextVar("dry", default=None)
 
@@ -32,28 +32,33 @@ class KernelQueue:
         self.first_at: float | None = None  # when the first kernel was queued
         self.errors: list[str] = []
 
-    def submit(self, jit_function, key, specialization: str) -> None:
-        """Queue jit_function's compile for this specialization, once."""
-        ident = (id(jit_function), str(key))
+    def take(self, hook_args: dict) -> bool:
+        """Queue the compile that Triton's hook arguments describe, once; False for
+        arguments of another shape (that kernel then compiles at its launch)."""
+        try:
+            jit_function = hook_args["fn"].jit_function
+            ident = (id(jit_function), str(hook_args["key"]))
+            spec = hook_args["compile"]["specialization_data"]
+        except (KeyError, AttributeError, TypeError):
+            return False
         if ident not in self.kernels:
             self.kernels.add(ident)
             self.first_at = self.first_at or time.perf_counter()
-            self.children.submit(jit_function.fn.__module__, jit_function.fn.__qualname__,
-                                 specialization)
+            self.children.submit(jit_function.fn.__module__, jit_function.fn.__qualname__, spec)
+        return True
 
 
-def _hook(**kwargs) -> bool | None:
-    """Triton's jit_cache_hook: in a dry pass, queue the compile and skip the launch (True);
-    elsewhere let Triton compile as usual (None)."""
-    queue = _dry.get()
-    if queue is None:
-        return None
-    try:
-        queue.submit(kwargs["fn"].jit_function, kwargs["key"],
-                     kwargs["compile"]["specialization_data"])
-    except (KeyError, AttributeError):  # another Triton's hook arguments: compile in place
-        return None
-    return True
+def _chained_hook(previous):
+    """Triton's jit_cache_hook for a dry pass: queue the compile and skip the launch (True);
+    outside the pass's context, whatever hook was installed before decides."""
+
+    def hook(**kwargs) -> bool | None:
+        queue = _dry.get()
+        if queue is not None and queue.take(kwargs):
+            return True
+        return previous(**kwargs) if previous is not None else None
+
+    return hook
 
 
 def supported() -> bool:
@@ -68,32 +73,51 @@ def supported() -> bool:
 
 
 def wanted(runner) -> bool:
-    """A lone CUDA worker whose compiled pieces did not come from the cache (a cold start:
-    its kernels are not in Triton's cache either) and whose Triton supports the dry pass."""
+    """A lone CUDA worker whose pieces our backend compiles now (no snapshot came from the
+    cache: a cold start, its kernels not in Triton's cache either), the switch on, and a
+    Triton with the hook and preload."""
+    from compiled_llm.compile.backend import CompiledLLMBackend
+
     backend = getattr(runner.forward_fn, "backend", None)
-    warm = bool(getattr(backend, "graphs", None))
+    cold = isinstance(backend, CompiledLLMBackend) and not backend.graphs
     off = os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no")
-    return (runner.device.type == "cuda" and runner.step_hook is None and not warm and not off
+    return (runner.device.type == "cuda" and runner.step_hook is None and cold and not off
             and supported())
+
+
+def precompile_if_cold(runner, world_size: int, profile_tokens: int, max_len: int) -> bool:
+    """precompile_kernels where wanted (and one process holds the model); whether it ran.
+    A failure is logged, never raised: the kernels then compile at their launches."""
+    if world_size != 1 or not wanted(runner):
+        return False
+    try:
+        precompile_kernels(runner, profile_tokens, max_len)
+    except Exception as exc:  # noqa: BLE001 (the start-up goes on without it)
+        logger.warning("side-by-side Triton compiles skipped: %s: %s", type(exc).__name__, exc)
+    return True
 
 
 @contextlib.contextmanager
 def dry_launches(children: CompileChildren):
     """Within: a Triton kernel not compiled yet is queued for the children, not launched (its
-    outputs are left as allocated); on exit, every queued compile has finished."""
+    outputs are left as allocated); on a normal exit every queued compile has finished, on
+    an error the children are stopped."""
     import triton
 
     runtime = triton.knobs.runtime
     previous = runtime.jit_cache_hook
     queue = KernelQueue(children)
     token = _dry.set(queue)
-    runtime.jit_cache_hook = _hook
+    runtime.jit_cache_hook = _chained_hook(previous)
     try:
         yield queue
+    except BaseException:
+        children.kill()
+        raise
     finally:
         _dry.reset(token)
         runtime.jit_cache_hook = previous
-        queue.errors = children.wait()
+    queue.errors = children.wait()
 
 
 @torch.inference_mode()
@@ -103,7 +127,7 @@ def precompile_kernels(runner, profile_tokens: int, max_len: int) -> None:
     dummy row writes the null block); the allocator's blocks go back after."""
     start = time.perf_counter()
     piecewise, full = runner.cudagraph_plan()
-    children = CompileChildren(min(CHILDREN, os.cpu_count() or 1), torch.cuda.current_device())
+    children = CompileChildren(min(CHILDREN, _usable_cpus()))
     runner.allocate_kv_cache(1)
     try:
         with dry_launches(children) as queue:
@@ -119,6 +143,13 @@ def precompile_kernels(runner, profile_tokens: int, max_len: int) -> None:
                 time.perf_counter() - start, first, swept - start)
     for error in queue.errors[:3]:
         logger.warning("a side-by-side Triton compile failed (compiled at launch): %s", error)
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _dry_steps(runner, shapes: list[tuple[int, int]]) -> None:

@@ -57,10 +57,9 @@ class Worker:
         kernels.mark("load")
         if tp is not None:  # the driver of a tensor-parallel group: followers mirror its steps
             self.runner.step_hook = StepBroadcaster(tp, self.runner)
-        if args.world_size == 1 and precompile.wanted(self.runner):  # a cold start
-            # the first call (Dynamo, passes, Inductor) runs here, beside the kernels' compiles
-            precompile.precompile_kernels(self.runner, sched.max_num_batched_tokens,
-                                          sched.max_model_len)
+        # a cold start: the first call (Dynamo, passes, Inductor) runs in its dry pass
+        if precompile.precompile_if_cold(self.runner, args.world_size,
+                                         sched.max_num_batched_tokens, sched.max_model_len):
             kernels.mark("precompile")
         # the profiling forward is also the first call: Dynamo, passes and Inductor run here
         self.num_blocks = num_kv_blocks(self.runner, sched.max_num_batched_tokens,
@@ -111,6 +110,7 @@ def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None,
                            args.load_format, args.quantization, tp, stages,
                            args.enable_expert_parallel)
     loaded = time.perf_counter()
+    before = dict(counters.stage_seconds)  # process-wide: this build's share is the increase
     lora = attach_lora(model, args, sched) if args.enable_lora else None
     if args.speculative_config is not None:  # EAGLE-3 taps the target before it compiles
         from compiled_llm.worker.eagle3 import tap_target
@@ -127,7 +127,7 @@ def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None,
         runner.verify_query_len = spec_cfg.num_speculative_tokens + 1
     phases = {**model.load_seconds, "runner": time.perf_counter() - loaded}
     # of which the warm start's compiled pieces (snapshot, cache loads), where they ran
-    phases.update({f"runner: {stage}": counters.stage_seconds[stage]
+    phases.update({f"runner: {stage}": counters.stage_seconds[stage] - before.get(stage, 0.0)
                    for stage in ("snapshot_load", "cache_load") if stage in counters.stage_seconds})
     logger.info("weights phase: %s", ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
     return runner

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from compiled_llm.compile.backend import BackendOptions, CompiledLLMBackend
 from compiled_llm.worker import precompile
 from compiled_llm.worker.compile_children import CompileChildren
 from tests.worker import compile_child_fixture as fixture
@@ -17,37 +18,56 @@ def _hook_args(kernel, key: str, spec: str) -> dict:
     return {"key": key, "fn": info, "compile": {"specialization_data": spec}}
 
 
-def test_hook_compiles_in_place_outside_a_dry_pass(tmp_path):
-    assert precompile._hook(**_hook_args(fixture.kernel, "a", str(tmp_path / "a"))) is None
+def test_hook_outside_a_dry_pass_leaves_it_to_the_hook_before(tmp_path):
+    args = _hook_args(fixture.kernel, "a", str(tmp_path / "a"))
+    assert precompile._chained_hook(None)(**args) is None  # Triton compiles in place
+    assert precompile._chained_hook(lambda **kwargs: "before")(**args) == "before"
 
 
 @pytest.mark.skipif(not precompile.supported(), reason="this Triton lacks the hook")
 def test_dry_pass_hands_each_specialization_once_to_the_children(tmp_path):
-    children = CompileChildren(2, None)
+    import triton
+
+    children = CompileChildren(2)
     with precompile.dry_launches(children) as queue:
+        hook = triton.knobs.runtime.jit_cache_hook
         for key in ("a", "a", "b"):  # a launch skipped and queued, once per specialization
-            assert precompile._hook(**_hook_args(fixture.kernel, key, str(tmp_path / key)))
-        assert precompile._hook(fn=None) is None  # unknown arguments: compile in place
-        assert precompile._hook(**_hook_args(fixture.broken, "c", str(tmp_path / "c")))
+            assert hook(**_hook_args(fixture.kernel, key, str(tmp_path / key)))
+        assert hook(fn=None) is None  # unknown arguments: compile in place
+        assert hook(**_hook_args(fixture.broken, "c", str(tmp_path / "c")))
     assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text() == "compiled"
     assert children.submitted == 3 and len(queue.kernels) == 3
     assert queue.errors == ["RuntimeError: cannot compile"]
-    assert all(child.returncode == 0 for child in children.children)
-    assert precompile._hook(**_hook_args(fixture.kernel, "d", str(tmp_path / "d"))) is None
+    assert all(child.proc.returncode == 0 for child in children.children)
+    assert triton.knobs.runtime.jit_cache_hook is None  # the pass is over
+
+
+@pytest.mark.skipif(not precompile.supported(), reason="this Triton lacks the hook")
+def test_an_error_in_the_pass_stops_the_children_and_restores_the_hook():
+    import triton
+
+    children = CompileChildren(1)
+    with pytest.raises(RuntimeError), precompile.dry_launches(children):
+        children.submit(fixture.__name__, "stuck", "unused")
+        raise RuntimeError("a dry forward failed")
+    assert children.children[0].proc.returncode is not None  # stopped, not waited for
+    assert triton.knobs.runtime.jit_cache_hook is None
 
 
 def test_a_stuck_child_is_stopped_and_its_kernel_reported(tmp_path):
-    children = CompileChildren(1, None)
+    children = CompileChildren(1)
     children.submit(fixture.__name__, "kernel", str(tmp_path / "a"))
     children.submit(fixture.__name__, "stuck", str(tmp_path / "b"))
     errors = children.wait(timeout_s=20)
     assert (tmp_path / "a").read_text() == "compiled"  # answered despite the chatter
     assert errors == ["no answer: a compile child exited early or was stopped"]
-    assert children.children[0].returncode != 0
+    assert children.children[0].proc.returncode != 0
 
 
-def _runner(device: str, warm: bool, step_hook=None):
-    backend = SimpleNamespace(graphs=["snapshot"] if warm else [])
+def _runner(device: str, warm: bool, step_hook=None, backend=None):
+    if backend is None:
+        backend = CompiledLLMBackend(BackendOptions())
+        backend.graphs = ["a snapshot"] if warm else []
     return SimpleNamespace(device=torch.device(device), step_hook=step_hook,
                            forward_fn=SimpleNamespace(backend=backend))
 
@@ -59,5 +79,7 @@ def test_wanted_only_on_a_cold_lone_cuda_worker(monkeypatch):
     assert not precompile.wanted(_runner("cpu", warm=False))
     assert not precompile.wanted(_runner("cuda", warm=True))  # the snapshot came from cache
     assert not precompile.wanted(_runner("cuda", warm=False, step_hook=object()))
+    assert not precompile.wanted(_runner("cuda", warm=False, backend="inductor"))  # stock
+    assert not precompile.precompile_if_cold(_runner("cuda", warm=False), 2, 16, 16)
     monkeypatch.setenv(precompile.ENV, "off")
     assert not precompile.wanted(_runner("cuda", warm=False))
