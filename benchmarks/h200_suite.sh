@@ -83,6 +83,8 @@
 #     bash benchmarks/h200_suite.sh 52    # as call 51, the compiles in child processes
 #     bash benchmarks/h200_suite.sh 53    # review fixes (one capture stream, children fed by
 #                                         # threads): GPU tests, cold compile and a serve
+#     bash benchmarks/h200_suite.sh 54    # cold compile and a serve only (children make
+#                                         # their CUDA context at their start again)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -494,6 +496,11 @@ elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the ser
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 54 ]; then  # one GPU: the 8B cold compile and a serve, nothing else
+  mapfile -t a <<<"\
+$MK
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-only"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 53 ]; then  # one GPU: the review's fixes (one capture stream for a runner's
   # graphs, compile children fed and drained by threads): graph and precompile GPU tests, then

@@ -18,7 +18,7 @@ from compiled_llm.worker.compile_children import CompileChildren
 from compiled_llm.worker.graph_capture import dummy_schedule
 
 ENV = "COMPILED_LLM_PARALLEL_TRITON_COMPILE"
-CHILDREN = 8  # compile processes (each imports torch and Triton)
+CHILDREN = 8  # compile processes (each imports torch and Triton and makes a CUDA context)
 logger = logging.getLogger(__name__)
 _dry: contextvars.ContextVar[KernelQueue | None] = contextvars.ContextVar("dry", default=None)
 
@@ -127,7 +127,7 @@ def precompile_kernels(runner, profile_tokens: int, max_len: int) -> None:
     dummy row writes the null block); the allocator's blocks go back after."""
     start = time.perf_counter()
     piecewise, full = runner.cudagraph_plan()
-    children = CompileChildren(min(CHILDREN, _usable_cpus()))
+    children = CompileChildren(min(CHILDREN, _usable_cpus()), torch.cuda.current_device())
     runner.allocate_kv_cache(1)
     try:
         with dry_launches(children) as queue:
