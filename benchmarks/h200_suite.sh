@@ -510,15 +510,9 @@ $py -m pytest -q -x -p no:cacheprovider tests/worker/test_cudagraphs_gpu.py test
 $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-only"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 52 ]; then  # one GPU: call 51 again, the compiles now in child processes
-  mapfile -t a <<<"\
-$py -m pytest -q -x -p no:cacheprovider tests/worker/test_precompile_gpu.py
-$MK
-COMPILED_LLM_PARALLEL_TRITON_COMPILE=0 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_off.json --serve-only
-$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_on.json --serve-only"
-  stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 51 ]; then  # one GPU: a cold start's Triton kernels compiled side by side
-  # (precompile.py): its GPU test, then the 8B cold compile and a serve, off, then on
+elif [ "$CALL" = 51 ] || [ "$CALL" = 52 ]; then  # one GPU: a cold start's Triton kernels
+  # compiled side by side (precompile.py; 51 ran it on threads, 52 in child processes): its GPU
+  # test, then the 8B cold compile and a serve, off, then on
   mapfile -t a <<<"\
 $py -m pytest -q -x -p no:cacheprovider tests/worker/test_precompile_gpu.py
 $MK

@@ -39,11 +39,8 @@ def capture_full(runner, sizes: list[int], query_len: int = 1) -> float:
         raise ValueError(f"cudagraph_batch_sizes go up to {sizes[-1]}; the step buffers "
                          f"hold {batch.max_seqs} sequences of {batch.max_tokens} tokens")
     for size in reversed(sizes):
-        batch.pad(size, query_len)  # valid inputs: every row padding, in the null block
-        ids, positions, meta = batch.padded_inputs(size, runner.max_model_len, query_len)
         key = CUDAGraphKey(FULL, size * query_len, query_len)
-        ctx = ForwardContext(meta, runner.kv_caches, runner.attn_backend, cudagraph_key=key,
-                             capturing=True, kv_scales=runner.kv_scales)
+        ids, positions, ctx = padded_decode(runner, size, query_len, key)
         with set_forward_context(ctx):
             runner.full_graph(ids, positions)
     torch.cuda.synchronize()
@@ -53,6 +50,17 @@ def capture_full(runner, sizes: list[int], query_len: int = 1) -> float:
         runner.dispatcher.uniform_sizes = sizes
         runner.dispatcher.uniform_query_len = query_len
     return time.perf_counter() - start
+
+
+def padded_decode(runner, size: int, query_len: int = 1, key: CUDAGraphKey | None = None):
+    """ids, positions and the forward context of a step of `size` padding sequences of
+    query_len tokens (valid inputs: every row in the null block); capturing under key."""
+    runner.input_batch.pad(size, query_len)
+    ids, positions, meta = runner.input_batch.padded_inputs(size, runner.max_model_len,
+                                                            query_len)
+    ctx = ForwardContext(meta, runner.kv_caches, runner.attn_backend, cudagraph_key=key,
+                         capturing=key is not None, kv_scales=runner.kv_scales)
+    return ids, positions, ctx
 
 
 def verify_sizes(full_sizes: list[int], query_len: int, max_tokens: int) -> list[int]:

@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from compiled_llm.attention.forward_context import ForwardContext, set_forward_context
+from compiled_llm.attention.forward_context import set_forward_context
 from compiled_llm.worker.compile_children import CompileChildren
-from compiled_llm.worker.graph_capture import dummy_schedule
+from compiled_llm.worker.graph_capture import dummy_schedule, padded_decode
 
 ENV = "COMPILED_LLM_PARALLEL_TRITON_COMPILE"
 CHILDREN = 8  # compile processes (each imports torch and Triton and makes a CUDA context)
@@ -165,9 +165,6 @@ def _dry_steps(runner, shapes: list[tuple[int, int]]) -> None:
 def _dry_decodes(runner, sizes: list[int]) -> None:
     batch = runner.input_batch
     for size in reversed([s for s in sizes if s <= min(batch.max_seqs, batch.max_tokens)]):
-        batch.pad(size)
-        ids, positions, meta = batch.padded_inputs(size, runner.max_model_len)
-        ctx = ForwardContext(meta, runner.kv_caches, runner.attn_backend,
-                             kv_scales=runner.kv_scales)
+        ids, positions, ctx = padded_decode(runner, size)
         with set_forward_context(ctx):
             runner.model.compute_logits(runner.forward_fn(ids, positions)[:size])
