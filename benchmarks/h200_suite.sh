@@ -85,6 +85,9 @@
 #                                         # threads): GPU tests, cold compile and a serve
 #     bash benchmarks/h200_suite.sh 54    # cold compile and a serve only (children make
 #                                         # their CUDA context at their start again)
+#     bash benchmarks/h200_suite.sh 55    # GPU tests (graphs, side-by-side compiles), the 8B
+#                                         # cold compile with them; Qwen3-0.6B batch 1 with the
+#                                         # opt-in fusions one by one; the cold compile without
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -496,6 +499,22 @@ elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the ser
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 55 ]; then  # one GPU (carry .whl): the tests warm the bytecode cache first
+  Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  P='{"passes": {"enable_silu_mul_small_m": true}}' K='{"passes": {"enable_qk_norm_rope_kv_write": true}}'
+  B='{"passes": {"enable_silu_mul_small_m": true, "enable_qk_norm_rope_kv_write": true}}'
+  mapfile -t a <<<"\
+$py -m pytest -q -x -p no:cacheprovider tests/worker/test_cudagraphs_gpu.py tests/worker/test_precompile_gpu.py
+$MK
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_on.json --serve-only
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $Q --label default
+$U --model $Q --label silu_mul_small_m --engine-args '$P'
+$U --model $Q --label qk_norm_rope_kv_write --engine-args '$K'
+$U --model $Q --label both --engine-args '$B'
+$U --model $Q --label default_again
+COMPILED_LLM_PARALLEL_TRITON_COMPILE=0 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_off.json --serve-only"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 54 ]; then  # one GPU: the 8B cold compile and a serve, nothing else
   mapfile -t a <<<"\
