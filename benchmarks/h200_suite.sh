@@ -88,6 +88,8 @@
 #     bash benchmarks/h200_suite.sh 55    # GPU tests (graphs, side-by-side compiles), the 8B
 #                                         # cold compile with them; Qwen3-0.6B batch 1 with the
 #                                         # opt-in fusions one by one; the cold compile without
+#     bash benchmarks/h200_suite.sh 56    # programmatic dependent launch: GPU tests of the
+#                                         # kernels under it, batch-1 decode on and off (0.6B, 8B)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -499,6 +501,22 @@ elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the ser
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 56 ]; then  # one GPU (carry .whl): PDL on (the default) and off, same call
+  Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  K='{"passes": {"enable_qk_norm_rope_kv_write": true}}'
+  mapfile -t a <<<"\
+$py -m pytest -q -x -p no:cacheprovider tests/kernels/test_small_m_gemm_gpu.py tests/kernels/test_triton_gpu.py tests/kernels/test_qk_norm_rope_gpu.py tests/worker/test_precompile_gpu.py
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $Q --label pdl
+COMPILED_LLM_PDL=0 $U --model $Q --label no_pdl
+$U --model $Q --label pdl_qk_norm_rope_kv_write --engine-args '$K'
+$U --model $Q --label pdl_again
+COMPILED_LLM_PDL=0 $U --model $Q --label no_pdl_again
+$MK
+$U --model $CK/llama3-8b --label pdl --skip-tokenizer-init
+COMPILED_LLM_PDL=0 $U --model $CK/llama3-8b --label no_pdl --skip-tokenizer-init
+$py -m benchmarks.profile_steps --model $Q --workload decode --json $R/profile_decode_qwen3-0.6b.jsonl"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 55 ]; then  # one GPU (carry .whl): the tests warm the bytecode cache first
   Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"

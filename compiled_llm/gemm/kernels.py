@@ -2,7 +2,8 @@
 bandwidth limit: each program reads BLOCK_N rows of W over its share of K (split-K) once, against
 all M rows of x (tiny, L2-resident), in float32; with SPLIT_K > 1 a second kernel sums the float32
 partials in split order, or (opt-in, arrival.py) the column block's last program does. GATED: x is
-silu(gate) * up of two [M, K] operands, rounded once as Inductor's kernel for it rounds."""
+silu(gate) * up of two [M, K] operands, rounded once as Inductor's kernel for it rounds. Under PDL
+(pdl.py) a program reads its first W tile before it waits for the kernel before."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import triton.language as tl
 from triton.language.extra import libdevice
 from triton.runtime.jit import JITFunction
 
+from compiled_llm.gemm import pdl
 from compiled_llm.gemm.arrival import SLOTS, arrival_counters
+from compiled_llm.gemm.pdl import dependency_sync
 from compiled_llm.gemm.tuning import MAX_M, SmallMConfig
 
 REDUCE_BLOCK = 1024
@@ -33,27 +36,41 @@ if not isinstance(_exp, JITFunction):  # TRITON_INTERPRET=1: no libdevice
 
 
 @triton.jit
-def _load_tiles(x_ptr, u_ptr, w_ptr, offs_m, offs_n, offs_k, row_ok, col_ok, K, stride_xm,
-                stride_um, stride_wn, EVEN_K: tl.constexpr, GATED: tl.constexpr):
-    """(x tile [BLOCK_M, BLOCK_K], W tile [BLOCK_N, BLOCK_K]); out-of-range reads are zeros.
-    GATED: x_ptr is gate, u_ptr up, and the x tile is silu(gate) * up in x's dtype."""
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
-    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]
-    if EVEN_K:
-        x_ok = row_ok[:, None]
-        w = tl.load(w_ptrs, mask=col_ok[:, None], other=0.0, eviction_policy="evict_first")
-    else:
-        k_ok = offs_k < K
-        x_ok = row_ok[:, None] & k_ok[None, :]
-        w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0,
-                    eviction_policy="evict_first")
-    x = tl.load(x_ptrs, mask=x_ok, other=0.0)
+def _load_x(x_ptr, u_ptr, offs_m, offs_k, row_ok, live, K, stride_xm, stride_um,
+            EVEN_K: tl.constexpr, GATED: tl.constexpr):
+    """The x tile [BLOCK_M, BLOCK_K] (zeros out of range or where not live). GATED: x_ptr is
+    gate, u_ptr up, and the tile is silu(gate) * up in x's dtype."""
+    x_ok = row_ok[:, None] & live
+    if not EVEN_K:
+        x_ok = x_ok & (offs_k < K)[None, :]
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_ok, other=0.0)
     if GATED:  # as Inductor's decomposition: g / (1 + exp(-g)) * u in float32, rounded once
         up = tl.load(u_ptr + offs_m[:, None] * stride_um + offs_k[None, :], mask=x_ok, other=0.0)
         gate = x.to(tl.float32)
         act = gate / (_exp(-gate) + 1.0) * up.to(tl.float32)
         x = act.to(x_ptr.dtype.element_ty)  # zeros stay zeros: silu(0) * 0
-    return x, w
+    return x
+
+
+@triton.jit
+def _load_w(w_ptr, offs_n, offs_k, col_ok, live, K, stride_wn, EVEN_K: tl.constexpr):
+    """The W tile [BLOCK_N, BLOCK_K] (zeros out of range or where not live), read once."""
+    w_ok = col_ok[:, None] & live
+    if not EVEN_K:
+        w_ok = w_ok & (offs_k < K)[None, :]
+    return tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=w_ok, other=0.0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def _accumulate(acc, x, w, USE_DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + x @ w^T: USE_DOT swap-AB on the MMA (acc [BLOCK_N, BLOCK_M], W rows on its wide
+    side, tokens padded to BLOCK_M), else CUDA cores (acc [BLOCK_M, BLOCK_N])."""
+    if USE_DOT:
+        acc = acc + tl.dot(w, tl.trans(x), input_precision=PRECISION)
+    else:
+        acc = acc + tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    return acc
 
 
 @triton.jit
@@ -78,7 +95,7 @@ def _small_m_kernel(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K
                     stride_um, stride_wn, stride_os, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                     EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
-                    FUSED_SUM: tl.constexpr, GATED: tl.constexpr):
+                    FUSED_SUM: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -87,22 +104,27 @@ def _small_m_kernel(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K
     per_split = tl.cdiv(k_tiles, SPLIT_K)
     first = pid_k * per_split
     end = tl.minimum(first + per_split, k_tiles)
-    if USE_DOT:  # swap-AB: W rows on the MMA's wide side, tokens padded to BLOCK_M (16)
-        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for tile in range(first, end):
-            offs_k = tile * BLOCK_K + tl.arange(0, BLOCK_K)
-            x, w = _load_tiles(x_ptr, u_ptr, w_ptr, offs_m, offs_n, offs_k, row_ok, col_ok, K,
-                               stride_xm, stride_um, stride_wn, EVEN_K, GATED)
-            acc_t += tl.dot(w, tl.trans(x), input_precision=PRECISION)
-        acc = tl.trans(acc_t)
-    else:  # CUDA cores: broadcast multiply, reduce over K
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for tile in range(first, end):
-            offs_k = tile * BLOCK_K + tl.arange(0, BLOCK_K)
-            x, w = _load_tiles(x_ptr, u_ptr, w_ptr, offs_m, offs_n, offs_k, row_ok, col_ok, K,
-                               stride_xm, stride_um, stride_wn, EVEN_K, GATED)
-            prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-            acc += tl.sum(prod, axis=2)
+    start = first
+    if PDL:  # the first W tile is read while the kernel before finishes: no kernel writes W
+        offs_k = first * BLOCK_K + tl.arange(0, BLOCK_K)
+        w = _load_w(w_ptr, offs_n, offs_k, col_ok, first < end, K, stride_wn, EVEN_K)
+        dependency_sync(PDL)
+        x = _load_x(x_ptr, u_ptr, offs_m, offs_k, row_ok, first < end, K, stride_xm,
+                    stride_um, EVEN_K, GATED)
+        acc = _accumulate(acc, x, w, USE_DOT, PRECISION)
+        start = first + 1
+    for tile in range(start, end):
+        offs_k = tile * BLOCK_K + tl.arange(0, BLOCK_K)
+        x = _load_x(x_ptr, u_ptr, offs_m, offs_k, row_ok, True, K, stride_xm, stride_um,
+                    EVEN_K, GATED)
+        w = _load_w(w_ptr, offs_n, offs_k, col_ok, True, K, stride_wn, EVEN_K)
+        acc = _accumulate(acc, x, w, USE_DOT, PRECISION)
+    if USE_DOT:
+        acc = tl.trans(acc)
     tile = offs_m[:, None] * N + offs_n[None, :]
     tile_ok = row_ok[:, None] & col_ok[None, :]
     if SPLIT_K == 1:
@@ -115,7 +137,9 @@ def _small_m_kernel(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K
 
 
 @triton.jit
-def _sum_splits_kernel(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_splits_kernel(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr):
+    dependency_sync(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < numel
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -183,8 +207,9 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
         EVEN_K=k % config.block_k == 0, USE_DOT=config.use_dot,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FUSED_SUM=fused, GATED=gated,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_kwargs(x.device))
     if split > 1 and not fused:
         _sum_splits_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
-            part, out, m * n, SPLIT_K=split, BLOCK=REDUCE_BLOCK, num_warps=4)
+            part, out, m * n, SPLIT_K=split, BLOCK=REDUCE_BLOCK, num_warps=4,
+            **pdl.launch_kwargs(x.device))
     return out

@@ -15,7 +15,7 @@ from compiled_llm.attention.kernels import decode  # noqa: E402
 SM90 = GPUTarget("cuda", 90, 32)
 
 
-def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool):
+def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: bool = False):
     """The split decode kernel as sm_90 code: Qwen-like GQA 7, head_dim 128, bf16 queries."""
     kv = "*fp8e4nv" if fp8 else "*bf16"
     signature = dict(q_ptr="*bf16", k_cache_ptr=kv, v_cache_ptr=kv, table_ptr="*i32",
@@ -25,7 +25,7 @@ def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool):
                      **{f"stride_{s}": "i32" for s in ("qt", "qh", "ot", "oh", "cb", "cs", "ch",
                                                        "tb")})
     constants = dict(G=7, G_PAD=16, BLOCK_N=64, D=128, BS=16, HAS_WINDOW=window, DIRECT=direct,
-                     PREC="tf32", FP8=fp8, MERGE=merge, S_PAD=1 if direct else 32)
+                     PREC="tf32", FP8=fp8, MERGE=merge, S_PAD=1 if direct else 32, PDL=pdl)
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(decode._decode_split_kernel, signature, constants, {})
     return triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})
@@ -44,15 +44,31 @@ def test_decode_split_kernel_compiles_for_sm90(direct, merge, fp8, window):
     # the in-launch merge: one gpu-scope acq_rel arrival, partials read past L1
     assert ptx.count("atom.global.gpu.acq_rel.add") == int(merge)
     assert ("ld.global.cg" in ptx) == merge
+    assert "griddepcontrol" not in ptx
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_decode_split_kernel_waits_first_under_pdl(direct):
+    """Under PDL every program waits for the kernel before (which wrote the KV cache) before
+    its first load, and lets the next kernel launch."""
+    try:
+        ptx = compile_decode(direct, False, False, False, pdl=True).asm["ptx"]
+    except (ImportError, KeyError) as err:
+        pytest.skip(f"no sm_90 backend: {err}")
+    wait = ptx.index("griddepcontrol.wait")
+    assert wait < ptx.index("ld.global") and wait < ptx.index("griddepcontrol.launch_dependents")
 
 
 def test_decode_reduce_kernel_compiles_for_sm90():
     signature = dict(part_acc_ptr="*fp32", part_ml_ptr="*fp32", out_ptr="*bf16",
                      num_splits="i32", stride_ot="i32", stride_oh="i32", S_PAD="constexpr",
-                     D="constexpr")
-    source = ASTSource(decode._decode_reduce_kernel, signature, dict(S_PAD=32, D=128), {})
+                     D="constexpr", PDL="constexpr")
+    source = ASTSource(decode._decode_reduce_kernel, signature, dict(S_PAD=32, D=128, PDL=True),
+                       {})
     try:
         kernel = triton.compile(source, target=SM90, options={"num_warps": 4})
     except (ImportError, KeyError) as err:
         pytest.skip(f"no sm_90 backend: {err}")
     assert kernel.asm["cubin"]
+    ptx = kernel.asm["ptx"]
+    assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")

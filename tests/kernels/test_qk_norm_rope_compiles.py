@@ -13,7 +13,8 @@ from compiled_llm.attention.kernels import kernels_interpreted
 pytestmark = pytest.mark.skipif(kernels_interpreted(), reason="the interpreter compiles nothing")
 
 
-def _compile(dtype: str, cache_dtype: str, fp8: bool, norms: bool, block_h: int) -> str:
+def _compile(dtype: str, cache_dtype: str, fp8: bool, norms: bool, block_h: int,
+             pdl: bool = False) -> str:
     """PTX of the kernel for Llama-3-8B / Qwen3 heads (32 q, 8 KV, head_dim 128)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -27,7 +28,7 @@ def _compile(dtype: str, cache_dtype: str, fp8: bool, norms: bool, block_h: int)
                     fp8_max="fp32", k_cache_ptr=f"*{cache_dtype}",
                     v_cache_ptr=f"*{cache_dtype}", scales_ptr="*fp32" if fp8 else "*i64")
     constants = dict(H=32, HKV=8, D=128, BS=16, BLOCK_H=block_h, HAS_Q_NORM=norms,
-                     HAS_K_NORM=norms, FP8=fp8)
+                     HAS_K_NORM=norms, FP8=fp8, PDL=pdl)
     signature = {name: "constexpr" if name in constants else pointers.get(name, "i32")
                  for name in inspect.signature(kernel.fn).parameters}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
@@ -43,3 +44,9 @@ def _compile(dtype: str, cache_dtype: str, fp8: bool, norms: bool, block_h: int)
 ])
 def test_kernel_compiles_for_sm90(dtype, cache_dtype, fp8, norms, block_h):
     assert ".entry" in _compile(dtype, cache_dtype, fp8, norms, block_h)
+
+
+def test_kernel_waits_first_under_pdl():
+    """Under PDL the wait for the qkv GEMM comes before every load and store."""
+    ptx = _compile("bf16", "bf16", False, True, 2, pdl=True)
+    assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")

@@ -71,7 +71,7 @@ def test_small_m_gemm_compiles_for_sm90(gated, use_dot, split_k, fused_sum):
     SiLU·mul prologue's exp (libdevice's, built on ex2) only there."""
     constants = dict(BLOCK_M=16 if use_dot else 2, BLOCK_N=32, BLOCK_K=256, SPLIT_K=split_k,
                      EVEN_K=False, USE_DOT=use_dot, PRECISION="tf32", FUSED_SUM=fused_sum,
-                     GATED=gated)
+                     GATED=gated, PDL=False)
     signature = dict(GEMM_ARGS, **{name: "constexpr" for name in constants})
     source = ASTSource(small_m._small_m_kernel, signature, constants, {})
     kernel = _compile_or_skip(source, num_warps=4, num_stages=3)
@@ -80,6 +80,31 @@ def test_small_m_gemm_compiles_for_sm90(gated, use_dot, split_k, fused_sum):
     assert ptx.count("atom.global.gpu.acq_rel.add") == int(fused_sum)
     assert ("ld.global.cg" in ptx) == fused_sum and ("exch" in ptx) == fused_sum
     assert ("ex2.approx" in ptx) == gated
+    assert "griddepcontrol" not in ptx
+
+
+@pytest.mark.parametrize("use_dot,split_k", [(False, 1), (True, 1), (True, 4)])
+def test_small_m_gemm_pdl_reads_weights_before_it_waits(use_dot, split_k):
+    """Under PDL the kernel waits for the kernel before (griddepcontrol.wait) and lets the next
+    one launch; its first W tile is loaded before the wait, every store comes after it."""
+    constants = dict(BLOCK_M=16 if use_dot else 2, BLOCK_N=32, BLOCK_K=256, SPLIT_K=split_k,
+                     EVEN_K=True, USE_DOT=use_dot, PRECISION="tf32", FUSED_SUM=False,
+                     GATED=False, PDL=True)
+    signature = dict(GEMM_ARGS, **{name: "constexpr" for name in constants})
+    source = ASTSource(small_m._small_m_kernel, signature, constants, {})
+    ptx = _compile_or_skip(source, num_warps=4, num_stages=3).asm["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("griddepcontrol.launch_dependents") > wait
+    assert ptx.index("ld.global") < wait < ptx.index("st.global")
+
+
+def test_sum_splits_kernel_waits_first_under_pdl():
+    constants = dict(SPLIT_K=4, BLOCK=1024, PDL=True)
+    signature = dict(part_ptr="*fp32", out_ptr="*bf16", numel="i32",
+                     **{name: "constexpr" for name in constants})
+    source = ASTSource(small_m._sum_splits_kernel, signature, constants, {})
+    ptx = _compile_or_skip(source, num_warps=4).asm["ptx"]
+    assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
 
 
 def _compile_or_skip(source, **options):

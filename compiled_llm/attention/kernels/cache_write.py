@@ -11,6 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from compiled_llm.gemm import pdl
+from compiled_llm.gemm.pdl import dependency_sync
+
 
 @triton.jit
 def _write_kv_kernel(
@@ -18,8 +21,9 @@ def _write_kv_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_cs, stride_ch,
     BS: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr,
-    FP8: tl.constexpr = False,
+    FP8: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    dependency_sync(PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:
@@ -71,4 +75,5 @@ def write_kv_cache(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         BS=block_size, H=num_kv_heads, H_PAD=triton.next_power_of_2(num_kv_heads), D=head_dim,
         FP8=fp8, num_warps=4 if num_kv_heads * head_dim >= 1024 else 1,
+        **pdl.launch_kwargs(k.device),
     )

@@ -15,7 +15,9 @@ import triton
 import triton.language as tl
 
 from compiled_llm.attention.kernels.tile import attend_tile, kv_scale
+from compiled_llm.gemm import pdl
 from compiled_llm.gemm.arrival import arrival_counters
+from compiled_llm.gemm.pdl import dependency_sync
 
 LOG2E = 1.4426950408889634
 
@@ -84,9 +86,11 @@ def _decode_split_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
     FP8: tl.constexpr = False, MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
     """DIRECT: one split writes the output. Otherwise partials; MERGE: the last of a (seq, KV
     head)'s splits to arrive merges them (counter_ptr: zeroed int32 [>= B * Hkv])."""
+    dependency_sync(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -138,10 +142,11 @@ def _decode_split_kernel(
 @triton.jit
 def _decode_reduce_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, num_splits, stride_ot, stride_oh,
-    S_PAD: tl.constexpr, D: tl.constexpr,
+    S_PAD: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """The merge as a second kernel, program (seq, query head): launches too wide for the
     counters (or the first one inside a CUDA-graph capture)."""
+    dependency_sync(PDL)
     _merge_head(part_acc_ptr, part_ml_ptr, out_ptr, tl.program_id(0), tl.program_id(1),
                 tl.num_programs(1), num_splits, stride_ot, stride_oh, S_PAD, D, "")
 
@@ -204,11 +209,12 @@ def decode_attention(
         BS=block_size, HAS_WINDOW=sliding_window > 0, DIRECT=direct,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", FP8=kv_scales is not None,
         MERGE=counters is not None, S_PAD=triton.next_power_of_2(num_splits),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_kwargs(q.device),
     )
     if not direct and counters is None:
         _decode_reduce_kernel[(num_seqs, num_q_heads)](
             part_acc, part_ml, out, num_splits, out.stride(0), out.stride(1),
             S_PAD=triton.next_power_of_2(num_splits), D=head_dim, num_warps=4,
+            **pdl.launch_kwargs(q.device),
         )
     return out

@@ -10,6 +10,8 @@ import triton
 import triton.language as tl
 
 from compiled_llm.attention.metadata import AttentionMetadata
+from compiled_llm.gemm import pdl
+from compiled_llm.gemm.pdl import dependency_sync
 
 # A head is RMS-normed in float32 and cast to the model dtype where a norm weight is given (the
 # models' rms_norm), then rotated by the token's cos/sin, cast to the dtype as the models do
@@ -42,8 +44,9 @@ def _qk_norm_rope_write_kernel(
     stride_cb, stride_cs, stride_ch,
     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
     BLOCK_H: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    dependency_sync(PDL)
     t = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1)
     q_groups = tl.cdiv(H, BLOCK_H)
@@ -136,6 +139,6 @@ def qk_norm_rope_kv_write(
         cos.stride(0), sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         H=num_heads, HKV=num_kv_heads, D=head_dim, BS=block_size, BLOCK_H=block,
         HAS_Q_NORM=q_weight is not None, HAS_K_NORM=k_weight is not None, FP8=fp8,
-        num_warps=1 if block * head_dim <= 512 else 4,
+        num_warps=1 if block * head_dim <= 512 else 4, **pdl.launch_kwargs(q.device),
     )
     return q_out, k_out
