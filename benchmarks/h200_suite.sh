@@ -90,6 +90,7 @@
 #                                         # opt-in fusions one by one; the cold compile without
 #     bash benchmarks/h200_suite.sh 56    # programmatic dependent launch: GPU tests of the
 #                                         # kernels under it, batch-1 decode on and off (0.6B, 8B)
+#     bash benchmarks/h200_suite.sh 57    # PDL levels 0, 1 (wait only) and 2 at batch 1
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -501,6 +502,19 @@ elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the ser
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 57 ]; then  # one GPU: COMPILED_LLM_PDL 0, 1, 2 in one call, Qwen3-0.6B then 8B
+  Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $Q --label pdl0
+COMPILED_LLM_PDL=1 $U --model $Q --label pdl1
+COMPILED_LLM_PDL=2 $U --model $Q --label pdl2
+$U --model $Q --label pdl0_again
+COMPILED_LLM_PDL=1 $U --model $Q --label pdl1_again
+$MK
+$U --model $CK/llama3-8b --label pdl0 --skip-tokenizer-init
+COMPILED_LLM_PDL=1 $U --model $CK/llama3-8b --label pdl1 --skip-tokenizer-init"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 56 ]; then  # one GPU (carry .whl): PDL on (the default) and off, same call
   Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"

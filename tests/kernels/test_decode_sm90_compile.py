@@ -15,7 +15,7 @@ from compiled_llm.attention.kernels import decode  # noqa: E402
 SM90 = GPUTarget("cuda", 90, 32)
 
 
-def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: bool = False):
+def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: int = 0):
     """The split decode kernel as sm_90 code: Qwen-like GQA 7, head_dim 128, bf16 queries."""
     kv = "*fp8e4nv" if fp8 else "*bf16"
     signature = dict(q_ptr="*bf16", k_cache_ptr=kv, v_cache_ptr=kv, table_ptr="*i32",
@@ -52,7 +52,7 @@ def test_decode_split_kernel_waits_first_under_pdl(direct):
     """Under PDL every program waits for the kernel before (which wrote the KV cache) before
     its first load, and lets the next kernel launch."""
     try:
-        ptx = compile_decode(direct, False, False, False, pdl=True).asm["ptx"]
+        ptx = compile_decode(direct, False, False, False, pdl=2).asm["ptx"]
     except (ImportError, KeyError) as err:
         pytest.skip(f"no sm_90 backend: {err}")
     wait = ptx.index("griddepcontrol.wait")
@@ -63,7 +63,7 @@ def test_decode_reduce_kernel_compiles_for_sm90():
     signature = dict(part_acc_ptr="*fp32", part_ml_ptr="*fp32", out_ptr="*bf16",
                      num_splits="i32", stride_ot="i32", stride_oh="i32", S_PAD="constexpr",
                      D="constexpr", PDL="constexpr")
-    source = ASTSource(decode._decode_reduce_kernel, signature, dict(S_PAD=32, D=128, PDL=True),
+    source = ASTSource(decode._decode_reduce_kernel, signature, dict(S_PAD=32, D=128, PDL=2),
                        {})
     try:
         kernel = triton.compile(source, target=SM90, options={"num_warps": 4})

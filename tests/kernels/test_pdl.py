@@ -11,10 +11,15 @@ from compiled_llm.attention.kernels import kernels_interpreted
 from compiled_llm.gemm import pdl
 
 
-def test_off_on_the_cpu_and_by_env(monkeypatch):
-    assert pdl.launch_kwargs(torch.device("cpu")) == {"PDL": False}
-    monkeypatch.setenv(pdl.ENV, "0")
+def test_off_by_default_on_the_cpu_and_by_env(monkeypatch):
+    monkeypatch.delenv(pdl.ENV, raising=False)
+    assert pdl.level() == 0
     assert not pdl.enabled(torch.device("cuda", 0))  # the switch wins before any device query
+    monkeypatch.setenv(pdl.ENV, "2")
+    assert pdl.launch_kwargs(torch.device("cpu")) == {"PDL": 0}
+    monkeypatch.setenv(pdl.ENV, "yes")
+    with pytest.raises(ValueError, match=pdl.ENV):
+        pdl.level()
 
 
 @pytest.mark.skipif(kernels_interpreted(), reason="the interpreter compiles nothing")
@@ -25,7 +30,7 @@ def test_write_kv_waits_before_its_early_return():
 
     from compiled_llm.attention.kernels.cache_write import _write_kv_kernel as kernel
 
-    constants = dict(BS=16, H=8, H_PAD=8, D=128, FP8=False, PDL=True)
+    constants = dict(BS=16, H=8, H_PAD=8, D=128, FP8=False, PDL=2)
     pointers = dict(k_ptr="*bf16", v_ptr="*bf16", slot_ptr="*i64", k_cache_ptr="*bf16",
                     v_cache_ptr="*bf16", scales_ptr="*i64", fp8_max="fp32")
     signature = {name: "constexpr" if name in constants else pointers.get(name, "i32")
@@ -38,3 +43,4 @@ def test_write_kv_waits_before_its_early_return():
         pytest.skip(f"no sm_90 backend: {err}")
     ptx = compiled.asm["ptx"]
     assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
+    assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("ld.global")

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(kernels_interpreted(), reason="the interpreter c
 
 
 def _compile(dtype: str, cache_dtype: str, fp8: bool, norms: bool, block_h: int,
-             pdl: bool = False) -> str:
+             pdl: int = 0) -> str:
     """PTX of the kernel for Llama-3-8B / Qwen3 heads (32 q, 8 KV, head_dim 128)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -48,5 +48,5 @@ def test_kernel_compiles_for_sm90(dtype, cache_dtype, fp8, norms, block_h):
 
 def test_kernel_waits_first_under_pdl():
     """Under PDL the wait for the qkv GEMM comes before every load and store."""
-    ptx = _compile("bf16", "bf16", False, True, 2, pdl=True)
+    ptx = _compile("bf16", "bf16", False, True, 2, pdl=2)
     assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")

@@ -71,7 +71,7 @@ def test_small_m_gemm_compiles_for_sm90(gated, use_dot, split_k, fused_sum):
     SiLU·mul prologue's exp (libdevice's, built on ex2) only there."""
     constants = dict(BLOCK_M=16 if use_dot else 2, BLOCK_N=32, BLOCK_K=256, SPLIT_K=split_k,
                      EVEN_K=False, USE_DOT=use_dot, PRECISION="tf32", FUSED_SUM=fused_sum,
-                     GATED=gated, PDL=False)
+                     GATED=gated, PDL=0)
     signature = dict(GEMM_ARGS, **{name: "constexpr" for name in constants})
     source = ASTSource(small_m._small_m_kernel, signature, constants, {})
     kernel = _compile_or_skip(source, num_warps=4, num_stages=3)
@@ -89,7 +89,7 @@ def test_small_m_gemm_pdl_reads_weights_before_it_waits(use_dot, split_k):
     one launch; its first W tile is loaded before the wait, every store comes after it."""
     constants = dict(BLOCK_M=16 if use_dot else 2, BLOCK_N=32, BLOCK_K=256, SPLIT_K=split_k,
                      EVEN_K=True, USE_DOT=use_dot, PRECISION="tf32", FUSED_SUM=False,
-                     GATED=False, PDL=True)
+                     GATED=False, PDL=2)
     signature = dict(GEMM_ARGS, **{name: "constexpr" for name in constants})
     source = ASTSource(small_m._small_m_kernel, signature, constants, {})
     ptx = _compile_or_skip(source, num_warps=4, num_stages=3).asm["ptx"]
@@ -98,8 +98,17 @@ def test_small_m_gemm_pdl_reads_weights_before_it_waits(use_dot, split_k):
     assert ptx.index("ld.global") < wait < ptx.index("st.global")
 
 
+def test_small_m_gemm_pdl_level_1_waits_without_the_early_trigger():
+    constants = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, EVEN_K=True, USE_DOT=True,
+                     PRECISION="tf32", FUSED_SUM=False, GATED=False, PDL=1)
+    signature = dict(GEMM_ARGS, **{name: "constexpr" for name in constants})
+    source = ASTSource(small_m._small_m_kernel, signature, constants, {})
+    ptx = _compile_or_skip(source, num_warps=4, num_stages=3).asm["ptx"]
+    assert "griddepcontrol.wait" in ptx and "launch_dependents" not in ptx
+
+
 def test_sum_splits_kernel_waits_first_under_pdl():
-    constants = dict(SPLIT_K=4, BLOCK=1024, PDL=True)
+    constants = dict(SPLIT_K=4, BLOCK=1024, PDL=2)
     signature = dict(part_ptr="*fp32", out_ptr="*bf16", numel="i32",
                      **{name: "constexpr" for name in constants})
     source = ASTSource(small_m._sum_splits_kernel, signature, constants, {})

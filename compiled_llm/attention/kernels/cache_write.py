@@ -21,7 +21,7 @@ def _write_kv_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_cs, stride_ch,
     BS: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr,
-    FP8: tl.constexpr = False, PDL: tl.constexpr = False,
+    FP8: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):
     dependency_sync(PDL)
     t = tl.program_id(0)

@@ -86,7 +86,7 @@ def _decode_split_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
     FP8: tl.constexpr = False, MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     """DIRECT: one split writes the output. Otherwise partials; MERGE: the last of a (seq, KV
     head)'s splits to arrive merges them (counter_ptr: zeroed int32 [>= B * Hkv])."""
@@ -142,7 +142,7 @@ def _decode_split_kernel(
 @triton.jit
 def _decode_reduce_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, num_splits, stride_ot, stride_oh,
-    S_PAD: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False,
+    S_PAD: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """The merge as a second kernel, program (seq, query head): launches too wide for the
     counters (or the first one inside a CUDA-graph capture)."""

@@ -44,7 +44,7 @@ def _qk_norm_rope_write_kernel(
     stride_cb, stride_cs, stride_ch,
     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
     BLOCK_H: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
-    FP8: tl.constexpr, PDL: tl.constexpr = False,
+    FP8: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     dependency_sync(PDL)
     t = tl.program_id(0).to(tl.int64)
