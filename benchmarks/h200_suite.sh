@@ -91,6 +91,8 @@
 #     bash benchmarks/h200_suite.sh 56    # programmatic dependent launch: GPU tests of the
 #                                         # kernels under it, batch-1 decode on and off (0.6B, 8B)
 #     bash benchmarks/h200_suite.sh 57    # PDL levels 0, 1 (wait only) and 2 at batch 1
+#     bash benchmarks/h200_suite.sh 58    # the 8B cold compile with the compile children's
+#                                         # timeline (ready, first began, last ended)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -502,6 +504,11 @@ elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the ser
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 58 ]; then  # one GPU: where a cold start's side-by-side compiles wait
+  mapfile -t a <<<"\
+$MK
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-only"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 57 ]; then  # one GPU: COMPILED_LLM_PDL 0, 1, 2 in one call, Qwen3-0.6B then 8B
   Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"

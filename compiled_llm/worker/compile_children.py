@@ -83,10 +83,14 @@ class CompileChildren:
         deadline = time.monotonic() + timeout_s
         for child in self.children:
             child.finish(deadline)
-        answers = [answer for child in self.children for answer in child.answers]
+        answers = self.answers()
         errors = [answer.get("error", "?") for answer in answers if not answer["ok"]]
         return errors + ["no answer: a compile child exited early or was stopped"] * (
             self.submitted - len(answers))
+
+    def answers(self) -> list[dict]:
+        """Every answer so far: ok, error, and the child's wall-clock ready/began/ended."""
+        return [answer for child in self.children for answer in child.answers]
 
     def kill(self) -> None:
         """Stop every child now (start-up failed; their compiles are not needed)."""
@@ -120,13 +124,15 @@ def main() -> None:
 
     if len(sys.argv) > 1 and torch.cuda.is_available():
         torch.cuda.set_device(int(sys.argv[1]))
-
+    ready = time.time()
     for line in sys.stdin:
+        began = time.time()
         try:
             compile_one(json.loads(line))
             answer = {"ok": True}
         except Exception as exc:  # noqa: BLE001 (reported to the parent, which goes on)
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        answer.update(ready=ready, began=began, ended=time.time())  # wall clock: the parent's
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
 

@@ -125,7 +125,7 @@ def precompile_kernels(runner, profile_tokens: int, max_len: int) -> None:
     """Compile, side by side, the kernels of every forward the start-up runs: the profiling
     step, the warm-up and each graph size of the plan. Runs on a one-block KV cache (every
     dummy row writes the null block); the allocator's blocks go back after."""
-    start = time.perf_counter()
+    start, wall_start = time.perf_counter(), time.time()
     piecewise, full = runner.cudagraph_plan()
     children = CompileChildren(min(CHILDREN, _usable_cpus()), torch.cuda.current_device())
     runner.allocate_kv_cache(1)
@@ -141,8 +141,22 @@ def precompile_kernels(runner, profile_tokens: int, max_len: int) -> None:
     logger.info("Triton kernels compiled side by side: %d (%d failed) in %.2f s (first queued "
                 "at %s s, dry forwards done at %.2f s)", len(queue.kernels), len(queue.errors),
                 time.perf_counter() - start, first, swept - start)
+    logger.info("Triton kernels compiled side by side, timeline: %s",
+                _timeline(children.answers(), wall_start))
     for error in queue.errors[:3]:
         logger.warning("a side-by-side Triton compile failed (compiled at launch): %s", error)
+
+
+def _timeline(answers: list[dict], wall_start: float) -> str:
+    """When the children were ready and busy, in seconds from the pass's start."""
+    times = [answer for answer in answers if "ended" in answer]
+    if not times:
+        return "no answers"
+    busy = [answer["ended"] - answer["began"] for answer in times]
+    return (f"children ready by {max(a['ready'] for a in times) - wall_start:.2f} s, first "
+            f"compile began at {min(a['began'] for a in times) - wall_start:.2f} s, last ended "
+            f"at {max(a['ended'] for a in times) - wall_start:.2f} s, {sum(busy):.2f} s of "
+            f"compiles (longest {max(busy):.2f} s)")
 
 
 def _usable_cpus() -> int:

@@ -83,3 +83,14 @@ def test_wanted_only_on_a_cold_lone_cuda_worker(monkeypatch):
     assert not precompile.precompile_if_cold(_runner("cuda", warm=False), 2, 16, 16)
     monkeypatch.setenv(precompile.ENV, "off")
     assert not precompile.wanted(_runner("cuda", warm=False))
+
+
+def test_timeline_reads_the_children_wall_clock():
+    from compiled_llm.worker.precompile import _timeline
+
+    answers = [{"ok": True, "ready": 102.0, "began": 103.0, "ended": 104.5},
+               {"ok": True, "ready": 101.0, "began": 102.5, "ended": 103.0}, {"ok": False}]
+    line = _timeline(answers, 100.0)
+    assert line == ("children ready by 2.00 s, first compile began at 2.50 s, last ended at "
+                    "4.50 s, 2.00 s of compiles (longest 1.50 s)")
+    assert _timeline([], 100.0) == "no answers"
