@@ -38,7 +38,8 @@ def test_dry_pass_hands_each_specialization_once_to_the_children(tmp_path):
     assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text() == "compiled"
     assert children.submitted == 3 and len(queue.kernels) == 3
     assert queue.errors == ["RuntimeError: cannot compile"]
-    assert all(child.proc.returncode == 0 for child in children.children)
+    # every answer in, the children are killed rather than waited for (their exit is slow)
+    assert all(child.proc.wait(timeout=10) is not None for child in children.children)
     assert triton.knobs.runtime.jit_cache_hook is None  # the pass is over
 
 
@@ -50,7 +51,7 @@ def test_an_error_in_the_pass_stops_the_children_and_restores_the_hook():
     with pytest.raises(RuntimeError), precompile.dry_launches(children):
         children.submit(fixture.__name__, "stuck", "unused")
         raise RuntimeError("a dry forward failed")
-    assert children.children[0].proc.returncode is not None  # stopped, not waited for
+    assert children.children[0].proc.wait(timeout=10) != 0  # killed
     assert triton.knobs.runtime.jit_cache_hook is None
 
 
@@ -61,7 +62,7 @@ def test_a_stuck_child_is_stopped_and_its_kernel_reported(tmp_path):
     errors = children.wait(timeout_s=20)
     assert (tmp_path / "a").read_text() == "compiled"  # answered despite the chatter
     assert errors == ["no answer: a compile child exited early or was stopped"]
-    assert children.children[0].proc.returncode != 0
+    assert children.children[0].proc.wait(timeout=10) != 0
 
 
 def _runner(device: str, warm: bool, step_hook=None, backend=None):
