@@ -1,9 +1,8 @@
-"""Triton small-M GEMM, y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 tokens, streaming W at the
-bandwidth limit: each program reads BLOCK_N rows of W over its share of K (split-K) once, against
-all M rows of x (tiny, L2-resident), in float32; with SPLIT_K > 1 a second kernel sums the float32
-partials in split order, or (opt-in, arrival.py) the column block's last program does. GATED: x is
-silu(gate) * up of two [M, K] operands, rounded once as Inductor's kernel for it rounds. Under PDL
-(pdl.py, opt-in) a program reads its first W tile before it waits for the kernel before."""
+"""Triton small-M GEMM, y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 tokens: each program reads
+BLOCK_N rows of W over its share of K (split-K) once, against all M rows of x, in float32; with
+SPLIT_K > 1 a second kernel sums the partials in split order, or (opt-in, arrival.py) the column
+block's last program does. GATED: x is silu(gate) * up, rounded once as Inductor's kernel rounds;
+under PDL (pdl.py) a program reads its first W tile before it waits on the kernel before."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Programmatic dependent launch (PDL) for our Triton kernels on Hopper and later: a kernel
 launched with it may start while the kernel before it finishes and waits (`dependency_sync`)
 before it reads that kernel's outputs or writes anything. Opt-in: COMPILED_LLM_PDL=1 (wait),
-=2 (wait, then let the next kernel launch at once); on the H200 level 2 slowed Qwen3-0.6B's
-batch-1 decode by 5% and sped Llama-3-8B's by 2% (docs/benchmarks.md, call 56)."""
+=2 (wait, then let the next kernel launch at once). On the H200 both slowed Qwen3-0.6B's
+batch-1 decode (by 12% and 6%) and left Llama-3-8B's within noise (docs/benchmarks.md, 56-57)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ENV = "COMPILED_LLM_PDL"
 
 try:  # Triton >= 3.4
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # older Triton: launch_kwargs() is then {} and PDL never True
+except ImportError:  # older Triton: enabled() is then False and the kernels get PDL=0
     gdc_launch_dependents = gdc_wait = None
 
 

@@ -59,6 +59,8 @@ class _Child:
                and time.monotonic() < deadline):
             time.sleep(0.005)
         self.proc.kill()
+        if len(self.answers) < self.sent:  # gone or late: its last lines may still be in the pipe
+            self.threads[1].join(timeout=2.0)
         threading.Thread(target=self.proc.wait, daemon=True, name="triton-compile-reap").start()
 
 
@@ -81,8 +83,8 @@ class CompileChildren:
 
     def wait(self, timeout_s: float = TIMEOUT_S) -> list[str]:
         """Every queued compile finished (then, or after timeout_s in all, the children are
-        killed); the failures' messages (their kernels compile again at
-        their first launch, which says why)."""
+        killed); the failures' messages (their kernels compile again at their first launch,
+        which says why)."""
         deadline = time.monotonic() + timeout_s
         for child in self.children:
             child.finish(deadline)
