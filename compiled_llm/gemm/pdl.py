@@ -61,5 +61,17 @@ def enabled(device: torch.device) -> bool:
 
 def launch_kwargs(device: torch.device) -> dict:
     """The kernel arguments of a launch on device: PDL (the constexpr level) and, where
-    enabled, Triton's launch_pdl option."""
-    return {"PDL": level(), "launch_pdl": True} if enabled(device) else {"PDL": 0}
+    enabled, Triton's launch_pdl option. Decided once per CUDA device and process: eager
+    attention launches it every step, so the switch is not read each time."""
+    if device.type != "cuda":
+        return _OFF
+    return _cuda_launch_kwargs(device.index if device.index is not None else 0)
+
+
+_OFF = {"PDL": 0}
+
+
+@functools.cache
+def _cuda_launch_kwargs(device_index: int) -> dict:
+    device = torch.device("cuda", device_index)
+    return {"PDL": level(), "launch_pdl": True} if enabled(device) else _OFF

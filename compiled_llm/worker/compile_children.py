@@ -29,9 +29,9 @@ class _Child:
         self.jobs: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self.answers: list[dict] = []
         self.sent = 0  # jobs queued for this child
-        self.threads = [threading.Thread(target=target, daemon=True, name="triton-compile-io")
-                        for target in (self._write, self._read)]
-        for thread in self.threads:
+        self.reader = threading.Thread(target=self._read, daemon=True, name="triton-compile-io")
+        for thread in (threading.Thread(target=self._write, daemon=True,
+                                        name="triton-compile-io"), self.reader):
             thread.start()
 
     def _write(self) -> None:
@@ -60,7 +60,7 @@ class _Child:
             time.sleep(0.005)
         self.proc.kill()
         if len(self.answers) < self.sent:  # gone or late: its last lines may still be in the pipe
-            self.threads[1].join(timeout=2.0)
+            self.reader.join(timeout=2.0)
         threading.Thread(target=self.proc.wait, daemon=True, name="triton-compile-reap").start()
 
 
