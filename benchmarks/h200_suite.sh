@@ -93,6 +93,9 @@
 #     bash benchmarks/h200_suite.sh 57    # PDL levels 0, 1 (wait only) and 2 at batch 1
 #     bash benchmarks/h200_suite.sh 58    # the 8B cold compile with the compile children's
 #                                         # timeline (ready, first began, last ended)
+#     bash benchmarks/h200_suite.sh 59    # the add + RMSNorm in the split-K sum: GPU tests,
+#                                         # batch 1 on and off, the pair at 1/8/32, the 8B cold
+#                                         # compile (children killed once answered), 8B batch 1
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -504,6 +507,23 @@ elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the ser
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 59 ]; then  # one GPU (carry .whl): SmallMGemmAddRMSNormFusionPass on (the
+  # default) and off; the cold compile after them (the bytecode cache then warm, as in call 55)
+  Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  OFF='{"passes": {"enable_small_m_add_rms_norm": false}}' K='{"passes": {"enable_qk_norm_rope_kv_write": true}}'
+  mapfile -t a <<<"\
+$py -m pytest -q -x -p no:cacheprovider tests/kernels/test_small_m_gemm_gpu.py
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $Q --label default
+$U --model $Q --label add_norm_off --engine-args '$OFF'
+$U --model $Q --label default_qk_norm_rope_kv_write --engine-args '$K'
+$U --model $Q --label default_again
+$U --model $Q --label add_norm_off_again --engine-args '$OFF'
+$py -m benchmarks.small_m_add_rms_norm --checkpoint-dir $CK --shape qwen3-0.6b --json $R/small_m_add_rms_norm.json
+$MK
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-only
+$U --model $CK/llama3-8b --label default --skip-tokenizer-init"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 58 ]; then  # one GPU: where a cold start's side-by-side compiles wait
   mapfile -t a <<<"\

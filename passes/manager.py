@@ -28,17 +28,20 @@ from compiled_llm.passes.rms_norm_quant import RMSNormQuantFusionPass
 from compiled_llm.passes.silu_mul import SiluMulFusionPass
 from compiled_llm.passes.silu_mul_quant import SiluMulQuantFusionPass
 from compiled_llm.passes.silu_mul_small_m import SiluMulSmallMGemmFusionPass
+from compiled_llm.passes.small_m_add_rms_norm import SmallMGemmAddRMSNormFusionPass
 from compiled_llm.passes.small_m_gemm import SmallMGemmPass
 
 # Order matters: add+norm before norm (norm is its sub-pattern); the all-reduce and quant passes
 # match the single-node ops the norm and SiLU·mul passes leave behind. The horizontal GEMM
 # fusion goes next to last: the patterns before it match the per-projection spelling; the
 # small-M GEMM op goes next, over the matmuls it leaves (one per fused weight), then the down
-# projection's takes in the SiLU·mul it alone reads (before the tail inlines silu_and_mul).
+# projection's takes in the SiLU·mul it alone reads, and the o and down projections the residual
+# add + norm after them (both before the tail inlines silu_and_mul and the norm).
 PASSES: tuple[type[GraphPass], ...] = (
     NoOpEliminationPass, AddRMSNormFusionPass, RMSNormFusionPass, SiluMulFusionPass,
     AllReduceRMSNormFusionPass, RMSNormQuantFusionPass, SiluMulQuantFusionPass,
     HorizontalGemmFusionPass, SmallMGemmPass, SiluMulSmallMGemmFusionPass,
+    SmallMGemmAddRMSNormFusionPass,
 )
 # run on the whole Dynamo graph before the split at attention (their ops go with attention);
 # each is built with the PassConfig
@@ -72,6 +75,9 @@ class PassConfig:
     # small_m_mm(silu_and_mul(gate, up), W) -> compiled_llm::small_m_mm_silu_mul, one kernel;
     # opt-in: with it the H200's batch-1 step was slower (docs/benchmarks.md, call 35)
     enable_silu_mul_small_m: bool = False
+    # fused_add_rms_norm(small_m_mm(x, W), residual) -> compiled_llm::small_m_mm_add_rms_norm:
+    # the split-K sum adds and normalizes (split-K weights only on CUDA)
+    enable_small_m_add_rms_norm: bool = True
     # pre-split: norm + RoPE + KV write, one op; opt-in until its kernel is measured on a GPU
     enable_qk_norm_rope_kv_write: bool = False
     # ... on CPU too: there the op runs the reference eagerly, slower than Inductor's kernels

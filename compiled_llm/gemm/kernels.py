@@ -186,8 +186,15 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(1) == 1 else t.contiguous()
 
 
+def small_m_mm_partials(x: torch.Tensor, weight: torch.Tensor,
+                       config: SmallMConfig) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]^T left unsummed: float32 partials [split_k, M, N] in split
+    order, for a kernel after it to sum (epilogue.py); with split_k 1, the product [1, M, N]."""
+    return _launch(x, None, weight, config, summed=False)
+
+
 def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor,
-            config: SmallMConfig) -> torch.Tensor:
+            config: SmallMConfig, summed: bool = True) -> torch.Tensor:
     m, k = x.shape
     n = weight.shape[0]
     check_config(m, config)
@@ -198,7 +205,7 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor,
     split, blocks = config.split_k, triton.cdiv(n, config.block_n)
     part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32,
                                               device=x.device)
-    counters = split_counters(x.device) if split > 1 else None
+    counters = split_counters(x.device) if split > 1 and summed else None
     fused = counters is not None and blocks <= counters.numel()
     _small_m_kernel[(blocks, split)](
         x, up, weight, out, part, counters if fused else out, m, n, k, x.stride(0),
@@ -207,6 +214,8 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor,
         EVEN_K=k % config.block_k == 0, USE_DOT=config.use_dot,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FUSED_SUM=fused, GATED=gated,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_kwargs(x.device))
+    if not summed:
+        return part if split > 1 else out.unsqueeze(0)
     if split > 1 and not fused:
         _sum_splits_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
             part, out, m * n, SPLIT_K=split, BLOCK=REDUCE_BLOCK, num_warps=4,

@@ -1,7 +1,8 @@
-"""The `compiled_llm::small_m_mm` op: x [M, K] @ weight [N, K]^T. On CUDA it runs the Triton
-kernel with the config tuned for (M, N, K, GPU) in the 16-bit dtypes, else cuBLAS (torch.mm);
-on the CPU always torch.mm. The choice reads only shapes, so a captured CUDA graph keeps one.
-`compiled_llm::small_m_mm_silu_mul` likewise, with silu(gate) * up made in the kernel's prologue."""
+"""The `compiled_llm::small_m_mm` op: x [M, K] @ weight [N, K]^T: on CUDA the Triton kernel with
+the config tuned for (M, N, K, GPU) in the 16-bit dtypes, else cuBLAS; on the CPU torch.mm. The
+choice reads only shapes, so a captured CUDA graph keeps one. `small_m_mm_silu_mul` likewise,
+silu(gate) * up made in the kernel's prologue; `small_m_mm_add_rms_norm` with the residual add +
+RMSNorm in the kernel that sums the split-K partials (epilogue.py)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,44 @@ def small_m_mm_silu_mul(gate: torch.Tensor, up: torch.Tensor,
 @small_m_mm_silu_mul.register_fake
 def _small_m_mm_silu_mul_fake(gate, up, weight):
     return gate.new_empty((gate.shape[0], weight.shape[0]))
+
+
+def rms_norm_reference(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The models' RMSNorm (models/layers.py): float32 statistics, cast back, then scaled."""
+    hidden_f32 = hidden.float()
+    hidden_f32 = hidden_f32 * torch.rsqrt(hidden_f32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * hidden_f32.to(hidden.dtype)
+
+
+def _fits_epilogue(x, weight, residual, norm_weight) -> bool:
+    """Whether the CUDA epilogue kernel takes these: one dtype, row-major rows, a 1-D norm."""
+    return (x.device.type == "cuda" and residual.dtype == x.dtype == weight.dtype
+            and residual.shape == (x.shape[0], weight.shape[0]) and residual.stride(1) == 1
+            and norm_weight.dim() == 1 and norm_weight.is_contiguous())
+
+
+@torch.library.custom_op(f"{LIB}::small_m_mm_add_rms_norm", mutates_args=())
+def small_m_mm_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                            norm_weight: torch.Tensor,
+                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x @ weight.T + residual), x @ weight.T + residual), each [M, N]: on CUDA the
+    small-M GEMM's split-K partials (or cuBLAS's product) summed, added and normalized by one
+    kernel (epilogue.py); elsewhere torch.mm, then the add and the norm as the models write them."""
+    if not _fits_epilogue(x, weight, residual, norm_weight):
+        summed = torch.mm(x, weight.t()) + residual
+        return rms_norm_reference(summed, norm_weight, eps), summed
+    from compiled_llm.gemm.epilogue import sum_add_rms_norm
+    from compiled_llm.gemm.kernels import small_m_mm_partials
+
+    config = tuned_config(x, weight)
+    partials = (torch.mm(x, weight.t()).unsqueeze(0) if config is None
+                else small_m_mm_partials(x, weight, config))
+    return sum_add_rms_norm(partials, residual, norm_weight, eps)
+
+
+@small_m_mm_add_rms_norm.register_fake
+def _small_m_mm_add_rms_norm_fake(x, weight, residual, norm_weight, eps):
+    summed = residual.new_empty((x.shape[0], weight.shape[0]))
+    normed = summed.new_empty(summed.shape,
+                              dtype=torch.promote_types(residual.dtype, norm_weight.dtype))
+    return normed, summed

@@ -3,8 +3,9 @@ fp8_kv_interpreted_cases.py (FP8 KV cache), lora_interpreted_cases.py (LoRA shri
 quant_interpreted_cases.py (W4A16 and block-FP8 GEMMs), w4a16_dequant_interpreted_cases.py,
 qk_norm_rope_interpreted_cases.py (the fused QK-norm + RoPE + KV write),
 gumbel_interpreted_cases.py (the one-pass temperature sampler),
-fused_topk_interpreted_cases.py (the sort-free top-k/top-p/min-p sampler) and
-small_m_gemm_interpreted_cases.py (the small-M GEMM) under Triton's interpreter
+fused_topk_interpreted_cases.py (the sort-free top-k/top-p/min-p sampler),
+small_m_gemm_interpreted_cases.py (the small-M GEMM) and small_m_epilogue_interpreted_cases.py
+(its split-K sum + residual add + RMSNorm) under Triton's interpreter
 (TRITON_INTERPRET=1) in a subprocess.
 
 TRITON_INTERPRET must be set before Triton is first imported and would turn every later
@@ -30,7 +31,7 @@ CASES = ("interpreted_cases.py", "moe_interpreted_cases.py", "fp8_kv_interpreted
          "lora_interpreted_cases.py", "quant_interpreted_cases.py",
          "w4a16_dequant_interpreted_cases.py", "qk_norm_rope_interpreted_cases.py",
          "gumbel_interpreted_cases.py", "fused_topk_interpreted_cases.py",
-         "small_m_gemm_interpreted_cases.py")
+         "small_m_gemm_interpreted_cases.py", "small_m_epilogue_interpreted_cases.py")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),

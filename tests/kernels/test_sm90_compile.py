@@ -1,8 +1,8 @@
-"""Compiles the sampler's, the small-M GEMM's and the W4A16 GEMV's Triton kernels for the H200
-(sm_90) on a machine without a GPU: every constexpr specialization the engine launches goes
-through Triton's whole pipeline (TTIR, TTGIR, LLVM, PTX, ptxas), which the interpreter skips. Under
-Triton 3.6 (the H200 image's) the kernel without top-k once failed in TTGIR; this runs under
-whichever Triton is installed."""
+"""Compiles the sampler's, the small-M GEMM's (its epilogue's too) and the W4A16 GEMV's Triton
+kernels for the H200 (sm_90) on a machine without a GPU: every constexpr specialization the
+engine launches goes through Triton's whole pipeline (TTIR, TTGIR, LLVM, PTX, ptxas), which the
+interpreter skips. Under Triton 3.6 (the H200 image's) the kernel without top-k once failed in
+TTGIR; this runs under whichever Triton is installed."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from compiled_llm.gemm import epilogue  # noqa: E402
 from compiled_llm.gemm import kernels as small_m  # noqa: E402
 from compiled_llm.quantization.kernels import w4a16  # noqa: E402
 from compiled_llm.sample import fused_topk  # noqa: E402
@@ -114,6 +115,23 @@ def test_sum_splits_kernel_waits_first_under_pdl():
     source = ASTSource(small_m._sum_splits_kernel, signature, constants, {})
     ptx = _compile_or_skip(source, num_warps=4).asm["ptx"]
     assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
+
+
+@pytest.mark.parametrize("split_k,pdl", [(1, 0), (4, 0), (4, 2)])
+def test_sum_add_rms_norm_compiles_for_sm90(split_k, pdl):
+    """The epilogue: the row's sum of squares reduced across warps (shared memory), libdevice's
+    rsqrt; under PDL it waits before its first read."""
+    constants = dict(SPLIT_K=split_k, BLOCK_N=1024, PDL=pdl)
+    signature = dict(part_ptr="*fp32" if split_k > 1 else "*bf16", res_ptr="*bf16",
+                     w_ptr="*bf16", normed_ptr="*bf16", summed_ptr="*bf16", N="i32",
+                     stride_split="i32", stride_res="i32", eps="fp32",
+                     **{name: "constexpr" for name in constants})
+    source = ASTSource(epilogue._sum_add_rms_norm_kernel, signature, constants, {})
+    ptx = _compile_or_skip(source, num_warps=4).asm["ptx"]
+    assert "rsqrt.approx" in ptx and "bar.sync" in ptx
+    assert ("griddepcontrol.wait" in ptx) == bool(pdl)
+    if pdl:
+        assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
 
 
 def _compile_or_skip(source, **options):

@@ -2,7 +2,8 @@
 split-K), split-K summed in one launch bit-equal to the two-kernel sum, the op taking a tuned
 Triton entry inside a CUDA graph, and the pass putting the op in a compiled CUDA graph by
 default; the gated op (SiLU·mul in the prologue) bit-equal to Inductor's SiLU·mul kernel then the
-plain kernel at the Qwen3-0.6B and Llama-3-8B down shapes."""
+plain kernel at the Qwen3-0.6B and Llama-3-8B down shapes; the add + RMSNorm op against the
+unfused path, and its pass in a compiled graph by default."""
 
 from __future__ import annotations
 
@@ -144,3 +145,52 @@ def test_gated_op_matches_silu_and_mul_then_small_m_mm(n, k, m):
     out = small_m_mm_silu_mul(gate, up, weight)
     ref = small_m_mm(ops.silu_and_mul(gate, up), weight)
     assert out.shape == (m, n) and _rel_err(out, ref.float()) < 1e-2
+
+
+@pytest.mark.parametrize(("n", "k"), [(1024, 2048), (1024, 3072), (4096, 4096)])  # o, down, 8B o
+@pytest.mark.parametrize("m", [1, 4, 16, 40])
+def test_add_rms_norm_op_is_the_unfused_path(n, k, m):
+    """The op with the shipped table (split-K Triton up to 16 rows, cuBLAS at 40): summed
+    bit-equal to small_m_mm then the add, normed to Inductor's add + norm kernel within bf16's
+    rounding; the same inside a CUDA graph with new inputs."""
+    from compiled_llm.gemm import small_m_mm_add_rms_norm
+    from compiled_llm.passes import ops
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    residual = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    norm_weight = 1 + 0.1 * torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    inductor = torch.compile(ops.fused_add_rms_norm_ref, dynamic=False)
+
+    def check(normed, summed):
+        ref_normed, ref_summed = inductor(small_m_mm(x, weight), residual, norm_weight, 1e-6)
+        assert torch.equal(summed, ref_summed)
+        torch.testing.assert_close(normed, ref_normed, rtol=1.6e-2, atol=1e-2)
+
+    check(*small_m_mm_add_rms_norm(x, weight, residual, norm_weight, 1e-6))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        normed, summed = small_m_mm_add_rms_norm(x, weight, residual, norm_weight, 1e-6)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        residual.copy_(torch.randn_like(residual))
+        graph.replay()
+        check(normed, summed)
+
+
+def test_add_rms_norm_pass_rewrites_split_k_sites_by_default():
+    from compiled_llm.passes import PassConfig
+    from models.layers import rms_norm
+    from tests.passes.helpers import compile_run
+
+    def proj_add_norm(x, w_o, residual, norm_weight):
+        summed = x @ w_o.t() + residual
+        return rms_norm(summed, norm_weight, 1e-6), summed
+
+    args = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+            for shape in ((2, 2048), (1024, 2048), (2, 1024), (1024,))]
+    out, code, manager = compile_run(proj_add_norm, args, PassConfig())
+    assert manager.matches("SmallMGemmAddRMSNormFusionPass") == 1
+    assert "small_m_mm_add_rms_norm" in code
+    for got, ref in zip(out, proj_add_norm(*args)):
+        torch.testing.assert_close(got, ref, rtol=2e-2, atol=0.1)

@@ -15,7 +15,7 @@ from tests.passes.helpers import capture_model, capture_run, compile_run, kernel
 from tests.utils import make_checkpoint
 
 FORCED = PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False,
-                    enable_silu_mul_small_m=True)
+                    enable_silu_mul_small_m=True, enable_small_m_add_rms_norm=False)
 NAME = "SiluMulSmallMGemmFusionPass"
 LAYERS = 2  # tests/utils.py SMALL
 
