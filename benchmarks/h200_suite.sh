@@ -96,6 +96,9 @@
 #     bash benchmarks/h200_suite.sh 59    # the add + RMSNorm in the split-K sum: GPU tests,
 #                                         # batch 1 on and off, the pair at 1/8/32, the 8B cold
 #                                         # compile (children killed once answered), 8B batch 1
+#     bash benchmarks/h200_suite.sh 60    # the gate/up SiLU·mul epilogue too: GPU tests, batch 1
+#                                         # with each epilogue off, the epilogue and QK pairs at
+#                                         # 1/8/32 in both orders, 8B batch 1
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -508,6 +511,23 @@ $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
   stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 60 ]; then  # one GPU (carry .whl): both epilogues (the defaults) against
+  # each off, the QK-norm + RoPE + KV write fusion on top; pairs in both orders
+  Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  S='{"passes": {"enable_small_m_silu_mul": false}}' K='{"passes": {"enable_qk_norm_rope_kv_write": true}}'
+  N='{"passes": {"enable_small_m_silu_mul": false, "enable_small_m_add_rms_norm": false}}'
+  mapfile -t a <<<"\
+$py -m pytest -q -x -p no:cacheprovider tests/kernels/test_small_m_gemm_gpu.py -k "gate_up or add_rms_norm"
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $Q --label default
+$U --model $Q --label silu_mul_epilogue_off --engine-args '$S'
+$U --model $Q --label both_epilogues_off --engine-args '$N'
+$U --model $Q --label qk_norm_rope_kv_write --engine-args '$K'
+$py -m benchmarks.small_m_epilogues --checkpoint-dir $CK --shape qwen3-0.6b --rounds 2 --json $R/small_m_epilogues.json
+$py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --rounds 2 --json $R/qk_norm_rope.json
+$MK
+$U --model $CK/llama3-8b --label default --skip-tokenizer-init"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 59 ]; then  # one GPU (carry .whl): SmallMGemmAddRMSNormFusionPass on (the
   # default) and off; the cold compile after them (the bytecode cache then warm, as in call 55)
   Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
@@ -520,7 +540,7 @@ $U --model $Q --label add_norm_off --engine-args '$OFF'
 $U --model $Q --label default_qk_norm_rope_kv_write --engine-args '$K'
 $U --model $Q --label default_again
 $U --model $Q --label add_norm_off_again --engine-args '$OFF'
-$py -m benchmarks.small_m_add_rms_norm --checkpoint-dir $CK --shape qwen3-0.6b --json $R/small_m_add_rms_norm.json
+$py -m benchmarks.small_m_epilogues --checkpoint-dir $CK --shape qwen3-0.6b --json $R/small_m_add_rms_norm.json
 $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --json $R/startup_llama3-8b.json --serve-only
 $U --model $CK/llama3-8b --label default --skip-tokenizer-init"

@@ -30,18 +30,20 @@ from compiled_llm.passes.silu_mul_quant import SiluMulQuantFusionPass
 from compiled_llm.passes.silu_mul_small_m import SiluMulSmallMGemmFusionPass
 from compiled_llm.passes.small_m_add_rms_norm import SmallMGemmAddRMSNormFusionPass
 from compiled_llm.passes.small_m_gemm import SmallMGemmPass
+from compiled_llm.passes.small_m_silu_mul import SmallMGemmSiluMulFusionPass
 
 # Order matters: add+norm before norm (norm is its sub-pattern); the all-reduce and quant passes
 # match the single-node ops the norm and SiLU·mul passes leave behind. The horizontal GEMM
 # fusion goes next to last: the patterns before it match the per-projection spelling; the
 # small-M GEMM op goes next, over the matmuls it leaves (one per fused weight), then the down
-# projection's takes in the SiLU·mul it alone reads, and the o and down projections the residual
-# add + norm after them (both before the tail inlines silu_and_mul and the norm).
+# projection's takes in the SiLU·mul it alone reads (opt-in, so asked for it wins), else the gate/up
+# projection's takes it as an epilogue, and the o and down projections the residual add + norm
+# after them (all before the tail inlines silu_and_mul and the norm).
 PASSES: tuple[type[GraphPass], ...] = (
     NoOpEliminationPass, AddRMSNormFusionPass, RMSNormFusionPass, SiluMulFusionPass,
     AllReduceRMSNormFusionPass, RMSNormQuantFusionPass, SiluMulQuantFusionPass,
     HorizontalGemmFusionPass, SmallMGemmPass, SiluMulSmallMGemmFusionPass,
-    SmallMGemmAddRMSNormFusionPass,
+    SmallMGemmSiluMulFusionPass, SmallMGemmAddRMSNormFusionPass,
 )
 # run on the whole Dynamo graph before the split at attention (their ops go with attention);
 # each is built with the PassConfig
@@ -75,6 +77,9 @@ class PassConfig:
     # small_m_mm(silu_and_mul(gate, up), W) -> compiled_llm::small_m_mm_silu_mul, one kernel;
     # opt-in: with it the H200's batch-1 step was slower (docs/benchmarks.md, call 35)
     enable_silu_mul_small_m: bool = False
+    # silu_and_mul of small_m_mm(x, W_gate_up)'s halves -> compiled_llm::small_m_gate_up_silu_mul:
+    # the SiLU·mul in the GEMM's epilogue (weights without split-K only on CUDA)
+    enable_small_m_silu_mul: bool = True
     # fused_add_rms_norm(small_m_mm(x, W), residual) -> compiled_llm::small_m_mm_add_rms_norm:
     # the split-K sum adds and normalizes (split-K weights only on CUDA)
     enable_small_m_add_rms_norm: bool = True

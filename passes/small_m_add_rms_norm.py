@@ -10,7 +10,7 @@ import torch
 from torch.fx import Graph, Node
 
 import compiled_llm.gemm  # noqa: F401 (registers the compiled_llm small-M ops)
-from compiled_llm.gemm.tuning import split_k_tuned
+from compiled_llm.gemm.tuning import tuned_splits
 from compiled_llm.passes import ops  # noqa: F401 (registers compiled_llm::fused_add_rms_norm)
 from compiled_llm.passes.base import GraphPass
 from compiled_llm.passes.fx_utils import getitem_users, insert_op, replace_tuple, val
@@ -49,8 +49,8 @@ def match_site(node: Node) -> tuple[Node, tuple] | None:
     x_val, w_val = val(x), val(weight)
     if x_val is None or w_val is None:
         return None
-    if x_val.device.type == "cuda" and not split_k_tuned(x_val.device, x_val.dtype,
-                                                         *w_val.shape):
+    splits = tuned_splits(x_val.device, x_val.dtype, *w_val.shape)
+    if x_val.device.type == "cuda" and not any(split > 1 for split in splits):
         return None
     return product, (x, weight, residual, norm_weight, eps)
 

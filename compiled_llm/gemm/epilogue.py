@@ -1,8 +1,7 @@
-"""The residual add + RMSNorm after a projection, in the kernel that sums its split-K partials:
-one program per token row sums the partials in split order (as the two-kernel sum does), rounds
-to the GEMM's dtype, adds the residual and normalizes, rounding as the models' helpers do. With
-one "split" (a finished product: cuBLAS's, or the small-M kernel's without split-K) it is a
-residual add + RMSNorm kernel of its own."""
+"""What follows a small-M GEMM, fused: the residual add + RMSNorm in the kernel that sums the
+split-K partials (one program per row: the sum in split order, rounded, added, normalized as the
+models' helpers round; one "split" is a finished product, cuBLAS's say), and the SiLU·mul of a
+gate/up product for token counts past the GATE_UP epilogue's (kernels.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from triton.language.extra import libdevice
 from triton.runtime.jit import JITFunction
 
 from compiled_llm.gemm import pdl
+from compiled_llm.gemm.kernels import inductor_exp
 from compiled_llm.gemm.pdl import dependency_sync
 
 
@@ -77,3 +77,28 @@ def sum_add_rms_norm(partials: torch.Tensor, residual: torch.Tensor, norm_weight
         eps, SPLIT_K=splits, BLOCK_N=block_n, num_warps=_num_warps(block_n),
         **pdl.launch_kwargs(residual.device))
     return normed, summed
+
+
+@triton.jit
+def _silu_mul_kernel(src_ptr, out_ptr, width, stride_src, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < width
+    gate = tl.load(src_ptr + row * stride_src + offs, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(src_ptr + row * stride_src + width + offs, mask=ok, other=0.0).to(tl.float32)
+    act = gate / (inductor_exp(-gate) + 1.0) * up  # Inductor's SiLU·mul: float32, rounded once
+    tl.store(out_ptr + row * width + offs, act.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def silu_mul_halves(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [M, 2I] -> silu(gate) * up [M, I], rounded once as the small-M kernel's GATE_UP
+    epilogue and Inductor's kernel round it (the epilogue's fallback past its token counts)."""
+    rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+    if gate_up.stride(1) != 1 or gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up {tuple(gate_up.shape)} needs an even, contiguous last dim")
+    out = gate_up.new_empty((rows, width))
+    if rows:
+        block = min(1024, triton.next_power_of_2(width))
+        _silu_mul_kernel[(rows, triton.cdiv(width, block))](
+            gate_up, out, width, gate_up.stride(0), BLOCK=block, num_warps=4)
+    return out

@@ -1,10 +1,12 @@
-"""Triton small-M GEMM, y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 tokens: each program reads
-BLOCK_N rows of W over its share of K (split-K) once, against all M rows of x, in float32; with
-SPLIT_K > 1 a second kernel sums the partials in split order, or (opt-in, arrival.py) the column
-block's last program does. GATED: x is silu(gate) * up, rounded once as Inductor's kernel rounds;
-under PDL (pdl.py) a program reads its first W tile before it waits on the kernel before."""
+"""Triton small-M GEMM, y[M, N] = x[M, K] @ W[N, K]^T for M <= 16 tokens: a program reads BLOCK_N
+rows of W over its share of K (split-K) once, against all M rows of x, in float32; split-K partials
+are summed by a second kernel (or, opt-in, arrival.py, the block's last program). GATED: x is
+silu(gate) * up (a prologue, rounded as Inductor rounds); GATE_UP: y is silu(x @ gate^T) * (x @
+up^T) (an epilogue). Under PDL (pdl.py) the first W tile is read before the wait."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
@@ -22,15 +24,15 @@ COUNTERS = SLOTS  # column blocks one split-K launch may have (shared with decod
 
 
 @triton.jit
-def _exp(x):
-    """Inductor's exp: libdevice's, not tl.exp's ex2.approx (the interpreter's _exp below)."""
+def inductor_exp(x):
+    """Inductor's exp: libdevice's, not tl.exp's ex2.approx (the interpreter's below)."""
     return libdevice.exp(x)
 
 
-if not isinstance(_exp, JITFunction):  # TRITON_INTERPRET=1: no libdevice
+if not isinstance(inductor_exp, JITFunction):  # TRITON_INTERPRET=1: no libdevice
 
     @triton.jit
-    def _exp(x):
+    def inductor_exp(x):
         return tl.exp(x)
 
 
@@ -46,7 +48,7 @@ def _load_x(x_ptr, u_ptr, offs_m, offs_k, row_ok, live, K, stride_xm, stride_um,
     if GATED:  # as Inductor's decomposition: g / (1 + exp(-g)) * u in float32, rounded once
         up = tl.load(u_ptr + offs_m[:, None] * stride_um + offs_k[None, :], mask=x_ok, other=0.0)
         gate = x.to(tl.float32)
-        act = gate / (_exp(-gate) + 1.0) * up.to(tl.float32)
+        act = gate / (inductor_exp(-gate) + 1.0) * up.to(tl.float32)
         x = act.to(x_ptr.dtype.element_ty)  # zeros stay zeros: silu(0) * 0
     return x
 
@@ -90,23 +92,33 @@ def _reduce_if_last(part_ptr, out_ptr, counter_ptr, pid_n, tile, tile_ok, stride
 
 
 @triton.jit
-def _small_m_kernel(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, stride_xm,
-                    stride_um, stride_wn, stride_os, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                    EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
-                    FUSED_SUM: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
-    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok, col_ok = offs_m < M, offs_n < N
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
-    first = pid_k * per_split
-    end = tl.minimum(first + per_split, k_tiles)
+def _k_step(acc, up_acc, x, w_ptr, up_rows, offs_n, offs_k, col_ok, live, K, stride_wn,
+            EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
+            GATE_UP: tl.constexpr):
+    """One K tile: acc += x @ W[offs_n]^T; GATE_UP: also up_acc += x @ W[up_rows + offs_n]^T."""
+    w = _load_w(w_ptr, offs_n, offs_k, col_ok, live, K, stride_wn, EVEN_K)
+    acc = _accumulate(acc, x, w, USE_DOT, PRECISION)
+    if GATE_UP:
+        w_up = _load_w(w_ptr + up_rows * stride_wn, offs_n, offs_k, col_ok, live, K, stride_wn,
+                       EVEN_K)
+        up_acc = _accumulate(up_acc, x, w_up, USE_DOT, PRECISION)
+    return acc, up_acc
+
+
+@triton.jit
+def _k_loop(x_ptr, u_ptr, w_ptr, offs_m, offs_n, row_ok, col_ok, first, end, K, up_rows,
+            stride_xm, stride_um, stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
+            PRECISION: tl.constexpr, GATED: tl.constexpr, GATE_UP: tl.constexpr,
+            PDL: tl.constexpr):
+    """The float32 products of W's rows offs_n (GATE_UP: and up_rows + offs_n) with x over K
+    tiles [first, end): [BLOCK_N, BLOCK_M] each with USE_DOT, else [BLOCK_M, BLOCK_N]. PDL:
+    waits after its first W tile (the GATE_UP up tile after the wait)."""
     if USE_DOT:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up_acc = acc
     start = first
     if PDL:  # the first W tile is read while the kernel before finishes: no kernel writes W
         offs_k = first * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -115,13 +127,48 @@ def _small_m_kernel(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K
         x = _load_x(x_ptr, u_ptr, offs_m, offs_k, row_ok, first < end, K, stride_xm,
                     stride_um, EVEN_K, GATED)
         acc = _accumulate(acc, x, w, USE_DOT, PRECISION)
+        if GATE_UP:
+            w_up = _load_w(w_ptr + up_rows * stride_wn, offs_n, offs_k, col_ok, first < end, K,
+                           stride_wn, EVEN_K)
+            up_acc = _accumulate(up_acc, x, w_up, USE_DOT, PRECISION)
         start = first + 1
     for tile in range(start, end):
         offs_k = tile * BLOCK_K + tl.arange(0, BLOCK_K)
         x = _load_x(x_ptr, u_ptr, offs_m, offs_k, row_ok, True, K, stride_xm, stride_um,
                     EVEN_K, GATED)
-        w = _load_w(w_ptr, offs_n, offs_k, col_ok, True, K, stride_wn, EVEN_K)
-        acc = _accumulate(acc, x, w, USE_DOT, PRECISION)
+        acc, up_acc = _k_step(acc, up_acc, x, w_ptr, up_rows, offs_n, offs_k, col_ok, True, K,
+                              stride_wn, EVEN_K, USE_DOT, PRECISION, GATE_UP)
+    return acc, up_acc
+
+
+@triton.jit
+def _silu_mul(gate, up, dtype: tl.constexpr):
+    """silu(gate) * up of two float32 products, each first rounded to dtype (the GEMM's output),
+    as Inductor's SiLU·mul kernel computes it: g / (1 + exp(-g)) * u in float32."""
+    gate = gate.to(dtype).to(tl.float32)
+    return gate / (inductor_exp(-gate) + 1.0) * up.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _small_m_kernel(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, stride_xm,
+                    stride_um, stride_wn, stride_os, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                    EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
+                    FUSED_SUM: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr,
+                    GATE_UP: tl.constexpr):
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok, col_ok = offs_m < M, offs_n < N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    first = pid_k * per_split
+    end = tl.minimum(first + per_split, k_tiles)
+    acc, up_acc = _k_loop(x_ptr, u_ptr, w_ptr, offs_m, offs_n, row_ok, col_ok, first, end, K, N,
+                          stride_xm, stride_um, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                          USE_DOT, PRECISION, GATED, GATE_UP, PDL)
+    if GATE_UP:  # W is [gate; up], N rows each: silu(x @ gate^T) * (x @ up^T)
+        acc = _silu_mul(acc, up_acc, out_ptr.dtype.element_ty)
     if USE_DOT:
         acc = tl.trans(acc)
     tile = offs_m[:, None] * N + offs_n[None, :]
@@ -193,10 +240,23 @@ def small_m_mm_partials(x: torch.Tensor, weight: torch.Tensor,
     return _launch(x, None, weight, config, summed=False)
 
 
+def small_m_gate_up_silu_mul_triton(x: torch.Tensor, weight: torch.Tensor,
+                                    config: SmallMConfig) -> torch.Tensor:
+    """x [M, K] @ weight [2I, K]^T (gate rows, then up rows) -> silu(gate) * up [M, I]: each
+    program reads block_n / 2 gate rows and the matching up rows (so the grid of the plain
+    product's config), both products rounded to x's dtype, the SiLU·mul rounded once as
+    Inductor's kernel rounds it. split_k must be 1: the epilogue needs whole products."""
+    if config.split_k != 1 or weight.shape[0] % 2:
+        raise ValueError(f"the gate/up epilogue needs split_k 1 and an even N, got "
+                         f"{config.split_k} and {weight.shape[0]}")
+    block_n = max(config.block_n // 2, 16 if config.use_dot else 1)
+    return _launch(x, None, weight, dataclasses.replace(config, block_n=block_n), gate_up=True)
+
+
 def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor,
-            config: SmallMConfig, summed: bool = True) -> torch.Tensor:
+            config: SmallMConfig, summed: bool = True, gate_up: bool = False) -> torch.Tensor:
     m, k = x.shape
-    n = weight.shape[0]
+    n = weight.shape[0] // 2 if gate_up else weight.shape[0]
     check_config(m, config)
     x, weight = _rows(x), _rows(weight)
     gated = up is not None
@@ -213,7 +273,8 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
         EVEN_K=k % config.block_k == 0, USE_DOT=config.use_dot,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", FUSED_SUM=fused, GATED=gated,
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_kwargs(x.device))
+        GATE_UP=gate_up, num_warps=config.num_warps, num_stages=config.num_stages,
+        **pdl.launch_kwargs(x.device))
     if not summed:
         return part if split > 1 else out.unsqueeze(0)
     if split > 1 and not fused:

@@ -1,8 +1,8 @@
-"""The `compiled_llm::small_m_mm` op: x [M, K] @ weight [N, K]^T: on CUDA the Triton kernel with
-the config tuned for (M, N, K, GPU) in the 16-bit dtypes, else cuBLAS; on the CPU torch.mm. The
-choice reads only shapes, so a captured CUDA graph keeps one. `small_m_mm_silu_mul` likewise,
-silu(gate) * up made in the kernel's prologue; `small_m_mm_add_rms_norm` with the residual add +
-RMSNorm in the kernel that sums the split-K partials (epilogue.py)."""
+"""The `compiled_llm::small_m_mm` op, x [M, K] @ weight [N, K]^T: on CUDA the Triton kernel tuned
+for (M, N, K, GPU) in the 16-bit dtypes, else cuBLAS; on the CPU torch.mm (the choice reads only
+shapes: a captured CUDA graph keeps one). Fused variants: `small_m_mm_silu_mul` (SiLU·mul in the
+prologue), `small_m_gate_up_silu_mul` (in the epilogue) and `small_m_mm_add_rms_norm` (the
+residual add + RMSNorm in the split-K sum, epilogue.py)."""
 
 from __future__ import annotations
 
@@ -87,3 +87,25 @@ def _small_m_mm_add_rms_norm_fake(x, weight, residual, norm_weight, eps):
     normed = summed.new_empty(summed.shape,
                               dtype=torch.promote_types(residual.dtype, norm_weight.dtype))
     return normed, summed
+
+
+@torch.library.custom_op(f"{LIB}::small_m_gate_up_silu_mul", mutates_args=())
+def small_m_gate_up_silu_mul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K], weight [2I, K] (gate rows, then up rows) -> silu(x @ gate^T) * (x @ up^T)
+    [M, I]: on CUDA the small-M kernel's GATE_UP epilogue where the tuned config has no split-K,
+    else the product then one SiLU·mul kernel; on the CPU torch.mm, then silu * up as written."""
+    if x.device.type != "cuda":
+        gate, up = torch.mm(x, weight.t()).chunk(2, dim=-1)
+        return F.silu(gate) * up  # passes/ops.py silu_and_mul_ref
+    from compiled_llm.gemm.epilogue import silu_mul_halves
+    from compiled_llm.gemm.kernels import small_m_gate_up_silu_mul_triton
+
+    config = tuned_config(x, weight)
+    if config is not None and config.split_k == 1:
+        return small_m_gate_up_silu_mul_triton(x, weight, config)
+    return silu_mul_halves(small_m_mm(x, weight))
+
+
+@small_m_gate_up_silu_mul.register_fake
+def _small_m_gate_up_silu_mul_fake(x, weight):
+    return x.new_empty((x.shape[0], weight.shape[0] // 2))

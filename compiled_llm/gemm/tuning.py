@@ -94,11 +94,13 @@ def triton_tuned(device: torch.device, dtype: torch.dtype, n: int, k: int) -> bo
     return any(lookup(gpu, m, n, k) is not None for m in range(1, MAX_M + 1))
 
 
-def split_k_tuned(device: torch.device, dtype: torch.dtype, n: int, k: int) -> bool:
-    """Whether a [n, k] weight in dtype takes the Triton kernel with split-K at some token count
-    on device (so a kernel after it sums partials anyway)."""
+
+def tuned_splits(device: torch.device, dtype: torch.dtype, n: int, k: int) -> set[int]:
+    """The split_k of every Triton config a [n, k] weight in dtype takes on device over the token
+    counts 1..MAX_M (empty: cuBLAS throughout), which tells the fusion passes whether an epilogue
+    pays: after split-K a sum kernel runs anyway; without it the GEMM holds whole products."""
     if device.type != "cuda" or dtype not in TUNED_DTYPES:
-        return False
+        return set()
     gpu = device_name(device.index or 0)
     configs = (lookup(gpu, m, n, k) for m in range(1, MAX_M + 1))
-    return any(config is not None and config.split_k > 1 for config in configs)
+    return {config.split_k for config in configs if config is not None}

@@ -72,7 +72,7 @@ def test_small_m_gemm_compiles_for_sm90(gated, use_dot, split_k, fused_sum):
     SiLU·mul prologue's exp (libdevice's, built on ex2) only there."""
     constants = dict(BLOCK_M=16 if use_dot else 2, BLOCK_N=32, BLOCK_K=256, SPLIT_K=split_k,
                      EVEN_K=False, USE_DOT=use_dot, PRECISION="tf32", FUSED_SUM=fused_sum,
-                     GATED=gated, PDL=0)
+                     GATED=gated, PDL=0, GATE_UP=False)
     signature = dict(GEMM_ARGS, **{name: "constexpr" for name in constants})
     source = ASTSource(small_m._small_m_kernel, signature, constants, {})
     kernel = _compile_or_skip(source, num_warps=4, num_stages=3)
@@ -90,7 +90,7 @@ def test_small_m_gemm_pdl_reads_weights_before_it_waits(use_dot, split_k):
     one launch; its first W tile is loaded before the wait, every store comes after it."""
     constants = dict(BLOCK_M=16 if use_dot else 2, BLOCK_N=32, BLOCK_K=256, SPLIT_K=split_k,
                      EVEN_K=True, USE_DOT=use_dot, PRECISION="tf32", FUSED_SUM=False,
-                     GATED=False, PDL=2)
+                     GATED=False, PDL=2, GATE_UP=False)
     signature = dict(GEMM_ARGS, **{name: "constexpr" for name in constants})
     source = ASTSource(small_m._small_m_kernel, signature, constants, {})
     ptx = _compile_or_skip(source, num_warps=4, num_stages=3).asm["ptx"]
@@ -101,7 +101,7 @@ def test_small_m_gemm_pdl_reads_weights_before_it_waits(use_dot, split_k):
 
 def test_small_m_gemm_pdl_level_1_waits_without_the_early_trigger():
     constants = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, EVEN_K=True, USE_DOT=True,
-                     PRECISION="tf32", FUSED_SUM=False, GATED=False, PDL=1)
+                     PRECISION="tf32", FUSED_SUM=False, GATED=False, PDL=1, GATE_UP=False)
     signature = dict(GEMM_ARGS, **{name: "constexpr" for name in constants})
     source = ASTSource(small_m._small_m_kernel, signature, constants, {})
     ptx = _compile_or_skip(source, num_warps=4, num_stages=3).asm["ptx"]
@@ -115,6 +115,30 @@ def test_sum_splits_kernel_waits_first_under_pdl():
     source = ASTSource(small_m._sum_splits_kernel, signature, constants, {})
     ptx = _compile_or_skip(source, num_warps=4).asm["ptx"]
     assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
+
+
+@pytest.mark.parametrize("use_dot", [False, True])
+@pytest.mark.parametrize("pdl", [0, 2])
+def test_gate_up_epilogue_compiles_for_sm90(use_dot, pdl):
+    """GATE_UP: two W tiles a K step (gate rows, then up rows) and the SiLU's exp in the
+    epilogue; under PDL one wait, before any store."""
+    constants = dict(BLOCK_M=16 if use_dot else 2, BLOCK_N=32, BLOCK_K=256, SPLIT_K=1,
+                     EVEN_K=True, USE_DOT=use_dot, PRECISION="tf32", FUSED_SUM=False,
+                     GATED=False, PDL=pdl, GATE_UP=True)
+    signature = dict(GEMM_ARGS, **{name: "constexpr" for name in constants})
+    source = ASTSource(small_m._small_m_kernel, signature, constants, {})
+    ptx = _compile_or_skip(source, num_warps=4, num_stages=3).asm["ptx"]
+    assert "ex2.approx" in ptx and ptx.count("griddepcontrol.wait") == int(pdl > 0)
+    if pdl:
+        assert ptx.index("griddepcontrol.wait") < ptx.index("st.global")
+
+
+def test_silu_mul_halves_compiles_for_sm90():
+    constants = dict(BLOCK=1024)
+    signature = dict(src_ptr="*bf16", out_ptr="*bf16", width="i32", stride_src="i32",
+                     **{name: "constexpr" for name in constants})
+    source = ASTSource(epilogue._silu_mul_kernel, signature, constants, {})
+    assert "ex2.approx" in _compile_or_skip(source, num_warps=4).asm["ptx"]
 
 
 @pytest.mark.parametrize("split_k,pdl", [(1, 0), (4, 0), (4, 2)])

@@ -3,7 +3,7 @@ split-K), split-K summed in one launch bit-equal to the two-kernel sum, the op t
 Triton entry inside a CUDA graph, and the pass putting the op in a compiled CUDA graph by
 default; the gated op (SiLU·mul in the prologue) bit-equal to Inductor's SiLU·mul kernel then the
 plain kernel at the Qwen3-0.6B and Llama-3-8B down shapes; the add + RMSNorm op against the
-unfused path, and its pass in a compiled graph by default."""
+unfused path, and its pass in a compiled graph by default; the gate/up SiLU·mul op likewise."""
 
 from __future__ import annotations
 
@@ -194,3 +194,30 @@ def test_add_rms_norm_pass_rewrites_split_k_sites_by_default():
     assert "small_m_mm_add_rms_norm" in code
     for got, ref in zip(out, proj_add_norm(*args)):
         torch.testing.assert_close(got, ref, rtol=2e-2, atol=0.1)
+
+
+@pytest.mark.parametrize(("n", "k"), [(6144, 1024), (28672, 4096)])  # Qwen3-0.6B, Llama-3-8B
+@pytest.mark.parametrize("m", [1, 4, 16, 40])
+def test_gate_up_silu_mul_op_is_the_product_then_silu_mul(n, k, m):
+    """The op with the shipped table (the GATE_UP epilogue where Triton has no split-K, else
+    the product then one SiLU·mul kernel) against small_m_mm then Inductor's SiLU·mul, in a
+    CUDA graph too."""
+    from compiled_llm.gemm import small_m_gate_up_silu_mul
+    from compiled_llm.passes import ops
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    inductor = torch.compile(ops.silu_and_mul_ref, dynamic=False)
+
+    def check(out):
+        gate, up = small_m_mm(x, weight).chunk(2, dim=-1)
+        torch.testing.assert_close(out, inductor(gate, up), rtol=1.6e-2, atol=1e-2)
+
+    check(small_m_gate_up_silu_mul(x, weight))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = small_m_gate_up_silu_mul(x, weight)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        check(out)

@@ -1,6 +1,7 @@
 """The promise over the model registry: every registered architecture compiles with the
 compiled-llm backend, matches eager, and gets its expected fusions at every site (the fused
-[q/k norm +] RoPE + KV write included: once per layer, before the split at attention).
+[q/k norm +] RoPE + KV write included: once per layer, before the split at attention; the
+small-M GEMM's SiLU·mul and add + RMSNorm epilogues).
 
 Mixture-of-experts layers: the routed experts are one `compiled_llm::fused_moe` call per sparse
 layer per step, inside the layer's piece (the graph is split at attention only); their SiLU·mul
@@ -20,9 +21,10 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral",
                "Qwen2MoeForCausalLM": "qwen2_moe"}
-# the fused RoPE + KV write is for CUDA by default; on CPU its op runs the reference (the
-# models' arithmetic, eagerly), so the promise holds on CPU too
-ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True, "enable_qk_norm_rope_kv_write": True}
+# the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
+# run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too
+ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True, "enable_qk_norm_rope_kv_write": True,
+          "small_m_gemm_on_cpu": True}
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
@@ -56,6 +58,9 @@ def test_compiles_matches_eager_and_fuses(arch, monkeypatch):
     assert m["SiluMulFusionPass"] == gated_mlps
     assert m["HorizontalGemmFusionPass"] == layers + gated_mlps  # q/k/v, every gate/up
     assert m["QKNormRoPEKVWriteFusionPass"] == layers  # [q/k norm +] RoPE + KV write, one op
+    assert m["SmallMGemmSiluMulFusionPass"] == gated_mlps  # the gate/up GEMM's epilogue
+    # o_proj's and each dense down_proj's add + norm (MoE outputs are no single GEMM's)
+    assert m["SmallMGemmAddRMSNormFusionPass"] == 2 * layers - sparse
     assert counters.graph_breaks == 0 and counters.recompiles == 0
     assert counters.pieces == layers + 1  # split at attention alone, never at the MoE op
     assert moe_calls_per_step(llm, monkeypatch) == sparse

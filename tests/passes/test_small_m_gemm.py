@@ -14,10 +14,11 @@ from compiled_llm.worker.loader import load_model
 from tests.passes.helpers import capture_model, capture_run, compile_run
 from tests.utils import make_checkpoint
 
-# the down projection's silu_and_mul and the add + norms stay out (test_silu_mul_small_m.py and
-# test_small_m_add_rms_norm.py fold them in)
+# the SiLU·mul and the add + norms stay out (test_silu_mul_small_m.py, test_small_m_silu_mul.py
+# and test_small_m_add_rms_norm.py fold them in)
 FORCED = PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False,
-                    enable_silu_mul_small_m=False, enable_small_m_add_rms_norm=False)
+                    enable_silu_mul_small_m=False, enable_small_m_silu_mul=False,
+                    enable_small_m_add_rms_norm=False)
 LAYERS = 2  # tests/utils.py SMALL
 
 
