@@ -517,7 +517,7 @@ elif [ "$CALL" = 60 ]; then  # one GPU (carry .whl): both epilogues (the default
   S='{"passes": {"enable_small_m_silu_mul": false}}' K='{"passes": {"enable_qk_norm_rope_kv_write": true}}'
   N='{"passes": {"enable_small_m_silu_mul": false, "enable_small_m_add_rms_norm": false}}'
   mapfile -t a <<<"\
-$py -m pytest -q -x -p no:cacheprovider tests/kernels/test_small_m_gemm_gpu.py -k "gate_up or add_rms_norm"
+$py -m pytest -q -x -p no:cacheprovider tests/kernels/test_small_m_gemm_gpu.py -k add_rms_norm
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $U --model $Q --label default
 $U --model $Q --label silu_mul_epilogue_off --engine-args '$S'
