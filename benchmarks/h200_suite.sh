@@ -99,6 +99,8 @@
 #     bash benchmarks/h200_suite.sh 60    # the gate/up SiLU·mul epilogue too: GPU tests, batch 1
 #                                         # with each epilogue off, the epilogue and QK pairs at
 #                                         # 1/8/32 in both orders, 8B batch 1
+#     bash benchmarks/h200_suite.sh 61    # the QK-norm + RoPE + KV write on by default: batch 1
+#                                         # (0.6B, 8B), its GPU tests and the engine's under it
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -510,6 +512,16 @@ elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the ser
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 61 ]; then  # one GPU (carry .whl): the defaults after call 60 (QK-norm +
+  # RoPE + KV write fused, the add + norm epilogue): batch 1, then the GPU tests under them
+  Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $Q --label default
+$MK
+$U --model $CK/llama3-8b --label default --skip-tokenizer-init
+timeout 170 $py -m pytest -q -p no:cacheprovider tests/kernels/test_qk_norm_rope_gpu.py tests/worker/test_cudagraphs_gpu.py tests/worker/test_kv_cache_fp8.py tests/engine/test_spec_eagle.py tests/lora/test_lora_gpu.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 60 ]; then  # one GPU (carry .whl): both epilogues (the defaults) against
   # each off, the QK-norm + RoPE + KV write fusion on top; pairs in both orders

@@ -13,7 +13,7 @@ from __future__ import annotations
 from benchmarks.common import decode_pair_main, fused_pair_rows
 
 OFF = {"enable_qk_norm_rope_kv_write": False}
-ON = {"enable_qk_norm_rope_kv_write": True}  # opt-in (passes/manager.py) until measured
+ON = {"enable_qk_norm_rope_kv_write": True}  # the default since call 60
 
 
 def run_shape(shape: str, args) -> list[dict]:

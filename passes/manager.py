@@ -78,13 +78,15 @@ class PassConfig:
     # opt-in: with it the H200's batch-1 step was slower (docs/benchmarks.md, call 35)
     enable_silu_mul_small_m: bool = False
     # silu_and_mul of small_m_mm(x, W_gate_up)'s halves -> compiled_llm::small_m_gate_up_silu_mul:
-    # the SiLU·mul in the GEMM's epilogue (weights without split-K only on CUDA)
-    enable_small_m_silu_mul: bool = True
+    # the SiLU·mul in the GEMM's epilogue (weights without split-K only on CUDA); opt-in: no
+    # faster on the H200 (docs/benchmarks.md, call 60)
+    enable_small_m_silu_mul: bool = False
     # fused_add_rms_norm(small_m_mm(x, W), residual) -> compiled_llm::small_m_mm_add_rms_norm:
     # the split-K sum adds and normalizes (split-K weights only on CUDA)
     enable_small_m_add_rms_norm: bool = True
-    # pre-split: norm + RoPE + KV write, one op; opt-in until its kernel is measured on a GPU
-    enable_qk_norm_rope_kv_write: bool = False
+    # pre-split: [q/k norm +] RoPE + KV write, one op (CUDA graphs; 1.07 / 1.06 / 1.02x at
+    # batch 1 / 8 / 32 on the H200's Qwen3-0.6B, docs/benchmarks.md, call 60)
+    enable_qk_norm_rope_kv_write: bool = True
     # ... on CPU too: there the op runs the reference eagerly, slower than Inductor's kernels
     qk_norm_rope_kv_write_on_cpu: bool = False
     inline_fused_ops: bool = True  # tail: let Inductor generate the fused ops' kernels

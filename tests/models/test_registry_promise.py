@@ -22,9 +22,10 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral",
                "Qwen2MoeForCausalLM": "qwen2_moe"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
-# run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too
-ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True, "enable_qk_norm_rope_kv_write": True,
-          "small_m_gemm_on_cpu": True}
+# run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too (the
+# gate/up SiLU·mul epilogue is opt-in: asked for here)
+ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True, "small_m_gemm_on_cpu": True,
+          "enable_small_m_silu_mul": True}
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
@@ -58,7 +59,7 @@ def test_compiles_matches_eager_and_fuses(arch, monkeypatch):
     assert m["SiluMulFusionPass"] == gated_mlps
     assert m["HorizontalGemmFusionPass"] == layers + gated_mlps  # q/k/v, every gate/up
     assert m["QKNormRoPEKVWriteFusionPass"] == layers  # [q/k norm +] RoPE + KV write, one op
-    assert m["SmallMGemmSiluMulFusionPass"] == gated_mlps  # the gate/up GEMM's epilogue
+    assert m["SmallMGemmSiluMulFusionPass"] == gated_mlps  # the gate/up GEMM's (opt-in)
     # o_proj's and each dense down_proj's add + norm (MoE outputs are no single GEMM's)
     assert m["SmallMGemmAddRMSNormFusionPass"] == 2 * layers - sparse
     assert counters.graph_breaks == 0 and counters.recompiles == 0

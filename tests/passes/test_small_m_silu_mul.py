@@ -1,8 +1,8 @@
 """SmallMGemmSiluMulFusionPass with small-M forced on the CPU: silu_and_mul over the two halves of
 one small_m_mm (the fused gate/up projection) becomes `compiled_llm::small_m_gate_up_silu_mul`
 (toy graph, Llama/Qwen3 layers, through Inductor with no SiLU kernel left); a product with
-another reader, uneven halves and FP8 MLPs stay; the opt-in prologue fusion, when asked for,
-wins; -O0 and the flag turn it off; outputs match the unfused path."""
+another reader, uneven halves and FP8 MLPs stay; the prologue fusion, when asked for too, wins;
+opt-in (-O0 and the flag's default leave it off); outputs match the unfused path."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from compiled_llm.worker.loader import load_model
 from tests.passes.helpers import capture_model, capture_run, compile_run, kernels_with
 from tests.utils import make_checkpoint
 
-FORCED = PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False)
+FORCED = PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False,
+                    enable_small_m_silu_mul=True)
+FORCED_INDUCTOR = PassConfig(small_m_gemm_on_cpu=True, enable_small_m_silu_mul=True)
 NAME = "SmallMGemmSiluMulFusionPass"
 FUSED = "compiled_llm.small_m_gate_up_silu_mul"
 LAYERS = 2  # tests/utils.py SMALL
@@ -64,8 +66,8 @@ def test_other_readers_and_uneven_halves_stay(fn):
 
 
 @pytest.mark.parametrize("config", [
-    PassConfig(inline_fused_ops=False),  # small-M is CUDA-only by default
-    PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False, enable_small_m_silu_mul=False),
+    PassConfig(inline_fused_ops=False, enable_small_m_silu_mul=True),  # small-M: CUDA only
+    PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False),  # opt-in (call 60)
 ])
 def test_off_on_cpu_by_default_and_by_its_flag(config):
     _, _, after, m = capture_run(_gate_up, _args(), config)
@@ -77,12 +79,12 @@ def test_o0_turns_it_off():
     from compiled_llm.optimization import LEVELS
 
     assert LEVELS[0].passes["enable_small_m_silu_mul"] is False
-    assert PassConfig().enable_small_m_silu_mul is True
+    assert PassConfig().enable_small_m_silu_mul is False
 
 
 def test_through_inductor_no_silu_kernel():
     args = _args(torch.bfloat16, tokens=3)
-    out, code, m = compile_run(_gate_up, args, PassConfig(small_m_gemm_on_cpu=True))
+    out, code, m = compile_run(_gate_up, args, FORCED_INDUCTOR)
     assert m.matches(NAME) == 1 and FUSED in code
     assert not kernels_with(code, "exp")  # no generated kernel computes the SiLU
     torch.testing.assert_close(out, _gate_up(*args), rtol=0, atol=0)
@@ -100,7 +102,7 @@ def test_model_layers_gate_up_takes_the_silu_mul(name):
 def test_the_opt_in_prologue_fusion_wins():
     model = load_model(make_checkpoint("qwen3"), torch.float32, torch.device("cpu"), 512)
     config = PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False,
-                        enable_silu_mul_small_m=True)
+                        enable_silu_mul_small_m=True, enable_small_m_silu_mul=True)
     _, _, _, after, m = capture_model(model, 10, config)
     assert m.matches(NAME) == 0 and after[FUSED] == 0
     assert after["compiled_llm.small_m_mm_silu_mul"] == LAYERS
