@@ -13,7 +13,7 @@ import compiled_llm.gemm  # noqa: F401 (registers the compiled_llm small-M ops)
 from compiled_llm.gemm.tuning import tuned_splits
 from compiled_llm.passes import ops  # noqa: F401 (registers compiled_llm::fused_add_rms_norm)
 from compiled_llm.passes.base import GraphPass
-from compiled_llm.passes.fx_utils import getitem_users, insert_op, replace_tuple, val
+from compiled_llm.passes.fx_utils import getitem_users, insert_op, replace_tuple, same_shape, val
 
 OPS = torch.ops.compiled_llm
 
@@ -27,9 +27,9 @@ def _product(node, other) -> Node | None:
     product, residual = val(node), val(other)
     if product is None or residual is None or product.dim() != 2:
         return None
-    if residual.dtype != product.dtype or residual.dim() != 2:
-        return None
-    return node if product.shape[1] == residual.shape[1] else None
+    if residual.dtype != product.dtype or not same_shape(product, residual):
+        return None  # a broadcast residual stays with Inductor's kernel
+    return node
 
 
 def match_site(node: Node) -> tuple[Node, tuple] | None:
@@ -39,6 +39,8 @@ def match_site(node: Node) -> tuple[Node, tuple] | None:
     if node.target is not OPS.fused_add_rms_norm.default or node.kwargs:
         return None
     lhs, rhs, norm_weight, eps = node.args
+    if lhs is rhs:
+        return None
     product = _product(lhs, rhs)
     residual = rhs
     if product is None:
@@ -73,4 +75,3 @@ class SmallMGemmAddRMSNormFusionPass(GraphPass):
             graph.erase_node(product)
             rewritten += 1
         return rewritten
-

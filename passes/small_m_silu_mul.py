@@ -32,7 +32,7 @@ def _split_range(node: Node) -> tuple[Node, Node, int, int] | None:
     source, sizes, dim = (*split.args, 0)[:3]
     if dim not in (1, -1) or not isinstance(source, Node):
         return None
-    width = val(source).shape[1] if val(source) is not None else None
+    width = val(source).shape[1] if val(source) is not None and val(source).dim() == 2 else None
     if isinstance(sizes, int):  # split.Tensor: chunks of `sizes`, the last one shorter
         sizes = [sizes] * 2 if width == 2 * sizes else []
     bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
@@ -46,7 +46,8 @@ def _half(node) -> tuple[Node | None, Node, int, int] | None:
         return None
     if node.target is aten.slice.Tensor:
         source, dim, start, end = (*node.args, None, None, None)[:4]
-        found = (None, source, start, end) if dim in (1, -1) else None
+        step = node.args[4] if len(node.args) > 4 else 1
+        found = (None, source, start, end) if dim in (1, -1) and step == 1 else None
     else:
         found = _split_range(node)
     if found is None or not isinstance(found[1], Node):
@@ -59,7 +60,11 @@ def match_site(node: Node) -> tuple[Node, Node | None] | None:
     mm [M, 2I] read by those halves alone; else None."""
     if node.target is not OPS.silu_and_mul.default or node.kwargs:
         return None
-    gate, up = _half(node.args[0]), _half(node.args[1])
+    halves = node.args
+    if halves[0] is halves[1] or any(len(half.users) != 1 for half in halves
+                                     if isinstance(half, Node)):
+        return None  # a half read elsewhere too stays (and with it the product)
+    gate, up = _half(halves[0]), _half(halves[1])
     if gate is None or up is None or gate[:2] != up[:2]:
         return None
     split, product = gate[:2]

@@ -34,7 +34,7 @@ def _sum_add_rms_norm_kernel(part_ptr, res_ptr, w_ptr, normed_ptr, summed_ptr, N
                              stride_res, eps, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
                              PDL: tl.constexpr):
     dependency_sync(PDL)
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row * N passes 2**31 in long prefills
     offs = tl.arange(0, BLOCK_N)
     ok = offs < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)

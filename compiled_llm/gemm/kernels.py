@@ -33,6 +33,7 @@ if not isinstance(inductor_exp, JITFunction):  # TRITON_INTERPRET=1: no libdevic
 
     @triton.jit
     def inductor_exp(x):
+        """tl.exp: the interpreter's numpy exp."""
         return tl.exp(x)
 
 
@@ -234,7 +235,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def small_m_mm_partials(x: torch.Tensor, weight: torch.Tensor,
-                       config: SmallMConfig) -> torch.Tensor:
+                        config: SmallMConfig) -> torch.Tensor:
     """x [M, K] @ weight [N, K]^T left unsummed: float32 partials [split_k, M, N] in split
     order, for a kernel after it to sum (epilogue.py); with split_k 1, the product [1, M, N]."""
     return _launch(x, None, weight, config, summed=False)

@@ -59,7 +59,8 @@ def _fits_epilogue(x, weight, residual, norm_weight) -> bool:
     """Whether the CUDA epilogue kernel takes these: one dtype, row-major rows, a 1-D norm."""
     return (x.device.type == "cuda" and residual.dtype == x.dtype == weight.dtype
             and residual.shape == (x.shape[0], weight.shape[0]) and residual.stride(1) == 1
-            and norm_weight.dim() == 1 and norm_weight.is_contiguous())
+            and norm_weight.shape == (weight.shape[0],) and norm_weight.is_contiguous()
+            and residual.device == norm_weight.device == x.device)
 
 
 @torch.library.custom_op(f"{LIB}::small_m_mm_add_rms_norm", mutates_args=())
@@ -70,7 +71,7 @@ def small_m_mm_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: tor
     small-M GEMM's split-K partials (or cuBLAS's product) summed, added and normalized by one
     kernel (epilogue.py); elsewhere torch.mm, then the add and the norm as the models write them."""
     if not _fits_epilogue(x, weight, residual, norm_weight):
-        summed = torch.mm(x, weight.t()) + residual
+        summed = small_m_mm(x, weight) + residual  # the unfused path, as the pass found it
         return rms_norm_reference(summed, norm_weight, eps), summed
     from compiled_llm.gemm.epilogue import sum_add_rms_norm
     from compiled_llm.gemm.kernels import small_m_mm_partials
@@ -83,7 +84,8 @@ def small_m_mm_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: tor
 
 @small_m_mm_add_rms_norm.register_fake
 def _small_m_mm_add_rms_norm_fake(x, weight, residual, norm_weight, eps):
-    summed = residual.new_empty((x.shape[0], weight.shape[0]))
+    summed = residual.new_empty((x.shape[0], weight.shape[0]),
+                                dtype=torch.promote_types(x.dtype, residual.dtype))
     normed = summed.new_empty(summed.shape,
                               dtype=torch.promote_types(residual.dtype, norm_weight.dtype))
     return normed, summed

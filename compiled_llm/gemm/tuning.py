@@ -94,7 +94,6 @@ def triton_tuned(device: torch.device, dtype: torch.dtype, n: int, k: int) -> bo
     return any(lookup(gpu, m, n, k) is not None for m in range(1, MAX_M + 1))
 
 
-
 def tuned_splits(device: torch.device, dtype: torch.dtype, n: int, k: int) -> set[int]:
     """The split_k of every Triton config a [n, k] weight in dtype takes on device over the token
     counts 1..MAX_M (empty: cuBLAS throughout), which tells the fusion passes whether an epilogue

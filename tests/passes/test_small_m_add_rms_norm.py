@@ -107,3 +107,15 @@ def test_fp8_layers_are_not_matched():
                        quantization="fp8")
     _, _, _, after, m = capture_model(model, 10, FORCED)
     assert m.matches(NAME) == 0 and after[FUSED] == 0
+
+
+def _broadcast_residual(x, w_o, residual, norm_weight):
+    summed = x[:1] @ w_o.t() + residual  # [1, N] + [T, N]: broadcast, not a residual site
+    return rms_norm(summed, norm_weight, 1e-6), summed
+
+
+def test_a_broadcast_product_stays():
+    out, _, after, m = capture_run(_broadcast_residual, _args(), FORCED, dynamic=False)
+    assert m.matches(NAME) == 0 and after[FUSED] == 0
+    for o, r in zip(out, _broadcast_residual(*_args())):
+        torch.testing.assert_close(o, r, rtol=0, atol=0)

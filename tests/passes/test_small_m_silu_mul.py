@@ -113,3 +113,23 @@ def test_fp8_mlps_are_not_matched():
                        quantization="fp8")
     _, _, _, after, m = capture_model(model, 10, FORCED)
     assert m.matches(NAME) == 0 and after[FUSED] == 0
+
+
+def _half_read_twice(x, w_gate_up):
+    gate, up = (x @ w_gate_up.t()).chunk(2, dim=-1)
+    return F.silu(gate) * up, gate.sum(-1)  # gate has a second reader: not fused
+
+
+def _strided_halves(x, w_gate_up):
+    product = x @ w_gate_up.t()
+    return F.silu(product[:, 0:48:2]) * product[:, 48:96:2]
+
+
+@pytest.mark.parametrize("fn", [_half_read_twice, _strided_halves])
+def test_a_half_read_twice_and_strided_halves_stay(fn):
+    out, _, after, m = capture_run(fn, _args(), FORCED)
+    assert m.matches(NAME) == 0 and after[FUSED] == 0
+    ref = fn(*_args())
+    for o, r in zip(out if isinstance(out, tuple) else (out,),
+                    ref if isinstance(ref, tuple) else (ref,)):
+        torch.testing.assert_close(o, r, rtol=0, atol=0)
