@@ -6,6 +6,7 @@ pooled, step k+1 launched before the host waits for step k's rows."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from compiled_llm.config import EngineArgs, model_len_bounds
+from compiled_llm.config import CompileConfig, EngineArgs, model_len_bounds
 from compiled_llm.engine.input_processor import InputProcessor, PromptType
 from compiled_llm.models import ModelRegistry
 from compiled_llm.models.plugins import load_general_plugins
@@ -27,6 +28,16 @@ logger = logging.getLogger(__name__)
 Tokens = tuple[list[int], list[int] | None]  # (token ids, token types or None)
 # the default token budget of one pooling forward (vLLM's POOLING_MODEL_MAX_NUM_BATCHED_TOKENS)
 POOLING_MAX_NUM_BATCHED_TOKENS = 32768
+QK_FUSION = "enable_qk_norm_rope_kv_write"
+
+
+def pooling_compile_config(args: EngineArgs) -> CompileConfig:
+    """args' compile settings, with the fused QK-norm + RoPE + KV write off unless asked for: a
+    pooling forward has no KV cache, so that op would run its eager reference, not the kernel."""
+    config = args.compile_config()
+    if QK_FUSION in args.passes:
+        return config
+    return dataclasses.replace(config, passes={**config.passes, QK_FUSION: False})
 
 
 def resolve_runner(args: EngineArgs, model_dir: str) -> str:
@@ -99,7 +110,7 @@ class PoolingEngine:
         default_type = getattr(type(model), "default_pooling_type", "LAST")
         self.pooler = resolve_pooler(model_dir, default_type,
                                      PoolerConfig.from_value(args.pooler_config))
-        self.runner = PoolingRunner(model, self.device, self.dtype, args.compile_config(),
+        self.runner = PoolingRunner(model, self.device, self.dtype, pooling_compile_config(args),
                                     args.attention_backend_for(self.device.type))
         self.inputs = InputProcessor(self.tokenizer, model.config.vocab_size, (),
                                      self.max_model_len, args)
