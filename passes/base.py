@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 from torch._inductor.pattern_matcher import PatternMatcherPass
-from torch.fx import Graph
+from torch.fx import Graph, Node
 
 
 @functools.cache
@@ -58,6 +58,29 @@ class GraphPass:
         self.seconds += time.perf_counter() - start
         self.matches += matches
         return matches
+
+
+class SiteRewritePass(GraphPass):
+    """A pass that rewrites single op sites: `match_site(node)` gives a site (or None) for each
+    call node, `rewrite(graph, node, site)` replaces it; apply counts the rewrites."""
+
+    def match_site(self, node: Node) -> object | None:
+        """The site rooted at node, or None."""
+        raise NotImplementedError
+
+    def rewrite(self, graph: Graph, node: Node, site) -> None:
+        """Replace the matched site in graph."""
+        raise NotImplementedError
+
+    def apply(self, graph: Graph) -> int:
+        """Rewrite every site; returns how many were rewritten."""
+        rewritten = 0
+        for node in list(graph.nodes):
+            site = self.match_site(node) if node.op == "call_function" else None
+            if site is not None:
+                self.rewrite(graph, node, site)
+                rewritten += 1
+        return rewritten
 
 
 class PatternPass(GraphPass):

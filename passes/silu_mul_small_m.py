@@ -12,7 +12,7 @@ from torch.fx import Graph, Node
 import compiled_llm.gemm  # noqa: F401 (registers the compiled_llm small-M ops)
 from compiled_llm.gemm.tuning import triton_tuned
 from compiled_llm.passes import ops  # noqa: F401 (registers compiled_llm::silu_and_mul)
-from compiled_llm.passes.base import GraphPass
+from compiled_llm.passes.base import SiteRewritePass
 from compiled_llm.passes.fx_utils import insert_op, val
 
 OPS = torch.ops.compiled_llm
@@ -40,22 +40,16 @@ def match_site(node: Node) -> tuple[Node, Node, Node] | None:
     return gate, up, weight
 
 
-class SiluMulSmallMGemmFusionPass(GraphPass):
+class SiluMulSmallMGemmFusionPass(SiteRewritePass):
     """Fold silu_and_mul into the small-M GEMM that alone reads it (see module)."""
 
     flag = "enable_silu_mul_small_m"
+    match_site = staticmethod(match_site)
 
-    def apply(self, graph: Graph) -> int:
-        """Rewrite every site; returns how many down projections took the activation in."""
-        rewritten = 0
-        for node in list(graph.nodes):
-            site = match_site(node) if node.op == "call_function" else None
-            if site is None:
-                continue
-            act = node.args[0]
-            (fused,) = insert_op(graph, node, OPS.small_m_mm_silu_mul.default, site, 1)
-            node.replace_all_uses_with(fused)
-            graph.erase_node(node)
-            graph.erase_node(act)
-            rewritten += 1
-        return rewritten
+    def rewrite(self, graph: Graph, node: Node, site) -> None:
+        """The gated op in place of the GEMM; the activation goes."""
+        act = node.args[0]
+        (fused,) = insert_op(graph, node, OPS.small_m_mm_silu_mul.default, site, 1)
+        node.replace_all_uses_with(fused)
+        graph.erase_node(node)
+        graph.erase_node(act)

@@ -12,7 +12,7 @@ from torch.fx import Graph, Node
 import compiled_llm.gemm  # noqa: F401 (registers the compiled_llm small-M ops)
 from compiled_llm.gemm.tuning import tuned_splits
 from compiled_llm.passes import ops  # noqa: F401 (registers compiled_llm::fused_add_rms_norm)
-from compiled_llm.passes.base import GraphPass
+from compiled_llm.passes.base import SiteRewritePass
 from compiled_llm.passes.fx_utils import getitem_users, insert_op, replace_tuple, same_shape, val
 
 OPS = torch.ops.compiled_llm
@@ -57,21 +57,15 @@ def match_site(node: Node) -> tuple[Node, tuple] | None:
     return product, (x, weight, residual, norm_weight, eps)
 
 
-class SmallMGemmAddRMSNormFusionPass(GraphPass):
+class SmallMGemmAddRMSNormFusionPass(SiteRewritePass):
     """Fold the residual add + RMSNorm into the small-M GEMM's split-K sum (see module)."""
 
     flag = "enable_small_m_add_rms_norm"
+    match_site = staticmethod(match_site)
 
-    def apply(self, graph: Graph) -> int:
-        """Rewrite every site; returns how many projections took the add + norm in."""
-        rewritten = 0
-        for node in list(graph.nodes):
-            site = match_site(node) if node.op == "call_function" else None
-            if site is None:
-                continue
-            product, args = site
-            outs = insert_op(graph, node, OPS.small_m_mm_add_rms_norm.default, args, 2)
-            replace_tuple(graph, node, outs)
-            graph.erase_node(product)
-            rewritten += 1
-        return rewritten
+    def rewrite(self, graph: Graph, node: Node, site) -> None:
+        """The fused op in place of the norm's tuple; the product goes."""
+        product, args = site
+        outs = insert_op(graph, node, OPS.small_m_mm_add_rms_norm.default, args, 2)
+        replace_tuple(graph, node, outs)
+        graph.erase_node(product)

@@ -14,7 +14,7 @@ from torch.fx import Graph, Node
 import compiled_llm.gemm  # noqa: F401 (registers the compiled_llm small-M ops)
 from compiled_llm.gemm.tuning import tuned_splits
 from compiled_llm.passes import ops  # noqa: F401 (registers compiled_llm::silu_and_mul)
-from compiled_llm.passes.base import GraphPass
+from compiled_llm.passes.base import SiteRewritePass
 from compiled_llm.passes.fx_utils import insert_op, val
 
 OPS = torch.ops.compiled_llm
@@ -86,24 +86,17 @@ def match_site(node: Node) -> tuple[Node, Node | None] | None:
     return product, split
 
 
-class SmallMGemmSiluMulFusionPass(GraphPass):
+class SmallMGemmSiluMulFusionPass(SiteRewritePass):
     """Fold silu_and_mul into the gate/up small-M GEMM it reads (see module)."""
 
     flag = "enable_small_m_silu_mul"
+    match_site = staticmethod(match_site)
 
-    def apply(self, graph: Graph) -> int:
-        """Rewrite every site; returns how many gate/up projections took the SiLU·mul in."""
-        rewritten = 0
-        for node in list(graph.nodes):
-            site = match_site(node) if node.op == "call_function" else None
-            if site is None:
-                continue
-            product, split = site
-            halves = node.args
-            (fused,) = insert_op(graph, node, OPS.small_m_gate_up_silu_mul.default,
-                                 product.args, 1)
-            node.replace_all_uses_with(fused)
-            for dead in (node, *halves, *([split] if split is not None else []), product):
-                graph.erase_node(dead)
-            rewritten += 1
-        return rewritten
+    def rewrite(self, graph: Graph, node: Node, site) -> None:
+        """The fused op in place of silu_and_mul; its halves, the split and the product go."""
+        product, split = site
+        halves = node.args
+        (fused,) = insert_op(graph, node, OPS.small_m_gate_up_silu_mul.default, product.args, 1)
+        node.replace_all_uses_with(fused)
+        for dead in (node, *halves, *([split] if split is not None else []), product):
+            graph.erase_node(dead)
