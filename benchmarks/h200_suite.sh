@@ -101,6 +101,8 @@
 #                                         # 1/8/32 in both orders, 8B batch 1
 #     bash benchmarks/h200_suite.sh 61    # the QK-norm + RoPE + KV write on by default: batch 1
 #                                         # (0.6B, 8B), its GPU tests and the engine's under it
+#     bash benchmarks/h200_suite.sh 62    # batch 1's step: kernels and idle gaps, one-launch
+#                                         # splits, the EAGLE engine tests
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -512,6 +514,17 @@ elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the ser
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 62 ]; then  # one GPU (carry .whl): where batch 1's step goes on the defaults:
+  # the kernel table and the device timeline's idle gaps, batch 1 with one-launch splits, the
+  # EAGLE engine tests (stopped at their first failure)
+  Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json
+$U --model $Q --label default
+COMPILED_LLM_ONE_LAUNCH_SPLITS=1 $U --model $Q --label one_launch_splits
+timeout 150 $py -m pytest -x -q -p no:cacheprovider tests/engine/test_spec_eagle.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 61 ]; then  # one GPU (carry .whl): the defaults after call 60 (QK-norm +
   # RoPE + KV write fused, the add + norm epilogue): batch 1, then the GPU tests under them

@@ -62,6 +62,44 @@ def kernel_table(prof, steps: int, top: int = 40) -> dict:
                     for n, v in rows]}
 
 
+def kernel_spans(prof) -> list[tuple[float, float, str]]:
+    """(start us, end us, name) of each device kernel or copy, by start time."""
+    spans = [(evt.time_range.start, evt.time_range.end, evt.name) for evt in prof.events()
+             if evt.device_type == torch.autograd.DeviceType.CUDA]
+    return sorted(spans)
+
+
+def timeline(spans: list[tuple[float, float, str]], steps: int, top: int = 15) -> dict:
+    """The device's wall per step split into busy and idle time, the idle gaps by size, and
+    the (kernel before, kernel after) pairs holding the most idle time: what a step waits on."""
+    if not spans:
+        return {}
+    busy = idle = 0.0
+    last_end, last_name = spans[0][0], "<start>"
+    buckets = dict.fromkeys(("<1us", "1-2us", "2-5us", "5-20us", ">20us"), 0.0)
+    pairs: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    for start, end, name in spans:
+        gap = start - last_end
+        if gap > 0:
+            idle += gap
+            label = ("<1us" if gap < 1 else "1-2us" if gap < 2 else "2-5us" if gap < 5
+                     else "5-20us" if gap < 20 else ">20us")
+            buckets[label] += gap
+            slot = pairs[(last_name[:60], name[:60])]
+            slot[0] += gap
+            slot[1] += 1
+        busy += max(0.0, end - max(start, last_end))
+        if end > last_end:
+            last_end, last_name = end, name
+    per_step = max(steps, 1) * 1e3
+    worst = sorted(pairs.items(), key=lambda item: -item[1][0])[:top]
+    return {"span_ms_per_step": (last_end - spans[0][0]) / per_step,
+            "busy_ms_per_step": busy / per_step, "idle_ms_per_step": idle / per_step,
+            "idle_ms_per_step_by_gap": {k: v / per_step for k, v in buckets.items()},
+            "idle_pairs": [{"before": b, "after": a, "us_per_step": v[0] / max(steps, 1),
+                            "count": v[1]} for (b, a), v in worst]}
+
+
 def nano_vllm(llm, seed: int) -> tuple[int, float]:
     """(output tokens, seconds) of one nano-vllm run with the prompts of `seed`."""
     from compiled_llm.entrypoints.cli.bench import nano_vllm_workload
@@ -125,6 +163,7 @@ def run(args) -> dict:
             torch.cuda.synchronize()
     steps = llm.engine.step_stats.steps - steps0
     row["profile"] = kernel_table(prof, steps)
+    row["timeline"] = timeline(kernel_spans(prof), steps)
     if args.trace:
         prof.export_chrome_trace(args.trace)
     return row
@@ -141,17 +180,20 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="also write a Chrome trace here")
     args = ap.parse_args()
     row = run(args)
-    prof = row.pop("profile")
+    prof, line = row.pop("profile"), row.pop("timeline")
     print(json.dumps(row))
+    print(json.dumps(line, indent=1))
     print(f"device ms/step {prof['device_ms_per_step']:.3f}, "
           f"kernels/step {prof['kernels_per_step']:.1f}")
     for kind, v in prof["kinds"].items():
         print(f"  {kind:20s} {v['ms']:10.1f} ms {v['pct']:5.1f}% {v['count']:8d}")
     for item in prof["top"]:
-        print(f"  {item['ms']:10.2f} ms {item['count']:7d}  [{item['kind']}] {item['name']}")
+        mean_us = 1e3 * item["ms"] / item["count"]
+        print(f"  {item['ms']:10.2f} ms {item['count']:7d} {mean_us:7.2f} us  [{item['kind']}] "
+              f"{item['name']}")
     if args.json:
         with open(args.json, "a") as out:
-            out.write(json.dumps(row | {"profile": prof}) + "\n")
+            out.write(json.dumps(row | {"profile": prof, "timeline": line}) + "\n")
 
 
 if __name__ == "__main__":
