@@ -1,7 +1,8 @@
 """QKNormRoPEKVWriteFusionPass: [q_norm, k_norm] + rotary + attention(q, k, v) ->
-qk_norm_rope_kv_write(q, k, v, cos, sin, ...) + attention_no_write(q', k', v), matched on the
-Dynamo graph (the spelling of models/layers.py's rms_norm and apply_rotary) before the split at
-attention, walking back from each attention op's q and k; a site that does not fit stays."""
+qk_norm_rope_attention(q, k, v, cos, sin, ...), matched on the Dynamo graph (the spelling of
+models/layers.py's rms_norm and apply_rotary) before the split at attention, walking back from
+each attention op's q and k; a site that does not fit stays. The op writes K/V and attends in
+one kernel on all-decode steps, in two (the fused write, then attention) on others."""
 
 from __future__ import annotations
 
@@ -133,17 +134,6 @@ def match_norm(node) -> Norm | None:
     return Norm(x_f32.args[0], weight, eps, (node, cast, scaled, rsqrt, add, mean, power, x_f32))
 
 
-def _with_examples(outs: list[Node], q: Node, k: Node) -> None:
-    """Give the fused op's outputs the fake values Dynamo's nodes carry (the split reads them):
-    contiguous tensors shaped like q and k, as the op's fake returns."""
-    fakes = [_example(q), _example(k)]
-    if any(fake is None or not hasattr(fake, "fake_mode") for fake in fakes):
-        return
-    with fakes[0].fake_mode:
-        for out, fake in zip(outs, fakes):
-            out.meta["example_value"] = fake.new_empty(fake.shape)
-
-
 def _erase_dead(graph: Graph, nodes) -> None:
     """Erase the matched nodes nothing reads any more (users first)."""
     order = {node: i for i, node in enumerate(graph.nodes)}
@@ -154,7 +144,7 @@ def _erase_dead(graph: Graph, nodes) -> None:
 
 class QKNormRoPEKVWriteFusionPass(GraphPass):
     """Each attention whose q and k are rotated by one cos/sin (each normed per head first, or
-    neither, or one) becomes the fused write op + attention_no_write. Pre-split: see module.
+    neither, or one) becomes one qk_norm_rope_attention op. Pre-split: see module.
     Only on CUDA tensors unless PassConfig.qk_norm_rope_kv_write_on_cpu (tests, CPU numerics)."""
 
     flag = "enable_qk_norm_rope_kv_write"
@@ -188,17 +178,12 @@ class QKNormRoPEKVWriteFusionPass(GraphPass):
         q = q_norm.x if q_norm is not None else q_rot.heads
         k = k_norm.x if k_norm is not None else k_rot.heads
         weights = [None if n is None else n.weight for n in (q_norm, k_norm)]
-        fused_op = torch.ops.compiled_llm.qk_norm_rope_kv_write.default
-        args = (q, k, node.args[2], q_rot.cos, q_rot.sin, *weights, eps, node.args[3])
+        fused_op = torch.ops.compiled_llm.qk_norm_rope_attention.default
+        args = (q, k, node.args[2], q_rot.cos, q_rot.sin, *weights, eps, *node.args[3:])
         with graph.inserting_before(node):
-            fused = graph.call_function(fused_op, args)
-            outs = [graph.call_function(operator.getitem, (fused, i)) for i in range(2)]
-            no_write = graph.call_function(torch.ops.compiled_llm.attention_no_write.default,
-                                           (*outs, *node.args[2:]), dict(node.kwargs))
-        _with_examples(outs, q, k)
-        fused.meta["example_value"] = tuple(out.meta.get("example_value") for out in outs)
-        no_write.meta.update(node.meta)
-        node.replace_all_uses_with(no_write)
+            fused = graph.call_function(fused_op, args, dict(node.kwargs))
+        fused.meta.update(node.meta)
+        node.replace_all_uses_with(fused)
         graph.erase_node(node)
         matched = [*q_rot.nodes, *k_rot.nodes, *(q_norm.nodes if q_norm else ()),
                    *(k_norm.nodes if k_norm else ())]

@@ -1,8 +1,8 @@
-"""The attention custom op: the one opaque op in every model graph.
+"""The attention custom ops: the opaque ops of every model graph.
 
 `compiled_llm::attention` writes this step's K/V into the paged cache (none: pooling runs) and
-attends over the flat batch; `attention_no_write` attends only (qk_norm_rope.py's op wrote K/V).
-They read metadata and caches from the forward context: the compiler sees pure ops, splits there."""
+attends over the flat batch; `attention_no_write` attends only (qk_norm_rope.py's op wrote K/V);
+`qk_norm_rope_attention` does both from raw q/k/v. The compiler sees pure ops, splits there."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from compiled_llm.attention.kv_quant import calibrate, is_fp8
 from compiled_llm.attention.metadata import AttentionMetadata
 from compiled_llm.attention.reference import attention_forward
 
-__all__ = ["AttentionMetadata", "attention", "attention_no_write", "ATTENTION_OP_NAME",
+__all__ = ["AttentionMetadata", "attention", "attention_no_write", "qk_norm_rope_attention",
+           "ATTENTION_OP_NAME", "QK_NORM_ROPE_ATTENTION_OP_NAME",
            "ATTENTION_NO_WRITE_OP_NAME", "get_backend", "register_backend"]
 
 ATTENTION_OP_NAME = "compiled_llm::attention"
 ATTENTION_NO_WRITE_OP_NAME = "compiled_llm::attention_no_write"
+QK_NORM_ROPE_ATTENTION_OP_NAME = "compiled_llm::qk_norm_rope_attention"
 _BACKENDS = {"torch": attention_forward}
 # imported on first use: importing Triton costs time and the torch backend needs none of it
 _LAZY_BACKENDS = {"triton": "compiled_llm.attention.triton_backend"}
@@ -90,4 +92,34 @@ def _attend(q, k, v, layer_idx: int, scale: float, sliding_window: int, causal: 
 
 # registers compiled_llm::qk_norm_rope_kv_write with the attention ops (a stored split graph
 # calls it by name)
-from compiled_llm.attention import qk_norm_rope as _qk_norm_rope  # noqa: E402, F401
+from compiled_llm.attention.qk_norm_rope import (  # noqa: E402
+    fused_decode_for,
+    qk_norm_rope_kv_write,
+)
+
+
+@torch.library.custom_op(QK_NORM_ROPE_ATTENTION_OP_NAME, mutates_args=())
+def qk_norm_rope_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, layer_idx: int,
+    scale: float, sliding_window: int, causal: bool = True,
+) -> torch.Tensor:
+    """qk_norm_rope_kv_write's inputs -> attention's output [T, H, D]: q and k normed (where a
+    weight is given) and rotated, k and v written into layer_idx's cache, then attended as
+    `attention` attends; an all-decode step on a backend with a fused decode runs it in one."""
+    ctx = get_forward_context()
+    kv_cache = ctx.kv_caches[layer_idx] if ctx.kv_caches else None
+    fused = fused_decode_for(ctx, kv_cache, causal)
+    if fused is not None:
+        kv_scales = ctx.kv_scales[layer_idx] if is_fp8(kv_cache.dtype) else None
+        return fused(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache, ctx.attn_metadata,
+                     scale, sliding_window, kv_scales)
+    q_out, k_out = qk_norm_rope_kv_write(q, k, v, cos, sin, q_weight, k_weight, eps, layer_idx)
+    return attention_no_write(q_out, k_out, v, layer_idx, scale, sliding_window, causal)
+
+
+@qk_norm_rope_attention.register_fake
+def _qk_norm_rope_attention_fake(q, k, v, cos, sin, q_weight, k_weight, eps, layer_idx, scale,
+                                 sliding_window, causal=True):
+    return q.new_empty(q.shape)
+

@@ -1,11 +1,13 @@
 """`compiled_llm::qk_norm_rope_kv_write`: one attention layer's per-head q/k RMSNorm (optional),
-rotate-half RoPE and paged K/V write in one op, ahead of `attention_no_write`. Like attention it
-reads caches and slot mapping from the forward context and sits between the compiled pieces.
-Backends may register a fused implementation; else it runs the reference (the models' math)."""
+rotate-half RoPE and paged K/V write in one op, the first half of `qk_norm_rope_attention`
+(attention/__init__.py). Like attention it reads caches from the forward context and sits
+between the compiled pieces. Backends may register fused implementations (also one for whole
+all-decode steps); else it runs the reference (the models' math)."""
 
 from __future__ import annotations
 
 import importlib
+import os
 
 import torch
 
@@ -19,6 +21,9 @@ from compiled_llm.attention.reference import write_kv_rows
 
 QK_NORM_ROPE_OP_NAME = "compiled_llm::qk_norm_rope_kv_write"
 _FUSED: dict[str, object] = {}
+_FUSED_DECODE: dict[str, object] = {}
+# =0: all-decode steps take the two-op path too (the write, then attention), for A/B figures
+ONE_LAUNCH_DECODE = os.environ.get("COMPILED_LLM_ONE_LAUNCH_DECODE", "1") != "0"
 _LAZY = {"triton": "compiled_llm.attention.triton_backend"}
 
 
@@ -27,6 +32,13 @@ def register_fused_write(backend: str, fused) -> None:
     -> (q_out, k_out) when the context's attention backend is `backend`; it must write the
     rotated k and v of this step's rows exactly as the backend's own write would."""
     _FUSED[backend] = fused
+
+
+def register_fused_decode(backend: str, fused) -> None:
+    """Use fused(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache, metadata, scale,
+    sliding_window, kv_scales) -> out for all-decode batches (max_query_len 1) when the
+    context's backend is `backend`: the write and the attention of the two-op path in one."""
+    _FUSED_DECODE[backend] = fused
 
 
 def rms_norm_heads(heads: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -62,10 +74,13 @@ def reference_fused_write(q, k, v, cos, sin, q_weight, k_weight, eps: float,
     return q_out, k_out
 
 
-def _fused_for(backend: str):
-    if backend not in _FUSED and backend in _LAZY:
+def _fused_for(backend: str, table: dict | None = None, default=reference_fused_write):
+    """backend's entry in table (the fused writes by default), importing a lazy backend first;
+    default when it registered none."""
+    table = _FUSED if table is None else table
+    if backend not in table and backend in _LAZY:
         importlib.import_module(_LAZY[backend])
-    return _FUSED.get(backend, reference_fused_write)
+    return table.get(backend, default)
 
 
 @torch.library.custom_op(QK_NORM_ROPE_OP_NAME, mutates_args=())
@@ -94,3 +109,14 @@ def qk_norm_rope_kv_write(
 @qk_norm_rope_kv_write.register_fake
 def _qk_norm_rope_kv_write_fake(q, k, v, cos, sin, q_weight, k_weight, eps, layer_idx):
     return q.new_empty(q.shape), k.new_empty(k.shape)  # contiguous, as every impl returns
+
+
+def fused_decode_for(ctx, kv_cache: torch.Tensor | None, causal: bool):
+    """The backend's one-launch decode where this step may take it: an all-decode step over a
+    cache, causal, not the FP8 cache's calibrating step; else None (the two-op path)."""
+    if not ONE_LAUNCH_DECODE or kv_cache is None or not causal:
+        return None
+    if ctx.attn_metadata.max_query_len != 1 or (is_fp8(kv_cache.dtype) and
+                                                ctx.calibrate_kv_scales):
+        return None
+    return _fused_for(ctx.backend, _FUSED_DECODE, None)

@@ -21,9 +21,10 @@ from compiled_llm.attention.kernels import (
     varlen_attention,
     write_kv_cache,
 )
+from compiled_llm.attention.kernels.decode_qk import decode_qk_norm_rope_attention
 from compiled_llm.attention.kernels.qk_norm_rope import qk_norm_rope_kv_write
 from compiled_llm.attention.metadata import AttentionMetadata
-from compiled_llm.attention.qk_norm_rope import register_fused_write
+from compiled_llm.attention.qk_norm_rope import register_fused_decode, register_fused_write
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # a mixed batch's leading decodes on the decode kernel (=0: every row on the prefill kernel,
@@ -144,5 +145,23 @@ def triton_fused_write(q, k, v, cos, sin, q_weight, k_weight, eps: float,
                                  kv_scales)
 
 
+def triton_fused_decode(q, k, v, cos, sin, q_weight, k_weight, eps: float,
+                        kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                        sliding_window: int, kv_scales: torch.Tensor | None) -> torch.Tensor:
+    """An all-decode step from raw q/k/v in one launch (and the merge where it splits); the
+    padded rows past the batch's sequences zeroed, as triton_attention leaves them."""
+    check_shapes(q, kv_cache, kv_scales is not None)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    num_seqs = meta.seq_lens.shape[0]
+    decode_qk_norm_rope_attention(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache,
+                                  meta.seq_lens, meta.block_tables, meta.slot_mapping, scale,
+                                  sliding_window, out, decode_config(q.shape[2]),
+                                  kv_scales=kv_scales)
+    if q.shape[0] > num_seqs:
+        out[num_seqs:].zero_()
+    return out
+
+
 register_backend("triton", triton_attention)
 register_fused_write("triton", triton_fused_write)
+register_fused_decode("triton", triton_fused_decode)

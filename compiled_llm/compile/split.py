@@ -15,12 +15,12 @@ from torch import fx
 from torch.fx.passes.split_module import split_module
 
 SPLIT_OPS = ("compiled_llm::attention", "compiled_llm::attention_no_write",
-             "compiled_llm::qk_norm_rope_kv_write")
+             "compiled_llm::qk_norm_rope_kv_write", "compiled_llm::qk_norm_rope_attention")
 
 
 def is_split_node(node: fx.Node) -> bool:
-    """Whether node calls an op the graph is split at (attention, and the fused K/V write that
-    precedes attention_no_write)."""
+    """Whether node calls an op the graph is split at (attention, the fused QK-norm + RoPE +
+    attention, and the fused K/V write that precedes attention_no_write)."""
     target = node.target
     name = getattr(target, "_schema", None)
     return node.op == "call_function" and name is not None and name.name in SPLIT_OPS

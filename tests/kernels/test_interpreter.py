@@ -2,6 +2,7 @@
 fp8_kv_interpreted_cases.py (FP8 KV cache), lora_interpreted_cases.py (LoRA shrink/expand),
 quant_interpreted_cases.py (W4A16 and block-FP8 GEMMs), w4a16_dequant_interpreted_cases.py,
 qk_norm_rope_interpreted_cases.py (the fused QK-norm + RoPE + KV write),
+decode_qk_interpreted_cases.py (that write inside split decode attention),
 gumbel_interpreted_cases.py (the one-pass temperature sampler),
 fused_topk_interpreted_cases.py (the sort-free top-k/top-p/min-p sampler),
 small_m_gemm_interpreted_cases.py (the small-M GEMM) and small_m_epilogue_interpreted_cases.py
@@ -30,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = ("interpreted_cases.py", "moe_interpreted_cases.py", "fp8_kv_interpreted_cases.py",
          "lora_interpreted_cases.py", "quant_interpreted_cases.py",
          "w4a16_dequant_interpreted_cases.py", "qk_norm_rope_interpreted_cases.py",
-         "gumbel_interpreted_cases.py", "fused_topk_interpreted_cases.py",
+         "decode_qk_interpreted_cases.py", "gumbel_interpreted_cases.py",
+         "fused_topk_interpreted_cases.py",
          "small_m_gemm_interpreted_cases.py", "small_m_epilogue_interpreted_cases.py")
 
 

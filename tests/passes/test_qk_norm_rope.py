@@ -103,11 +103,12 @@ def test_toy_layer_fuses_once_and_matches_eager(dtype, norms):
     out, ref, before, after, pieces, m, ctxs = pre_split_run(layer, args, toy_context(9, dtype))
     assert m.matches(PASS) == 1
     assert before["compiled_llm.attention"] == 1 and after["compiled_llm.attention"] == 0
-    assert after["compiled_llm.qk_norm_rope_kv_write"] == 1
-    assert after["compiled_llm.attention_no_write"] == 1
+    assert after["compiled_llm.qk_norm_rope_attention"] == 1
+    assert after["compiled_llm.qk_norm_rope_kv_write"] == 0
+    assert after["compiled_llm.attention_no_write"] == 0
     assert before["rsqrt"] == (2 if norms else 0) and after["rsqrt"] == 0
     assert before["cat"] == 2 and after["cat"] == 0  # each rotation's cat is gone
-    # the fused op, its getitems and attention_no_write are one split region
+    # the fused op is one split region
     assert [p.is_split_op for p in pieces] == [False, True]
     _assert_same(out, ref, ctxs)
 
@@ -123,7 +124,8 @@ def test_two_layers_and_a_site_that_does_not_fit():
     args = toy_inputs(6, torch.float32, True)
     out, ref, _, after, pieces, m, ctxs = pre_split_run(fn, args, toy_context(6, torch.float32))
     assert m.matches(PASS) == 1
-    assert after["compiled_llm.attention"] == 1 and after["compiled_llm.attention_no_write"] == 1
+    assert after["compiled_llm.attention"] == 1
+    assert after["compiled_llm.qk_norm_rope_attention"] == 1
     assert sum(p.is_split_op for p in pieces) == 2
     _assert_same(out, ref, ctxs)
 
@@ -178,8 +180,7 @@ def test_model_graph_fuses_once_per_layer(name):
     contexts = lambda: prefill_context(model.config, 10, torch.float32)  # noqa: E731
     out, ref, before, after, pieces, m, ctxs = pre_split_run(model, (ids, pos), contexts)
     assert m.matches(PASS) == layers
-    assert after["compiled_llm.qk_norm_rope_kv_write"] == layers
-    assert after["compiled_llm.attention_no_write"] == layers
+    assert after["compiled_llm.qk_norm_rope_attention"] == layers
     assert after["compiled_llm.attention"] == 0
     assert before["rsqrt"] - after["rsqrt"] == norms * layers  # q/k norms went into the op
     assert before["cat"] - after["cat"] == 2 * layers  # each q and k rotation

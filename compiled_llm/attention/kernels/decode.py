@@ -79,37 +79,44 @@ def _last_split_merges(counter_ptr, part_acc_ptr, part_ml_ptr, out_ptr, b, kvh, 
 
 
 @triton.jit
-def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    scales_ptr, counter_ptr, qk_scale, window, num_splits,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
-    G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-    BS: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
-    FP8: tl.constexpr = False, MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
-    PDL: tl.constexpr = 0,
-):
-    """DIRECT: one split writes the output. Otherwise partials; MERGE: the last of a (seq, KV
-    head)'s splits to arrive merges them (counter_ptr: zeroed int32 [>= B * Hkv])."""
-    dependency_sync(PDL)
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + b)
+def split_span(seq_len, split, num_splits, window, BLOCK_N: tl.constexpr,
+               HAS_WINDOW: tl.constexpr):
+    """(start, end) of the keys split `split` of num_splits attends (empty past the context)."""
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(seq_len - window, 0)
     per_split = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * per_split
-    end = tl.minimum(start + per_split, seq_len)
+    return start, tl.minimum(start + per_split, seq_len)
 
+
+@triton.jit
+def program_split(seq_lens_ptr, num_splits, window, BLOCK_N: tl.constexpr,
+                  HAS_WINDOW: tl.constexpr):
+    """This program's (sequence, KV head, split, seq_len, key start, key end)."""
+    b = tl.program_id(0)
+    seq_len = tl.load(seq_lens_ptr + b)
+    split = tl.program_id(2)
+    start, end = split_span(seq_len, split, num_splits, window, BLOCK_N, HAS_WINDOW)
+    return b, tl.program_id(1), split, seq_len, start, end
+
+
+@triton.jit
+def attend_split(
+    q, b, kvh, split, seq_len, start, end, k_cache_ptr, v_cache_ptr, table_ptr, out_ptr,
+    part_acc_ptr, part_ml_ptr, scales_ptr, counter_ptr, qk_scale, window, num_splits,
+    stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
+    G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+    BS: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr,
+    MERGE: tl.constexpr, S_PAD: tl.constexpr,
+):
+    """Query heads kvh * G.. (q [G_PAD, D], rows past G unused) over keys [start, end): the
+    output (DIRECT), or this split's partials (MERGE: and the last split's merge)."""
     offs_g = tl.arange(0, G_PAD)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     head = kvh * G + offs_g  # [G_PAD]
     g_ok = offs_g < G
-    q_offs = b.to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptr + q_offs, mask=g_ok[:, None], other=0.0)  # [G_PAD, D]
-
     table_row = table_ptr + b.to(tl.int64) * stride_tb
     k_base = k_cache_ptr + kvh * stride_ch
     v_base = v_cache_ptr + kvh * stride_ch
@@ -140,6 +147,31 @@ def _decode_split_kernel(
 
 
 @triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    scales_ptr, counter_ptr, qk_scale, window, num_splits,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
+    G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+    BS: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
+    FP8: tl.constexpr = False, MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
+    PDL: tl.constexpr = 0,
+):
+    """DIRECT: one split writes the output. Otherwise partials; MERGE: the last of a (seq, KV
+    head)'s splits to arrive merges them (counter_ptr: zeroed int32 [>= B * Hkv])."""
+    dependency_sync(PDL)
+    b, kvh, split, seq_len, start, end = program_split(seq_lens_ptr, num_splits, window,
+                                                       BLOCK_N, HAS_WINDOW)
+    offs_g = tl.arange(0, G_PAD)
+    head = kvh * G + offs_g  # [G_PAD]
+    q_offs = b.to(tl.int64) * stride_qt + head[:, None] * stride_qh + tl.arange(0, D)[None, :]
+    q = tl.load(q_ptr + q_offs, mask=(offs_g < G)[:, None], other=0.0)  # [G_PAD, D]
+    attend_split(q, b, kvh, split, seq_len, start, end, k_cache_ptr, v_cache_ptr, table_ptr,
+                 out_ptr, part_acc_ptr, part_ml_ptr, scales_ptr, counter_ptr, qk_scale, window,
+                 num_splits, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
+                 G, G_PAD, BLOCK_N, D, BS, DIRECT, PREC, FP8, MERGE, S_PAD)
+
+
+@triton.jit
 def _decode_reduce_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, num_splits, stride_ot, stride_oh,
     S_PAD: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = 0,
@@ -166,6 +198,64 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_tokens: int, config:
     return max(1, min(want, config.max_splits, triton.cdiv(max_tokens, config.block_n)))
 
 
+@dataclass
+class SplitPlan:
+    """One split decode launch: its splits, whether one split writes the output (direct), the
+    merge's counters (None: the reduce kernel merges) and the partials' buffers."""
+
+    num_splits: int
+    direct: bool
+    counters: torch.Tensor | None
+    part_acc: torch.Tensor
+    part_ml: torch.Tensor
+
+    def launch_args(self, q: torch.Tensor) -> dict:
+        """The split kernels' shared constexprs and launch parameters."""
+        return dict(S_PAD=triton.next_power_of_2(self.num_splits), DIRECT=self.direct,
+                    MERGE=self.counters is not None,
+                    PREC="ieee" if q.dtype == torch.float32 else "tf32",
+                    **pdl.launch_kwargs(q.device))
+
+
+def plan_splits(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor,
+                block_tables: torch.Tensor, out: torch.Tensor, config: DecodeConfig,
+                num_splits: int | None) -> SplitPlan:
+    """Splits from shapes only (CUDA-graph stable), and the partials they need."""
+    num_seqs, num_q_heads, head_dim = seq_lens.shape[0], q.shape[1], q.shape[2]
+    _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    if q.shape[0] < num_seqs:
+        raise ValueError(f"decode needs a query row per sequence: {q.shape[0]} < {num_seqs}")
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, num_kv_heads,
+                                       block_tables.shape[1] * block_size, config, q.device)
+    if num_splits == 1:
+        return SplitPlan(1, True, None, out, out)  # partials unused
+    counters = merge_counters(q.device)
+    if counters is not None and num_seqs * num_kv_heads > counters.numel():
+        counters = None  # too wide for the counters: merge in a second kernel
+    partial_shape = (num_seqs, num_q_heads, num_splits)
+    part_acc = torch.empty(*partial_shape, head_dim, dtype=torch.float32, device=q.device)
+    part_ml = torch.empty(*partial_shape, 2, dtype=torch.float32, device=q.device)
+    return SplitPlan(num_splits, False, counters, part_acc, part_ml)
+
+
+def merge_splits(plan: SplitPlan, out: torch.Tensor, num_seqs: int) -> None:
+    """The reduce kernel, where the plan's splits are not merged inside the launch."""
+    if plan.direct or plan.counters is not None:
+        return
+    _decode_reduce_kernel[(num_seqs, out.shape[1])](
+        plan.part_acc, plan.part_ml, out, plan.num_splits, out.stride(0), out.stride(1),
+        S_PAD=triton.next_power_of_2(plan.num_splits), D=out.shape[2], num_warps=4,
+        **pdl.launch_kwargs(out.device),
+    )
+
+
+def group_pad(num_q_heads: int, num_kv_heads: int) -> tuple[int, int]:
+    """(query heads per KV head, padded to the MMA's 16 rows)."""
+    group_size = num_q_heads // num_kv_heads
+    return group_size, max(16, triton.next_power_of_2(group_size))
+
+
 def decode_attention(
     q: torch.Tensor,  # [T >= B, Hq, D]; row b is sequence b's one query
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D]
@@ -179,42 +269,20 @@ def decode_attention(
     kv_scales: torch.Tensor | None = None,  # [2, Hkv] float32: the cache is FP8
 ) -> torch.Tensor:
     """One query per sequence over its paged context; no host sync, graph-capturable."""
-    num_seqs, num_q_heads, head_dim = seq_lens.shape[0], q.shape[1], q.shape[2]
-    _, _, block_size, num_kv_heads, _ = kv_cache.shape
-    if q.shape[0] < num_seqs:
-        raise ValueError(f"decode needs a query row per sequence: {q.shape[0]} < {num_seqs}")
-    group_size = num_q_heads // num_kv_heads
-    if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads,
-                                       block_tables.shape[1] * block_size, config, q.device)
-    direct = num_splits == 1
-    counters = None if direct else merge_counters(q.device)
-    if counters is not None and num_seqs * num_kv_heads > counters.numel():
-        counters = None  # too wide for the counters: merge in a second kernel
-    if direct:
-        part_acc = part_ml = out  # unused
-    else:
-        partial_shape = (num_seqs, num_q_heads, num_splits)
-        part_acc = torch.empty(*partial_shape, head_dim, dtype=torch.float32, device=q.device)
-        part_ml = torch.empty(*partial_shape, 2, dtype=torch.float32, device=q.device)
+    plan = plan_splits(q, kv_cache, seq_lens, block_tables, out, config, num_splits)
+    num_seqs, head_dim, num_kv_heads = seq_lens.shape[0], q.shape[2], kv_cache.shape[3]
+    group_size, padded = group_pad(q.shape[1], num_kv_heads)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
+    _decode_split_kernel[(num_seqs, num_kv_heads, plan.num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, plan.part_acc, plan.part_ml,
         seq_lens if kv_scales is None else kv_scales,
-        seq_lens if counters is None else counters, scale * LOG2E, sliding_window, num_splits,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        seq_lens if plan.counters is None else plan.counters, scale * LOG2E, sliding_window,
+        plan.num_splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        G=group_size, G_PAD=max(16, triton.next_power_of_2(group_size)),
-        BLOCK_N=config.block_n, D=head_dim,
-        BS=block_size, HAS_WINDOW=sliding_window > 0, DIRECT=direct,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", FP8=kv_scales is not None,
-        MERGE=counters is not None, S_PAD=triton.next_power_of_2(num_splits),
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_kwargs(q.device),
+        G=group_size, G_PAD=padded, BLOCK_N=config.block_n, D=head_dim, BS=kv_cache.shape[2],
+        HAS_WINDOW=sliding_window > 0, FP8=kv_scales is not None,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        **plan.launch_args(q),
     )
-    if not direct and counters is None:
-        _decode_reduce_kernel[(num_seqs, num_q_heads)](
-            part_acc, part_ml, out, num_splits, out.stride(0), out.stride(1),
-            S_PAD=triton.next_power_of_2(num_splits), D=head_dim, num_warps=4,
-            **pdl.launch_kwargs(q.device),
-        )
+    merge_splits(plan, out, num_seqs)
     return out

@@ -19,7 +19,7 @@ from compiled_llm.gemm.pdl import dependency_sync
 
 
 @triton.jit
-def _norm_rope(src, stride_h, heads, mask, w_ptr, cos1, sin1, cos2, sin2, eps,
+def norm_rope(src, stride_h, heads, mask, w_ptr, cos1, sin1, cos2, sin2, eps,
                D: tl.constexpr, HAS_NORM: tl.constexpr):
     """(first half, second half) of heads [BLOCK_H, D/2] each, normed and rotated, float32."""
     half = tl.arange(0, D // 2)
@@ -59,7 +59,7 @@ def _qk_norm_rope_write_kernel(
     if group < q_groups:
         heads = group * BLOCK_H + tl.arange(0, BLOCK_H)
         mask = (heads < H)[:, None]
-        out1, out2 = _norm_rope(q_ptr + t * stride_qt, stride_qh, heads, mask, qw_ptr,
+        out1, out2 = norm_rope(q_ptr + t * stride_qt, stride_qh, heads, mask, qw_ptr,
                                 cos1, sin1, cos2, sin2, eps, D, HAS_Q_NORM)
         dst = q_out_ptr + t * H * D + heads[:, None] * D + half[None, :]
         tl.store(dst, out1.to(q_out_ptr.dtype.element_ty), mask=mask)
@@ -67,7 +67,7 @@ def _qk_norm_rope_write_kernel(
     else:  # Triton needs a name to keep one type across branches: k's get their own
         kv_heads = (group - q_groups) * BLOCK_H + tl.arange(0, BLOCK_H)
         kv_mask = (kv_heads < HKV)[:, None]
-        k1, k2 = _norm_rope(k_ptr + t * stride_kt, stride_kh, kv_heads, kv_mask, kw_ptr,
+        k1, k2 = norm_rope(k_ptr + t * stride_kt, stride_kh, kv_heads, kv_mask, kw_ptr,
                             cos1, sin1, cos2, sin2, eps, D, HAS_K_NORM)
         k1, k2 = k1.to(k_out_ptr.dtype.element_ty), k2.to(k_out_ptr.dtype.element_ty)
         k_dst = k_out_ptr + t * HKV * D + kv_heads[:, None] * D + half[None, :]
@@ -75,13 +75,13 @@ def _qk_norm_rope_write_kernel(
         tl.store(k_dst + D // 2, k2, mask=kv_mask)
         slot = tl.load(slot_ptr + t, mask=t < num_slots, other=-1).to(tl.int64)
         if slot >= 0:
-            _write_rows(k1, k2, v_ptr + t * stride_vt, stride_vh, kv_heads, kv_mask, slot,
+            write_rows(k1, k2, v_ptr + t * stride_vt, stride_vh, kv_heads, kv_mask, slot,
                         k_cache_ptr, v_cache_ptr, scales_ptr, fp8_max, stride_cb, stride_cs,
                         stride_ch, HKV, D, BS, FP8)
 
 
 @triton.jit
-def _write_rows(k1, k2, v_src, stride_vh, heads, mask, slot, k_cache_ptr, v_cache_ptr,
+def write_rows(k1, k2, v_src, stride_vh, heads, mask, slot, k_cache_ptr, v_cache_ptr,
                 scales_ptr, fp8_max, stride_cb, stride_cs, stride_ch,
                 HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, FP8: tl.constexpr):
     """Store the rotated k halves and the v heads at `slot` (the cache write kernel's rule)."""

@@ -1,0 +1,99 @@
+"""The one-launch decode (QK-norm + RoPE + KV write inside split decode attention) against the two
+kernels it replaces (the fused write, then split decode), run by test_interpreter.py with
+TRITON_INTERPRET=1: equal outputs and caches with and without norms, GQA groups, splits merged
+by the reduce kernel or one direct split, padded sequences, a sliding window, an FP8 cache,
+bf16; and the qk_norm_rope_attention op on the triton backend against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compiled_llm.attention.kernels import DecodeConfig, decode_attention, kernels_interpreted
+from compiled_llm.attention.kernels.decode_qk import decode_qk_norm_rope_attention
+from compiled_llm.attention.kernels.qk_norm_rope import qk_norm_rope_kv_write
+from tests.kernels.batches import make_batch, pad_decode
+from tests.kernels.qk_norm_rope_interpreted_cases import rope_tables
+
+pytestmark = pytest.mark.skipif(not kernels_interpreted(), reason="needs TRITON_INTERPRET=1")
+CONFIG = DecodeConfig(block_n=16, num_warps=4, num_stages=2)
+
+
+def _decode_inputs(ctx_lens, heads=(4, 2), norms=True, pads=0, dtype=torch.float32, seed=0):
+    batch = make_batch([1] * len(ctx_lens), ctx_lens, heads[0], heads[1], 32, dtype=dtype,
+                       seed=seed)
+    batch = pad_decode(batch, pads) if pads else batch
+    batch.kv_cache.nan_to_num_(0.0)
+    cos, sin = rope_tables(batch.q.shape[0], 32, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    weights = (1 + 0.2 * torch.randn(2, 32, generator=gen)).to(dtype) if norms else (None, None)
+    return batch, cos, sin, weights[0], weights[1]
+
+
+def _both(batch, cos, sin, q_w, k_w, window=0, splits=None, scales=None, cache=None):
+    """(two-kernel output, its cache, one-launch output, its cache) from the same cache."""
+    cache = batch.kv_cache if cache is None else cache
+    meta, two_cache, one_cache = batch.meta, cache.clone(), cache.clone()
+    q_rot, _ = qk_norm_rope_kv_write(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6,
+                                     two_cache, meta, scales)
+    two = decode_attention(q_rot, two_cache, meta.seq_lens, meta.block_tables, 0.2, window,
+                           torch.zeros_like(q_rot), CONFIG, splits, scales)
+    one = decode_qk_norm_rope_attention(
+        batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6, one_cache, meta.seq_lens,
+        meta.block_tables, meta.slot_mapping, 0.2, window, torch.zeros_like(q_rot), CONFIG,
+        splits, scales)
+    return two, two_cache, one, one_cache
+
+
+@pytest.mark.parametrize("norms", [True, False])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_one_launch_equals_two_kernels(norms, splits):
+    batch, cos, sin, q_w, k_w = _decode_inputs([17, 0, 40, 5], norms=norms, pads=2)
+    two, two_cache, one, one_cache = _both(batch, cos, sin, q_w, k_w, splits=splits)
+    assert torch.equal(one_cache, two_cache)
+    assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("heads", [(6, 2), (2, 2), (8, 1)])
+def test_groups_and_window(heads):
+    batch, cos, sin, q_w, k_w = _decode_inputs([33, 9], heads=heads, seed=2)
+    two, two_cache, one, one_cache = _both(batch, cos, sin, q_w, k_w, window=12, splits=2)
+    assert torch.equal(one_cache, two_cache)
+    assert torch.equal(one, two)
+
+
+def test_bf16_and_one_sided_norm():
+    batch, cos, sin, q_w, _ = _decode_inputs([20, 3, 64], dtype=torch.bfloat16, seed=4)
+    two, two_cache, one, one_cache = _both(batch, cos, sin, q_w, None)
+    assert torch.equal(one_cache, two_cache)
+    assert torch.equal(one, two)
+
+
+def test_fp8_cache():
+    batch, cos, sin, q_w, k_w = _decode_inputs([9, 26], seed=6)
+    scales = torch.tensor([[0.3, 0.5], [0.7, 0.2]])
+    cache = batch.kv_cache.to(torch.float8_e4m3fn)
+    two, two_cache, one, one_cache = _both(batch, cos, sin, q_w, k_w, scales=scales, cache=cache)
+    assert torch.equal(one_cache.view(torch.uint8), two_cache.view(torch.uint8))
+    torch.testing.assert_close(one, two, rtol=1e-5, atol=1e-5)
+
+
+def test_the_op_on_the_triton_backend_matches_the_reference():
+    from compiled_llm.attention import attention, qk_norm_rope_attention
+    from compiled_llm.attention.forward_context import ForwardContext, set_forward_context
+    from compiled_llm.attention.qk_norm_rope import qk_norm_rope_ref
+
+    for q_lens, ctx_lens in (([1, 1, 1], [12, 0, 30]), ([1, 4, 1], [7, 0, 3])):
+        batch = make_batch(q_lens, ctx_lens, 4, 2, 32, seed=5)
+        batch.kv_cache.nan_to_num_(0.0)
+        cos, sin = rope_tables(batch.q.shape[0], 32, 5)
+        q_w, k_w = 1 + 0.2 * torch.randn(2, 32, generator=torch.Generator().manual_seed(9))
+        ref_cache = batch.kv_cache.clone()
+        q, k = qk_norm_rope_ref(batch.q, batch.k, cos, sin, q_w, k_w, 1e-6)
+        with set_forward_context(ForwardContext(batch.meta, [ref_cache], backend="torch")):
+            ref = attention(q, k, batch.v, 0, 0.2, -1)
+        with set_forward_context(ForwardContext(batch.meta, [batch.kv_cache], backend="triton")):
+            out = qk_norm_rope_attention(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6, 0,
+                                         0.2, -1)
+        torch.testing.assert_close(batch.kv_cache, ref_cache, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)

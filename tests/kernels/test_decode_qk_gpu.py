@@ -1,0 +1,83 @@
+"""The one-launch decode (QK-norm + RoPE + KV write inside split decode attention) on the GPU, bf16,
+at Llama-3-8B and Qwen3 head shapes, against the two kernels it replaces: equal caches and
+outputs at short and long contexts (one split holding the newest key while others read theirs),
+padded sequences, an FP8 cache, and inside a CUDA graph replayed on new inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.batches import pad_decode
+from tests.kernels.test_qk_norm_rope_gpu import SHAPES, _inputs
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
+def _two_and_one(batch, cos, sin, q_w, k_w, scales=None):
+    """(two-kernel output and cache, one-launch output and cache) from copies of one cache."""
+    from compiled_llm.attention.triton_backend import (
+        triton_attention,
+        triton_fused_decode,
+        triton_fused_write,
+    )
+
+    two_cache, one_cache = batch.kv_cache.clone(), batch.kv_cache.clone()
+    q_rot, k_rot = triton_fused_write(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6,
+                                      two_cache, batch.meta, scales)
+    two = triton_attention(q_rot, k_rot, batch.v, two_cache, batch.meta, 0.088, -1,
+                           kv_scales=scales, write_kv=False)
+    one = triton_fused_decode(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6, one_cache,
+                              batch.meta, 0.088, -1, scales)
+    return two, two_cache, one, one_cache
+
+
+@pytest.mark.parametrize("hq, hkv, norms", SHAPES)
+@pytest.mark.parametrize("ctx", [5, 300, 3000])
+def test_equals_the_two_kernels(hq, hkv, norms, ctx):
+    batch, cos, sin, q_w, k_w = _inputs([1] * 4, [ctx, 0, ctx // 2, 17], hq, hkv, norms, seed=1)
+    batch = pad_decode(batch, 3)
+    cos, sin = torch.cat([cos, cos[:3]]), torch.cat([sin, sin[:3]])
+    two, two_cache, one, one_cache = _two_and_one(batch, cos, sin, q_w, k_w)
+    assert torch.equal(one_cache, two_cache)
+    assert torch.equal(one, two)
+
+
+def test_fp8_cache():
+    batch, cos, sin, q_w, k_w = _inputs([1] * 4, [40, 7, 900, 1], 16, 8, True, seed=2)
+    batch.kv_cache = batch.kv_cache.to(torch.float8_e4m3fn)
+    scales = torch.rand(2, 8, device="cuda") * 0.2 + 0.05
+    two, two_cache, one, one_cache = _two_and_one(batch, cos, sin, q_w, k_w, scales)
+    assert torch.equal(one_cache.view(torch.uint8), two_cache.view(torch.uint8))
+    assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("hq, hkv, norms", SHAPES)
+def test_in_a_cuda_graph(hq, hkv, norms):
+    from compiled_llm.attention.triton_backend import triton_fused_decode
+
+    batch, cos, sin, q_w, k_w = _inputs([1] * 8, [200] * 8, hq, hkv, norms, seed=4)
+    cache, expected_inputs = batch.kv_cache, _inputs([1] * 8, [200] * 8, hq, hkv, norms, seed=5)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # warm up (compile) outside the capture
+        triton_fused_decode(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6, cache.clone(),
+                            batch.meta, 0.088, -1, None)
+    torch.cuda.current_stream().wait_stream(stream)
+    before = cache.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = triton_fused_decode(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6, cache,
+                                  batch.meta, 0.088, -1, None)
+    fresh = expected_inputs[0]
+    for name in ("q", "k", "v"):  # new step inputs, same buffers
+        getattr(batch, name).copy_(getattr(fresh, name))
+    cache.copy_(before)
+    graph.replay()
+    torch.cuda.synchronize()
+    batch.kv_cache = before
+    two, two_cache, _, _ = _two_and_one(batch, cos, sin, q_w, k_w)
+    assert torch.equal(cache, two_cache)
+    assert torch.equal(out, two)
