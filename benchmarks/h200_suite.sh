@@ -103,6 +103,8 @@
 #                                         # (0.6B, 8B), its GPU tests and the engine's under it
 #     bash benchmarks/h200_suite.sh 62    # batch 1's step: kernels and idle gaps, one-launch
 #                                         # splits, the EAGLE engine tests
+#     bash benchmarks/h200_suite.sh 63    # the one-launch decode: GPU tests, batch 1 against
+#                                         # two kernels, the pair at 1/8/32, a profile
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -514,6 +516,20 @@ elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the ser
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 63 ]; then  # one GPU (carry .whl): the one-launch decode (QK-norm + RoPE + KV
+  # write inside split decode): its GPU tests and the engine's graph tests, batch 1 against the
+  # two-kernel path in both orders, the pair against the unfused layer at 1/8/32, a profile
+  Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  mapfile -t a <<<"\
+timeout 240 $py -m pytest -q -p no:cacheprovider tests/kernels/test_decode_qk_gpu.py tests/kernels/test_qk_norm_rope_gpu.py tests/worker/test_cudagraphs_gpu.py
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $Q --label one_launch_decode
+COMPILED_LLM_ONE_LAUNCH_DECODE=0 $U --model $Q --label two_kernel_decode
+COMPILED_LLM_ONE_LAUNCH_DECODE=0 $U --model $Q --label two_kernel_decode
+$U --model $Q --label one_launch_decode
+$py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --rounds 2 --json $R/qk_norm_rope.json
+$py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 62 ]; then  # one GPU (carry .whl): where batch 1's step goes on the defaults:
   # the kernel table and the device timeline's idle gaps, batch 1 with one-launch splits, the
