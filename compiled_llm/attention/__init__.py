@@ -111,9 +111,8 @@ def qk_norm_rope_attention(
     kv_cache = ctx.kv_caches[layer_idx] if ctx.kv_caches else None
     fused = fused_decode_for(ctx, kv_cache, causal)
     if fused is not None:
-        kv_scales = ctx.kv_scales[layer_idx] if is_fp8(kv_cache.dtype) else None
         return fused(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache, ctx.attn_metadata,
-                     scale, sliding_window, kv_scales)
+                     scale, sliding_window)
     q_out, k_out = qk_norm_rope_kv_write(q, k, v, cos, sin, q_weight, k_weight, eps, layer_idx)
     return attention_no_write(q_out, k_out, v, layer_idx, scale, sliding_window, causal)
 

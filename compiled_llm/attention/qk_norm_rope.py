@@ -36,7 +36,7 @@ def register_fused_write(backend: str, fused) -> None:
 
 def register_fused_decode(backend: str, fused) -> None:
     """Use fused(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache, metadata, scale,
-    sliding_window, kv_scales) -> out for all-decode batches (max_query_len 1) when the
+    sliding_window) -> out for all-decode steps (max_query_len 1) over non-FP8 caches when the
     context's backend is `backend`: the write and the attention of the two-op path in one."""
     _FUSED_DECODE[backend] = fused
 
@@ -112,11 +112,10 @@ def _qk_norm_rope_kv_write_fake(q, k, v, cos, sin, q_weight, k_weight, eps, laye
 
 
 def fused_decode_for(ctx, kv_cache: torch.Tensor | None, causal: bool):
-    """The backend's one-launch decode where this step may take it: an all-decode step over a
-    cache, causal, not the FP8 cache's calibrating step; else None (the two-op path)."""
-    if not ONE_LAUNCH_DECODE or kv_cache is None or not causal:
+    """The backend's one-launch decode where this step may take it: an all-decode, causal step
+    over a non-FP8 cache; else None (the two-op path: FP8 caches, prefills, pooling)."""
+    if not ONE_LAUNCH_DECODE or kv_cache is None or not causal or is_fp8(kv_cache.dtype):
         return None
-    if ctx.attn_metadata.max_query_len != 1 or (is_fp8(kv_cache.dtype) and
-                                                ctx.calibrate_kv_scales):
+    if ctx.attn_metadata.max_query_len != 1:
         return None
     return _fused_for(ctx.backend, _FUSED_DECODE, None)

@@ -147,16 +147,16 @@ def triton_fused_write(q, k, v, cos, sin, q_weight, k_weight, eps: float,
 
 def triton_fused_decode(q, k, v, cos, sin, q_weight, k_weight, eps: float,
                         kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                        sliding_window: int, kv_scales: torch.Tensor | None) -> torch.Tensor:
-    """An all-decode step from raw q/k/v in one launch (and the merge where it splits); the
-    padded rows past the batch's sequences zeroed, as triton_attention leaves them."""
-    check_shapes(q, kv_cache, kv_scales is not None)
+                        sliding_window: int) -> torch.Tensor:
+    """An all-decode step from raw q/k/v over a non-FP8 cache in one launch (and the merge
+    where it splits); padded rows past the batch's sequences zeroed, as triton_attention
+    leaves them."""
+    check_shapes(q, kv_cache)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     num_seqs = meta.seq_lens.shape[0]
     decode_qk_norm_rope_attention(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache,
                                   meta.seq_lens, meta.block_tables, meta.slot_mapping, scale,
-                                  sliding_window, out, decode_config(q.shape[2]),
-                                  kv_scales=kv_scales)
+                                  sliding_window, out, decode_config(q.shape[2]))
     if q.shape[0] > num_seqs:
         out[num_seqs:].zero_()
     return out

@@ -1,8 +1,9 @@
 """The one-launch decode (QK-norm + RoPE + KV write inside split decode attention) against the two
 kernels it replaces (the fused write, then split decode), run by test_interpreter.py with
-TRITON_INTERPRET=1: equal outputs and caches with and without norms, GQA groups, splits merged
-by the reduce kernel or one direct split, padded sequences, a sliding window, an FP8 cache,
-bf16; and the qk_norm_rope_attention op on the triton backend against the reference."""
+TRITON_INTERPRET=1: equal caches and outputs within float32 rounding (the newest key is folded
+in last) with and without norms, GQA groups, splits merged by the reduce kernel or one direct
+split, padded sequences, a sliding window, bf16; FP8 caches refused; and the
+qk_norm_rope_attention op on the triton backend against the reference."""
 
 from __future__ import annotations
 
@@ -30,18 +31,17 @@ def _decode_inputs(ctx_lens, heads=(4, 2), norms=True, pads=0, dtype=torch.float
     return batch, cos, sin, weights[0], weights[1]
 
 
-def _both(batch, cos, sin, q_w, k_w, window=0, splits=None, scales=None, cache=None):
+def _both(batch, cos, sin, q_w, k_w, window=0, splits=None):
     """(two-kernel output, its cache, one-launch output, its cache) from the same cache."""
-    cache = batch.kv_cache if cache is None else cache
-    meta, two_cache, one_cache = batch.meta, cache.clone(), cache.clone()
+    meta, two_cache, one_cache = batch.meta, batch.kv_cache.clone(), batch.kv_cache.clone()
     q_rot, _ = qk_norm_rope_kv_write(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6,
-                                     two_cache, meta, scales)
+                                     two_cache, meta, None)
     two = decode_attention(q_rot, two_cache, meta.seq_lens, meta.block_tables, 0.2, window,
-                           torch.zeros_like(q_rot), CONFIG, splits, scales)
+                           torch.zeros_like(q_rot), CONFIG, splits)
     one = decode_qk_norm_rope_attention(
         batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6, one_cache, meta.seq_lens,
         meta.block_tables, meta.slot_mapping, 0.2, window, torch.zeros_like(q_rot), CONFIG,
-        splits, scales)
+        splits)
     return two, two_cache, one, one_cache
 
 
@@ -51,7 +51,8 @@ def test_one_launch_equals_two_kernels(norms, splits):
     batch, cos, sin, q_w, k_w = _decode_inputs([17, 0, 40, 5], norms=norms, pads=2)
     two, two_cache, one, one_cache = _both(batch, cos, sin, q_w, k_w, splits=splits)
     assert torch.equal(one_cache, two_cache)
-    assert torch.equal(one, two)
+    torch.testing.assert_close(one, two, rtol=1e-5, atol=1e-6)
+    assert one.abs().sum() > 0 and not one[4:].any()  # padded sequences: zeros
 
 
 @pytest.mark.parametrize("heads", [(6, 2), (2, 2), (8, 1)])
@@ -59,23 +60,25 @@ def test_groups_and_window(heads):
     batch, cos, sin, q_w, k_w = _decode_inputs([33, 9], heads=heads, seed=2)
     two, two_cache, one, one_cache = _both(batch, cos, sin, q_w, k_w, window=12, splits=2)
     assert torch.equal(one_cache, two_cache)
-    assert torch.equal(one, two)
+    torch.testing.assert_close(one, two, rtol=1e-5, atol=1e-6)
 
 
 def test_bf16_and_one_sided_norm():
     batch, cos, sin, q_w, _ = _decode_inputs([20, 3, 64], dtype=torch.bfloat16, seed=4)
     two, two_cache, one, one_cache = _both(batch, cos, sin, q_w, None)
     assert torch.equal(one_cache, two_cache)
-    assert torch.equal(one, two)
+    torch.testing.assert_close(one, two, rtol=2e-2, atol=2e-3)
+    assert (one != two).float().mean() < 0.02  # a rare bf16 rounding flip
 
 
-def test_fp8_cache():
+def test_refuses_an_fp8_cache():
     batch, cos, sin, q_w, k_w = _decode_inputs([9, 26], seed=6)
-    scales = torch.tensor([[0.3, 0.5], [0.7, 0.2]])
-    cache = batch.kv_cache.to(torch.float8_e4m3fn)
-    two, two_cache, one, one_cache = _both(batch, cos, sin, q_w, k_w, scales=scales, cache=cache)
-    assert torch.equal(one_cache.view(torch.uint8), two_cache.view(torch.uint8))
-    torch.testing.assert_close(one, two, rtol=1e-5, atol=1e-5)
+    meta = batch.meta
+    with pytest.raises(ValueError, match="cache of q's dtype"):
+        decode_qk_norm_rope_attention(
+            batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6,
+            batch.kv_cache.to(torch.float8_e4m3fn), meta.seq_lens, meta.block_tables,
+            meta.slot_mapping, 0.2, 0, torch.zeros_like(batch.q), CONFIG)
 
 
 def test_the_op_on_the_triton_backend_matches_the_reference():

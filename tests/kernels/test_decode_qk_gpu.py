@@ -1,7 +1,8 @@
 """The one-launch decode (QK-norm + RoPE + KV write inside split decode attention) on the GPU, bf16,
-at Llama-3-8B and Qwen3 head shapes, against the two kernels it replaces: equal caches and
-outputs at short and long contexts (one split holding the newest key while others read theirs),
-padded sequences, an FP8 cache, and inside a CUDA graph replayed on new inputs."""
+at Llama-3-8B and Qwen3 head shapes, against the two kernels it replaces: caches equal but for
+rare 1-ulp norm roundings (another reduction order), outputs within bf16 rounding (the newest
+key is folded in last, from registers), at short and long contexts, padded sequences, and
+inside a CUDA graph replayed on new inputs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ pytestmark = [
 ]
 
 
-def _two_and_one(batch, cos, sin, q_w, k_w, scales=None):
+def _assert_close(one, two, one_cache, two_cache):
+    """Caches: at most 1 in 1,000 values 1 ulp apart; outputs: 0.5% relative error."""
+    assert (one_cache != two_cache).float().mean() < 1e-3
+    torch.testing.assert_close(one_cache, two_cache, rtol=8e-3, atol=1e-5)
+    assert ((one.float() - two.float()).norm() / two.float().norm()).item() < 5e-3
+    assert (one != two).float().mean() < 0.1
+
+
+def _two_and_one(batch, cos, sin, q_w, k_w):
     """(two-kernel output and cache, one-launch output and cache) from copies of one cache."""
     from compiled_llm.attention.triton_backend import (
         triton_attention,
@@ -27,32 +36,23 @@ def _two_and_one(batch, cos, sin, q_w, k_w, scales=None):
 
     two_cache, one_cache = batch.kv_cache.clone(), batch.kv_cache.clone()
     q_rot, k_rot = triton_fused_write(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6,
-                                      two_cache, batch.meta, scales)
+                                      two_cache, batch.meta, None)
     two = triton_attention(q_rot, k_rot, batch.v, two_cache, batch.meta, 0.088, -1,
-                           kv_scales=scales, write_kv=False)
+                           write_kv=False)
     one = triton_fused_decode(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6, one_cache,
-                              batch.meta, 0.088, -1, scales)
+                              batch.meta, 0.088, -1)
     return two, two_cache, one, one_cache
 
 
 @pytest.mark.parametrize("hq, hkv, norms", SHAPES)
 @pytest.mark.parametrize("ctx", [5, 300, 3000])
-def test_equals_the_two_kernels(hq, hkv, norms, ctx):
+def test_matches_the_two_kernels(hq, hkv, norms, ctx):
     batch, cos, sin, q_w, k_w = _inputs([1] * 4, [ctx, 0, ctx // 2, 17], hq, hkv, norms, seed=1)
     batch = pad_decode(batch, 3)
     cos, sin = torch.cat([cos, cos[:3]]), torch.cat([sin, sin[:3]])
     two, two_cache, one, one_cache = _two_and_one(batch, cos, sin, q_w, k_w)
-    assert torch.equal(one_cache, two_cache)
-    assert torch.equal(one, two)
-
-
-def test_fp8_cache():
-    batch, cos, sin, q_w, k_w = _inputs([1] * 4, [40, 7, 900, 1], 16, 8, True, seed=2)
-    batch.kv_cache = batch.kv_cache.to(torch.float8_e4m3fn)
-    scales = torch.rand(2, 8, device="cuda") * 0.2 + 0.05
-    two, two_cache, one, one_cache = _two_and_one(batch, cos, sin, q_w, k_w, scales)
-    assert torch.equal(one_cache.view(torch.uint8), two_cache.view(torch.uint8))
-    assert torch.equal(one, two)
+    _assert_close(one, two, one_cache, two_cache)
+    assert not one[4:].any()  # padded sequences
 
 
 @pytest.mark.parametrize("hq, hkv, norms", SHAPES)
@@ -64,13 +64,13 @@ def test_in_a_cuda_graph(hq, hkv, norms):
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):  # warm up (compile) outside the capture
         triton_fused_decode(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6, cache.clone(),
-                            batch.meta, 0.088, -1, None)
+                            batch.meta, 0.088, -1)
     torch.cuda.current_stream().wait_stream(stream)
     before = cache.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = triton_fused_decode(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6, cache,
-                                  batch.meta, 0.088, -1, None)
+                                  batch.meta, 0.088, -1)
     fresh = expected_inputs[0]
     for name in ("q", "k", "v"):  # new step inputs, same buffers
         getattr(batch, name).copy_(getattr(fresh, name))
@@ -79,5 +79,4 @@ def test_in_a_cuda_graph(hq, hkv, norms):
     torch.cuda.synchronize()
     batch.kv_cache = before
     two, two_cache, _, _ = _two_and_one(batch, cos, sin, q_w, k_w)
-    assert torch.equal(cache, two_cache)
-    assert torch.equal(out, two)
+    _assert_close(out, two, cache, two_cache)

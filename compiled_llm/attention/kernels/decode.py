@@ -102,21 +102,16 @@ def program_split(seq_lens_ptr, num_splits, window, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def attend_split(
-    q, b, kvh, split, seq_len, start, end, k_cache_ptr, v_cache_ptr, table_ptr, out_ptr,
-    part_acc_ptr, part_ml_ptr, scales_ptr, counter_ptr, qk_scale, window, num_splits,
-    stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
-    G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-    BS: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr,
-    MERGE: tl.constexpr, S_PAD: tl.constexpr,
+def attend_keys(
+    q, b, kvh, seq_len, start, end, k_cache_ptr, v_cache_ptr, table_ptr, scales_ptr, qk_scale,
+    window, stride_cb, stride_cs, stride_ch, stride_tb, G_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr,
+    FP8: tl.constexpr,
 ):
-    """Query heads kvh * G.. (q [G_PAD, D], rows past G unused) over keys [start, end): the
-    output (DIRECT), or this split's partials (MERGE: and the last split's merge)."""
-    offs_g = tl.arange(0, G_PAD)
+    """(acc [G_PAD, D], l, m): online softmax of q [G_PAD, D] (the query of position
+    seq_len - 1) over cached keys [start, end) of KV head kvh; FP8 scales folded in."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    head = kvh * G + offs_g  # [G_PAD]
-    g_ok = offs_g < G
     table_row = table_ptr + b.to(tl.int64) * stride_tb
     k_base = k_cache_ptr + kvh * stride_ch
     v_base = v_cache_ptr + kvh * stride_ch
@@ -130,7 +125,21 @@ def attend_split(
                                     window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
                                     BS, True, False, PREC, FP8=FP8)
     acc = acc * kv_scale(scales_ptr, tl.num_programs(1) + kvh, FP8)  # and V's the output
+    return acc, l_i, m_i
 
+
+@triton.jit
+def store_split(
+    acc, l_i, m_i, b, kvh, split, out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr, num_splits,
+    stride_ot, stride_oh, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
+    DIRECT: tl.constexpr, MERGE: tl.constexpr, S_PAD: tl.constexpr,
+):
+    """Query heads kvh * G.. (rows past G unused): the output (DIRECT), or this split's
+    partials (MERGE: and the last split's merge)."""
+    offs_g = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D)
+    head = kvh * G + offs_g  # [G_PAD]
+    g_ok = offs_g < G
     if DIRECT:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # empty sequence -> zeros
         o_offs = b.to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
@@ -165,10 +174,11 @@ def _decode_split_kernel(
     head = kvh * G + offs_g  # [G_PAD]
     q_offs = b.to(tl.int64) * stride_qt + head[:, None] * stride_qh + tl.arange(0, D)[None, :]
     q = tl.load(q_ptr + q_offs, mask=(offs_g < G)[:, None], other=0.0)  # [G_PAD, D]
-    attend_split(q, b, kvh, split, seq_len, start, end, k_cache_ptr, v_cache_ptr, table_ptr,
-                 out_ptr, part_acc_ptr, part_ml_ptr, scales_ptr, counter_ptr, qk_scale, window,
-                 num_splits, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
-                 G, G_PAD, BLOCK_N, D, BS, DIRECT, PREC, FP8, MERGE, S_PAD)
+    acc, l_i, m_i = attend_keys(q, b, kvh, seq_len, start, end, k_cache_ptr, v_cache_ptr,
+                                table_ptr, scales_ptr, qk_scale, window, stride_cb, stride_cs,
+                                stride_ch, stride_tb, G_PAD, BLOCK_N, D, BS, PREC, FP8)
+    store_split(acc, l_i, m_i, b, kvh, split, out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr,
+                num_splits, stride_ot, stride_oh, G, G_PAD, D, DIRECT, MERGE, S_PAD)
 
 
 @triton.jit
