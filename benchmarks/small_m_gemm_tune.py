@@ -5,9 +5,12 @@ Each candidate is checked against torch.mm, then timed as replays of one CUDA gr
 cycling through enough weight copies to miss L2. A coarse search over tiles and K splits (4 warps,
 3 stages) is refined over warps and stages for its best two. Triton wins an entry only when
 faster than cuBLAS by --margin. Past 70% of --max-seconds the refinement is skipped (Triton's
-compiles dominate a cold run; its disk cache makes a second run fast).
+compiles dominate a cold run; its disk cache makes a second run fast). --gate-up tunes the
+GATE_UP epilogue of the gate_up shapes instead (small_m_gate_up_tune.py), against the product +
+SiLU·mul kernel, into "gate_up:N,K" keys of the same table.
 
     python -m benchmarks.small_m_gemm_tune --out compiled_llm/gemm/configs/small_m_gemm.json
+    python -m benchmarks.small_m_gemm_tune --gate-up --shapes qwen3-0.6b.gate_up
     TRITON_INTERPRET=1 python -m benchmarks.small_m_gemm_tune --quick --shapes tiny \
         --out /tmp/small_m.json
 """
@@ -74,13 +77,13 @@ def coarse(m: int, n: int, k: int, sms: int, quick: bool) -> list[SmallMConfig]:
     return out
 
 
-def refine(m: int, best: list[SmallMConfig], quick: bool) -> list[SmallMConfig]:
-    """Warps {4, 8} x stages {2, 3, 4} around each of the best coarse configs."""
+def refine(m: int, best: list[SmallMConfig], quick: bool, fits=_fits) -> list[SmallMConfig]:
+    """Warps {4, 8} x stages {2, 3, 4} around each of the best coarse configs that fit."""
     if quick:
         return []
     out = [dataclasses.replace(cfg, num_warps=warps, num_stages=stages)
            for cfg in best for warps, stages in itertools.product([4, 8], [2, 3, 4])]
-    return [cfg for cfg in dict.fromkeys(out) if cfg not in best and _fits(m, cfg)]
+    return [cfg for cfg in dict.fromkeys(out) if cfg not in best and fits(m, cfg)]
 
 
 def graph_us(call, copies: int) -> float:
@@ -96,18 +99,19 @@ def graph_us(call, copies: int) -> float:
 
 
 def time_configs(x: torch.Tensor, weights: list[torch.Tensor], ref: torch.Tensor,
-                 configs: list[SmallMConfig], label: str) -> dict[SmallMConfig, float]:
-    """us per call of each config that compiles and matches torch.mm."""
+                 configs: list[SmallMConfig], label: str,
+                 run=small_m_mm_triton) -> dict[SmallMConfig, float]:
+    """us per call of run(x, weight, config) for each config that compiles and matches ref
+    (torch.mm's product for the plain kernel)."""
     timed = {}
     for cfg in configs:
         try:
-            out = small_m_mm_triton(x, weights[0], cfg).float()
+            out = run(x, weights[0], cfg).float()
             err = ((out - ref).norm() / ref.norm()).item()
             if err > 1e-2:
                 print(f"{label} {cfg}: wrong result (rel err {err:.3g}), skipped")
                 continue
-            timed[cfg] = graph_us(lambda i, c=cfg: small_m_mm_triton(x, weights[i], c),
-                                  len(weights))
+            timed[cfg] = graph_us(lambda i, c=cfg: run(x, weights[i], c), len(weights))
         except Exception as exc:  # out of resources, say: skip the config
             print(f"{label} {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
     return timed
@@ -143,54 +147,80 @@ def shape_weights(name: str, device: str, dtype: torch.dtype) -> list[torch.Tens
 
 
 def write_table(path: Path, gpu: str, rows: list[dict]) -> None:
-    """This GPU's entries of the tuned shapes and token counts replaced, the others kept."""
+    """This GPU's entries of the tuned keys ("N,K", or a row's "table key") and token counts
+    replaced, the others kept."""
     payload = json.loads(path.read_text()) if path.is_file() else {"devices": {}}
     shapes = payload.setdefault("devices", {}).setdefault(gpu, {})
     for row in rows:
-        entry = row["entry"]
-        shapes.setdefault(row["N,K"], {})[str(row["m"])] = (
-            entry if entry == CUBLAS else dataclasses.asdict(entry))
+        entry = row["entry"]  # a config, or a marker: "cublas", "unfused"
+        shapes.setdefault(row.get("table key", row["N,K"]), {})[str(row["m"])] = (
+            entry if isinstance(entry, str) else dataclasses.asdict(entry))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1) + "\n")
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; --gate-up defaults --shapes to the gate_up shapes and checks them."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, choices=list(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=None, choices=list(SHAPES))
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--out", default="compiled_llm/gemm/configs/small_m_gemm.json")
     ap.add_argument("--margin", type=float, default=0.03,
-                    help="Triton must beat cuBLAS by this fraction to take an entry")
+                    help="Triton must beat cuBLAS (--gate-up: the unfused path) by this fraction "
+                         "to take an entry")
+    ap.add_argument("--gate-up", action="store_true",
+                    help="tune the GATE_UP epilogue against the product + SiLU·mul kernel "
+                         "(benchmarks/small_m_gate_up_tune.py)")
     ap.add_argument("--quick", action="store_true",
                     help="a handful of small tiles, no refinement (the CPU interpreter check)")
     ap.add_argument("--max-seconds", type=float, default=230.0,
                     help="time budget: refinement stops at 70%% of it")
-    ap.add_argument("--block-n", type=int, nargs="+", default=GRID[0])
+    ap.add_argument("--block-n", type=int, nargs="+", default=GRID[0],
+                    help="W rows per program (--gate-up: gate rows, as many up rows)")
     ap.add_argument("--block-k", type=int, nargs="+", default=GRID[1])
-    ap.add_argument("--split-k", type=int, nargs="+", default=GRID[2])
+    ap.add_argument("--split-k", type=int, nargs="+", default=GRID[2],
+                    help="ignored by --gate-up: the epilogue needs whole products")
     ap.add_argument("--output-json", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.gate_up:
+        from benchmarks.small_m_gate_up_tune import GATE_UP_SHAPES
+
+        args.shapes = args.shapes or [name for name in GATE_UP_SHAPES if name != "tiny"]
+        if set(args.shapes) - set(GATE_UP_SHAPES):
+            ap.error(f"--gate-up tunes {', '.join(GATE_UP_SHAPES)}")
+    args.shapes = args.shapes or DEFAULT_SHAPES
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Tune every requested shape and token count, write the table after each shape."""
+    args = parse_args(argv)
     GRID[:] = [args.block_n, args.block_k, args.split_k]
     on_gpu = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if on_gpu else ("cpu", torch.float32)
-    gpu = torch.cuda.get_device_name() if on_gpu else "cpu-interpreter"
+    args.gpu = torch.cuda.get_device_name() if on_gpu else "cpu-interpreter"
     sms = torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else 1
+    point = tune_point
+    if args.gate_up:
+        from benchmarks.small_m_gate_up_tune import tune_gate_up_point as point
     rows, start = [], time.perf_counter()
     for name in args.shapes:
         weights = shape_weights(name, device, dtype)
         for m in args.tokens:
             refining = time.perf_counter() - start < 0.7 * args.max_seconds
-            rows.append(tune_point(name, m, weights, args, sms, refining))
+            rows.append(point(name, m, weights, args, sms, refining))
             print({key: value for key, value in rows[-1].items() if key != "entry"}, flush=True)
         del weights
         if on_gpu:
             torch.cuda.empty_cache()
-        write_table(Path(args.out), gpu, rows)
+        write_table(Path(args.out), args.gpu, rows)
     seconds = time.perf_counter() - start
-    shown = [{key: str(value) if key == "config" else value for key, value in row.items()
-              if key != "entry"} for row in rows]
-    print_table(shown, f"small-M GEMM on {gpu} ({dtype}), {seconds:.0f} s")
-    save_json(args.output_json, {"device": gpu, "seconds": seconds, "rows": shown})
+    shown = [{key: str(value) if key in ("config", "plain") else value
+              for key, value in row.items() if key != "entry"} for row in rows]
+    kind = "GATE_UP epilogue vs product + SiLU·mul" if args.gate_up else "GEMM"
+    print_table(shown, f"small-M {kind} on {args.gpu} ({dtype}), {seconds:.0f} s")
+    save_json(args.output_json, {"device": args.gpu, "seconds": seconds, "gate_up": args.gate_up,
+                                 "rows": shown})
 
 
 if __name__ == "__main__":

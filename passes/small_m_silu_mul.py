@@ -2,7 +2,7 @@
 W_gate_up), the gated MLP's fused gate/up projection, becomes `compiled_llm::
 small_m_gate_up_silu_mul(x, W)`, whose kernel makes silu(gate) * up in its epilogue: one kernel
 fewer per layer. After SmallMGemmPass, before the tail inlines silu_and_mul; on CUDA only where
-the tuned table gives the weight a Triton config without split-K; on the CPU wherever the op is."""
+the tuned table gives the epilogue a config (tuning.gate_up_fused); on the CPU wherever it is."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from torch.fx import Graph, Node
 
 import compiled_llm.gemm  # noqa: F401 (registers the compiled_llm small-M ops)
-from compiled_llm.gemm.tuning import tuned_splits
+from compiled_llm.gemm.tuning import gate_up_fused
 from compiled_llm.passes import ops  # noqa: F401 (registers compiled_llm::silu_and_mul)
 from compiled_llm.passes.base import SiteRewritePass
 from compiled_llm.passes.fx_utils import insert_op, val
@@ -80,7 +80,7 @@ def match_site(node: Node) -> tuple[Node, Node | None] | None:
     if set(split.users if split is not None else product.users) != readers or (
             split is not None and len(product.users) != 1):
         return None
-    if product_val.device.type == "cuda" and 1 not in tuned_splits(
+    if product_val.device.type == "cuda" and not gate_up_fused(
             product_val.device, product_val.dtype, *w_val.shape):
         return None
     return product, split

@@ -6,8 +6,6 @@ up^T) (an epilogue). Under PDL (pdl.py) the first W tile is read before the wait
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -244,14 +242,13 @@ def small_m_mm_partials(x: torch.Tensor, weight: torch.Tensor,
 def small_m_gate_up_silu_mul_triton(x: torch.Tensor, weight: torch.Tensor,
                                     config: SmallMConfig) -> torch.Tensor:
     """x [M, K] @ weight [2I, K]^T (gate rows, then up rows) -> silu(gate) * up [M, I]: each
-    program reads block_n / 2 gate rows and the matching up rows (so the grid of the plain
-    product's config), both products rounded to x's dtype, the SiLU·mul rounded once as
-    Inductor's kernel rounds it. split_k must be 1: the epilogue needs whole products."""
+    program reads config.block_n gate rows and the matching up rows (tuning.gate_up_lookup
+    halves a plain product's block_n), both products rounded to x's dtype, the SiLU·mul rounded
+    once as Inductor's kernel rounds it. split_k must be 1: the epilogue needs whole products."""
     if config.split_k != 1 or weight.shape[0] % 2:
         raise ValueError(f"the gate/up epilogue needs split_k 1 and an even N, got "
                          f"{config.split_k} and {weight.shape[0]}")
-    block_n = max(config.block_n // 2, 16 if config.use_dot else 1)
-    return _launch(x, None, weight, dataclasses.replace(config, block_n=block_n), gate_up=True)
+    return _launch(x, None, weight, config, gate_up=True)
 
 
 def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from compiled_llm.gemm.tuning import tuned_config
+from compiled_llm.gemm.tuning import gate_up_config, tuned_config
 
 LIB = "compiled_llm"
 
@@ -94,16 +94,17 @@ def _small_m_mm_add_rms_norm_fake(x, weight, residual, norm_weight, eps):
 @torch.library.custom_op(f"{LIB}::small_m_gate_up_silu_mul", mutates_args=())
 def small_m_gate_up_silu_mul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K], weight [2I, K] (gate rows, then up rows) -> silu(x @ gate^T) * (x @ up^T)
-    [M, I]: on CUDA the small-M kernel's GATE_UP epilogue where the tuned config has no split-K,
-    else the product then one SiLU·mul kernel; on the CPU torch.mm, then silu * up as written."""
+    [M, I]: on CUDA the small-M kernel's GATE_UP epilogue with tuning.gate_up_config's config
+    (its own "gate_up:N,K" entry, else the plain one without split-K), else small_m_mm then one
+    SiLU·mul kernel; on the CPU torch.mm, then silu * up as written."""
     if x.device.type != "cuda":
         gate, up = torch.mm(x, weight.t()).chunk(2, dim=-1)
         return F.silu(gate) * up  # passes/ops.py silu_and_mul_ref
     from compiled_llm.gemm.epilogue import silu_mul_halves
     from compiled_llm.gemm.kernels import small_m_gate_up_silu_mul_triton
 
-    config = tuned_config(x, weight)
-    if config is not None and config.split_k == 1:
+    config = gate_up_config(x, weight)
+    if config is not None:
         return small_m_gate_up_silu_mul_triton(x, weight, config)
     return silu_mul_halves(small_m_mm(x, weight))
 

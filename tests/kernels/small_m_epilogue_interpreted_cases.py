@@ -17,7 +17,7 @@ from compiled_llm.gemm.kernels import (
     small_m_mm_triton,
 )
 from compiled_llm.gemm.ops import rms_norm_reference
-from compiled_llm.gemm.tuning import SmallMConfig
+from compiled_llm.gemm.tuning import SmallMConfig, gate_up_from_plain
 
 pytestmark = pytest.mark.skipif(not kernels_interpreted(), reason="needs TRITON_INTERPRET=1")
 
@@ -98,12 +98,13 @@ def _inductor_silu_mul(product: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("width", [72, 64])
 def test_gate_up_epilogue_is_the_product_then_silu_mul(use_dot, dtype, m, width):
     """silu(x @ gate^T) * (x @ up^T) [M, I] from W [2I, K]: the plain kernel's products, rounded,
-    then Inductor's SiLU·mul; the config's block_n is halved (the plain product's grid)."""
+    then Inductor's SiLU·mul; the config's block_n is gate rows a program (16 of 72: a ragged
+    last block), the plain product's grid at twice that (tuning.gate_up_from_plain)."""
     x, weight, _, _ = _inputs(m, 2 * width, 200, dtype, seed=m + width)
-    config = SmallMConfig(block_n=32, block_k=32, use_dot=use_dot)
-    out = small_m_gate_up_silu_mul_triton(x, weight, config)
+    plain = SmallMConfig(block_n=32, block_k=32, use_dot=use_dot)
+    out = small_m_gate_up_silu_mul_triton(x, weight, gate_up_from_plain(plain))
     assert out.shape == (m, width) and out.dtype == dtype
-    ref = _inductor_silu_mul(small_m_mm_triton(x, weight, config))
+    ref = _inductor_silu_mul(small_m_mm_triton(x, weight, plain))
     rtol, atol = TOLERANCES[dtype]
     torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=atol)
     assert torch.equal(out, ref) or use_dot  # numpy's matmul may order the dot's sums apart

@@ -14,7 +14,7 @@ from compiled_llm.worker.loader import load_model
 from tests.passes.helpers import capture_model, capture_run, compile_run, kernels_with
 from tests.utils import make_checkpoint
 
-FORCED = PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False,
+FORCED = PassConfig(small_m_gemm_on_cpu=True, enable_small_m_silu_mul=False, inline_fused_ops=False,
                     enable_silu_mul_small_m=True, enable_small_m_add_rms_norm=False)
 NAME = "SiluMulSmallMGemmFusionPass"
 LAYERS = 2  # tests/utils.py SMALL
@@ -58,8 +58,10 @@ def test_activation_with_another_reader_stays():
 
 @pytest.mark.parametrize("config", [
     PassConfig(inline_fused_ops=False),  # small-M is CUDA-only by default
-    PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False, enable_silu_mul_small_m=False),
-    PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False),  # opt-in (call 35)
+    PassConfig(small_m_gemm_on_cpu=True, enable_small_m_silu_mul=False, inline_fused_ops=False,
+               enable_silu_mul_small_m=False),
+    PassConfig(small_m_gemm_on_cpu=True, enable_small_m_silu_mul=False,
+               inline_fused_ops=False),  # opt-in (call 35)
 ])
 def test_off_by_default_on_cpu_and_by_its_flag(config):
     _, _, after, m = capture_run(_mlp, _args(), config)
@@ -75,8 +77,9 @@ def test_o0_turns_it_off():
 
 def test_through_inductor_no_silu_mul_kernel():
     args = _args(torch.bfloat16, tokens=3)
-    out, code, m = compile_run(_mlp, args, PassConfig(small_m_gemm_on_cpu=True,
-                                                          enable_silu_mul_small_m=True))
+    config = PassConfig(small_m_gemm_on_cpu=True, enable_small_m_silu_mul=False,
+                        enable_silu_mul_small_m=True)
+    out, code, m = compile_run(_mlp, args, config)
     assert m.matches(NAME) == 1 and "compiled_llm.small_m_mm_silu_mul" in code
     assert not kernels_with(code, "exp")  # no generated kernel computes the SiLU
     torch.testing.assert_close(out, _mlp(*args), rtol=0, atol=0)
@@ -96,8 +99,9 @@ def test_model_piece_through_inductor_has_no_silu_kernel():
 
     model = load_model(make_checkpoint("qwen3"), torch.float32, torch.device("cpu"), 512)
     ref, _, _ = run_model(model, 6, False)
-    out, code, m = run_model(model, 6, PassConfig(small_m_gemm_on_cpu=True,
-                                                  enable_silu_mul_small_m=True))
+    config = PassConfig(small_m_gemm_on_cpu=True, enable_small_m_silu_mul=False,
+                        enable_silu_mul_small_m=True)
+    out, code, m = run_model(model, 6, config)
     assert m.matches(NAME) == LAYERS
     assert code.count("compiled_llm.small_m_mm_silu_mul") >= LAYERS
     assert not kernels_with(code, "exp")  # the layers' SiLU runs inside the fused op only

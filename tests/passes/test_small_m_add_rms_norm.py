@@ -98,7 +98,8 @@ def test_model_layers_o_and_down_take_the_add_and_norm(name):
     # per layer: o_proj -> post-attention norm, down_proj -> the next layer's (or the final) norm
     assert m.matches(NAME) == 2 * LAYERS and after[FUSED] == 2 * LAYERS
     assert after["compiled_llm.fused_add_rms_norm"] == 0
-    assert after["compiled_llm.small_m_mm"] == 2 * LAYERS  # qkv and gate_up stay plain
+    assert after["compiled_llm.small_m_mm"] == LAYERS  # qkv stays plain
+    assert after["compiled_llm.small_m_gate_up_silu_mul"] == LAYERS  # the SiLU·mul epilogue
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 

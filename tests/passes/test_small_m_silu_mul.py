@@ -67,7 +67,8 @@ def test_other_readers_and_uneven_halves_stay(fn):
 
 @pytest.mark.parametrize("config", [
     PassConfig(inline_fused_ops=False, enable_small_m_silu_mul=True),  # small-M: CUDA only
-    PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False),  # opt-in (call 60)
+    PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False,
+               enable_small_m_silu_mul=False),  # its flag
 ])
 def test_off_on_cpu_by_default_and_by_its_flag(config):
     _, _, after, m = capture_run(_gate_up, _args(), config)
@@ -79,7 +80,7 @@ def test_o0_turns_it_off():
     from compiled_llm.optimization import LEVELS
 
     assert LEVELS[0].passes["enable_small_m_silu_mul"] is False
-    assert PassConfig().enable_small_m_silu_mul is False
+    assert PassConfig().enable_small_m_silu_mul is True
 
 
 def test_through_inductor_no_silu_kernel():
