@@ -105,6 +105,8 @@
 #                                         # splits, the EAGLE engine tests
 #     bash benchmarks/h200_suite.sh 63    # the one-launch decode: GPU tests, batch 1 against
 #                                         # two kernels, the pair at 1/8/32, a profile
+#     bash benchmarks/h200_suite.sh 64    # newest key from registers, the tuned SiLU·mul
+#                                         # epilogue by default: GPU tests, batch 1, QK pair
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -516,6 +518,23 @@ elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the ser
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 64 ]; then  # one GPU (carry .whl): the one-launch decode with the newest key
+  # from registers and the tuned gate/up SiLU·mul epilogue on by default: GPU tests, batch 1
+  # (0.6B: defaults twice, each off once; 8B defaults), the QK pair at 1/8/32
+  Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  S='{"passes": {"enable_small_m_silu_mul": false}}'
+  mapfile -t a <<<"\
+timeout 160 $py -m pytest -q -p no:cacheprovider tests/kernels/test_decode_qk_gpu.py tests/worker/test_cudagraphs_gpu.py tests/worker/test_kv_cache_fp8.py
+timeout 90 $py -m pytest -q -p no:cacheprovider tests/kernels/test_small_m_gemm_gpu.py -k 'gate_up or silu'
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $Q --label default
+$U --model $Q --label silu_mul_epilogue_off --engine-args '$S'
+COMPILED_LLM_ONE_LAUNCH_DECODE=0 $U --model $Q --label two_kernel_decode
+$U --model $Q --label default
+$MK
+$U --model $CK/llama3-8b --label default --skip-tokenizer-init
+$py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --rounds 1 --json $R/qk_norm_rope.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 63 ]; then  # one GPU (carry .whl): the one-launch decode (QK-norm + RoPE + KV
   # write inside split decode): its GPU tests and the engine's graph tests, batch 1 against the

@@ -21,6 +21,9 @@ def _tokens(outs):
 
 
 def _llm(ckpt, **kwargs):
+    # the core in this process (CUDA's default is a process of its own): the tests read the
+    # scheduler's spec stats and the KV pool through llm.engine
+    kwargs.setdefault("engine_core_process", False)
     return LLM(str(ckpt), enforce_eager=True, dtype="float32", **kwargs)
 
 
