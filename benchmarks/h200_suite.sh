@@ -534,7 +534,8 @@ COMPILED_LLM_ONE_LAUNCH_DECODE=0 $U --model $Q --label two_kernel_decode
 $U --model $Q --label default
 $MK
 $U --model $CK/llama3-8b --label default --skip-tokenizer-init
-$py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --rounds 1 --json $R/qk_norm_rope.json"
+$py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --rounds 1 --json $R/qk_norm_rope.json
+timeout 100 $py -m pytest -x -q -p no:cacheprovider tests/engine/test_spec_eagle.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 63 ]; then  # one GPU (carry .whl): the one-launch decode (QK-norm + RoPE + KV
   # write inside split decode): its GPU tests and the engine's graph tests, batch 1 against the
