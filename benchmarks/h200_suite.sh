@@ -525,15 +525,15 @@ elif [ "$CALL" = 64 ]; then  # one GPU (carry .whl): the one-launch decode with 
   Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
   S='{"passes": {"enable_small_m_silu_mul": false}}'
   mapfile -t a <<<"\
-timeout 160 $py -m pytest -q -p no:cacheprovider tests/kernels/test_decode_qk_gpu.py tests/worker/test_cudagraphs_gpu.py tests/worker/test_kv_cache_fp8.py
-timeout 90 $py -m pytest -q -p no:cacheprovider tests/kernels/test_small_m_gemm_gpu.py -k 'gate_up or silu'
+timeout 120 $py -m pytest -q -p no:cacheprovider tests/kernels/test_decode_qk_gpu.py tests/worker/test_cudagraphs_gpu.py tests/worker/test_kv_cache_fp8.py
+timeout 60 $py -m pytest -q -p no:cacheprovider tests/kernels/test_small_m_gemm_gpu.py -k 'gate_up or silu'
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $U --model $Q --label default
 $U --model $Q --label silu_mul_epilogue_off --engine-args '$S'
 COMPILED_LLM_ONE_LAUNCH_DECODE=0 $U --model $Q --label two_kernel_decode
-$U --model $Q --label default
 $MK
 $U --model $CK/llama3-8b --label default --skip-tokenizer-init
+$U --model $Q --label default
 $py -m benchmarks.qk_norm_rope --checkpoint-dir $CK --shape qwen3-0.6b --rounds 1 --json $R/qk_norm_rope.json
 timeout 100 $py -m pytest -x -q -p no:cacheprovider tests/engine/test_spec_eagle.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
