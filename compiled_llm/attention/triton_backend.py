@@ -98,12 +98,15 @@ def triton_attention(
         num_seqs = meta.seq_lens.shape[0]
         decode_attention(q, kv_cache, meta.seq_lens, meta.block_tables, scale, sliding_window,
                          out, decode_config(head_dim), kv_scales=kv_scales)
-        if q.shape[0] > num_seqs:
-            out[num_seqs:].zero_()  # padded rows, as the reference leaves them
-        return out
+        return _zero_rows_past(out, num_seqs)
     _mixed(q, kv_cache, meta, scale, sliding_window, out, kv_scales)
-    if q.shape[0] > meta.num_actual_tokens:
-        out[meta.num_actual_tokens:].zero_()
+    return _zero_rows_past(out, meta.num_actual_tokens)
+
+
+def _zero_rows_past(out: torch.Tensor, rows: int) -> torch.Tensor:
+    """out with its padded rows (past `rows`) zeroed, as the reference leaves them."""
+    if out.shape[0] > rows:
+        out[rows:].zero_()
     return out
 
 
@@ -131,9 +134,7 @@ def _uncached(q, k, v, meta: AttentionMetadata, scale: float, sliding_window: in
     out = torch.empty_like(q)
     varlen_attention(q, k, v, meta.query_start_loc, meta.max_query_len, scale, sliding_window,
                      causal, out, prefill_config(q.shape[2]))
-    if q.shape[0] > meta.num_actual_tokens:
-        out[meta.num_actual_tokens:].zero_()
-    return out
+    return _zero_rows_past(out, meta.num_actual_tokens)
 
 
 def triton_fused_write(q, k, v, cos, sin, q_weight, k_weight, eps: float,
@@ -157,9 +158,7 @@ def triton_fused_decode(q, k, v, cos, sin, q_weight, k_weight, eps: float,
     decode_qk_norm_rope_attention(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache,
                                   meta.seq_lens, meta.block_tables, meta.slot_mapping, scale,
                                   sliding_window, out, decode_config(q.shape[2]))
-    if q.shape[0] > num_seqs:
-        out[num_seqs:].zero_()
-    return out
+    return _zero_rows_past(out, num_seqs)
 
 
 register_backend("triton", triton_attention)

@@ -20,7 +20,7 @@ from compiled_llm.attention.kernels.decode import (
     program_split,
     store_split,
 )
-from compiled_llm.attention.kernels.qk_norm_rope import norm_rope, write_rows
+from compiled_llm.attention.kernels.qk_norm_rope import norm_rope, store_rows
 from compiled_llm.gemm.pdl import dependency_sync
 
 
@@ -95,9 +95,8 @@ def _decode_qk_split_kernel(
         acc, l_i, m_i = _attend_newest(acc, l_i, m_i, q1, q2, k1, k2, v, qk_scale)
         slot = tl.load(slot_ptr + b).to(tl.int64)
         if slot >= 0:
-            write_rows(k1, k2, v_ptr + b.to(tl.int64) * stride_vt, stride_vh, heads, ones, slot,
-                       k_cache_ptr, v_cache_ptr, seq_lens_ptr, 0.0, stride_cb, stride_cs,
-                       stride_ch, HKV, D, BS, False)
+            store_rows(k1, k2, v, heads, ones, slot, k_cache_ptr, v_cache_ptr, seq_lens_ptr,
+                       0.0, stride_cb, stride_cs, stride_ch, HKV, D, BS, False)
     store_split(acc, l_i, m_i, b, kvh, split, out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr,
                 num_splits, stride_ot, stride_oh, G, G_PAD, D, DIRECT, MERGE, S_PAD)
 

@@ -82,11 +82,20 @@ def _qk_norm_rope_write_kernel(
 
 @triton.jit
 def write_rows(k1, k2, v_src, stride_vh, heads, mask, slot, k_cache_ptr, v_cache_ptr,
-                scales_ptr, fp8_max, stride_cb, stride_cs, stride_ch,
-                HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, FP8: tl.constexpr):
-    """Store the rotated k halves and the v heads at `slot` (the cache write kernel's rule)."""
+               scales_ptr, fp8_max, stride_cb, stride_cs, stride_ch,
+               HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, FP8: tl.constexpr):
+    """Load the v heads, then store_rows."""
+    v = tl.load(v_src + heads[:, None] * stride_vh + tl.arange(0, D)[None, :], mask=mask)
+    store_rows(k1, k2, v, heads, mask, slot, k_cache_ptr, v_cache_ptr, scales_ptr, fp8_max,
+               stride_cb, stride_cs, stride_ch, HKV, D, BS, FP8)
+
+
+@triton.jit
+def store_rows(k1, k2, v, heads, mask, slot, k_cache_ptr, v_cache_ptr, scales_ptr, fp8_max,
+               stride_cb, stride_cs, stride_ch,
+               HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, FP8: tl.constexpr):
+    """Store the rotated k halves and v [heads, D] at `slot` (the cache write kernel's rule)."""
     full = tl.arange(0, D)
-    v = tl.load(v_src + heads[:, None] * stride_vh + full[None, :], mask=mask)
     half = tl.arange(0, D // 2)
     row = (slot // BS) * stride_cb + (slot % BS) * stride_cs + heads[:, None] * stride_ch
     k1, k2 = k1.to(tl.float32), k2.to(tl.float32)
