@@ -1,7 +1,7 @@
 """Micro-benchmark of the Triton attention kernels against torch SDPA and the reference backend,
 at Llama-3-8B attention shapes (32 q heads, 8 KV heads, head_dim 128, bf16, block_size 16).
 
-    python -m benchmarks.attention_kernels [--json out.json] [--sweep]
+    python -m benchmarks.attention_kernels [--json out.json] [--sweep | --split-sweep]
 
 Decode at batch 1/32/256 x context 1k/8k/32k (achieved KV bandwidth, % of the copy bandwidth
 measured in the same run), prefill at 1k/4k/16k (TFLOP/s), and the cache write. Ratios are
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -184,6 +185,29 @@ def _sweep_decode(batch: int, ctx: int, fp8: bool = False) -> list[dict]:
     return rows
 
 
+def _split_rows(batch: int, ctx: int, graph_tokens: int) -> list[dict]:
+    """Decode launches with the grid the engine captures (a block table as wide as
+    graph_tokens), by split_keys (0: every split) and merge (in the launch or by a kernel)."""
+    q, _, _, cache, meta = paged_case(batch, ctx, 1)
+    table = torch.zeros(batch, graph_tokens // BS, dtype=torch.int32, device="cuda")
+    table[:, :meta.block_tables.shape[1]] = meta.block_tables
+    out, rows = torch.empty_like(q), []
+    for keys in (0, 128, 256, 512, 1024):
+        for in_launch in (False, True):
+            cfg = replace(decode_config(D), split_keys=keys, merge_in_launch=in_launch)
+            ms = bench_ms(lambda c=cfg: decode_attention(q, cache, meta.seq_lens, table, SCALE,
+                                                         -1, out, c))
+            rows.append({"batch": batch, "context": ctx, "split_keys": keys,
+                         "merge": "in launch" if in_launch else "kernel", "us": ms * 1e3})
+    return rows
+
+
+def split_sweep(graph_tokens: int = 40960) -> list[dict]:
+    """Decode time by split_keys and merge, at the grid of a graph captured for graph_tokens."""
+    return [row for batch in (1, 8, 32) for ctx in (128, 384, 1024, 4096, 16384)
+            for row in _split_rows(batch, ctx, graph_tokens)]
+
+
 def fp8_sweep() -> list[dict]:
     """Decode tile configs over bf16 and FP8 caches at the FP8 benchmark's shapes."""
     return [row for batch, ctx in ((64, 1152), (256, 1152), (1, 8192)) for fp8 in (False, True)
@@ -219,12 +243,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
+    ap.add_argument("--split-sweep", action="store_true",
+                    help="only time decode by split_keys and merge (graph grid of 40,960 tokens)")
     ap.add_argument("--fp8-sweep", action="store_true",
                     help="only time decode tile configs over bf16 and FP8 caches")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("attention_kernels.py needs a CUDA device")
     torch.manual_seed(0)
+    if args.split_sweep:
+        rows = split_sweep()
+        print_table(rows, "Decode by split_keys and merge, per layer")
+        return save_json(args.json, {"device": torch.cuda.get_device_name(), "splits": rows})
     if args.fp8_sweep:
         rows = fp8_sweep()
         print_table(rows, "Decode tile configs, bf16 and FP8 caches")

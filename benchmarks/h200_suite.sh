@@ -107,6 +107,11 @@
 #                                         # two kernels, the pair at 1/8/32, a profile
 #     bash benchmarks/h200_suite.sh 64    # newest key from registers, the tuned SiLU·mul
 #                                         # epilogue by default: GPU tests, batch 1, QK pair
+#     bash benchmarks/h200_suite.sh 65    # decode splits by context, merged by the last split:
+#                                         # GPU tests, the split sweep, batch 1 against the
+#                                         # fixed grid in both orders, a profile
+#     bash benchmarks/h200_suite.sh 66    # Llama-3-8B batch 1 against gpt-fast (carry .whl
+#                                         # .peer), the user path, the EAGLE engine tests
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -518,6 +523,34 @@ elif [ "$CALL" = 44 ]; then  # one GPU: where a served step's time goes, the ser
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_on.json --engine-args '$E'
 COMPILED_LLM_MIXED_DECODES=0 $py -m benchmarks.profile_steps --model $Q --workload serve-like --json $R/profile_serve_off.json --engine-args '$E'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 65 ]; then  # one GPU (carry .whl): decode attention with a split per 256
+  # keys of context (one split writes the output) and the merge by the last split: GPU tests,
+  # the split sweep, batch 1 against the fixed grid (and each change alone), a profile
+  Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  OLD="COMPILED_LLM_DECODE_SPLIT_KEYS=0 COMPILED_LLM_DECODE_MERGE_IN_LAUNCH=0"
+  mapfile -t a <<<"\
+timeout 150 $py -m pytest -q -p no:cacheprovider tests/kernels/test_triton_gpu.py tests/kernels/test_decode_qk_gpu.py tests/worker/test_cudagraphs_gpu.py tests/worker/test_kv_cache_fp8.py
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $Q --label default
+$OLD $U --model $Q --label fixed_grid
+COMPILED_LLM_DECODE_MERGE_IN_LAUNCH=0 $U --model $Q --label merge_kernel
+COMPILED_LLM_DECODE_SPLIT_KEYS=512 $U --model $Q --label split_keys_512
+$OLD $U --model $Q --label fixed_grid
+$U --model $Q --label default
+timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
+$py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 66 ]; then  # one GPU (carry .whl .peer): Llama-3-8B batch 1 against gpt-fast
+  # in one run, the user path on both shapes, the EAGLE engine tests
+  Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  mapfile -t a <<<"\
+$MK
+$py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
+$U --model $CK/llama3-8b --label default --skip-tokenizer-init
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $Q --label default
+timeout 120 $py -m pytest -x -q -p no:cacheprovider tests/engine/test_spec_eagle.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 64 ]; then  # one GPU (carry .whl): the one-launch decode with the newest key
   # from registers and the tuned gate/up SiLU·mul epilogue on by default: GPU tests, batch 1

@@ -30,6 +30,10 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # a mixed batch's leading decodes on the decode kernel (=0: every row on the prefill kernel,
 # as before; for A/B measurements)
 MIXED_DECODES = os.environ.get("COMPILED_LLM_MIXED_DECODES", "1") != "0"
+# decode: fewest keys a split attends (0: every split of the grid, as before) and whether the
+# last split merges (0: a second kernel merges); both for A/B measurements
+SPLIT_KEYS = int(os.environ.get("COMPILED_LLM_DECODE_SPLIT_KEYS", "256"))
+MERGE_IN_LAUNCH = os.environ.get("COMPILED_LLM_DECODE_MERGE_IN_LAUNCH", "1") != "0"
 
 
 def prefill_config(head_dim: int) -> PrefillConfig:
@@ -42,12 +46,14 @@ def prefill_config(head_dim: int) -> PrefillConfig:
 
 
 def decode_config(head_dim: int) -> DecodeConfig:
-    """Autotune-free decode defaults by head_dim: K/V tiles of 8-16 KB, 3 stages in flight."""
+    """Autotune-free decode defaults by head_dim: K/V tiles of 8-16 KB, 3 stages in flight; a
+    split per SPLIT_KEYS keys of context, merged by the last split to finish."""
+    tiles = dict(num_warps=4, num_stages=3, split_keys=SPLIT_KEYS, merge_in_launch=MERGE_IN_LAUNCH)
     if head_dim <= 64:
-        return DecodeConfig(block_n=128, num_warps=4, num_stages=3)
+        return DecodeConfig(block_n=128, **tiles)
     if head_dim <= 128:
-        return DecodeConfig(block_n=64, num_warps=4, num_stages=3)
-    return DecodeConfig(block_n=32, num_warps=4, num_stages=2)
+        return DecodeConfig(block_n=64, **tiles)
+    return DecodeConfig(block_n=32, **{**tiles, "num_stages": 2})
 
 
 def check_shapes(q: torch.Tensor, kv_cache: torch.Tensor, fp8: bool = False) -> None:

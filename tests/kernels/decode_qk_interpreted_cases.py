@@ -7,6 +7,8 @@ qk_norm_rope_attention op on the triton backend against the reference."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -31,16 +33,16 @@ def _decode_inputs(ctx_lens, heads=(4, 2), norms=True, pads=0, dtype=torch.float
     return batch, cos, sin, weights[0], weights[1]
 
 
-def _both(batch, cos, sin, q_w, k_w, window=0, splits=None):
+def _both(batch, cos, sin, q_w, k_w, window=0, splits=None, config=CONFIG):
     """(two-kernel output, its cache, one-launch output, its cache) from the same cache."""
     meta, two_cache, one_cache = batch.meta, batch.kv_cache.clone(), batch.kv_cache.clone()
     q_rot, _ = qk_norm_rope_kv_write(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6,
                                      two_cache, meta, None)
     two = decode_attention(q_rot, two_cache, meta.seq_lens, meta.block_tables, 0.2, window,
-                           torch.zeros_like(q_rot), CONFIG, splits)
+                           torch.zeros_like(q_rot), config, splits)
     one = decode_qk_norm_rope_attention(
         batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6, one_cache, meta.seq_lens,
-        meta.block_tables, meta.slot_mapping, 0.2, window, torch.zeros_like(q_rot), CONFIG,
+        meta.block_tables, meta.slot_mapping, 0.2, window, torch.zeros_like(q_rot), config,
         splits)
     return two, two_cache, one, one_cache
 
@@ -53,6 +55,18 @@ def test_one_launch_equals_two_kernels(norms, splits):
     assert torch.equal(one_cache, two_cache)
     torch.testing.assert_close(one, two, rtol=1e-5, atol=1e-6)
     assert one.abs().sum() > 0 and not one[4:].any()  # padded sequences: zeros
+
+
+@pytest.mark.parametrize("in_launch", [False, True])
+def test_split_keys_and_in_launch_merge(in_launch):
+    # a split per 16 keys of 8 (18 keys: 2 used, 1: 1, 41: 3 with the newest in the third);
+    # the merge by the last split or by the reduce kernel
+    config = replace(CONFIG, split_keys=16, merge_in_launch=in_launch)
+    batch, cos, sin, q_w, k_w = _decode_inputs([17, 0, 40, 5], pads=1, seed=8)
+    two, two_cache, one, one_cache = _both(batch, cos, sin, q_w, k_w, splits=8, config=config)
+    assert torch.equal(one_cache, two_cache)
+    torch.testing.assert_close(one, two, rtol=1e-5, atol=1e-6)
+    assert one.abs().sum() > 0 and not one[4:].any()
 
 
 @pytest.mark.parametrize("heads", [(6, 2), (2, 2), (8, 1)])

@@ -87,6 +87,6 @@ def test_decode_over_fp8_cache(num_splits, monkeypatch):
     monkeypatch.setattr(arrival, "ONE_LAUNCH", True)  # the opt-in one-launch merge
     out = run()
     _close(out, ref)
-    assert not decode_module.merge_counters(out.device).any()
-    monkeypatch.setattr(decode_module, "merge_counters", lambda device: None)
+    assert not arrival.arrival_counters(out.device).any()
+    monkeypatch.setattr(decode_module, "merge_counters", lambda device, config: None)
     assert torch.equal(run(), out)  # the two-kernel merge's result

@@ -7,6 +7,8 @@ GPU), while bf16 cache writes are checked here.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -136,7 +138,7 @@ def test_decode_merges_splits_in_one_launch(num_splits, window, monkeypatch):
     batch = make_batch([1, 1, 1], [100, 5, 47], 8, 2, 32, seed=7)
     ref, _ = reference(batch, SCALE, window)
     monkeypatch.setattr(arrival, "ONE_LAUNCH", True)  # opt-in (COMPILED_LLM_...=1)
-    counters = decode_module.merge_counters(batch.q.device)
+    counters = arrival.arrival_counters(batch.q.device)
     monkeypatch.setattr(decode_module, "_decode_reduce_kernel", None)  # launching it would fail
     first = _decode(batch, window, num_splits)
     assert not counters.any()
@@ -144,9 +146,29 @@ def test_decode_merges_splits_in_one_launch(num_splits, window, monkeypatch):
     _assert_close(first, ref, torch.float32)
     monkeypatch.undo()
     too_narrow = torch.zeros(5, dtype=torch.int32)  # 3 sequences x 2 KV heads do not fit
-    monkeypatch.setattr(decode_module, "merge_counters", lambda device: too_narrow)
+    monkeypatch.setattr(decode_module, "merge_counters", lambda device, config: too_narrow)
     assert torch.equal(_decode(batch, window, num_splits), first)
     assert not too_narrow.any()
+
+
+@pytest.mark.parametrize("in_launch", [False, True])
+@pytest.mark.parametrize("window", [-1, 30])
+def test_decode_uses_a_split_per_split_keys(in_launch, window):
+    # 101, 6 and 48 keys at split_keys=32 on a grid of 8 splits use 4, 1 and 2 splits (a window
+    # of 30: one each): each row as a grid of just those splits computes it, the one-split rows
+    # written by their split bit for bit, the merged ones by the counters or the reduce kernel
+    batch = make_batch([1, 1, 1], [100, 5, 47], 8, 2, 32, seed=9)
+    ref, _ = reference(batch, SCALE, window)
+    config = replace(SMALL_DECODE, split_keys=32, merge_in_launch=in_launch)
+    out = _decode(batch, window, 8, config)
+    _assert_close(out, ref, torch.float32)
+    used = [1, 1, 1] if window > 0 else [4, 1, 2]
+    for row, splits in enumerate(used):
+        alone = _decode(batch, window, splits)[row]
+        if splits == 1:
+            assert torch.equal(out[row], alone)
+        torch.testing.assert_close(out[row], alone, rtol=1e-6, atol=1e-6)
+    assert not in_launch or not arrival.arrival_counters(out.device, True).any()
 
 
 def test_num_splits_depend_on_shapes_only():

@@ -15,7 +15,8 @@ from compiled_llm.attention.kernels import decode  # noqa: E402
 SM90 = GPUTarget("cuda", 90, 32)
 
 
-def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: int = 0):
+def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: int = 0,
+                   split_keys: int = 0):
     """The split decode kernel as sm_90 code: Qwen-like GQA 7, head_dim 128, bf16 queries."""
     kv = "*fp8e4nv" if fp8 else "*bf16"
     signature = dict(q_ptr="*bf16", k_cache_ptr=kv, v_cache_ptr=kv, table_ptr="*i32",
@@ -25,18 +26,20 @@ def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: int 
                      **{f"stride_{s}": "i32" for s in ("qt", "qh", "ot", "oh", "cb", "cs", "ch",
                                                        "tb")})
     constants = dict(G=7, G_PAD=16, BLOCK_N=64, D=128, BS=16, HAS_WINDOW=window, DIRECT=direct,
-                     PREC="tf32", FP8=fp8, MERGE=merge, S_PAD=1 if direct else 32, PDL=pdl)
+                     PREC="tf32", FP8=fp8, MERGE=merge, S_PAD=1 if direct else 32,
+                     SPLIT_KEYS=split_keys, PDL=pdl)
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(decode._decode_split_kernel, signature, constants, {})
     return triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})
 
 
-@pytest.mark.parametrize("direct,merge,fp8,window", [
-    (True, False, False, False), (False, False, False, True), (False, True, False, False),
-    (False, True, True, True)])
-def test_decode_split_kernel_compiles_for_sm90(direct, merge, fp8, window):
+@pytest.mark.parametrize("direct,merge,fp8,window,split_keys", [
+    (True, False, False, False, 0), (False, False, False, True, 0),
+    (False, True, False, False, 0), (False, True, True, True, 0), (False, True, False, True, 256),
+    (False, False, False, False, 256)])
+def test_decode_split_kernel_compiles_for_sm90(direct, merge, fp8, window, split_keys):
     try:
-        kernel = compile_decode(direct, merge, fp8, window)
+        kernel = compile_decode(direct, merge, fp8, window, split_keys=split_keys)
     except (ImportError, KeyError) as err:
         pytest.skip(f"no sm_90 backend: {err}")
     ptx = kernel.asm["ptx"]
@@ -59,12 +62,13 @@ def test_decode_split_kernel_waits_first_under_pdl(direct):
     assert wait < ptx.index("ld.global") and wait < ptx.index("griddepcontrol.launch_dependents")
 
 
-def test_decode_reduce_kernel_compiles_for_sm90():
+@pytest.mark.parametrize("split_keys", [0, 256])
+def test_decode_reduce_kernel_compiles_for_sm90(split_keys):
+    constants = dict(S_PAD=32, D=128, HAS_WINDOW=True, SPLIT_KEYS=split_keys, PDL=2)
     signature = dict(part_acc_ptr="*fp32", part_ml_ptr="*fp32", out_ptr="*bf16",
-                     num_splits="i32", stride_ot="i32", stride_oh="i32", S_PAD="constexpr",
-                     D="constexpr", PDL="constexpr")
-    source = ASTSource(decode._decode_reduce_kernel, signature, dict(S_PAD=32, D=128, PDL=2),
-                       {})
+                     seq_lens_ptr="*i32", window="i32", num_splits="i32", stride_ot="i32",
+                     stride_oh="i32", **{name: "constexpr" for name in constants})
+    source = ASTSource(decode._decode_reduce_kernel, signature, constants, {})
     try:
         kernel = triton.compile(source, target=SM90, options={"num_warps": 4})
     except (ImportError, KeyError) as err:
@@ -89,7 +93,8 @@ def compile_decode_qk(direct: bool, norms: bool, pdl: int = 0):
                                                        "tb")})
     constants = dict(G=2, G_PAD=16, BLOCK_N=64, D=128, BS=16, HKV=8, HAS_WINDOW=False,
                      DIRECT=direct, PREC="tf32", HAS_Q_NORM=norms, HAS_K_NORM=norms,
-                     MERGE=False, S_PAD=1 if direct else 32, PDL=pdl)
+                     MERGE=not direct, S_PAD=1 if direct else 32,
+                     SPLIT_KEYS=0 if direct else 256, PDL=pdl)
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(decode_qk._decode_qk_split_kernel, signature, constants, {})
     return triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})

@@ -183,7 +183,7 @@ def test_decode_merges_in_one_launch(monkeypatch):
     monkeypatch.setattr(arrival, "ONE_LAUNCH", True)  # opt-in: COMPILED_LLM_ONE_LAUNCH_SPLITS=1
     monkeypatch.setattr(decode, "_decode_reduce_kernel", None)  # launching it would fail
     fused = run()
-    counters = decode.merge_counters(fused.device)
+    counters = arrival.arrival_counters(fused.device)
     assert not counters.any()
     assert _rel_err(fused, ref) < 1.5e-2
     graph = torch.cuda.CUDAGraph()
@@ -196,6 +196,6 @@ def test_decode_merges_in_one_launch(monkeypatch):
     assert mismatches.item() == 0
     assert not counters.any()
     monkeypatch.undo()
-    monkeypatch.setattr(decode, "merge_counters", lambda device: None)
+    monkeypatch.setattr(decode, "merge_counters", lambda device, config: None)
     # the two kernels' merge compiles to other instructions: close, not bit-equal (call 35)
     assert _rel_err(run(), fused) < 1e-2

@@ -30,21 +30,26 @@ class DecodeConfig:
     num_warps: int = 4
     num_stages: int = 3
     max_splits: int = 32  # upper bound on KV splits per (sequence, KV head)
+    # fewest keys a split attends: a shorter context runs fewer of the grid's splits, and one
+    # split writes the output itself (no merge); 0: every split of the grid
+    split_keys: int = 0
+    merge_in_launch: bool = False  # the last split merges (counters), not a second kernel
 
 
-def merge_counters(device: torch.device) -> torch.Tensor | None:
+def merge_counters(device: torch.device, config: DecodeConfig) -> torch.Tensor | None:
     """The arrival counters of the in-launch merge (None: a second kernel merges); see
     compiled_llm/gemm/arrival.py."""
-    return arrival_counters(device)
+    return arrival_counters(device, True if config.merge_in_launch else None)
 
 
 @triton.jit
-def _merge_head(part_acc_ptr, part_ml_ptr, out_ptr, b, h, num_heads, num_splits, stride_ot,
-                stride_oh, S_PAD: tl.constexpr, D: tl.constexpr, CACHE: tl.constexpr):
-    """Query head h's output from its num_splits partials (CACHE: the loads' cache modifier)."""
+def _merge_head(part_acc_ptr, part_ml_ptr, out_ptr, b, h, num_heads, num_splits, used,
+                stride_ot, stride_oh, S_PAD: tl.constexpr, D: tl.constexpr, CACHE: tl.constexpr):
+    """Query head h's output from its first `used` of num_splits partials (CACHE: the loads'
+    cache modifier)."""
     offs_s = tl.arange(0, S_PAD)
     offs_d = tl.arange(0, D)
-    s_ok = offs_s < num_splits
+    s_ok = offs_s < used
     row = (b.to(tl.int64) * num_heads + h) * num_splits + offs_s  # [S_PAD]
     m = tl.load(part_ml_ptr + row * 2, mask=s_ok, other=-1.0e30, cache_modifier=CACHE)
     lsum = tl.load(part_ml_ptr + row * 2 + 1, mask=s_ok, other=0.0, cache_modifier=CACHE)
@@ -59,10 +64,10 @@ def _merge_head(part_acc_ptr, part_ml_ptr, out_ptr, b, h, num_heads, num_splits,
 
 @triton.jit
 def _last_split_merges(counter_ptr, part_acc_ptr, part_ml_ptr, out_ptr, b, kvh, num_splits,
-                       stride_ot, stride_oh, G: tl.constexpr, S_PAD: tl.constexpr,
+                       used, stride_ot, stride_oh, G: tl.constexpr, S_PAD: tl.constexpr,
                        D: tl.constexpr):
-    """After this program's partials: count its arrival; the last of (b, kvh)'s splits merges
-    its G query heads and zeroes the counter for the next launch (or graph replay).
+    """After this program's partials: count its arrival; the last of (b, kvh)'s `used` splits
+    merges its G query heads and zeroes the counter for the next launch (or graph replay).
 
     A CTA barrier (every thread's stores issued), then one thread's gpu-scope acq_rel add: its
     release publishes the program's partials, the last arrival's acquire sees every split's. A
@@ -70,35 +75,49 @@ def _last_split_merges(counter_ptr, part_acc_ptr, part_ml_ptr, out_ptr, b, kvh, 
     tl.debug_barrier()
     slot = counter_ptr + (b * tl.num_programs(1) + kvh)
     arrived = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu")
-    if arrived == num_splits - 1:
+    if arrived == used - 1:
         num_heads = tl.num_programs(1) * G
         for g in range(G):  # .cg: read at L2, never a stale L1 line
             _merge_head(part_acc_ptr, part_ml_ptr, out_ptr, b, kvh * G + g, num_heads,
-                        num_splits, stride_ot, stride_oh, S_PAD, D, ".cg")
+                        num_splits, used, stride_ot, stride_oh, S_PAD, D, ".cg")
         tl.store(slot, 0)
 
 
 @triton.jit
-def split_span(seq_len, split, num_splits, window, BLOCK_N: tl.constexpr,
-               HAS_WINDOW: tl.constexpr):
-    """(start, end) of the keys split `split` of num_splits attends (empty past the context)."""
+def used_splits(seq_len, num_splits, window, HAS_WINDOW: tl.constexpr,
+                SPLIT_KEYS: tl.constexpr):
+    """(first key, splits used): all num_splits, or (SPLIT_KEYS > 0) one per SPLIT_KEYS keys of
+    the attended span, at least one."""
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(seq_len - window, 0)
-    per_split = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
+    used = num_splits
+    if SPLIT_KEYS > 0:
+        used = tl.minimum(tl.maximum(tl.cdiv(seq_len - lo, SPLIT_KEYS), 1), num_splits)
+    return lo, used
+
+
+@triton.jit
+def split_span(seq_len, split, num_splits, window, BLOCK_N: tl.constexpr,
+               HAS_WINDOW: tl.constexpr, SPLIT_KEYS: tl.constexpr):
+    """(start, end, used) of the keys split `split` attends (empty past the context or at
+    split >= used) and the splits used."""
+    lo, used = used_splits(seq_len, num_splits, window, HAS_WINDOW, SPLIT_KEYS)
+    per_split = tl.cdiv(tl.cdiv(seq_len - lo, used), BLOCK_N) * BLOCK_N
     start = lo + split * per_split
-    return start, tl.minimum(start + per_split, seq_len)
+    return start, tl.minimum(start + per_split, seq_len), used
 
 
 @triton.jit
 def program_split(seq_lens_ptr, num_splits, window, BLOCK_N: tl.constexpr,
-                  HAS_WINDOW: tl.constexpr):
-    """This program's (sequence, KV head, split, seq_len, key start, key end)."""
+                  HAS_WINDOW: tl.constexpr, SPLIT_KEYS: tl.constexpr):
+    """This program's (sequence, KV head, split, seq_len, key start, key end, splits used)."""
     b = tl.program_id(0)
     seq_len = tl.load(seq_lens_ptr + b)
     split = tl.program_id(2)
-    start, end = split_span(seq_len, split, num_splits, window, BLOCK_N, HAS_WINDOW)
-    return b, tl.program_id(1), split, seq_len, start, end
+    start, end, used = split_span(seq_len, split, num_splits, window, BLOCK_N, HAS_WINDOW,
+                                  SPLIT_KEYS)
+    return b, tl.program_id(1), split, seq_len, start, end, used
 
 
 @triton.jit
@@ -129,21 +148,27 @@ def attend_keys(
 
 
 @triton.jit
+def _store_out(acc, l_i, out_ptr, b, head, g_ok, stride_ot, stride_oh, D: tl.constexpr):
+    """Heads `head` [G_PAD] (g_ok: real) of sequence b: acc / l (an empty sequence: zeros)."""
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_offs = b.to(tl.int64) * stride_ot + head[:, None] * stride_oh + tl.arange(0, D)[None, :]
+    tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+
+
+@triton.jit
 def store_split(
-    acc, l_i, m_i, b, kvh, split, out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr, num_splits,
-    stride_ot, stride_oh, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
+    acc, l_i, m_i, b, kvh, split, used, out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr,
+    num_splits, stride_ot, stride_oh, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
     DIRECT: tl.constexpr, MERGE: tl.constexpr, S_PAD: tl.constexpr,
 ):
-    """Query heads kvh * G.. (rows past G unused): the output (DIRECT), or this split's
-    partials (MERGE: and the last split's merge)."""
+    """Query heads kvh * G.. (rows past G unused) of a split < used: the output (DIRECT, or
+    the one split used), or this split's partials (MERGE: and the last split's merge)."""
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D)
     head = kvh * G + offs_g  # [G_PAD]
     g_ok = offs_g < G
-    if DIRECT:
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # empty sequence -> zeros
-        o_offs = b.to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-        tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
+    if DIRECT or used == 1:
+        _store_out(acc, l_i, out_ptr, b, head, g_ok, stride_ot, stride_oh, D)
     else:
         # partials laid out [B, Hq, num_splits, D] and [B, Hq, num_splits, 2]
         row = (b.to(tl.int64) * (tl.num_programs(1) * G) + head) * num_splits + split
@@ -152,7 +177,7 @@ def store_split(
         tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=g_ok)
         if MERGE:
             _last_split_merges(counter_ptr, part_acc_ptr, part_ml_ptr, out_ptr, b, kvh,
-                               num_splits, stride_ot, stride_oh, G, S_PAD, D)
+                               num_splits, used, stride_ot, stride_oh, G, S_PAD, D)
 
 
 @triton.jit
@@ -163,34 +188,45 @@ def _decode_split_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
     FP8: tl.constexpr = False, MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
-    PDL: tl.constexpr = 0,
+    SPLIT_KEYS: tl.constexpr = 0, PDL: tl.constexpr = 0,
 ):
-    """DIRECT: one split writes the output. Otherwise partials; MERGE: the last of a (seq, KV
-    head)'s splits to arrive merges them (counter_ptr: zeroed int32 [>= B * Hkv])."""
+    """DIRECT (or one split used): that split writes the output. Otherwise partials; MERGE: the
+    last of a (seq, KV head)'s used splits to arrive merges them (counter_ptr: zeroed int32
+    [>= B * Hkv]). Splits past those used do nothing."""
     dependency_sync(PDL)
-    b, kvh, split, seq_len, start, end = program_split(seq_lens_ptr, num_splits, window,
-                                                       BLOCK_N, HAS_WINDOW)
-    offs_g = tl.arange(0, G_PAD)
-    head = kvh * G + offs_g  # [G_PAD]
-    q_offs = b.to(tl.int64) * stride_qt + head[:, None] * stride_qh + tl.arange(0, D)[None, :]
-    q = tl.load(q_ptr + q_offs, mask=(offs_g < G)[:, None], other=0.0)  # [G_PAD, D]
-    acc, l_i, m_i = attend_keys(q, b, kvh, seq_len, start, end, k_cache_ptr, v_cache_ptr,
-                                table_ptr, scales_ptr, qk_scale, window, stride_cb, stride_cs,
-                                stride_ch, stride_tb, G_PAD, BLOCK_N, D, BS, PREC, FP8)
-    store_split(acc, l_i, m_i, b, kvh, split, out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr,
-                num_splits, stride_ot, stride_oh, G, G_PAD, D, DIRECT, MERGE, S_PAD)
+    b, kvh, split, seq_len, start, end, used = program_split(seq_lens_ptr, num_splits, window,
+                                                             BLOCK_N, HAS_WINDOW, SPLIT_KEYS)
+    if split < used:
+        offs_g = tl.arange(0, G_PAD)
+        head = kvh * G + offs_g  # [G_PAD]
+        q_offs = (b.to(tl.int64) * stride_qt + head[:, None] * stride_qh
+                  + tl.arange(0, D)[None, :])
+        q = tl.load(q_ptr + q_offs, mask=(offs_g < G)[:, None], other=0.0)  # [G_PAD, D]
+        acc, l_i, m_i = attend_keys(q, b, kvh, seq_len, start, end, k_cache_ptr, v_cache_ptr,
+                                    table_ptr, scales_ptr, qk_scale, window, stride_cb,
+                                    stride_cs, stride_ch, stride_tb, G_PAD, BLOCK_N, D, BS,
+                                    PREC, FP8)
+        store_split(acc, l_i, m_i, b, kvh, split, used, out_ptr, part_acc_ptr, part_ml_ptr,
+                    counter_ptr, num_splits, stride_ot, stride_oh, G, G_PAD, D, DIRECT, MERGE,
+                    S_PAD)
 
 
 @triton.jit
 def _decode_reduce_kernel(
-    part_acc_ptr, part_ml_ptr, out_ptr, num_splits, stride_ot, stride_oh,
-    S_PAD: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = 0,
+    part_acc_ptr, part_ml_ptr, out_ptr, seq_lens_ptr, window, num_splits, stride_ot,
+    stride_oh, S_PAD: tl.constexpr, D: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    SPLIT_KEYS: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """The merge as a second kernel, program (seq, query head): launches too wide for the
-    counters (or the first one inside a CUDA-graph capture)."""
+    counters (or the first one inside a CUDA-graph capture). A sequence whose one used split
+    wrote its output is left as it is."""
     dependency_sync(PDL)
-    _merge_head(part_acc_ptr, part_ml_ptr, out_ptr, tl.program_id(0), tl.program_id(1),
-                tl.num_programs(1), num_splits, stride_ot, stride_oh, S_PAD, D, "")
+    b = tl.program_id(0)
+    _, used = used_splits(tl.load(seq_lens_ptr + b), num_splits, window, HAS_WINDOW,
+                          SPLIT_KEYS)
+    if used > 1:
+        _merge_head(part_acc_ptr, part_ml_ptr, out_ptr, b, tl.program_id(1),
+                    tl.num_programs(1), num_splits, used, stride_ot, stride_oh, S_PAD, D, "")
 
 
 @functools.cache
@@ -218,11 +254,12 @@ class SplitPlan:
     counters: torch.Tensor | None
     part_acc: torch.Tensor
     part_ml: torch.Tensor
+    split_keys: int = 0  # DecodeConfig.split_keys: how many of the splits a context uses
 
     def launch_args(self, q: torch.Tensor) -> dict:
         """The split kernels' shared constexprs and launch parameters."""
         return dict(S_PAD=triton.next_power_of_2(self.num_splits), DIRECT=self.direct,
-                    MERGE=self.counters is not None,
+                    MERGE=self.counters is not None, SPLIT_KEYS=self.split_keys,
                     PREC="ieee" if q.dtype == torch.float32 else "tf32",
                     **pdl.launch_kwargs(q.device))
 
@@ -240,23 +277,25 @@ def plan_splits(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor,
                                        block_tables.shape[1] * block_size, config, q.device)
     if num_splits == 1:
         return SplitPlan(1, True, None, out, out)  # partials unused
-    counters = merge_counters(q.device)
+    counters = merge_counters(q.device, config)
     if counters is not None and num_seqs * num_kv_heads > counters.numel():
         counters = None  # too wide for the counters: merge in a second kernel
     partial_shape = (num_seqs, num_q_heads, num_splits)
     part_acc = torch.empty(*partial_shape, head_dim, dtype=torch.float32, device=q.device)
     part_ml = torch.empty(*partial_shape, 2, dtype=torch.float32, device=q.device)
-    return SplitPlan(num_splits, False, counters, part_acc, part_ml)
+    return SplitPlan(num_splits, False, counters, part_acc, part_ml, config.split_keys)
 
 
-def merge_splits(plan: SplitPlan, out: torch.Tensor, num_seqs: int) -> None:
+def merge_splits(plan: SplitPlan, out: torch.Tensor, seq_lens: torch.Tensor,
+                 sliding_window: int) -> None:
     """The reduce kernel, where the plan's splits are not merged inside the launch."""
     if plan.direct or plan.counters is not None:
         return
-    _decode_reduce_kernel[(num_seqs, out.shape[1])](
-        plan.part_acc, plan.part_ml, out, plan.num_splits, out.stride(0), out.stride(1),
-        S_PAD=triton.next_power_of_2(plan.num_splits), D=out.shape[2], num_warps=4,
-        **pdl.launch_kwargs(out.device),
+    _decode_reduce_kernel[(seq_lens.shape[0], out.shape[1])](
+        plan.part_acc, plan.part_ml, out, seq_lens, sliding_window, plan.num_splits,
+        out.stride(0), out.stride(1), S_PAD=triton.next_power_of_2(plan.num_splits),
+        D=out.shape[2], HAS_WINDOW=sliding_window > 0, SPLIT_KEYS=plan.split_keys,
+        num_warps=4, **pdl.launch_kwargs(out.device),
     )
 
 
@@ -294,5 +333,5 @@ def decode_attention(
         num_warps=config.num_warps, num_stages=config.num_stages,
         **plan.launch_args(q),
     )
-    merge_splits(plan, out, num_seqs)
+    merge_splits(plan, out, seq_lens, sliding_window)
     return out

@@ -53,6 +53,43 @@ def _attend_newest(acc, l_i, m_i, q1, q2, k1, k2, v, qk_scale):
 
 
 @triton.jit
+def _query_halves(q_row, stride_qh, kvh, qw_ptr, cos1, sin1, cos2, sin2, eps,
+                  G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
+                  HAS_Q_NORM: tl.constexpr):
+    """KV head kvh's G query heads normed and rotated, halves [G_PAD, D/2] in q's dtype
+    (rows past G zero)."""
+    offs_g = tl.arange(0, G_PAD)
+    g_ok = (offs_g < G)[:, None]
+    q1, q2 = norm_rope(q_row, stride_qh, kvh * G + offs_g, g_ok, qw_ptr, cos1, sin1, cos2,
+                       sin2, eps, D, HAS_Q_NORM)
+    dtype = q_row.dtype.element_ty
+    return tl.where(g_ok, q1, 0.0).to(dtype), tl.where(g_ok, q2, 0.0).to(dtype)
+
+
+@triton.jit
+def _newest_key(acc, l_i, m_i, q1, q2, b, kvh, k_ptr, v_ptr, kw_ptr, slot_ptr, cos1, sin1,
+                cos2, sin2, eps, qk_scale, k_cache_ptr, v_cache_ptr, seq_lens_ptr, stride_kt,
+                stride_kh, stride_vt, stride_vh, stride_cb, stride_cs, stride_ch,
+                HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                HAS_K_NORM: tl.constexpr):
+    """The newest key (normed, rotated) and value from registers: attended, and stored at
+    slot_ptr[b] (negative: not stored) without waiting on the store."""
+    heads = kvh + tl.arange(0, 1)
+    ones = (heads >= 0)[:, None]
+    k1, k2 = norm_rope(k_ptr + b.to(tl.int64) * stride_kt, stride_kh, heads, ones, kw_ptr,
+                       cos1, sin1, cos2, sin2, eps, D, HAS_K_NORM)
+    k1, k2 = k1.to(q1.dtype), k2.to(q1.dtype)
+    v = tl.load(v_ptr + b.to(tl.int64) * stride_vt + kvh * stride_vh
+                + tl.arange(0, D)[None, :])  # [1, D]
+    acc, l_i, m_i = _attend_newest(acc, l_i, m_i, q1, q2, k1, k2, v, qk_scale)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    if slot >= 0:
+        store_rows(k1, k2, v, heads, ones, slot, k_cache_ptr, v_cache_ptr, seq_lens_ptr, 0.0,
+                   stride_cb, stride_cs, stride_ch, HKV, D, BS, False)
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _decode_qk_split_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, eps, slot_ptr,
     k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
@@ -62,43 +99,36 @@ def _decode_qk_split_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, HKV: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr,
     PREC: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
-    MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1, PDL: tl.constexpr = 0,
+    MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1, SPLIT_KEYS: tl.constexpr = 0,
+    PDL: tl.constexpr = 0,
 ):
     """Program (seq b, KV head, split): q heads from raw q (normed, rotated, rounded to the
     dtype as the fused write kernel stores them), the split's cached keys, and in the split
-    holding the newest key that key and value from registers, also stored at slot_ptr[b]."""
+    holding the newest key that key and value from registers, also stored at slot_ptr[b].
+    Splits past those the context uses do nothing."""
     dependency_sync(PDL)
-    b, kvh, split, seq_len, start, end = program_split(seq_lens_ptr, num_splits, window,
-                                                       BLOCK_N, HAS_WINDOW)
-    newest = (start < end) & (end == seq_len)
-    dtype = q_ptr.dtype.element_ty
-    cos1, sin1, cos2, sin2 = _rope_rows(cos_ptr, sin_ptr, b, stride_cos, stride_sin, dtype, D)
-    offs_g = tl.arange(0, G_PAD)
-    g_ok = (offs_g < G)[:, None]
-    q1, q2 = norm_rope(q_ptr + b.to(tl.int64) * stride_qt, stride_qh, kvh * G + offs_g, g_ok,
-                       qw_ptr, cos1, sin1, cos2, sin2, eps, D, HAS_Q_NORM)
-    q1 = tl.where(g_ok, q1, 0.0).to(dtype)
-    q2 = tl.where(g_ok, q2, 0.0).to(dtype)
-    q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (G_PAD, D))  # [G_PAD, D]: halves
-    acc, l_i, m_i = attend_keys(q, b, kvh, seq_len, start, end - newest.to(tl.int32),
-                                k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, qk_scale,
-                                window, stride_cb, stride_cs, stride_ch, stride_tb, G_PAD,
-                                BLOCK_N, D, BS, PREC, False)
-    if newest:
-        heads = kvh + tl.arange(0, 1)
-        ones = (heads >= 0)[:, None]
-        k1, k2 = norm_rope(k_ptr + b.to(tl.int64) * stride_kt, stride_kh, heads, ones, kw_ptr,
-                           cos1, sin1, cos2, sin2, eps, D, HAS_K_NORM)
-        k1, k2 = k1.to(dtype), k2.to(dtype)
-        v_row = v_ptr + b.to(tl.int64) * stride_vt + kvh * stride_vh
-        v = tl.load(v_row + tl.arange(0, D)[None, :])  # [1, D]
-        acc, l_i, m_i = _attend_newest(acc, l_i, m_i, q1, q2, k1, k2, v, qk_scale)
-        slot = tl.load(slot_ptr + b).to(tl.int64)
-        if slot >= 0:
-            store_rows(k1, k2, v, heads, ones, slot, k_cache_ptr, v_cache_ptr, seq_lens_ptr,
-                       0.0, stride_cb, stride_cs, stride_ch, HKV, D, BS, False)
-    store_split(acc, l_i, m_i, b, kvh, split, out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr,
-                num_splits, stride_ot, stride_oh, G, G_PAD, D, DIRECT, MERGE, S_PAD)
+    b, kvh, split, seq_len, start, end, used = program_split(seq_lens_ptr, num_splits, window,
+                                                             BLOCK_N, HAS_WINDOW, SPLIT_KEYS)
+    if split < used:
+        newest = (start < end) & (end == seq_len)
+        cos1, sin1, cos2, sin2 = _rope_rows(cos_ptr, sin_ptr, b, stride_cos, stride_sin,
+                                            q_ptr.dtype.element_ty, D)
+        q1, q2 = _query_halves(q_ptr + b.to(tl.int64) * stride_qt, stride_qh, kvh, qw_ptr,
+                               cos1, sin1, cos2, sin2, eps, G, G_PAD, D, HAS_Q_NORM)
+        q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (G_PAD, D))  # [G_PAD, D]
+        acc, l_i, m_i = attend_keys(q, b, kvh, seq_len, start, end - newest.to(tl.int32),
+                                    k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr,
+                                    qk_scale, window, stride_cb, stride_cs, stride_ch,
+                                    stride_tb, G_PAD, BLOCK_N, D, BS, PREC, False)
+        if newest:
+            acc, l_i, m_i = _newest_key(acc, l_i, m_i, q1, q2, b, kvh, k_ptr, v_ptr, kw_ptr,
+                                        slot_ptr, cos1, sin1, cos2, sin2, eps, qk_scale,
+                                        k_cache_ptr, v_cache_ptr, seq_lens_ptr, stride_kt,
+                                        stride_kh, stride_vt, stride_vh, stride_cb, stride_cs,
+                                        stride_ch, HKV, D, BS, HAS_K_NORM)
+        store_split(acc, l_i, m_i, b, kvh, split, used, out_ptr, part_acc_ptr, part_ml_ptr,
+                    counter_ptr, num_splits, stride_ot, stride_oh, G, G_PAD, D, DIRECT, MERGE,
+                    S_PAD)
 
 
 def decode_qk_norm_rope_attention(
@@ -136,5 +166,5 @@ def decode_qk_norm_rope_attention(
         HAS_K_NORM=k_weight is not None, num_warps=config.num_warps,
         num_stages=config.num_stages, **plan.launch_args(q),
     )
-    merge_splits(plan, out, num_seqs)
+    merge_splits(plan, out, seq_lens, sliding_window)
     return out
