@@ -185,25 +185,31 @@ def _sweep_decode(batch: int, ctx: int, fp8: bool = False) -> list[dict]:
     return rows
 
 
+# (split_keys, merge in launch, V read with K): the fixed grid first, then the opt-ins
+SPLIT_VARIANTS = ((0, False, False), (0, False, True), (256, True, False), (512, True, False),
+                  (256, False, False), (256, True, True))
+
+
 def _split_rows(batch: int, ctx: int, graph_tokens: int) -> list[dict]:
     """Decode launches with the grid the engine captures (a block table as wide as
-    graph_tokens), by split_keys (0: every split) and merge (in the launch or by a kernel)."""
+    graph_tokens) in each of SPLIT_VARIANTS."""
     q, _, _, cache, meta = paged_case(batch, ctx, 1)
     table = torch.zeros(batch, graph_tokens // BS, dtype=torch.int32, device="cuda")
     table[:, :meta.block_tables.shape[1]] = meta.block_tables
     out, rows = torch.empty_like(q), []
-    for keys in (0, 128, 256, 512, 1024):
-        for in_launch in (False, True):
-            cfg = replace(decode_config(D), split_keys=keys, merge_in_launch=in_launch)
-            ms = bench_ms(lambda c=cfg: decode_attention(q, cache, meta.seq_lens, table, SCALE,
-                                                         -1, out, c))
-            rows.append({"batch": batch, "context": ctx, "split_keys": keys,
-                         "merge": "in launch" if in_launch else "kernel", "us": ms * 1e3})
+    for keys, in_launch, early_v in SPLIT_VARIANTS:
+        cfg = replace(decode_config(D), split_keys=keys, merge_in_launch=in_launch,
+                      early_v=early_v)
+        ms = bench_ms(lambda c=cfg: decode_attention(q, cache, meta.seq_lens, table, SCALE, -1,
+                                                     out, c))
+        rows.append({"batch": batch, "context": ctx, "split_keys": keys,
+                     "merge": "in launch" if in_launch else "kernel", "early_v": early_v,
+                     "us": ms * 1e3})
     return rows
 
 
 def split_sweep(graph_tokens: int = 40960) -> list[dict]:
-    """Decode time by split_keys and merge, at the grid of a graph captured for graph_tokens."""
+    """Decode time by SPLIT_VARIANTS, at the grid of a graph captured for graph_tokens."""
     return [row for batch in (1, 8, 32) for ctx in (128, 384, 1024, 4096, 16384)
             for row in _split_rows(batch, ctx, graph_tokens)]
 
@@ -244,7 +250,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
     ap.add_argument("--split-sweep", action="store_true",
-                    help="only time decode by split_keys and merge (graph grid of 40,960 tokens)")
+                    help="only time decode's split variants (graph grid of 40,960 tokens)")
     ap.add_argument("--fp8-sweep", action="store_true",
                     help="only time decode tile configs over bf16 and FP8 caches")
     args = ap.parse_args()
@@ -253,7 +259,7 @@ def main() -> None:
     torch.manual_seed(0)
     if args.split_sweep:
         rows = split_sweep()
-        print_table(rows, "Decode by split_keys and merge, per layer")
+        print_table(rows, "Decode by split variant, per layer")
         return save_json(args.json, {"device": torch.cuda.get_device_name(), "splits": rows})
     if args.fp8_sweep:
         rows = fp8_sweep()

@@ -110,8 +110,8 @@
 #     bash benchmarks/h200_suite.sh 65    # decode splits by context, merged by the last split:
 #                                         # GPU tests, the split sweep, batch 1 against the
 #                                         # fixed grid in both orders, a profile
-#     bash benchmarks/h200_suite.sh 66    # Llama-3-8B batch 1 against gpt-fast (carry .whl
-#                                         # .peer), the user path, the EAGLE engine tests
+#     bash benchmarks/h200_suite.sh 66    # V read with K in decode; Llama-3-8B batch 1 against
+#                                         # gpt-fast (carry .whl .peer), the EAGLE engine tests
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -541,16 +541,23 @@ $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 66 ]; then  # one GPU (carry .whl .peer): Llama-3-8B batch 1 against gpt-fast
-  # in one run, the user path on both shapes, the EAGLE engine tests
+elif [ "$CALL" = 66 ]; then  # one GPU (carry .whl .peer): V read with K in decode (GPU tests,
+  # batch 1 with and without in both orders, the split sweep), Llama-3-8B batch 1 against
+  # gpt-fast in one run, its user path, the EAGLE engine tests
   Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  EV=COMPILED_LLM_DECODE_EARLY_V=1
   mapfile -t a <<<"\
-$MK
-$py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
-$U --model $CK/llama3-8b --label default --skip-tokenizer-init
+$EV timeout 100 $py -m pytest -q -p no:cacheprovider tests/kernels/test_triton_gpu.py tests/kernels/test_decode_qk_gpu.py
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $U --model $Q --label default
-timeout 120 $py -m pytest -x -q -p no:cacheprovider tests/engine/test_spec_eagle.py"
+$EV $U --model $Q --label early_v
+$MK
+timeout 240 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
+$EV $U --model $Q --label early_v
+$U --model $Q --label default
+timeout 60 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
+$U --model $CK/llama3-8b --label default --skip-tokenizer-init
+timeout 100 $py -m pytest -x -q -p no:cacheprovider tests/engine/test_spec_eagle.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 64 ]; then  # one GPU (carry .whl): the one-launch decode with the newest key
   # from registers and the tuned gate/up SiLU·mul epilogue on by default: GPU tests, batch 1

@@ -30,10 +30,12 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # a mixed batch's leading decodes on the decode kernel (=0: every row on the prefill kernel,
 # as before; for A/B measurements)
 MIXED_DECODES = os.environ.get("COMPILED_LLM_MIXED_DECODES", "1") != "0"
-# decode: fewest keys a split attends (0: every split of the grid, as before) and whether the
-# last split merges (0: a second kernel merges); both for A/B measurements
-SPLIT_KEYS = int(os.environ.get("COMPILED_LLM_DECODE_SPLIT_KEYS", "256"))
-MERGE_IN_LAUNCH = os.environ.get("COMPILED_LLM_DECODE_MERGE_IN_LAUNCH", "1") != "0"
+# decode, opt-in for A/B runs (slower on the H200 at batch 1, docs/benchmarks.md call 65): a
+# split per SPLIT_KEYS keys of context (0: every split of the grid), the merge by the last
+# split (0: a second kernel merges); V read with K
+SPLIT_KEYS = int(os.environ.get("COMPILED_LLM_DECODE_SPLIT_KEYS", "0"))
+MERGE_IN_LAUNCH = os.environ.get("COMPILED_LLM_DECODE_MERGE_IN_LAUNCH", "0") == "1"
+EARLY_V = os.environ.get("COMPILED_LLM_DECODE_EARLY_V", "0") == "1"
 
 
 def prefill_config(head_dim: int) -> PrefillConfig:
@@ -46,9 +48,9 @@ def prefill_config(head_dim: int) -> PrefillConfig:
 
 
 def decode_config(head_dim: int) -> DecodeConfig:
-    """Autotune-free decode defaults by head_dim: K/V tiles of 8-16 KB, 3 stages in flight; a
-    split per SPLIT_KEYS keys of context, merged by the last split to finish."""
-    tiles = dict(num_warps=4, num_stages=3, split_keys=SPLIT_KEYS, merge_in_launch=MERGE_IN_LAUNCH)
+    """Autotune-free decode defaults by head_dim: K/V tiles of 8-16 KB, 3 stages in flight."""
+    tiles = dict(num_warps=4, num_stages=3, split_keys=SPLIT_KEYS,
+                 merge_in_launch=MERGE_IN_LAUNCH, early_v=EARLY_V)
     if head_dim <= 64:
         return DecodeConfig(block_n=128, **tiles)
     if head_dim <= 128:
