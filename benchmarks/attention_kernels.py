@@ -185,9 +185,8 @@ def _sweep_decode(batch: int, ctx: int, fp8: bool = False) -> list[dict]:
     return rows
 
 
-# (split_keys, merge in launch, V read with K): the fixed grid first, then the opt-ins
-SPLIT_VARIANTS = ((0, False, False), (0, False, True), (256, True, False), (512, True, False),
-                  (256, False, False), (256, True, True))
+# (split_keys, merge in launch): the fixed grid (the default) first, then the opt-ins
+SPLIT_VARIANTS = ((0, False), (256, True), (512, True), (256, False), (128, True))
 
 
 def _split_rows(batch: int, ctx: int, graph_tokens: int) -> list[dict]:
@@ -197,14 +196,12 @@ def _split_rows(batch: int, ctx: int, graph_tokens: int) -> list[dict]:
     table = torch.zeros(batch, graph_tokens // BS, dtype=torch.int32, device="cuda")
     table[:, :meta.block_tables.shape[1]] = meta.block_tables
     out, rows = torch.empty_like(q), []
-    for keys, in_launch, early_v in SPLIT_VARIANTS:
-        cfg = replace(decode_config(D), split_keys=keys, merge_in_launch=in_launch,
-                      early_v=early_v)
+    for keys, in_launch in SPLIT_VARIANTS:
+        cfg = replace(decode_config(D), split_keys=keys, merge_in_launch=in_launch)
         ms = bench_ms(lambda c=cfg: decode_attention(q, cache, meta.seq_lens, table, SCALE, -1,
                                                      out, c))
         rows.append({"batch": batch, "context": ctx, "split_keys": keys,
-                     "merge": "in launch" if in_launch else "kernel", "early_v": early_v,
-                     "us": ms * 1e3})
+                     "merge": "in launch" if in_launch else "kernel", "us": ms * 1e3})
     return rows
 
 

@@ -543,7 +543,8 @@ $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 66 ]; then  # one GPU (carry .whl .peer): V read with K in decode (GPU tests,
   # batch 1 with and without in both orders, the split sweep), Llama-3-8B batch 1 against
-  # gpt-fast in one run, its user path, the EAGLE engine tests
+  # gpt-fast in one run, its user path, the EAGLE engine tests. EARLY_V was removed after this
+  # call (it changed nothing): its runs are now the defaults
   Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
   EV=COMPILED_LLM_DECODE_EARLY_V=1
   mapfile -t a <<<"\

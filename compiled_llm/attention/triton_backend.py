@@ -32,10 +32,9 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIXED_DECODES = os.environ.get("COMPILED_LLM_MIXED_DECODES", "1") != "0"
 # decode, opt-in for A/B runs (slower on the H200 at batch 1, docs/benchmarks.md call 65): a
 # split per SPLIT_KEYS keys of context (0: every split of the grid), the merge by the last
-# split (0: a second kernel merges); V read with K
+# split (0: a second kernel merges)
 SPLIT_KEYS = int(os.environ.get("COMPILED_LLM_DECODE_SPLIT_KEYS", "0"))
 MERGE_IN_LAUNCH = os.environ.get("COMPILED_LLM_DECODE_MERGE_IN_LAUNCH", "0") == "1"
-EARLY_V = os.environ.get("COMPILED_LLM_DECODE_EARLY_V", "0") == "1"
 
 
 def prefill_config(head_dim: int) -> PrefillConfig:
@@ -50,7 +49,7 @@ def prefill_config(head_dim: int) -> PrefillConfig:
 def decode_config(head_dim: int) -> DecodeConfig:
     """Autotune-free decode defaults by head_dim: K/V tiles of 8-16 KB, 3 stages in flight."""
     tiles = dict(num_warps=4, num_stages=3, split_keys=SPLIT_KEYS,
-                 merge_in_launch=MERGE_IN_LAUNCH, early_v=EARLY_V)
+                 merge_in_launch=MERGE_IN_LAUNCH)
     if head_dim <= 64:
         return DecodeConfig(block_n=128, **tiles)
     if head_dim <= 128:

@@ -171,14 +171,6 @@ def test_decode_uses_a_split_per_split_keys(in_launch, window):
     assert not in_launch or not arrival.arrival_counters(out.device, True).any()
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_reading_v_with_k_changes_no_bit(num_splits):
-    batch = make_batch([1, 1, 1], [100, 5, 47], 8, 2, 32, seed=11)
-    early = _decode(batch, 20, num_splits, replace(SMALL_DECODE, early_v=True))
-    assert torch.equal(early, _decode(batch, 20, num_splits))
-    _assert_close(early, reference(batch, SCALE, 20)[0], torch.float32)
-
-
 def test_num_splits_depend_on_shapes_only():
     cpu = torch.device("cpu")
     cfg = DecodeConfig(block_n=16, max_splits=8)

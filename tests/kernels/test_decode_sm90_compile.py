@@ -16,7 +16,7 @@ SM90 = GPUTarget("cuda", 90, 32)
 
 
 def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: int = 0,
-                   split_keys: int = 0, early_v: bool = False):
+                   split_keys: int = 0):
     """The split decode kernel as sm_90 code: Qwen-like GQA 7, head_dim 128, bf16 queries."""
     kv = "*fp8e4nv" if fp8 else "*bf16"
     signature = dict(q_ptr="*bf16", k_cache_ptr=kv, v_cache_ptr=kv, table_ptr="*i32",
@@ -27,7 +27,7 @@ def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: int 
                                                        "tb")})
     constants = dict(G=7, G_PAD=16, BLOCK_N=64, D=128, BS=16, HAS_WINDOW=window, DIRECT=direct,
                      PREC="tf32", FP8=fp8, MERGE=merge, S_PAD=1 if direct else 32,
-                     SPLIT_KEYS=split_keys, EARLY_V=early_v, PDL=pdl)
+                     SPLIT_KEYS=split_keys, PDL=pdl)
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(decode._decode_split_kernel, signature, constants, {})
     return triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})
@@ -36,12 +36,10 @@ def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: int 
 @pytest.mark.parametrize("direct,merge,fp8,window,split_keys", [
     (True, False, False, False, 0), (False, False, False, True, 0),
     (False, True, False, False, 0), (False, True, True, True, 0), (False, True, False, True, 256),
-    (False, False, False, False, 256), (False, False, True, False, -1)])
+    (False, False, False, False, 256)])
 def test_decode_split_kernel_compiles_for_sm90(direct, merge, fp8, window, split_keys):
-    """split_keys -1: the fixed grid with V read with K."""
     try:
-        kernel = compile_decode(direct, merge, fp8, window, split_keys=max(split_keys, 0),
-                                early_v=split_keys < 0)
+        kernel = compile_decode(direct, merge, fp8, window, split_keys=split_keys)
     except (ImportError, KeyError) as err:
         pytest.skip(f"no sm_90 backend: {err}")
     ptx = kernel.asm["ptx"]
@@ -96,7 +94,7 @@ def compile_decode_qk(direct: bool, norms: bool, pdl: int = 0):
     constants = dict(G=2, G_PAD=16, BLOCK_N=64, D=128, BS=16, HKV=8, HAS_WINDOW=False,
                      DIRECT=direct, PREC="tf32", HAS_Q_NORM=norms, HAS_K_NORM=norms,
                      MERGE=not direct, S_PAD=1 if direct else 32,
-                     SPLIT_KEYS=0 if direct else 256, EARLY_V=not direct, PDL=pdl)
+                     SPLIT_KEYS=0 if direct else 256, PDL=pdl)
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(decode_qk._decode_qk_split_kernel, signature, constants, {})
     return triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})

@@ -34,7 +34,6 @@ class DecodeConfig:
     # split writes the output itself (no merge); 0: every split of the grid
     split_keys: int = 0
     merge_in_launch: bool = False  # the last split merges (counters), not a second kernel
-    early_v: bool = False  # a tile's V is read with its K (attend_tile's EARLY_V)
 
 
 def merge_counters(device: torch.device, config: DecodeConfig) -> torch.Tensor | None:
@@ -126,7 +125,7 @@ def attend_keys(
     q, b, kvh, seq_len, start, end, k_cache_ptr, v_cache_ptr, table_ptr, scales_ptr, qk_scale,
     window, stride_cb, stride_cs, stride_ch, stride_tb, G_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr,
-    FP8: tl.constexpr, EARLY_V: tl.constexpr = False,
+    FP8: tl.constexpr,
 ):
     """(acc [G_PAD, D], l, m): online softmax of q [G_PAD, D] (the query of position
     seq_len - 1) over cached keys [start, end) of KV head kvh; FP8 scales folded in."""
@@ -143,7 +142,7 @@ def attend_keys(
     for n0 in range(start, end, BLOCK_N):
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, end,
                                     window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                                    BS, True, False, PREC, FP8=FP8, EARLY_V=EARLY_V)
+                                    BS, True, False, PREC, FP8=FP8)
     acc = acc * kv_scale(scales_ptr, tl.num_programs(1) + kvh, FP8)  # and V's the output
     return acc, l_i, m_i
 
@@ -189,7 +188,7 @@ def _decode_split_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
     FP8: tl.constexpr = False, MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
-    SPLIT_KEYS: tl.constexpr = 0, EARLY_V: tl.constexpr = False, PDL: tl.constexpr = 0,
+    SPLIT_KEYS: tl.constexpr = 0, PDL: tl.constexpr = 0,
 ):
     """DIRECT (or one split used): that split writes the output. Otherwise partials; MERGE: the
     last of a (seq, KV head)'s used splits to arrive merges them (counter_ptr: zeroed int32
@@ -206,7 +205,7 @@ def _decode_split_kernel(
         acc, l_i, m_i = attend_keys(q, b, kvh, seq_len, start, end, k_cache_ptr, v_cache_ptr,
                                     table_ptr, scales_ptr, qk_scale, window, stride_cb,
                                     stride_cs, stride_ch, stride_tb, G_PAD, BLOCK_N, D, BS,
-                                    PREC, FP8, EARLY_V)
+                                    PREC, FP8)
         store_split(acc, l_i, m_i, b, kvh, split, used, out_ptr, part_acc_ptr, part_ml_ptr,
                     counter_ptr, num_splits, stride_ot, stride_oh, G, G_PAD, D, DIRECT, MERGE,
                     S_PAD)
@@ -256,13 +255,11 @@ class SplitPlan:
     part_acc: torch.Tensor
     part_ml: torch.Tensor
     split_keys: int = 0  # DecodeConfig.split_keys: how many of the splits a context uses
-    early_v: bool = False  # DecodeConfig.early_v
 
     def launch_args(self, q: torch.Tensor) -> dict:
         """The split kernels' shared constexprs and launch parameters."""
         return dict(S_PAD=triton.next_power_of_2(self.num_splits), DIRECT=self.direct,
                     MERGE=self.counters is not None, SPLIT_KEYS=self.split_keys,
-                    EARLY_V=self.early_v,
                     PREC="ieee" if q.dtype == torch.float32 else "tf32",
                     **pdl.launch_kwargs(q.device))
 
@@ -279,15 +276,14 @@ def plan_splits(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor,
         num_splits = choose_num_splits(num_seqs, num_kv_heads,
                                        block_tables.shape[1] * block_size, config, q.device)
     if num_splits == 1:
-        return SplitPlan(1, True, None, out, out, 0, config.early_v)  # partials unused
+        return SplitPlan(1, True, None, out, out)  # partials unused
     counters = merge_counters(q.device, config)
     if counters is not None and num_seqs * num_kv_heads > counters.numel():
         counters = None  # too wide for the counters: merge in a second kernel
     partial_shape = (num_seqs, num_q_heads, num_splits)
     part_acc = torch.empty(*partial_shape, head_dim, dtype=torch.float32, device=q.device)
     part_ml = torch.empty(*partial_shape, 2, dtype=torch.float32, device=q.device)
-    return SplitPlan(num_splits, False, counters, part_acc, part_ml, config.split_keys,
-                     config.early_v)
+    return SplitPlan(num_splits, False, counters, part_acc, part_ml, config.split_keys)
 
 
 def merge_splits(plan: SplitPlan, out: torch.Tensor, seq_lens: torch.Tensor,

@@ -100,7 +100,7 @@ def _decode_qk_split_kernel(
     BS: tl.constexpr, HKV: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr,
     PREC: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
     MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1, SPLIT_KEYS: tl.constexpr = 0,
-    EARLY_V: tl.constexpr = False, PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = 0,
 ):
     """Program (seq b, KV head, split): q heads from raw q (normed, rotated, rounded to the
     dtype as the fused write kernel stores them), the split's cached keys, and in the split
@@ -119,7 +119,7 @@ def _decode_qk_split_kernel(
         acc, l_i, m_i = attend_keys(q, b, kvh, seq_len, start, end - newest.to(tl.int32),
                                     k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr,
                                     qk_scale, window, stride_cb, stride_cs, stride_ch,
-                                    stride_tb, G_PAD, BLOCK_N, D, BS, PREC, False, EARLY_V)
+                                    stride_tb, G_PAD, BLOCK_N, D, BS, PREC, False)
         if newest:
             acc, l_i, m_i = _newest_key(acc, l_i, m_i, q1, q2, b, kvh, k_ptr, v_ptr, kw_ptr,
                                         slot_ptr, cos1, sin1, cos2, sin2, eps, qk_scale,

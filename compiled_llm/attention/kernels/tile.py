@@ -18,27 +18,17 @@ def kv_scale(scales_ptr, index, FP8: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(base, kv_off, valid, MASKED: tl.constexpr):
-    """K or V rows at kv_off [N, D] (MASKED: zeros where not valid)."""
-    if MASKED:
-        return tl.load(base + kv_off, mask=valid[:, None], other=0.0)
-    return tl.load(base + kv_off)
-
-
-@triton.jit
 def attend_tile(
     acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len, window, qk_scale,
     stride_cb, stride_cs, offs_n, offs_d,
     BS: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
     PAGED: tl.constexpr = True, CAUSAL: tl.constexpr = True, FP8: tl.constexpr = False,
-    EARLY_V: tl.constexpr = False,
 ):
     """One online-softmax step of rows q [M, D] (at positions q_pos) over keys n0..n0+N-1 read
     through the block table (or, unpaged, at row stride stride_cs). MASKED: keys >= seq_len,
     (CAUSAL) after q_pos or (HAS_WINDOW) at or before q_pos - window are hidden; unmasked
     tiles must be fully visible and below seq_len. FP8: K/V are converted to q's dtype as
-    read; their scales are the caller's (folded into qk_scale and the output). EARLY_V: V is
-    read with K, before the scores (one memory round trip less a tile, more registers)."""
+    read; their scales are the caller's (folded into qk_scale and the output)."""
     pos = n0 + offs_n  # [N] key positions
     valid = pos < seq_len
     if not PAGED:
@@ -49,9 +39,10 @@ def attend_tile(
     else:
         blk = tl.load(table_row + pos // BS).to(tl.int64)
         kv_off = (blk * stride_cb + (pos % BS) * stride_cs)[:, None] + offs_d[None, :]
-    k = _load_tile(k_base, kv_off, valid, MASKED)
-    if EARLY_V:
-        v = _load_tile(v_base, kv_off, valid, MASKED)
+    if MASKED:
+        k = tl.load(k_base + kv_off, mask=valid[:, None], other=0.0)
+    else:
+        k = tl.load(k_base + kv_off)
     if FP8:
         k = k.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # [M, N], log2 domain
@@ -66,8 +57,10 @@ def attend_tile(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if not EARLY_V:
-        v = _load_tile(v_base, kv_off, valid, MASKED)
+    if MASKED:
+        v = tl.load(v_base + kv_off, mask=valid[:, None], other=0.0)
+    else:
+        v = tl.load(v_base + kv_off)
     if FP8:
         v = v.to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
