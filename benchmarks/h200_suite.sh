@@ -112,6 +112,8 @@
 #                                         # fixed grid in both orders, a profile
 #     bash benchmarks/h200_suite.sh 66    # V read with K in decode; Llama-3-8B batch 1 against
 #                                         # gpt-fast (carry .whl .peer), the EAGLE engine tests
+#     bash benchmarks/h200_suite.sh 67    # the add + RMSNorm in the next GEMM's prologue: GPU
+#                                         # tests, batch 1 with and without, a profile
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -540,6 +542,22 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 67 ]; then  # one GPU (carry .whl): the residual add + RMSNorm in the next
+  # small-M GEMM's prologue (opt-in pass): its GPU tests, Qwen3-0.6B batch 1 with and without
+  # it (interleaved, three each), a profile with it
+  Q=$CK/qwen3-0.6b U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  P='{"passes": {"enable_small_m_norm_prologue": true}}'
+  mapfile -t a <<<"\
+timeout 90 $py -m pytest -q -p no:cacheprovider tests/kernels/test_small_m_norm_gpu.py
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $Q --label norm_prologue --engine-args '$P'
+$U --model $Q --label default
+$U --model $Q --label default
+$U --model $Q --label norm_prologue --engine-args '$P'
+$U --model $Q --label norm_prologue --engine-args '$P'
+$U --model $Q --label default
+$py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --engine-args '$P' --json $R/profile_decode.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 66 ]; then  # one GPU (carry .whl .peer): V read with K in decode (GPU tests,
   # batch 1 with and without in both orders, the split sweep), Llama-3-8B batch 1 against

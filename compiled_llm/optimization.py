@@ -15,7 +15,7 @@ PerformanceMode = Literal["balanced", "interactivity", "throughput"]
 _FUSIONS = ("enable_noop", "enable_rms_norm", "enable_silu_mul",
             "enable_fp8_quant_fusion", "enable_allreduce_rms", "enable_horizontal_gemm",
             "enable_small_m_gemm", "enable_silu_mul_small_m", "enable_small_m_silu_mul",
-            "enable_small_m_add_rms_norm",
+            "enable_small_m_add_rms_norm", "enable_small_m_norm_prologue",
             "enable_qk_norm_rope_kv_write")
 
 

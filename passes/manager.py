@@ -30,6 +30,7 @@ from compiled_llm.passes.silu_mul_quant import SiluMulQuantFusionPass
 from compiled_llm.passes.silu_mul_small_m import SiluMulSmallMGemmFusionPass
 from compiled_llm.passes.small_m_add_rms_norm import SmallMGemmAddRMSNormFusionPass
 from compiled_llm.passes.small_m_gemm import SmallMGemmPass
+from compiled_llm.passes.small_m_norm_gemm import SmallMAddRMSNormGemmFusionPass
 from compiled_llm.passes.small_m_silu_mul import SmallMGemmSiluMulFusionPass
 
 # Order matters: add+norm before norm (norm is its sub-pattern); the all-reduce and quant passes
@@ -38,12 +39,13 @@ from compiled_llm.passes.small_m_silu_mul import SmallMGemmSiluMulFusionPass
 # small-M GEMM op goes next, over the matmuls it leaves (one per fused weight), then the down
 # projection's takes in the SiLU·mul it alone reads (opt-in, so asked for it wins), else the gate/up
 # projection's takes it as an epilogue, and the o and down projections the residual add + norm
-# after them (all before the tail inlines silu_and_mul and the norm).
+# after them (all before the tail inlines silu_and_mul and the norm); last, the GEMM after such a
+# norm may take it into its prologue.
 PASSES: tuple[type[GraphPass], ...] = (
     NoOpEliminationPass, AddRMSNormFusionPass, RMSNormFusionPass, SiluMulFusionPass,
     AllReduceRMSNormFusionPass, RMSNormQuantFusionPass, SiluMulQuantFusionPass,
     HorizontalGemmFusionPass, SmallMGemmPass, SiluMulSmallMGemmFusionPass,
-    SmallMGemmSiluMulFusionPass, SmallMGemmAddRMSNormFusionPass,
+    SmallMGemmSiluMulFusionPass, SmallMGemmAddRMSNormFusionPass, SmallMAddRMSNormGemmFusionPass,
 )
 # run on the whole Dynamo graph before the split at attention (their ops go with attention);
 # each is built with the PassConfig
@@ -84,6 +86,9 @@ class PassConfig:
     # fused_add_rms_norm(small_m_mm(x, W), residual) -> compiled_llm::small_m_mm_add_rms_norm:
     # the split-K sum adds and normalizes (split-K weights only on CUDA)
     enable_small_m_add_rms_norm: bool = True
+    # small_m_mm(normed of small_m_mm_add_rms_norm, W2) -> compiled_llm::small_m_mm_add_rms_norm_mm:
+    # the add + norm in the next GEMM's prologue, one kernel fewer per site (opt-in)
+    enable_small_m_norm_prologue: bool = False
     # pre-split: [q/k norm +] RoPE + KV write, one op (CUDA graphs; 1.07 / 1.06 / 1.02x at
     # batch 1 / 8 / 32 on the H200's Qwen3-0.6B, docs/benchmarks.md, call 60)
     enable_qk_norm_rope_kv_write: bool = True

@@ -8,25 +8,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
-from triton.runtime.jit import JITFunction
 
 from compiled_llm.gemm import pdl
-from compiled_llm.gemm.kernels import inductor_exp
+from compiled_llm.gemm.kernels import inductor_exp, inductor_rsqrt
 from compiled_llm.gemm.pdl import dependency_sync
-
-
-@triton.jit
-def _rsqrt(x):
-    """Inductor's rsqrt (libdevice's); the interpreter has no libdevice (below)."""
-    return libdevice.rsqrt(x)
-
-
-if not isinstance(_rsqrt, JITFunction):  # TRITON_INTERPRET=1
-
-    @triton.jit
-    def _rsqrt(x):
-        return 1.0 / tl.sqrt(x)
 
 
 @triton.jit
@@ -47,7 +32,7 @@ def _sum_add_rms_norm_kernel(part_ptr, res_ptr, w_ptr, normed_ptr, summed_ptr, N
     summed = (acc.to(dtype).to(tl.float32) + residual.to(tl.float32)).to(dtype)
     tl.store(summed_ptr + row * N + offs, summed, mask=ok)
     summed_f32 = summed.to(tl.float32)
-    rstd = _rsqrt(tl.sum(summed_f32 * summed_f32, axis=0) / N + eps)
+    rstd = inductor_rsqrt(tl.sum(summed_f32 * summed_f32, axis=0) / N + eps)
     weight = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     normed = weight * (summed_f32 * rstd).to(dtype).to(tl.float32)
     tl.store(normed_ptr + row * N + offs, normed.to(normed_ptr.dtype.element_ty), mask=ok)

@@ -27,12 +27,23 @@ def inductor_exp(x):
     return libdevice.exp(x)
 
 
+@triton.jit
+def inductor_rsqrt(x):
+    """Inductor's rsqrt (libdevice's)."""
+    return libdevice.rsqrt(x)
+
+
 if not isinstance(inductor_exp, JITFunction):  # TRITON_INTERPRET=1: no libdevice
 
     @triton.jit
     def inductor_exp(x):
         """tl.exp: the interpreter's numpy exp."""
         return tl.exp(x)
+
+    @triton.jit
+    def inductor_rsqrt(x):
+        """1 / sqrt: the interpreter's."""
+        return 1.0 / tl.sqrt(x)
 
 
 @triton.jit
@@ -149,12 +160,12 @@ def _silu_mul(gate, up, dtype: tl.constexpr):
 
 
 @triton.jit
-def _small_m_kernel(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, stride_xm,
-                    stride_um, stride_wn, stride_os, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                    EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
-                    FUSED_SUM: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr,
-                    GATE_UP: tl.constexpr):
+def gemm_tile(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, stride_xm,
+               stride_um, stride_wn, stride_os, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+               USE_DOT: tl.constexpr, PRECISION: tl.constexpr, FUSED_SUM: tl.constexpr,
+               GATED: tl.constexpr, PDL: tl.constexpr, GATE_UP: tl.constexpr):
+    """Program (column block, K split)'s products, stored whole or as a split-K partial."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -181,8 +192,22 @@ def _small_m_kernel(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K
                             BLOCK_M, BLOCK_N, SPLIT_K)
 
 
+
+
 @triton.jit
-def _sum_splits_kernel(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+def _small_m_kernel(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, stride_xm,
+                    stride_um, stride_wn, stride_os, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                    EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
+                    FUSED_SUM: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr,
+                    GATE_UP: tl.constexpr):
+    gemm_tile(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, stride_xm,
+               stride_um, stride_wn, stride_os, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K,
+               USE_DOT, PRECISION, FUSED_SUM, GATED, PDL, GATE_UP)
+
+
+@triton.jit
+def sum_splits_kernel(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
                        PDL: tl.constexpr):
     dependency_sync(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -276,7 +301,7 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor,
     if not summed:
         return part if split > 1 else out.unsqueeze(0)
     if split > 1 and not fused:
-        _sum_splits_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
+        sum_splits_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
             part, out, m * n, SPLIT_K=split, BLOCK=REDUCE_BLOCK, num_warps=4,
             **pdl.launch_kwargs(x.device))
     return out

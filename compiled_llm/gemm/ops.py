@@ -1,8 +1,9 @@
 """The `compiled_llm::small_m_mm` op, x [M, K] @ weight [N, K]^T: on CUDA the Triton kernel tuned
 for (M, N, K, GPU) in the 16-bit dtypes, else cuBLAS; on the CPU torch.mm (the choice reads only
 shapes: a captured CUDA graph keeps one). Fused variants: `small_m_mm_silu_mul` (SiLU·mul in the
-prologue), `small_m_gate_up_silu_mul` (in the epilogue) and `small_m_mm_add_rms_norm` (the
-residual add + RMSNorm in the split-K sum, epilogue.py)."""
+prologue), `small_m_gate_up_silu_mul` (in the epilogue), `small_m_mm_add_rms_norm` (the
+residual add + RMSNorm in the split-K sum, epilogue.py) and `small_m_mm_add_rms_norm_mm` (that
+add + norm in the next GEMM's prologue instead, prologue.py)."""
 
 from __future__ import annotations
 
@@ -112,3 +113,46 @@ def small_m_gate_up_silu_mul(x: torch.Tensor, weight: torch.Tensor) -> torch.Ten
 @small_m_gate_up_silu_mul.register_fake
 def _small_m_gate_up_silu_mul_fake(x, weight):
     return x.new_empty((x.shape[0], weight.shape[0] // 2))
+
+
+def _prologue_config(residual, norm_weight, weight2, gate_up: bool):
+    """The tuned config of the GEMM after the norm where the prologue kernel takes the pair
+    (CUDA, one dtype, few enough rows), else None."""
+    from compiled_llm.gemm.prologue import norm_prologue_fits
+
+    if (residual.device.type != "cuda" or norm_weight.dtype != residual.dtype
+            or not norm_prologue_fits(*residual.shape)):
+        return None
+    return (gate_up_config if gate_up else tuned_config)(residual, weight2)
+
+
+@torch.library.custom_op(f"{LIB}::small_m_mm_add_rms_norm_mm", mutates_args=())
+def small_m_mm_add_rms_norm_mm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                               norm_weight: torch.Tensor, eps: float, weight2: torch.Tensor,
+                               gate_up: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y2, s): s = x @ weight.T + residual, y2 = rms_norm(s) @ weight2.T (gate_up: silu(gate) *
+    up of that product's halves). On CUDA, where the second GEMM is tuned and the rows fit: the
+    first GEMM's partials, then one kernel whose programs add and normalize in a prologue
+    (prologue.py); else small_m_mm_add_rms_norm, then the second op, as the pass found them."""
+    config2 = None
+    if _fits_epilogue(x, weight, residual, norm_weight):
+        config2 = _prologue_config(residual, norm_weight, weight2, gate_up)
+    if config2 is None:
+        normed, summed = small_m_mm_add_rms_norm(x, weight, residual, norm_weight, eps)
+        second = small_m_gate_up_silu_mul if gate_up else small_m_mm
+        return second(normed, weight2), summed
+    from compiled_llm.gemm.kernels import small_m_mm_partials
+    from compiled_llm.gemm.prologue import small_m_norm_mm_triton
+
+    config = tuned_config(x, weight)
+    partials = (torch.mm(x, weight.t()).float().unsqueeze(0) if config is None
+                else small_m_mm_partials(x, weight, config))
+    return small_m_norm_mm_triton(partials, residual, norm_weight, eps, weight2, config2,
+                                  gate_up)
+
+
+@small_m_mm_add_rms_norm_mm.register_fake
+def _small_m_mm_add_rms_norm_mm_fake(x, weight, residual, norm_weight, eps, weight2, gate_up):
+    _, summed = _small_m_mm_add_rms_norm_fake(x, weight, residual, norm_weight, eps)
+    width = weight2.shape[0] // 2 if gate_up else weight2.shape[0]
+    return summed.new_empty((x.shape[0], width)), summed

@@ -87,7 +87,7 @@ class _NoLaunch:
 @pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("half", [False, True])
 def test_split_k_sums_in_one_launch_like_two_kernels(monkeypatch, use_dot, m, half):
-    """One launch (no _sum_splits_kernel), bit-equal to the two-kernel path's split-order sum and
+    """One launch (no sum_splits_kernel), bit-equal to the two-kernel path's split-order sum and
     to itself on a second launch (a graph replay), close to float32; the counters end at 0."""
     dtype = (torch.float16 if use_dot else torch.bfloat16) if half else torch.float32
     x, weight = _inputs(m, 80, 264, dtype, seed=11)
@@ -96,7 +96,7 @@ def test_split_k_sums_in_one_launch_like_two_kernels(monkeypatch, use_dot, m, ha
         patch.setitem(arrival._COUNTERS, x.device, torch.zeros(0, dtype=torch.int32))
         two_kernels = small_m_mm_triton(x, weight, config)  # no room for 5 counters: fallback
     with monkeypatch.context() as patch:
-        patch.setattr(kernels, "_sum_splits_kernel", _NoLaunch())
+        patch.setattr(kernels, "sum_splits_kernel", _NoLaunch())
         first = small_m_mm_triton(x, weight, config)
         counters = kernels.split_counters(x.device)
         assert counters.shape == (kernels.COUNTERS,) and not counters.any()
@@ -107,7 +107,7 @@ def test_split_k_sums_in_one_launch_like_two_kernels(monkeypatch, use_dot, m, ha
 
 
 def test_float32_split_k_matches_float32_reference(monkeypatch):
-    monkeypatch.setattr(kernels, "_sum_splits_kernel", _NoLaunch())
+    monkeypatch.setattr(kernels, "sum_splits_kernel", _NoLaunch())
     x, weight = _inputs(2, 48, 512, torch.float32, seed=5)
     out = small_m_mm_triton(x, weight, SmallMConfig(block_n=16, block_k=64, split_k=8))
     torch.testing.assert_close(out, torch.mm(x.double(), weight.double().t()).float(),

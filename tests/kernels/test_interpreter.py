@@ -33,7 +33,8 @@ CASES = ("interpreted_cases.py", "moe_interpreted_cases.py", "fp8_kv_interpreted
          "w4a16_dequant_interpreted_cases.py", "qk_norm_rope_interpreted_cases.py",
          "decode_qk_interpreted_cases.py", "gumbel_interpreted_cases.py",
          "fused_topk_interpreted_cases.py",
-         "small_m_gemm_interpreted_cases.py", "small_m_epilogue_interpreted_cases.py")
+         "small_m_gemm_interpreted_cases.py", "small_m_epilogue_interpreted_cases.py",
+         "small_m_norm_interpreted_cases.py")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),

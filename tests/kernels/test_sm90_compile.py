@@ -112,7 +112,7 @@ def test_sum_splits_kernel_waits_first_under_pdl():
     constants = dict(SPLIT_K=4, BLOCK=1024, PDL=2)
     signature = dict(part_ptr="*fp32", out_ptr="*bf16", numel="i32",
                      **{name: "constexpr" for name in constants})
-    source = ASTSource(small_m._sum_splits_kernel, signature, constants, {})
+    source = ASTSource(small_m.sum_splits_kernel, signature, constants, {})
     ptx = _compile_or_skip(source, num_warps=4).asm["ptx"]
     assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
 
@@ -195,3 +195,26 @@ def test_w4a16_gemv_compiles_for_sm90(rows, group, block_n, block_k, split, dtyp
     ptx = kernel.asm["ptx"]
     assert "cvt.rn.f32.s32" not in ptx and "cvt.rn.f32.u32" not in ptx
     assert "ld.global.L1::evict_first.L2::cache_hint.v4.b32" in ptx
+
+
+@pytest.mark.parametrize("gate_up,use_dot,split_k", [(False, True, 1), (True, True, 1),
+                                                     (False, False, 2)])
+def test_small_m_norm_prologue_compiles_for_sm90(gate_up, use_dot, split_k):
+    """The add + RMSNorm prologue (prologue.py) then the product: Qwen3-0.6B's qkv and gate/up
+    at batch 1 (4 split-K partials of 1024 columns in), its scratch rows stored, a CTA barrier,
+    then read back."""
+    from compiled_llm.gemm import prologue
+
+    constants = dict(S_IN=4, ROWS=1, K_PAD=1024, BLOCK_M=16 if use_dot else 1, BLOCK_N=64,
+                     BLOCK_K=256, SPLIT_K=split_k, EVEN_K=True, USE_DOT=use_dot,
+                     PRECISION="tf32", PDL=0, GATE_UP=gate_up)
+    signature = {"part_in_ptr": "*fp32", "res_ptr": "*bf16", "nw_ptr": "*bf16",
+                 "summed_ptr": "*bf16", "scratch_ptr": "*bf16", "w_ptr": "*bf16",
+                 "out_ptr": "*bf16", "part_ptr": "*fp32" if split_k > 1 else "*bf16",
+                 "M": "i32", "N": "i32", "K": "i32", "stride_res": "i32", "stride_wn": "i32",
+                 "stride_os": "i32", "eps": "fp32", **{name: "constexpr" for name in constants}}
+    source = ASTSource(prologue._small_m_norm_kernel, signature, constants, {})
+    kernel = _compile_or_skip(source, num_warps=4, num_stages=4)
+    ptx = kernel.asm["ptx"]
+    assert kernel.asm["cubin"] and "bar.sync" in ptx and "rsqrt" in ptx
+    assert ptx.index("st.global") < ptx.rindex("ld.global")
