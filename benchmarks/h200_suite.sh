@@ -114,6 +114,7 @@
 #                                         # gpt-fast (carry .whl .peer), the EAGLE engine tests
 #     bash benchmarks/h200_suite.sh 67    # the add + RMSNorm in the next GEMM's prologue: GPU
 #                                         # tests, batch 1 with and without, a profile
+#     bash benchmarks/h200_suite.sh 68    # batch 1 with the prologue by default (0.6B, 8B)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -542,6 +543,15 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 68 ]; then  # one GPU (carry .whl): batch 1 on the defaults with the add +
+  # RMSNorm prologue on by default: Qwen3-0.6B, then Llama-3-8B
+  U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl"
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $CK/qwen3-0.6b --label default
+$MK
+$U --model $CK/llama3-8b --label default --skip-tokenizer-init"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 67 ]; then  # one GPU (carry .whl): the residual add + RMSNorm in the next
   # small-M GEMM's prologue (opt-in pass): its GPU tests, Qwen3-0.6B batch 1 with and without

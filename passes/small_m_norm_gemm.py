@@ -1,7 +1,7 @@
 """SmallMAddRMSNormGemmFusionPass: small_m_mm(getitem(small_m_mm_add_rms_norm(x, W, residual,
 norm, eps), 0), W2) (or small_m_gate_up_silu_mul of it), a residual add + norm read only by the
 next GEMM, becomes `compiled_llm::small_m_mm_add_rms_norm_mm`, whose second kernel adds and
-normalizes in each program's prologue: one kernel fewer per site. Opt-in; runs after
+normalizes in each program's prologue: one kernel fewer per site. Runs after
 SmallMGemmAddRMSNormFusionPass and the SiLU·mul epilogue pass that make its two ops."""
 
 from __future__ import annotations

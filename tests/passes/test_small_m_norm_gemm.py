@@ -1,8 +1,8 @@
 """SmallMAddRMSNormGemmFusionPass with small-M forced on the CPU: a GEMM (plain or with the
 SiLU·mul epilogue) over the normed output of small_m_mm_add_rms_norm that nothing else reads
 becomes `compiled_llm::small_m_mm_add_rms_norm_mm` (toy graph, Llama/Qwen3 layers), a normed
-output with another reader stays, the flag is off by default and at -O0; outputs match the
-unfused path."""
+output with another reader stays, the flag is on by default, off at -O0 and by itself; outputs
+match the unfused path."""
 
 from __future__ import annotations
 
@@ -58,13 +58,14 @@ def test_normed_output_with_another_reader_stays():
         torch.testing.assert_close(o, r, rtol=0, atol=0)
 
 
-def test_off_by_default_and_at_o0():
+def test_on_by_default_off_at_o0_and_by_its_flag():
     from compiled_llm.optimization import LEVELS
 
-    assert PassConfig().enable_small_m_norm_prologue is False
+    assert PassConfig().enable_small_m_norm_prologue is True
     assert LEVELS[0].passes["enable_small_m_norm_prologue"] is False
     _, _, after, m = capture_run(_norm_then_qkv, _args(),
-                                 PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False))
+                                 PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False,
+                                            enable_small_m_norm_prologue=False))
     assert m.matches(NAME) == 0 and after[PAIR] == 0 and after[NORM] == 1
 
 
