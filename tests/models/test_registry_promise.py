@@ -62,6 +62,11 @@ def test_compiles_matches_eager_and_fuses(arch, monkeypatch):
     assert m["SmallMGemmSiluMulFusionPass"] == gated_mlps  # the gate/up GEMM's (opt-in)
     # o_proj's and each dense down_proj's add + norm (MoE outputs are no single GEMM's)
     assert m["SmallMGemmAddRMSNormFusionPass"] == 2 * layers - sparse
+    # those norms move into the GEMM after them: a dense layer's gate/up, the next layer's qkv
+    # (not a biased qkv: an addmm, not a small-M GEMM)
+    dense = [i for i in range(layers) if not (cfg.moe and cfg.moe.is_sparse(i))]
+    qkv_sites = 0 if cfg.attention_bias else sum(i < layers - 1 for i in dense)
+    assert m["SmallMAddRMSNormGemmFusionPass"] == len(dense) + qkv_sites
     assert counters.graph_breaks == 0 and counters.recompiles == 0
     assert counters.pieces == layers + 1  # split at attention alone, never at the MoE op
     assert moe_calls_per_step(llm, monkeypatch) == sparse

@@ -95,7 +95,7 @@ def test_disabled_flags_leave_graph_alone():
                      enable_fp8_quant_fusion=False, enable_allreduce_rms=False,
                      enable_horizontal_gemm=False, enable_small_m_gemm=False,
                      enable_silu_mul_small_m=False, enable_small_m_silu_mul=False,
-                     enable_small_m_add_rms_norm=False)
+                     enable_small_m_add_rms_norm=False, enable_small_m_norm_prologue=False)
     args = _inputs(torch.float32, (7, 32), (32,))
     _, before, after, m = capture_run(lambda x, w: F.silu(rms_norm(x, w, 1e-6)) * x, args, cfg)
     assert before == after

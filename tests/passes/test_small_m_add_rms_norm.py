@@ -14,7 +14,9 @@ from models.layers import rms_norm
 from tests.passes.helpers import capture_model, capture_run, compile_run, kernels_with
 from tests.utils import make_checkpoint
 
-FORCED = PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False)
+# the prologue pass after this one has its own test (test_small_m_norm_gemm.py)
+FORCED = PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False,
+                    enable_small_m_norm_prologue=False)
 NAME = "SmallMGemmAddRMSNormFusionPass"
 FUSED = "compiled_llm.small_m_mm_add_rms_norm"
 LAYERS = 2  # tests/utils.py SMALL

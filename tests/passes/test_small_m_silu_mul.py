@@ -16,7 +16,8 @@ from tests.passes.helpers import capture_model, capture_run, compile_run, kernel
 from tests.utils import make_checkpoint
 
 FORCED = PassConfig(small_m_gemm_on_cpu=True, inline_fused_ops=False,
-                    enable_small_m_silu_mul=True)
+                    enable_small_m_silu_mul=True,
+                    enable_small_m_norm_prologue=False)  # its own test: test_small_m_norm_gemm
 FORCED_INDUCTOR = PassConfig(small_m_gemm_on_cpu=True, enable_small_m_silu_mul=True)
 NAME = "SmallMGemmSiluMulFusionPass"
 FUSED = "compiled_llm.small_m_gate_up_silu_mul"
