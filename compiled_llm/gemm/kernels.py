@@ -208,7 +208,8 @@ def _small_m_kernel(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K
 
 @triton.jit
 def sum_splits_kernel(part_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
-                       PDL: tl.constexpr):
+                      PDL: tl.constexpr):
+    """out = the SPLIT_K float32 partials [SPLIT_K, numel] summed in split order, rounded."""
     dependency_sync(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < numel

@@ -1,9 +1,8 @@
 """The `compiled_llm::small_m_mm` op, x [M, K] @ weight [N, K]^T: on CUDA the Triton kernel tuned
 for (M, N, K, GPU) in the 16-bit dtypes, else cuBLAS; on the CPU torch.mm (the choice reads only
-shapes: a captured CUDA graph keeps one). Fused variants: `small_m_mm_silu_mul` (SiLU·mul in the
-prologue), `small_m_gate_up_silu_mul` (in the epilogue), `small_m_mm_add_rms_norm` (the
-residual add + RMSNorm in the split-K sum, epilogue.py) and `small_m_mm_add_rms_norm_mm` (that
-add + norm in the next GEMM's prologue instead, prologue.py)."""
+shapes: a captured CUDA graph keeps one). Fused variants: `small_m_mm_silu_mul`,
+`small_m_gate_up_silu_mul` (SiLU·mul in the prologue, the epilogue), `small_m_mm_add_rms_norm`
+(add + RMSNorm in the split-K sum), `small_m_mm_add_rms_norm_mm` (in the next GEMM's prologue)."""
 
 from __future__ import annotations
 
