@@ -192,8 +192,6 @@ def gemm_tile(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, stri
                             BLOCK_M, BLOCK_N, SPLIT_K)
 
 
-
-
 @triton.jit
 def _small_m_kernel(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, stride_xm,
                     stride_um, stride_wn, stride_os, BLOCK_M: tl.constexpr,
@@ -201,6 +199,7 @@ def _small_m_kernel(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K
                     EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
                     FUSED_SUM: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr,
                     GATE_UP: tl.constexpr):
+    """The small-M GEMM: one gemm_tile per program."""
     gemm_tile(x_ptr, u_ptr, w_ptr, out_ptr, part_ptr, counter_ptr, M, N, K, stride_xm,
                stride_um, stride_wn, stride_os, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, EVEN_K,
                USE_DOT, PRECISION, FUSED_SUM, GATED, PDL, GATE_UP)
@@ -302,7 +301,22 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor,
     if not summed:
         return part if split > 1 else out.unsqueeze(0)
     if split > 1 and not fused:
-        sum_splits_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
-            part, out, m * n, SPLIT_K=split, BLOCK=REDUCE_BLOCK, num_warps=4,
-            **pdl.launch_kwargs(x.device))
+        sum_splits(part, out)
     return out
+
+
+def sum_splits(part: torch.Tensor, out: torch.Tensor) -> None:
+    """out [M, N] = the float32 split-K partials part [S, M, N] summed in split order."""
+    numel = out.numel()
+    sum_splits_kernel[(triton.cdiv(numel, REDUCE_BLOCK),)](
+        part, out, numel, SPLIT_K=part.shape[0], BLOCK=REDUCE_BLOCK, num_warps=4,
+        **pdl.launch_kwargs(out.device))
+
+
+def small_m_partials(x: torch.Tensor, weight: torch.Tensor,
+                     config: SmallMConfig | None) -> torch.Tensor:
+    """x @ weight^T as [S, M, N] partials for a kernel after it to sum: the tuned kernel's
+    split-K partials, or (config None) cuBLAS's product as [1, M, N]."""
+    if config is None:
+        return torch.mm(x, weight.t()).unsqueeze(0)
+    return small_m_mm_partials(x, weight, config)

@@ -74,11 +74,9 @@ def small_m_mm_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: tor
         summed = small_m_mm(x, weight) + residual  # the unfused path, as the pass found it
         return rms_norm_reference(summed, norm_weight, eps), summed
     from compiled_llm.gemm.epilogue import sum_add_rms_norm
-    from compiled_llm.gemm.kernels import small_m_mm_partials
+    from compiled_llm.gemm.kernels import small_m_partials
 
-    config = tuned_config(x, weight)
-    partials = (torch.mm(x, weight.t()).unsqueeze(0) if config is None
-                else small_m_mm_partials(x, weight, config))
+    partials = small_m_partials(x, weight, tuned_config(x, weight))
     return sum_add_rms_norm(partials, residual, norm_weight, eps)
 
 
@@ -140,12 +138,10 @@ def small_m_mm_add_rms_norm_mm(x: torch.Tensor, weight: torch.Tensor, residual: 
         normed, summed = small_m_mm_add_rms_norm(x, weight, residual, norm_weight, eps)
         second = small_m_gate_up_silu_mul if gate_up else small_m_mm
         return second(normed, weight2), summed
-    from compiled_llm.gemm.kernels import small_m_mm_partials
+    from compiled_llm.gemm.kernels import small_m_partials
     from compiled_llm.gemm.prologue import small_m_norm_mm_triton
 
-    config = tuned_config(x, weight)
-    partials = (torch.mm(x, weight.t()).float().unsqueeze(0) if config is None
-                else small_m_mm_partials(x, weight, config))
+    partials = small_m_partials(x, weight, tuned_config(x, weight))
     return small_m_norm_mm_triton(partials, residual, norm_weight, eps, weight2, config2,
                                   gate_up)
 

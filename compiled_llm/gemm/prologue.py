@@ -11,14 +11,7 @@ import triton
 import triton.language as tl
 
 from compiled_llm.gemm import pdl
-from compiled_llm.gemm.kernels import (
-    REDUCE_BLOCK,
-    block_m,
-    check_config,
-    gemm_tile,
-    inductor_rsqrt,
-    sum_splits_kernel,
-)
+from compiled_llm.gemm.kernels import block_m, check_config, gemm_tile, inductor_rsqrt, sum_splits
 from compiled_llm.gemm.pdl import dependency_sync
 from compiled_llm.gemm.tuning import SmallMConfig
 
@@ -39,7 +32,7 @@ def _add_rms_norm_rows(part_ptr, res_ptr, nw_ptr, summed_ptr, normed_ptr, M, K, 
     rows = offs_m[:, None] * K + offs_k[None, :]
     acc = tl.zeros((ROWS, K_PAD), dtype=tl.float32)
     for split in tl.static_range(S_IN):
-        acc += tl.load(part_ptr + split * M * K + rows, mask=ok, other=0.0)
+        acc += tl.load(part_ptr + split * M * K + rows, mask=ok, other=0.0).to(tl.float32)
     dtype = summed_ptr.dtype.element_ty
     residual = tl.load(res_ptr + offs_m[:, None] * stride_res + offs_k[None, :], mask=ok,
                        other=0.0)
@@ -83,8 +76,8 @@ def small_m_norm_mm_triton(partials: torch.Tensor, residual: torch.Tensor,
                            norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                            config: SmallMConfig,
                            gate_up: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(s) @ weight^T, s), s = the sum of partials [S, M, K] (float32, a GEMM's split-K
-    partials) + residual [M, K], rounded as sum_add_rms_norm rounds: every program makes the
+    """(rms_norm(s) @ weight^T, s), s = the sum of partials [S, M, K] (kernels.small_m_partials)
+    + residual [M, K], rounded as sum_add_rms_norm rounds: every program makes the
     normed rows itself (a prologue into its own scratch rows), so no kernel runs between the two
     GEMMs. gate_up: the GATE_UP epilogue (split_k 1). Needs norm_prologue_fits(M, K)."""
     splits_in, m, k = partials.shape
@@ -113,7 +106,5 @@ def small_m_norm_mm_triton(partials: torch.Tensor, residual: torch.Tensor,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **pdl.launch_kwargs(residual.device))
     if split > 1:
-        sum_splits_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
-            part, out, m * n, SPLIT_K=split, BLOCK=REDUCE_BLOCK, num_warps=4,
-            **pdl.launch_kwargs(residual.device))
+        sum_splits(part, out)
     return out, summed
