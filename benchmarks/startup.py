@@ -36,7 +36,8 @@ def compile_process(model: str, cache: Path, inductor: Path, out: Path) -> dict:
     wall = time.perf_counter() - started
     # the start-up lines of its log (Triton compiles per phase, the weights phase)
     notes = [line for line in done.stderr.splitlines()
-             if "Triton kernels compiled" in line or "weights phase" in line]
+             if any(mark in line for mark in ("Triton kernels compiled", "weights phase",
+                                              "Inductor piece"))]
     print("\n".join(notes))
     return {"wall s": wall, **json.loads(out.read_text()), "log": notes}
 

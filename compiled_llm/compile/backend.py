@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import fx, nn
 
+from compiled_llm.compat import inductor_pool_state
 from compiled_llm.compile import snapshot
 from compiled_llm.compile.cache import CompileCache
 from compiled_llm.compile.counters import counters
@@ -199,13 +200,15 @@ class CompiledLLMBackend:
         patches = dict(self.opts.inductor_options or {})
         if self.opts.post_grad_pass is not None:
             patches["post_grad_custom_post_pass"] = self.opts.post_grad_pass
-        t0 = time.perf_counter()
+        t0, pool = time.perf_counter(), inductor_pool_state()
         dump = self.dumper.piece(key, piece, self.opts.post_grad_pass) if self.dumper \
             else contextlib.nullcontext()
         with dump, torch._inductor.config.patch(patches):
             fn = torch._inductor.standalone_compile(piece.module, args, dynamic_shapes="from_graph")
         counters.inductor_compiles += 1
         counters.add_time("inductor", time.perf_counter() - t0)
+        logger.info("Inductor piece %s: %.2f s (compile workers %s at its start)", piece.name,
+                    time.perf_counter() - t0, pool)
         for name, matches, secs in getattr(self.opts.post_grad_pass, "last_stats", []):
             counters.add_matches(name, matches)
             counters.add_time(f"pass {name}", secs)

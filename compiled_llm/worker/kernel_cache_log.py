@@ -32,6 +32,7 @@ class KernelCacheLog:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.phases: dict[str, int] = {}
+        self.late: dict[str, list[str]] = {}  # phase -> kernels compiled after the dry pass
         self._seen = self._entries() if enabled else set()
 
     def _entries(self) -> set[tuple[str, str]]:
@@ -41,7 +42,10 @@ class KernelCacheLog:
         """Close `phase`: the entries added since the previous mark are its compiles."""
         if self.enabled:
             now = self._entries()
-            self.phases[phase] = len(now - self._seen)
+            added = now - self._seen
+            self.phases[phase] = len(added)
+            if added and phase not in ("load", "precompile"):
+                self.late[phase] = sorted(_kernel_names(added))
             self._seen = now
 
     def log(self) -> None:
@@ -50,3 +54,16 @@ class KernelCacheLog:
             logger.info("Triton kernels compiled during start-up: %s (cache dirs: %s)",
                         ", ".join(f"{k} {v}" for k, v in self.phases.items()),
                         ", ".join(str(d) for d in triton_cache_dirs()))
+            if self.late:  # the kernels a cold start's dry pass did not foresee
+                logger.info("Triton kernels compiled during start-up, by name: %s",
+                            "; ".join(f"{k}: {', '.join(v)}" for k, v in self.late.items()))
+
+
+def _kernel_names(entries: set[tuple[str, str]]) -> list[str]:
+    """The kernel names in these cache entries (each holds <name>.json beside its binaries)."""
+    names = []
+    for directory, entry in entries:
+        for path in Path(directory, entry).glob("*.json"):
+            if not path.name.startswith("__grp__"):
+                names.append(path.stem)
+    return names

@@ -131,8 +131,9 @@ def precompile_kernels(runner, profile_tokens: int, max_len: int) -> None:
     runner.allocate_kv_cache(1)
     try:
         with dry_launches(children) as queue:
-            _dry_steps(runner, [(profile_tokens, max_len), (1, 1)] + [(s, s) for s in piecewise])
-            _dry_decodes(runner, full)
+            spans = _dry_steps(runner, [(profile_tokens, max_len), (1, 1)]
+                               + [(s, s) for s in piecewise])
+            spans += _dry_decodes(runner, full)
             swept = time.perf_counter()
     finally:
         runner.kv_caches = []
@@ -143,6 +144,7 @@ def precompile_kernels(runner, profile_tokens: int, max_len: int) -> None:
                 time.perf_counter() - start, first, swept - start)
     logger.info("Triton kernels compiled side by side, timeline: %s",
                 _timeline(children.answers(), wall_start))
+    logger.info("Triton kernels compiled side by side, dry forwards: %s", _spans(spans))
     for error in queue.errors[:3]:
         logger.warning("a side-by-side Triton compile failed (compiled at launch): %s", error)
 
@@ -166,19 +168,36 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _dry_steps(runner, shapes: list[tuple[int, int]]) -> None:
+def _spans(spans: list[tuple[str, float]]) -> str:
+    """The first dry forward (Dynamo, passes, Inductor) apart, then the rest in sum."""
+    if not spans:
+        return "none"
+    (first, first_s), rest = spans[0], spans[1:]
+    slowest = max(rest, key=lambda span: span[1], default=("-", 0.0))
+    return (f"{first} {first_s:.2f} s (the compile), then {len(rest)} more in "
+            f"{sum(s for _, s in rest):.2f} s (slowest {slowest[0]} {slowest[1]:.3f} s)")
+
+
+def _dry_steps(runner, shapes: list[tuple[int, int]]) -> list[tuple[str, float]]:
+    spans = []
     for tokens, max_len in shapes:
+        began = time.perf_counter()
         sched = dummy_schedule(tokens, runner.cache_cfg.block_size, max_len)
         try:  # the logits of each request's last row, as a step samples them
             hidden = runner.run_forward(runner.input_batch.prepare(sched))
             runner.model.compute_logits(hidden[-len(sched.scheduled):])
         finally:
             runner.release({req.request_id for req, _ in sched.scheduled})
+        spans.append((f"step {tokens}/{max_len}", time.perf_counter() - began))
+    return spans
 
 
-def _dry_decodes(runner, sizes: list[int]) -> None:
-    batch = runner.input_batch
+def _dry_decodes(runner, sizes: list[int]) -> list[tuple[str, float]]:
+    batch, spans = runner.input_batch, []
     for size in reversed([s for s in sizes if s <= min(batch.max_seqs, batch.max_tokens)]):
+        began = time.perf_counter()
         ids, positions, ctx = padded_decode(runner, size)
         with set_forward_context(ctx):
             runner.model.compute_logits(runner.forward_fn(ids, positions)[:size])
+        spans.append((f"decode {size}", time.perf_counter() - began))
+    return spans
