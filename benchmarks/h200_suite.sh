@@ -115,6 +115,9 @@
 #     bash benchmarks/h200_suite.sh 67    # the add + RMSNorm in the next GEMM's prologue: GPU
 #                                         # tests, batch 1 with and without, a profile
 #     bash benchmarks/h200_suite.sh 68    # batch 1 with the prologue by default (0.6B, 8B)
+#     bash benchmarks/h200_suite.sh 69    # the 8B cold compile with Inductor's workers started
+#                                         # early and not (on, off, off, on); the 8B gate/up
+#                                         # epilogue tuned
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -543,6 +546,18 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 69 ]; then  # one GPU (carry .whl): the 8B cold compile with Inductor's compile
+  # workers started as Dynamo begins (default) and at Inductor's first compile (TORCH_WARM_POOL=0,
+  # as before), in the order on, off, off, on; the GATE_UP epilogue tuned for the 8B gate/up
+  S="$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --cold-only"
+  mapfile -t a <<<"\
+$MK
+$S --json $R/startup_cold_on1.json
+TORCH_WARM_POOL=0 $S --json $R/startup_cold_off1.json
+TORCH_WARM_POOL=0 $S --json $R/startup_cold_off2.json
+$S --json $R/startup_cold_on2.json
+$py -m benchmarks.small_m_gemm_tune --gate-up --shapes llama3-8b.gate_up --tokens 1 2 4 8 16 --margin 0.01 --out $R/small_m_gemm_8b_gate_up.json --output-json $R/small_m_gate_up_tune_8b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 68 ]; then  # one GPU (carry .whl): batch 1 on the defaults with the add +
   # RMSNorm prologue on by default: Qwen3-0.6B, then Llama-3-8B

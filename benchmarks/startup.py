@@ -136,6 +136,8 @@ def main() -> None:
                     "(an environment variable, or serve flags when it starts with --)")
     ap.add_argument("--serve-only", action="store_true",
                     help="one cold compile (it fills the cache), then only the serve rows")
+    ap.add_argument("--cold-only", action="store_true",
+                    help="one cold compile and nothing else (A/B rows of the cold start)")
     ap.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
                     help="more `compiled-llm serve` flags for the serve row (last)")
     args = ap.parse_args()
@@ -154,6 +156,10 @@ def main() -> None:
         cold, warm = runs["cold compile"]["wall s"], runs["warm compile"]["wall s"]
         print(f"cold / warm (compile processes): {cold / warm:.2f}x")
     result = {"rows": rows, "runs": runs}
+    if args.cold_only:
+        save_json(args.json or f"bench_out/startup_{args.shape}.json", result)
+        shutil.rmtree(work, ignore_errors=True)
+        return
     try:  # the compile rows stand even when serving fails (its log says why)
         serve_s = serve_first_token(model, cache, inductor, args.port, args.serve_args)
         print(f"warm serve, spawn to first token: {serve_s:.1f} s")

@@ -30,3 +30,25 @@ def test_disabled_counts_nothing(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
     log.mark("capture")
     assert log.phases == {}
+
+
+def test_names_kernels_compiled_after_the_dry_pass(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    log = KernelCacheLog(enabled=True)
+
+    def entry(name: str, kernel: str) -> None:
+        (tmp_path / name).mkdir()
+        for file in (f"{kernel}.json", f"__grp__{kernel}.json", f"{kernel}.cubin"):
+            (tmp_path / name / file).write_text("")
+
+    entry("a", "_decode_kernel")
+    log.mark("precompile")  # foreseen by the dry pass: counted, not named
+    entry("b", "_sampler_kernel")
+    entry("c", "_gemm_kernel")
+    log.mark("profile")
+    log.mark("capture")
+    assert log.phases == {"precompile": 1, "profile": 2, "capture": 0}
+    assert log.late == {"profile": ["_gemm_kernel", "_sampler_kernel"]}
+    with caplog.at_level(logging.INFO, logger="compiled_llm.worker.kernel_cache_log"):
+        log.log()
+    assert "by name: profile: _gemm_kernel, _sampler_kernel" in caplog.text

@@ -95,3 +95,18 @@ def test_timeline_reads_the_children_wall_clock():
     assert line == ("children ready by 2.00 s, first compile began at 2.50 s, last ended at "
                     "4.50 s, 2.00 s of compiles (longest 1.50 s)")
     assert _timeline([], 100.0) == "no answers"
+
+
+def test_spans_set_the_compiling_forward_apart():
+    from compiled_llm.worker.precompile import _spans
+
+    line = _spans([("step 8192/4096", 14.0), ("step 1/1", 0.25), ("decode 8", 0.5)])
+    assert line == ("step 8192/4096 14.00 s (the compile), then 2 more in 0.75 s (slowest "
+                    "decode 8 0.500 s)")
+    assert _spans([]) == "none"
+
+
+def test_the_compile_pool_state_is_one_of_its_words():
+    from compiled_llm.compat import inductor_pool_state
+
+    assert inductor_pool_state() in ("ready", "starting", "not started", "not in use")
