@@ -118,6 +118,9 @@
 #     bash benchmarks/h200_suite.sh 69    # the 8B cold compile with Inductor's workers started
 #                                         # early and not (on, off, off, on); the 8B gate/up
 #                                         # epilogue tuned
+#     bash benchmarks/h200_suite.sh 70    # the 8B cold compile with kernels' launchers built
+#                                         # by the compile children and not; 8B batch 1 with
+#                                         # the tuned gate/up epilogue + prologue and without
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -546,6 +549,27 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 70 ]; then  # one GPU (carry .whl): the 8B cold compile with each kernel's
+  # launcher built by the compile children (default) and at its first launch (as before), in
+  # the order new, old, old, new; Llama-3-8B batch 1 with the tuned GATE_UP entries (so its
+  # gate/up takes the epilogue and the add + RMSNorm prologue) and with them "unfused",
+  # interleaved; the GPU tests of the epilogue and prologue ops under the new table
+  S="$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --cold-only"
+  OLD=COMPILED_LLM_PRECOMPILE_LAUNCHERS=0 OFF=COMPILED_LLM_SMALL_M_GEMM_CONFIG=/tmp/unfused.json
+  U="$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl --model $CK/llama3-8b --skip-tokenizer-init"
+  mapfile -t a <<<"\
+$MK
+$py -c 'import json; json.dump({\"devices\": {\"NVIDIA H200\": {\"gate_up:28672,4096\": {m: \"unfused\" for m in \"1 2 4 8 16\".split()}}}}, open(\"/tmp/unfused.json\", \"w\"))'
+$S --json $R/startup_cold_new1.json
+$OLD $S --json $R/startup_cold_old1.json
+$OLD $S --json $R/startup_cold_old2.json
+$S --json $R/startup_cold_new2.json
+$U --label gate_up_epilogue
+$OFF $U --label gate_up_unfused
+$U --label gate_up_epilogue_again
+$OFF $U --label gate_up_unfused_again
+timeout 100 $py -m pytest -q -x -p no:cacheprovider tests/kernels/test_small_m_norm_gpu.py tests/kernels/test_small_m_gemm_gpu.py -k 'gate_up or norm'"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 69 ]; then  # one GPU (carry .whl): the 8B cold compile with Inductor's compile
   # workers started as Dynamo begins (default) and at Inductor's first compile (TORCH_WARM_POOL=0,

@@ -108,18 +108,6 @@ def pin_triton_cache_dir(device_index: int) -> str | None:
     return os.environ["TRITON_CACHE_DIR"]
 
 
-def warm_inductor_compile_pool() -> bool:
-    """Start Inductor's compile workers now, as the stock `inductor` backend does when it is
-    looked up: until they are up, Inductor compiles its Triton kernels one by one in this
-    process. Honours $TORCH_WARM_POOL=0; whether a warm-up was asked for."""
-    try:
-        from torch._inductor.async_compile import maybe_warm_pool
-    except ImportError:  # no subprocess pool in this torch: Inductor compiles in-process
-        return False
-    maybe_warm_pool()
-    return os.environ.get("TORCH_WARM_POOL", "1") == "1"
-
-
 def inductor_pool_state() -> str:
     """Whether Inductor's compile workers are up ("ready"), starting, or not in use: a cold
     compile's log says which way its Triton kernels were built."""

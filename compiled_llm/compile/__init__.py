@@ -17,12 +17,7 @@ import torch
 import torch._dynamo  # noqa: F401
 from torch import nn
 
-from compiled_llm.compat import (
-    allow_many_models,
-    graph_break_count,
-    mark_tokens_dynamic,
-    warm_inductor_compile_pool,
-)
+from compiled_llm.compat import allow_many_models, graph_break_count, mark_tokens_dynamic
 from compiled_llm.compile.backend import BackendOptions, CompiledLLMBackend, model_factors
 from compiled_llm.compile.cache import ENV_DISABLE, CompileCache, cache_key, default_cache_root
 from compiled_llm.compile.counters import counters
@@ -77,8 +72,6 @@ def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype,
         warm = backend.load_snapshot(model)
         if warm is not None:
             return _released_with(warm, backend)
-        if _on_cuda(model):  # a cold start: Dynamo's seconds are the workers' start-up
-            warm_inductor_compile_pool()
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend=backend)
 
     def forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -95,10 +88,6 @@ def compile_model(model: nn.Module, cfg: CompileConfig, dtype: torch.dtype,
         return _released_with(forward, backend)
     forward.backend = backend
     return forward
-
-
-def _on_cuda(model: nn.Module) -> bool:
-    return any(param.is_cuda for param in model.parameters())
 
 
 def _released_with(forward, backend: CompiledLLMBackend):

@@ -102,9 +102,15 @@ class CompileChildren:
         self.wait(timeout_s=0.0)
 
 
+LAUNCHERS_ENV = "COMPILED_LLM_PRECOMPILE_LAUNCHERS"
+
+
 def compile_one(job: dict) -> None:
     """Compile one kernel: the JIT function (a module attribute, else in Triton's registry)
-    preloaded from its specialization, into Triton's cache."""
+    preloaded from its specialization, into Triton's cache, then loaded here, so that its
+    launcher (a C module Triton 3.6 builds per signature with the host compiler, at the
+    kernel's first launch) lands in the cache too, not on the parent's first launch
+    ($COMPILED_LLM_PRECOMPILE_LAUNCHERS=0 leaves them there, for A/B runs)."""
     try:
         module = importlib.import_module(job["module"])
         kernel = functools.reduce(getattr, job["name"].split("."), module)
@@ -112,7 +118,10 @@ def compile_one(job: dict) -> None:
         from triton.runtime import jit
 
         kernel = jit._triton_jit_function_registry[f"{job['module']}:{job['name']}"]
-    kernel.preload(job["spec"])
+    compiled = kernel.preload(job["spec"])
+    load = getattr(compiled, "_init_handles", None)
+    if load is not None and os.environ.get(LAUNCHERS_ENV, "1") != "0":
+        load()
 
 
 def main() -> None:

@@ -60,10 +60,13 @@ class KernelCacheLog:
 
 
 def _kernel_names(entries: set[tuple[str, str]]) -> list[str]:
-    """The kernel names in these cache entries (each holds <name>.json beside its binaries)."""
+    """What these cache entries hold: a kernel's <name>.json beside its binaries, else the
+    files' names (a launcher's __triton_launcher.so, built at a kernel's first launch)."""
     names = []
     for directory, entry in entries:
-        for path in Path(directory, entry).glob("*.json"):
-            if not path.name.startswith("__grp__"):
-                names.append(path.stem)
+        path = Path(directory, entry)
+        files = sorted(child.name for child in path.iterdir()) if path.is_dir() else [entry]
+        kernels = [name[:-5] for name in files
+                   if name.endswith(".json") and not name.startswith("__grp__")]
+        names.extend(kernels or files)
     return names

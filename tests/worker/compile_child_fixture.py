@@ -1,5 +1,6 @@
 """Stand-ins for Triton JIT functions that compile children import by module and name: each
-preload writes the file its specialization names (or fails)."""
+preload writes the file its specialization names (or fails), and loading what it returns
+(a compiled kernel's _init_handles: its launcher) adds to that file."""
 
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ class StandIn:
     def __init__(self, fn) -> None:
         self.fn = fn
 
-    def preload(self, specialization: str) -> None:
+    def preload(self, specialization: str) -> "Compiled":
         """Compile: write "compiled" to the file the specialization names."""
         if self.fn.__name__ == "broken":
             raise RuntimeError("cannot compile")
@@ -19,6 +20,17 @@ class StandIn:
             time.sleep(120)
         print("a library's chatter on stdout")
         Path(specialization).write_text("compiled")
+        return Compiled(Path(specialization))
+
+
+class Compiled:
+    """A compiled kernel's stand-in: loading it builds its launcher."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _init_handles(self) -> None:
+        self.path.write_text(self.path.read_text() + " and loaded")
 
 
 def kernel():

@@ -46,9 +46,13 @@ def test_names_kernels_compiled_after_the_dry_pass(tmp_path, monkeypatch, caplog
     entry("b", "_sampler_kernel")
     entry("c", "_gemm_kernel")
     log.mark("profile")
+    log.mark("warmup")
+    (tmp_path / "d").mkdir()  # a launcher built at a kernel's first launch: no json
+    (tmp_path / "d" / "__triton_launcher.so").write_text("")
     log.mark("capture")
-    assert log.phases == {"precompile": 1, "profile": 2, "capture": 0}
-    assert log.late == {"profile": ["_gemm_kernel", "_sampler_kernel"]}
+    assert log.phases == {"precompile": 1, "profile": 2, "warmup": 0, "capture": 1}
+    assert log.late == {"profile": ["_gemm_kernel", "_sampler_kernel"],
+                        "capture": ["__triton_launcher.so"]}
     with caplog.at_level(logging.INFO, logger="compiled_llm.worker.kernel_cache_log"):
         log.log()
     assert "by name: profile: _gemm_kernel, _sampler_kernel" in caplog.text

@@ -82,17 +82,20 @@ def _first_request(engine) -> float:
 
 @contextmanager
 def _worker_lines() -> Iterator[None]:
-    """The worker's start-up lines (device context, weights phase, Triton compiles per phase)
-    on stderr while the engine is built, beside the phase table this command prints."""
-    worker_log = logging.getLogger("compiled_llm.worker")
-    handler, level = logging.StreamHandler(sys.stderr), worker_log.level
-    worker_log.addHandler(handler)
-    worker_log.setLevel(logging.INFO)
+    """The worker's and the backend's start-up lines (device context, weights phase, Triton
+    compiles per phase, Inductor per piece) on stderr while the engine is built, beside the
+    phase table this command prints."""
+    logs = [logging.getLogger(name) for name in ("compiled_llm.worker", "compiled_llm.compile")]
+    handler, levels = logging.StreamHandler(sys.stderr), [log.level for log in logs]
+    for log in logs:
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     try:
         yield
     finally:
-        worker_log.removeHandler(handler)
-        worker_log.setLevel(level)
+        for log, level in zip(logs, levels, strict=True):
+            log.removeHandler(handler)
+            log.setLevel(level)
 
 
 def run_cache(ns: argparse.Namespace) -> int:
