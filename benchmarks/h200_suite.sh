@@ -121,6 +121,8 @@
 #     bash benchmarks/h200_suite.sh 70    # the 8B cold compile with kernels' launchers built
 #                                         # by the compile children and not; 8B batch 1 with
 #                                         # the tuned gate/up epilogue + prologue and without
+#     bash benchmarks/h200_suite.sh 71    # the 8B cold compile (decodes first in the dry
+#                                         # pass), a warm serve, a second cold compile
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -549,6 +551,16 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 71 ]; then  # one GPU (carry .whl): the 8B start-up on main (dry pass with the
+  # decodes first, launchers built by the children): cold compile and a warm serve, a second
+  # cold compile, the side-by-side compile's GPU test
+  S="$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK"
+  mapfile -t a <<<"\
+$MK
+$S --serve-only --json $R/startup_serve.json
+$S --cold-only --json $R/startup_cold2.json
+timeout 120 $py -m pytest -q -x -p no:cacheprovider tests/worker/test_precompile_gpu.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 70 ]; then  # one GPU (carry .whl): the 8B cold compile with each kernel's
   # launcher built by the compile children (default) and at its first launch (as before), in

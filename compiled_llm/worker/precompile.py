@@ -131,9 +131,10 @@ def precompile_kernels(runner, profile_tokens: int, max_len: int) -> None:
     runner.allocate_kv_cache(1)
     try:
         with dry_launches(children) as queue:
-            spans = _dry_steps(runner, [(profile_tokens, max_len), (1, 1)]
-                               + [(s, s) for s in piecewise])
+            spans = _dry_steps(runner, [(profile_tokens, max_len), (1, 1)])
+            # the decode kernels are the longest compiles: queued before the piecewise sizes
             spans += _dry_decodes(runner, full)
+            spans += _dry_steps(runner, [(s, s) for s in piecewise])
             swept = time.perf_counter()
     finally:
         runner.kv_caches = []
