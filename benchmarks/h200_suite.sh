@@ -123,6 +123,8 @@
 #                                         # the tuned gate/up epilogue + prologue and without
 #     bash benchmarks/h200_suite.sh 71    # the 8B cold compile (decodes first in the dry
 #                                         # pass), a warm serve, a second cold compile
+#     bash benchmarks/h200_suite.sh 72    # Llama-3-8B batch 1 against gpt-fast on main (carry
+#                                         # .whl .peer), Qwen3-0.6B batch 1
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -551,6 +553,14 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 72 ]; then  # one GPU (carry .whl .peer): batch 1 on main with the 8B gate/up
+  # epilogue + prologue: Llama-3-8B against gpt-fast in one run, then Qwen3-0.6B's user path
+  mapfile -t a <<<"\
+$MK
+timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$py benchmarks/user_path.py --workload decode --json $R/user_path_h200.jsonl --model $CK/qwen3-0.6b --label default"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 71 ]; then  # one GPU (carry .whl): the 8B start-up on main (dry pass with the
   # decodes first, launchers built by the children): cold compile and a warm serve, a second
