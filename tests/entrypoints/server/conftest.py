@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.utils import make_checkpoint
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the repository root
 API_KEY = "sk-test"
 MAX_BODY = 200_000
 
