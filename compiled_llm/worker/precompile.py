@@ -1,7 +1,7 @@
 """Our own Triton kernels (attention, KV write, small-M GEMMs) compiled side by side on a cold
 start: a dry pass over every shape the start-up runs hands each kernel's compile to child
-processes instead of compiling it at its first launch, one after another (26 kernels for the
-8B shape, 11 s of its cold compile). $COMPILED_LLM_PARALLEL_TRITON_COMPILE=0 turns it off."""
+processes (which also build its launcher) instead of compiling it at its first launch, one
+after another (32 kernels for the 8B shape). $COMPILED_LLM_PARALLEL_TRITON_COMPILE=0: off."""
 
 from __future__ import annotations
 
