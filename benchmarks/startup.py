@@ -145,7 +145,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="startup-"))
     cache, inductor, moved = work / "cache", work / "inductor", work / "moved"
     runs = {"cold compile": compile_process(model, cache, inductor, work / "cold.json")}
-    if not args.serve_only:
+    if not (args.serve_only or args.cold_only):
         runs["warm compile"] = compile_process(model, cache, inductor, work / "warm.json")
         shutil.copytree(cache, moved)
         runs["warm, cache copied elsewhere"] = compile_process(model, moved, inductor,
@@ -156,11 +156,17 @@ def main() -> None:
         cold, warm = runs["cold compile"]["wall s"], runs["warm compile"]["wall s"]
         print(f"cold / warm (compile processes): {cold / warm:.2f}x")
     result = {"rows": rows, "runs": runs}
-    if args.cold_only:
-        save_json(args.json or f"bench_out/startup_{args.shape}.json", result)
-        shutil.rmtree(work, ignore_errors=True)
-        return
-    try:  # the compile rows stand even when serving fails (its log says why)
+    if not args.cold_only:
+        result.update(_serve_rows(model, cache, inductor, work, args))
+    save_json(args.json or f"bench_out/startup_{args.shape}.json", result)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _serve_rows(model: str, cache: Path, inductor: Path, work: Path, args) -> dict:
+    """The warm serve from the cache the compiles filled, then its variants; a failed serve is
+    reported in the result (its log says why), the compile rows stand."""
+    result: dict = {}
+    try:
         serve_s = serve_first_token(model, cache, inductor, args.port, args.serve_args)
         print(f"warm serve, spawn to first token: {serve_s:.1f} s")
         # the server's timeline: every log line stamped with seconds since the spawn
@@ -171,9 +177,7 @@ def main() -> None:
         print(f"warm serve failed: {err}")
         result["serve_error"] = str(err)
     result["serve_variants"] = serve_variants(model, cache, inductor, args)
-    save_json(args.json or f"bench_out/startup_{args.shape}.json", result)
-    shutil.rmtree(work, ignore_errors=True)
-
+    return result
 
 if __name__ == "__main__":
     main()

@@ -205,10 +205,11 @@ class CompiledLLMBackend:
             else contextlib.nullcontext()
         with dump, torch._inductor.config.patch(patches):
             fn = torch._inductor.standalone_compile(piece.module, args, dynamic_shapes="from_graph")
+        seconds = time.perf_counter() - t0
         counters.inductor_compiles += 1
-        counters.add_time("inductor", time.perf_counter() - t0)
+        counters.add_time("inductor", seconds)
         logger.info("Inductor piece %s: %.2f s (compile workers %s at its start)", piece.name,
-                    time.perf_counter() - t0, pool)
+                    seconds, pool)
         for name, matches, secs in getattr(self.opts.post_grad_pass, "last_stats", []):
             counters.add_matches(name, matches)
             counters.add_time(f"pass {name}", secs)
