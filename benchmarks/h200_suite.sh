@@ -125,6 +125,9 @@
 #                                         # pass), a warm serve, a second cold compile
 #     bash benchmarks/h200_suite.sh 72    # Llama-3-8B batch 1 against gpt-fast on main (carry
 #                                         # .whl .peer), Qwen3-0.6B batch 1
+#     bash benchmarks/h200_suite.sh 73    # the W4A16 MMA tiles' paired dequantization: GPU
+#                                         # tests, a 1- and 4-token tune beside the GEMV and
+#                                         # tinygemm, 8B decode at batch 1 and 4
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -553,6 +556,15 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 73 ]; then  # one GPU: the W4A16 MMA tiles' paired dequantization (two nibbles
+  # a LOP3, the zero off in the pair): GPU tests, a tune at 1 and 4 tokens against the GEMV and
+  # tinygemm, then 8B decode: bf16, tinygemm, the MMA tiles forced, the tuned file's choice
+  W=$R/w4a16.json
+  mapfile -t a <<<"\
+$py -m pytest -q -x -p no:cacheprovider tests/quantization/test_gpu.py -k w4a16
+$py -m benchmarks.w4a16_tune --tokens 1 4 --gemv-block-n 16 32 64 --gemv-block-k 256 512 --gemv-warps 4 8 --out $W --output-json $R/w4a16_tune_mma.json
+COMPILED_LLM_W4A16_CONFIG=$W $py -m benchmarks.w4a16_small_m --checkpoint-dir $CK --variants bf16 tinygemm mma tuned --batch-sizes 1 4 --new-tokens 128 --output-json $R/w4a16_small_m.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 72 ]; then  # one GPU (carry .whl .peer): batch 1 on main with the 8B gate/up
   # epilogue + prologue: Llama-3-8B against gpt-fast in one run, then Qwen3-0.6B's user path

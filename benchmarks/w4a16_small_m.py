@@ -1,6 +1,6 @@
 """W4A16 decode with its few-token GEMMs on the Triton GEMV against tinygemm, beside bf16, in one
 call: Llama-3-8B shape with random weights packed as benchmarks/quantized.py packs them (group 128),
-each variant's engine in its own process with $COMPILED_LLM_W4A16_SMALL_M set for it (gemv,
+each variant's engine in its own process with $COMPILED_LLM_W4A16_SMALL_M set for it (gemv, mma,
 tinygemm; "tuned": unset, the tuned file's choice). Timed decode windows, tok/s against bf16.
 
     python -m benchmarks.w4a16_small_m --checkpoint-dir /tmp/ckpt --output-json out.json
@@ -16,7 +16,8 @@ from benchmarks.common import print_table, save_json, shape_checkpoint
 from benchmarks.quantized import quantized_checkpoint, window_rows
 from compiled_llm.quantization.kernels.w4a16_tuning import SMALL_M_ENV
 
-VARIANTS = {"bf16": None, "tinygemm": "tinygemm", "gemv": "gemv", "tuned": None}
+VARIANTS = {"bf16": None, "tinygemm": "tinygemm", "gemv": "gemv", "mma": "mma",
+            "tuned": None}
 
 
 @contextmanager

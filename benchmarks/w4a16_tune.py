@@ -3,9 +3,10 @@ decode and prefill token counts, and write the file the op reads (kernels/w4a16_
 candidate (MMA tiles; up to 4 tokens the GEMV's block_n x block_k x split_k x warps x stages) is
 checked against the torch reference, then timed as replays of one CUDA graph cycling through
 enough weight copies to miss L2; bf16 `torch.mm` and tinygemm are timed the same way. Written:
-each point's best tiles ("devices"; the best GEMV where it wins), up to 4 tokens whether the GEMV
-beats tinygemm ("small_m"), and tinygemm_max_rows: the largest token count up to which tinygemm
-beats the MMA tiles on every shape. --quick times tinygemm, the shipped and built-in tiles, bf16.
+each point's best tiles ("devices"; the best GEMV where it wins), up to 4 tokens which of the
+GEMV, the MMA tiles and tinygemm wins ("small_m"), and tinygemm_max_rows: the largest token
+count up to which tinygemm beats the MMA tiles on every shape. --quick times tinygemm, the
+shipped and built-in tiles, bf16.
 
     python -m benchmarks.w4a16_tune --out compiled_llm/quantization/configs/w4a16.json
     python -m benchmarks.w4a16_tune --gemv-only --tokens 1 2 3 4   # GEMV against tinygemm
@@ -62,10 +63,14 @@ def gemv_candidates(m: int, n: int, k: int, args) -> list[W4A16Config]:
 
 
 def mma_candidates(m: int) -> list[W4A16Config]:
-    """The MMA kernel's tiles tried at m tokens."""
+    """The MMA kernel's tiles tried at m tokens (at most 16: the paired dequantization, which
+    ignores `expand`; 256-row tiles on two warp groups)."""
     block_m = 16 if m <= 16 else 64
     if m <= 16:
-        grid = itertools.product([16, 32, 64, 128], [1, 2, 4, 8], [False, True], [2, 4])
+        grid = itertools.product([32, 64, 128, 256], [1, 2, 4, 8], [3, 4], [4, 8])
+        return [W4A16Config(block_m, block_n, GROUP, split, warps, stages)
+                for block_n, split, stages, warps in grid
+                if (warps == 8) == (block_n == 256) or (block_n == 128 and warps == 8)]
     elif m <= 64:
         grid = itertools.product([32, 64, 128], [1, 2, 4], [False, True], [2, 3])
     else:
@@ -257,8 +262,9 @@ def file_entries(table: dict) -> tuple[dict, dict]:
     for shape, by_m in table.items():
         for m, row in by_m.items():
             devices.setdefault(shape, {})[m] = dataclasses.asdict(row["best"])
-            if int(m) <= GEMV_MAX_ROWS and row["tinygemm ms"] and row["gemv ms"]:
-                choice = "gemv" if row["winner"] == "gemv" else "tinygemm"
+            if int(m) <= GEMV_MAX_ROWS and row["tinygemm ms"] and (row["gemv ms"]
+                                                                    or row["mma ms"]):
+                choice = row["winner"]
                 small_m.setdefault(shape, {})[m] = choice
     return devices, small_m
 

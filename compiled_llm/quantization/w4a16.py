@@ -52,7 +52,11 @@ def w4a16_kernels(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                   tinygemm_scales_zeros: torch.Tensor | None, gpu: str) -> torch.Tensor:
     """The op's kernel side on the GPU named `gpu` (under TRITON_INTERPRET=1, CPU tensors: the
     tests'): perm, the path w4a16_path picks with that GPU's tuned files, bias."""
-    from compiled_llm.quantization.kernels.w4a16 import w4a16_gemm_triton, w4a16_gemv_config
+    from compiled_llm.quantization.kernels.w4a16 import (
+        w4a16_config,
+        w4a16_gemm_triton,
+        w4a16_gemv_config,
+    )
     from compiled_llm.quantization.kernels.w4a16_dequant import w4a16_dequant_mm
     from compiled_llm.quantization.kernels.w4a16_tuning import lookup, w4a16_path
 
@@ -69,6 +73,8 @@ def w4a16_kernels(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         config = lookup(gpu, m, n, k)
         if path == "gemv" and (config is None or not config.gemv):  # forced, or tuned elsewhere
             config = w4a16_gemv_config(m, n, k, group_size)
+        elif path == "triton" and config is not None and config.gemv:  # "mma" at a GEMV's entry
+            config = w4a16_config(m, n, k, group_size)  # the built-in MMA tiles
         out = w4a16_gemm_triton(x, qweight, scales.to(x.dtype), zeros, group_size, config)
     return out if bias is None else out + bias.to(out.dtype)
 

@@ -47,7 +47,8 @@ def _row(m: int, winner: str, gemv: W4A16Config, mma: W4A16Config) -> dict:
 def test_written_file_is_what_the_selection_reads(tmp_path, monkeypatch):
     gemv = W4A16Config(1, 32, 256, 1, gemv=True)
     mma = W4A16Config(16, 64, 128, 4)
-    rows = [_row(1, "gemv", gemv, mma), _row(4, "tinygemm", gemv, mma), _row(16, "mma", gemv, mma)]
+    rows = [_row(1, "gemv", gemv, mma), _row(2, "mma", gemv, mma), _row(4, "tinygemm", gemv, mma),
+            _row(16, "mma", gemv, mma)]
     table = {"4096x4096": {str(row["m"]): row for row in rows}}
     args = argparse.Namespace(out=str(tmp_path / "w4a16.json"), gpu="GPU X", output_json=None)
     w4a16_tune.write(args, table, rows, 1.0)
@@ -57,8 +58,12 @@ def test_written_file_is_what_the_selection_reads(tmp_path, monkeypatch):
     assert w4a16_tuning.lookup("GPU X", 1, 4096, 4096) == gemv
     assert w4a16_tuning.w4a16_path("GPU X", 1, 4096, 4096, tinygemm_ok=True) == "gemv"
     assert w4a16_tuning.w4a16_path("GPU X", 4, 4096, 4096, tinygemm_ok=True) == "tinygemm"
+    assert w4a16_tuning.lookup("GPU X", 2, 4096, 4096) == mma
+    assert w4a16_tuning.w4a16_path("GPU X", 2, 4096, 4096, tinygemm_ok=True) == "triton"
     assert w4a16_tuning.small_m_choice("GPU X", 16, 4096, 4096) is None
-    assert w4a16_tune.tinygemm_rows(rows) == 4  # it beats the MMA tiles at 1 and 4, not 16
+    assert w4a16_tune.tinygemm_rows(rows) == 1  # the MMA tiles beat it at 2 tokens
+    # the small_m entry at 4 tokens still sends them to tinygemm
+    assert w4a16_tuning.w4a16_path("GPU X", 4, 4096, 4096, tinygemm_ok=True) == "tinygemm"
     printed = w4a16_tune.table_row(rows[0])
     assert printed["winner"] == "gemv" and printed["gemv GB/s"] > printed["tinygemm GB/s"]
 

@@ -19,7 +19,7 @@ from compiled_llm.quantization.w4a16 import w4a16_kernels, w4a16_reference
 from compiled_llm.quantization.w8a8 import fp8_block_reference
 
 pytestmark = pytest.mark.skipif(not kernels_interpreted(), reason="needs TRITON_INTERPRET=1")
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3}
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 8e-3}
 
 
 def w4a16_inputs(m: int, n: int, k: int, group: int, dtype: torch.dtype, seed: int = 0):
@@ -32,7 +32,7 @@ def w4a16_inputs(m: int, n: int, k: int, group: int, dtype: torch.dtype, seed: i
     return x, pack_int4(values), scales, zeros
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(("m", "n", "k", "group"), [(1, 48, 256, 128), (5, 64, 128, 32),
                                                     (33, 40, 256, 64)])
 def test_matches_reference(m, n, k, group, dtype):
@@ -51,6 +51,22 @@ def test_split_k_partials_add_up():
         config = W4A16Config(16, 16, 32, split, num_stages=1, expand=expand)
         torch.testing.assert_close(w4a16_gemm_triton(x, qweight, scales, zeros, 32, config),
                                    ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_paired_mma_is_exact_at_every_nibble_and_zero(dtype):
+    """The 16-bit path's q - z is exact for every (q, z) pair: with x one-hot per column and
+    scale 1 the product is the integer q - z itself, split K or not."""
+    n, k, group = 32, 256, 16
+    values = (torch.arange(n * k) % 16).reshape(n, k).to(torch.uint8)
+    zeros = (torch.arange(n * k // group) % 16).reshape(n, k // group).to(torch.uint8)
+    scales = torch.ones(n, k // group, dtype=dtype)
+    x = torch.eye(k, dtype=dtype)[:17]  # rows 0..16: 17 spans two BLOCK_M tiles
+    want = values[:, :17].float() - zeros.repeat_interleave(group, 1)[:, :17].float()
+    for split in (1, 4):
+        config = W4A16Config(16, 16, 16, split, num_stages=1)
+        out = w4a16_gemm_triton(x, pack_int4(values), scales, zeros, group, config)
+        assert torch.equal(out.float(), want.t())
 
 
 # (rows, N, K, group, block_n, block_k, split, x dtype): N never a multiple of block_n but once;

@@ -218,3 +218,29 @@ def test_small_m_norm_prologue_compiles_for_sm90(gate_up, use_dot, split_k):
     ptx = kernel.asm["ptx"]
     assert kernel.asm["cubin"] and "bar.sync" in ptx and "rsqrt" in ptx
     assert ptx.index("st.global") < ptx.rindex("ld.global")
+
+
+MMA_ARGS = {"qweight_ptr": "*i32", "zeros_ptr": "*u8", "M": "i32", "N": "i32", "K": "i32",
+            "stride_xm": "i32", "stride_qn": "i32", "stride_sn": "i32", "stride_zn": "i32",
+            "stride_os": "i32", "stride_om": "i32"}
+
+
+@pytest.mark.parametrize("dtype,block_n,warps", [("bf16", 64, 4), ("bf16", 256, 8),
+                                                  ("fp16", 128, 4)])
+def test_w4a16_paired_mma_compiles_for_sm90(dtype, block_n, warps):
+    """The MMA kernel for 16-bit x: two nibbles a LOP3 and the zero taken off in the pair
+    (lop3.b32, sub.*x2), no int-to-float conversion of the weights, and Hopper's wgmma."""
+    constants = dict(GROUP=128, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=128, SPLIT_K=1,
+                     EXPAND=False, PRECISION="tf32", PAIRED=True, ASM=True)
+    signature = dict(MMA_ARGS, x_ptr=f"*{dtype}", scales_ptr=f"*{dtype}", out_ptr=f"*{dtype}",
+                     **{name: "constexpr" for name in constants})
+    kernel_fn = w4a16._w4a16_kernel
+    attrs = {(kernel_fn.arg_names.index(name),): [["tt.divisibility", 16]]
+             for name in GEMV_ALIGNED if name in kernel_fn.arg_names}
+    source = ASTSource(kernel_fn, signature, constants, attrs)
+    kernel = _compile_or_skip(source, num_warps=warps, num_stages=3)
+    ptx = kernel.asm["ptx"]
+    kind = "bf16" if dtype == "bf16" else "f16"
+    assert ptx.count("lop3.b32") >= 4 and f"sub.{kind}x2" in ptx
+    assert "cvt.rn.f32.s32" not in ptx and "cvt.rn.bf16.s32" not in ptx
+    assert "wgmma.mma_async" in ptx

@@ -47,7 +47,8 @@ def test_built_in_tiles_cover_the_gpu_at_decode():
 def small_m_file(tmp_path, monkeypatch):
     """A tuned file for "GPU X": the GEMV beat tinygemm at 1 token on 6144x4096, not at 4."""
     table = {"devices": {}, "tinygemm_max_rows": {"GPU X": 4},
-             "small_m": {"GPU X": {"6144x4096": {"1": "gemv", "4": "tinygemm"}}}}
+             "small_m": {"GPU X": {"6144x4096": {"1": "gemv", "4": "tinygemm"},
+                                   "28672x4096": {"1": "mma"}}}}
     path = tmp_path / "w4a16.json"
     path.write_text(json.dumps(table))
     monkeypatch.setenv(w4a16_tuning.CONFIG_ENV, str(path))
@@ -65,6 +66,7 @@ def test_tuned_small_m_choice_picks_the_gemv(small_m_file):
     assert path("GPU Y", 1, 6144, 4096, tinygemm_ok=True) == "tinygemm"
     assert path("GPU X", 16, 6144, 4096, tinygemm_ok=True) == "triton"  # past both thresholds
     assert path("GPU X", 256, 6144, 4096, tinygemm_ok=True) == "dequant"
+    assert path("GPU X", 4, 28672, 4096, tinygemm_ok=True) == "triton"  # the MMA tiles won
 
 
 def test_small_m_override_wins_both_ways(small_m_file, monkeypatch):
@@ -75,6 +77,8 @@ def test_small_m_override_wins_both_ways(small_m_file, monkeypatch):
     assert path("GPU X", 4, 4096, 4096, tinygemm_ok=True) == "gemv"  # any shape, up to 4 rows
     assert path("GPU Y", 1, 6144, 4096, tinygemm_ok=False) == "gemv"
     assert path("GPU X", 5, 4096, 4096, tinygemm_ok=False) == "triton"
+    monkeypatch.setenv(w4a16_tuning.SMALL_M_ENV, "mma")
+    assert path("GPU X", 1, 6144, 4096, tinygemm_ok=True) == "triton"  # over the file's gemv
     monkeypatch.setenv(w4a16_tuning.SMALL_M_ENV, "fastest")
     with pytest.raises(ValueError, match=w4a16_tuning.SMALL_M_ENV):
         path("GPU X", 1, 6144, 4096, tinygemm_ok=True)
@@ -87,7 +91,8 @@ def test_shipped_file_keeps_tinygemm_until_retuned(monkeypatch):
     for n, k in LLAMA_SHAPES:
         for m in (1, 4):
             choice = w4a16_tuning.small_m_choice("NVIDIA H200", m, n, k)
-            expected = "gemv" if choice == "gemv" else "tinygemm"  # re-tuned files may say gemv
+            # re-tuned files may say gemv or mma
+            expected = {"gemv": "gemv", "mma": "triton"}.get(choice, "tinygemm")
             assert w4a16_tuning.w4a16_path("NVIDIA H200", m, n, k, True) == expected
 
 

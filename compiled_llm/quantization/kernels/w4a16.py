@@ -1,7 +1,9 @@
 """W4A16 Triton kernels over the canonical packed layout (quantization/packing.py). The MMA GEMM,
-swap-AB (out.T = W @ x.T): words read once, unpacked to exact integers, s (q . x - z sum(x)) per
-group. The GEMV (gemv=True, up to GEMV_MAX_ROWS rows): CUDA cores, nibbles dequantized by the
-float exponent trick. Small M may split K (float32 partials); tiles: w4a16_tuning.py."""
+swap-AB (out.T = W @ x.T): for 16-bit x, two nibbles a LOP3 into a 16-bit pair and the zero
+taken off in the pair (exact), s ((q - z) . x) per group; for float32 x, exact integers and
+s (q . x - z sum(x)). The GEMV (gemv=True, up to GEMV_MAX_ROWS rows): CUDA cores, nibbles
+dequantized by the float exponent trick. Small M may split K (float32 partials); tiles:
+w4a16_tuning.py."""
 
 from __future__ import annotations
 
@@ -40,12 +42,89 @@ def _unpacked_tile(qweight_ptr, offs_n, col_ok, tile, stride_qn, BLOCK_N: tl.con
     return tl.reshape(nibbles, (BLOCK_N, BLOCK_K))
 
 
+# Two nibbles (i, i + 4) of a word as the 16-bit pair (2^e + q) with one LOP3 (2^e: 128 in
+# bfloat16, 1024 in float16, whose unit is the mantissa's lowest bit), then minus the pair
+# (2^e + z): exact. pack=2: $4 holds two half-words (nibbles 0-3, 4-7), $5 the zero pair.
+_PAIRS_ASM = """{{
+.reg .b32 t<3>, o<4>;
+lop3.b32 o0, $4, 0x000f000f, {magic}, 0xea;
+shr.u32 t0, $4, 4;
+lop3.b32 o1, t0, 0x000f000f, {magic}, 0xea;
+shr.u32 t1, $4, 8;
+lop3.b32 o2, t1, 0x000f000f, {magic}, 0xea;
+shr.u32 t2, $4, 12;
+lop3.b32 o3, t2, 0x000f000f, {magic}, 0xea;
+sub.{kind}x2 $0, o0, $5;
+sub.{kind}x2 $1, o1, $5;
+sub.{kind}x2 $2, o2, $5;
+sub.{kind}x2 $3, o3, $5;
+}}"""
+_BF16_PAIRS = tl.constexpr(_PAIRS_ASM.format(magic="0x43004300", kind="bf16"))
+_FP16_PAIRS = tl.constexpr(_PAIRS_ASM.format(magic="0x64006400", kind="f16"))
+
+
+@triton.jit
+def _nibble(half_words, zero_biased, INDEX: tl.constexpr, MAGIC: tl.constexpr):
+    """The interpreter's spelling of one asm output: nibble INDEX of each half-word, minus z."""
+    biased = (((half_words >> (4 * INDEX)) & 0xF) | MAGIC).to(tl.int16)
+    biased = biased.to(zero_biased.dtype, bitcast=True)
+    return (biased.to(tl.float32) - zero_biased.to(tl.float32)).to(zero_biased.dtype)
+
+
+@triton.jit
+def _paired_tile(half_words, zero_biased, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 ASM: tl.constexpr):
+    """int16 [BN, BK / 4] half-words, (2^e + z) [BN, BK / 4] -> q - z [BN, BK] in the x dtype,
+    position 2i + h of each word's 8 holding its nibble i + 4h."""
+    bf16: tl.constexpr = zero_biased.dtype == tl.bfloat16
+    if ASM:
+        q0, q1, q2, q3 = tl.inline_asm_elementwise(
+            _BF16_PAIRS if bf16 else _FP16_PAIRS, "=r,=r,=r,=r,r,r", [half_words, zero_biased],
+            dtype=(zero_biased.dtype,) * 4, is_pure=True, pack=2)
+    else:
+        magic: tl.constexpr = 0x4300 if bf16 else 0x6400
+        q0 = _nibble(half_words, zero_biased, 0, magic)
+        q1 = _nibble(half_words, zero_biased, 1, magic)
+        q2 = _nibble(half_words, zero_biased, 2, magic)
+        q3 = _nibble(half_words, zero_biased, 3, magic)
+    pairs: tl.constexpr = (BLOCK_N, BLOCK_K // 8, 2)  # [BN, words, h]
+    tile = tl.join(tl.join(tl.reshape(q0, pairs), tl.reshape(q2, pairs)),
+                   tl.join(tl.reshape(q1, pairs), tl.reshape(q3, pairs)))  # [.., h, i // 2, i % 2]
+    return tl.reshape(tl.permute(tile, (0, 1, 3, 4, 2)), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _paired_x(x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x [BM, BK] in _paired_tile's order: position 2i + h of each 8 holds k = i + 4h."""
+    split = tl.reshape(x, (BLOCK_M, BLOCK_K // 8, 2, 4))  # [BM, words, h, i]
+    return tl.reshape(tl.permute(split, (0, 1, 3, 2)), (BLOCK_M, BLOCK_K))
+
+
+@triton.jit
+def _paired_dot(qweight_ptr, x_ptr, zero, offs_n, offs_m, col_ok, row_ok, tile, stride_qn,
+                stride_xm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                ASM: tl.constexpr):
+    """(q - z) . x of one tile [BN, BM] in float32, q - z exact in x's 16-bit dtype."""
+    half_ptr = qweight_ptr.to(tl.pointer_type(tl.int16))
+    halves = tl.load(half_ptr + offs_n[:, None] * (2 * stride_qn) + tile * (BLOCK_K // 4)
+                     + tl.arange(0, BLOCK_K // 4)[None, :], mask=col_ok[:, None], other=0)
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + tile * BLOCK_K
+                + tl.arange(0, BLOCK_K)[None, :], mask=row_ok[:, None], other=0.0)  # [BM, BK]
+    zero_biased = (zero.to(tl.float32) + (128.0 if x.dtype == tl.bfloat16 else 1024.0))
+    zero_biased = tl.broadcast_to(zero_biased.to(x.dtype)[:, None], (BLOCK_N, BLOCK_K // 4))
+    values = _paired_tile(halves, zero_biased, BLOCK_N, BLOCK_K, ASM)
+    x_t = tl.trans(_paired_x(x, BLOCK_M, BLOCK_K))
+    if ASM:
+        return tl.dot(values, x_t)
+    return tl.dot(values.to(tl.float32), x_t.to(tl.float32))  # the interpreter's 16-bit dot errs
+
+
 @triton.jit
 def _w4a16_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
                   stride_xm, stride_qn, stride_sn, stride_zn, stride_os, stride_om,
                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EXPAND: tl.constexpr,
-                  PRECISION: tl.constexpr):
+                  PRECISION: tl.constexpr, PAIRED: tl.constexpr, ASM: tl.constexpr):
     pid_n, pid_k, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -55,18 +134,22 @@ def _w4a16_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K,
     end = tl.minimum(first + per_split, K // BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for tile in range(first, end):
-        values = _unpacked_tile(qweight_ptr, offs_n, col_ok, tile, stride_qn, BLOCK_N, BLOCK_K,
-                                EXPAND)
-        k = tile * BLOCK_K + tl.arange(0, BLOCK_K)
-        x_t = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None], mask=row_ok[None, :],
-                      other=0.0)  # [BK, BM]
-        dot = tl.dot(values.to(x_t.dtype), x_t, input_precision=PRECISION)  # [BN, BM]
         group = (tile * BLOCK_K) // GROUP  # BLOCK_K divides GROUP: one group per tile
         scale = tl.load(scales_ptr + offs_n * stride_sn + group, mask=col_ok, other=0.0)
         zero = tl.load(zeros_ptr + offs_n * stride_zn + group, mask=col_ok, other=0)
-        x_sum = tl.sum(x_t.to(tl.float32), axis=0)  # [BM]
-        acc += (dot - zero.to(tl.float32)[:, None] * x_sum[None, :]) * \
-            scale.to(tl.float32)[:, None]
+        if PAIRED:
+            dot = _paired_dot(qweight_ptr, x_ptr, zero, offs_n, offs_m, col_ok, row_ok, tile,
+                              stride_qn, stride_xm, BLOCK_M, BLOCK_N, BLOCK_K, ASM)
+        else:
+            values = _unpacked_tile(qweight_ptr, offs_n, col_ok, tile, stride_qn, BLOCK_N,
+                                    BLOCK_K, EXPAND)
+            k = tile * BLOCK_K + tl.arange(0, BLOCK_K)
+            x_t = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
+                          mask=row_ok[None, :], other=0.0)  # [BK, BM]
+            dot = tl.dot(values.to(x_t.dtype), x_t, input_precision=PRECISION)  # [BN, BM]
+            x_sum = tl.sum(x_t.to(tl.float32), axis=0)  # [BM]
+            dot -= zero.to(tl.float32)[:, None] * x_sum[None, :]
+        acc += dot * scale.to(tl.float32)[:, None]
     out = out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=col_ok[:, None] & row_ok[None, :])
 
@@ -273,5 +356,6 @@ def _launch_mma(x, qweight, scales, zeros, out, group_size: int, config: W4A16Co
                         scales.stride(0), zeros.stride(0), out.stride(0), out.stride(1),
                         GROUP=group_size, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                         BLOCK_K=config.block_k, SPLIT_K=config.split_k, EXPAND=config.expand,
-                        PRECISION=precision, num_warps=config.num_warps,
+                        PRECISION=precision, PAIRED=x.dtype != torch.float32,
+                        ASM=not kernels_interpreted(), num_warps=config.num_warps,
                         num_stages=config.num_stages)

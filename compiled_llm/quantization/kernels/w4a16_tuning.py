@@ -1,7 +1,8 @@
 """W4A16 path choice per GPU and shape, w4a16_path, from one JSON file (benchmarks/w4a16_tune.py):
 $COMPILED_LLM_W4A16_CONFIG, then the shipped configs/w4a16.json. "devices": tiles per "NxK" and
-token count; "small_m": "gemv" where the GEMV kernel beat tinygemm ($COMPILED_LLM_W4A16_SMALL_M =
-gemv | tinygemm forces one up to 4 tokens); else tinygemm up to "tinygemm_max_rows" tokens, the
+token count; "small_m": "gemv" or "mma" where the GEMV kernel or the MMA tiles beat tinygemm
+($COMPILED_LLM_W4A16_SMALL_M = gemv | mma | tinygemm forces one up to 4 tokens); else tinygemm
+up to "tinygemm_max_rows" tokens, the
 Triton tiles, dequantize-then-matmul from DEFAULT_DEQUANT_MIN_ROWS (knobs: the *_ENV below)."""
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ class W4A16Config:
 
 GEMV_MAX_ROWS = 4  # the most token rows the GEMV kernel takes
 CONFIG_ENV = "COMPILED_LLM_W4A16_CONFIG"
-# "gemv": the GEMV kernel at every token count up to GEMV_MAX_ROWS; "tinygemm": tinygemm there
-# (up to tinygemm_max_rows, where the layer has its tensors), the files' small_m ignored; unset:
-# the files' small_m entry, else tinygemm (an A/B knob for benchmarks)
+# "gemv": the GEMV kernel at every token count up to GEMV_MAX_ROWS; "mma": the MMA tiles there;
+# "tinygemm": tinygemm there (up to tinygemm_max_rows, where the layer has its tensors), the
+# files' small_m ignored; unset: the files' small_m entry, else tinygemm (an A/B knob)
 SMALL_M_ENV = "COMPILED_LLM_W4A16_SMALL_M"
-SMALL_M_CHOICES = ("gemv", "tinygemm")
+SMALL_M_CHOICES = ("gemv", "mma", "tinygemm")
 TINYGEMM_ENV = "COMPILED_LLM_W4A16_TINYGEMM_MAX_ROWS"  # wins over the files; 0 turns it off
 DEFAULT_TINYGEMM_MAX_ROWS = 4  # H200: tinygemm wins at 1 and 4 rows, loses at 16
 DEQUANT_ENV = "COMPILED_LLM_W4A16_DEQUANT_MIN_ROWS"  # 0 turns dequantize-then-matmul off
@@ -137,7 +138,7 @@ def _small_m_table(path: str) -> dict[str, dict[str, dict[int, str]]]:
 
 
 def small_m_choice(gpu: str, m: int, n: int, k: int) -> str | None:
-    """"gemv" or "tinygemm" for m <= GEMV_MAX_ROWS tokens against an [n, k] weight on `gpu`:
+    """"gemv", "mma" or "tinygemm" for m <= GEMV_MAX_ROWS tokens against an [n, k] weight on `gpu`:
     $COMPILED_LLM_W4A16_SMALL_M, else the files' small_m entry at the nearest tuned token count
     (ties: the smaller; the override file first), else None (today's rule: tinygemm)."""
     if m > GEMV_MAX_ROWS:
@@ -156,10 +157,12 @@ def small_m_choice(gpu: str, m: int, n: int, k: int) -> str | None:
 
 def w4a16_path(gpu: str, m: int, n: int, k: int, tinygemm_ok: bool) -> str:
     """The path of x [m, k] against an [n, k] weight on `gpu`: "gemv" where small_m_choice says
-    so, "tinygemm" up to tinygemm_max_rows when `tinygemm_ok` (bf16 x, the layer has its
-    tensors), "dequant" from the dequantize threshold on, else "triton" (the tuned tiles)."""
-    if small_m_choice(gpu, m, n, k) == "gemv":
-        return "gemv"
-    if tinygemm_ok and m <= tinygemm_max_rows(gpu):
+    so, "triton" (the MMA tiles) where it says "mma", "tinygemm" where it says so or up to
+    tinygemm_max_rows, when `tinygemm_ok` (bf16 x, the layer has its tensors), "dequant" from
+    the dequantize threshold on, else "triton"."""
+    choice = small_m_choice(gpu, m, n, k)
+    if choice in ("gemv", "mma"):
+        return "gemv" if choice == "gemv" else "triton"
+    if tinygemm_ok and (choice == "tinygemm" or m <= tinygemm_max_rows(gpu)):
         return "tinygemm"
     return "dequant" if _dequant_rows(m) else "triton"
