@@ -559,12 +559,13 @@ $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 73 ]; then  # one GPU: the W4A16 MMA tiles' paired dequantization (two nibbles
   # a LOP3, the zero off in the pair): GPU tests, a tune at 1 and 4 tokens against the GEMV and
-  # tinygemm, then 8B decode: bf16, tinygemm, the MMA tiles forced, the tuned file's choice
+  # tinygemm (built-in GEMV tiles and one more), then 8B decode: bf16, tinygemm, the tuned
+  # file's choice (run from the working tree: carry .whl)
   W=$R/w4a16.json
   mapfile -t a <<<"\
 $py -m pytest -q -x -p no:cacheprovider tests/quantization/test_gpu.py -k w4a16
-$py -m benchmarks.w4a16_tune --tokens 1 4 --gemv-block-n 16 32 64 --gemv-block-k 256 512 --gemv-warps 4 8 --out $W --output-json $R/w4a16_tune_mma.json
-COMPILED_LLM_W4A16_CONFIG=$W $py -m benchmarks.w4a16_small_m --checkpoint-dir $CK --variants bf16 tinygemm mma tuned --batch-sizes 1 4 --new-tokens 128 --output-json $R/w4a16_small_m.json"
+$py -m benchmarks.w4a16_tune --tokens 1 4 --gemv-block-n 32 --gemv-block-k 256 --gemv-warps 4 --out $W --output-json $R/w4a16_tune_mma.json
+COMPILED_LLM_W4A16_CONFIG=$W $py -m benchmarks.w4a16_small_m --checkpoint-dir $CK --variants bf16 tinygemm tuned --batch-sizes 1 4 --new-tokens 128 --output-json $R/w4a16_small_m.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 72 ]; then  # one GPU (carry .whl .peer): batch 1 on main with the 8B gate/up
   # epilogue + prologue: Llama-3-8B against gpt-fast in one run, then Qwen3-0.6B's user path
