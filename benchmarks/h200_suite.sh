@@ -128,6 +128,8 @@
 #     bash benchmarks/h200_suite.sh 73    # the W4A16 MMA tiles' paired dequantization: GPU
 #                                         # tests, a 1- and 4-token tune beside the GEMV and
 #                                         # tinygemm, 8B decode at batch 1 and 4
+#     bash benchmarks/h200_suite.sh 74    # call 73's tune shipped: 8B W4A16 decode at 4 and 2
+#                                         # tokens against tinygemm and bf16
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -556,6 +558,12 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 74 ]; then  # one GPU (carry .whl): call 73's tune shipped (gate/up on the
+  # GEMV at 1 token, on the MMA tiles at 4): 8B decode at 4 and 2 tokens, the shipped choice
+  # first, then tinygemm forced, then bf16
+  mapfile -t a <<<"\
+$py -m benchmarks.w4a16_small_m --checkpoint-dir $CK --variants tuned tinygemm bf16 --batch-sizes 4 2 --new-tokens 128 --output-json $R/w4a16_small_m.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 73 ]; then  # one GPU: the W4A16 MMA tiles' paired dequantization (two nibbles
   # a LOP3, the zero off in the pair): GPU tests, a tune at 1 and 4 tokens against the GEMV and
