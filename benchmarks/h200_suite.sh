@@ -130,6 +130,8 @@
 #                                         # tinygemm, 8B decode at batch 1 and 4
 #     bash benchmarks/h200_suite.sh 74    # call 73's tune shipped: 8B W4A16 decode at 4 and 2
 #                                         # tokens against tinygemm and bf16
+#     bash benchmarks/h200_suite.sh 75    # the MMA tiles with the paired dequantization and
+#                                         # without, at 4, 16, 64 tokens (on, off, off, on)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -558,6 +560,15 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 75 ]; then  # one GPU: the MMA tiles (shipped and built-in) with the paired
+  # dequantization and without (COMPILED_LLM_W4A16_PAIRED=0), at 4, 16 and 64 tokens, twice
+  T="$py -m benchmarks.w4a16_tune --quick --tokens 4 16 64"
+  mapfile -t a <<<"\
+$T --out $R/q_on1.json --output-json $R/w4a16_quick_paired1.json
+COMPILED_LLM_W4A16_PAIRED=0 $T --out $R/q_off1.json --output-json $R/w4a16_quick_unpaired1.json
+COMPILED_LLM_W4A16_PAIRED=0 $T --out $R/q_off2.json --output-json $R/w4a16_quick_unpaired2.json
+$T --out $R/q_on2.json --output-json $R/w4a16_quick_paired2.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 74 ]; then  # one GPU (carry .whl): call 73's tune shipped (gate/up on the
   # GEMV at 1 token, on the MMA tiles at 4): 8B decode at 4 and 2 tokens, the shipped choice

@@ -53,6 +53,16 @@ def test_split_k_partials_add_up():
                                    ref, rtol=1e-4, atol=1e-4)
 
 
+def test_unpaired_knob_runs_the_integer_path(monkeypatch):
+    """$COMPILED_LLM_W4A16_PAIRED=0 (the A/B knob) runs 16-bit x through the integer unpacking,
+    which agrees with the reference as well."""
+    monkeypatch.setenv(w4a16_tuning.PAIRED_ENV, "0")
+    x, qweight, scales, zeros = w4a16_inputs(3, 32, 256, 64, torch.float16, seed=3)
+    out = w4a16_gemm_triton(x, qweight, scales, zeros, 64)
+    ref = w4a16_reference(x, qweight, scales, zeros, None, None, 64)
+    assert (out.float() - ref.float()).abs().max().item() <= 5e-3 * max(1.0, ref.abs().max())
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_paired_mma_is_exact_at_every_nibble_and_zero(dtype):
     """The 16-bit path's q - z is exact for every (q, z) pair: with x one-hot per column and

@@ -15,6 +15,7 @@ from compiled_llm.attention.kernels import kernels_interpreted
 from compiled_llm.quantization.kernels.w4a16_tuning import (
     GEMV_MAX_ROWS,
     W4A16Config,
+    paired_dequant,
     tuned_w4a16_config,
 )
 
@@ -356,6 +357,6 @@ def _launch_mma(x, qweight, scales, zeros, out, group_size: int, config: W4A16Co
                         scales.stride(0), zeros.stride(0), out.stride(0), out.stride(1),
                         GROUP=group_size, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                         BLOCK_K=config.block_k, SPLIT_K=config.split_k, EXPAND=config.expand,
-                        PRECISION=precision, PAIRED=x.dtype != torch.float32,
+                        PRECISION=precision, PAIRED=paired_dequant(x),
                         ASM=not kernels_interpreted(), num_warps=config.num_warps,
                         num_stages=config.num_stages)

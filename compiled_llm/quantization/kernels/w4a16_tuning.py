@@ -41,6 +41,8 @@ SMALL_M_ENV = "COMPILED_LLM_W4A16_SMALL_M"
 SMALL_M_CHOICES = ("gemv", "mma", "tinygemm")
 TINYGEMM_ENV = "COMPILED_LLM_W4A16_TINYGEMM_MAX_ROWS"  # wins over the files; 0 turns it off
 DEFAULT_TINYGEMM_MAX_ROWS = 4  # H200: tinygemm wins at 1 and 4 rows, loses at 16
+# "0": the MMA tiles unpack 16-bit x's weights to integers as for float32 x (an A/B knob)
+PAIRED_ENV = "COMPILED_LLM_W4A16_PAIRED"
 DEQUANT_ENV = "COMPILED_LLM_W4A16_DEQUANT_MIN_ROWS"  # 0 turns dequantize-then-matmul off
 # H200 (call 19): at 256 rows the fused kernel took 4.8x bf16's matmul time, while one pass
 # over the weight (packed read, bf16 write) costs about one bf16 matmul at that size
@@ -96,6 +98,12 @@ def _env_rows(name: str) -> int | None:
     if not value.strip().isdigit():
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     return int(value)
+
+
+def paired_dequant(x: torch.Tensor) -> bool:
+    """Whether the MMA tiles take x's weights as 16-bit (q - z) pairs: 16-bit x, unless
+    $COMPILED_LLM_W4A16_PAIRED is 0."""
+    return x.dtype != torch.float32 and os.environ.get(PAIRED_ENV, "1") != "0"
 
 
 def use_dequant_mm(x: torch.Tensor) -> bool:
