@@ -132,6 +132,8 @@
 #                                         # tokens against tinygemm and bf16
 #     bash benchmarks/h200_suite.sh 75    # the MMA tiles with the paired dequantization and
 #                                         # without, at 4, 16, 64 tokens (on, off, off, on)
+#     bash benchmarks/h200_suite.sh 76    # 8B W4A16 decode at 16 and 64 tokens, the paired
+#                                         # dequantization on and off, bf16 beside
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -560,6 +562,13 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 76 ]; then  # one GPU (carry .whl): 8B W4A16 decode at 16 and 64 tokens on the
+  # MMA tiles, paired dequantization on, then off (COMPILED_LLM_W4A16_PAIRED=0), bf16 beside
+  S="$py -m benchmarks.w4a16_small_m --checkpoint-dir $CK --batch-sizes 16 64 --new-tokens 128"
+  mapfile -t a <<<"\
+$S --variants tuned bf16 --output-json $R/w4a16_paired.json
+COMPILED_LLM_W4A16_PAIRED=0 $S --variants tuned --output-json $R/w4a16_unpaired.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 75 ]; then  # one GPU: the MMA tiles (shipped and built-in) with the paired
   # dequantization and without (COMPILED_LLM_W4A16_PAIRED=0), at 4, 16 and 64 tokens, twice
