@@ -134,6 +134,8 @@
 #                                         # without, at 4, 16, 64 tokens (on, off, off, on)
 #     bash benchmarks/h200_suite.sh 76    # 8B W4A16 decode at 16 and 64 tokens, the paired
 #                                         # dequantization on and off, bf16 beside
+#     bash benchmarks/h200_suite.sh 77    # the MMA tiles re-tuned at 16 and 64 tokens; 8B
+#                                         # W4A16 decode with them and with the shipped tiles
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -562,6 +564,14 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 77 ]; then  # one GPU (carry .whl): the MMA tiles re-tuned at 16 and 64 tokens
+  # for the paired dequantization, then 8B W4A16 decode with that file and with the shipped one
+  W=$R/w4a16.json S="$py -m benchmarks.w4a16_small_m --checkpoint-dir $CK --batch-sizes 16 64 --new-tokens 128 --variants tuned"
+  mapfile -t a <<<"\
+$py -m benchmarks.w4a16_tune --tokens 16 64 --out $W --output-json $R/w4a16_tune_16_64.json
+COMPILED_LLM_W4A16_CONFIG=$W $S --output-json $R/w4a16_retuned.json
+$S --output-json $R/w4a16_shipped.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 76 ]; then  # one GPU (carry .whl): 8B W4A16 decode at 16 and 64 tokens on the
   # MMA tiles, paired dequantization on, then off (COMPILED_LLM_W4A16_PAIRED=0), bf16 beside
