@@ -1,9 +1,8 @@
-"""W4A16 Triton kernels over the canonical packed layout (quantization/packing.py). The MMA GEMM,
-swap-AB (out.T = W @ x.T): for 16-bit x, two nibbles a LOP3 into a 16-bit pair and the zero
-taken off in the pair (exact), s ((q - z) . x) per group; for float32 x, exact integers and
-s (q . x - z sum(x)). The GEMV (gemv=True, up to GEMV_MAX_ROWS rows): CUDA cores, nibbles
-dequantized by the float exponent trick. Small M may split K (float32 partials); tiles:
-w4a16_tuning.py."""
+"""W4A16 Triton kernels over the canonical packed layout (quantization/packing.py). MMA GEMM,
+swap-AB (out.T = W @ x.T): 16-bit x: two nibbles a LOP3 into a 16-bit pair, zero off in it
+(exact), s ((q - z) . x) per group; float32 x: integers, s (q . x - z sum(x)). GEMV (gemv=True,
+up to GEMV_MAX_ROWS rows): CUDA cores, the float exponent trick. Small M may split K (float32
+partials); tiles: w4a16_tuning.py."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """W4A16 path choice per GPU and shape, w4a16_path, from one JSON file (benchmarks/w4a16_tune.py):
 $COMPILED_LLM_W4A16_CONFIG, then the shipped configs/w4a16.json. "devices": tiles per "NxK" and
-token count; "small_m": "gemv" or "mma" where the GEMV kernel or the MMA tiles beat tinygemm
-($COMPILED_LLM_W4A16_SMALL_M = gemv | mma | tinygemm forces one up to 4 tokens); else tinygemm
-up to "tinygemm_max_rows" tokens, the
-Triton tiles, dequantize-then-matmul from DEFAULT_DEQUANT_MIN_ROWS (knobs: the *_ENV below)."""
+token count; "small_m": the winner of GEMV, MMA tiles and tinygemm up to 4 tokens (forced by
+$COMPILED_LLM_W4A16_SMALL_M); else tinygemm up to "tinygemm_max_rows" tokens, the Triton
+tiles, dequantize-then-matmul from DEFAULT_DEQUANT_MIN_ROWS (knobs: the *_ENV below)."""
 
 from __future__ import annotations
 
