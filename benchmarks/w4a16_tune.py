@@ -71,10 +71,10 @@ def mma_candidates(m: int) -> list[W4A16Config]:
         return [W4A16Config(block_m, block_n, GROUP, split, warps, stages)
                 for block_n, split, stages, warps in grid
                 if (warps == 8) == (block_n == 256) or (block_n == 128 and warps == 8)]
-    elif m <= 64:
-        grid = itertools.product([32, 64, 128], [1, 2, 4], [False, True], [2, 3])
+    elif m <= 64:  # bf16 x: the paired path, which ignores expand
+        grid = itertools.product([32, 64, 128], [1, 2, 4], [False], [2, 3])
     else:
-        grid = itertools.product([64, 128], [1], [False, True], [2, 3])
+        grid = itertools.product([64, 128], [1], [False], [2, 3])
     return [W4A16Config(block_m, block_n, GROUP, split, num_stages=stages, expand=expand)
             for block_n, split, expand, stages in grid]
 

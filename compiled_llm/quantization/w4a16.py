@@ -73,7 +73,7 @@ def w4a16_kernels(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         config = lookup(gpu, m, n, k)
         if path == "gemv" and (config is None or not config.gemv):  # forced, or tuned elsewhere
             config = w4a16_gemv_config(m, n, k, group_size)
-        elif path == "triton" and config is not None and config.gemv:  # "mma" at a GEMV's entry
+        elif path == "mma" and (config is None or config.gemv):  # forced, or a GEMV's entry
             config = w4a16_config(m, n, k, group_size)  # the built-in MMA tiles
         out = w4a16_gemm_triton(x, qweight, scales.to(x.dtype), zeros, group_size, config)
     return out if bias is None else out + bias.to(out.dtype)

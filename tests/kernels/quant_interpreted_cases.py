@@ -56,8 +56,10 @@ def test_split_k_partials_add_up():
 def test_unpaired_knob_runs_the_integer_path(monkeypatch):
     """$COMPILED_LLM_W4A16_PAIRED=0 (the A/B knob) runs 16-bit x through the integer unpacking,
     which agrees with the reference as well."""
-    monkeypatch.setenv(w4a16_tuning.PAIRED_ENV, "0")
     x, qweight, scales, zeros = w4a16_inputs(3, 32, 256, 64, torch.float16, seed=3)
+    assert w4a16_tuning.paired_dequant(x) and not w4a16_tuning.paired_dequant(x.float())
+    monkeypatch.setenv(w4a16_tuning.PAIRED_ENV, "0")
+    assert not w4a16_tuning.paired_dequant(x)
     out = w4a16_gemm_triton(x, qweight, scales, zeros, 64)
     ref = w4a16_reference(x, qweight, scales, zeros, None, None, 64)
     assert (out.float() - ref.float()).abs().max().item() <= 5e-3 * max(1.0, ref.abs().max())
@@ -65,14 +67,15 @@ def test_unpaired_knob_runs_the_integer_path(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_paired_mma_is_exact_at_every_nibble_and_zero(dtype):
-    """The 16-bit path's q - z is exact for every (q, z) pair: with x one-hot per column and
-    scale 1 the product is the integer q - z itself, split K or not."""
-    n, k, group = 32, 256, 16
-    values = (torch.arange(n * k) % 16).reshape(n, k).to(torch.uint8)
-    zeros = (torch.arange(n * k // group) % 16).reshape(n, k // group).to(torch.uint8)
+    """The 16-bit path's q - z is exact for every (q, z) pair in every row: with x one-hot per
+    column and scale 1 the product is the integer q - z itself, split K or not."""
+    n, k, group = 40, 256, 16  # 40 rows: the last row tile is partly masked
+    rows, cols = torch.arange(n)[:, None], torch.arange(k)[None, :]
+    values = ((rows + cols) % 16).to(torch.uint8)  # rows differ: a wrong row stride shows
+    zeros = ((5 * rows + torch.arange(k // group)[None, :]) % 16).to(torch.uint8)
     scales = torch.ones(n, k // group, dtype=dtype)
-    x = torch.eye(k, dtype=dtype)[:17]  # rows 0..16: 17 spans two BLOCK_M tiles
-    want = values[:, :17].float() - zeros.repeat_interleave(group, 1)[:, :17].float()
+    x = torch.eye(k, dtype=dtype)  # every column: each row meets all 256 (q, z) pairs
+    want = values.float() - zeros.repeat_interleave(group, 1).float()
     for split in (1, 4):
         config = W4A16Config(16, 16, 16, split, num_stages=1)
         out = w4a16_gemm_triton(x, pack_int4(values), scales, zeros, group, config)
@@ -160,6 +163,29 @@ def test_op_path_takes_the_tuned_gemv_and_the_override(tmp_path, monkeypatch):
         out = w4a16_kernels(x, qweight, scales, zeros, perm, bias, group, None, None, "GPU X")
         assert launched == [kernel], forced
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_gemv_entry_stays_without_tinygemm_and_mma_overrides_it(tmp_path, monkeypatch):
+    """A tuned GEMV entry at 2 tokens: fp16 x (no tinygemm) runs it; forced "mma" runs the
+    built-in MMA tiles instead, both matching the reference."""
+    m, n, k, group = 2, 24, 256, 64
+    x, qweight, scales, zeros = w4a16_inputs(m, n, k, group, torch.float16, seed=13)
+    gemv = {"block_m": 2, "block_n": 16, "block_k": 128, "split_k": 1, "num_stages": 1,
+            "gemv": True}
+    path = tmp_path / "w4a16.json"
+    path.write_text(json.dumps({"devices": {"GPU X": {f"{n}x{k}": {str(m): gemv}}},
+                                "small_m": {"GPU X": {f"{n}x{k}": {str(m): "tinygemm"}}}}))
+    monkeypatch.setenv(w4a16_tuning.CONFIG_ENV, str(path))
+    monkeypatch.delenv(w4a16_tuning.SMALL_M_ENV, raising=False)
+    launched = _spy_launches(monkeypatch)
+    ref = w4a16_reference(x.float(), qweight, scales.float(), zeros, None, None, group)
+    for forced, kernel in ((None, "gemv"), ("mma", "mma")):
+        if forced:
+            monkeypatch.setenv(w4a16_tuning.SMALL_M_ENV, forced)
+        launched.clear()
+        out = w4a16_kernels(x, qweight, scales, zeros, None, None, group, None, None, "GPU X")
+        assert launched == [kernel], forced
+        assert (out.float() - ref).abs().max().item() <= 5e-3 * max(1.0, ref.abs().max())
 
 
 def test_forced_gemv_without_a_tuned_entry_uses_the_built_in_tiles(monkeypatch):

@@ -46,39 +46,45 @@ def test_w4a16_triton_matches_reference(m, n, k):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("m", "block_n", "split", "warps"), [(1, 64, 4, 4), (1, 128, 1, 4),
-                                                               (4, 256, 2, 8), (16, 128, 8, 8),
-                                                               (33, 64, 1, 4)])
-def test_w4a16_paired_mma_matches_reference(m, block_n, split, warps, dtype):
-    """The MMA tiles' 16-bit path (inline-asm pair dequantization) at the 8B gate/up shape."""
+@pytest.mark.parametrize(("m", "n", "group", "block_n", "split", "warps"), [
+    (1, 28672, 128, 64, 4, 4), (1, 28672, 128, 128, 1, 4), (4, 28672, 128, 256, 2, 8),
+    (16, 28672, 128, 128, 8, 8), (33, 28672, 128, 64, 1, 4), (3, 6184, 64, 128, 2, 4),
+    (16, 6184, 32, 64, 1, 4)])
+def test_w4a16_paired_mma_matches_reference(m, n, group, block_n, split, warps, dtype):
+    """The MMA tiles' 16-bit path (inline-asm pair dequantization) at the 8B gate/up shape and
+    at an N no tile divides (6,184), with groups of 128, 64 and 32."""
     from compiled_llm.quantization.kernels.w4a16 import W4A16Config, w4a16_gemm_triton
 
-    n, k = 28672, 4096
-    gen = torch.Generator(device="cuda").manual_seed(m + block_n)
+    k = 4096
+    gen = torch.Generator(device="cuda").manual_seed(m + block_n + group)
     x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
     values = torch.randint(0, 16, (n, k), device="cuda", generator=gen, dtype=torch.uint8)
-    scales = (torch.rand(n, k // 128, device="cuda", generator=gen) * 0.02).to(dtype)
-    zeros = torch.randint(0, 16, (n, k // 128), device="cuda", generator=gen,
+    scales = (torch.rand(n, k // group, device="cuda", generator=gen) * 0.02).to(dtype)
+    zeros = torch.randint(0, 16, (n, k // group), device="cuda", generator=gen,
                           dtype=torch.uint8)
     qweight = pack_int4(values)
-    config = W4A16Config(16 if m <= 16 else 64, block_n, 128, split, warps, num_stages=3)
-    out = w4a16_gemm_triton(x, qweight, scales, zeros, 128, config)
-    ref = w4a16_reference(x.float(), qweight, scales.float(), zeros, None, None, 128)
-    assert out.dtype == dtype and _rel_err(out, ref) < 5e-3
+    block_k = min(group, 128)
+    config = W4A16Config(16 if m <= 16 else 64, block_n, block_k, split, warps, num_stages=3)
+    out = w4a16_gemm_triton(x, qweight, scales, zeros, group, config)
+    ref = w4a16_reference(x.float(), qweight, scales.float(), zeros, None, None, group)
+    assert out.dtype == dtype and out.shape == (m, n) and _rel_err(out, ref) < 5e-3
 
 
-def test_w4a16_paired_mma_is_exact_per_nibble():
-    """q - z exactly for every (q, z): one-hot x, unit scales."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_w4a16_paired_mma_is_exact_per_nibble(dtype):
+    """q - z exactly for every (q, z) in every row: one-hot x over every column, unit scales,
+    rows that differ (a wrong row stride shows), N not a multiple of the tile."""
     from compiled_llm.quantization.kernels.w4a16 import W4A16Config, w4a16_gemm_triton
 
-    n, k, group = 256, 512, 16
-    values = (torch.arange(n * k, device="cuda") % 16).reshape(n, k).to(torch.uint8)
-    zeros = (torch.arange(n * k // group, device="cuda") % 16).reshape(n, -1).to(torch.uint8)
-    scales = torch.ones(n, k // group, device="cuda", dtype=torch.bfloat16)
-    x = torch.eye(k, device="cuda", dtype=torch.bfloat16)[:16]
+    n, k, group = 200, 256, 16
+    rows = torch.arange(n, device="cuda")[:, None]
+    values = ((rows + torch.arange(k, device="cuda")[None, :]) % 16).to(torch.uint8)
+    zeros = ((5 * rows + torch.arange(k // group, device="cuda")[None, :]) % 16).to(torch.uint8)
+    scales = torch.ones(n, k // group, device="cuda", dtype=dtype)
+    x = torch.eye(k, device="cuda", dtype=dtype)
     out = w4a16_gemm_triton(x, pack_int4(values), scales, zeros, group,
                             W4A16Config(16, 64, 16, 1, num_stages=3))
-    want = values[:, :16].float() - zeros.repeat_interleave(group, 1)[:, :16].float()
+    want = values.float() - zeros.repeat_interleave(group, 1).float()
     assert torch.equal(out.float(), want.t())
 
 

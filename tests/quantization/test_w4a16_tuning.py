@@ -5,6 +5,8 @@ small-M choice (GEMV or tinygemm) from the file's small_m entries and its env ov
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,7 +68,7 @@ def test_tuned_small_m_choice_picks_the_gemv(small_m_file):
     assert path("GPU Y", 1, 6144, 4096, tinygemm_ok=True) == "tinygemm"
     assert path("GPU X", 16, 6144, 4096, tinygemm_ok=True) == "triton"  # past both thresholds
     assert path("GPU X", 256, 6144, 4096, tinygemm_ok=True) == "dequant"
-    assert path("GPU X", 4, 28672, 4096, tinygemm_ok=True) == "triton"  # the MMA tiles won
+    assert path("GPU X", 4, 28672, 4096, tinygemm_ok=True) == "mma"  # the MMA tiles won
 
 
 def test_small_m_override_wins_both_ways(small_m_file, monkeypatch):
@@ -78,10 +80,26 @@ def test_small_m_override_wins_both_ways(small_m_file, monkeypatch):
     assert path("GPU Y", 1, 6144, 4096, tinygemm_ok=False) == "gemv"
     assert path("GPU X", 5, 4096, 4096, tinygemm_ok=False) == "triton"
     monkeypatch.setenv(w4a16_tuning.SMALL_M_ENV, "mma")
-    assert path("GPU X", 1, 6144, 4096, tinygemm_ok=True) == "triton"  # over the file's gemv
+    assert path("GPU X", 1, 6144, 4096, tinygemm_ok=True) == "mma"  # over the file's gemv
     monkeypatch.setenv(w4a16_tuning.SMALL_M_ENV, "fastest")
     with pytest.raises(ValueError, match=w4a16_tuning.SMALL_M_ENV):
         path("GPU X", 1, 6144, 4096, tinygemm_ok=True)
+
+
+def test_tinygemm_env_wins_over_the_files_small_m(small_m_file, monkeypatch):
+    """A small_m "tinygemm" entry sends its point to tinygemm past the files' row limit, but
+    $COMPILED_LLM_W4A16_TINYGEMM_MAX_ROWS, when set, decides alone (0: never tinygemm)."""
+    path = w4a16_tuning.w4a16_path
+    table = json.loads(Path(os.environ[w4a16_tuning.CONFIG_ENV]).read_text())
+    table["tinygemm_max_rows"]["GPU X"] = 1
+    Path(os.environ[w4a16_tuning.CONFIG_ENV]).write_text(json.dumps(table))
+    w4a16_tuning._tinygemm_rows_table.cache_clear()
+    w4a16_tuning._small_m_table.cache_clear()
+    assert path("GPU X", 4, 6144, 4096, tinygemm_ok=True) == "tinygemm"  # the entry says so
+    assert path("GPU X", 4, 4096, 4096, tinygemm_ok=True) == "triton"  # no entry, past 1 row
+    monkeypatch.setenv(w4a16_tuning.TINYGEMM_ENV, "0")
+    assert path("GPU X", 4, 6144, 4096, tinygemm_ok=True) == "triton"
+    assert path("GPU X", 1, 4096, 4096, tinygemm_ok=True) == "triton"
 
 
 def test_shipped_file_keeps_tinygemm_until_retuned(monkeypatch):
@@ -92,7 +110,7 @@ def test_shipped_file_keeps_tinygemm_until_retuned(monkeypatch):
         for m in (1, 4):
             choice = w4a16_tuning.small_m_choice("NVIDIA H200", m, n, k)
             # re-tuned files may say gemv or mma
-            expected = {"gemv": "gemv", "mma": "triton"}.get(choice, "tinygemm")
+            expected = choice if choice in ("gemv", "mma") else "tinygemm"
             assert w4a16_tuning.w4a16_path("NVIDIA H200", m, n, k, True) == expected
 
 

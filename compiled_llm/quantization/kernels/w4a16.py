@@ -43,10 +43,12 @@ def _unpacked_tile(qweight_ptr, offs_n, col_ok, tile, stride_qn, BLOCK_N: tl.con
 
 
 # Two nibbles (i, i + 4) of a word as the 16-bit pair (2^e + q) with one LOP3 (2^e: 128 in
-# bfloat16, 1024 in float16, whose unit is the mantissa's lowest bit), then minus the pair
-# (2^e + z): exact. pack=2: $4 holds two half-words (nibbles 0-3, 4-7), $5 the zero pair.
+# bfloat16, 1024 in float16, whose unit is the mantissa's lowest bit), then 1 * pair - (2^e + z)
+# in one FMA: exact (sm_80 has bf16x2 FMA, not bf16x2 subtract). pack=2: $4 holds two
+# half-words (nibbles 0-3, 4-7), $5 the pair -(2^e + z).
 _PAIRS_ASM = """{{
-.reg .b32 t<3>, o<4>;
+.reg .b32 t<3>, o<4>, one;
+mov.b32 one, {one};
 lop3.b32 o0, $4, 0x000f000f, {magic}, 0xea;
 shr.u32 t0, $4, 4;
 lop3.b32 o1, t0, 0x000f000f, {magic}, 0xea;
@@ -54,39 +56,39 @@ shr.u32 t1, $4, 8;
 lop3.b32 o2, t1, 0x000f000f, {magic}, 0xea;
 shr.u32 t2, $4, 12;
 lop3.b32 o3, t2, 0x000f000f, {magic}, 0xea;
-sub.{kind}x2 $0, o0, $5;
-sub.{kind}x2 $1, o1, $5;
-sub.{kind}x2 $2, o2, $5;
-sub.{kind}x2 $3, o3, $5;
+fma.rn.{kind}x2 $0, o0, one, $5;
+fma.rn.{kind}x2 $1, o1, one, $5;
+fma.rn.{kind}x2 $2, o2, one, $5;
+fma.rn.{kind}x2 $3, o3, one, $5;
 }}"""
-_BF16_PAIRS = tl.constexpr(_PAIRS_ASM.format(magic="0x43004300", kind="bf16"))
-_FP16_PAIRS = tl.constexpr(_PAIRS_ASM.format(magic="0x64006400", kind="f16"))
+_BF16_PAIRS = tl.constexpr(_PAIRS_ASM.format(magic="0x43004300", one="0x3f803f80", kind="bf16"))
+_FP16_PAIRS = tl.constexpr(_PAIRS_ASM.format(magic="0x64006400", one="0x3c003c00", kind="f16"))
 
 
 @triton.jit
-def _nibble(half_words, zero_biased, INDEX: tl.constexpr, MAGIC: tl.constexpr):
+def _nibble(half_words, zero_neg, INDEX: tl.constexpr, MAGIC: tl.constexpr):
     """The interpreter's spelling of one asm output: nibble INDEX of each half-word, minus z."""
     biased = (((half_words >> (4 * INDEX)) & 0xF) | MAGIC).to(tl.int16)
-    biased = biased.to(zero_biased.dtype, bitcast=True)
-    return (biased.to(tl.float32) - zero_biased.to(tl.float32)).to(zero_biased.dtype)
+    biased = biased.to(zero_neg.dtype, bitcast=True)
+    return (biased.to(tl.float32) + zero_neg.to(tl.float32)).to(zero_neg.dtype)
 
 
 @triton.jit
-def _paired_tile(half_words, zero_biased, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _paired_tile(half_words, zero_neg, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  ASM: tl.constexpr):
-    """int16 [BN, BK / 4] half-words, (2^e + z) [BN, BK / 4] -> q - z [BN, BK] in the x dtype,
+    """int16 [BN, BK / 4] half-words, -(2^e + z) [BN, BK / 4] -> q - z [BN, BK] in the x dtype,
     position 2i + h of each word's 8 holding its nibble i + 4h."""
-    bf16: tl.constexpr = zero_biased.dtype == tl.bfloat16
+    bf16: tl.constexpr = zero_neg.dtype == tl.bfloat16
     if ASM:
         q0, q1, q2, q3 = tl.inline_asm_elementwise(
-            _BF16_PAIRS if bf16 else _FP16_PAIRS, "=r,=r,=r,=r,r,r", [half_words, zero_biased],
-            dtype=(zero_biased.dtype,) * 4, is_pure=True, pack=2)
+            _BF16_PAIRS if bf16 else _FP16_PAIRS, "=r,=r,=r,=r,r,r", [half_words, zero_neg],
+            dtype=(zero_neg.dtype,) * 4, is_pure=True, pack=2)
     else:
         magic: tl.constexpr = 0x4300 if bf16 else 0x6400
-        q0 = _nibble(half_words, zero_biased, 0, magic)
-        q1 = _nibble(half_words, zero_biased, 1, magic)
-        q2 = _nibble(half_words, zero_biased, 2, magic)
-        q3 = _nibble(half_words, zero_biased, 3, magic)
+        q0 = _nibble(half_words, zero_neg, 0, magic)
+        q1 = _nibble(half_words, zero_neg, 1, magic)
+        q2 = _nibble(half_words, zero_neg, 2, magic)
+        q3 = _nibble(half_words, zero_neg, 3, magic)
     pairs: tl.constexpr = (BLOCK_N, BLOCK_K // 8, 2)  # [BN, words, h]
     tile = tl.join(tl.join(tl.reshape(q0, pairs), tl.reshape(q2, pairs)),
                    tl.join(tl.reshape(q1, pairs), tl.reshape(q3, pairs)))  # [.., h, i // 2, i % 2]
@@ -110,9 +112,9 @@ def _paired_dot(qweight_ptr, x_ptr, zero, offs_n, offs_m, col_ok, row_ok, tile, 
                      + tl.arange(0, BLOCK_K // 4)[None, :], mask=col_ok[:, None], other=0)
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + tile * BLOCK_K
                 + tl.arange(0, BLOCK_K)[None, :], mask=row_ok[:, None], other=0.0)  # [BM, BK]
-    zero_biased = (zero.to(tl.float32) + (128.0 if x.dtype == tl.bfloat16 else 1024.0))
-    zero_biased = tl.broadcast_to(zero_biased.to(x.dtype)[:, None], (BLOCK_N, BLOCK_K // 4))
-    values = _paired_tile(halves, zero_biased, BLOCK_N, BLOCK_K, ASM)
+    zero_neg = -(zero.to(tl.float32) + (128.0 if x.dtype == tl.bfloat16 else 1024.0))
+    zero_neg = tl.broadcast_to(zero_neg.to(x.dtype)[:, None], (BLOCK_N, BLOCK_K // 4))
+    values = _paired_tile(halves, zero_neg, BLOCK_N, BLOCK_K, ASM)
     x_t = tl.trans(_paired_x(x, BLOCK_M, BLOCK_K))
     if ASM:
         return tl.dot(values, x_t)

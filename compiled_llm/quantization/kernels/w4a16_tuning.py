@@ -34,8 +34,8 @@ class W4A16Config:
 GEMV_MAX_ROWS = 4  # the most token rows the GEMV kernel takes
 CONFIG_ENV = "COMPILED_LLM_W4A16_CONFIG"
 # "gemv": the GEMV kernel at every token count up to GEMV_MAX_ROWS; "mma": the MMA tiles there;
-# "tinygemm": tinygemm there (up to tinygemm_max_rows, where the layer has its tensors), the
-# files' small_m ignored; unset: the files' small_m entry, else tinygemm (an A/B knob)
+# "tinygemm": tinygemm there where the layer has its tensors (else the tuned tiles), the files'
+# small_m ignored; unset: the files' small_m entry, else tinygemm (an A/B knob)
 SMALL_M_ENV = "COMPILED_LLM_W4A16_SMALL_M"
 SMALL_M_CHOICES = ("gemv", "mma", "tinygemm")
 TINYGEMM_ENV = "COMPILED_LLM_W4A16_TINYGEMM_MAX_ROWS"  # wins over the files; 0 turns it off
@@ -100,9 +100,10 @@ def _env_rows(name: str) -> int | None:
 
 
 def paired_dequant(x: torch.Tensor) -> bool:
-    """Whether the MMA tiles take x's weights as 16-bit (q - z) pairs: 16-bit x, unless
+    """Whether the MMA tiles take x's weights as 16-bit (q - z) pairs: bf16 or fp16 x, unless
     $COMPILED_LLM_W4A16_PAIRED is 0."""
-    return x.dtype != torch.float32 and os.environ.get(PAIRED_ENV, "1") != "0"
+    paired_dtype = x.dtype in (torch.bfloat16, torch.float16)
+    return paired_dtype and os.environ.get(PAIRED_ENV, "1") != "0"
 
 
 def use_dequant_mm(x: torch.Tensor) -> bool:
@@ -163,13 +164,15 @@ def small_m_choice(gpu: str, m: int, n: int, k: int) -> str | None:
 
 
 def w4a16_path(gpu: str, m: int, n: int, k: int, tinygemm_ok: bool) -> str:
-    """The path of x [m, k] against an [n, k] weight on `gpu`: "gemv" where small_m_choice says
-    so, "triton" (the MMA tiles) where it says "mma", "tinygemm" where it says so or up to
-    tinygemm_max_rows, when `tinygemm_ok` (bf16 x, the layer has its tensors), "dequant" from
-    the dequantize threshold on, else "triton"."""
+    """The path of x [m, k] against an [n, k] weight on `gpu`: "gemv" or "mma" (the MMA tiles)
+    where small_m_choice says so; "tinygemm" when `tinygemm_ok` (bf16 x, the layer has its
+    tensors) up to tinygemm_max_rows, or where the files' small_m says so and
+    $COMPILED_LLM_W4A16_TINYGEMM_MAX_ROWS is unset; "dequant" from the dequantize threshold on;
+    else "triton" (the tuned tiles, a GEMV's where it won)."""
     choice = small_m_choice(gpu, m, n, k)
     if choice in ("gemv", "mma"):
-        return "gemv" if choice == "gemv" else "triton"
-    if tinygemm_ok and (choice == "tinygemm" or m <= tinygemm_max_rows(gpu)):
+        return choice
+    chosen = choice == "tinygemm" and _env_rows(TINYGEMM_ENV) is None
+    if tinygemm_ok and (chosen or m <= tinygemm_max_rows(gpu)):
         return "tinygemm"
     return "dequant" if _dequant_rows(m) else "triton"
