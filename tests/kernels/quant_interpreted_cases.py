@@ -53,6 +53,17 @@ def test_split_k_partials_add_up():
                                    ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiles_tuned_for_a_larger_group_fall_back_to_fitting_ones(dtype):
+    """Tiles are tuned per shape (for group 128); a checkpoint with groups of 32 given a 128-wide
+    K tile must not read one group's scale and zero for four: the built-in tiles run instead."""
+    x, qweight, scales, zeros = w4a16_inputs(5, 32, 256, 32, dtype, seed=1)
+    ref = w4a16_reference(x.float(), qweight, scales.float(), zeros, None, None, 32)
+    out = w4a16_gemm_triton(x, qweight, scales, zeros, 32, W4A16Config(16, 16, 128, 1))
+    tolerance = TOLERANCE[dtype] * max(1.0, ref.abs().max().item())
+    assert (out.float() - ref).abs().max().item() <= tolerance
+
+
 def test_unpaired_knob_runs_the_integer_path(monkeypatch):
     """$COMPILED_LLM_W4A16_PAIRED=0 (the A/B knob) runs 16-bit x through the integer unpacking,
     which agrees with the reference as well."""

@@ -22,8 +22,8 @@ from compiled_llm.quantization.kernels.w4a16_tuning import (
 # LOP3 (a fifth more instructions in the loop); as a value the five masks stay in registers
 NIBBLE_MASK = 0xF
 SMS = 132  # H200 streaming multiprocessors: the unit of the built-in launches' program counts
-__all__ = ["GEMV_MAX_ROWS", "W4A16Config", "gemv_fits", "w4a16_config", "w4a16_gemm_triton",
-           "w4a16_gemv_config"]
+__all__ = ["GEMV_MAX_ROWS", "W4A16Config", "gemv_fits", "mma_fits", "w4a16_config",
+           "w4a16_gemm_triton", "w4a16_gemv_config"]
 
 
 @triton.jit
@@ -303,6 +303,12 @@ def gemv_fits(config: W4A16Config, m: int, k: int, group_size: int) -> bool:
             and k % block_k == 0 and (block_k % group_size == 0 or group_size % block_k == 0))
 
 
+def mma_fits(config: W4A16Config, group_size: int) -> bool:
+    """Whether the MMA kernel runs `config`: an MMA config whose K tile (16 or more, for the
+    dot) divides the group, so that each tile reads one group's scale and zero."""
+    return not config.gemv and config.block_k >= 16 and group_size % config.block_k == 0
+
+
 def w4a16_gemv_config(m: int, n: int, k: int, group_size: int) -> W4A16Config | None:
     """The built-in GEMV launch (no tuned one): 256-wide K tiles, 32 rows (eight words a thread,
     no spills at 4 tokens) where that makes two programs per SM, else 16; K split only below one
@@ -332,14 +338,15 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
                       zeros: torch.Tensor, group_size: int,
                       config: W4A16Config | None = None) -> torch.Tensor:
     """x [M, K] @ dequant(qweight, scales, zeros).T -> [M, N] in x's dtype: the GEMV kernel for a
-    gemv config it fits (else the built-in MMA tiles), the MMA kernel otherwise. SPLIT_K 1
-    writes x's dtype in one launch; more add float32 partials after."""
+    gemv config it fits, the MMA kernel for an MMA config whose K tile divides the group, else
+    the built-in MMA tiles (tiles are tuned per shape, not per group size). SPLIT_K 1 writes
+    x's dtype in one launch; more add float32 partials after."""
     check_w4a16_inputs(x, qweight, group_size)
     x = x.contiguous()
     (m, k), n = x.shape, qweight.shape[0]
     config = config or tuned_w4a16_config(m, n, k, x)
     gemv = config is not None and gemv_fits(config, m, k, group_size)
-    if config is None or (config.gemv and not gemv):
+    if config is None or not (gemv or mma_fits(config, group_size)):
         config = w4a16_config(m, n, k, group_size)
     split = config.split_k
     out = x.new_empty((split, m, n), dtype=torch.float32 if split > 1 else x.dtype)
