@@ -63,20 +63,19 @@ def gemv_candidates(m: int, n: int, k: int, args) -> list[W4A16Config]:
 
 
 def mma_candidates(m: int) -> list[W4A16Config]:
-    """The MMA kernel's tiles tried at m tokens (at most 16: the paired dequantization, which
-    ignores `expand`; 256-row tiles on two warp groups)."""
-    block_m = 16 if m <= 16 else 64
+    """The MMA kernel's tiles tried at m tokens (bf16 x: the paired dequantization, which
+    ignores `expand`); up to 16 tokens also 128- and 256-row tiles on two warp groups."""
     if m <= 16:
-        grid = itertools.product([32, 64, 128, 256], [1, 2, 4, 8], [3, 4], [4, 8])
-        return [W4A16Config(block_m, block_n, GROUP, split, warps, stages)
-                for block_n, split, stages, warps in grid
-                if (warps == 8) == (block_n == 256) or (block_n == 128 and warps == 8)]
-    elif m <= 64:  # bf16 x: the paired path, which ignores expand
-        grid = itertools.product([32, 64, 128], [1, 2, 4], [False], [2, 3])
+        grid = [(block_n, split, stages, warps) for block_n, split, stages, warps
+                in itertools.product([32, 64, 128, 256], [1, 2, 4, 8], [3, 4], [4, 8])
+                if (warps == 4 and block_n < 256) or (warps == 8 and block_n >= 128)]
+    elif m <= 64:
+        grid = itertools.product([32, 64, 128], [1, 2, 4], [2, 3], [4])
     else:
-        grid = itertools.product([64, 128], [1], [False], [2, 3])
-    return [W4A16Config(block_m, block_n, GROUP, split, num_stages=stages, expand=expand)
-            for block_n, split, expand, stages in grid]
+        grid = itertools.product([64, 128], [1], [2, 3], [4])
+    block_m = 16 if m <= 16 else 64
+    return [W4A16Config(block_m, block_n, GROUP, split, warps, stages)
+            for block_n, split, stages, warps in grid]
 
 
 def candidates(m: int, n: int, k: int, args) -> list[W4A16Config]:
