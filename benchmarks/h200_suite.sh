@@ -136,6 +136,13 @@
 #                                         # dequantization on and off, bf16 beside
 #     bash benchmarks/h200_suite.sh 77    # the MMA tiles re-tuned at 16 and 64 tokens; 8B
 #                                         # W4A16 decode with them and with the shipped tiles
+#     bash benchmarks/h200_suite.sh 78    # W4A16 GPU tests (the pairs' zero off by an FMA);
+#                                         # the 8B cold compile without a tokenizer and with
+#                                         # Inductor's workers not waited for at exit (three
+#                                         # runs), a warm serve
+#     bash benchmarks/h200_suite.sh 79    # the 8B cold compile with Inductor's sidecar started
+#                                         # beside Dynamo and without, interleaved (the switch
+#                                         # was taken out after it: no gain)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -564,6 +571,32 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 79 ]; then  # one GPU (carry .whl): the 8B cold compile with Inductor's
+  # compile sidecar started beside Dynamo (its workers forked as the graph reaches the backend)
+  # and without, interleaved after a first process that warms the bytecode cache
+  S="$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --cold-only"
+  ON=COMPILED_LLM_EARLY_COMPILE_SIDECAR=1
+  mapfile -t a <<<"\
+$MK
+$S --json $R/startup_cold_first.json
+$ON $S --json $R/startup_cold_sidecar1.json
+$S --json $R/startup_cold_plain1.json
+$ON $S --json $R/startup_cold_sidecar2.json
+$S --json $R/startup_cold_plain2.json
+$ON $S --json $R/startup_cold_sidecar3.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 78 ]; then  # one GPU (carry .whl): the W4A16 GPU tests (the FMA form of the
+  # pairs' zero, the exactness and odd-N tests), then the 8B cold compile three times (the
+  # first with the bytecode cache cold) and a warm serve
+  S="$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK"
+  mapfile -t a <<<"\
+timeout 240 $py -m pytest -q -p no:cacheprovider tests/quantization/test_gpu.py -k w4a16
+$MK
+$S --cold-only --json $R/startup_cold1.json
+$S --cold-only --json $R/startup_cold2.json
+$S --cold-only --json $R/startup_cold3.json
+$S --serve-only --json $R/startup_serve.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 77 ]; then  # one GPU (carry .whl): the MMA tiles re-tuned at 16 and 64 tokens
   # for the paired dequantization, then 8B W4A16 decode with that file and with the shipped one

@@ -29,15 +29,22 @@ CLI = [sys.executable, "-m", "compiled_llm.entrypoints.cli"]
 def compile_process(model: str, cache: Path, inductor: Path, out: Path) -> dict:
     """One `compiled-llm compile` process: its wall time and what it reported."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
-    started = time.perf_counter()
-    done = subprocess.run([*CLI, "compile", "--model", model, "--compile-cache-dir", str(cache),
-                           "--output-json", str(out)], env=env, check=True, capture_output=True,
-                          text=True)
-    wall = time.perf_counter() - started
-    # the start-up lines of its log (Triton compiles per phase, the weights phase)
-    notes = [line for line in done.stderr.splitlines()
+    # its output to files, not pipes: the wall time ends when the process does, not when the
+    # last process that inherited its output (a compile worker still exiting) closes it
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        started = time.perf_counter()
+        done = subprocess.run([*CLI, "compile", "--model", model, "--compile-cache-dir",
+                               str(cache), "--output-json", str(out)], env=env, stdout=stdout,
+                              stderr=stderr)
+        wall = time.perf_counter() - started
+        stderr.seek(0)
+        log = stderr.read()
+    if done.returncode:
+        raise RuntimeError(f"compiled-llm compile exited {done.returncode}:\n{log[-4000:]}")
+    # the start-up lines of its log (Triton compiles per phase, the weights phase, shutdown)
+    notes = [line for line in log.splitlines()
              if any(mark in line for mark in ("Triton kernels compiled", "weights phase",
-                                              "Inductor piece"))]
+                                              "Inductor piece", "shut down"))]
     print("\n".join(notes))
     return {"wall s": wall, **json.loads(out.read_text()), "log": notes}
 

@@ -121,3 +121,30 @@ def inductor_pool_state() -> str:
     if future is None:
         return "not started"
     return "ready" if future.done() else "starting"
+
+
+def stop_compile_workers_nowait() -> None:
+    """Ask each of Inductor's compile-worker pools to stop, without waiting: a process that
+    exits next need not join 16 workers (1.0 s on the CPU), since each pool's sidecar stops
+    its own workers on the message. Inductor's exit hook then finds the pools stopped. Where
+    the pool is not the sidecar kind this torch has, the exit hook stops it as before."""
+    import contextlib
+    import sys
+
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    if async_compile is None:  # Inductor never compiled here: no pool
+        return
+    from torch._inductor.compile_worker import subproc_pool
+
+    send = getattr(subproc_pool, "_send_msg", None)
+    header = getattr(getattr(subproc_pool, "MsgHeader", None), "SHUTDOWN", None)
+    if send is None or header is None:
+        return
+    for pool in list(getattr(async_compile, "_pool_set", ())):
+        if not isinstance(pool, subproc_pool.SubprocPool) or not getattr(pool, "running", 0):
+            continue
+        with pool.write_lock, contextlib.suppress(OSError, ValueError):
+            pool.running = False  # its shutdown() (the exit hook's) now returns at once
+            send(pool.write_pipe, header)
+            pool.write_pipe.close()
+

@@ -237,6 +237,14 @@ def test_compile_reports_startup_and_cache_lists(tmp_path, capsys):
     assert "removed" in capsys.readouterr().out
 
 
+def test_compile_builds_no_tokenizer(tmp_path, monkeypatch):
+    def refuse(args):
+        raise AssertionError("compile loaded the tokenizer")
+
+    monkeypatch.setattr("compiled_llm.engine.llm_engine.load_tokenizer", refuse)
+    assert main(["compile", *FAST, "--cache-dir", str(tmp_path)]) == 0
+
+
 def test_api_server_count_defaults_to_one_off_cuda():
     from compiled_llm.config import EngineArgs
     from compiled_llm.entrypoints.cli.serve import auto_api_server_count

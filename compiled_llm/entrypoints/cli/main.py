@@ -44,6 +44,10 @@ def _exit_without_teardown(code: int) -> None:
     # process ends; with a non-daemon thread still running it exits the usual way (joining it).
     if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         return
+    if "torch" in sys.modules:  # Inductor's compile workers told to stop, not waited for
+        from compiled_llm.compat import stop_compile_workers_nowait
+
+        stop_compile_workers_nowait()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
