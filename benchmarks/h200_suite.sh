@@ -143,6 +143,9 @@
 #     bash benchmarks/h200_suite.sh 79    # the 8B cold compile with Inductor's sidecar started
 #                                         # beside Dynamo and without, interleaved (the switch
 #                                         # was taken out after it: no gain)
+#     bash benchmarks/h200_suite.sh 80    # the 8B cold compile with its weights read beside
+#                                         # its imports and without (interleaved), a warm
+#                                         # serve, the side-by-side compile's GPU test
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -571,6 +574,21 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 80 ]; then  # one GPU (carry .whl): the 8B cold compile with its weights read
+  # beside the compiler's imports (default) and after them (COMPILED_LLM_EARLY_LOAD=0),
+  # interleaved after a first process; a cold compile and warm serve; the children's GPU test
+  S="$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK"
+  OFF=COMPILED_LLM_EARLY_LOAD=0
+  mapfile -t a <<<"\
+$MK
+$S --cold-only --json $R/startup_cold_first.json
+$S --cold-only --json $R/startup_cold_early1.json
+$OFF $S --cold-only --json $R/startup_cold_after1.json
+$S --cold-only --json $R/startup_cold_early2.json
+$OFF $S --cold-only --json $R/startup_cold_after2.json
+$S --serve-only --json $R/startup_serve.json
+timeout 120 $py -m pytest -q -x -p no:cacheprovider tests/worker/test_precompile_gpu.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 79 ]; then  # one GPU (carry .whl): the 8B cold compile with Inductor's
   # compile sidecar started beside Dynamo (its workers forked as the graph reaches the backend)

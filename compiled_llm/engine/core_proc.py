@@ -22,7 +22,6 @@ from compiled_llm.engine.startup import process_age_s
 from compiled_llm.worker.spec import WorkerSpec
 
 logger = logging.getLogger(__name__)
-OFF_VALUES = ("0", "false", "off", "no")  # COMPILED_LLM_EARLY_LOAD values that turn it off
 IDLE_POLL_MS = 1000  # how often an idle core checks that its parent is alive
 GRAMMAR_POLL_MS = 1  # while only compiling grammars wait: sleep briefly rather than spin
 
@@ -212,8 +211,9 @@ def launch(run: Callable) -> None:
     # on by default since the imports read cached bytecode (bytecode_cache): 8B warm serve on
     # the H200 10.5 s against 11.2 s without it (call 48); while every import compiled its
     # source, the reader's threads lost to the imports' hold on the interpreter (call 43)
-    if os.environ.get("COMPILED_LLM_EARLY_LOAD", "1").strip().lower() not in OFF_VALUES:
-        _load_early(args, spec)
+    from compiled_llm.engine.core_spec import load_weights_early
+
+    load_weights_early(args, spec)
     loaded = process_age_s()
     imports.join()
     logger.info("interpreter timeline: arguments at %s s, early load done at %s s, imports "
@@ -224,20 +224,6 @@ def launch(run: Callable) -> None:
 
 def _seconds(age: float | None) -> str:
     return "?" if age is None else f"{age:.2f}"
-
-
-def _load_early(args: EngineArgs, spec: WorkerSpec | None) -> None:
-    """The worker's model, loaded now (early_load); a spec of None is derived from args
-    without the tokenizer, and where that fails the core's own start says why."""
-    try:
-        from compiled_llm.engine.core_spec import core_spec
-
-        spec = spec or core_spec(args, None)[0]
-    except Exception:  # noqa: BLE001 (build_core raises it again, and reports it)
-        return
-    from compiled_llm.worker import early_load
-
-    early_load.load_early(args, spec)
 
 
 def main() -> None:

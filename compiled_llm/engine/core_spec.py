@@ -4,6 +4,7 @@ servers sends it only args, before the front end has imported anything heavy).""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from compiled_llm.worker.loader import load_hf_config, read_json, resolve_dtype
 from compiled_llm.worker.spec import WorkerSpec
 
 DEMO_MODEL = Path(__file__).parents[1] / "data" / "demo_model"
+EARLY_LOAD_OFF = ("0", "false", "off", "no")  # $COMPILED_LLM_EARLY_LOAD values that turn it off
 
 
 def resolve_device(device: str) -> torch.device:
@@ -54,3 +56,18 @@ def core_spec_from_args(args: EngineArgs) -> tuple[WorkerSpec, tuple[int, ...]]:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or spec.model_dir)
         spec, eos = core_spec(args, tokenizer)
     return spec, eos
+
+
+def load_weights_early(args: EngineArgs, spec: WorkerSpec | None = None) -> None:
+    """The worker's model loaded now, for the worker built next in this process to take
+    (worker/early_load), unless $COMPILED_LLM_EARLY_LOAD turns it off. A spec of None is
+    derived from args without the tokenizer; where that fails, the engine's start says why."""
+    if os.environ.get("COMPILED_LLM_EARLY_LOAD", "1").strip().lower() in EARLY_LOAD_OFF:
+        return
+    try:
+        spec = spec or core_spec(args, None)[0]
+    except Exception:  # noqa: BLE001 (building the engine raises it again, and reports it)
+        return
+    from compiled_llm.worker import early_load
+
+    early_load.load_early(args, spec)

@@ -66,7 +66,7 @@ class _Child:
 
 class CompileChildren:
     """`count` children started now (their imports overlap the parent's work); submit()
-    hands each kernel to the next in turn without blocking, wait() counts the failures."""
+    hands each kernel to the least busy child without blocking, wait() counts the failures."""
 
     def __init__(self, count: int, device: int | None = None) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -75,8 +75,9 @@ class CompileChildren:
         self.submitted = 0
 
     def submit(self, module: str, name: str, spec: str) -> None:
-        """Queue one kernel's compile."""
-        child = self.children[self.submitted % len(self.children)]
+        """Queue one kernel's compile on the child with the fewest unanswered jobs (in turn,
+        one long compile could hold a second one back while another child idled)."""
+        child = min(self.children, key=lambda each: each.sent - len(each.answers))
         self.submitted += 1
         child.sent += 1
         child.jobs.put(json.dumps({"module": module, "name": name, "spec": spec}) + "\n")

@@ -237,6 +237,14 @@ def test_compile_reports_startup_and_cache_lists(tmp_path, capsys):
     assert "removed" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("early", ["1", "0"])
+def test_compile_reads_the_weights_beside_its_imports(tmp_path, monkeypatch, capsys, early):
+    monkeypatch.setenv("COMPILED_LLM_EARLY_LOAD", early)
+    assert main(["compile", *FAST, "--cache-dir", str(tmp_path)]) == 0
+    # the worker took the model loaded early (its phase is reported) unless that is off
+    assert ("weights_early" in capsys.readouterr().out) == (early == "1")
+
+
 def test_compile_builds_no_tokenizer(tmp_path, monkeypatch):
     def refuse(args):
         raise AssertionError("compile loaded the tokenizer")

@@ -2,6 +2,7 @@
 compile children once and skips its launch, lets Triton compile elsewhere, and is wanted only
 on a cold lone CUDA worker with the switch on."""
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -64,6 +65,21 @@ def test_a_stuck_child_is_stopped_and_its_kernel_reported(tmp_path):
     assert (tmp_path / "a").read_text() == "compiled and loaded"  # answered despite the chatter
     assert errors == ["no answer: a compile child exited early or was stopped"]
     assert children.children[0].proc.wait(timeout=10) != 0
+
+
+def test_a_busy_child_gets_no_more_work_while_another_has_none(tmp_path):
+    children = CompileChildren(2)
+    children.submit(fixture.__name__, "stuck", str(tmp_path / "a"))  # never answers
+    children.submit(fixture.__name__, "kernel", str(tmp_path / "b"))
+    deadline = time.monotonic() + 60
+    while not children.answers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    children.submit(fixture.__name__, "kernel", str(tmp_path / "c"))
+    errors = children.wait(timeout_s=20)
+    # "c" went to the child that had answered (in turn, it waited behind the stuck one)
+    assert (tmp_path / "b").read_text() == (tmp_path / "c").read_text() == "compiled and loaded"
+    assert [child.sent for child in children.children] == [1, 2]
+    assert errors == ["no answer: a compile child exited early or was stopped"]
 
 
 def _runner(device: str, warm: bool, step_hook=None, backend=None):
