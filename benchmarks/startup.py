@@ -30,13 +30,15 @@ def compile_process(model: str, cache: Path, inductor: Path, out: Path) -> dict:
     """One `compiled-llm compile` process: its wall time and what it reported."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
     # its output to files, not pipes: the wall time ends when the process does, not when the
-    # last process that inherited its output (a compile worker still exiting) closes it
+    # last process that inherited its output (a compile child still exiting) closes it
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         started = time.perf_counter()
-        done = subprocess.run([*CLI, "compile", "--model", model, "--compile-cache-dir",
-                               str(cache), "--output-json", str(out)], env=env, stdout=stdout,
-                              stderr=stderr)
+        done = subprocess.Popen([*CLI, "compile", "--model", model, "--compile-cache-dir",
+                                 str(cache), "--output-json", str(out)], env=env,
+                                stdout=stdout, stderr=stderr, start_new_session=True)
+        done.wait()
         wall = time.perf_counter() - started
+        _wait_group_gone(done.pid, 60.0)
         stderr.seek(0)
         log = stderr.read()
     if done.returncode:
@@ -47,6 +49,18 @@ def compile_process(model: str, cache: Path, inductor: Path, out: Path) -> dict:
                                               "Inductor piece", "shut down"))]
     print("\n".join(notes))
     return {"wall s": wall, **json.loads(out.read_text()), "log": notes}
+
+
+def _wait_group_gone(group: int, timeout_s: float) -> None:
+    """Untimed: until every process the compile left (its session) has exited, so that the
+    next row neither shares the CPUs with them nor sizes its KV cache beside their contexts."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
 
 
 def _stamp_lines(stream, sink, started: float) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -126,25 +128,28 @@ def inductor_pool_state() -> str:
 def stop_compile_workers_nowait() -> None:
     """Ask each of Inductor's compile-worker pools to stop, without waiting: a process that
     exits next need not join 16 workers (1.0 s on the CPU), since each pool's sidecar stops
-    its own workers on the message. Inductor's exit hook then finds the pools stopped. Where
-    the pool is not the sidecar kind this torch has, the exit hook stops it as before."""
-    import contextlib
-    import sys
-
+    its own workers on the message. Inductor's exit hook then finds the pools stopped. A pool
+    of another kind, or of a torch whose pool this does not know, is left to the exit hook."""
     async_compile = sys.modules.get("torch._inductor.async_compile")
     if async_compile is None:  # Inductor never compiled here: no pool
         return
     from torch._inductor.compile_worker import subproc_pool
 
-    send = getattr(subproc_pool, "_send_msg", None)
-    header = getattr(getattr(subproc_pool, "MsgHeader", None), "SHUTDOWN", None)
-    if send is None or header is None:
-        return
     for pool in list(getattr(async_compile, "_pool_set", ())):
-        if not isinstance(pool, subproc_pool.SubprocPool) or not getattr(pool, "running", 0):
-            continue
-        with pool.write_lock, contextlib.suppress(OSError, ValueError):
-            pool.running = False  # its shutdown() (the exit hook's) now returns at once
-            send(pool.write_pipe, header)
-            pool.write_pipe.close()
+        if isinstance(pool, subproc_pool.SubprocPool) and getattr(pool, "running", False):
+            # never in the way of the exit: whatever this torch's pool lacks, the hook stops it
+            with contextlib.suppress(Exception):
+                _stop_sidecar(pool, subproc_pool)
 
+
+def _stop_sidecar(pool, subproc_pool) -> None:
+    """What SubprocPool.shutdown does, less its wait for the sidecar to exit."""
+    send, header = subproc_pool._send_msg, subproc_pool.MsgHeader.SHUTDOWN
+    with pool.write_lock:
+        if getattr(pool, "timer", None) is not None:
+            pool.timer.quit()  # its idle timer would otherwise quiesce a closed pool
+        pool.running = False  # its shutdown() (the exit hook's) now returns at once
+        if hasattr(pool, "running_waitcounter"):
+            pool.running_waitcounter.__exit__()
+        send(pool.write_pipe, header)
+        pool.write_pipe.close()

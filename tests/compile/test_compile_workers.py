@@ -1,5 +1,5 @@
 """Inductor's compile workers at a CLI process's exit: told to stop and not waited for, they
-still all exit (no orphans), and Inductor's own exit hook then has nothing left to do."""
+still all exit (no orphans), and Inductor's own exit hook then has nothing left to wait for."""
 
 from __future__ import annotations
 
@@ -28,23 +28,30 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _no_wait(timeout=None):
+    raise AssertionError("waited for the sidecar")
+
+
 def test_workers_stop_without_a_wait(monkeypatch):
     from torch._inductor import async_compile
 
+    async_compile.shutdown_compile_workers()  # a pool of this process's own, fresh
     monkeypatch.setattr(torch._inductor.config, "compile_threads", 2)
-    async_compile.AsyncCompile.warm_pool()
+    monkeypatch.setattr(torch._inductor.config, "worker_start_method", "subprocess")
     async_compile.AsyncCompile.wait_pool_ready(timeout=300)
+    pool = next(iter(async_compile._pool_set))
     try:
-        pool = next(iter(async_compile._pool_set))
-        workers = _children(pool.process.pid)
+        workers, sidecar = _children(pool.process.pid), pool.process
         assert workers, "the sidecar started no workers"
-        stop_compile_workers_nowait()
-        assert pool.process.wait(timeout=120) is not None  # the sidecar exits by itself
+        with monkeypatch.context() as patch:
+            patch.setattr(sidecar, "wait", _no_wait)
+            stop_compile_workers_nowait()
+            async_compile.shutdown_compile_workers()  # Inductor's exit hook: returns at once
+        assert not pool.running
+        assert sidecar.wait(timeout=120) is not None  # the sidecar exits by itself
         deadline = time.monotonic() + 60
         while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(_alive(pid) for pid in workers)
     finally:
-        async_compile.shutdown_compile_workers()  # Inductor's exit hook: a no-op by now
-    assert not async_compile._pool_set
-
+        async_compile.shutdown_compile_workers()

@@ -67,15 +67,21 @@ def test_a_stuck_child_is_stopped_and_its_kernel_reported(tmp_path):
     assert children.children[0].proc.wait(timeout=10) != 0
 
 
+def _wait_for_answers(children: CompileChildren, count: int) -> None:
+    deadline = time.monotonic() + 120
+    while len(children.answers()) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(children.answers()) == count
+
+
 def test_a_busy_child_gets_no_more_work_while_another_has_none(tmp_path):
     children = CompileChildren(2)
     children.submit(fixture.__name__, "stuck", str(tmp_path / "a"))  # never answers
     children.submit(fixture.__name__, "kernel", str(tmp_path / "b"))
-    deadline = time.monotonic() + 60
-    while not children.answers() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _wait_for_answers(children, 1)
     children.submit(fixture.__name__, "kernel", str(tmp_path / "c"))
-    errors = children.wait(timeout_s=20)
+    _wait_for_answers(children, 2)
+    errors = children.wait(timeout_s=1)
     # "c" went to the child that had answered (in turn, it waited behind the stuck one)
     assert (tmp_path / "b").read_text() == (tmp_path / "c").read_text() == "compiled and loaded"
     assert [child.sent for child in children.children] == [1, 2]

@@ -11,8 +11,12 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from compiled_llm.entrypoints.cli.args import HelpFormatter, add_engine_args, engine_args
+
+if TYPE_CHECKING:
+    from compiled_llm.config import EngineArgs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -39,12 +43,12 @@ def run_compile(ns: argparse.Namespace) -> int:
     # the cache's contents do not depend on the tokenizer and the one request is token ids:
     # not loading it takes 1.2-1.7 s off an 8B cold compile
     args = dataclasses.replace(engine_args(ns), skip_tokenizer_init=True)
-    _weights_beside_imports(args)
-    from compiled_llm.compile import counters
-    from compiled_llm.engine.llm_engine import LLMEngine
-
-    counters.reset()
     with _worker_lines():
+        _weights_beside_imports(args)
+        from compiled_llm.compile import counters
+        from compiled_llm.engine.llm_engine import LLMEngine
+
+        counters.reset()
         engine = LLMEngine(args)
     phases = {**engine.startup_seconds, "first_request": _first_request(engine)}
     print(f"model: {args.model or 'embedded demo'}  device: {engine.device}  "
@@ -75,7 +79,7 @@ def run_compile(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _weights_beside_imports(args) -> None:
+def _weights_beside_imports(args: EngineArgs) -> None:
     """As an engine core process does: the weights read (for the worker to take) while a
     thread imports the compiler and the engine, instead of after them."""
     from compiled_llm.engine.core_spec import load_weights_early
