@@ -33,16 +33,16 @@ def compile_process(model: str, cache: Path, inductor: Path, out: Path) -> dict:
     # last process that inherited its output (a compile child still exiting) closes it
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         started = time.perf_counter()
-        done = subprocess.Popen([*CLI, "compile", "--model", model, "--compile-cache-dir",
+        proc = subprocess.Popen([*CLI, "compile", "--model", model, "--compile-cache-dir",
                                  str(cache), "--output-json", str(out)], env=env,
                                 stdout=stdout, stderr=stderr, start_new_session=True)
-        done.wait()
+        proc.wait()
         wall = time.perf_counter() - started
-        _wait_group_gone(done.pid, 60.0)
+        _wait_group_gone(proc.pid, 60.0)
         stderr.seek(0)
         log = stderr.read()
-    if done.returncode:
-        raise RuntimeError(f"compiled-llm compile exited {done.returncode}:\n{log[-4000:]}")
+    if proc.returncode:
+        raise RuntimeError(f"compiled-llm compile exited {proc.returncode}:\n{log[-4000:]}")
     # the start-up lines of its log (Triton compiles per phase, the weights phase, shutdown)
     notes = [line for line in log.splitlines()
              if any(mark in line for mark in ("Triton kernels compiled", "weights phase",
