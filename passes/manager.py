@@ -145,6 +145,16 @@ class PassManager(CustomGraphPass):
         return sum(graph_pass.matches for graph_pass in self.pre_split_passes + self.passes
                    if graph_pass.name == name)
 
+    def add_stats(self, stats: list[tuple[str, int, float]]) -> None:
+        """Count a graph's (pass name, matches, seconds) run by a copy of this manager (a
+        compile child's), as if this one had run it."""
+        by_name = {graph_pass.name: graph_pass for graph_pass in self.passes}
+        for name, matches, seconds in stats:
+            if name in by_name:
+                by_name[name].matches += matches
+                by_name[name].seconds += seconds
+        self.last_stats = list(stats)
+
     def uuid(self) -> str:
         """Inductor's cache key for this manager: PassConfig.key()."""
         return self.config.key()

@@ -17,7 +17,7 @@ import torch
 from torch import fx, nn
 
 from compiled_llm.compat import inductor_pool_state
-from compiled_llm.compile import snapshot
+from compiled_llm.compile import side_compile, snapshot
 from compiled_llm.compile.cache import CompileCache
 from compiled_llm.compile.counters import counters
 from compiled_llm.compile.dump import PieceDumper
@@ -67,6 +67,7 @@ class CompiledLLMBackend:
         self.captures = 0
         self.dumper = PieceDumper(opts.dump_dir) if opts.dump_dir else None
         self.graphs: list[fx.GraphModule] = []  # every split graph returned or loaded
+        self.side_jobs: dict[str, tuple[int, str]] = {}  # piece key -> (job id, job file)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> fx.GraphModule:
         t0 = time.perf_counter()
@@ -78,6 +79,7 @@ class CompiledLLMBackend:
         self._pre_split(gm)
         split, pieces = split_graph(gm)
         counters.add_time("split", time.perf_counter() - t0)
+        self._submit_side(pieces)
         # the placeholders' fake values carry the symbolic T; example_inputs are real tensors
         fakes = [_fake_value(n) for n in gm.graph.nodes if n.op == "placeholder"]
         mode = next(f.fake_mode for f in fakes if isinstance(f, torch.Tensor))
@@ -160,6 +162,9 @@ class CompiledLLMBackend:
         self.graphs.clear()
         self.compiled.clear()
         self.call_locals = None
+        for _, path in self.side_jobs.values():  # sent to a child, never awaited
+            Path(path).unlink(missing_ok=True)
+        self.side_jobs.clear()
 
     def _load_cached(self, key: str):
         with self.opts.cache.lock():
@@ -183,16 +188,66 @@ class CompiledLLMBackend:
         cache = None if self.dumper else self.opts.cache  # a dump needs a real compile
         if cache is None:
             return self._inductor(key, piece, args)
+        side = self._side_answer(key, piece.name)  # outside the lock: the child takes it
         with cache.lock():
-            fn = self._timed_load(key)
+            fn = self._timed_load(key, count=side is None)
             if fn is None:
                 fn = self._inductor(key, piece, args)
                 cache.save(key, fn, {"piece": piece.name})
+            elif side is not None:
+                self._count_side(side)
         return fn
 
-    def _timed_load(self, key: str):
+    def _submit_side(self, pieces: list[Piece]) -> None:
+        """Hand each unique piece the cache lacks to the compile children, if any are up
+        (side_compile); their answers are awaited where each piece is compiled."""
+        side, cache = side_compile.current(), self.opts.cache
+        if side is None or cache is None or self.dumper:
+            return
+        for piece in pieces:
+            key = None if piece.is_split_op else piece_hash(piece.module)
+            if key is None or key in self.compiled or key in self.side_jobs or cache.has(key):
+                continue
+            try:
+                path = side_compile.write_job(piece.module, key, cache.dir,
+                                              self.opts.post_grad_pass,
+                                              self.opts.inductor_options)
+                self.side_jobs[key] = (side.submit_piece(path), path)
+            except Exception as exc:  # noqa: BLE001 (that piece compiles here instead)
+                logger.info("piece %s not sent to a compile child: %s: %s", piece.name,
+                            type(exc).__name__, exc)
+
+    def _side_answer(self, key: str, name: str) -> dict | None:
+        """The child's answer for key's piece (None: no job, or it failed: compile here)."""
+        job = self.side_jobs.pop(key, None)
+        side = side_compile.current()
+        if job is None or side is None:
+            return None
         t0 = time.perf_counter()
-        fn = self.opts.cache.load(key)
+        answer = side.piece_answer(job[0], side_compile.TIMEOUT_S)
+        Path(job[1]).unlink(missing_ok=True)
+        waited = time.perf_counter() - t0
+        if not answer or not answer.get("ok"):
+            logger.warning("piece %s: its compile child failed (%s); compiling it here", name,
+                           (answer or {}).get("error", "no answer"))
+            return None
+        logger.info("Inductor piece %s: %.2f s in a compile child (waited %.2f s here)", name,
+                    answer["seconds"], waited)
+        return {**answer, "waited": waited}
+
+    def _count_side(self, answer: dict) -> None:
+        counters.inductor_compiles += 1
+        counters.add_time("inductor", answer["waited"])  # what it cost this process
+        add_stats = getattr(self.opts.post_grad_pass, "add_stats", None)
+        if add_stats is not None:
+            add_stats(answer["passes"])
+        for name, matches, secs in answer["passes"]:
+            counters.add_matches(name, matches)
+            counters.add_time(f"pass {name}", secs)
+
+    def _timed_load(self, key: str, count: bool = True):
+        t0 = time.perf_counter()
+        fn = self.opts.cache.load(key, count=count)
         counters.add_time("cache_load", time.perf_counter() - t0)
         return fn
 

@@ -88,11 +88,16 @@ class CompileCache:
         data = self.dir / (piece if "." in piece else f"{piece}.bin")
         return data, self.dir / f"{piece}.json"
 
-    def load(self, piece: str):
-        """The stored artifact, or None on a miss or a corrupt entry (which is removed)."""
+    def has(self, piece: str) -> bool:
+        """Whether an entry for piece is stored (not checked for damage)."""
+        return self._paths(piece)[1].exists()
+
+    def load(self, piece: str, count: bool = True):
+        """The stored artifact, or None on a miss or a corrupt entry (which is removed);
+        count=False leaves the hit/miss counters alone (a piece a compile child just built)."""
         art, manifest = self._paths(piece)
         if not manifest.exists():
-            counters.cache_misses += 1
+            counters.cache_misses += count
             return None
         try:
             meta = json.loads(manifest.read_text())
@@ -103,9 +108,9 @@ class CompileCache:
             loaded = CompiledArtifact.load(path=str(art), format="binary")
         except Exception as exc:  # any damage means: rebuild, never crash
             self.discard(piece, exc)
-            counters.cache_misses += 1
+            counters.cache_misses += count
             return None
-        counters.cache_hits += 1
+        counters.cache_hits += count
         return loaded
 
     def save(self, piece: str, artifact, info: dict | None = None) -> None:

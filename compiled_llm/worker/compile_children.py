@@ -1,7 +1,8 @@
-"""Child processes that compile Triton kernels into the parent's Triton cache directory, one
-JSON line per kernel ({"module", "name", "spec"}: Triton's specialization data) on stdin and one
-answer line each on stdout. Processes, not threads: Triton's compile holds the interpreter's lock
-for much of its time. `python -m compiled_llm.worker.compile_children [DEVICE]` is one child."""
+"""Compile child processes: Triton kernels into the parent's Triton cache, one JSON line per
+kernel ({"module", "name", "spec"}) on stdin, one answer line each on stdout (processes: Triton's
+compile holds the interpreter's lock). Warm children (`--inductor-threads=N`) set up Inductor
+first, then also compile the backend's pieces ({"piece": job file, "id"}: side_compile).
+`python -m compiled_llm.worker.compile_children [DEVICE] [--inductor-threads=N]` is one child."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ class _Child:
     """One child, fed by a writer thread and drained by a reader thread, so the parent never
     blocks on a pipe, whatever the child does."""
 
-    def __init__(self, argv: list[str], env: dict) -> None:
+    def __init__(self, argv: list[str], env: dict, warm: bool = False) -> None:
+        self.warm = warm  # takes pieces (its Inductor is set up at its start)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env, text=True)
         self.jobs: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self.answers: list[dict] = []
+        self.piece_ids: set[int] = set()
         self.sent = 0  # jobs queued for this child
         self.reader = threading.Thread(target=self._read, daemon=True, name="triton-compile-io")
         for thread in (threading.Thread(target=self._write, daemon=True,
@@ -65,22 +68,54 @@ class _Child:
 
 
 class CompileChildren:
-    """`count` children started now (their imports overlap the parent's work); submit()
-    hands each kernel to the least busy child without blocking, wait() counts the failures."""
+    """`count` children started now (their imports overlap the parent's work), the first
+    `warm` of them also setting up Inductor for pieces; submit() hands each kernel to the
+    least busy child without blocking, wait() counts the failures."""
 
-    def __init__(self, count: int, device: int | None = None) -> None:
+    def __init__(self, count: int, device: int | None = None, warm: int = 0) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         argv = [sys.executable, "-m", __name__] + ([] if device is None else [str(device)])
-        self.children = [_Child(argv, env) for _ in range(count)]
-        self.submitted = 0
+        # the warm children's Inductor workers share the machine's CPUs
+        threads = f"--inductor-threads={max(1, _usable_cpus() // max(1, warm))}"
+        self.children = [_Child(argv + [threads] if index < warm else argv, env, index < warm)
+                         for index in range(count)]
+        self.submitted = 0  # kernel jobs
+        self.pieces = 0  # piece jobs
 
     def submit(self, module: str, name: str, spec: str) -> None:
         """Queue one kernel's compile on the child with the fewest unanswered jobs (in turn,
         one long compile could hold a second one back while another child idled)."""
-        child = min(self.children, key=lambda each: each.sent - len(each.answers))
         self.submitted += 1
+        self._send(self.children, {"module": module, "name": name, "spec": spec})
+
+    def submit_piece(self, path: str) -> int:
+        """Queue the piece job at path on the least busy warm child; its id."""
+        warm = [child for child in self.children if child.warm]
+        if not warm:
+            raise RuntimeError("no compile child was started warm")
+        self.pieces += 1
+        self._send(warm, {"piece": path, "id": self.pieces})
+        return self.pieces
+
+    def piece_answer(self, job_id: int, timeout_s: float) -> dict | None:
+        """The answer to piece job job_id, or None if its child exited or timeout_s passed."""
+        child = next(child for child in self.children if job_id in child.piece_ids)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for answer in child.answers:
+                if answer.get("id") == job_id:
+                    return answer
+            if child.proc.poll() is not None and not child.reader.is_alive():
+                return None
+            time.sleep(0.005)
+        return None
+
+    def _send(self, children: list[_Child], job: dict) -> None:
+        child = min(children, key=lambda each: each.sent - len(each.answers))
         child.sent += 1
-        child.jobs.put(json.dumps({"module": module, "name": name, "spec": spec}) + "\n")
+        if "id" in job:
+            child.piece_ids.add(job["id"])
+        child.jobs.put(json.dumps(job) + "\n")
 
     def wait(self, timeout_s: float = TIMEOUT_S) -> list[str]:
         """Every queued compile finished (then, or after timeout_s in all, the children are
@@ -95,8 +130,10 @@ class CompileChildren:
             self.submitted - len(answers))
 
     def answers(self) -> list[dict]:
-        """Every answer so far: ok, error, and the child's wall-clock ready/began/ended."""
-        return [answer for child in self.children for answer in child.answers]
+        """Every kernel job's answer so far: ok, error, and the child's wall-clock
+        ready/began/ended (the pieces' answers are piece_answer's)."""
+        return [answer for child in self.children for answer in child.answers
+                if "id" not in answer]
 
     def kill(self) -> None:
         """Stop every child now (start-up failed; their compiles are not needed)."""
@@ -125,26 +162,66 @@ def compile_one(job: dict) -> None:
         load()
 
 
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _run(job: dict) -> dict:
+    """One job: a piece (side_compile) or a Triton kernel; the answer's fields."""
+    if "piece" in job:
+        from compiled_llm.compile.side_compile import compile_job
+
+        return {"ok": True, "id": job["id"], **compile_job(job["piece"])}
+    compile_one(job)
+    return {"ok": True}
+
+
+def _warm_up(device: str, flags: list[str]) -> None:
+    """A warm child's Inductor set-up (its compile workers sized by the parent)."""
+    threads = next((int(flag.split("=")[1]) for flag in flags
+                    if flag.startswith("--inductor-threads=")), None)
+    if threads is None:
+        return
+    import torch
+
+    from compiled_llm.compile.side_compile import warm_up
+
+    torch._inductor.config.compile_threads = threads
+    try:
+        warm_up(device)
+    except Exception as exc:  # noqa: BLE001 (its pieces will say what fails)
+        print(f"compile child warm-up failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
 def main() -> None:
     """One child: the imports and the device's context first, while the parent is busy (with
     the context made at the first job, call 53's compiles ended 5.3 s after its dry forwards,
-    against 1.25 s in call 52), then the jobs on stdin; the answers on the original stdout,
-    anything else printed on stderr."""
+    against 1.25 s in call 52), a warm child's Inductor set-up, then the jobs on stdin; the
+    answers on the original stdout, anything else printed on stderr."""
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     import torch
     import triton  # noqa: F401
 
-    if len(sys.argv) > 1 and torch.cuda.is_available():
-        torch.cuda.set_device(int(sys.argv[1]))
+    flags = [arg for arg in sys.argv[1:] if arg.startswith("--")]
+    devices = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
+    if devices and torch.cuda.is_available():
+        torch.cuda.set_device(int(devices[0]))
+    _warm_up(f"cuda:{devices[0]}" if devices else "cpu", flags)
     ready = time.time()
     for line in sys.stdin:
         began = time.time()
+        job = {}
         try:
-            compile_one(json.loads(line))
-            answer = {"ok": True}
+            job = json.loads(line)
+            answer = _run(job)
         except Exception as exc:  # noqa: BLE001 (reported to the parent, which goes on)
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            if "id" in job:
+                answer["id"] = job["id"]
         answer.update(ready=ready, began=began, ended=time.time())  # wall clock: the parent's
         answers.write(json.dumps(answer) + "\n")
         answers.flush()

@@ -14,11 +14,15 @@ import time
 import torch
 
 from compiled_llm.attention.forward_context import set_forward_context
-from compiled_llm.worker.compile_children import CompileChildren
+from compiled_llm.compile import side_compile
+from compiled_llm.worker.compile_children import CompileChildren, _usable_cpus
 from compiled_llm.worker.graph_capture import dummy_schedule, padded_decode
 
 ENV = "COMPILED_LLM_PARALLEL_TRITON_COMPILE"
 CHILDREN = 8  # compile processes (each imports torch and Triton and makes a CUDA context)
+# of them, warm ones that also compile the backend's pieces (side_compile): a plain decoder
+# has three unique pieces (the first, the repeated layer, the last)
+PIECE_CHILDREN = 3
 logger = logging.getLogger(__name__)
 _dry: contextvars.ContextVar[KernelQueue | None] = contextvars.ContextVar("dry", default=None)
 
@@ -76,13 +80,9 @@ def wanted(runner) -> bool:
     """A lone CUDA worker whose pieces our backend compiles now (no snapshot came from the
     cache: a cold start, its kernels not in Triton's cache either), the switch on, and a
     Triton with the hook and preload."""
-    from compiled_llm.compile.backend import CompiledLLMBackend
-
-    backend = getattr(runner.forward_fn, "backend", None)
-    cold = isinstance(backend, CompiledLLMBackend) and not backend.graphs
     off = os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no")
-    return (runner.device.type == "cuda" and runner.step_hook is None and cold and not off
-            and supported())
+    return (runner.device.type == "cuda" and runner.step_hook is None and _cold(runner)
+            and not off and supported())
 
 
 def precompile_if_cold(runner, world_size: int, profile_tokens: int, max_len: int) -> bool:
@@ -95,6 +95,32 @@ def precompile_if_cold(runner, world_size: int, profile_tokens: int, max_len: in
     except Exception as exc:  # noqa: BLE001 (the start-up goes on without it)
         logger.warning("side-by-side Triton compiles skipped: %s: %s", type(exc).__name__, exc)
     return True
+
+
+@contextlib.contextmanager
+def side_pieces(runner, world_size: int):
+    """Within, off CUDA (where precompile_kernels does it) on a cold start with the switch
+    on (side_compile.ENV=1): warm compile children take the backend's pieces. They are
+    stopped on the way out."""
+    if world_size != 1 or runner.device.type == "cuda" or not _cold(runner) or \
+            not side_compile.wanted(runner.device.type):
+        yield
+        return
+    count = min(PIECE_CHILDREN, max(1, _usable_cpus() - 1))
+    children = CompileChildren(count, None, warm=count)
+    try:
+        with side_compile.using(children):
+            yield
+    finally:
+        children.kill()
+
+
+def _cold(runner) -> bool:
+    """Whether the runner's backend compiles now (no snapshot came from the cache)."""
+    from compiled_llm.compile.backend import CompiledLLMBackend
+
+    backend = getattr(runner.forward_fn, "backend", None)
+    return isinstance(backend, CompiledLLMBackend) and not backend.graphs
 
 
 @contextlib.contextmanager
@@ -127,10 +153,12 @@ def precompile_kernels(runner, profile_tokens: int, max_len: int) -> None:
     dummy row writes the null block); the allocator's blocks go back after."""
     start, wall_start = time.perf_counter(), time.time()
     piecewise, full = runner.cudagraph_plan()
-    children = CompileChildren(min(CHILDREN, _usable_cpus()), torch.cuda.current_device())
+    count = min(CHILDREN, _usable_cpus())
+    warm = min(PIECE_CHILDREN, count) if side_compile.wanted("cuda") else 0
+    children = CompileChildren(count, torch.cuda.current_device(), warm=warm)
     runner.allocate_kv_cache(1)
     try:
-        with dry_launches(children) as queue:
+        with dry_launches(children) as queue, side_compile.using(children):
             spans = _dry_steps(runner, [(profile_tokens, max_len), (1, 1)])
             # the decode kernels are the longest compiles: queued before the piecewise sizes
             spans += _dry_decodes(runner, full)
@@ -160,13 +188,6 @@ def _timeline(answers: list[dict], wall_start: float) -> str:
             f"compile began at {min(a['began'] for a in times) - wall_start:.2f} s, last ended "
             f"at {max(a['ended'] for a in times) - wall_start:.2f} s, {sum(busy):.2f} s of "
             f"compiles (longest {max(busy):.2f} s)")
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _spans(spans: list[tuple[str, float]]) -> str:

@@ -62,8 +62,9 @@ class Worker:
                                          sched.max_num_batched_tokens, sched.max_model_len):
             kernels.mark("precompile")
         # the profiling forward is also the first call: Dynamo, passes and Inductor run here
-        self.num_blocks = num_kv_blocks(self.runner, sched.max_num_batched_tokens,
-                                        sched.max_model_len, baseline)
+        with precompile.side_pieces(self.runner, args.world_size):
+            self.num_blocks = num_kv_blocks(self.runner, sched.max_num_batched_tokens,
+                                            sched.max_model_len, baseline)
         if tp is not None:  # the pool is the same on every rank: the fewest blocks any holds
             self.num_blocks = self.runner.step_hook.agree_blocks(self.num_blocks)
         profiled = time.perf_counter()

@@ -1,0 +1,113 @@
+"""Pieces compiled in compile children (side_compile): the whole cold start through warm
+children gives eager's tokens, counts its compiles and fusions, and leaves no job file or
+child behind; in-process, a piece's pickled job compiles to the same artifact as the backend,
+and a failed child's piece compiles in the parent instead."""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+
+import pytest
+
+from compiled_llm import LLM, SamplingParams
+from compiled_llm.compile import counters, side_compile
+from compiled_llm.worker.compile_children import CompileChildren
+from tests.utils import make_checkpoint, random_prompts
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return make_checkpoint("qwen3")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return [{"prompt_token_ids": p} for p in random_prompts(4, 300, lo=2, hi=30, seed=3)]
+
+
+def _tokens(llm, prompts):
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
+
+
+def _jobs_left() -> list[str]:
+    return glob.glob(os.path.join(tempfile.gettempdir(), "compiled-llm-*.piece"))
+
+
+class InProcess:
+    """The children's protocol served here: each job runs compile_job now, or fails."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail, self.answers, self.jobs = fail, {}, 0
+
+    def submit_piece(self, path: str) -> int:
+        self.jobs += 1
+        self.answers[self.jobs] = ({"ok": False, "error": "made to fail"} if self.fail
+                                   else {"ok": True, **side_compile.compile_job(path)})
+        return self.jobs
+
+    def piece_answer(self, job_id: int, timeout_s: float) -> dict | None:
+        return self.answers.get(job_id)
+
+
+def _cold_llm(ckpt, cache_dir, side: InProcess):
+    with side_compile.using(side):
+        return LLM(str(ckpt), dtype="float32", compile_mode="backend",
+                   compile_cache_dir=str(cache_dir))
+
+
+def test_pickled_pieces_compile_to_the_same_tokens(ckpt, prompts, tmp_path, monkeypatch):
+    baseline = _tokens(LLM(str(ckpt), enforce_eager=True, dtype="float32"), prompts)
+    # a fresh Inductor cache: a hit there would skip the passes the test counts
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    counters.reset()
+    side = InProcess()
+    llm = _cold_llm(ckpt, tmp_path / "side", side)
+    assert side.jobs == counters.unique_pieces == 3  # every piece went to the "child"
+    assert counters.inductor_compiles == 3 and counters.cache_hits == 0
+    assert counters.pass_matches.get("AddRMSNormFusionPass", 0) > 0  # the child's passes counted
+    assert _tokens(llm, prompts) == baseline
+    assert llm.engine.num_used_blocks == 0
+    assert not _jobs_left()
+
+
+def test_a_failed_child_piece_compiles_here(ckpt, prompts, tmp_path, caplog):
+    baseline = _tokens(LLM(str(ckpt), enforce_eager=True, dtype="float32"), prompts)
+    counters.reset()
+    side = InProcess(fail=True)
+    llm = _cold_llm(ckpt, tmp_path, side)
+    assert side.jobs == 3 and counters.inductor_compiles == 3
+    assert "compiling it here" in caplog.text
+    assert _tokens(llm, prompts) == baseline
+    assert not _jobs_left()
+
+
+def test_warm_children_answer_piece_jobs():
+    children = CompileChildren(1, None, warm=1)
+    try:
+        job = children.submit_piece("/nonexistent/job.piece")
+        answer = children.piece_answer(job, timeout_s=120.0)
+    finally:
+        children.kill()
+    assert answer is not None and answer["id"] == job and not answer["ok"]
+    assert "No such file" in answer["error"]
+    assert children.answers() == []  # a piece's answer is not a kernel's
+    for child in children.children:
+        child.proc.wait(timeout=30)
+
+
+def test_cold_start_through_warm_children(ckpt, prompts, tmp_path, monkeypatch, caplog):
+    """The whole path: a CPU start with the switch on, children warm, pieces sent to them."""
+    baseline = _tokens(LLM(str(ckpt), enforce_eager=True, dtype="float32"), prompts)
+    monkeypatch.setenv(side_compile.ENV, "1")
+    counters.reset()
+    with caplog.at_level("INFO"):
+        llm = LLM(str(ckpt), dtype="float32", compile_mode="backend",
+                  compile_cache_dir=str(tmp_path))
+    assert caplog.text.count("in a compile child") == 3
+    assert counters.inductor_compiles == 3 and counters.cache_hits == 0
+    assert _tokens(llm, prompts) == baseline
+    assert not _jobs_left()
