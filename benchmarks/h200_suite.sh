@@ -146,6 +146,9 @@
 #     bash benchmarks/h200_suite.sh 80    # the 8B cold compile with its weights read beside
 #                                         # its imports and without (interleaved), a warm
 #                                         # serve, the side-by-side compile's GPU test
+#     bash benchmarks/h200_suite.sh 81    # the 8B cold compile with its pieces compiled in
+#                                         # warm compile children and in the process
+#                                         # (interleaved), a warm serve, the GPU tests
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -574,6 +577,22 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 81 ]; then  # one GPU (carry .whl): the 8B cold compile with its pieces
+  # compiled in three warm compile children (default) and in the process
+  # (COMPILED_LLM_SIDE_PIECE_COMPILE=0), interleaved after a first process; a warm serve; the
+  # GPU tests of the precompile children and of the side-by-side pieces
+  S="$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK"
+  OFF=COMPILED_LLM_SIDE_PIECE_COMPILE=0
+  mapfile -t a <<<"\
+$MK
+$S --cold-only --json $R/startup_cold_first.json
+$S --cold-only --json $R/startup_cold_side1.json
+$OFF $S --cold-only --json $R/startup_cold_here1.json
+$S --cold-only --json $R/startup_cold_side2.json
+$OFF $S --cold-only --json $R/startup_cold_here2.json
+$S --serve-only --json $R/startup_serve.json
+timeout 240 $py -m pytest -q -x -p no:cacheprovider tests/worker/test_precompile_gpu.py tests/compile/test_side_compile.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 80 ]; then  # one GPU (carry .whl): the 8B cold compile with its weights read
   # beside the compiler's imports (default) and after them (COMPILED_LLM_EARLY_LOAD=0),

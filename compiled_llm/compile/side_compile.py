@@ -102,10 +102,10 @@ def write_job(module: fx.GraphModule, piece_key: str, cache_dir: Path, passes,
     """Store one piece's job (graph, cache entry, passes, Inductor patches) in a temporary
     file; its path (the caller removes it)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.fx._graph_pickler import GraphPickler
+    from torch.fx._graph_pickler import GraphPickler, Options
 
-    with unset_fake_temporarily():
-        graph = GraphPickler.dumps(portable_graph(module))
+    with unset_fake_temporarily():  # every op: the child imports the modules that define ours
+        graph = GraphPickler.dumps(portable_graph(module), Options(ops_filter=None))
     job = {"graph": graph, "piece_key": piece_key, "cache_dir": str(cache_dir),
            "passes": None if passes is None else dataclasses.asdict(passes.config),
            "inductor_options": dict(inductor_options or {}),
