@@ -12,12 +12,14 @@ import importlib
 import json
 import os
 import queue
+import select
 import subprocess
 import sys
 import threading
 import time
 
 TIMEOUT_S = 600.0  # the most a start-up waits for its compile children
+GO_TIMEOUT_S = 300.0  # an early child that gets no go line by then exits
 
 
 class _Child:
@@ -67,18 +69,50 @@ class _Child:
         threading.Thread(target=self.proc.wait, daemon=True, name="triton-compile-reap").start()
 
 
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+
+def _argv(device: int | None) -> list[str]:
+    return [sys.executable, "-m", __name__] + ([] if device is None else [str(device)])
+
+
+def _threads_flag(warm: int) -> str:
+    """The warm children's Inductor workers share the machine's CPUs."""
+    return f"--inductor-threads={max(1, _usable_cpus() // max(1, warm))}"
+
+
+def start_early(count: int, device: int | None) -> list[_Child]:
+    """`count` warm children started before the parent knows it compiles (before its
+    weights): they import the compiler, then wait for the go line that CompileChildren sends
+    when it takes them, touching no device before it; stop_early ends those never taken."""
+    argv = _argv(device) + [_threads_flag(count), "--await-go"]
+    return [_Child(argv, _env(), warm=True) for _ in range(count)]
+
+
+def stop_early(children: list[_Child]) -> None:
+    """End children from start_early (taken or not; each may have exited already)."""
+    for child in children:
+        child.jobs.put(None)
+        child.proc.kill()
+        threading.Thread(target=child.proc.wait, daemon=True, name="triton-compile-reap").start()
+
+
 class CompileChildren:
     """`count` children started now (their imports overlap the parent's work), the first
     `warm` of them also setting up Inductor for pieces; submit() hands each kernel to the
     least busy child without blocking, wait() counts the failures."""
 
-    def __init__(self, count: int, device: int | None = None, warm: int = 0) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        argv = [sys.executable, "-m", __name__] + ([] if device is None else [str(device)])
-        # the warm children's Inductor workers share the machine's CPUs
-        threads = f"--inductor-threads={max(1, _usable_cpus() // max(1, warm))}"
-        self.children = [_Child(argv + [threads] if index < warm else argv, env, index < warm)
-                         for index in range(count)]
+    def __init__(self, count: int, device: int | None = None, warm: int = 0,
+                 early: list[_Child] = ()) -> None:
+        self.children = list(early)  # started warm by start_early: told to go on now
+        for child in self.children:
+            child.jobs.put("go\n")
+        fresh_warm = max(0, warm - len(self.children))
+        argv, threads = _argv(device), _threads_flag(warm)
+        self.children += [_Child(argv + [threads] if index < fresh_warm else argv, _env(),
+                                 index < fresh_warm)
+                          for index in range(max(0, count - len(self.children)))]
         self.submitted = 0  # kernel jobs
         self.pieces = 0  # piece jobs
 
@@ -196,6 +230,19 @@ def _warm_up(device: str, flags: list[str]) -> None:
         print(f"compile child warm-up failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
+def _await_go() -> bool:
+    """An early child: the compiler's imports, then whether the parent said go (no line by
+    GO_TIMEOUT_S, or the parent's end: no)."""
+    import torch._inductor.compile_fx  # noqa: F401
+
+    import compiled_llm.compile.side_compile  # noqa: F401
+    import compiled_llm.models  # noqa: F401 (the custom ops pieces may call)
+    import compiled_llm.passes  # noqa: F401
+
+    ready, _, _ = select.select([sys.stdin], [], [], GO_TIMEOUT_S)
+    return bool(ready) and sys.stdin.readline() == "go\n"
+
+
 def main() -> None:
     """One child: the imports and the device's context first, while the parent is busy (with
     the context made at the first job, call 53's compiles ended 5.3 s after its dry forwards,
@@ -208,6 +255,8 @@ def main() -> None:
 
     flags = [arg for arg in sys.argv[1:] if arg.startswith("--")]
     devices = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
+    if "--await-go" in flags and not _await_go():
+        return
     if devices and torch.cuda.is_available():
         torch.cuda.set_device(int(devices[0]))
     _warm_up(f"cuda:{devices[0]}" if devices else "cpu", flags)

@@ -15,7 +15,12 @@ import torch
 
 from compiled_llm.attention.forward_context import set_forward_context
 from compiled_llm.compile import side_compile
-from compiled_llm.worker.compile_children import CompileChildren, _usable_cpus
+from compiled_llm.worker.compile_children import (
+    CompileChildren,
+    _usable_cpus,
+    start_early,
+    stop_early,
+)
 from compiled_llm.worker.graph_capture import dummy_schedule, padded_decode
 
 ENV = "COMPILED_LLM_PARALLEL_TRITON_COMPILE"
@@ -85,29 +90,48 @@ def wanted(runner) -> bool:
             and not off and supported())
 
 
-def precompile_if_cold(runner, world_size: int, profile_tokens: int, max_len: int) -> bool:
-    """precompile_kernels where wanted (and one process holds the model); whether it ran.
-    A failure is logged, never raised: the kernels then compile at their launches."""
+def precompile_if_cold(runner, world_size: int, profile_tokens: int, max_len: int,
+                       early: list = ()) -> bool:
+    """precompile_kernels where wanted (and one process holds the model; it takes early's
+    children); whether it ran. Where it does not, on CUDA, early's children are stopped. A
+    failure is logged, never raised: the kernels then compile at their launches."""
     if world_size != 1 or not wanted(runner):
+        if runner.device.type == "cuda":
+            stop_early(early)
         return False
     try:
-        precompile_kernels(runner, profile_tokens, max_len)
+        precompile_kernels(runner, profile_tokens, max_len, early)
     except Exception as exc:  # noqa: BLE001 (the start-up goes on without it)
         logger.warning("side-by-side Triton compiles skipped: %s: %s", type(exc).__name__, exc)
     return True
 
 
+def early_children(device: torch.device, args, tp) -> list:
+    """Warm compile children for the backend's pieces, started at the worker's start (their
+    imports beside its weights) wherever a cold start would take them: a lone backend
+    worker with side_compile on (on CUDA also the side-by-side Triton compiles); [] elsewhere.
+    precompile_if_cold or side_pieces takes them or stops them."""
+    if tp is not None or args.world_size != 1 or args.compile_config().mode != "backend" \
+            or not side_compile.wanted(device.type):
+        return []
+    if device.type == "cuda":
+        off = os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no")
+        return [] if off or not supported() else start_early(PIECE_CHILDREN, device.index or 0)
+    return start_early(min(PIECE_CHILDREN, max(1, _usable_cpus() - 1)), None)
+
+
 @contextlib.contextmanager
-def side_pieces(runner, world_size: int):
+def side_pieces(runner, world_size: int, early: list = ()):
     """Within, off CUDA (where precompile_kernels does it) on a cold start with the switch
-    on (side_compile.ENV=1): warm compile children take the backend's pieces. They are
-    stopped on the way out."""
+    on (side_compile.ENV=1): warm compile children (early's, else new) take the backend's
+    pieces. Every child is stopped on the way out."""
     if world_size != 1 or runner.device.type == "cuda" or not _cold(runner) or \
             not side_compile.wanted(runner.device.type):
+        stop_early(early)
         yield
         return
-    count = min(PIECE_CHILDREN, max(1, _usable_cpus() - 1))
-    children = CompileChildren(count, None, warm=count)
+    count = len(early) or min(PIECE_CHILDREN, max(1, _usable_cpus() - 1))
+    children = CompileChildren(count, None, warm=count, early=early)
     try:
         with side_compile.using(children):
             yield
@@ -147,7 +171,7 @@ def dry_launches(children: CompileChildren):
 
 
 @torch.inference_mode()
-def precompile_kernels(runner, profile_tokens: int, max_len: int) -> None:
+def precompile_kernels(runner, profile_tokens: int, max_len: int, early: list = ()) -> None:
     """Compile, side by side, the kernels of every forward the start-up runs: the profiling
     step, the warm-up and each graph size of the plan. Runs on a one-block KV cache (every
     dummy row writes the null block); the allocator's blocks go back after."""
@@ -155,7 +179,7 @@ def precompile_kernels(runner, profile_tokens: int, max_len: int) -> None:
     piecewise, full = runner.cudagraph_plan()
     count = min(CHILDREN, _usable_cpus())
     warm = min(PIECE_CHILDREN, count) if side_compile.wanted("cuda") else 0
-    children = CompileChildren(count, torch.cuda.current_device(), warm=warm)
+    children = CompileChildren(count, torch.cuda.current_device(), warm=warm, early=early)
     runner.allocate_kv_cache(1)
     try:
         with dry_launches(children) as queue, side_compile.using(children):

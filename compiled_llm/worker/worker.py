@@ -44,6 +44,7 @@ class Worker:
             torch.cuda.synchronize(self.device)
             logger.info("device context: %.2f s", time.perf_counter() - start)
         kernels = KernelCacheLog(self.device.type == "cuda")
+        pieces = precompile.early_children(self.device, args, tp)  # imports beside the weights
         early = early_load.take(args, spec) if tp is None else None
         baseline = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
         if self.device.type == "cpu" and args.compile_config().mode != "none":
@@ -59,26 +60,18 @@ class Worker:
             self.runner.step_hook = StepBroadcaster(tp, self.runner)
         # a cold start: the first call (Dynamo, passes, Inductor) runs in its dry pass
         if precompile.precompile_if_cold(self.runner, args.world_size,
-                                         sched.max_num_batched_tokens, sched.max_model_len):
+                                         sched.max_num_batched_tokens, sched.max_model_len,
+                                         pieces):
             kernels.mark("precompile")
         # the profiling forward is also the first call: Dynamo, passes and Inductor run here
-        with precompile.side_pieces(self.runner, args.world_size):
+        with precompile.side_pieces(self.runner, args.world_size, pieces):
             self.num_blocks = num_kv_blocks(self.runner, sched.max_num_batched_tokens,
                                             sched.max_model_len, baseline)
         if tp is not None:  # the pool is the same on every rank: the fewest blocks any holds
             self.num_blocks = self.runner.step_hook.agree_blocks(self.num_blocks)
         profiled = time.perf_counter()
         kernels.mark("profile")
-        # the KV cache's size is known only now: settle max_model_len before the buffers of
-        # its width (block tables) are made for good and before any graph reads them
-        try:
-            self.max_model_len = settle_max_model_len(
-                sched.max_model_len, args.max_model_len is not None, self.num_blocks,
-                args.block_size)
-        except ValueError:
-            self.runner.shutdown()
-            raise
-        self.runner.set_max_model_len(self.max_model_len)
+        self._settle_max_model_len(args, sched.max_model_len)
         self.runner.allocate_kv_cache(self.num_blocks)
         allocated = time.perf_counter()
         self.runner.execute_dummy(1, 1)  # the decode shape
@@ -95,6 +88,17 @@ class Worker:
                                 "cudagraphs": time.perf_counter() - warm}
         if early is not None:
             self.startup_seconds["weights_early"] = early.seconds
+
+    def _settle_max_model_len(self, args: EngineArgs, wanted_len: int) -> None:
+        """The KV cache's size is known only now: settle max_model_len before the buffers of
+        its width (block tables) are made for good and before any graph reads them."""
+        try:
+            self.max_model_len = settle_max_model_len(
+                wanted_len, args.max_model_len is not None, self.num_blocks, args.block_size)
+        except ValueError:
+            self.runner.shutdown()
+            raise
+        self.runner.set_max_model_len(self.max_model_len)
 
     def shutdown(self) -> None:
         """Free everything the worker holds on its device (idempotent)."""

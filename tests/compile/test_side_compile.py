@@ -118,3 +118,36 @@ def test_cold_start_through_warm_children(ckpt, prompts, tmp_path, monkeypatch, 
     assert counters.inductor_compiles == 3 and counters.cache_hits == 0
     assert _tokens(llm, prompts) == baseline
     assert not _jobs_left()
+
+
+def _compile_children() -> list[int]:
+    """Live processes of this one's running compile_children."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmd, open(f"/proc/{pid}/stat") as stat:
+                line, state = cmd.read(), stat.read().split(") ")[1]
+        except OSError:
+            continue
+        if b"compile_children" in line and state[0] != "Z" and \
+                int(state.split()[1]) == os.getpid():
+            found.append(int(pid))
+    return found
+
+
+def test_early_children_are_stopped_on_a_warm_start(ckpt, prompts, tmp_path, monkeypatch):
+    """Started before the weights on every backend start with the switch on, the warm
+    children are ended when the cache has the model (and after a cold one, once used)."""
+    import time
+
+    monkeypatch.setenv(side_compile.ENV, "1")
+    counters.reset()
+    for _ in range(2):  # cold, then warm from the same cache
+        llm = LLM(str(ckpt), dtype="float32", compile_mode="backend",
+                  compile_cache_dir=str(tmp_path))
+        deadline = time.monotonic() + 30
+        while _compile_children() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _compile_children()
+    assert counters.snapshot_loads == 1  # the second start was warm
+    assert len(_tokens(llm, prompts)) == len(prompts)
