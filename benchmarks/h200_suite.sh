@@ -580,8 +580,9 @@ $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 81 ]; then  # one GPU (carry .whl): the 8B cold compile with its pieces
   # compiled in three warm compile children (default) and in the process
-  # (COMPILED_LLM_SIDE_PIECE_COMPILE=0), interleaved after a first process; a warm serve; the
-  # GPU tests of the precompile children and of the side-by-side pieces
+  # (COMPILED_LLM_SIDE_PIECE_COMPILE=0), interleaved after a first process; warm serves with
+  # (early children started, then stopped) and without; the GPU tests of the precompile
+  # children and of the side-by-side pieces
   S="$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK"
   OFF=COMPILED_LLM_SIDE_PIECE_COMPILE=0
   mapfile -t a <<<"\
@@ -591,7 +592,7 @@ $S --cold-only --json $R/startup_cold_side1.json
 $OFF $S --cold-only --json $R/startup_cold_here1.json
 $S --cold-only --json $R/startup_cold_side2.json
 $OFF $S --cold-only --json $R/startup_cold_here2.json
-$S --serve-only --json $R/startup_serve.json
+$S --serve-only --serve-env $OFF COMPILED_LLM_SIDE_PIECE_COMPILE=1 --json $R/startup_serve.json
 timeout 240 $py -m pytest -q -x -p no:cacheprovider tests/worker/test_precompile_gpu.py tests/compile/test_side_compile.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 80 ]; then  # one GPU (carry .whl): the 8B cold compile with its weights read

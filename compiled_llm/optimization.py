@@ -1,10 +1,11 @@
 """Optimization levels (-O0 ... -O3, as vLLM spells them) and performance modes: the defaults
 they give to compilation, CUDA graphs, the pass list, autotuning and batching limits. They are
 only defaults: a setting the user gives (compile_mode, cudagraph_mode, a `passes` entry,
-max_num_seqs ...) wins, one field at a time."""
+max_num_seqs ...) wins, one field at a time. Also the switch of side-by-side piece compiles."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -87,3 +88,17 @@ def mode_graph_sizes(mode: str, max_num_seqs: int | None) -> list[int] | None:
     seqs = defaults.max_num_seqs if max_num_seqs is None else max_num_seqs
     sizes = set(range(1, min(32, seqs) + 1)) | set(range(48, seqs + 1, 16))
     return sorted({*sizes, seqs})
+
+
+# the backend's pieces compiled in warm compile children (compile/side_compile.py): 0 off,
+# 1 also on the CPU; unset: on CUDA only
+ENV_SIDE_PIECE_COMPILE = "COMPILED_LLM_SIDE_PIECE_COMPILE"
+_OFF = ("0", "false", "off", "no")
+
+
+def side_piece_compile_wanted(device_type: str) -> bool:
+    """Whether cold starts on device_type compile their pieces in warm compile children."""
+    value = os.environ.get(ENV_SIDE_PIECE_COMPILE, "").strip().lower()
+    if value in _OFF:
+        return False
+    return device_type == "cuda" or value in ("1", "true", "on", "yes")

@@ -24,7 +24,9 @@ from typing import Protocol
 import torch
 from torch import fx
 
-ENV = "COMPILED_LLM_SIDE_PIECE_COMPILE"  # 0: off; 1: also on the CPU; unset: CUDA only
+from compiled_llm.optimization import ENV_SIDE_PIECE_COMPILE as ENV  # noqa: F401 (the switch)
+from compiled_llm.optimization import side_piece_compile_wanted as wanted  # noqa: F401
+
 TIMEOUT_S = 300.0  # the longest the backend waits for one piece's child
 # packages whose modules register the custom ops that pieces may hold
 _OP_PACKAGES = ("compiled_llm.attention", "compiled_llm.gemm", "compiled_llm.lora",
@@ -60,14 +62,6 @@ def using(compiler: PieceCompiler) -> Iterator[None]:
 def current() -> PieceCompiler | None:
     """The children the backend may use now, if any."""
     return _current.get()
-
-
-def wanted(device_type: str) -> bool:
-    """Whether side-by-side piece compiles are on for a device (see ENV)."""
-    value = os.environ.get(ENV, "").strip().lower()
-    if value in ("0", "false", "off", "no"):
-        return False
-    return device_type == "cuda" or value in ("1", "true", "on", "yes")
 
 
 # ---------------------------------------------------------------- parent side
@@ -129,7 +123,8 @@ def compile_job(path: str) -> dict:
     with open(path, "rb") as job_file:
         job = pickle.load(job_file)
     for name in job["modules"]:  # the custom ops the graph may call
-        importlib.import_module(name)
+        with contextlib.suppress(Exception):  # one the graph needs fails its unpickling
+            importlib.import_module(name)
     began = time.perf_counter()
     module = GraphPickler.loads(job["graph"], FakeTensorMode(shape_env=ShapeEnv()))
     patches = dict(job["inductor_options"])

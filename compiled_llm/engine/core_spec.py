@@ -60,14 +60,16 @@ def core_spec_from_args(args: EngineArgs) -> tuple[WorkerSpec, tuple[int, ...]]:
 
 def load_weights_early(args: EngineArgs, spec: WorkerSpec | None = None) -> None:
     """The worker's model loaded now, for the worker built next in this process to take
-    (worker/early_load), unless $COMPILED_LLM_EARLY_LOAD turns it off. A spec of None is
+    (worker/early_load), unless $COMPILED_LLM_EARLY_LOAD turns it off; first the warm compile
+    children a cold start would take (their imports beside the read). A spec of None is
     derived from args without the tokenizer; where that fails, the engine's start says why."""
-    if os.environ.get("COMPILED_LLM_EARLY_LOAD", "1").strip().lower() in EARLY_LOAD_OFF:
-        return
     try:
         spec = spec or core_spec(args, None)[0]
     except Exception:  # noqa: BLE001 (building the engine raises it again, and reports it)
         return
     from compiled_llm.worker import early_load
+    from compiled_llm.worker.compile_children import start_early_children
 
-    early_load.load_early(args, spec)
+    start_early_children(spec.device, args)
+    if os.environ.get("COMPILED_LLM_EARLY_LOAD", "1").strip().lower() not in EARLY_LOAD_OFF:
+        early_load.load_early(args, spec)

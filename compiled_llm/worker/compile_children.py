@@ -18,8 +18,14 @@ import sys
 import threading
 import time
 
+from compiled_llm.optimization import side_piece_compile_wanted
+
 TIMEOUT_S = 600.0  # the most a start-up waits for its compile children
-GO_TIMEOUT_S = 300.0  # an early child that gets no go line by then exits
+PARALLEL_ENV = "COMPILED_LLM_PARALLEL_TRITON_COMPILE"  # 0: no side-by-side compiles on CUDA
+# warm children for the backend's pieces: a plain decoder has three unique pieces (the first,
+# the repeated layer, the last)
+PIECE_CHILDREN = 3
+GO_TIMEOUT_S = 1800.0  # an early child that gets no go line by then exits (a start that failed)
 
 
 class _Child:
@@ -88,6 +94,40 @@ def start_early(count: int, device: int | None) -> list[_Child]:
     when it takes them, touching no device before it; stop_early ends those never taken."""
     argv = _argv(device) + [_threads_flag(count), "--await-go"]
     return [_Child(argv, _env(), warm=True) for _ in range(count)]
+
+
+_started: list[_Child] = []  # warm children start_early_children made ahead of the worker
+
+
+def start_early_children(device, args) -> None:
+    """Start the warm children now, before the weights are read (an engine core process or
+    `compiled-llm compile` with its arguments), for this process's worker to take."""
+    if not _started:
+        _started.extend(_start_warm(device, args, None))
+
+
+def early_children(device, args, tp) -> list[_Child]:
+    """The warm children for the backend's pieces (start_early_children's, else started now)
+    wherever a cold start would take them: a lone backend worker with side-by-side pieces on
+    (on CUDA, side-by-side Triton compiles on too); [] elsewhere. The precompile pass (CUDA)
+    or its side_pieces (elsewhere) takes them or stops them."""
+    taken = _started[:]
+    _started.clear()
+    return taken or _start_warm(device, args, tp)
+
+
+def _start_warm(device, args, tp) -> list[_Child]:
+    if tp is not None or args.world_size != 1 or args.compile_config().mode != "backend" \
+            or not side_piece_compile_wanted(device.type):
+        return []
+    if device.type == "cuda":
+        from compiled_llm.compat import pin_triton_cache_dir
+
+        if os.environ.get(PARALLEL_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+            return []
+        pin_triton_cache_dir(device.index or 0)  # as the worker will: the children inherit it
+        return start_early(PIECE_CHILDREN, device.index or 0)
+    return start_early(min(PIECE_CHILDREN, max(1, _usable_cpus() - 1)), None)
 
 
 def stop_early(children: list[_Child]) -> None:

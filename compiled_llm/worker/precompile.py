@@ -16,18 +16,16 @@ import torch
 from compiled_llm.attention.forward_context import set_forward_context
 from compiled_llm.compile import side_compile
 from compiled_llm.worker.compile_children import (
+    PARALLEL_ENV,
+    PIECE_CHILDREN,
     CompileChildren,
     _usable_cpus,
-    start_early,
     stop_early,
 )
 from compiled_llm.worker.graph_capture import dummy_schedule, padded_decode
 
-ENV = "COMPILED_LLM_PARALLEL_TRITON_COMPILE"
+ENV = PARALLEL_ENV
 CHILDREN = 8  # compile processes (each imports torch and Triton and makes a CUDA context)
-# of them, warm ones that also compile the backend's pieces (side_compile): a plain decoder
-# has three unique pieces (the first, the repeated layer, the last)
-PIECE_CHILDREN = 3
 logger = logging.getLogger(__name__)
 _dry: contextvars.ContextVar[KernelQueue | None] = contextvars.ContextVar("dry", default=None)
 
@@ -104,20 +102,6 @@ def precompile_if_cold(runner, world_size: int, profile_tokens: int, max_len: in
     except Exception as exc:  # noqa: BLE001 (the start-up goes on without it)
         logger.warning("side-by-side Triton compiles skipped: %s: %s", type(exc).__name__, exc)
     return True
-
-
-def early_children(device: torch.device, args, tp) -> list:
-    """Warm compile children for the backend's pieces, started at the worker's start (their
-    imports beside its weights) wherever a cold start would take them: a lone backend
-    worker with side_compile on (on CUDA also the side-by-side Triton compiles); [] elsewhere.
-    precompile_if_cold or side_pieces takes them or stops them."""
-    if tp is not None or args.world_size != 1 or args.compile_config().mode != "backend" \
-            or not side_compile.wanted(device.type):
-        return []
-    if device.type == "cuda":
-        off = os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no")
-        return [] if off or not supported() else start_early(PIECE_CHILDREN, device.index or 0)
-    return start_early(min(PIECE_CHILDREN, max(1, _usable_cpus() - 1)), None)
 
 
 @contextlib.contextmanager

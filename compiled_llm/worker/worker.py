@@ -20,6 +20,7 @@ from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.lora.manager import attach_lora
 from compiled_llm.speculative import speculative_config_of
 from compiled_llm.worker import early_load, precompile
+from compiled_llm.worker.compile_children import early_children
 from compiled_llm.worker.kernel_cache_log import KernelCacheLog
 from compiled_llm.worker.kv_budget import budget_blocks
 from compiled_llm.worker.loader import load_model
@@ -44,7 +45,7 @@ class Worker:
             torch.cuda.synchronize(self.device)
             logger.info("device context: %.2f s", time.perf_counter() - start)
         kernels = KernelCacheLog(self.device.type == "cuda")
-        pieces = precompile.early_children(self.device, args, tp)  # imports beside the weights
+        pieces = early_children(self.device, args, tp)  # their imports beside the weights
         early = early_load.take(args, spec) if tp is None else None
         baseline = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
         if self.device.type == "cpu" and args.compile_config().mode != "none":

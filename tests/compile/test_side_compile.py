@@ -151,3 +151,26 @@ def test_early_children_are_stopped_on_a_warm_start(ckpt, prompts, tmp_path, mon
         assert not _compile_children()
     assert counters.snapshot_loads == 1  # the second start was warm
     assert len(_tokens(llm, prompts)) == len(prompts)
+
+
+def test_children_started_ahead_are_taken_by_the_worker(ckpt, monkeypatch):
+    """An engine core process (or `compiled-llm compile`) starts them with its arguments,
+    before the weights; the worker takes those rather than start more."""
+    import torch
+
+    from compiled_llm.config import EngineArgs
+    from compiled_llm.worker import compile_children
+
+    args = EngineArgs(model=str(ckpt), compile_mode="backend")
+    cpu = torch.device("cpu")
+    monkeypatch.setenv(side_compile.ENV, "0")
+    compile_children.start_early_children(cpu, args)
+    assert compile_children.early_children(cpu, args, None) == []  # switched off
+    monkeypatch.setenv(side_compile.ENV, "1")
+    compile_children.start_early_children(cpu, args)
+    ahead = list(compile_children._started)
+    assert ahead and compile_children.early_children(cpu, args, None) == ahead
+    assert not compile_children._started
+    compile_children.stop_early(ahead)
+    for child in ahead:
+        assert child.proc.wait(timeout=30) is not None
