@@ -208,24 +208,30 @@ class CompiledLLMBackend:
             key = None if piece.is_split_op else piece_hash(piece.module)
             if key is None or key in self.compiled or key in self.side_jobs or cache.has(key):
                 continue
+            path = None
             try:
                 path = side_compile.write_job(piece.module, key, cache.dir,
                                               self.opts.post_grad_pass,
                                               self.opts.inductor_options)
                 self.side_jobs[key] = (side.submit_piece(path), path)
             except Exception as exc:  # noqa: BLE001 (that piece compiles here instead)
+                if path is not None:
+                    Path(path).unlink(missing_ok=True)
                 logger.info("piece %s not sent to a compile child: %s: %s", piece.name,
                             type(exc).__name__, exc)
 
     def _side_answer(self, key: str, name: str) -> dict | None:
         """The child's answer for key's piece (None: no job, or it failed: compile here)."""
         job = self.side_jobs.pop(key, None)
-        side = side_compile.current()
-        if job is None or side is None:
+        if job is None:
             return None
-        t0 = time.perf_counter()
-        answer = side.piece_answer(job[0], side_compile.TIMEOUT_S)
-        Path(job[1]).unlink(missing_ok=True)
+        side, t0 = side_compile.current(), time.perf_counter()
+        try:
+            answer = None if side is None else side.piece_answer(job[0], side_compile.TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 (the piece compiles here instead)
+            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            Path(job[1]).unlink(missing_ok=True)
         waited = time.perf_counter() - t0
         if not answer or not answer.get("ok"):
             logger.warning("piece %s: its compile child failed (%s); compiling it here", name,
@@ -236,6 +242,7 @@ class CompiledLLMBackend:
         return {**answer, "waited": waited}
 
     def _count_side(self, answer: dict) -> None:
+        counters.cache_misses += 1  # as a compile here counts it
         counters.inductor_compiles += 1
         counters.add_time("inductor", answer["waited"])  # what it cost this process
         add_stats = getattr(self.opts.post_grad_pass, "add_stats", None)

@@ -105,8 +105,12 @@ def write_job(module: fx.GraphModule, piece_key: str, cache_dir: Path, passes,
            "inductor_options": dict(inductor_options or {}),
            "modules": sorted(name for name in sys.modules if name.startswith(_OP_PACKAGES))}
     fd, path = tempfile.mkstemp(prefix="compiled-llm-", suffix=".piece")
-    with os.fdopen(fd, "wb") as out:
-        pickle.dump(job, out)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            pickle.dump(job, out)
+    except BaseException:
+        os.unlink(path)
+        raise
     return path
 
 

@@ -4,6 +4,7 @@ servers sends it only args, before the front end has imported anything heavy).""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from compiled_llm.config import EngineArgs, model_len_bounds
 from compiled_llm.worker.loader import load_hf_config, read_json, resolve_dtype
 from compiled_llm.worker.spec import WorkerSpec
 
+logger = logging.getLogger(__name__)
 DEMO_MODEL = Path(__file__).parents[1] / "data" / "demo_model"
 EARLY_LOAD_OFF = ("0", "false", "off", "no")  # $COMPILED_LLM_EARLY_LOAD values that turn it off
 
@@ -70,6 +72,9 @@ def load_weights_early(args: EngineArgs, spec: WorkerSpec | None = None) -> None
     from compiled_llm.worker import early_load
     from compiled_llm.worker.compile_children import start_early_children
 
-    start_early_children(spec.device, args)
+    try:  # best effort: without them the worker starts its own, or compiles in-process
+        start_early_children(spec.device, args)
+    except Exception:  # noqa: BLE001
+        logger.info("warm compile children not started ahead", exc_info=True)
     if os.environ.get("COMPILED_LLM_EARLY_LOAD", "1").strip().lower() not in EARLY_LOAD_OFF:
         early_load.load_early(args, spec)

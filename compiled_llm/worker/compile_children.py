@@ -25,7 +25,7 @@ PARALLEL_ENV = "COMPILED_LLM_PARALLEL_TRITON_COMPILE"  # 0: no side-by-side comp
 # warm children for the backend's pieces: a plain decoder has three unique pieces (the first,
 # the repeated layer, the last)
 PIECE_CHILDREN = 3
-GO_TIMEOUT_S = 1800.0  # an early child that gets no go line by then exits (a start that failed)
+GO_TIMEOUT_S = 600.0  # an early child that gets no go line by then exits
 
 
 class _Child:
@@ -85,7 +85,7 @@ def _argv(device: int | None) -> list[str]:
 
 def _threads_flag(warm: int) -> str:
     """The warm children's Inductor workers share the machine's CPUs."""
-    return f"--inductor-threads={max(1, _usable_cpus() // max(1, warm))}"
+    return f"--inductor-threads={max(1, usable_cpus() // max(1, warm))}"
 
 
 def start_early(count: int, device: int | None) -> list[_Child]:
@@ -96,14 +96,14 @@ def start_early(count: int, device: int | None) -> list[_Child]:
     return [_Child(argv, _env(), warm=True) for _ in range(count)]
 
 
-_started: list[_Child] = []  # warm children start_early_children made ahead of the worker
+_started: list[tuple[str, _Child]] = []  # (device, child) made ahead of the worker
 
 
 def start_early_children(device, args) -> None:
     """Start the warm children now, before the weights are read (an engine core process or
     `compiled-llm compile` with its arguments), for this process's worker to take."""
     if not _started:
-        _started.extend(_start_warm(device, args, None))
+        _started.extend((str(device), child) for child in _start_warm(device, args, None))
 
 
 def early_children(device, args, tp) -> list[_Child]:
@@ -111,23 +111,27 @@ def early_children(device, args, tp) -> list[_Child]:
     wherever a cold start would take them: a lone backend worker with side-by-side pieces on
     (on CUDA, side-by-side Triton compiles on too); [] elsewhere. The precompile pass (CUDA)
     or its side_pieces (elsewhere) takes them or stops them."""
-    taken = _started[:]
+    taken = [child for where, child in _started if where == str(device)]
+    stop_early([child for where, child in _started if where != str(device)])
     _started.clear()
     return taken or _start_warm(device, args, tp)
 
 
 def _start_warm(device, args, tp) -> list[_Child]:
-    if tp is not None or args.world_size != 1 or args.compile_config().mode != "backend" \
+    compile_cfg = args.compile_config()
+    # the backend sends pieces only where it has a compile cache and makes no dumps
+    sends = (compile_cfg.mode == "backend" and compile_cfg.use_cache and not compile_cfg.dump_dir
+             and not os.environ.get("COMPILED_LLM_DISABLE_CACHE")
+             and not os.environ.get("COMPILED_LLM_DUMP_DIR"))
+    if tp is not None or args.world_size != 1 or not sends \
             or not side_piece_compile_wanted(device.type):
         return []
+    count = min(PIECE_CHILDREN, max(1, usable_cpus() - 1))
     if device.type == "cuda":
-        from compiled_llm.compat import pin_triton_cache_dir
-
         if os.environ.get(PARALLEL_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
             return []
-        pin_triton_cache_dir(device.index or 0)  # as the worker will: the children inherit it
-        return start_early(PIECE_CHILDREN, device.index or 0)
-    return start_early(min(PIECE_CHILDREN, max(1, _usable_cpus() - 1)), None)
+        return start_early(count, device.index or 0)  # each pins the worker's Triton cache
+    return start_early(count, None)
 
 
 def stop_early(children: list[_Child]) -> None:
@@ -172,14 +176,19 @@ class CompileChildren:
         return self.pieces
 
     def piece_answer(self, job_id: int, timeout_s: float) -> dict | None:
-        """The answer to piece job job_id, or None if its child exited or timeout_s passed."""
-        child = next(child for child in self.children if job_id in child.piece_ids)
+        """The answer to piece job job_id, or None if there is no such job, its child exited
+        or timeout_s passed (then the child is stopped: nothing waits on its late work)."""
+        child = next((child for child in self.children if job_id in child.piece_ids), None)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for answer in child.answers:
+        while child is not None:
+            gone = child.proc.poll() is not None and not child.reader.is_alive()
+            for answer in child.answers:  # scanned once more after the child is gone
                 if answer.get("id") == job_id:
                     return answer
-            if child.proc.poll() is not None and not child.reader.is_alive():
+            if gone:
+                return None
+            if time.monotonic() >= deadline:
+                child.proc.kill()
                 return None
             time.sleep(0.005)
         return None
@@ -236,7 +245,8 @@ def compile_one(job: dict) -> None:
         load()
 
 
-def _usable_cpus() -> int:
+def usable_cpus() -> int:
+    """CPUs this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -298,6 +308,9 @@ def main() -> None:
     if "--await-go" in flags and not _await_go():
         return
     if devices and torch.cuda.is_available():
+        from compiled_llm.compat import pin_triton_cache_dir
+
+        pin_triton_cache_dir(int(devices[0]))  # the worker's (set unless inherited)
         torch.cuda.set_device(int(devices[0]))
     _warm_up(f"cuda:{devices[0]}" if devices else "cpu", flags)
     ready = time.time()

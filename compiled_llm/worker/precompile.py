@@ -19,8 +19,8 @@ from compiled_llm.worker.compile_children import (
     PARALLEL_ENV,
     PIECE_CHILDREN,
     CompileChildren,
-    _usable_cpus,
     stop_early,
+    usable_cpus,
 )
 from compiled_llm.worker.graph_capture import dummy_schedule, padded_decode
 
@@ -114,7 +114,7 @@ def side_pieces(runner, world_size: int, early: list = ()):
         stop_early(early)
         yield
         return
-    count = len(early) or min(PIECE_CHILDREN, max(1, _usable_cpus() - 1))
+    count = len(early) or min(PIECE_CHILDREN, max(1, usable_cpus() - 1))
     children = CompileChildren(count, None, warm=count, early=early)
     try:
         with side_compile.using(children):
@@ -161,12 +161,13 @@ def precompile_kernels(runner, profile_tokens: int, max_len: int, early: list = 
     dummy row writes the null block); the allocator's blocks go back after."""
     start, wall_start = time.perf_counter(), time.time()
     piecewise, full = runner.cudagraph_plan()
-    count = min(CHILDREN, _usable_cpus())
+    count = min(CHILDREN, usable_cpus())
     warm = min(PIECE_CHILDREN, count) if side_compile.wanted("cuda") else 0
     children = CompileChildren(count, torch.cuda.current_device(), warm=warm, early=early)
     runner.allocate_kv_cache(1)
     try:
-        with dry_launches(children) as queue, side_compile.using(children):
+        side = side_compile.using(children) if warm else contextlib.nullcontext()
+        with dry_launches(children) as queue, side:
             spans = _dry_steps(runner, [(profile_tokens, max_len), (1, 1)])
             # the decode kernels are the longest compiles: queued before the piecewise sizes
             spans += _dry_decodes(runner, full)

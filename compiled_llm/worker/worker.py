@@ -20,7 +20,7 @@ from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.lora.manager import attach_lora
 from compiled_llm.speculative import speculative_config_of
 from compiled_llm.worker import early_load, precompile
-from compiled_llm.worker.compile_children import early_children
+from compiled_llm.worker.compile_children import early_children, stop_early
 from compiled_llm.worker.kernel_cache_log import KernelCacheLog
 from compiled_llm.worker.kv_budget import budget_blocks
 from compiled_llm.worker.loader import load_model
@@ -46,28 +46,32 @@ class Worker:
             logger.info("device context: %.2f s", time.perf_counter() - start)
         kernels = KernelCacheLog(self.device.type == "cuda")
         pieces = early_children(self.device, args, tp)  # their imports beside the weights
-        early = early_load.take(args, spec) if tp is None else None
-        baseline = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
-        if self.device.type == "cpu" and args.compile_config().mode != "none":
-            start_cpu_isa_probe()  # ~1.5 s of Inductor's, now beside the weights' load
-        if early is not None:  # loaded by the core process beside its imports
-            baseline = early.baseline
-            logger.info("weights loaded early: %.2f s, beside the compiler's imports",
-                        early.seconds)
-        self.runner = build_runner(args, spec, tp, None if early is None else early.model)
-        loaded = time.perf_counter()
-        kernels.mark("load")
-        if tp is not None:  # the driver of a tensor-parallel group: followers mirror its steps
-            self.runner.step_hook = StepBroadcaster(tp, self.runner)
-        # a cold start: the first call (Dynamo, passes, Inductor) runs in its dry pass
-        if precompile.precompile_if_cold(self.runner, args.world_size,
-                                         sched.max_num_batched_tokens, sched.max_model_len,
-                                         pieces):
-            kernels.mark("precompile")
-        # the profiling forward is also the first call: Dynamo, passes and Inductor run here
-        with precompile.side_pieces(self.runner, args.world_size, pieces):
-            self.num_blocks = num_kv_blocks(self.runner, sched.max_num_batched_tokens,
-                                            sched.max_model_len, baseline)
+        try:
+            early = early_load.take(args, spec) if tp is None else None
+            baseline = torch.cuda.memory_allocated() if self.device.type == "cuda" else 0
+            if self.device.type == "cpu" and args.compile_config().mode != "none":
+                start_cpu_isa_probe()  # ~1.5 s of Inductor's, now beside the weights' load
+            if early is not None:  # loaded by the core process beside its imports
+                baseline = early.baseline
+                logger.info("weights loaded early: %.2f s, beside the compiler's imports",
+                            early.seconds)
+            self.runner = build_runner(args, spec, tp, None if early is None else early.model)
+            loaded = time.perf_counter()
+            kernels.mark("load")
+            if tp is not None:  # the driver of a tensor-parallel group: followers mirror its steps
+                self.runner.step_hook = StepBroadcaster(tp, self.runner)
+            # a cold start: the first call (Dynamo, passes, Inductor) runs in its dry pass
+            if precompile.precompile_if_cold(self.runner, args.world_size,
+                                             sched.max_num_batched_tokens, sched.max_model_len,
+                                             pieces):
+                kernels.mark("precompile")
+            # the profiling forward is also the first call: Dynamo, passes and Inductor run here
+            with precompile.side_pieces(self.runner, args.world_size, pieces):
+                self.num_blocks = num_kv_blocks(self.runner, sched.max_num_batched_tokens,
+                                                sched.max_model_len, baseline)
+        except BaseException:  # else the warm compile children would wait for their go
+            stop_early(pieces)
+            raise
         if tp is not None:  # the pool is the same on every rank: the fewest blocks any holds
             self.num_blocks = self.runner.step_hook.agree_blocks(self.num_blocks)
         profiled = time.perf_counter()

@@ -95,6 +95,7 @@ def test_a_failed_child_piece_compiles_here(ckpt, prompts, tmp_path, caplog):
 def test_warm_children_answer_piece_jobs():
     children = CompileChildren(1, None, warm=1)
     try:
+        assert children.piece_answer(999, timeout_s=0.1) is None  # no such job
         job = children.submit_piece("/nonexistent/job.piece")
         answer = children.piece_answer(job, timeout_s=120.0)
     finally:
@@ -167,10 +168,23 @@ def test_children_started_ahead_are_taken_by_the_worker(ckpt, monkeypatch):
     compile_children.start_early_children(cpu, args)
     assert compile_children.early_children(cpu, args, None) == []  # switched off
     monkeypatch.setenv(side_compile.ENV, "1")
+    monkeypatch.setenv("COMPILED_LLM_DISABLE_CACHE", "1")  # the backend would send nothing
+    assert compile_children.early_children(cpu, args, None) == []
+    monkeypatch.delenv("COMPILED_LLM_DISABLE_CACHE")
     compile_children.start_early_children(cpu, args)
-    ahead = list(compile_children._started)
+    ahead = [child for _, child in compile_children._started]
     assert ahead and compile_children.early_children(cpu, args, None) == ahead
     assert not compile_children._started
     compile_children.stop_early(ahead)
     for child in ahead:
         assert child.proc.wait(timeout=30) is not None
+
+
+def test_a_late_piece_answer_stops_its_child():
+    """Waited for past the timeout (the piece then compiles in the parent), the child is
+    stopped: nothing waits on its late work."""
+    children = CompileChildren(1, None, warm=1)
+    job = children.submit_piece("/nonexistent/job.piece")
+    assert children.piece_answer(job, timeout_s=0.2) is None  # still setting up Inductor
+    assert children.children[0].proc.wait(timeout=30) is not None
+    children.kill()
