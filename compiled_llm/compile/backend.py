@@ -67,7 +67,8 @@ class CompiledLLMBackend:
         self.captures = 0
         self.dumper = PieceDumper(opts.dump_dir) if opts.dump_dir else None
         self.graphs: list[fx.GraphModule] = []  # every split graph returned or loaded
-        self.side_jobs: dict[str, tuple[int, str]] = {}  # piece key -> (job id, job file)
+        # piece key -> (job id, job file, wall-clock time sent)
+        self.side_jobs: dict[str, tuple[int, str, float]] = {}
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> fx.GraphModule:
         t0 = time.perf_counter()
@@ -162,7 +163,7 @@ class CompiledLLMBackend:
         self.graphs.clear()
         self.compiled.clear()
         self.call_locals = None
-        for _, path in self.side_jobs.values():  # sent to a child, never awaited
+        for _, path, _ in self.side_jobs.values():  # sent to a child, never awaited
             Path(path).unlink(missing_ok=True)
         self.side_jobs.clear()
 
@@ -213,7 +214,7 @@ class CompiledLLMBackend:
                 path = side_compile.write_job(piece.module, key, cache.dir,
                                               self.opts.post_grad_pass,
                                               self.opts.inductor_options)
-                self.side_jobs[key] = (side.submit_piece(path), path)
+                self.side_jobs[key] = (side.submit_piece(path), path, time.time())
             except Exception as exc:  # noqa: BLE001 (that piece compiles here instead)
                 if path is not None:
                     Path(path).unlink(missing_ok=True)
@@ -237,8 +238,11 @@ class CompiledLLMBackend:
             logger.warning("piece %s: its compile child failed (%s); compiling it here", name,
                            (answer or {}).get("error", "no answer"))
             return None
-        logger.info("Inductor piece %s: %.2f s in a compile child (waited %.2f s here)", name,
-                    answer["seconds"], waited)
+        # the child's set-up ended this long after the job was sent (negative: before)
+        setup = answer.get("ready", job[2]) - job[2]
+        logger.info("Inductor piece %s: %.2f s in a compile child (waited %.2f s here; the "
+                    "child was set up %+.2f s from the send)", name, answer["seconds"], waited,
+                    setup)
         return {**answer, "waited": waited}
 
     def _count_side(self, answer: dict) -> None:
