@@ -172,6 +172,17 @@ served() {
   echo "$2 $cli serve --model $CK/qwen3-0.6b --port 8100 --log-level warning ${*:3} 2> $R/serve_$1.log & s=\$!; $bench --result-filename serve_$1.json; r=\$?; kill \$s; wait \$s; $py -m benchmarks.itl_gaps $R/serve_$1.json --log $R/serve_$1.log; exit \$r"
 }
 
+# the 8B cold compile A/B (calls 80-81): cold_ab ON OFF ENV=VALUE prints a first process's
+# command (bytecode cache warmed), then the default and the ENV=VALUE rows interleaved twice,
+# into startup_cold_{first,ON1,OFF1,ON2,OFF2}.json
+cold_ab() {
+  local s="$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --cold-only"
+  echo "$s --json $R/startup_cold_first.json"
+  for i in 1 2; do
+    echo "$s --json $R/startup_cold_$1$i.json"
+    echo "$3 $s --json $R/startup_cold_$2$i.json"
+  done
+}
 
 stream() {  # stream GPU NAME CMD...: the commands in order on one GPU, logged, until END
   local gpu=$1 name=$2 c left
@@ -587,11 +598,7 @@ elif [ "$CALL" = 81 ]; then  # one GPU (carry .whl): the 8B cold compile with it
   OFF=COMPILED_LLM_SIDE_PIECE_COMPILE=0
   mapfile -t a <<<"\
 $MK
-$S --cold-only --json $R/startup_cold_first.json
-$S --cold-only --json $R/startup_cold_side1.json
-$OFF $S --cold-only --json $R/startup_cold_here1.json
-$S --cold-only --json $R/startup_cold_side2.json
-$OFF $S --cold-only --json $R/startup_cold_here2.json
+$(cold_ab side here $OFF)
 $S --serve-only --serve-env $OFF COMPILED_LLM_SIDE_PIECE_COMPILE=1 --json $R/startup_serve.json
 timeout 240 $py -m pytest -q -x -p no:cacheprovider tests/worker/test_precompile_gpu.py tests/compile/test_side_compile.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
@@ -602,11 +609,7 @@ elif [ "$CALL" = 80 ]; then  # one GPU (carry .whl): the 8B cold compile with it
   OFF=COMPILED_LLM_EARLY_LOAD=0
   mapfile -t a <<<"\
 $MK
-$S --cold-only --json $R/startup_cold_first.json
-$S --cold-only --json $R/startup_cold_early1.json
-$OFF $S --cold-only --json $R/startup_cold_after1.json
-$S --cold-only --json $R/startup_cold_early2.json
-$OFF $S --cold-only --json $R/startup_cold_after2.json
+$(cold_ab early after $OFF)
 $S --serve-only --json $R/startup_serve.json
 timeout 120 $py -m pytest -q -x -p no:cacheprovider tests/worker/test_precompile_gpu.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"

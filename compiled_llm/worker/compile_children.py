@@ -72,6 +72,15 @@ class _Child:
         self.proc.kill()
         if len(self.answers) < self.sent:  # gone or late: its last lines may still be in the pipe
             self.reader.join(timeout=2.0)
+        self._reap()
+
+    def stop(self) -> None:
+        """Close its stdin and kill it now (it may have exited already)."""
+        self.jobs.put(None)
+        self.proc.kill()
+        self._reap()
+
+    def _reap(self) -> None:
         threading.Thread(target=self.proc.wait, daemon=True, name="triton-compile-reap").start()
 
 
@@ -126,20 +135,26 @@ def _start_warm(device, args, tp) -> list[_Child]:
     if tp is not None or args.world_size != 1 or not sends \
             or not side_piece_compile_wanted(device.type):
         return []
-    count = min(PIECE_CHILDREN, max(1, usable_cpus() - 1))
-    if device.type == "cuda":
-        if os.environ.get(PARALLEL_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
-            return []
-        return start_early(count, device.index or 0)  # each pins the worker's Triton cache
-    return start_early(count, None)
+    if device.type != "cuda":
+        return start_early(piece_children_count(), None)
+    # each pins the worker's Triton cache dir itself
+    return start_early(piece_children_count(), device.index or 0) if parallel_compiles_on() else []
 
 
 def stop_early(children: list[_Child]) -> None:
     """End children from start_early (taken or not; each may have exited already)."""
     for child in children:
-        child.jobs.put(None)
-        child.proc.kill()
-        threading.Thread(target=child.proc.wait, daemon=True, name="triton-compile-reap").start()
+        child.stop()
+
+
+def parallel_compiles_on() -> bool:
+    """Whether side-by-side compiles on CUDA are switched on ($PARALLEL_ENV, default on)."""
+    return os.environ.get(PARALLEL_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def piece_children_count() -> int:
+    """How many warm children take pieces: PIECE_CHILDREN, leaving the parent a CPU."""
+    return min(PIECE_CHILDREN, max(1, usable_cpus() - 1))
 
 
 class CompileChildren:

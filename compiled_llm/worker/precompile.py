@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import os
 import time
 
 import torch
@@ -19,6 +18,8 @@ from compiled_llm.worker.compile_children import (
     PARALLEL_ENV,
     PIECE_CHILDREN,
     CompileChildren,
+    parallel_compiles_on,
+    piece_children_count,
     stop_early,
     usable_cpus,
 )
@@ -83,19 +84,16 @@ def wanted(runner) -> bool:
     """A lone CUDA worker whose pieces our backend compiles now (no snapshot came from the
     cache: a cold start, its kernels not in Triton's cache either), the switch on, and a
     Triton with the hook and preload."""
-    off = os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no")
     return (runner.device.type == "cuda" and runner.step_hook is None and _cold(runner)
-            and not off and supported())
+            and parallel_compiles_on() and supported())
 
 
 def precompile_if_cold(runner, world_size: int, profile_tokens: int, max_len: int,
                        early: list = ()) -> bool:
     """precompile_kernels where wanted (and one process holds the model; it takes early's
-    children); whether it ran. Where it does not, on CUDA, early's children are stopped. A
-    failure is logged, never raised: the kernels then compile at their launches."""
+    children); whether it ran. A failure is logged, never raised: the kernels then compile at
+    their launches."""
     if world_size != 1 or not wanted(runner):
-        if runner.device.type == "cuda":
-            stop_early(early)
         return False
     try:
         precompile_kernels(runner, profile_tokens, max_len, early)
@@ -108,13 +106,14 @@ def precompile_if_cold(runner, world_size: int, profile_tokens: int, max_len: in
 def side_pieces(runner, world_size: int, early: list = ()):
     """Within, off CUDA (where precompile_kernels does it) on a cold start with the switch
     on (side_compile.ENV=1): warm compile children (early's, else new) take the backend's
-    pieces. Every child is stopped on the way out."""
+    pieces. Every child is stopped on the way out; early's, where unused (a warm start, or
+    CUDA's, which precompile_kernels took or never needed), before the forward."""
     if world_size != 1 or runner.device.type == "cuda" or not _cold(runner) or \
             not side_compile.wanted(runner.device.type):
         stop_early(early)
         yield
         return
-    count = len(early) or min(PIECE_CHILDREN, max(1, usable_cpus() - 1))
+    count = len(early) or piece_children_count()
     children = CompileChildren(count, None, warm=count, early=early)
     try:
         with side_compile.using(children):
