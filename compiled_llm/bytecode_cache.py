@@ -14,6 +14,7 @@ from pathlib import Path
 SWITCH_ENV = "COMPILED_LLM_BYTECODE_CACHE"
 CACHE_DIR_ENV = "COMPILED_LLM_CACHE_DIR"
 PYCACHE_DIRNAME = "pycache"  # under the compile cache root; `cache ls` skips it
+HINTS_DIRNAME = "warm-hints"  # worker/warm_hint.py's, under the root too; skipped as well
 # torch's largest module, which every engine core imports: whether its bytecode is cached
 # stands for torch's (and so for most of a start's imports)
 PROBE = ("_inductor", "compile_fx.py")

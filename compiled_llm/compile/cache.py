@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from compiled_llm.bytecode_cache import PYCACHE_DIRNAME, cache_root
+from compiled_llm.bytecode_cache import HINTS_DIRNAME, PYCACHE_DIRNAME, cache_root
 from compiled_llm.compile.counters import counters
 
 logger = logging.getLogger(__name__)
@@ -160,8 +160,9 @@ def list_entries(root: Path | str | None = None) -> list[dict]:
     """Every cache key directory with its piece count and size."""
     root = Path(root or default_cache_root())
     entries = []
-    key_dirs = sorted(p for p in root.glob("*")
-                      if p.is_dir() and p.name != PYCACHE_DIRNAME) if root.exists() else []
+    key_dirs = (sorted(p for p in root.glob("*")
+                      if p.is_dir() and p.name not in (PYCACHE_DIRNAME, HINTS_DIRNAME))
+                if root.exists() else [])
     for key_dir in key_dirs:
         files = list(key_dir.glob("*.bin"))
         info = key_dir / "info.json"

@@ -19,6 +19,7 @@ import threading
 import time
 
 from compiled_llm.optimization import side_piece_compile_wanted
+from compiled_llm.worker import warm_hint
 
 TIMEOUT_S = 600.0  # the most a start-up waits for its compile children
 PARALLEL_ENV = "COMPILED_LLM_PARALLEL_TRITON_COMPILE"  # 0: no side-by-side compiles on CUDA
@@ -133,7 +134,7 @@ def _start_warm(device, args, tp) -> list[_Child]:
              and not os.environ.get("COMPILED_LLM_DISABLE_CACHE")
              and not os.environ.get("COMPILED_LLM_DUMP_DIR"))
     if tp is not None or args.world_size != 1 or not sends \
-            or not side_piece_compile_wanted(device.type):
+            or not side_piece_compile_wanted(device.type) or warm_hint.hinted_warm(args):
         return []
     if device.type != "cuda":
         return start_early(piece_children_count(), None)

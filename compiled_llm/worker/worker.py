@@ -19,7 +19,7 @@ from compiled_llm.config import EngineArgs
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.lora.manager import attach_lora
 from compiled_llm.speculative import speculative_config_of
-from compiled_llm.worker import early_load, precompile
+from compiled_llm.worker import early_load, precompile, warm_hint
 from compiled_llm.worker.compile_children import early_children, stop_early
 from compiled_llm.worker.kernel_cache_log import KernelCacheLog
 from compiled_llm.worker.kv_budget import budget_blocks
@@ -76,6 +76,7 @@ class Worker:
             self.num_blocks = self.runner.step_hook.agree_blocks(self.num_blocks)
         profiled = time.perf_counter()
         kernels.mark("profile")
+        warm_hint.record(args, self.runner)  # the next such start skips the children ahead
         self._settle_max_model_len(args, sched.max_model_len)
         self.runner.allocate_kv_cache(self.num_blocks)
         allocated = time.perf_counter()

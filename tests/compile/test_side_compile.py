@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import tempfile
 
 import pytest
 
 from compiled_llm import LLM, SamplingParams
+from compiled_llm.bytecode_cache import HINTS_DIRNAME
 from compiled_llm.compile import counters, side_compile
 from compiled_llm.worker.compile_children import CompileChildren
 from tests.utils import make_checkpoint, random_prompts
@@ -31,6 +33,11 @@ def prompts():
 
 def _tokens(llm, prompts):
     return [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
+
+
+def _eager_tokens(ckpt, prompts):
+    """The baseline, on the CPU as every engine here (the side path's CPU form is tested)."""
+    return _tokens(LLM(str(ckpt), enforce_eager=True, dtype="float32", device="cpu"), prompts)
 
 
 def _jobs_left() -> list[str]:
@@ -59,12 +66,12 @@ PASSES = {"qk_norm_rope_kv_write_on_cpu": True, "small_m_gemm_on_cpu": True}
 
 def _cold_llm(ckpt, cache_dir, side: InProcess):
     with side_compile.using(side):
-        return LLM(str(ckpt), dtype="float32", compile_mode="backend",
+        return LLM(str(ckpt), dtype="float32", compile_mode="backend", device="cpu",
                    compile_cache_dir=str(cache_dir), passes=PASSES)
 
 
 def test_pickled_pieces_compile_to_the_same_tokens(ckpt, prompts, tmp_path, monkeypatch):
-    baseline = _tokens(LLM(str(ckpt), enforce_eager=True, dtype="float32"), prompts)
+    baseline = _eager_tokens(ckpt, prompts)
     # a fresh Inductor cache: a hit there would skip the passes the test counts
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     counters.reset()
@@ -82,7 +89,7 @@ def test_pickled_pieces_compile_to_the_same_tokens(ckpt, prompts, tmp_path, monk
 
 
 def test_a_failed_child_piece_compiles_here(ckpt, prompts, tmp_path, caplog):
-    baseline = _tokens(LLM(str(ckpt), enforce_eager=True, dtype="float32"), prompts)
+    baseline = _eager_tokens(ckpt, prompts)
     counters.reset()
     side = InProcess(fail=True)
     llm = _cold_llm(ckpt, tmp_path, side)
@@ -109,11 +116,11 @@ def test_warm_children_answer_piece_jobs():
 
 def test_cold_start_through_warm_children(ckpt, prompts, tmp_path, monkeypatch, caplog):
     """The whole path: a CPU start with the switch on, children warm, pieces sent to them."""
-    baseline = _tokens(LLM(str(ckpt), enforce_eager=True, dtype="float32"), prompts)
+    baseline = _eager_tokens(ckpt, prompts)
     monkeypatch.setenv(side_compile.ENV, "1")
     counters.reset()
     with caplog.at_level("INFO"):
-        llm = LLM(str(ckpt), dtype="float32", compile_mode="backend",
+        llm = LLM(str(ckpt), dtype="float32", compile_mode="backend", device="cpu",
                   compile_cache_dir=str(tmp_path), passes=PASSES)
     assert caplog.text.count("in a compile child") == 3
     assert counters.inductor_compiles == 3 and counters.cache_hits == 0
@@ -137,14 +144,15 @@ def _compile_children() -> list[int]:
 
 
 def test_early_children_are_stopped_on_a_warm_start(ckpt, prompts, tmp_path, monkeypatch):
-    """Started before the weights on every backend start with the switch on, the warm
-    children are ended when the cache has the model (and after a cold one, once used)."""
+    """Started before the weights with the switch on (unless a warm-start hint says the
+    cache has the model), the warm children are ended on a warm start and after a cold one."""
     import time
 
     monkeypatch.setenv(side_compile.ENV, "1")
     counters.reset()
     for _ in range(2):  # cold, then warm from the same cache
-        llm = LLM(str(ckpt), dtype="float32", compile_mode="backend",
+        shutil.rmtree(tmp_path / HINTS_DIRNAME, ignore_errors=True)  # children started ahead
+        llm = LLM(str(ckpt), dtype="float32", compile_mode="backend", device="cpu",
                   compile_cache_dir=str(tmp_path))
         deadline = time.monotonic() + 30
         while _compile_children() and time.monotonic() < deadline:
