@@ -168,3 +168,33 @@ def _blocking_move(args, kwargs) -> bool:
                                       for a in args[1:])
     non_blocking = kwargs.get("non_blocking") or any(a is True for a in args[1:])
     return moves and not non_blocking
+
+
+CHATML_SPECIALS = ["<|endoftext|>", "<s>", "<|im_end|>", "<|im_start|>"]  # ids 0-3
+
+
+def make_chatml_checkpoint() -> Path:
+    """A tiny Llama whose tokenizer is ChatML-style, as chat fine-tunes ship: a BOS added to
+    every encode, its EOS <|im_end|> (id 2) where config.json names <|endoftext|> (id 0),
+    and <|im_start|> (id 3) a special added token that all_special_ids does not list."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=CHATML_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([CORPUS], trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                          "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>"
+                          "assistant\n{% endif %}")
+    cfg = transformers.LlamaConfig(vocab_size=len(fast), eos_token_id=0, bos_token_id=1, **SMALL)
+    torch.manual_seed(0)
+    out = Path(tempfile.mkdtemp(prefix="cllm-chatml-"))
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
+    fast.save_pretrained(out)
+    return out

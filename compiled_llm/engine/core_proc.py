@@ -102,11 +102,13 @@ class _LazyGrammars:
         if self.manager is None:
             from transformers import AutoTokenizer
 
+            from compiled_llm.engine.core_spec import with_tokenizer_eos
             from compiled_llm.sample.grammar_compiler import GrammarManager
 
             args = self.args
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or self.spec.model_dir)
-            self.manager = GrammarManager(tokenizer, self.vocab_size, self.eos_token_ids,
+            eos = with_tokenizer_eos(self.eos_token_ids, tokenizer)  # as the front ends'
+            self.manager = GrammarManager(tokenizer, self.vocab_size, eos,
                                           args.structured_outputs_max_bytes,
                                           args.structured_outputs_timeout_s)
         return self.manager

@@ -28,12 +28,19 @@ def resolve_device(device: str) -> torch.device:
 
 
 def eos_ids(model_dir: str, hf: dict[str, Any], tokenizer) -> tuple[int, ...]:
-    """EOS ids from generation_config.json, else config.json, else the tokenizer."""
+    """EOS ids from generation_config.json (else config.json) and the tokenizer's, as vLLM
+    stops on both: a chat model's config often names <|endoftext|> where its tokenizer (and
+    so its chat turns) end in <|im_end|> or <|eot_id|>."""
     gen = read_json(Path(model_dir) / "generation_config.json")
     eos = gen.get("eos_token_id", hf.get("eos_token_id"))
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    return tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    return with_tokenizer_eos(ids, tokenizer)
+
+
+def with_tokenizer_eos(ids: tuple[int, ...], tokenizer) -> tuple[int, ...]:
+    """ids, then the tokenizer's EOS id where it has one not among them."""
+    extra = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    return ids if extra is None or extra in ids else (*ids, int(extra))
 
 
 def core_spec(args: EngineArgs, tokenizer) -> tuple[WorkerSpec, tuple[int, ...]]:

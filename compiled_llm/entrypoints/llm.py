@@ -115,8 +115,9 @@ class LLM(PoolingMixin):
         for text in prompts:
             self.engine.inputs.check_text_prompt(text, "messages")
         ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
-        return self.generate([{"prompt_token_ids": i} for i in ids], sampling_params, use_tqdm,
-                             lora_request=lora_request)
+        # each output's prompt is the rendered conversation, as vLLM's
+        return self.generate([{"prompt_token_ids": i, "prompt": p} for i, p in zip(ids, prompts)],
+                             sampling_params, use_tqdm, lora_request=lora_request)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}

@@ -18,6 +18,15 @@ _COMPACT_AFTER = 512
 REPLACEMENT_CHAR = "\ufffd"
 
 
+def special_token_ids(tokenizer: "PreTrainedTokenizerBase") -> frozenset[int]:
+    """The ids skip_special_tokens drops, as the tokenizer's own decode does: the named
+    special tokens and every added token flagged special (Llama-3's <|start_header_id|>,
+    ChatML's <|im_start|>), which all_special_ids does not list."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    flagged = (token_id for token_id, token in added.items() if getattr(token, "special", False))
+    return frozenset(tokenizer.all_special_ids).union(flagged)
+
+
 class IncrementalDetokenizer:
     """Turns generated token ids into text, one small window of tokens at a time.
 
@@ -45,7 +54,7 @@ class IncrementalDetokenizer:
         # Cached because these HF properties rebuild their collections on every access.
         self._vocab_len = len(tokenizer)
         self._skip_ids: frozenset[int] = (
-            frozenset(tokenizer.all_special_ids) if skip_special_tokens else frozenset()
+            special_token_ids(tokenizer) if skip_special_tokens else frozenset()
         )
         added_vocab = tokenizer.get_added_vocab()
         self._added_tokens = frozenset(added_vocab)

@@ -19,6 +19,7 @@ from compiled_llm.output.detokenizer import (
     PROMPT_CONTEXT_TOKENS,
     REPLACEMENT_CHAR,
     IncrementalDetokenizer,
+    special_token_ids,
 )
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def _build_plan(tokenizer: PreTrainedTokenizerBase) -> DecodePlan:
     if backend is not None and "ByteFallback" in types:
         found = (backend.token_to_id(f"<0x{byte:02X}>") for byte in range(256))
         byte_ids = frozenset(i for i in found if i is not None)
-    return DecodePlan(backend, len(tokenizer), frozenset(tokenizer.all_special_ids), byte_ids)
+    return DecodePlan(backend, len(tokenizer), special_token_ids(tokenizer), byte_ids)
 
 
 def plan_for(tokenizer: PreTrainedTokenizerBase) -> DecodePlan:

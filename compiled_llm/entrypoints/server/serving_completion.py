@@ -46,7 +46,8 @@ class ServingCompletion(Serving):
         """(streams, id, prompts): every prompt tokenized and admitted, or none (a failure
         or a cancel aborts those already admitted). Echoing with max_tokens 0 generates one
         token and shows none, as vLLM does; echoing with logprobs scores the prompt."""
-        prompts = await self._prompts(req.prompt, req.add_special_tokens)
+        texts = self._texts(req.prompt)
+        prompts = await self._prompts(texts, req.add_special_tokens)
         max_tokens = 1 if req.echo and req.max_tokens == 0 else req.max_tokens
         params = [sampling_params(req, output_budget(max_tokens, len(p), self.max_model_len,
                                                      prompt_param="prompt",
@@ -61,17 +62,19 @@ class ServingCompletion(Serving):
             for i, (ids, prompt_params) in enumerate(zip(prompts, params)):
                 streams.append(await self.start(f"{rid}-{i}", ids, prompt_params,
                                                 lora_request=lora))
-            shown = [await self._shown(ids, req.echo) for ids in prompts]
+            shown = [await self._shown(ids, text, req.echo) for ids, text in zip(prompts, texts)]
         except BaseException:
             for stream in streams:
                 stream.abort()
             raise
         return streams, rid, shown
 
-    async def _shown(self, ids: list[int], echo: bool) -> _Prompt:
+    async def _shown(self, ids: list[int], text: str | list[int], echo: bool) -> _Prompt:
+        """An echoed text prompt shows as sent (as vLLM's does), token ids as decoded."""
         if not echo:
             return _Prompt(ids)
-        return _Prompt(ids, await self.engine.decode(ids), await self.engine.decode(ids[:1]))
+        shown = text if isinstance(text, str) else await self.engine.decode(ids)
+        return _Prompt(ids, shown, await self.engine.decode(ids[:1]))
 
     async def _answer(self, req: CompletionRequest) -> dict:
         """The whole JSON body (cancelled, it aborts every prompt's request)."""
@@ -88,7 +91,8 @@ class ServingCompletion(Serving):
             raise OpenAIError(400, "max_tokens must be >= 1, got 0 (0 only with echo=true)",
                               param="max_tokens", code="invalid_value")
 
-    async def _prompts(self, prompt, add_special_tokens: bool) -> list[list[int]]:
+    def _texts(self, prompt) -> list:
+        """The request's prompts, one per entry: a str or a list of token ids."""
         if isinstance(prompt, str) or prompt and isinstance(prompt[0], int):
             prompt = [prompt]
         if not prompt:
@@ -97,8 +101,11 @@ class ServingCompletion(Serving):
         if len(prompt) > limit:
             raise OpenAIError(400, f"prompt is a list of {len(prompt)} prompts; at most {limit} "
                               "(max_completion_prompts)", param="prompt")
+        return prompt
+
+    async def _prompts(self, texts: list, add_special_tokens: bool) -> list[list[int]]:
         return [p if isinstance(p, list) else await self.encode(p, add_special_tokens)
-                for p in prompt]
+                for p in texts]
 
     def _choice(self, prompt_index: int, completion: CompletionOutput, req: CompletionRequest,
                 prompt: _Prompt, prompt_logprobs: list | None, first: bool,

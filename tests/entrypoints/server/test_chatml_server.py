@@ -1,0 +1,48 @@
+"""The ChatML-style test model served (tests/utils.make_chatml_checkpoint): an echoed text
+prompt shows as sent (no BOS the tokenizer added), streamed text skips special added tokens,
+and a chat turn ends at the tokenizer's EOS."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.entrypoints.server.inprocess import engine_args, serving
+from tests.utils import make_chatml_checkpoint
+
+IM_END, IM_START = 2, 3
+
+
+@pytest.fixture(scope="module")
+def srv():
+    with serving(engine_args(model=str(make_chatml_checkpoint()))) as server:
+        yield server
+        assert server.idle()
+
+
+def test_echo_shows_the_prompt_as_sent(srv):
+    body = srv.post("/v1/completions", {"prompt": "hello", "max_tokens": 2, "echo": True,
+                                        "temperature": 0}).json()
+    assert body["choices"][0]["text"].startswith("hello")
+    ids = srv.post("/v1/completions", {"prompt": [1, 72, 73], "max_tokens": 0,
+                                       "echo": True}).json()
+    assert ids["choices"][0]["text"] == "<s>" + srv.post(
+        "/detokenize", {"tokens": [72, 73]}).json()["prompt"]
+
+
+def test_streamed_text_skips_special_added_tokens(srv):
+    resp = srv.post("/v1/completions", {"prompt": "hi", "max_tokens": 3, "stream": True,
+                                        "logit_bias": {str(IM_START): 100}})
+    events = [json.loads(line[6:]) for line in resp.text.splitlines()
+              if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events) == ""
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_chat_turn_ends_at_the_tokenizers_eos(srv):
+    body = srv.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+        "logit_bias": {str(IM_END): 100}}).json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "stop" and body["usage"]["completion_tokens"] == 1
