@@ -149,6 +149,8 @@
 #     bash benchmarks/h200_suite.sh 81    # the 8B cold compile with its pieces compiled in
 #                                         # warm compile children and in the process
 #                                         # (interleaved), a warm serve, the GPU tests
+#     bash benchmarks/h200_suite.sh 82    # warm 8B serves with the warm-start hint and with
+#                                         # side-by-side pieces off; Llama-3-8B nano-vllm profile
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -588,6 +590,16 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 82 ]; then  # one GPU (carry .whl): warm 8B serves with the warm-start hint
+  # (default: no compile children started ahead) against the side-by-side pieces off
+  # (X=1 repeats the default), then where Llama-3-8B's nano-vllm device time goes
+  S="$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK"
+  OFF=COMPILED_LLM_SIDE_PIECE_COMPILE=0
+  mapfile -t a <<<"\
+$MK
+$S --serve-only --serve-env $OFF X=1 $OFF X=1 --json $R/startup_serve.json
+$py -m benchmarks.profile_steps --model $CK/llama3-8b --workload nano-vllm --json $R/profile_nano_llama3-8b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 81 ]; then  # one GPU (carry .whl): the 8B cold compile with its pieces
   # compiled in three warm compile children (default) and in the process
