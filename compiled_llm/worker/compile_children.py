@@ -10,6 +10,7 @@ import contextlib
 import functools
 import importlib
 import json
+import logging
 import os
 import queue
 import select
@@ -20,6 +21,8 @@ import time
 
 from compiled_llm.optimization import side_piece_compile_wanted
 from compiled_llm.worker import warm_hint
+
+logger = logging.getLogger(__name__)
 
 TIMEOUT_S = 600.0  # the most a start-up waits for its compile children
 PARALLEL_ENV = "COMPILED_LLM_PARALLEL_TRITON_COMPILE"  # 0: no side-by-side compiles on CUDA
@@ -107,6 +110,7 @@ def start_early(count: int, device: int | None) -> list[_Child]:
 
 
 _started: list[tuple[str, _Child]] = []  # (device, child) made ahead of the worker
+_said_hinted: list[bool] = []  # the hint's log line, once a process
 
 
 def start_early_children(device, args) -> None:
@@ -134,7 +138,12 @@ def _start_warm(device, args, tp) -> list[_Child]:
              and not os.environ.get("COMPILED_LLM_DISABLE_CACHE")
              and not os.environ.get("COMPILED_LLM_DUMP_DIR"))
     if tp is not None or args.world_size != 1 or not sends \
-            or not side_piece_compile_wanted(device.type) or warm_hint.hinted_warm(args):
+            or not side_piece_compile_wanted(device.type):
+        return []
+    if warm_hint.hinted_warm(args):
+        if not _said_hinted:
+            logger.info("warm-start hint found: no compile children started ahead")
+            _said_hinted.append(True)
         return []
     if device.type != "cuda":
         return start_early(piece_children_count(), None)
