@@ -217,6 +217,51 @@ def fp8_sweep() -> list[dict]:
             for row in _sweep_decode(batch, ctx, fp8)]
 
 
+# (split_keys, splits): the default (splits from the batch) first, then long contexts split
+MIXED_VARIANTS = ((0, None), (512, 4), (512, 8), (256, 8), (1024, 2), (1024, 4))
+
+
+def mixed_case(batch: int, lo: int, hi: int, seed: int = 0):
+    """A decode batch of contexts uniform in [lo, hi] (the nano-vllm workload's spread), the
+    one-launch kernel's raw q/k/v and rotary rows; the newest key goes to each one's slot."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    lens = torch.randint(lo, hi + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
+    per_seq = -(-hi // BS)
+    num_blocks = batch * per_seq + 1
+    cache = torch.randn(2, num_blocks, BS, HKV, D, device="cuda", dtype=DTYPE, generator=gen)
+    table = (torch.randperm(num_blocks - 1, device="cuda", generator=gen) + 1).int()
+    table = table.view(batch, per_seq)
+    newest = (lens - 1).long()
+    slots = table.gather(1, (newest // BS)[:, None]).flatten().long() * BS + newest % BS
+    q = torch.randn(batch, HQ, D, device="cuda", dtype=DTYPE, generator=gen)
+    k, v = (torch.randn(batch, HKV, D, device="cuda", dtype=DTYPE, generator=gen) for _ in "kv")
+    cos, sin = (torch.rand(batch, 1, D, device="cuda", dtype=DTYPE, generator=gen) for _ in "cs")
+    return q, k, v, cos, sin, cache, lens, table, slots
+
+
+def _mixed_rows(batch: int, lo: int, hi: int) -> list[dict]:
+    from compiled_llm.attention.kernels.decode_qk import decode_qk_norm_rope_attention
+
+    q, k, v, cos, sin, cache, lens, table, slots = mixed_case(batch, lo, hi)
+    kv_bytes = 2 * int(lens.sum()) * HKV * D * cache.element_size()
+    out, rows = torch.empty_like(q), []
+    for keys, splits in MIXED_VARIANTS:
+        for block_n, stages in ((64, 3), (128, 3), (64, 4)):
+            cfg = replace(decode_config(D), split_keys=keys, block_n=block_n, num_stages=stages)
+            ms = bench_ms(lambda c=cfg, n=splits: decode_qk_norm_rope_attention(
+                q, k, v, cos, sin, None, None, 1e-6, cache, lens, table, slots, SCALE, -1, out,
+                c, n))
+            rows.append({"batch": batch, "contexts": f"{lo}-{hi}", "split_keys": keys,
+                         "splits": splits or "batch", "block_n": block_n, "stages": stages,
+                         "us": ms * 1e3, "GB/s": kv_bytes / ms / 1e6})
+    return rows
+
+
+def mixed_sweep() -> list[dict]:
+    """The one-launch decode over mixed contexts at serving batch sizes, by split variant."""
+    return [row for batch in (64, 128, 256) for row in _mixed_rows(batch, 100, 2048)]
+
+
 def _sweep_prefill(length: int) -> list[dict]:
     q, _, _, cache, meta = paged_case(1, 0, length)
     out, rows = torch.empty_like(q), []
@@ -250,6 +295,8 @@ def main() -> None:
                     help="only time decode's split variants (graph grid of 40,960 tokens)")
     ap.add_argument("--fp8-sweep", action="store_true",
                     help="only time decode tile configs over bf16 and FP8 caches")
+    ap.add_argument("--mixed-sweep", action="store_true",
+                    help="only time the one-launch decode over mixed contexts, by split variant")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("attention_kernels.py needs a CUDA device")
@@ -258,6 +305,10 @@ def main() -> None:
         rows = split_sweep()
         print_table(rows, "Decode by split variant, per layer")
         return save_json(args.json, {"device": torch.cuda.get_device_name(), "splits": rows})
+    if args.mixed_sweep:
+        rows = mixed_sweep()
+        print_table(rows, "One-launch decode over contexts of 100-2048 tokens, per layer")
+        return save_json(args.json, {"device": torch.cuda.get_device_name(), "mixed": rows})
     if args.fp8_sweep:
         rows = fp8_sweep()
         print_table(rows, "Decode tile configs, bf16 and FP8 caches")

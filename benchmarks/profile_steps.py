@@ -19,7 +19,7 @@ from collections import defaultdict
 import torch
 
 KINDS = [  # (kind, substrings of the kernel name), first match wins
-    ("attention decode", ("_decode_split", "_decode_reduce")),
+    ("attention decode", ("_decode_split", "_decode_qk_split", "_decode_reduce")),
     ("attention prefill", ("_prefill", "_varlen", "flash")),
     ("kv write", ("cache_write", "_write_kv", "reshape_and_cache", "qk_norm_rope")),
     ("gemm", ("gemm", "gemv", "cutlass", "sm90_xmma", "nvjet", "_mm_", "splitk", "matmul")),

@@ -35,6 +35,9 @@ MIXED_DECODES = os.environ.get("COMPILED_LLM_MIXED_DECODES", "1") != "0"
 # split (0: a second kernel merges)
 SPLIT_KEYS = int(os.environ.get("COMPILED_LLM_DECODE_SPLIT_KEYS", "0"))
 MERGE_IN_LAUNCH = os.environ.get("COMPILED_LLM_DECODE_MERGE_IN_LAUNCH", "0") == "1"
+# decode, opt-in for A/B runs: at least this many splits at any batch (with SPLIT_KEYS, the
+# long contexts of a large batch split while the short ones take one)
+MIN_SPLITS = int(os.environ.get("COMPILED_LLM_DECODE_MIN_SPLITS", "1"))
 
 
 def prefill_config(head_dim: int) -> PrefillConfig:
@@ -49,7 +52,7 @@ def prefill_config(head_dim: int) -> PrefillConfig:
 def decode_config(head_dim: int) -> DecodeConfig:
     """Autotune-free decode defaults by head_dim: K/V tiles of 8-16 KB, 3 stages in flight."""
     tiles = dict(num_warps=4, num_stages=3, split_keys=SPLIT_KEYS,
-                 merge_in_launch=MERGE_IN_LAUNCH)
+                 merge_in_launch=MERGE_IN_LAUNCH, min_splits=MIN_SPLITS)
     if head_dim <= 64:
         return DecodeConfig(block_n=128, **tiles)
     if head_dim <= 128:

@@ -177,6 +177,9 @@ def test_num_splits_depend_on_shapes_only():
     assert choose_num_splits(1, 1, 1024, cfg, cpu) == 8  # few programs: split
     assert choose_num_splits(1, 1, 32, cfg, cpu) == 2  # but never more splits than tiles
     assert choose_num_splits(64, 8, 4096, cfg, cpu) == 1  # the batch already fills the device
+    floor = replace(cfg, min_splits=4)  # long contexts of a large batch split anyway
+    assert choose_num_splits(64, 8, 4096, floor, cpu) == 4
+    assert choose_num_splits(64, 8, 32, floor, cpu) == 2  # still no more than the tiles
 
 
 def _run_op(batch, backend, window):

@@ -34,6 +34,9 @@ class DecodeConfig:
     # split writes the output itself (no merge); 0: every split of the grid
     split_keys: int = 0
     merge_in_launch: bool = False  # the last split merges (counters), not a second kernel
+    # fewest splits of the grid whatever the batch (with split_keys: the most a long context
+    # takes where the batch alone would give one split); 1: the batch decides
+    min_splits: int = 1
 
 
 def merge_counters(device: torch.device, config: DecodeConfig) -> torch.Tensor | None:
@@ -241,6 +244,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_tokens: int, config:
                       device: torch.device) -> int:
     """Splits so that about two programs per SM run, from shapes only (CUDA-graph stable)."""
     want = triton.cdiv(2 * sm_count(device), max(1, num_seqs * num_kv_heads))
+    want = max(want, config.min_splits)
     return max(1, min(want, config.max_splits, triton.cdiv(max_tokens, config.block_n)))
 
 
