@@ -16,6 +16,8 @@ from compiled_llm.config_fields import (  # noqa: F401 (re-exported)
     check_minimums,
     config_docs,
     field_choices,
+    max_model_len_arg,
+    normalize_max_model_len,
     split_optional,
 )
 from compiled_llm.lora.config import LoRAArgs
@@ -27,7 +29,7 @@ from compiled_llm.optimization import (
     level_defaults,
     mode_graph_sizes,
 )
-from compiled_llm.parallel_config import ParallelArgs
+from compiled_llm.parallel_config import ParallelArgs, ParityArgs
 from compiled_llm.speculative import check_speculative
 
 ENV_KV_BYTES = "COMPILED_LLM_KV_CACHE_MEMORY_BYTES"  # default KV budget, CPU and GPU alike
@@ -55,15 +57,9 @@ def _env_int(name: str) -> int | None:
     return int(value) if value else None
 
 
-AUTO_MAX_MODEL_LEN = ("auto", -1)  # vLLM's spellings of "fit the model and the KV cache"
 # the config.json keys that bound the sequence length, as vLLM reads them (the smallest wins)
 _LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
                 "model_max_length", "max_sequence_length", "max_seq_length", "seq_len")
-
-
-def max_model_len_arg(text: str) -> int | str:
-    """argparse type of --max-model-len: a token count, or auto (also -1)."""
-    return "auto" if text.strip().lower() == "auto" else int(text)
 
 
 def model_len_bounds(hf_config: dict) -> tuple[int, int]:
@@ -196,10 +192,10 @@ class CompileConfig:
 
 
 @dataclass
-class EngineArgs(ParallelArgs, LoRAArgs):
+class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
     """Everything LLM(...) and `compiled-llm` accept (runner and parallelism: ParallelArgs;
-    adapters: LoRAArgs); the *_config() methods derive the sub-configs. Every field's docstring
-    is its flag's help."""
+    adapters: LoRAArgs; vLLM's fields that change nothing here: ParityArgs); the *_config()
+    methods derive the sub-configs. Every field's docstring is its flag's help."""
 
     model: str | None = None
     """Hugging Face model directory to load (default: the demo model shipped in the package)."""
@@ -212,9 +208,10 @@ class EngineArgs(ParallelArgs, LoRAArgs):
     """Device to run on: auto (cuda if available, else cpu) or a torch device name."""
     max_model_len: int | str | None = field(default=None,
                                             metadata={"parse": max_model_len_arg})
-    """Longest sequence, prompt plus output, in tokens (default, also auto or -1: the model's
-    max_position_embeddings, or fewer if the KV cache cannot hold one sequence that long; an
-    explicit value the KV cache cannot hold is an error)."""
+    """Longest sequence, prompt plus output, in tokens, also as vLLM spells it: 4k = 4000,
+    4K = 4096 (default, also auto or -1: the model's max_position_embeddings, or fewer if the
+    KV cache cannot hold one sequence that long; an explicit value the KV cache cannot hold
+    is an error)."""
     max_num_seqs: int | None = None
     """Most sequences in one step (default: 256; 512 with performance_mode throughput)."""
     max_num_batched_tokens: int | None = None
@@ -337,11 +334,9 @@ class EngineArgs(ParallelArgs, LoRAArgs):
         if self.max_decode_slowdown and not 1 < self.max_decode_slowdown < math.inf:
             raise ValueError(f"max_decode_slowdown must be > 1 and finite (or 0: none), got "
                              f"{self.max_decode_slowdown}")
-        if self.max_model_len in AUTO_MAX_MODEL_LEN:
-            self.max_model_len = None  # one spelling of auto from here on
-        elif self.max_model_len is not None and (
-                not isinstance(self.max_model_len, int) or self.max_model_len < 1):
-            raise ValueError(f"max_model_len must be >= 1, auto or -1, got {self.max_model_len!r}")
+        self.check_parity()
+        # a count or None (auto) from here on, whichever spelling was given
+        self.max_model_len = normalize_max_model_len(self.max_model_len)
 
     def attention_backend_for(self, device_type: str) -> str:
         """The attention backend to use on a device type (auto: Triton on CUDA)."""

@@ -1,10 +1,13 @@
 """Reading the config dataclasses: each field's documentation (its attribute docstring, the
-help of its flag), the values a Literal-typed field allows, and the checks built on them."""
+help of its flag), the values a Literal-typed field allows, the checks built on them, and
+values spelled as vLLM spells them (human-readable integers, max_model_len's forms)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
+import re
 import types
 import typing
 from dataclasses import fields
@@ -74,3 +77,61 @@ def check_minimums(config: object, minimums: dict[str, float]) -> None:
         value = getattr(config, name)
         if value is not None and value < minimum:
             raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+AUTO_MAX_MODEL_LEN = ("auto", -1)  # vLLM's spellings of "fit the model and the KV cache"
+# vLLM's human_readable_int: lowercase suffixes are powers of 1000 (decimals allowed),
+# uppercase ones powers of 1024 (whole numbers only)
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT])")
+
+
+def human_readable_int(text: str) -> int:
+    """An int from text such as 2048, 1k (1000), 1K (1024), 1.5m (1500000); ValueError else."""
+    text = text.strip()
+    match = _HUMAN_INT.fullmatch(text)
+    if match is None:
+        return int(text)
+    number, suffix = match.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    if "." in number:
+        raise ValueError(f"decimals are not allowed with the binary suffix {suffix!r} in "
+                         f"{text!r}; did you mean {number}{suffix.lower()}?")
+    return int(number) * _BINARY[suffix]
+
+
+def _length(text: str) -> int | str:
+    """A max_model_len from text; ValueError with the reason otherwise."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return human_readable_int(text)
+    except ValueError as e:
+        if "suffix" in str(e):
+            raise
+        raise ValueError("not a token count (e.g. 4096, 4k = 4000, 4K = 4096, auto or -1)"
+                         ) from None
+
+
+def max_model_len_arg(text: str) -> int | str:
+    """argparse type of --max-model-len: a token count (human-readable: 1k, 32K), or auto (-1)."""
+    try:
+        return _length(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+
+
+def normalize_max_model_len(value: int | str | None) -> int | None:
+    """max_model_len as a count >= 1, or None for auto; a string read as --max-model-len's."""
+    if isinstance(value, str):
+        try:
+            value = _length(value)
+        except ValueError as e:
+            raise ValueError(f"max_model_len {value!r}: {e}") from None
+    if value is None or value in AUTO_MAX_MODEL_LEN:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_model_len must be >= 1, auto or -1, got {value!r}")
+    return value

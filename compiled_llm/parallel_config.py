@@ -1,5 +1,6 @@
-"""The EngineArgs fields of parallelism (vLLM's spellings): tensor and pipeline parallel sizes,
-expert parallelism and the executor that runs the ranks; validated when EngineArgs is made."""
+"""EngineArgs' mixins, validated when EngineArgs is made: ParallelArgs (tensor and pipeline
+parallel sizes, expert parallelism, the executor that runs the ranks) and ParityArgs (vLLM's
+fields that change nothing here: accepted where they would change nothing, else refused)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from compiled_llm.pooling_params import RunnerArgs
 
 ExecutorBackend = Literal["uni", "mp", "ray"]
 EXECUTOR_BACKENDS: tuple[str, ...] = typing.get_args(ExecutorBackend)
+TokenizerMode = Literal["auto"]  # vLLM's slow, mistral and custom are not supported
 
 
 @dataclass
@@ -85,3 +87,49 @@ class ParallelArgs(RunnerArgs):
         if self.distributed_executor_backend is not None:
             return self.distributed_executor_backend
         return "uni" if self.world_size == 1 else "mp"
+
+
+@dataclass
+class ParityArgs:
+    """vLLM's model-source and logging fields; EngineArgs inherits them."""
+
+    trust_remote_code: bool = False
+    """Accepted for vLLM compatibility; it changes nothing: compiled-llm runs only its
+    built-in model architectures and never executes a checkpoint's own Python code (a
+    checkpoint that needs it is refused either way)."""
+    tokenizer_mode: TokenizerMode = "auto"
+    """How the tokenizer is loaded: auto (Hugging Face's AutoTokenizer, fast where the
+    checkpoint has one); vLLM's slow, mistral and custom modes are not supported."""
+    revision: str | None = None
+    """vLLM's Hugging Face Hub revision of the model. compiled-llm loads local directories
+    only, so any value is refused: check out the revision and pass its directory."""
+    tokenizer_revision: str | None = None
+    """vLLM's Hub revision of the tokenizer; refused like revision (local directories only)."""
+    download_dir: str | None = None
+    """Where vLLM downloads Hub checkpoints to. compiled-llm loads local directories and
+    downloads nothing, so it changes nothing (as in vLLM for a local model directory)."""
+    hf_overrides: dict | None = None
+    """vLLM's overrides of the model's Hugging Face config. Not supported: an empty object is
+    accepted, any override refused (edit the checkpoint's config.json instead)."""
+    disable_sliding_window: bool = False
+    """vLLM's switch that caps the context at a model's sliding window instead of using it.
+    Not supported: sliding-window attention always runs as the model defines it."""
+    disable_log_stats: bool = False
+    """vLLM's switch off of its periodic engine-stats log lines. compiled-llm writes none, so
+    it changes nothing (/metrics is served either way)."""
+
+    def check_parity(self) -> None:
+        """ValueError naming the first field set to something compiled-llm cannot do."""
+        if not isinstance(self.trust_remote_code, bool):
+            raise ValueError(f"trust_remote_code must be a bool, got {self.trust_remote_code!r}")
+        for name in ("revision", "tokenizer_revision"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name}: compiled-llm loads local model directories only and "
+                                 f"cannot select a Hub revision ({getattr(self, name)!r}); "
+                                 "check it out and pass its directory")
+        if self.hf_overrides:
+            raise ValueError(f"hf_overrides: not supported (got {self.hf_overrides!r}); the "
+                             "model's config.json is used as it is, edit it instead")
+        if self.disable_sliding_window:
+            raise ValueError("disable_sliding_window: not supported; sliding-window attention "
+                             "runs as the model defines it")

@@ -11,6 +11,7 @@ import typing
 from typing import Any
 
 from compiled_llm.config import EngineArgs, config_docs, field_choices, split_optional
+from compiled_llm.parallel_config import ParityArgs
 
 # earlier spellings that keep working, and vLLM's where it names a field differently
 ENGINE_ARG_ALIASES: dict[str, tuple[str, ...]] = {
@@ -21,6 +22,15 @@ ENGINE_ARG_ALIASES: dict[str, tuple[str, ...]] = {
     "pipeline_parallel_size": ("-pp",),
     "enable_expert_parallel": ("-ep",),
 }
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser refusing abbreviated flags, as vLLM's does (every subcommand's)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # abbreviations let --chat-template match --chat-template-timeout-s
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -110,8 +120,11 @@ def dataclass_from(cls: type, namespace: argparse.Namespace, **overrides: Any) -
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """The engine flags every subcommand that builds an engine takes: one per EngineArgs
     field, vLLM's spellings, plus the aliases in ENGINE_ARG_ALIASES."""
-    add_dataclass_args(parser, EngineArgs, aliases=ENGINE_ARG_ALIASES,
+    parity = tuple(f.name for f in dataclasses.fields(ParityArgs))
+    add_dataclass_args(parser, EngineArgs, aliases=ENGINE_ARG_ALIASES, exclude=parity,
                        title="engine options (EngineArgs)")
+    add_dataclass_args(parser, ParityArgs, title="vLLM's options that change nothing here, "
+                                                 "or are refused (ParityArgs)")
 
 
 def engine_args(namespace: argparse.Namespace) -> EngineArgs:

@@ -11,13 +11,15 @@ import threading
 
 from compiled_llm.entrypoints.cli import bench, generate, serve
 from compiled_llm.entrypoints.cli import compile as compile_cmd
+from compiled_llm.entrypoints.cli.args import ArgumentParser
 
 SUBCOMMANDS = (generate, compile_cmd, serve, bench)  # each has add_parser(subparsers)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `compiled-llm` parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="compiled-llm")
+    """The `compiled-llm` parser with every subcommand; no parser takes abbreviated flags."""
+    parser = ArgumentParser(prog="compiled-llm")
+    # a subparsers action makes its parsers of its parent's class: every level refuses them
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module in SUBCOMMANDS:
         module.add_parser(subparsers)

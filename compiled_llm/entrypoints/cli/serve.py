@@ -40,10 +40,14 @@ class ServeArgs:
     """Address to listen on."""
     port: int = 8000
     """Port to listen on."""
-    served_model_name: str | None = None
-    """The model name clients must send (default: --model, or 'demo')."""
+    served_model_name: list[str] | None = None
+    """The model's names in the API (default: --model, or 'demo'): replies carry the first,
+    a request's model may give any of them, /v1/models lists them all."""
     log_level: LogLevel = "info"
     """Log level of the server and the engine."""
+    disable_log_requests: bool = False
+    """vLLM's deprecated switch: requests are logged only with --enable-log-requests, and
+    this turns that off."""
     api_server_count: int | None = None
     """API-server processes in front of the one engine core process, all on host:port (the
     kernel spreads connections over them); each does its own HTTP, tokenization,
@@ -62,15 +66,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `serve`: the engine flags, ServeArgs' and ServerConfig's."""
     parser = subparsers.add_parser("serve", formatter_class=HelpFormatter,
                                    help="serve the OpenAI-compatible HTTP API")
+    parser.add_argument("model_tag", nargs="?", metavar="MODEL",
+                        help="the model directory, as `vllm serve MODEL` takes it (the same "
+                             "as --model)")
     add_engine_args(parser)
     add_dataclass_args(parser, ServeArgs, title="server options")
-    # model_name is derived: --served-model-name, else --model
-    add_dataclass_args(parser, ServerConfig, exclude=("model_name",), title="request guards")
+    # the model's names are derived: --served-model-name, else --model
+    add_dataclass_args(parser, ServerConfig, exclude=("model_name", "extra_model_names"),
+                       title="request guards")
     parser.set_defaults(func=run_serve)
+
+
+def take_model_tag(ns: argparse.Namespace) -> None:
+    """The positional MODEL into ns.model; ValueError when --model names another."""
+    tag = getattr(ns, "model_tag", None)
+    if tag is None:
+        return
+    if ns.model is not None and ns.model != tag:
+        raise ValueError(f"model: the positional MODEL {tag!r} and --model {ns.model!r} "
+                         "differ; give one of them")
+    ns.model = tag
 
 
 def run_serve(ns: argparse.Namespace) -> int:
     """Build the engine and serve until interrupted."""
+    take_model_tag(ns)
     args, opts = serving_defaults(engine_args(ns)), dataclass_from(ServeArgs, ns)
     # until the servers install their own: a SIGTERM during start-up still runs the finally
     # below (the processes and directories started ahead are removed)
@@ -98,15 +118,35 @@ def _exit_on_sigterm(signum, frame) -> None:
     sys.exit(128 + signum)
 
 
+def server_config(ns: argparse.Namespace, args: EngineArgs, opts: ServeArgs) -> ServerConfig:
+    """The ServerConfig of serve's flags (the model's names, request logging derived)."""
+    names = list(dict.fromkeys(opts.served_model_name or [args.model or "demo"]))
+    cfg = dataclass_from(ServerConfig, ns, model_name=names[0], extra_model_names=names[1:],
+                         enable_log_requests=ns.enable_log_requests
+                         and not opts.disable_log_requests)
+    if cfg.chat_template is not None and args.skip_tokenizer_init:
+        raise ValueError("chat_template: needs a tokenizer (skip_tokenizer_init is set)")
+    return cfg
+
+
+def check_pooling_options(cfg: ServerConfig) -> None:
+    """ValueError naming a serve setting the pooling server has no use for yet."""
+    for name, value in (("chat_template", cfg.chat_template),
+                        ("served_model_name (several names)", cfg.extra_model_names),
+                        ("enable_log_requests", cfg.enable_log_requests)):
+        if value:
+            raise ValueError(f"{name}: not supported by the pooling server (runner pooling)")
+
+
 def _serve(ns: argparse.Namespace, args, opts: ServeArgs) -> int:
     import logging
 
-    cfg = dataclass_from(ServerConfig, ns,
-                         model_name=opts.served_model_name or args.model or "demo")
+    cfg = server_config(ns, args, opts)
     logging.basicConfig(level=opts.log_level.upper(),
                         format="%(levelname)s %(name)s: %(message)s")
     pooling = _runner(args) == "pooling"
     if pooling:  # a pooling engine runs in this process: the core started ahead goes now
+        check_pooling_options(cfg)
         discard()
         args = engine_args(ns)  # with its own token budget, not serving_defaults
     # adapters loaded at run time are known to the API server that loaded them only

@@ -56,6 +56,7 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
                        allow_methods=cfg.allowed_methods, allow_headers=cfg.allowed_headers,
                        allow_credentials=cfg.allow_credentials)
     metrics.bind(engine)
+    _set_chat_template(engine, cfg.chat_template)
     loras = ServedLoRAs(engine, cfg.model_name, cfg.lora_modules)
     chat, completion = ServingChat(engine, cfg, metrics), ServingCompletion(engine, cfg, metrics)
     responses = ServingResponses(engine, cfg, metrics)
@@ -69,6 +70,16 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
     add_compat_routes(app, chat)
     refuse_runner_paths(app, POOLING_PATHS, "generate")
     return app
+
+
+def _set_chat_template(engine: AsyncLLM, template: str | None) -> None:
+    """Make template (--chat-template) the tokenizer's own, so every chat render that is sent
+    none uses it (a request's trusted chat_template still wins), as vLLM does."""
+    if template is None:
+        return
+    if engine.tokenizer is None:
+        raise ValueError("chat_template: needs a tokenizer (skip_tokenizer_init is set)")
+    engine.tokenizer.chat_template = template
 
 
 def _add_generation_routes(app: FastAPI, chat: ServingChat, completion: ServingCompletion,
@@ -87,12 +98,12 @@ def _add_generation_routes(app: FastAPI, chat: ServingChat, completion: ServingC
 
     @app.get("/v1/models", responses=errors(400, 401))
     async def models() -> ModelList:
-        base = ModelCard(id=chat.model_name, created=created, max_model_len=chat.max_model_len,
-                         root=chat.model_name)
+        bases = [ModelCard(id=name, created=created, max_model_len=chat.max_model_len,
+                           root=chat.model_name) for name in chat.cfg.model_names]
         adapters = [ModelCard(id=name, created=created, max_model_len=chat.max_model_len,
                               root=lora.lora_path, parent=chat.model_name)
                     for name, lora in chat.loras.adapters.items()]
-        return ModelList(data=[base, *adapters])
+        return ModelList(data=[*bases, *adapters])
 
 
 def _add_responses_routes(app: FastAPI, responses: ServingResponses,
@@ -206,10 +217,11 @@ def serve(args: EngineArgs, host: str, port: int, cfg: ServerConfig,
 def uvicorn_config(app: FastAPI, host: str, port: int, cfg: ServerConfig,
                    log_level: str = "info", **options):
     """How uvicorn serves app: SIGTERM gives requests in flight timeout_graceful_shutdown
-    seconds, then cuts them off (uvicorn alone would wait for them forever). options go to
-    uvicorn.Config as they are."""
+    seconds, then cuts them off (uvicorn alone would wait for them forever); it logs at
+    cfg.uvicorn_log_level, else log_level. options go to uvicorn.Config as they are."""
     import uvicorn
 
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
+    return uvicorn.Config(app, host=host, port=port,
+                          log_level=cfg.uvicorn_log_level or log_level,
                           timeout_keep_alive=30,
                           timeout_graceful_shutdown=cfg.timeout_graceful_shutdown, **options)

@@ -4,14 +4,31 @@ the CLI can build `serve`'s flags from it without loading the server."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+UvicornLogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+# vLLM's rule: a value that opens as a file is a path; else, holding one of these, a template
+_JINJA_CHARS = "{}\n"
+
+
+def load_chat_template(value: str) -> str:
+    """The template --chat-template names, read as vLLM reads it: a file, else the text itself."""
+    try:
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the value
+        if any(c in value for c in _JINJA_CHARS):
+            return value
+        raise ValueError(f"chat_template: {value!r} looks like a file path, but it could not "
+                         f"be opened ({e})") from None
 
 
 @dataclass
 class ServerConfig:
-    """The served model's name and the guards on every request."""
+    """The served model's names and the guards on every request."""
 
     model_name: str
-    """The model name clients must send; the only model /v1/models lists."""
+    """The model name replies carry, and one a request's model may give; /v1/models lists it."""
     api_key: str | None = None
     """Require `Authorization: Bearer KEY` on every route but /health, /metrics, /ping and
     /version (default: no key)."""
@@ -58,8 +75,20 @@ class ServerConfig:
     lora_modules: list[str] | None = None
     """LoRA adapters to serve (with --enable-lora), each `name=path` or a JSON object
     {"name": ..., "path": ...}; a request's model selects one by name."""
+    enable_log_requests: bool = False
+    """Log each generation request at INFO as it is admitted: its id, prompt token ids,
+    sampling parameters and LoRA adapter (vLLM's --enable-log-requests)."""
+    uvicorn_log_level: UvicornLogLevel | None = None
+    """Log level of uvicorn, the HTTP server (default: --log-level)."""
+    extra_model_names: list[str] = field(default_factory=list)
+    """Further names a request's model may give for the same model (--served-model-name's
+    after the first); /v1/models lists them too."""
+    chat_template: str | None = None
+    """The chat template of chat requests that send none (default: the tokenizer's): a file
+    path, or the template itself (a value holding {, } or a newline), as vLLM takes it."""
 
     def __post_init__(self) -> None:
+        from compiled_llm.config_fields import check_choices
         from compiled_llm.entrypoints.reasoning_parsers import get_reasoning_parser
         from compiled_llm.entrypoints.tool_parsers import check_tool_parser
 
@@ -69,3 +98,11 @@ class ServerConfig:
             raise ValueError("enable_auto_tool_choice needs tool_call_parser")
         if self.reasoning_parser is not None:
             get_reasoning_parser(self.reasoning_parser)
+        check_choices(self)
+        if self.chat_template is not None:  # the text from here on, read once at start
+            self.chat_template = load_chat_template(self.chat_template)
+
+    @property
+    def model_names(self) -> list[str]:
+        """Every name the model is served under, model_name first."""
+        return [self.model_name, *self.extra_model_names]

@@ -5,6 +5,7 @@ against the server's flags, admission (a 4xx before anything streams), and the f
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from compiled_llm.entrypoints.async_llm import AsyncLLM
@@ -21,6 +22,8 @@ from compiled_llm.entrypoints.server.unsupported import refuse_non_text_parts
 from compiled_llm.entrypoints.tool_parsers import get_tool_parser
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class Serving:
@@ -39,9 +42,9 @@ class Serving:
         self.loras = None  # the served LoRA adapters (lora_routes.ServedLoRAs), set by the app
 
     def check_model(self, name: str | None):
-        """The LoRARequest of the adapter served as name, None for the base model (or no
-        name); 404 for any other name."""
-        if name is None or name == self.model_name:
+        """The LoRARequest of the adapter served as name, None for the base model (no name,
+        or any of its served names); 404 for any other name."""
+        if name is None or name in self.cfg.model_names:
             return None
         lora = None if self.loras is None else self.loras.get(name)
         if lora is None:
@@ -113,6 +116,9 @@ class Serving:
         queued (counted as rejected once, by the route). Traced, its span starts now. A
         tool grammar (plan's) that does not compile is a 400 on tools."""
         started_ns = time.time_ns()
+        if self.cfg.enable_log_requests:
+            logger.info("Received request %s: prompt_token_ids: %s, params: %s, lora_request: "
+                        "%s.", rid, ids, params, lora_request)
         try:
             stream = await self.engine.add_request(rid, {"prompt_token_ids": ids}, params,
                                                    lora_request)
