@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import inspect
+import json
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -22,8 +23,10 @@ def join_text_parts(texts: Iterable[str]) -> str:
 
 def conversation(messages: list) -> list[dict[str, Any]]:
     """The messages as template input: each a dict with a str role and a str content (None
-    becomes "", a list of {"type": "text", "text": ...} parts is joined by newlines); ValueError
-    naming the message otherwise. Other keys (name, tool_calls ...) are kept."""
+    becomes "", a list of {"type": "text", "text": ...} parts is joined by newlines); an
+    assistant's tool_calls with their arguments (OpenAI's JSON string) made dicts, as vLLM and
+    the chat templates have them; ValueError naming the field otherwise. Other keys (name,
+    tool_call_id ...) are kept."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of messages")
     return [_message(i, message) for i, message in enumerate(messages)]
@@ -36,8 +39,34 @@ def _message(index: int, message: Any) -> dict[str, Any]:
     role = message.get("role")
     if not isinstance(role, str) or not role:
         raise ValueError(f"{where}.role must be a non-empty string, got {role!r}")
-    return {**message, "role": check_text(f"{where}.role", role),
-            "content": check_text(f"{where}.content", _content_text(where, message))}
+    checked = {**message, "role": check_text(f"{where}.role", role),
+               "content": check_text(f"{where}.content", _content_text(where, message))}
+    calls = message.get("tool_calls")
+    if role == "assistant" and calls is not None:
+        if not isinstance(calls, list):
+            raise ValueError(f"{where}.tool_calls must be a list of tool calls")
+        checked["tool_calls"] = [_tool_call(f"{where}.tool_calls[{j}]", call)
+                                 for j, call in enumerate(calls)]
+    return checked
+
+
+def _tool_call(where: str, call: Any) -> dict[str, Any]:
+    """A tool call of the history with its arguments parsed: templates iterate them
+    (`arguments|items`) or encode them (`arguments|tojson`, which a string would encode
+    twice). Absent or empty arguments are {} (vLLM's _postprocess_messages)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        raise ValueError(f'{where} must be {{"type": "function", "function": {{"name": ..., '
+                         '"arguments": ...}}')
+    arguments = function.get("arguments")
+    if not arguments:
+        arguments = {}
+    elif isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}.function.arguments is not valid JSON: {exc}") from None
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def _content_text(where: str, message: dict) -> str:

@@ -13,7 +13,7 @@ from compiled_llm.output.fast_detokenizer import make_detokenizer
 from compiled_llm.output.final_decode import decode_outputs
 from compiled_llm.output.outputs import CompletionOutput, Logprob, RequestOutput
 from compiled_llm.output.request_state import RequestState
-from compiled_llm.sampling_params import RequestOutputKind
+from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 Finish = tuple[str, str, int | str | None]  # (request id, "stop" | "error", stop str or error)
@@ -85,10 +85,15 @@ class OutputProcessor:
 
     def _apply_tokens(self, state: RequestState, out: EngineCoreOutput) -> Finish | None:
         """Add the new tokens one by one (logprob records, text, stop strings)."""
+        # The EOS or stop token id that ends the request adds no text (vLLM's detokenizer).
+        textless = len(out.new_token_ids) - 1 if stop_terminated(
+            state.sampling_params, out.finish_reason, out.stop_reason) else -1
         for index, token in enumerate(out.new_token_ids):
             state.output_token_ids.append(token)
             if out.new_logprobs is not None:
                 self._add_logprobs(state, out.new_logprobs[index])
+            if index == textless:
+                break
             stop = self._detokenize(state, token)
             if stop is not None:  # a stop string beats the core's verdict on this token
                 state.finish("stop", stop)
@@ -128,7 +133,7 @@ class OutputProcessor:
         try:
             texts = decode_outputs(
                 self.tokenizer, [s.prompt_token_ids for s in states],
-                [s.output_token_ids for s in states],
+                [_text_token_ids(s) for s in states],
                 [s.sampling_params.skip_special_tokens for s in states],
                 [s.sampling_params.spaces_between_special_tokens for s in states])
         except Exception as e:
@@ -149,6 +154,23 @@ class OutputProcessor:
 
     def _decode(self, token_id: int) -> str | None:
         return None if self.tokenizer is None else self.tokenizer.decode([token_id])
+
+
+def stop_terminated(params: SamplingParams, finish_reason: str | None,
+                    stop_reason: int | str | None) -> bool:
+    """Whether the request ended on an EOS or stop token id whose text stays out of the output
+    (vLLM: unless include_stop_str_in_output). The core's "stop" always ends on such a token
+    (a grammar terminates on one too); a stop string (a str stop_reason) is found in text."""
+    return (finish_reason == "stop" and not isinstance(stop_reason, str)
+            and not params.include_stop_str_in_output)
+
+
+def _text_token_ids(state: RequestState) -> list[int]:
+    """The output tokens that carry the finished state's text (its stop token left out)."""
+    ids = state.output_token_ids
+    if ids and stop_terminated(state.sampling_params, state.finish_reason, state.stop_reason):
+        return ids[:-1]
+    return ids
 
 
 def visible_text(req: RequestState) -> str:

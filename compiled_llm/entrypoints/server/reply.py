@@ -28,6 +28,12 @@ class ReplyFormat:
         """(reasoning, the rest) of the reply so far."""
         return (None, text) if self.reasoning is None else self.reasoning.split(text, final)
 
+    @property
+    def parses(self) -> bool:
+        """Whether replies are read by a parser (reasoning, or tools other than "none"): as
+        vLLM's, such a stream sends no chunk for a delta with nothing to show."""
+        return self.reasoning is not None or self.plan.mode != "none"
+
     def message(self, text: str, finish_reason: str | None, role: str = "assistant"
                 ) -> tuple[dict[str, Any], str | None]:
         """The message (of role) of a finished reply, and OpenAI's finish_reason for it."""
@@ -38,7 +44,10 @@ class ReplyFormat:
             message["reasoning_content"] = message["reasoning"] = reasoning
         if calls:
             message["tool_calls"] = calls
-        return message, self.plan.finish_reason(finish_reason, bool(calls))
+        # vLLM: auto calls read from a whole reply count whatever ended it; required ones
+        # only where the engine stopped (not cut off by max_tokens)
+        called = bool(calls) and (self.plan.mode == "auto" or finish_reason == "stop")
+        return message, self.plan.finish_reason(finish_reason, called)
 
     def streamer(self) -> ReplyStreamer:
         """A streamer of one choice's deltas."""
@@ -71,8 +80,9 @@ class ReplyStreamer:
         return out
 
     def finish_reason(self, reason: str | None) -> str | None:
-        """OpenAI's finish_reason for the choice's last delta."""
-        return self.reply.plan.finish_reason(reason, self.tools.called)
+        """OpenAI's finish_reason for the choice's last delta ("tool_calls" only where the
+        engine stopped, as vLLM's stream: a reply cut off by max_tokens stays "length")."""
+        return self.reply.plan.finish_reason(reason, self.tools.called and reason == "stop")
 
 
 def reply_params(params: SamplingParams, reply: ReplyFormat, tokenizer,

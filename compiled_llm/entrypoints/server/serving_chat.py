@@ -82,6 +82,8 @@ class ServingChat(Serving):
         choices = []
         for o in out.outputs:
             message, finish_reason = reply.message(o.text, o.finish_reason, role)
+            if reply.plan.mode in ("named", "required") and message["content"] is None:
+                message["content"] = ""  # vLLM: a forced call's message has "", not null
             if echo is not None:  # as vLLM: the echo leads the content, even an empty one
                 message["content"] = echo + (message["content"] or "")
             choices.append({"index": o.index, "message": message,
@@ -130,8 +132,13 @@ class ServingChat(Serving):
                     counts[completion.index] += len(completion.token_ids)
                     streamer, done = streamers[completion.index], completion.finish_reason
                     delta = streamer.feed(completion.text, done is not None)
+                    logprobs = self._logprobs(completion, num_top)
+                    if not delta and not reply.parses:
+                        delta = {"content": ""}  # vLLM's plain delta: the text, "" too
+                    elif not delta and done is None and logprobs is None:
+                        continue  # a parser holds it all back: vLLM sends no chunk
                     yield chunk([{"index": completion.index, "delta": delta,
-                                  "logprobs": self._logprobs(completion, num_top),
+                                  "logprobs": logprobs,
                                   "finish_reason": streamer.finish_reason(done)}])
         except OpenAIError as exc:
             yield sse(exc.body())

@@ -64,13 +64,23 @@ def tool_call(name: str, arguments: str, call_id: str | None = None) -> dict[str
             "function": {"name": name, "arguments": arguments}}
 
 
+def unparsed(parsed: ParsedText) -> bool:
+    """Whether a final parse's calls do not all parse (then the whole text is content)."""
+    return parsed.failed or not all(call.complete for call in parsed.calls)
+
+
+def final_arguments(call: ParsedCall) -> str:
+    """A call's arguments as sent: "{}" for a complete call written without any."""
+    return call.arguments or ("{}" if call.complete else "")
+
+
 def extract(parse: ParseFn, text: str) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, tool calls) of a finished text: content None when blank; a text whose calls
     do not all parse is all content, with no calls."""
     parsed = parse(text, True)
-    if parsed.failed or not all(call.complete for call in parsed.calls):
+    if unparsed(parsed):
         return text or None, []
-    calls = [tool_call(call.name, call.arguments or "{}") for call in parsed.calls]
+    calls = [tool_call(call.name, final_arguments(call)) for call in parsed.calls]
     content = parsed.content.strip() if calls else parsed.content
     return content or None, calls
 
@@ -98,7 +108,12 @@ class ToolParser:
 class ToolCallStreamer:
     """Feeds text deltas to a parse function and answers each with (content delta, OpenAI
     tool-call deltas): a new call's first delta has its index, id, type and name (and the
-    arguments so far), later ones only argument fragments."""
+    arguments so far), later ones only argument fragments.
+
+    Invariant: each streamed call's argument fragments add up to its arguments in the final
+    parse (extract's calls), or, where that parse fails, to its arguments as far as written.
+    A call goes out only once it has arguments, so a reply cut off (max_tokens) right after a
+    call's name leaves no call with empty arguments behind."""
 
     def __init__(self, parse: ParseFn) -> None:
         self._parse, self.text = parse, ""
@@ -114,19 +129,30 @@ class ToolCallStreamer:
         """The deltas the new text (and, final, the end of it) makes."""
         self.text += delta
         parsed = self._parse(self.text, final)
-        if parsed.failed:
-            parsed = ParsedText(self.text if not self._calls else "", [])
+        if final and unparsed(parsed):
+            parsed = self._unparsed_end()
         content = parsed.content[self._content_sent:]
         self._content_sent = max(self._content_sent, len(parsed.content))
         return content, [d for i, call in enumerate(parsed.calls) if (d := self._delta(i, call))]
 
+    def _unparsed_end(self) -> ParsedText:
+        """The end of a reply whose calls do not all parse: all content while no call went
+        out (as extract reads it); else no more content or calls, only the rest of each sent
+        call's arguments as far as the text goes."""
+        if not self._calls:
+            return ParsedText(self.text)
+        return ParsedText("", self._parse(self.text, False).calls[:len(self._calls)])
+
     def _delta(self, index: int, call: ParsedCall) -> dict[str, Any] | None:
-        if index == len(self._calls):
-            self._calls.append((tool_call_id(), len(call.arguments)))
+        arguments = final_arguments(call)
+        if index >= len(self._calls):
+            if index > len(self._calls) or not arguments:
+                return None
+            self._calls.append((tool_call_id(), len(arguments)))
             return {"index": index, "id": self._calls[index][0], "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments}}
+                    "function": {"name": call.name, "arguments": arguments}}
         call_id, sent = self._calls[index]
-        if len(call.arguments) <= sent:
+        if len(arguments) <= sent:
             return None
-        self._calls[index] = (call_id, len(call.arguments))
-        return {"index": index, "function": {"arguments": call.arguments[sent:]}}
+        self._calls[index] = (call_id, len(arguments))
+        return {"index": index, "function": {"arguments": arguments[sent:]}}

@@ -33,9 +33,18 @@ def _value_end(text: str, pos: int, final: bool) -> int | None:
     return end
 
 
+def _broken(members: dict[str, Span], final: bool, message: str,
+            ) -> tuple[dict[str, Span], None]:
+    """A malformed object: a ValueError when final; else its members as far as written."""
+    if final:
+        raise ValueError(message)
+    return members, None
+
+
 def scan_object(text: str, pos: int, final: bool) -> tuple[dict[str, Span], int | None]:
     """The members of the object at text[pos] ("{") and where it ends (None while open);
-    ValueError when it is not a JSON object (or, final, is unfinished)."""
+    ValueError when it is not a JSON object (or, final, is unfinished or malformed; not
+    final, a malformed object ends with the members before the fault)."""
     members: dict[str, Span] = {}
     if not text.startswith("{", pos):
         raise ValueError("a tool call must be a JSON object")
@@ -49,7 +58,7 @@ def scan_object(text: str, pos: int, final: bool) -> tuple[dict[str, Span], int 
         key = json.loads(text[pos:key_end])
         pos = skip_ws(text, key_end)
         if pos < len(text) and text[pos] != ":" or not isinstance(key, str):
-            raise ValueError("a JSON object key must be a string followed by ':'")
+            return _broken(members, final, "a JSON object key must be a string followed by ':'")
         start = skip_ws(text, pos + 1)
         if start >= len(text):
             break
@@ -60,7 +69,7 @@ def scan_object(text: str, pos: int, final: bool) -> tuple[dict[str, Span], int 
         if text.startswith("}", pos):
             return members, pos + 1
         if pos < len(text) and text[pos] != ",":
-            raise ValueError("expected ',' or '}' in a JSON object")
+            return _broken(members, final, "expected ',' or '}' in a JSON object")
         pos = skip_ws(text, pos + 1)
     if final:
         raise ValueError("unfinished JSON object")
@@ -98,8 +107,22 @@ def scan_calls(text: str, pos: int, final: bool, separator: str = ",",
                argument_keys: tuple[str, ...] = ("arguments", "parameters"),
                ) -> tuple[list[ParsedCall], int | None]:
     """Call objects from pos, separated by separator, up to closer (or the text's end when
-    None); the calls and where the closer ends (None while unclosed)."""
+    None); the calls and where the closer ends (None while unclosed). Not final, bad JSON ends
+    the scan with the calls before it (the calls as far as written: a streamer finishes their
+    arguments from them); final, it is a ValueError."""
     calls: list[ParsedCall] = []
+    try:
+        return _scan_calls(text, pos, final, separator, closer, argument_keys, calls)
+    except ValueError:
+        if final:
+            raise
+        return calls, None
+
+
+def _scan_calls(text: str, pos: int, final: bool, separator: str, closer: str | None,
+                argument_keys: tuple[str, ...], calls: list[ParsedCall],
+                ) -> tuple[list[ParsedCall], int | None]:
+    """scan_calls' loop, appending to calls as it goes (so an error leaves those found)."""
     pos = skip_ws(text, pos)
     while pos < len(text):
         if closer is not None and text.startswith(closer, pos):

@@ -47,7 +47,7 @@ def test_required_calls_parse_and_validate(tool_client, tool_server):
               parallel_tool_calls=False)
     for choice in r.choices:
         assert choice.finish_reason == "tool_calls"
-        assert choice.message.content is None and len(choice.message.tool_calls) == 1
+        assert choice.message.content == "" and len(choice.message.tool_calls) == 1
         _validate(choice.message.tool_calls[0])
 
 
@@ -55,7 +55,7 @@ def test_named_call_parses_and_validates(tool_client, tool_server):
     r = _chat(tool_client, tool_server, n=4, temperature=1.0, seed=2,
               tool_choice={"type": "function", "function": {"name": "get_time"}})
     for choice in r.choices:
-        assert choice.finish_reason == "stop" and choice.message.content is None
+        assert choice.finish_reason == "stop" and choice.message.content == ""
         [call] = choice.message.tool_calls
         assert call.function.name == "get_time"
         _validate(call)
