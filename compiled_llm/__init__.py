@@ -25,24 +25,53 @@ _PUBLIC = {
     "Logprob": "compiled_llm.output.outputs",
     "ModelRegistry": "compiled_llm.models",
     "LoRARequest": "compiled_llm.lora.request",
+    "AsyncEngineArgs": "compiled_llm.engine.arg_utils",
+    "TextPrompt": "compiled_llm.engine.inputs",
+    "TokensPrompt": "compiled_llm.engine.inputs",
+    "PromptType": "compiled_llm.engine.inputs",
+    "PoolingParams": "compiled_llm.pooling_params",
+    "PoolingOutput": "compiled_llm.output.pooling_outputs",
+    "PoolingRequestOutput": "compiled_llm.output.pooling_outputs",
+    "EmbeddingOutput": "compiled_llm.output.pooling_outputs",
+    "EmbeddingRequestOutput": "compiled_llm.output.pooling_outputs",
+    "ClassificationOutput": "compiled_llm.output.pooling_outputs",
+    "ClassificationRequestOutput": "compiled_llm.output.pooling_outputs",
+    "ScoringOutput": "compiled_llm.output.pooling_outputs",
+    "ScoringRequestOutput": "compiled_llm.output.pooling_outputs",
 }
 
 if TYPE_CHECKING:
     from compiled_llm.config import EngineArgs
+    from compiled_llm.engine.arg_utils import AsyncEngineArgs
+    from compiled_llm.engine.inputs import PromptType, TextPrompt, TokensPrompt
     from compiled_llm.entrypoints.async_llm import AsyncLLM
     from compiled_llm.entrypoints.llm import LLM
     from compiled_llm.lora.request import LoRARequest
     from compiled_llm.models import ModelRegistry
     from compiled_llm.output.outputs import CompletionOutput, Logprob, RequestOutput
+    from compiled_llm.output.pooling_outputs import (
+        ClassificationOutput,
+        ClassificationRequestOutput,
+        EmbeddingOutput,
+        EmbeddingRequestOutput,
+        PoolingOutput,
+        PoolingRequestOutput,
+        ScoringOutput,
+        ScoringRequestOutput,
+    )
+    from compiled_llm.pooling_params import PoolingParams
     from compiled_llm.sampling_params import (
         RequestOutputKind,
         SamplingParams,
         StructuredOutputsParams,
     )
 
-__all__ = ["LLM", "AsyncLLM", "EngineArgs", "SamplingParams", "StructuredOutputsParams",
-           "RequestOutputKind", "RequestOutput", "CompletionOutput", "Logprob", "ModelRegistry",
-           "LoRARequest"]
+__all__ = ["LLM", "AsyncLLM", "EngineArgs", "AsyncEngineArgs", "SamplingParams",
+           "StructuredOutputsParams", "RequestOutputKind", "RequestOutput", "CompletionOutput",
+           "Logprob", "ModelRegistry", "LoRARequest", "TextPrompt", "TokensPrompt", "PromptType",
+           "PoolingParams", "PoolingOutput", "PoolingRequestOutput", "EmbeddingOutput",
+           "EmbeddingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
+           "ScoringOutput", "ScoringRequestOutput"]
 __version__ = "0.1.0"
 
 

@@ -154,12 +154,8 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _check_real(name: str, value: Any) -> float:
-    if not _is_real(value) or math.isnan(value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
         raise ValueError(f"{name} must be a real number, got {value!r}")
     return float(value)
 
@@ -172,9 +168,7 @@ def _check_range(name: str, value: Any, low: float, high: float, desc: str) -> f
 
 
 def _check_opt_count(name: str, value: Any, minimum: int) -> None:
-    if value is None:
-        return
-    if not _is_int(value) or value < minimum:
+    if value is not None and (not _is_int(value) or value < minimum):
         raise ValueError(f"{name} must be None or an integer >= {minimum}, got {value!r}")
 
 
@@ -202,8 +196,7 @@ def _is_token_id(value: Any) -> bool:
 
 
 def _normalise_stop_ids(ids: Any) -> list[int]:
-    if ids is None:
-        return []
+    ids = [] if ids is None else ids
     if not isinstance(ids, (list, tuple)) or not all(_is_token_id(t) for t in ids):
         raise ValueError(f"stop_token_ids must be a list of non-negative ints, got {ids!r}")
     return list(ids)
@@ -236,10 +229,8 @@ def _normalise_allowed_ids(ids: Any) -> list[int] | None:
 @dataclass
 class SamplingParams:
     """Sampling options for one request; see vLLM's ``SamplingParams`` for semantics.
-
-    ``temperature < 1e-5`` means greedy, in which case top_p/top_k/min_p are reset to off.
-    ``top_k`` of 0 or -1 disables it (stored as 0).
-    """
+    ``temperature < 1e-5`` means greedy, in which case top_p/top_k/min_p are reset to off;
+    ``top_k`` of 0 or -1 disables it (stored as 0)."""
 
     n: int = 1
     presence_penalty: float = 0.0
@@ -269,6 +260,10 @@ class SamplingParams:
     # Grammar-constrained decoding; a dict is converted to StructuredOutputsParams.
     structured_outputs: StructuredOutputsParams | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # never generated: a word's last token is banned where the output ends with the rest
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None  # keep the last k prompt tokens (-1: what fits)
+    extra_args: dict[str, Any] | None = None  # carried, never read (vLLM: for custom code)
 
     def __post_init__(self) -> None:
         self._verify_counts()
@@ -276,6 +271,7 @@ class SamplingParams:
         self._verify_sampling()
         self._verify_stops()
         self._verify_misc()
+        self._verify_vllm_extras()
         if self.temperature < SAMPLING_EPS:
             # Greedy ignores truncation; resetting keeps batches from paying for it.
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
@@ -287,9 +283,8 @@ class SamplingParams:
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}"
-            )
+            raise ValueError(f"min_tokens must be <= max_tokens={self.max_tokens}, got "
+                             f"{self.min_tokens}")
         _check_opt_count("logprobs", self.logprobs, 0)
         _check_opt_count("prompt_logprobs", self.prompt_logprobs, 0)
 
@@ -331,13 +326,8 @@ class SamplingParams:
             raise ValueError("stop strings require detokenize=True")
 
     def _verify_misc(self) -> None:
-        for name in (
-            "ignore_eos",
-            "detokenize",
-            "skip_special_tokens",
-            "spaces_between_special_tokens",
-            "include_stop_str_in_output",
-        ):
+        for name in ("ignore_eos", "detokenize", "skip_special_tokens",
+                     "spaces_between_special_tokens", "include_stop_str_in_output"):
             _check_bool(name, getattr(self, name))
         procs = self.logits_processors
         if procs is not None:
@@ -352,6 +342,19 @@ class SamplingParams:
                 f"structured_outputs must be StructuredOutputsParams, got {structured!r}")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
+
+    def _verify_vllm_extras(self) -> None:
+        words = self.bad_words
+        if words is not None and (not isinstance(words, (list, tuple)) or not all(
+                isinstance(w, str) and w.strip() for w in words)):  # a bare str is refused
+            raise ValueError(f"bad_words must be a list of non-blank strings, got {words!r}")
+        self.bad_words = [check_text("bad_words", w) for w in dict.fromkeys(words or ())]
+        keep = self.truncate_prompt_tokens
+        if keep is not None and (not _is_int(keep) or keep == 0 or keep < -1):
+            raise ValueError(f"truncate_prompt_tokens must be None, -1 or an integer >= 1, "
+                             f"got {keep!r}")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise ValueError(f"extra_args must be None or a dict, got {self.extra_args!r}")
 
     @property
     def sampling_type(self) -> SamplingType:
@@ -391,4 +394,6 @@ class SamplingParams:
             logits_processors=procs,
             logit_bias=None if self.logit_bias is None else dict(self.logit_bias),
             allowed_token_ids=None if allowed is None else list(allowed),
+            bad_words=list(self.bad_words or []),
+            extra_args=None if self.extra_args is None else dict(self.extra_args),
         )

@@ -21,6 +21,8 @@ class EngineCoreOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None
     error: str | None = None
+    # prompt tokens served from the prefix cache: on the request's first tokens and its finish
+    num_cached_tokens: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -30,7 +32,7 @@ class EngineCoreOutput:
     def to_wire(self) -> tuple:
         """The output as a tuple of plain values (msgpack-able)."""
         return (self.request_id, self.new_token_ids, self.new_logprobs, self.prompt_logprobs,
-                self.finish_reason, self.stop_reason, self.error)
+                self.finish_reason, self.stop_reason, self.error, self.num_cached_tokens)
 
     @staticmethod
     def from_wire(item: list | tuple) -> EngineCoreOutput:

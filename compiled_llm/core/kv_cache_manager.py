@@ -118,6 +118,8 @@ class KVCacheManager:
         reclaimed = sum(1 for block_id in hits if self.pool.blocks[block_id].ref_cnt == 0)
         if need > self.pool.num_free - reclaimed:
             return False
+        if req.num_cached_tokens < 0:  # its first admission
+            req.num_cached_tokens = len(hits) * self.block_size
         if self.enable_prefix_caching and not req.block_ids and not req.skips_prefix_cache:
             self._record_lookup(req, len(hits))
         self.pool.touch(hits)

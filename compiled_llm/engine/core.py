@@ -295,6 +295,8 @@ class EngineCore:
                 out.new_token_ids.append(req.output_token_ids[-1])
             else:  # speculative decoding: a step may add several tokens
                 out.new_token_ids.extend(req.output_token_ids[counts[req.request_id]:])
+            if len(out.new_token_ids) == len(req.output_token_ids):  # its first tokens
+                out.num_cached_tokens = req.num_cached_tokens
             row = result.logprobs.get(req.request_id)
             if row is not None:
                 if out.new_logprobs is None:
@@ -322,6 +324,7 @@ class EngineCore:
             if req.status is RequestStatus.FINISHED_ABORTED:
                 continue
             out = self._news_of(req.request_id)
+            out.num_cached_tokens = req.num_cached_tokens
             out.finish_reason, out.stop_reason = req.finish_reason, req.stop_reason
             out.error = req.error if req.status is RequestStatus.FINISHED_ERROR else None
 

@@ -1,17 +1,20 @@
 """Input processing: a user's prompt and SamplingParams become validated child Requests.
-
 Tokenizes text prompts (after a size check), checks ids against the vocabulary, the engine's
-limits, priority and length, fans n > 1 out into n children (seeds offset per child) and
-attaches grammars. Every check runs before anything is queued: a ValueError leaves no trace."""
+limits, priority and length (after truncate_prompt_tokens), turns bad_words into a logits
+processor, fans n > 1 out into n children (seeds offset per child) and attaches grammars.
+Every check runs before anything is queued: a ValueError leaves no trace."""
 
 from __future__ import annotations
 
+import pickle
 import threading
 from concurrent.futures import Future
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.request import Request
+from compiled_llm.engine.inputs import check_prompt_keys
 from compiled_llm.lora.registry import LoRARegistry
+from compiled_llm.sample.bad_words import BadWordsProcessor, bad_word_sequences
 from compiled_llm.sample.grammar_compiler import GrammarManager
 from compiled_llm.sampling_params import (
     INT64_MAX,
@@ -67,9 +70,11 @@ class InputProcessor:
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """(text, token ids) for a str, a token-id list, or {"prompt"|"prompt_token_ids": ...};
-        ValueError for anything else, an empty prompt or an id outside the vocabulary."""
+        ValueError for anything else (a dict key it does not read included), an empty prompt
+        or an id outside the vocabulary."""
         text = None
         if isinstance(prompt, dict):  # ids given with their text: the text is kept for output
+            check_prompt_keys(prompt)
             text = prompt.get("prompt") if isinstance(prompt.get("prompt"), str) else None
             prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
         if isinstance(prompt, str):
@@ -91,10 +96,13 @@ class InputProcessor:
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams,
                 priority: int = 0, lora_request=None) -> list[Request]:
         """The request's n child sequences, validated, with grammars attached; lora_request
-        (a LoRARequest, None: the base model) is checked to load."""
+        (a LoRARequest, None: the base model) is checked to load. The prompt is cut to its
+        last truncate_prompt_tokens tokens, and bad_words become a logits processor."""
         self._check_priority(priority)
         self.check_params(params)
         text, ids = self.tokenize(prompt)
+        ids = self._truncated(ids, params.truncate_prompt_tokens)
+        params = self._with_bad_words(params)
         lora = self.loras.check(lora_request)
         children = [self._child(request_id, i, text, ids, params, priority, lora)
                     for i in range(params.n)]
@@ -124,6 +132,29 @@ class InputProcessor:
             if bad:
                 raise ValueError(f"{name} must be token ids in [0, {self.vocab_size}), got "
                                  f"{bad[:5]}")
+        if params.extra_args:  # it travels to the engine-core process with the request
+            try:
+                pickle.dumps(params.extra_args)
+            except Exception as exc:
+                raise ValueError(f"extra_args must be picklable ({exc})") from None
+
+    def _truncated(self, ids: list[int], keep: int | None) -> list[int]:
+        """ids cut to their last `keep` tokens; -1 keeps the most that fit max_model_len (the
+        prompt leaves room for one output token, as _check_fits asks)."""
+        if keep is None:
+            return ids
+        keep = self.max_model_len - 1 if keep == -1 else keep
+        return ids[-keep:] if len(ids) > keep else ids
+
+    def _with_bad_words(self, params: SamplingParams) -> SamplingParams:
+        """params (cloned) with a processor banning its bad_words; params when it has none."""
+        if not params.bad_words:
+            return params
+        sequences = bad_word_sequences(self.tokenizer, params.bad_words, self.vocab_size)
+        params = params.clone()
+        params.logits_processors = [*(params.logits_processors or []),
+                                    BadWordsProcessor(sequences)]
+        return params
 
     def _check_stops(self, stops: list[str]) -> None:
         # every stop string is searched for, and its prefixes held back, at every token

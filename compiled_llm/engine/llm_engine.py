@@ -92,6 +92,8 @@ class LLMEngine:
             self.core.grammars = self.inputs.grammar_manager
         self.outputs = OutputProcessor(self.tokenizer)
         self.parents: dict[str, list[RequestState]] = {}
+        # child request id -> prompt tokens served from the prefix cache, as the core reports
+        self._num_cached: dict[str, int] = {}
         logger.info("engine ready: %s on %s, %d KV blocks, max_model_len %d; start-up: %s",
                     model_dir, self.device, info.num_blocks, self.max_model_len,
                     format_timeline(self.startup_seconds))
@@ -140,6 +142,7 @@ class LLMEngine:
         children = self.parents.pop(request_id, [])
         for child in children:
             self.outputs.drop(child.request_id)
+            self._num_cached.pop(child.request_id, None)
         if children:
             self.core.abort_requests([child.request_id for child in children])
 
@@ -200,7 +203,12 @@ class LLMEngine:
         self._check_open()
         if self._core_process and not self.has_unfinished_requests():
             return []  # nothing will come (an in-process core's idle step releases state)
-        touched, finishes = self.outputs.process(self.core.step(timeout_s))
+        core_outputs = self.core.step(timeout_s)
+        cached = self._num_cached
+        for core_out in core_outputs:
+            if core_out.num_cached_tokens is not None:
+                cached[core_out.request_id] = core_out.num_cached_tokens
+        touched, finishes = self.outputs.process(core_outputs)
         if finishes:
             self.core.finish_requests(finishes)
         return self._collect(touched)
@@ -218,10 +226,12 @@ class LLMEngine:
             out = request_output(parent_id, children)
             if out is None:
                 continue
+            out.num_cached_tokens = max(self._num_cached.get(children[0].request_id, 0), 0)
             if out.finished:
                 del self.parents[parent_id]
                 for child in children:
                     self.outputs.drop(child.request_id)
+                    self._num_cached.pop(child.request_id, None)
             outs.append(out)
         return outs
 

@@ -21,6 +21,7 @@ from typing import Any
 from compiled_llm.config import EngineArgs
 from compiled_llm.engine.core_client import EngineDeadError
 from compiled_llm.engine.core_multi import CoreEndpoint
+from compiled_llm.engine.inputs import check_prompt_keys
 from compiled_llm.engine.llm_engine import EngineStats, LLMEngine
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
@@ -154,6 +155,22 @@ class AsyncLLM:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, start_engine_loop: bool = True,
+                         usage_context: Any = None, stat_loggers: list | None = None,
+                         enable_log_requests: bool = False, disable_log_stats: bool = False,
+                         **kwargs: Any) -> AsyncLLM:
+        """vLLM's constructor: an AsyncLLM over engine_args (an EngineArgs, alias
+        AsyncEngineArgs). usage_context and the two logging switches are accepted and
+        change nothing; ValueError for start_engine_loop=False or stat_loggers (this engine's
+        loop always runs, and its metrics are the server's)."""
+        if not start_engine_loop:
+            raise ValueError("start_engine_loop=False is not supported: the engine loop "
+                             "starts with the AsyncLLM")
+        if stat_loggers:
+            raise ValueError("stat_loggers are not supported")
+        return cls(engine_args, **kwargs)
+
     # ------------------------------------------------------------------ caller side
     async def call(self, fn: Callable, *args: Any) -> Any:
         """Run fn(*args) on the engine thread, between steps, and return its result."""
@@ -221,7 +238,10 @@ class AsyncLLM:
 
     async def _tokenized(self, prompt: Any) -> Any:
         """A text prompt as {"prompt", "prompt_token_ids"}, tokenized here rather than on the
-        engine thread; any other prompt as it is (the engine checks it)."""
+        engine thread; any other prompt as it is (the engine checks it). A dict key the engine
+        does not read is refused here, before a rebuilt dict could drop it."""
+        if isinstance(prompt, dict):
+            check_prompt_keys(prompt)
         text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
         if not isinstance(text, str) or isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt

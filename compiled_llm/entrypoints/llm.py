@@ -1,4 +1,5 @@
-"""The offline API, shaped like vLLM's: LLM(model=...).generate(...) and .chat(...)."""
+"""The offline API, shaped like vLLM's: LLM(model=...).generate(...) and .chat(...) with
+vLLM's template arguments; beam_search is refused by name (this engine has none)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from compiled_llm.config import EngineArgs
+from compiled_llm.engine.inputs import PromptType
 from compiled_llm.engine.llm_engine import DEMO_MODEL, LLMEngine, resolve_device
 from compiled_llm.entrypoints.chat_utils import conversation, render
 from compiled_llm.entrypoints.llm_pooling import PoolingMixin, as_prompt_list, check_runner
 from compiled_llm.lora.request import LoRARequest
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
-
-PromptType = str | list[int] | dict
 
 
 class LLM(PoolingMixin):
@@ -60,6 +60,11 @@ class LLM(PoolingMixin):
         generation-config defaults (EngineArgs.generation_config), else SamplingParams()."""
         return SamplingParams(**getattr(self.engine, "sampling_defaults", {}))
 
+    @property
+    def llm_engine(self) -> LLMEngine | Any:
+        """The engine (vLLM's name for it): an LLMEngine, or a PoolingEngine for pooling."""
+        return self.engine
+
     def get_tokenizer(self):
         """The engine's HF tokenizer (None with skip_tokenizer_init)."""
         return self.engine.tokenizer
@@ -100,24 +105,46 @@ class LLM(PoolingMixin):
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
-        chat_template: str | None = None,
-        add_generation_prompt: bool = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        add_special_tokens: bool = False,
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to each conversation, then generate (with
-        lora_request as generate takes it); ValueError naming the message when one is
-        malformed (content None counts as empty)."""
+        """Apply the chat template (the tokenizer's, or chat_template) to each conversation,
+        then generate, as vLLM's LLM.chat: tools and chat_template_kwargs reach the template,
+        continue_final_message continues the last message, add_special_tokens adds the
+        tokenizer's own (the template has them). chat_template_content_format "string" (and
+        "auto") gives the template each content as one string, "openai" as a list of text
+        parts. ValueError naming the message when one is malformed (content None is empty)."""
         check_runner(self.runner_type, "generate", "chat")
+        if mm_processor_kwargs is not None:
+            raise ValueError("mm_processor_kwargs: multimodal inputs are not supported: this "
+                             "is a text-only engine")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        tok = self.engine.tokenizer
-        prompts = [render(tok, conversation(c), chat_template=chat_template,
-                          add_generation_prompt=add_generation_prompt) for c in convs]
+        options = ChatOptions(chat_template, chat_template_content_format,
+                              add_generation_prompt, continue_final_message, tools,
+                              chat_template_kwargs)
+        prompts = [options.render(self.engine.tokenizer, conv) for conv in convs]
         for text in prompts:
             self.engine.inputs.check_text_prompt(text, "messages")
-        ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
+        tok = self.engine.tokenizer
+        ids = [tok.encode(p, add_special_tokens=add_special_tokens) for p in prompts]
         # each output's prompt is the rendered conversation, as vLLM's
         return self.generate([{"prompt_token_ids": i, "prompt": p} for i, p in zip(ids, prompts)],
                              sampling_params, use_tqdm, lora_request=lora_request)
+
+    def beam_search(self, prompts: Sequence[PromptType], params: Any,
+                    lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
+                    use_tqdm: bool = False, concurrency_limit: int | None = None) -> list:
+        """vLLM's beam search, which this engine does not have: always NotImplementedError."""
+        raise NotImplementedError(
+            "beam search is not supported by compiled-llm; use generate() (greedy, or n > 1 "
+            "samples ranked by cumulative_logprob with SamplingParams(logprobs=0))")
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
@@ -129,6 +156,65 @@ class LLM(PoolingMixin):
                     bar.update(1)
         bar.close()
         return [done[i] for i in ids]
+
+
+CONTENT_FORMATS = ("auto", "string", "openai")
+# LLM.chat arguments chat_template_kwargs may also carry: it wins (vLLM updates with it)
+_CHAT_ARGS = ("chat_template", "add_generation_prompt", "continue_final_message", "tools")
+
+
+@dataclasses.dataclass
+class ChatOptions:
+    """How LLM.chat renders a conversation; checked on construction (ValueError naming the
+    argument)."""
+
+    chat_template: str | None = None
+    content_format: str = "auto"
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    tools: list[dict[str, Any]] | None = None
+    template_kwargs: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.template_kwargs or {}, dict):
+            raise ValueError(f"chat_template_kwargs must be a dict, got "
+                             f"{type(self.template_kwargs).__name__}")
+        extra = dict(self.template_kwargs or {})
+        for name in _CHAT_ARGS:
+            if name in extra:
+                setattr(self, name, extra.pop(name))
+        self.template_kwargs = extra
+        if self.content_format not in CONTENT_FORMATS:
+            raise ValueError(f"chat_template_content_format must be one of {CONTENT_FORMATS}, "
+                             f"got {self.content_format!r}")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message=True needs add_generation_prompt=False "
+                             "(the reply continues the last message, not a new one)")
+        if self.tools is not None and not isinstance(self.tools, list):
+            raise ValueError(f"tools must be a list of tool dicts, got "
+                             f"{type(self.tools).__name__}")
+
+    def render(self, tokenizer, messages: list) -> str:
+        """The conversation as prompt text (ValueError naming what is wrong)."""
+        if tokenizer is None:
+            raise ValueError("messages: chat needs a tokenizer")
+        conv = conversation(messages)  # checks every message; contents as strings
+        if self.content_format == "openai":  # vLLM's: contents as lists of text parts
+            conv = [{**msg, "content": _text_parts(orig)} for msg, orig in zip(conv, messages)]
+        return render(tokenizer, conv, add_generation_prompt=self.add_generation_prompt,
+                      tools=self.tools, template_kwargs=self.template_kwargs,
+                      chat_template=self.chat_template,
+                      continue_final_message=self.continue_final_message)
+
+
+def _text_parts(message: dict) -> list[dict[str, str]]:
+    """A checked message's content as OpenAI text parts (a string is one; None is none)."""
+    content = message.get("content")
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [{"type": "text", "text": part["text"]} for part in content]
 
 
 def offline_core_process(args: EngineArgs) -> bool:

@@ -38,7 +38,9 @@ class CompletionOutput:
 @dataclass
 class RequestOutput:
     """What a request produced so far: its prompt and one CompletionOutput per sequence;
-    error is set when a sequence finished with finish_reason "error"."""
+    error is set when a sequence finished with finish_reason "error". num_cached_tokens: the
+    prompt tokens its first sequence took from the prefix cache (vLLM's). metrics stays an
+    empty dict: per-request timings are not recorded (LLM.get_metrics has engine counters)."""
 
     request_id: str
     prompt: str | None
@@ -48,3 +50,4 @@ class RequestOutput:
     prompt_logprobs: PromptLogprobs | None = None
     metrics: dict = field(default_factory=dict)
     error: str | None = None
+    num_cached_tokens: int | None = None

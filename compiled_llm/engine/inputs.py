@@ -1,0 +1,49 @@
+"""Prompt types as vLLM spells them (TextPrompt, TokensPrompt, PromptType), and the check that
+a prompt dict holds only keys this text-only engine reads: any other key (multi_modal_data,
+mm_processor_kwargs, cache_salt ...) is refused by name, never silently dropped."""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+
+
+class TextPrompt(TypedDict):
+    """A text prompt, tokenized by the engine."""
+
+    prompt: str
+
+
+class TokensPrompt(TypedDict):
+    """A tokenized prompt; prompt, when given, is its text (shown as the output's prompt)."""
+
+    prompt_token_ids: list[int]
+    prompt: NotRequired[str]
+
+
+PromptType = str | list[int] | TextPrompt | TokensPrompt
+
+PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids"})
+# why a key vLLM defines is refused here (anything else is simply unknown)
+_REFUSED = {
+    "multi_modal_data": "multimodal inputs are not supported: this is a text-only engine",
+    "mm_processor_kwargs": "multimodal inputs are not supported: this is a text-only engine",
+    "multi_modal_uuids": "multimodal inputs are not supported: this is a text-only engine",
+    "prompt_embeds": "prompt embeddings are not supported",
+    "cache_salt": "cache_salt (prefix-cache isolation) is not supported",
+    "token_type_ids": "token_type_ids are for cross-encoders (runner='pooling')",
+    "encoder_prompt": "encoder-decoder prompts are not supported",
+    "decoder_prompt": "encoder-decoder prompts are not supported",
+}
+
+
+def check_prompt_keys(prompt: dict[str, Any]) -> None:
+    """ValueError naming the first key of a prompt dict that the engine does not read, so
+    that nothing a caller sent is ignored without a word."""
+    extra = [key for key in prompt if key not in PROMPT_KEYS]
+    if not extra:
+        return
+    key = extra[0]
+    why = _REFUSED.get(key) if isinstance(key, str) else None
+    if why is None:
+        why = f"a prompt dict takes only {sorted(PROMPT_KEYS)}"
+    raise ValueError(f"prompt: {key!r} is not supported ({why})")

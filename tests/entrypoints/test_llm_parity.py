@@ -1,0 +1,200 @@
+"""The offline API where vLLM's has more: LLM.chat's template arguments, beam_search refused,
+llm_engine, vLLM's exported names, SamplingParams.bad_words / truncate_prompt_tokens /
+extra_args, RequestOutput.num_cached_tokens, and prompt dict keys a text-only engine refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import compiled_llm
+from compiled_llm import LLM, SamplingParams, TextPrompt, TokensPrompt
+from tests.utils import make_chatml_checkpoint
+
+BOS, IM_START = 1, 3
+HI = [{"role": "user", "content": "hi"}]
+ONE = SamplingParams(temperature=0.0, max_tokens=1)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    engine = LLM(make_chatml_checkpoint(), enforce_eager=True, dtype="float32", device="cpu",
+                 block_size=16)
+    yield engine
+    assert not engine.engine.has_unfinished_requests()
+    assert engine.engine.num_used_blocks == 0
+
+
+def _prompt(llm, messages=HI, **kw) -> str:
+    return llm.chat(messages, ONE, use_tqdm=False, **kw)[0].prompt
+
+
+# ----------------------------------------------------------------------------- LLM.chat
+def test_chat_passes_tools_and_template_kwargs_to_the_template(llm):
+    template = ("{% if tools %}TOOLS={{ tools | map(attribute='function.name') | join(',') }};"
+                "{% endif %}{% if enable_thinking is defined and not enable_thinking %}NOTHINK;"
+                "{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    assert _prompt(llm, chat_template=template) == "hi"
+    assert _prompt(llm, chat_template=template, tools=tools) == "TOOLS=f;hi"
+    assert _prompt(llm, chat_template=template,
+                   chat_template_kwargs={"enable_thinking": False}) == "NOTHINK;hi"
+    # an LLM.chat argument given in chat_template_kwargs wins, as in vLLM
+    assert _prompt(llm, chat_template_kwargs={"add_generation_prompt": False}) \
+        == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+def test_chat_continues_the_final_message(llm):
+    messages = [*HI, {"role": "assistant", "content": "Sure, the"}]
+    text = _prompt(llm, messages, continue_final_message=True, add_generation_prompt=False)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nSure, the"
+    with pytest.raises(ValueError, match="continue_final_message"):
+        llm.chat(messages, ONE, use_tqdm=False, continue_final_message=True)
+
+
+def test_chat_adds_special_tokens_only_when_asked(llm):
+    plain = llm.chat(HI, ONE, use_tqdm=False)[0].prompt_token_ids
+    added = llm.chat(HI, ONE, use_tqdm=False, add_special_tokens=True)[0].prompt_token_ids
+    assert plain[0] == IM_START  # the template's own opening, no BOS
+    assert added == [BOS, *plain]
+
+
+def test_chat_content_format_string_or_openai_parts(llm):
+    template = ("{% for m in messages %}{% if m['content'] is string %}S:{{ m['content'] }}"
+                "{% else %}{% for p in m['content'] %}[{{ p['text'] }}]{% endfor %}{% endif %}"
+                "{% endfor %}")
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                          {"type": "text", "text": "b"}]}]
+    for fmt in ("auto", "string"):
+        assert _prompt(llm, parts, chat_template=template,
+                       chat_template_content_format=fmt) == "S:a\nb"
+    assert _prompt(llm, parts, chat_template=template,
+                   chat_template_content_format="openai") == "[a][b]"
+    assert _prompt(llm, chat_template=template, chat_template_content_format="openai") == "[hi]"
+    with pytest.raises(ValueError, match="chat_template_content_format"):
+        llm.chat(HI, ONE, use_tqdm=False, chat_template_content_format="xml")
+
+
+def test_chat_refuses_multimodal_processor_kwargs(llm):
+    with pytest.raises(ValueError, match="mm_processor_kwargs"):
+        llm.chat(HI, ONE, use_tqdm=False, mm_processor_kwargs={"num_crops": 4})
+
+
+# ----------------------------------------------------------------------------- names
+def test_beam_search_is_refused_and_llm_engine_is_the_engine(llm):
+    with pytest.raises(NotImplementedError, match="beam search is not supported"):
+        llm.beam_search([{"prompt": "hi"}], None)
+    assert llm.llm_engine is llm.engine
+
+
+def test_vllm_names_are_exported(llm):
+    for name in ("TextPrompt", "TokensPrompt", "PromptType", "PoolingParams",
+                 "PoolingRequestOutput", "EmbeddingRequestOutput", "AsyncEngineArgs"):
+        assert name in compiled_llm.__all__ and getattr(compiled_llm, name) is not None
+    assert compiled_llm.AsyncEngineArgs is compiled_llm.EngineArgs
+    assert hasattr(compiled_llm.AsyncLLM, "from_engine_args")
+    with pytest.raises(ValueError, match="start_engine_loop"):
+        compiled_llm.AsyncLLM.from_engine_args(compiled_llm.EngineArgs(),
+                                               start_engine_loop=False)
+    text, tokens = TextPrompt(prompt="hi"), TokensPrompt(prompt_token_ids=[5, 6, 7])
+    outs = llm.generate([text, tokens], ONE, use_tqdm=False)
+    assert outs[0].prompt == "hi" and outs[1].prompt_token_ids == [5, 6, 7]
+
+
+# ----------------------------------------------------------------------------- prompt keys
+@pytest.mark.parametrize("extra", ["multi_modal_data", "mm_processor_kwargs", "cache_salt",
+                                   "prompt_embeds", "bogus"])
+def test_a_prompt_key_the_engine_does_not_read_is_refused_by_name(llm, extra):
+    with pytest.raises(ValueError, match=f"'{extra}' is not supported"):
+        llm.generate(["fine", {"prompt": "hi", extra: {}}], ONE, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()  # the good prompt was withdrawn too
+
+
+# ----------------------------------------------------------------------------- SamplingParams
+class _Force:
+    """A logits processor making ids[k] the top token at output position k."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        if len(output_ids) < len(self.ids):
+            logits[self.ids[len(output_ids)]] += 1000.0
+        return logits
+
+
+def _ids(llm, word: str) -> list[int]:
+    return llm.get_tokenizer().encode(word, add_special_tokens=False)
+
+
+def _forced(llm, ids: list[int], **kw) -> list[int]:
+    params = SamplingParams(temperature=0.0, max_tokens=len(ids), ignore_eos=True,
+                            logits_processors=[_Force(ids)], **kw)
+    return llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)[0] \
+        .outputs[0].token_ids
+
+
+def test_bad_words_ban_a_word_with_and_without_a_leading_space(llm):
+    bare, spaced = _ids(llm, "I"), _ids(llm, " I")
+    assert len(bare) == len(spaced) == 1 and bare != spaced  # two one-token forms
+    for ids in (bare, spaced):
+        assert _forced(llm, ids) == ids
+        assert _forced(llm, ids, bad_words=["I"]) != ids
+
+
+def test_bad_words_ban_the_last_token_only_after_the_rest(llm):
+    (t, he), (space_t, he_too) = _ids(llm, "the"), _ids(llm, " the")
+    assert he == he_too and t != space_t  # "the" and " the": two two-token forms
+    for first in (t, space_t):
+        assert _forced(llm, [first, he]) == [first, he]
+        banned = _forced(llm, [first, he], bad_words=["the"])
+        assert banned[0] == first and banned[1] != he
+    assert _forced(llm, [he, he], bad_words=["the"]) == [he, he]  # no prefix: allowed
+
+
+def test_bad_words_are_checked(llm):
+    for bad in ("fox", [""], ["  "], [3]):
+        with pytest.raises(ValueError, match="bad_words"):
+            SamplingParams(bad_words=bad)
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(llm):
+    out = llm.generate({"prompt_token_ids": list(range(5, 25))},
+                       SamplingParams(temperature=0.0, max_tokens=1, truncate_prompt_tokens=4),
+                       use_tqdm=False)[0]
+    assert out.prompt_token_ids == [21, 22, 23, 24]
+    long = list(range(5, 200)) * 4  # past max_model_len
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate({"prompt_token_ids": long}, ONE, use_tqdm=False)
+    out = llm.generate({"prompt_token_ids": long},
+                       SamplingParams(temperature=0.0, max_tokens=1, truncate_prompt_tokens=-1),
+                       use_tqdm=False)[0]
+    assert out.prompt_token_ids == long[-(llm.engine.max_model_len - 1):]
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+            SamplingParams(truncate_prompt_tokens=bad)
+
+
+def test_extra_args_are_carried_and_checked(llm):
+    with_args = SamplingParams(temperature=0.0, max_tokens=3, extra_args={"tag": [1, 2]})
+    plain = SamplingParams(temperature=0.0, max_tokens=3)
+    got = llm.generate("hello", [with_args], use_tqdm=False)[0].outputs[0].token_ids
+    assert got == llm.generate("hello", plain, use_tqdm=False)[0].outputs[0].token_ids
+    assert with_args.clone().extra_args == {"tag": [1, 2]}
+    with pytest.raises(ValueError, match="extra_args"):
+        SamplingParams(extra_args=["tag"])
+    with pytest.raises(ValueError, match="extra_args must be picklable"):
+        llm.generate("hello", SamplingParams(extra_args={"f": lambda: 0}), use_tqdm=False)
+
+
+# ----------------------------------------------------------------------------- prefix cache
+def test_num_cached_tokens_counts_prefix_cache_hits(llm):
+    llm.engine.reset_prefix_cache()
+    prompt = {"prompt_token_ids": list(range(40, 80))}  # 40 tokens: 2 full blocks of 16
+    first = llm.generate(prompt, ONE, use_tqdm=False)[0]
+    again = llm.generate([prompt, prompt], ONE, use_tqdm=False)
+    assert first.num_cached_tokens == 0
+    assert [o.num_cached_tokens for o in again] == [32, 32]
+    scored = llm.generate(prompt, SamplingParams(max_tokens=1, prompt_logprobs=0),
+                          use_tqdm=False)[0]
+    assert scored.num_cached_tokens == 0  # prompt logprobs recompute the prompt
