@@ -121,5 +121,6 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
         include_stop_str_in_output=req.include_stop_str_in_output,
         logit_bias=_logit_bias(req.logit_bias), allowed_token_ids=req.allowed_token_ids,
         structured_outputs=structured_spec(req),
+        bad_words=(req.model_extra or {}).get("bad_words"),  # vLLM's extra field
         output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         **optional)

@@ -25,7 +25,6 @@ _BOTH: dict[str, tuple[tuple[Any, ...], str]] = {
     "return_token_ids": ((None, False), "returning token ids is not supported"),
     "spaces_between_special_tokens": ((None, True), "detokenizing without spaces between "
                                                     "special tokens is not supported"),
-    "bad_words": ((None, []), "bad_words is not supported"),
     "guided_whitespace_pattern": ((None,), "a whitespace pattern for JSON is not supported"),
     "guided_decoding_backend": ((None, "auto", "xgrammar"), "the structured-output backend "
                                                             "is xgrammar"),

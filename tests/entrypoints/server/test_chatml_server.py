@@ -1,6 +1,6 @@
 """The ChatML-style test model served (tests/utils.make_chatml_checkpoint): an echoed text
 prompt shows as sent (no BOS the tokenizer added), streamed text skips special added tokens,
-and a chat turn ends at the tokenizer's EOS."""
+a chat turn ends at the tokenizer's EOS, and bad_words (vLLM's field) are never generated."""
 
 from __future__ import annotations
 
@@ -46,3 +46,16 @@ def test_a_chat_turn_ends_at_the_tokenizers_eos(srv):
         "logit_bias": {str(IM_END): 100}}).json()
     choice = body["choices"][0]
     assert choice["finish_reason"] == "stop" and body["usage"]["completion_tokens"] == 1
+
+
+def test_bad_words_are_never_generated(srv):
+    x_id = srv.post("/tokenize", {"prompt": "x", "add_special_tokens": False}).json()["tokens"]
+    assert len(x_id) == 1
+    body = {"prompt": "hi", "max_tokens": 4, "logit_bias": {str(x_id[0]): 100},
+            "return_tokens_as_token_ids": False}
+    forced = srv.post("/v1/completions", body).json()["choices"][0]["text"]
+    assert forced == "xxxx"
+    banned = srv.post("/v1/completions", {**body, "bad_words": ["x"]}).json()
+    assert "x" not in banned["choices"][0]["text"]
+    bad = srv.post("/v1/completions", {**body, "bad_words": [" "]})
+    assert bad.status_code == 400 and "bad_words" in bad.json()["error"]["message"]

@@ -17,7 +17,7 @@ ASKING = {"use_beam_search": True, "length_penalty": 0.5, "early_stopping": True
           "logits_processors": ["mod.Proc"], "truncate_prompt_tokens": 4,
           "prompt_embeds": "AAAA", "priority": 1, "cache_salt": "tenant-a",
           "return_tokens_as_token_ids": True, "return_token_ids": True,
-          "spaces_between_special_tokens": False, "bad_words": ["fox"],
+          "spaces_between_special_tokens": False,
           "guided_whitespace_pattern": " ?", "guided_decoding_backend": "outlines",
           "mm_processor_kwargs": {"fps": 1}, "kv_transfer_params": {"do_remote_decode": True},
           "vllm_xargs": {"k": 1}, "audio": {"voice": "alloy", "format": "wav"},
