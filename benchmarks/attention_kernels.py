@@ -246,7 +246,7 @@ def _mixed_rows(batch: int, lo: int, hi: int) -> list[dict]:
     kv_bytes = 2 * int(lens.sum()) * HKV * D * cache.element_size()
     out, rows = torch.empty_like(q), []
     for keys, splits in MIXED_VARIANTS:
-        for block_n, stages in ((64, 3), (128, 3), (64, 4)):
+        for block_n, stages in ((64, 3), (128, 3)):
             cfg = replace(decode_config(D), split_keys=keys, block_n=block_n, num_stages=stages)
             ms = bench_ms(lambda c=cfg, n=splits: decode_qk_norm_rope_attention(
                 q, k, v, cos, sin, None, None, 1e-6, cache, lens, table, slots, SCALE, -1, out,
@@ -259,7 +259,7 @@ def _mixed_rows(batch: int, lo: int, hi: int) -> list[dict]:
 
 def mixed_sweep() -> list[dict]:
     """The one-launch decode over mixed contexts at serving batch sizes, by split variant."""
-    return [row for batch in (64, 128, 256) for row in _mixed_rows(batch, 100, 2048)]
+    return [row for batch in (128, 256) for row in _mixed_rows(batch, 100, 2048)]
 
 
 def _sweep_prefill(length: int) -> list[dict]:

@@ -601,11 +601,11 @@ elif [ "$CALL" = 83 ]; then  # one GPU: the one-launch decode over mixed context
   V="COMPILED_LLM_DECODE_SPLIT_KEYS=512 COMPILED_LLM_DECODE_MIN_SPLITS=4"
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
-timeout 150 $py -m benchmarks.attention_kernels --mixed-sweep --json $R/decode_mixed.json
-$U --label default
+timeout 100 $py -m benchmarks.attention_kernels --mixed-sweep --json $R/decode_mixed.json
 $V $U --label split512x4
 $U --label default
-$V $U --label split512x4"
+$V $U --label split512x4
+$U --label default"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 82 ]; then  # one GPU (carry .whl): warm 8B serves with the warm-start hint
   # (default: no compile children started ahead) against the side-by-side pieces off
