@@ -48,6 +48,20 @@ def structured_spec(req: SamplingFields) -> StructuredOutputsParams | None:
         raise OpenAIError(400, f"{field}: {exc}", param=field) from None
 
 
+def truncated_prompt(req, ids: list[int], max_model_len: int) -> list[int]:
+    """ids cut to the request's truncate_prompt_tokens (vLLM's extra field): its last k
+    tokens, or with -1 the most that leave room for one output token; a 400 naming the
+    field for anything but an int >= 1 or -1."""
+    keep = (req.model_extra or {}).get("truncate_prompt_tokens")
+    if keep is None:
+        return ids
+    if isinstance(keep, bool) or not isinstance(keep, int) or not (keep == -1 or keep >= 1):
+        raise OpenAIError(400, f"truncate_prompt_tokens must be -1 or an integer >= 1, got "
+                          f"{keep!r}", param="truncate_prompt_tokens")
+    keep = max_model_len - 1 if keep == -1 else keep
+    return ids[-keep:] if len(ids) > keep else ids
+
+
 def output_budget(requested: int | None, prompt_len: int, max_model_len: int, *,
                   prompt_param: str = "messages", budget_param: str = "max_tokens",
                   default: int | None = None, cap: int | None = None) -> int:

@@ -12,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from compiled_llm.entrypoints.server.errors import OpenAIError
-from compiled_llm.entrypoints.server.params import output_budget, sampling_params
+from compiled_llm.entrypoints.server.params import output_budget, sampling_params, truncated_prompt
 from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest
 from compiled_llm.entrypoints.server.reply import ReplyFormat, reply_params
 from compiled_llm.entrypoints.server.serving import Serving
@@ -49,6 +49,7 @@ class ServingChat(Serving):
         ids = await self.encode_chat(req.messages, req.add_generation_prompt,
                                      req.chat_template_kwargs, plan.tools, req.chat_template,
                                      continue_final_message=req.continue_final_message)
+        ids = truncated_prompt(req, ids, self.max_model_len)
         # max_completion_tokens: 0 is a value (refused), not "unset"
         budget_param = "max_tokens" if req.max_completion_tokens is None else \
             "max_completion_tokens"

@@ -12,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from compiled_llm.entrypoints.server.errors import OpenAIError
-from compiled_llm.entrypoints.server.params import output_budget, sampling_params
+from compiled_llm.entrypoints.server.params import output_budget, sampling_params, truncated_prompt
 from compiled_llm.entrypoints.server.protocol import CompletionRequest
 from compiled_llm.entrypoints.server.serving import Serving
 from compiled_llm.entrypoints.server.streaming import (
@@ -47,7 +47,10 @@ class ServingCompletion(Serving):
         or a cancel aborts those already admitted). Echoing with max_tokens 0 generates one
         token and shows none, as vLLM does; echoing with logprobs scores the prompt."""
         texts = self._texts(req.prompt)
-        prompts = await self._prompts(texts, req.add_special_tokens)
+        encoded = await self._prompts(texts, req.add_special_tokens)
+        prompts = [truncated_prompt(req, ids, self.max_model_len) for ids in encoded]
+        # a truncated prompt echoes as its kept tokens decode
+        texts = [t if len(p) == len(e) else p for t, p, e in zip(texts, prompts, encoded)]
         max_tokens = 1 if req.echo and req.max_tokens == 0 else req.max_tokens
         params = [sampling_params(req, output_budget(max_tokens, len(p), self.max_model_len,
                                                      prompt_param="prompt",

@@ -16,8 +16,6 @@ _BOTH: dict[str, tuple[tuple[Any, ...], str]] = {
     "length_penalty": ((None, 1, 1.0), f"length_penalty needs beam search; {_BEAM}"),
     "early_stopping": ((None, False), f"early_stopping needs beam search; {_BEAM}"),
     "logits_processors": ((None, []), "logits processors by name are not supported"),
-    "truncate_prompt_tokens": ((None,), "prompt truncation is not supported; send a prompt "
-                                        "that fits"),
     "prompt_embeds": ((None,), "prompt embeddings are not supported"),
     "priority": ((None, 0), "request priorities are not supported"),
     "cache_salt": ((None,), "cache_salt (prefix-cache isolation) is not supported"),

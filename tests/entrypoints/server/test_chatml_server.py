@@ -1,6 +1,7 @@
 """The ChatML-style test model served (tests/utils.make_chatml_checkpoint): an echoed text
 prompt shows as sent (no BOS the tokenizer added), streamed text skips special added tokens,
-a chat turn ends at the tokenizer's EOS, and bad_words (vLLM's field) are never generated."""
+a chat turn ends at the tokenizer's EOS, bad_words are never generated and
+truncate_prompt_tokens keeps a prompt's last tokens (vLLM's fields)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,18 @@ def test_bad_words_are_never_generated(srv):
     assert "x" not in banned["choices"][0]["text"]
     bad = srv.post("/v1/completions", {**body, "bad_words": [" "]})
     assert bad.status_code == 400 and "bad_words" in bad.json()["error"]["message"]
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(srv):
+    long = "x" * 700  # past the model's 512 positions
+    body = {"prompt": long, "max_tokens": 1}
+    assert srv.post("/v1/completions", body).status_code == 400
+    kept = srv.post("/v1/completions", {**body, "truncate_prompt_tokens": 5}).json()
+    assert kept["usage"]["prompt_tokens"] == 5
+    fits = srv.post("/v1/completions", {**body, "truncate_prompt_tokens": -1}).json()
+    assert fits["usage"]["prompt_tokens"] == 511
+    chat = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": long}],
+                                             "max_tokens": 1, "truncate_prompt_tokens": 7})
+    assert chat.json()["usage"]["prompt_tokens"] == 7
+    bad = srv.post("/v1/completions", {**body, "truncate_prompt_tokens": 0})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "truncate_prompt_tokens"

@@ -14,7 +14,7 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MESSAGES = [{"role": "user", "content": "The quick"}]
 # a value that asks for something, per field
 ASKING = {"use_beam_search": True, "length_penalty": 0.5, "early_stopping": True,
-          "logits_processors": ["mod.Proc"], "truncate_prompt_tokens": 4,
+          "logits_processors": ["mod.Proc"],
           "prompt_embeds": "AAAA", "priority": 1, "cache_salt": "tenant-a",
           "return_tokens_as_token_ids": True, "return_token_ids": True,
           "spaces_between_special_tokens": False,
