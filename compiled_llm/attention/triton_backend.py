@@ -49,11 +49,15 @@ def prefill_config(head_dim: int) -> PrefillConfig:
     return PrefillConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)
 
 
-def decode_config(head_dim: int) -> DecodeConfig:
-    """Autotune-free decode defaults by head_dim: K/V tiles of 8-16 KB, 3 stages in flight."""
+def decode_config(head_dim: int, num_seqs: int = 1) -> DecodeConfig:
+    """Autotune-free decode defaults by head_dim and batch (static per CUDA graph): K/V tiles
+    of 8-32 KB, 3 stages in flight. At head_dim 128, 128-key tiles from two sequences on: over
+    mixed contexts (100-2,048 keys) the one-launch decode took 6-15% less at batches 8-256
+    (H200, `attention_kernels --mixed-sweep`, docs/benchmarks.md); 64 at batch 1, where a
+    uniform context took 10% less with them."""
     tiles = dict(num_warps=4, num_stages=3, split_keys=SPLIT_KEYS,
                  merge_in_launch=MERGE_IN_LAUNCH, min_splits=MIN_SPLITS)
-    if head_dim <= 64:
+    if head_dim <= 64 or (head_dim <= 128 and num_seqs > 1):
         return DecodeConfig(block_n=128, **tiles)
     if head_dim <= 128:
         return DecodeConfig(block_n=64, **tiles)
@@ -107,7 +111,7 @@ def triton_attention(
     if meta.max_query_len == 1:
         num_seqs = meta.seq_lens.shape[0]
         decode_attention(q, kv_cache, meta.seq_lens, meta.block_tables, scale, sliding_window,
-                         out, decode_config(head_dim), kv_scales=kv_scales)
+                         out, decode_config(head_dim, num_seqs), kv_scales=kv_scales)
         return _zero_rows_past(out, num_seqs)
     _mixed(q, kv_cache, meta, scale, sliding_window, out, kv_scales)
     return _zero_rows_past(out, meta.num_actual_tokens)
@@ -129,7 +133,7 @@ def _mixed(q, kv_cache, meta: AttentionMetadata, scale: float, sliding_window: i
     head_dim, decodes = q.shape[2], meta.num_leading_decodes if MIXED_DECODES else 0
     if decodes:
         decode_attention(q, kv_cache, meta.seq_lens[:decodes], meta.block_tables[:decodes],
-                         scale, sliding_window, out, decode_config(head_dim),
+                         scale, sliding_window, out, decode_config(head_dim, decodes),
                          kv_scales=kv_scales)
     if decodes < meta.seq_lens.shape[0]:
         prefill_attention(q, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
@@ -167,7 +171,7 @@ def triton_fused_decode(q, k, v, cos, sin, q_weight, k_weight, eps: float,
     num_seqs = meta.seq_lens.shape[0]
     decode_qk_norm_rope_attention(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache,
                                   meta.seq_lens, meta.block_tables, meta.slot_mapping, scale,
-                                  sliding_window, out, decode_config(q.shape[2]))
+                                  sliding_window, out, decode_config(q.shape[2], num_seqs))
     return _zero_rows_past(out, num_seqs)
 
 

@@ -16,7 +16,7 @@ SM90 = GPUTarget("cuda", 90, 32)
 
 
 def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: int = 0,
-                   split_keys: int = 0):
+                   split_keys: int = 0, block_n: int = 64):
     """The split decode kernel as sm_90 code: Qwen-like GQA 7, head_dim 128, bf16 queries."""
     kv = "*fp8e4nv" if fp8 else "*bf16"
     signature = dict(q_ptr="*bf16", k_cache_ptr=kv, v_cache_ptr=kv, table_ptr="*i32",
@@ -25,7 +25,7 @@ def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: int 
                      counter_ptr="*i32", qk_scale="fp32", window="i32", num_splits="i32",
                      **{f"stride_{s}": "i32" for s in ("qt", "qh", "ot", "oh", "cb", "cs", "ch",
                                                        "tb")})
-    constants = dict(G=7, G_PAD=16, BLOCK_N=64, D=128, BS=16, HAS_WINDOW=window, DIRECT=direct,
+    constants = dict(G=7, G_PAD=16, BLOCK_N=block_n, D=128, BS=16, HAS_WINDOW=window, DIRECT=direct,
                      PREC="tf32", FP8=fp8, MERGE=merge, S_PAD=1 if direct else 32,
                      SPLIT_KEYS=split_keys, PDL=pdl)
     signature.update({name: "constexpr" for name in constants})
@@ -48,6 +48,19 @@ def test_decode_split_kernel_compiles_for_sm90(direct, merge, fp8, window, split
     assert ptx.count("atom.global.gpu.acq_rel.add") == int(merge)
     assert ("ld.global.cg" in ptx) == merge
     assert "griddepcontrol" not in ptx
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_the_batched_tile_compiles_for_sm90(fp8):
+    """128-key tiles at head_dim 128 (decode_config's from two sequences on)."""
+    from compiled_llm.attention.triton_backend import decode_config
+
+    assert decode_config(128, 1).block_n == 64 and decode_config(128, 2).block_n == 128
+    try:
+        kernel = compile_decode(False, False, fp8, False, block_n=decode_config(128, 8).block_n)
+    except (ImportError, KeyError) as err:
+        pytest.skip(f"no sm_90 backend: {err}")
+    assert kernel.asm["cubin"]
 
 
 @pytest.mark.parametrize("direct", [True, False])
