@@ -151,8 +151,8 @@
 #                                         # (interleaved), a warm serve, the GPU tests
 #     bash benchmarks/h200_suite.sh 82    # warm 8B serves with the warm-start hint and with
 #                                         # side-by-side pieces off; Llama-3-8B nano-vllm profile
-#     bash benchmarks/h200_suite.sh 83    # decode over mixed contexts by split variant; 8B
-#                                         # nano-vllm with long contexts split at every batch
+#     bash benchmarks/h200_suite.sh 83    # GPU attention tests; 8B and Qwen3-0.6B nano-vllm
+#                                         # with the batched 128-key decode tiles and with 64
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -593,19 +593,20 @@ $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 83 ]; then  # one GPU: the one-launch decode over mixed contexts by split
-  # variant, then Llama-3-8B's nano-vllm user path with long contexts split at every batch
-  # (COMPILED_LLM_DECODE_SPLIT_KEYS=512 COMPILED_LLM_DECODE_MIN_SPLITS=4) and without, in turn
-  L=$CK/llama3-8b
-  U="$py benchmarks/user_path.py --model $L --workload nano-vllm --json $R/user_path_h200.jsonl"
-  V="COMPILED_LLM_DECODE_SPLIT_KEYS=512 COMPILED_LLM_DECODE_MIN_SPLITS=4"
+elif [ "$CALL" = 83 ]; then  # one GPU (carry .whl): the GPU attention tests, then the
+  # nano-vllm user path of Llama-3-8B and Qwen3-0.6B with the decode's batched 128-key tiles
+  # (default) and with 64-key tiles at every batch (COMPILED_LLM_DECODE_BLOCK_N=64), in turn
+  U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl"
+  OLD=COMPILED_LLM_DECODE_BLOCK_N=64
   mapfile -t a <<<"\
-$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
-timeout 100 $py -m benchmarks.attention_kernels --mixed-sweep --json $R/decode_mixed.json
-$V $U --label split512x4
-$U --label default
-$V $U --label split512x4
-$U --label default"
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True); c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+timeout 150 $py -m pytest -q -x -p no:cacheprovider tests/kernels/test_triton_gpu.py tests/kernels/test_decode_qk_gpu.py
+$U --model $CK/llama3-8b --label tiles128
+$OLD $U --model $CK/llama3-8b --label tiles64
+$U --model $CK/qwen3-0.6b --label tiles128
+$OLD $U --model $CK/qwen3-0.6b --label tiles64
+$U --model $CK/llama3-8b --label tiles128
+$OLD $U --model $CK/llama3-8b --label tiles64"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 82 ]; then  # one GPU (carry .whl): warm 8B serves with the warm-start hint
   # (default: no compile children started ahead) against the side-by-side pieces off

@@ -38,6 +38,8 @@ MERGE_IN_LAUNCH = os.environ.get("COMPILED_LLM_DECODE_MERGE_IN_LAUNCH", "0") == 
 # decode, opt-in for A/B runs: at least this many splits at any batch (with SPLIT_KEYS, the
 # long contexts of a large batch split while the short ones take one)
 MIN_SPLITS = int(os.environ.get("COMPILED_LLM_DECODE_MIN_SPLITS", "1"))
+# decode, for A/B runs: keys per tile at every batch (0: decode_config's choice)
+BLOCK_N = int(os.environ.get("COMPILED_LLM_DECODE_BLOCK_N", "0"))
 
 
 def prefill_config(head_dim: int) -> PrefillConfig:
@@ -57,6 +59,8 @@ def decode_config(head_dim: int, num_seqs: int = 1) -> DecodeConfig:
     uniform context took 10% less with them."""
     tiles = dict(num_warps=4, num_stages=3, split_keys=SPLIT_KEYS,
                  merge_in_launch=MERGE_IN_LAUNCH, min_splits=MIN_SPLITS)
+    if BLOCK_N:
+        return DecodeConfig(block_n=BLOCK_N, **tiles)
     if head_dim <= 64 or (head_dim <= 128 and num_seqs > 1):
         return DecodeConfig(block_n=128, **tiles)
     if head_dim <= 128:
