@@ -1,6 +1,7 @@
 """The FastAPI app of a pooling server (runner pooling): the pooling endpoints, /v1/models,
-/health and /ping, the same guards as the generate app, and 400s naming the runner on the
-generation routes. app.serve runs it for runner pooling."""
+/health, /ping and /metrics (the generate server's request metrics), the same guards as the
+generate app, and 400s naming the runner on the generation routes. app.serve runs it for runner
+pooling."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import time
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.entrypoints.async_pooling import AsyncPoolingLLM
 from compiled_llm.entrypoints.server.errors import OPEN_PATHS, GuardMiddleware, install_handlers
+from compiled_llm.entrypoints.server.metrics import ServerMetrics
 from compiled_llm.entrypoints.server.openapi import errors, install_openapi
 from compiled_llm.entrypoints.server.protocol import ModelCard, ModelList
 from compiled_llm.entrypoints.server.server_config import ServerConfig
@@ -24,8 +26,11 @@ from compiled_llm.entrypoints.server.serving_pooling import (
 )
 
 
-def build_pooling_app(engine: AsyncPoolingLLM, cfg: ServerConfig) -> FastAPI:
-    """The app for a pooling engine."""
+def build_pooling_app(engine: AsyncPoolingLLM, cfg: ServerConfig,
+                      metrics: ServerMetrics | None = None) -> FastAPI:
+    """The app for a pooling engine; metrics: its own registry when None."""
+    # request counters and latency only: the engine gauges read a generating engine's stats
+    metrics = ServerMetrics(cfg.model_name) if metrics is None else metrics
     app = FastAPI(title="compiled-llm", docs_url=None, redoc_url=None)
     install_handlers(app)
     install_openapi(app, OPEN_PATHS, keyed=cfg.api_key is not None)
@@ -33,7 +38,7 @@ def build_pooling_app(engine: AsyncPoolingLLM, cfg: ServerConfig) -> FastAPI:
     app.add_middleware(CORSMiddleware, allow_origins=cfg.allowed_origins,
                        allow_methods=cfg.allowed_methods, allow_headers=cfg.allowed_headers,
                        allow_credentials=cfg.allow_credentials)
-    serving = ServingPooling(engine, cfg.model_name)
+    serving = ServingPooling(engine, cfg.model_name, metrics)
     add_pooling_routes(app, serving)
     refuse_runner_paths(app, GENERATION_PATHS, "pooling")
     created = int(time.time())
@@ -50,6 +55,12 @@ def build_pooling_app(engine: AsyncPoolingLLM, cfg: ServerConfig) -> FastAPI:
                       response_class=Response, responses=errors(400))
     app.add_api_route("/ping", health, methods=["GET", "POST"], name="ping",
                       response_class=Response, responses=errors(400))
+
+    @app.get("/metrics", response_class=PlainTextResponse, responses=errors(400))
+    async def prometheus() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
     return app
 
 

@@ -1,46 +1,90 @@
 """Request bodies of the pooling endpoints (pydantic), as OpenAI and vLLM spell them:
-/v1/embeddings, /pooling, /v1/score and /v1/rerank. Types are checked here; values (lengths,
-dimensions, truncation) by the engine, whose ValueError names the field."""
+/v1/embeddings, /pooling, /classify, /v1/score and /v1/rerank. Types are checked here; values
+(lengths, dimensions, truncation) by the engine, whose ValueError names the field. Fields beyond
+these stay in model_extra, where vLLM's own but unhonoured ones are refused (pooling_fields.py)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import StrictInt, StrictStr
+from pydantic import ConfigDict, StrictBool, StrictInt, StrictStr
 
 from compiled_llm.entrypoints.server.protocol import RequestBody
 
 # OpenAI's input: one text, texts, one token-id list, or token-id lists
 EmbeddingInput = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+# vLLM's embed_dtype values; the fp8 ones are refused by name (pooling_fields.py)
+EmbedDType = Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"]
 
 
-class EmbeddingRequest(RequestBody):
-    """POST /v1/embeddings (and /pooling, which answers the pooler's raw output)."""
+class PoolingBody(RequestBody):
+    """Fields every pooling request takes (vLLM's PoolingBasicRequestMixin)."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    input: EmbeddingInput
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = None
     user: str | None = None
     truncate_prompt_tokens: StrictInt | None = None  # vLLM's extra
+    request_id: StrictStr | None = None  # vLLM's extra: the response's id carries it
+
+
+class ActivationFields(PoolingBody):
+    """vLLM's classifier fields: use_activation, and its deprecated spellings."""
+
+    use_activation: StrictBool | None = None
+    softmax: StrictBool | None = None
+    activation: StrictBool | None = None
+
+    def wants_activation(self) -> bool:
+        """vLLM's reading: the first of use_activation, softmax, activation set; else True."""
+        for value in (self.use_activation, self.softmax, self.activation):
+            if value is not None:
+                return value
+        return True
+
+    def activation_field(self) -> str | None:
+        """The name of the first activation field set, or None."""
+        for name in ("use_activation", "softmax", "activation"):
+            if getattr(self, name) is not None:
+                return name
+        return None
+
+
+class EmbeddingRequest(PoolingBody):
+    """POST /v1/embeddings. input is optional only so that a body with vLLM's chat-style
+    messages instead is refused by that name; the handler requires it."""
+
+    input: EmbeddingInput | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    embed_dtype: EmbedDType = "float32"  # vLLM's extra: the dtype of base64 vectors
+    endianness: Literal["native", "little", "big"] = "native"  # vLLM's extra, base64 too
+    dimensions: StrictInt | None = None
     normalize: bool | None = None  # vLLM's extra: None keeps the model's setting
 
 
-class ScoreRequest(RequestBody):
+class PoolingRequest(EmbeddingRequest, ActivationFields):
+    """POST /pooling: the pooler's raw output; task, if set, must be the model's."""
+
+    task: StrictStr | None = None
+
+
+class ClassificationRequest(ActivationFields):
+    """POST /classify: class probabilities and the top label per input."""
+
+    input: EmbeddingInput | None = None
+
+
+class ScoreRequest(ActivationFields):
     """POST /v1/score: text_1 against each text_2 (or the two lists zipped)."""
 
-    model: str | None = None
     text_1: StrictStr | list[StrictStr]
     text_2: StrictStr | list[StrictStr]
-    truncate_prompt_tokens: StrictInt | None = None
 
 
-class RerankRequest(RequestBody):
+class RerankRequest(ActivationFields):
     """POST /v1/rerank (Jina and Cohere shape): documents ordered by relevance to query."""
 
-    model: str | None = None
     query: StrictStr
     documents: list[StrictStr]
     top_n: StrictInt | None = None
     return_documents: bool = True
-    truncate_prompt_tokens: StrictInt | None = None

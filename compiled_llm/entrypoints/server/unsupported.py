@@ -50,7 +50,13 @@ _CHAT: dict[str, tuple[tuple[Any, ...], str]] = {
 def refuse_unsupported(extra: dict[str, Any] | None, chat: bool) -> None:
     """400 for the first field of extra (a body's fields beyond those modelled) that is
     defined for the endpoint, not honoured here, and set to ask for something."""
-    table = {**_BOTH, **_CHAT} if chat else _BOTH
+    refuse_fields(extra, {**_BOTH, **_CHAT} if chat else _BOTH)
+
+
+def refuse_fields(extra: dict[str, Any] | None,
+                  table: dict[str, tuple[tuple[Any, ...], str]]) -> None:
+    """400 naming the first field of extra that table (field -> (neutral values, why))
+    lists and that asks for something."""
     for name, value in (extra or {}).items():
         if name not in table:
             continue
