@@ -13,8 +13,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Iterable
 from functools import partial
 from typing import Any
 
@@ -23,7 +22,7 @@ from compiled_llm.engine.core_client import EngineDeadError
 from compiled_llm.engine.core_multi import CoreEndpoint
 from compiled_llm.engine.inputs import check_prompt_keys
 from compiled_llm.engine.llm_engine import EngineStats, LLMEngine
-from compiled_llm.output.outputs import RequestOutput
+from compiled_llm.output.outputs import RequestOutput, merge_deltas
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -42,18 +41,7 @@ class RequestObserver:
         """A request ended (stop, length, abort or error) e2e_s after it arrived."""
 
 
-def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:
-    """b appended to a: texts, tokens and logprobs concatenated per completion index."""
-    by_index = {o.index: o for o in a.outputs}
-    for o in b.outputs:
-        prev = by_index.get(o.index)
-        if prev is None:
-            by_index[o.index] = o
-            continue
-        lps = None if o.logprobs is None else (prev.logprobs or []) + o.logprobs
-        by_index[o.index] = replace(o, text=prev.text + o.text,
-                                    token_ids=prev.token_ids + o.token_ids, logprobs=lps)
-    return replace(b, outputs=[by_index[i] for i in sorted(by_index)])
+_ABORTED = object()  # queued to wake a stream's consumer once the stream is aborted
 
 
 class RequestStream:
@@ -74,7 +62,10 @@ class RequestStream:
     async def _iterate(self) -> AsyncIterator[RequestOutput]:
         try:
             while not self.finished:
-                out = self._take(await self.queue.get())
+                item = await self.queue.get()
+                if item is _ABORTED:  # aborted by id while this consumer waited: it ends
+                    return
+                out = self._take(item)
                 while not self.finished and not self.queue.empty():
                     out = merge_deltas(out, self._take(self.queue.get_nowait()))
                 yield out
@@ -113,9 +104,12 @@ class RequestStream:
                                           stamp - self.arrival)
 
     def abort(self) -> None:
-        """Abort the request if it is still running (idempotent, any thread)."""
+        """Abort the request if it is still running (idempotent, any thread); a consumer
+        waiting on it stops iterating."""
         if not self.finished:
             self.finished = True
+            if not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(self.queue.put_nowait, _ABORTED)
             self.owner._streams.pop(self.request_id, None)
             self.owner._submit(self.owner.engine.abort_request, self.request_id)
             self.owner.observer.on_finish("abort", self.num_prompt_tokens, self.num_gen_tokens,
@@ -143,6 +137,8 @@ class AsyncLLM:
         # what requests leave unset, and the budget none may pass: the generation config's
         self.sampling_defaults = self.engine.sampling_defaults
         self.max_tokens_cap = self.engine.max_tokens_cap
+        # vLLM's enable_log_requests: each request's params logged at INFO as it is added
+        self.log_requests = bool(getattr(args, "enable_log_requests", False))
         self._tokenizer_pool = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="tokenizer")  # one thread: a fast tokenizer is not reentrant
         self.observer = observer or RequestObserver()
@@ -160,16 +156,19 @@ class AsyncLLM:
                          usage_context: Any = None, stat_loggers: list | None = None,
                          enable_log_requests: bool = False, disable_log_stats: bool = False,
                          **kwargs: Any) -> AsyncLLM:
-        """vLLM's constructor: an AsyncLLM over engine_args (an EngineArgs, alias
-        AsyncEngineArgs). usage_context and the two logging switches are accepted and
-        change nothing; ValueError for start_engine_loop=False or stat_loggers (this engine's
-        loop always runs, and its metrics are the server's)."""
+        """vLLM's constructor: an AsyncLLM over engine_args (an EngineArgs or AsyncEngineArgs).
+        enable_log_requests (here or on AsyncEngineArgs) logs each request as it is added;
+        usage_context and disable_log_stats change nothing (no stats are logged); ValueError
+        for start_engine_loop=False or stat_loggers (this engine's loop always runs, and its
+        metrics are the server's)."""
         if not start_engine_loop:
             raise ValueError("start_engine_loop=False is not supported: the engine loop "
                              "starts with the AsyncLLM")
         if stat_loggers:
             raise ValueError("stat_loggers are not supported")
-        return cls(engine_args, **kwargs)
+        llm = cls(engine_args, **kwargs)
+        llm.log_requests = llm.log_requests or enable_log_requests
+        return llm
 
     # ------------------------------------------------------------------ caller side
     async def call(self, fn: Callable, *args: Any) -> Any:
@@ -221,6 +220,9 @@ class AsyncLLM:
         grammar = self.engine.inputs.prepare_grammar(params)
         if grammar is not None:  # compiled off the engine thread; shield: others may share it
             await asyncio.shield(asyncio.wrap_future(grammar))
+        if self.log_requests:
+            logger.info("Received request %s: params: %s, lora_request: %s.", request_id,
+                        params, lora_request)
         stream = RequestStream(self, request_id)
         self._streams[request_id] = stream
         try:
@@ -257,11 +259,12 @@ class AsyncLLM:
         finally:  # the inner iterator is not closed with us: abort here, at once
             stream.abort()
 
-    async def abort(self, request_id: str) -> None:
-        """Abort a request by id if its stream is still open."""
-        stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.abort()
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        """Abort requests by id (one, or several as vLLM takes them) whose streams are open."""
+        for rid in [request_id] if isinstance(request_id, str) else list(request_id):
+            stream = self._streams.get(rid)
+            if stream is not None:
+                stream.abort()
 
     def shutdown(self) -> None:
         """Stop the loop thread, fail open streams and queued calls with "engine is shut

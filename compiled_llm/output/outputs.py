@@ -1,8 +1,9 @@
-"""Public result types, shaped like vLLM's: RequestOutput, CompletionOutput, Logprob."""
+"""Public result types, shaped like vLLM's: RequestOutput, CompletionOutput, Logprob; and
+merge_deltas, which joins two DELTA outputs of one request."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -51,3 +52,17 @@ class RequestOutput:
     metrics: dict = field(default_factory=dict)
     error: str | None = None
     num_cached_tokens: int | None = None
+
+
+def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:
+    """b appended to a: texts, tokens and logprobs concatenated per completion index."""
+    by_index = {o.index: o for o in a.outputs}
+    for o in b.outputs:
+        prev = by_index.get(o.index)
+        if prev is None:
+            by_index[o.index] = o
+            continue
+        lps = None if o.logprobs is None else (prev.logprobs or []) + o.logprobs
+        by_index[o.index] = replace(o, text=prev.text + o.text,
+                                    token_ids=prev.token_ids + o.token_ids, logprobs=lps)
+    return replace(b, outputs=[by_index[i] for i in sorted(by_index)])

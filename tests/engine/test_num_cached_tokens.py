@@ -47,10 +47,10 @@ def test_the_count_crosses_the_wire():
     assert back.num_cached_tokens == 32 and back.finish_reason == "stop"
 
 
-def test_an_engine_core_process_reports_prefix_cache_hits():
+def test_an_engine_core_process_reports_prefix_cache_hits(caplog):
     args = AsyncEngineArgs(model=str(make_checkpoint("llama")), enforce_eager=True,
                            dtype="float32", device="cpu", engine_core_process=True,
-                           block_size=16)
+                           block_size=16, enable_log_requests=True)
     engine = AsyncLLM.from_engine_args(args)
     prompt = {"prompt_token_ids": list(range(5, 45))}  # 40 tokens: 2 full blocks reusable
     params = SamplingParams(temperature=0.0, max_tokens=2)
@@ -62,7 +62,9 @@ def test_an_engine_core_process_reports_prefix_cache_hits():
         return last
 
     try:
-        first = asyncio.run(final("a"))
+        with caplog.at_level("INFO", logger="compiled_llm.entrypoints.async_llm"):
+            first = asyncio.run(final("a"))
+        assert "Received request a: params:" in caplog.text  # vLLM's enable_log_requests
         second = asyncio.run(final("b"))
         # bad_words travel to the core process as a logits processor: "is" (one token, 259),
         # pushed to the top by logit_bias, stays banned there

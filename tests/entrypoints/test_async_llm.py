@@ -1,5 +1,6 @@
 """AsyncLLM: streamed deltas agree with cumulative and final outputs, stop-string prefixes are
-held back, requests share steps, and cancelling a consumer frees its blocks at once."""
+held back, requests share steps, cancelling a consumer frees its blocks at once, and an abort
+by id ends the consumer waiting on it."""
 
 from __future__ import annotations
 
@@ -106,6 +107,31 @@ def test_cancel_frees_blocks_at_once_and_bad_input_queues_nothing(engine):
         return used, busy, after_cancel
 
     assert asyncio.run(main()) == (0, False, 0)
+
+
+def test_abort_by_id_ends_a_waiting_consumer(engine):
+    """vLLM's AsyncLLM.abort(ids): one id or several; a consumer waiting on one stops."""
+    started = {rid: asyncio.Event() for rid in ("a1", "a2", "a3")}
+
+    async def consume(rid: str) -> int:
+        count = 0
+        async for _ in engine.generate("The quick", _params(Kind.DELTA, max_tokens=400), rid):
+            count += 1
+            started[rid].set()
+        return count
+
+    async def main():
+        tasks = [asyncio.ensure_future(consume(rid)) for rid in started]
+        for event in started.values():
+            await event.wait()
+        await engine.abort("a1")
+        await engine.abort(["a2", "a3", "gone"])
+        counts = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+        used = await engine.call(lambda: engine.engine.num_used_blocks)
+        return counts, used
+
+    counts, used = asyncio.run(main())
+    assert all(1 <= count < 400 for count in counts) and used == 0
 
 
 def test_row7_text_prompts_are_tokenized_off_the_engine_thread(engine):

@@ -91,7 +91,7 @@ def test_vllm_names_are_exported(llm):
     for name in ("TextPrompt", "TokensPrompt", "PromptType", "PoolingParams",
                  "PoolingRequestOutput", "EmbeddingRequestOutput", "AsyncEngineArgs"):
         assert name in compiled_llm.__all__ and getattr(compiled_llm, name) is not None
-    assert compiled_llm.AsyncEngineArgs is compiled_llm.EngineArgs
+    assert issubclass(compiled_llm.AsyncEngineArgs, compiled_llm.EngineArgs)
     assert hasattr(compiled_llm.AsyncLLM, "from_engine_args")
     with pytest.raises(ValueError, match="start_engine_loop"):
         compiled_llm.AsyncLLM.from_engine_args(compiled_llm.EngineArgs(),

@@ -21,6 +21,7 @@ from compiled_llm.entrypoints.server.streaming import (
     abort_on_disconnect,
     chat_logprobs,
     choice_events,
+    continuous_usage,
     prompt_logprobs_json,
     sse,
     usage,
@@ -111,8 +112,11 @@ class ServingChat(Serving):
         event = choice_events({"id": rid, "object": "chat.completion.chunk",
                                "created": created, "model": self.model_name})
 
+        # vLLM: usage on every chunk only with include_usage and continuous_usage_stats
+        continuous = continuous_usage(req.stream_options)
+
         def chunk(choices: list, **extra) -> str:
-            if req.stream_options and req.stream_options.continuous_usage_stats and choices:
+            if continuous and choices:
                 extra["usage"] = usage(prompt_len, counts[choices[0]["index"]])
             return event(choices, **extra)
 

@@ -20,6 +20,7 @@ from compiled_llm.entrypoints.server.streaming import (
     abort_on_disconnect,
     choice_events,
     completion_logprobs,
+    continuous_usage,
     merge_streams,
     prompt_logprobs_json,
     sse,
@@ -166,7 +167,7 @@ class ServingCompletion(Serving):
                     offsets[index] = offsets.get(index, 0) + len(choice["text"])
                     counts[index] = counts.get(index, 0) + tokens
                     extra = {}
-                    if options and options.continuous_usage_stats:
+                    if continuous_usage(options):
                         extra["usage"] = usage(len(prompts[i].token_ids), counts[index])
                     yield chunk([choice], **extra)
         except OpenAIError as exc:

@@ -117,10 +117,11 @@ def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], num_t
     for token_id, entry in zip(token_ids, entries):
         chosen = entry[token_id]
         text = _token_text(token_id, chosen)
-        tops = [{"token": (top_text := _token_text(top_id, top)), "logprob": top.logprob,
-                 "bytes": list(top_text.encode())} for top_id, top in _top(entry, num_top)]
-        content.append({"token": text, "logprob": chosen.logprob, "bytes": list(text.encode()),
-                        "top_logprobs": tops})
+        tops = [{"token": (top_text := _token_text(top_id, top)),
+                 "logprob": _finite(top.logprob), "bytes": list(top_text.encode())}
+                for top_id, top in _top(entry, num_top)]
+        content.append({"token": text, "logprob": _finite(chosen.logprob),
+                        "bytes": list(text.encode()), "top_logprobs": tops})
     return {"content": content}
 
 
@@ -149,6 +150,12 @@ def _completion_top(token_id: int, entry: dict[int, Logprob], num_top: int) -> d
     for top_id, logprob in [(token_id, entry[token_id]), *_top(entry, num_top)]:
         top.setdefault(_token_text(top_id, logprob), _finite(logprob.logprob))
     return top
+
+
+def continuous_usage(options) -> bool:
+    """Whether every chunk carries the usage so far: vLLM's continuous_usage_stats, which
+    counts only together with include_usage."""
+    return bool(options and options.include_usage and options.continuous_usage_stats)
 
 
 def _finite(logprob: float) -> float:

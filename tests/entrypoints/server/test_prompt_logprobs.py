@@ -144,3 +144,8 @@ def test_continuous_usage_stats(client, server):
     assert all(c.usage is not None for c in chat)
     assert chat[0].usage.completion_tokens == 0 and chat[-2].usage.completion_tokens == 5
     assert chat[-1].choices == [] and chat[-1].usage.completion_tokens == 5
+    # vLLM: continuous_usage_stats counts only together with include_usage
+    alone = list(client.completions.create(
+        model=server.model, prompt=PROMPT, max_tokens=3, stream=True,
+        stream_options={"continuous_usage_stats": True}))
+    assert all(c.usage is None for c in alone)
