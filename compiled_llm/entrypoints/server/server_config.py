@@ -86,6 +86,9 @@ class ServerConfig:
     chat_template: str | None = None
     """The chat template of chat requests that send none (default: the tokenizer's): a file
     path, or the template itself (a value holding {, } or a newline), as vLLM takes it."""
+    enable_prompt_tokens_details: bool = False
+    """Put usage.prompt_tokens_details.cached_tokens (prompt tokens served from the prefix
+    cache) in completion and chat responses, as vLLM's flag does."""
 
     def __post_init__(self) -> None:
         from compiled_llm.config_fields import check_choices

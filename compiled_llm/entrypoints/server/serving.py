@@ -41,6 +41,13 @@ class Serving:
         self.tracer = request_tracer(cfg.otlp_traces_endpoint, cfg.model_name)
         self.loras = None  # the served LoRA adapters (lora_routes.ServedLoRAs), set by the app
 
+    def cached_tokens(self, outputs: list[RequestOutput]) -> int | None:
+        """The prompt tokens these outputs' requests found in the prefix cache, where
+        --enable-prompt-tokens-details asks for them (else None: no details)."""
+        if not self.cfg.enable_prompt_tokens_details:
+            return None
+        return sum(out.num_cached_tokens for out in outputs)
+
     def check_model(self, name: str | None):
         """The LoRARequest of the adapter served as name, None for the base model (no name,
         or any of its served names); 404 for any other name."""

@@ -94,7 +94,7 @@ class ServingChat(Serving):
         gen = sum(len(o.token_ids) for o in out.outputs)
         return {"id": rid, "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,
-                "usage": usage(len(out.prompt_token_ids), gen),
+                "usage": usage(len(out.prompt_token_ids), gen, self.cached_tokens([out])),
                 "prompt_logprobs": prompt_logprobs_json(out.prompt_logprobs)}
 
     @staticmethod
@@ -120,7 +120,7 @@ class ServingChat(Serving):
                 extra["usage"] = usage(prompt_len, counts[choices[0]["index"]])
             return event(choices, **extra)
 
-        gen, streamers = 0, [reply.streamer() for _ in range(req.n)]
+        gen, streamers, last = 0, [reply.streamer() for _ in range(req.n)], None
         role = reply_role(req, self.cfg.response_role)
         echo = echoed(req, role)
         try:
@@ -132,6 +132,7 @@ class ServingChat(Serving):
                               "finish_reason": None}])
             async for out in stream:
                 self.check_output(out)
+                last = out
                 for completion in out.outputs:
                     gen += len(completion.token_ids)
                     counts[completion.index] += len(completion.token_ids)
@@ -150,7 +151,8 @@ class ServingChat(Serving):
         finally:  # a client gone mid-stream closes us: free its blocks now
             stream.abort()
         if req.stream_options and req.stream_options.include_usage:
-            yield chunk([], usage=usage(prompt_len, gen))
+            cached = self.cached_tokens([] if last is None else [last])
+            yield chunk([], usage=usage(prompt_len, gen, cached))
         yield DONE
 
 

@@ -134,9 +134,10 @@ class ServingCompletion(Serving):
 
     async def _collect(self, streams, rid: str, req: CompletionRequest, prompts) -> dict:
         """Read every stream to its end into one body."""
-        choices, gen = [], 0
+        choices, gen, lasts = [], 0, {}
         async for i, out in merge_streams(streams):
             self.check_output(out)
+            lasts[i] = out
             for completion in out.outputs:
                 choice, tokens = self._choice(i, completion, req, prompts[i],
                                               out.prompt_logprobs, True, 0)
@@ -146,11 +147,12 @@ class ServingCompletion(Serving):
         choices.sort(key=lambda choice: choice["index"])
         return {"id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,
-                "usage": usage(sum(len(p.token_ids) for p in prompts), gen)}
+                "usage": usage(sum(len(p.token_ids) for p in prompts), gen,
+                               self.cached_tokens(list(lasts.values())))}
 
     async def _chunks(self, req: CompletionRequest, streams, rid: str,
                       prompts) -> AsyncIterator[str]:
-        created, offsets, counts = int(time.time()), {}, {}
+        created, offsets, counts, lasts = int(time.time()), {}, {}, {}
         options = req.stream_options
 
         chunk = choice_events({"id": rid, "object": "text_completion", "created": created,
@@ -159,6 +161,7 @@ class ServingCompletion(Serving):
         try:
             async for i, out in merge_streams(streams):
                 self.check_output(out)
+                lasts[i] = out
                 for completion in out.outputs:
                     index = i * req.n + completion.index
                     choice, tokens = self._choice(i, completion, req, prompts[i],
@@ -177,7 +180,8 @@ class ServingCompletion(Serving):
                 stream.abort()
         if options and options.include_usage:
             yield chunk([], usage=usage(sum(len(p.token_ids) for p in prompts),
-                                        sum(counts.values())))
+                                        sum(counts.values()),
+                                        self.cached_tokens(list(lasts.values()))))
         yield DONE
 
 

@@ -36,10 +36,13 @@ def choice_events(fields: dict) -> Callable[..., str]:
     return event
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    """OpenAI's `usage` object."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """OpenAI's `usage` object; with cached_tokens, its prompt_tokens_details too."""
+    body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 async def merge_streams(streams: list) -> AsyncIterator[tuple[int, Any]]:
