@@ -22,102 +22,18 @@ from compiled_llm.engine.core_client import EngineDeadError
 from compiled_llm.engine.core_multi import CoreEndpoint
 from compiled_llm.engine.inputs import check_prompt_keys
 from compiled_llm.engine.llm_engine import EngineStats, LLMEngine
-from compiled_llm.output.outputs import RequestOutput, merge_deltas
+from compiled_llm.entrypoints.request_stream import (
+    CumulativeStream,
+    RequestObserver,
+    RequestStream,
+    put_all,
+)
+from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 STEP_WAIT_S = 0.02  # longest the loop waits for a process core's outputs between commands
 IDLE_WAKE_S = 0.1  # an idle loop refreshes the engine's stats this often
-
-
-class RequestObserver:
-    """Per-request timing hooks (the server's metrics implement them); all no-ops here."""
-
-    def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float) -> None:
-        """A request got new tokens, gap_s after its previous output (or its arrival)."""
-
-    def on_finish(self, outcome: str, prompt_tokens: int, gen_tokens: int,
-                  e2e_s: float) -> None:
-        """A request ended (stop, length, abort or error) e2e_s after it arrived."""
-
-
-_ABORTED = object()  # queued to wake a stream's consumer once the stream is aborted
-
-
-class RequestStream:
-    """The outputs of one request, as an async iterator; abort() ends it early."""
-
-    def __init__(self, owner: AsyncLLM, request_id: str) -> None:
-        self.owner, self.request_id = owner, request_id
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.finished = False
-        self.arrival = time.monotonic()
-        self.last_time: float | None = None
-        self.num_prompt_tokens = self.num_gen_tokens = 0
-
-    def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[RequestOutput]:
-        try:
-            while not self.finished:
-                item = await self.queue.get()
-                if item is _ABORTED:  # aborted by id while this consumer waited: it ends
-                    return
-                out = self._take(item)
-                while not self.finished and not self.queue.empty():
-                    out = merge_deltas(out, self._take(self.queue.get_nowait()))
-                yield out
-        finally:
-            self.abort()
-
-    def _take(self, item: tuple[float, RequestOutput | BaseException]) -> RequestOutput:
-        stamp, out = item
-        if isinstance(out, BaseException):
-            self.finished = True
-            self.owner._streams.pop(self.request_id, None)
-            self.owner.observer.on_finish("error", self.num_prompt_tokens, self.num_gen_tokens,
-                                          stamp - self.arrival)
-            try:
-                raise out
-            finally:  # this frame is in the error's traceback: holding the error is a cycle
-                out = item = None
-        self._observe(stamp, out)
-        return out
-
-    def _observe(self, stamp: float, out: RequestOutput) -> None:
-        new = sum(len(o.token_ids) for o in out.outputs)
-        if new:
-            first = self.last_time is None
-            gap = stamp - (self.arrival if first else self.last_time)
-            self.owner.observer.on_output(self.request_id, new, first, gap)
-            self.last_time = stamp
-        self.num_prompt_tokens = len(out.prompt_token_ids)
-        self.num_gen_tokens += new
-        if out.finished:
-            self.finished = True
-            self.owner._streams.pop(self.request_id, None)
-            reasons = [o.finish_reason for o in out.outputs if o.finish_reason]
-            outcome = "error" if out.error else (reasons[-1] if reasons else "stop")
-            self.owner.observer.on_finish(outcome, self.num_prompt_tokens, self.num_gen_tokens,
-                                          stamp - self.arrival)
-
-    def abort(self) -> None:
-        """Abort the request if it is still running (idempotent, any thread); a consumer
-        waiting on it stops iterating."""
-        if not self.finished:
-            self.finished = True
-            if not self.loop.is_closed():
-                self.loop.call_soon_threadsafe(self.queue.put_nowait, _ABORTED)
-            self.owner._streams.pop(self.request_id, None)
-            self.owner._submit(self.owner.engine.abort_request, self.request_id)
-            self.owner.observer.on_finish("abort", self.num_prompt_tokens, self.num_gen_tokens,
-                                          time.monotonic() - self.arrival)
-
-    def __del__(self) -> None:  # a stream dropped unread must not hold KV blocks
-        if not self.finished:
-            self.abort()
 
 
 class AsyncLLM:
@@ -209,6 +125,7 @@ class AsyncLLM:
                           lora_request=None) -> RequestStream:
         """Validate and queue; ValueError (nothing queued) on bad input. Iterate the result.
         lora_request: the LoRARequest the prompt runs with (None: the base model)."""
+        await self.check_health()  # a clear error, not the stopped tokenizer pool's
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = (params or SamplingParams(**self.sampling_defaults)).clone()
@@ -235,7 +152,7 @@ class AsyncLLM:
                 self._submit(self.engine.abort_request, request_id)  # abort runs after it
             raise
         if user_kind == RequestOutputKind.CUMULATIVE:
-            return _Cumulative(stream)
+            return CumulativeStream(stream)
         return stream
 
     async def _tokenized(self, prompt: Any) -> Any:
@@ -258,6 +175,42 @@ class AsyncLLM:
                 yield out
         finally:  # the inner iterator is not closed with us: abort here, at once
             stream.abort()
+
+    async def get_tokenizer(self, lora_request=None):
+        """The tokenizer (vLLM's AsyncLLM.get_tokenizer; adapters share it)."""
+        return self.tokenizer
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the engine loop takes requests (not shut down, not dead)."""
+        return not self._shut_down and self.error is None
+
+    @property
+    def is_stopped(self) -> bool:
+        """Whether shutdown() ran."""
+        return self._shut_down
+
+    @property
+    def errored(self) -> bool:
+        """Whether the engine loop died (its core failed)."""
+        return self.error is not None
+
+    @property
+    def dead_error(self) -> BaseException:
+        """The error requests get from a dead engine (vLLM's EngineDeadError)."""
+        return EngineDeadError(f"engine loop is dead: {self.error}")
+
+    async def check_health(self) -> None:
+        """Raise EngineDeadError if the engine loop died, RuntimeError once shut down."""
+        if self.error is not None:
+            raise self.dead_error
+        if self._shut_down:
+            raise RuntimeError("engine is shut down")
+
+    async def reset_prefix_cache(self, device: Any = None) -> bool:
+        """Forget every cached block hash, between steps (vLLM's; True when done)."""
+        await self.call(self.engine.reset_prefix_cache)
+        return True
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         """Abort requests by id (one, or several as vLLM takes them) whose streams are open."""
@@ -337,14 +290,14 @@ class AsyncLLM:
                 by_loop.setdefault(stream.loop, []).append((stream, (now, out)))
         for loop, items in by_loop.items():
             if not loop.is_closed():
-                loop.call_soon_threadsafe(_put_all, items)
+                loop.call_soon_threadsafe(put_all, items)
 
     def _fail_all(self, error: BaseException) -> None:
         self.error = error
         now = time.monotonic()
         for stream in list(self._streams.values()):
             if not stream.loop.is_closed():
-                stream.loop.call_soon_threadsafe(_put_all, [(stream, (now, error))])
+                stream.loop.call_soon_threadsafe(put_all, [(stream, (now, error))])
 
     def _publish_stats(self) -> bool:
         """Refresh the stats snapshot; False (everyone failed) when the core is found dead,
@@ -367,28 +320,3 @@ def _fail_pending(commands: queue.SimpleQueue, error: BaseException) -> None:
             return
         if item is not None and not item[2].done():  # a cancelled caller wants no answer
             item[2].set_exception(error)
-
-
-def _put_all(items: list) -> None:
-    for stream, item in items:
-        stream.queue.put_nowait(item)
-
-
-class _Cumulative:
-    """Presents a DELTA stream as CUMULATIVE outputs (everything so far, each time)."""
-
-    def __init__(self, stream: RequestStream) -> None:
-        self.stream = stream
-
-    def abort(self) -> None:
-        """Abort the underlying request."""
-        self.stream.abort()
-
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        total: RequestOutput | None = None
-        try:
-            async for out in self.stream:
-                total = out if total is None else merge_deltas(total, out)
-                yield total
-        finally:
-            self.stream.abort()

@@ -205,3 +205,25 @@ def test_row11_a_caller_that_leaves_before_its_command_runs_leaves_the_loop_aliv
         return await asyncio.wait_for(engine.call(lambda: "alive"), timeout=30)
 
     assert asyncio.run(main()) == "alive" and engine.error is None
+
+
+def test_vllm_engine_client_methods():
+    """get_tokenizer, is_running / is_stopped / errored, check_health, reset_prefix_cache;
+    after shutdown a request gets "engine is shut down"."""
+    eng = AsyncLLM(EngineArgs(model=str(make_checkpoint("llama")), enforce_eager=True,
+                              dtype="float32"))
+
+    async def live():
+        assert await eng.get_tokenizer() is eng.tokenizer
+        await eng.check_health()
+        return eng.is_running, eng.is_stopped, eng.errored, await eng.reset_prefix_cache()
+
+    try:
+        assert asyncio.run(live()) == (True, False, False, True)
+    finally:
+        eng.shutdown()
+    assert eng.is_stopped and not eng.is_running
+    with pytest.raises(RuntimeError, match="engine is shut down"):
+        asyncio.run(eng.add_request("late", "The quick", SamplingParams(max_tokens=2)))
+    with pytest.raises(RuntimeError, match="engine is shut down"):
+        asyncio.run(eng.check_health())

@@ -1,0 +1,130 @@
+"""One AsyncLLM request's outputs as an async iterator (RequestStream), its CUMULATIVE view,
+and the hooks that time requests (RequestObserver: the server's metrics implement them)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from compiled_llm.output.outputs import RequestOutput, merge_deltas
+
+if TYPE_CHECKING:
+    from compiled_llm.entrypoints.async_llm import AsyncLLM
+
+
+class RequestObserver:
+    """Per-request timing hooks (the server's metrics implement them); all no-ops here."""
+
+    def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float) -> None:
+        """A request got new tokens, gap_s after its previous output (or its arrival)."""
+
+    def on_finish(self, outcome: str, prompt_tokens: int, gen_tokens: int,
+                  e2e_s: float) -> None:
+        """A request ended (stop, length, abort or error) e2e_s after it arrived."""
+
+
+_ABORTED = object()  # queued to wake a stream's consumer once the stream is aborted
+
+
+class RequestStream:
+    """The outputs of one request, as an async iterator; abort() ends it early."""
+
+    def __init__(self, owner: AsyncLLM, request_id: str) -> None:
+        self.owner, self.request_id = owner, request_id
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.finished = False
+        self.arrival = time.monotonic()
+        self.last_time: float | None = None
+        self.num_prompt_tokens = self.num_gen_tokens = 0
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                item = await self.queue.get()
+                if item is _ABORTED:  # aborted by id while this consumer waited: it ends
+                    return
+                out = self._take(item)
+                while not self.finished and not self.queue.empty():
+                    out = merge_deltas(out, self._take(self.queue.get_nowait()))
+                yield out
+        finally:
+            self.abort()
+
+    def _take(self, item: tuple[float, RequestOutput | BaseException]) -> RequestOutput:
+        stamp, out = item
+        if isinstance(out, BaseException):
+            self.finished = True
+            self.owner._streams.pop(self.request_id, None)
+            self.owner.observer.on_finish("error", self.num_prompt_tokens, self.num_gen_tokens,
+                                          stamp - self.arrival)
+            try:
+                raise out
+            finally:  # this frame is in the error's traceback: holding the error is a cycle
+                out = item = None
+        self._observe(stamp, out)
+        return out
+
+    def _observe(self, stamp: float, out: RequestOutput) -> None:
+        new = sum(len(o.token_ids) for o in out.outputs)
+        if new:
+            first = self.last_time is None
+            gap = stamp - (self.arrival if first else self.last_time)
+            self.owner.observer.on_output(self.request_id, new, first, gap)
+            self.last_time = stamp
+        self.num_prompt_tokens = len(out.prompt_token_ids)
+        self.num_gen_tokens += new
+        if out.finished:
+            self.finished = True
+            self.owner._streams.pop(self.request_id, None)
+            reasons = [o.finish_reason for o in out.outputs if o.finish_reason]
+            outcome = "error" if out.error else (reasons[-1] if reasons else "stop")
+            self.owner.observer.on_finish(outcome, self.num_prompt_tokens, self.num_gen_tokens,
+                                          stamp - self.arrival)
+
+    def abort(self) -> None:
+        """Abort the request if it is still running (idempotent, any thread); a consumer
+        waiting on it stops iterating."""
+        if not self.finished:
+            self.finished = True
+            if not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(self.queue.put_nowait, _ABORTED)
+            self.owner._streams.pop(self.request_id, None)
+            self.owner._submit(self.owner.engine.abort_request, self.request_id)
+            self.owner.observer.on_finish("abort", self.num_prompt_tokens, self.num_gen_tokens,
+                                          time.monotonic() - self.arrival)
+
+    def __del__(self) -> None:  # a stream dropped unread must not hold KV blocks
+        if not self.finished:
+            self.abort()
+
+
+def put_all(items: list) -> None:
+    """Queue each (stream, item) pair's item on its stream (on the streams' event loop)."""
+    for stream, item in items:
+        stream.queue.put_nowait(item)
+
+
+class CumulativeStream:
+    """Presents a DELTA stream as CUMULATIVE outputs (everything so far, each time)."""
+
+    def __init__(self, stream: RequestStream) -> None:
+        self.stream = stream
+
+    def abort(self) -> None:
+        """Abort the underlying request."""
+        self.stream.abort()
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        total: RequestOutput | None = None
+        try:
+            async for out in self.stream:
+                total = out if total is None else merge_deltas(total, out)
+                yield total
+        finally:
+            self.stream.abort()
