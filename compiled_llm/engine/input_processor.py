@@ -12,7 +12,7 @@ from concurrent.futures import Future
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.request import Request
-from compiled_llm.engine.inputs import check_prompt_keys
+from compiled_llm.engine.inputs import check_prompt_keys, truncated_ids
 from compiled_llm.lora.registry import LoRARegistry
 from compiled_llm.sample.bad_words import BadWordsProcessor, bad_word_sequences
 from compiled_llm.sample.grammar_compiler import GrammarManager
@@ -101,7 +101,7 @@ class InputProcessor:
         self._check_priority(priority)
         self.check_params(params)
         text, ids = self.tokenize(prompt)
-        ids = self._truncated(ids, params.truncate_prompt_tokens)
+        ids = truncated_ids(ids, params.truncate_prompt_tokens, self.max_model_len)
         params = self._with_bad_words(params)
         lora = self.loras.check(lora_request)
         children = [self._child(request_id, i, text, ids, params, priority, lora)
@@ -137,14 +137,6 @@ class InputProcessor:
                 pickle.dumps(params.extra_args)
             except Exception as exc:
                 raise ValueError(f"extra_args must be picklable ({exc})") from None
-
-    def _truncated(self, ids: list[int], keep: int | None) -> list[int]:
-        """ids cut to their last `keep` tokens; -1 keeps the most that fit max_model_len (the
-        prompt leaves room for one output token, as _check_fits asks)."""
-        if keep is None:
-            return ids
-        keep = self.max_model_len - 1 if keep == -1 else keep
-        return ids[-keep:] if len(ids) > keep else ids
 
     def _with_bad_words(self, params: SamplingParams) -> SamplingParams:
         """params (cloned) with a processor banning its bad_words; params when it has none."""

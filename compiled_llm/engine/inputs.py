@@ -47,3 +47,12 @@ def check_prompt_keys(prompt: dict[str, Any]) -> None:
     if why is None:
         why = f"a prompt dict takes only {sorted(PROMPT_KEYS)}"
     raise ValueError(f"prompt: {key!r} is not supported ({why})")
+
+
+def truncated_ids(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """ids cut to their last `keep` tokens (truncate_prompt_tokens); -1 keeps the most that
+    leave room for one output token within max_model_len; None keeps them all."""
+    if keep is None:
+        return ids
+    keep = max_model_len - 1 if keep == -1 else keep
+    return ids[-keep:] if len(ids) > keep else ids

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from compiled_llm.engine.inputs import truncated_ids
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest, SamplingFields
 from compiled_llm.entrypoints.server.unsupported import refuse_unsupported
@@ -53,13 +54,11 @@ def truncated_prompt(req, ids: list[int], max_model_len: int) -> list[int]:
     tokens, or with -1 the most that leave room for one output token; a 400 naming the
     field for anything but an int >= 1 or -1."""
     keep = (req.model_extra or {}).get("truncate_prompt_tokens")
-    if keep is None:
-        return ids
-    if isinstance(keep, bool) or not isinstance(keep, int) or not (keep == -1 or keep >= 1):
+    valid = keep is None or (type(keep) is int and (keep == -1 or keep >= 1))
+    if not valid:
         raise OpenAIError(400, f"truncate_prompt_tokens must be -1 or an integer >= 1, got "
                           f"{keep!r}", param="truncate_prompt_tokens")
-    keep = max_model_len - 1 if keep == -1 else keep
-    return ids[-keep:] if len(ids) > keep else ids
+    return truncated_ids(ids, keep, max_model_len)
 
 
 def output_budget(requested: int | None, prompt_len: int, max_model_len: int, *,
