@@ -46,25 +46,30 @@ class RequestStream:
     async def _iterate(self) -> AsyncIterator[RequestOutput]:
         try:
             while not self.finished:
-                item = await self.queue.get()
-                if item is _ABORTED:  # aborted by id while this consumer waited: it ends
+                # no local holds the item: an error's traceback holds this frame, and a local
+                # holding that error would be a cycle that only the collector frees
+                out = self._take(await self.queue.get())
+                if out is None:  # aborted by id while this consumer waited: it ends
                     return
-                out = self._take(item)
                 while not self.finished and not self.queue.empty():
                     out = merge_deltas(out, self._take(self.queue.get_nowait()))
                 yield out
         finally:
             self.abort()
 
-    def _take(self, item: tuple[float, RequestOutput | BaseException]) -> RequestOutput:
+    def _take(self, item: tuple[float, RequestOutput | BaseException] | object
+              ) -> RequestOutput | None:
+        """The output an item carries; None for the abort wake-up; raises an error item."""
+        if item is _ABORTED:
+            return None
         stamp, out = item
         if isinstance(out, BaseException):
             self.finished = True
             self.owner._streams.pop(self.request_id, None)
             self.owner.observer.on_finish("error", self.num_prompt_tokens, self.num_gen_tokens,
                                           stamp - self.arrival)
-            try:
-                raise out
+            try:  # one error may fail many streams: none gets another consumer's frames
+                raise out.with_traceback(None)
             finally:  # this frame is in the error's traceback: holding the error is a cycle
                 out = item = None
         self._observe(stamp, out)
