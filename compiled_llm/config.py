@@ -84,7 +84,7 @@ def model_len_bounds(hf_config: dict) -> tuple[int, int]:
 
 
 # the per-request bounds among EngineArgs' fields, and their smallest values
-_REQUEST_LIMITS = {"max_logprobs": 0, "max_n_sequences": 1, "max_prompt_bytes": 1,
+_REQUEST_LIMITS = {"max_logprobs": -1, "max_n_sequences": 1, "max_prompt_bytes": 1,
                    "max_stop_strings": 0, "max_stop_string_chars": 1,
                    "structured_outputs_max_bytes": 1, "structured_outputs_timeout_s": 0.001,
                    "max_cudagraph_capture_size": 1}
@@ -292,7 +292,8 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
     attention_backend: AttentionBackendName = "auto"
     """Attention kernels: auto (triton on CUDA, torch elsewhere), torch or triton."""
     max_logprobs: int = 20
-    """Most logprobs (and prompt_logprobs) a request may ask for per token."""
+    """Most logprobs (and prompt_logprobs) a request may ask for per token (-1: the whole
+    vocabulary, which a request asks for with -1)."""
     max_n_sequences: int = 128
     """Largest n (sequences per request); OpenAI's own limit is 128."""
     max_stop_strings: int = 64

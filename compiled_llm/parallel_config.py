@@ -13,6 +13,7 @@ from compiled_llm.pooling_params import RunnerArgs
 ExecutorBackend = Literal["uni", "mp", "ray"]
 EXECUTOR_BACKENDS: tuple[str, ...] = typing.get_args(ExecutorBackend)
 TokenizerMode = Literal["auto"]  # vLLM's slow, mistral and custom are not supported
+LogprobsMode = Literal["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 
 
 @dataclass
@@ -117,6 +118,9 @@ class ParityArgs:
     disable_log_stats: bool = False
     """vLLM's switch off of its periodic engine-stats log lines. compiled-llm writes none, so
     it changes nothing (/metrics is served either way)."""
+    logprobs_mode: LogprobsMode = "raw_logprobs"
+    """What logprobs report: raw_logprobs, the model's log-softmax before any sampling
+    parameter (vLLM's default). vLLM's raw_logits and processed_* modes are refused."""
 
     def check_parity(self) -> None:
         """ValueError naming the first field set to something compiled-llm cannot do."""
@@ -130,6 +134,9 @@ class ParityArgs:
         if self.hf_overrides:
             raise ValueError(f"hf_overrides: not supported (got {self.hf_overrides!r}); the "
                              "model's config.json is used as it is, edit it instead")
+        if self.logprobs_mode != "raw_logprobs":
+            raise ValueError(f"logprobs_mode={self.logprobs_mode!r} is not supported: "
+                             "logprobs are the model's raw log-softmax (raw_logprobs)")
         if self.disable_sliding_window:
             raise ValueError("disable_sliding_window: not supported; sliding-window attention "
                              "runs as the model defines it")

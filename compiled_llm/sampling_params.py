@@ -8,108 +8,29 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
+import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from compiled_llm.sample.structured_params import StructuredOutputsParams, check_text
 
 if TYPE_CHECKING:  # for the LogitsProcessor alias only: this module stays free of torch
     import torch
 
+logger = logging.getLogger(__name__)
 # Below this temperature a request is treated as greedy (same threshold as vLLM).
 SAMPLING_EPS = 1e-5
+MIN_TEMPERATURE = 1e-2  # vLLM's: a smaller positive temperature is raised to it
 
 # vLLM-v0 style per-request processor: (output token ids, 1-D logits row) -> logits row
 LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
 
-_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 # What the sampler's int64 tensors and torch generators hold: vLLM's seed range.
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 # top_k is an int32 row of the sampler (clamped to the vocabulary there).
 MAX_TOP_K = (1 << 31) - 1
-
-
-@dataclass(frozen=True)
-class StructuredOutputsParams:
-    """Exactly one of json (a JSON schema, dict or str), regex, choice, grammar (EBNF) or
-    json_object=True. Whitespace between JSON tokens is off unless any_whitespace=True: a
-    compact form that a weak model cannot pad forever."""
-
-    json: str | dict | None = None
-    regex: str | None = None
-    choice: tuple[str, ...] | list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    any_whitespace: bool = False
-    reasoning_end_token_id: int | None = None
-    """When set, the reply starts in a thinking span: nothing is constrained until this token
-    (the span's end) is generated, and the grammar applies from the token after it."""
-
-    def __post_init__(self) -> None:
-        set_kinds = [k for k in _KINDS if getattr(self, k) not in (None, False)]
-        if len(set_kinds) != 1:
-            raise ValueError("structured_outputs: give exactly one of json, regex, choice, "
-                             f"grammar or json_object, got {set_kinds or 'none'}")
-        self._check_types()
-
-    def _check_types(self) -> None:
-        if self.json is not None:
-            if not isinstance(self.json, (str, dict)):
-                raise ValueError("structured_outputs.json must be a JSON schema (object or "
-                                 "string)")
-            check_text("structured_outputs.json", _schema_text(self.json))
-        for name in ("regex", "grammar"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
-            if value is not None:
-                check_text(f"structured_outputs.{name}", value)
-        if self.choice is not None:
-            self._check_choice()
-        if self.json_object is not None and not isinstance(self.json_object, bool):
-            raise ValueError("structured_outputs.json_object must be a bool")
-        if not isinstance(self.any_whitespace, bool):
-            raise ValueError(f"structured_outputs.any_whitespace must be a bool, got "
-                             f"{self.any_whitespace!r}")
-        end_id = self.reasoning_end_token_id
-        if end_id is not None and not _is_token_id(end_id):
-            raise ValueError(f"structured_outputs.reasoning_end_token_id must be a token id, "
-                             f"got {end_id!r}")
-
-    def _check_choice(self) -> None:
-        # a bare string is a sequence of characters: refused, never split into choices
-        choice = self.choice
-        if (not isinstance(choice, (list, tuple)) or not choice
-                or not all(isinstance(c, str) and c for c in choice)):
-            raise ValueError("structured_outputs.choice must be a non-empty list of "
-                             "non-empty strings")
-        for text in choice:
-            check_text("structured_outputs.choice", text)
-        object.__setattr__(self, "choice", tuple(choice))
-
-    @property
-    def kind(self) -> str:
-        """The one constraint given: "json", "regex", "choice", "grammar" or "json_object"."""
-        return next(k for k in _KINDS if getattr(self, k) not in (None, False))
-
-    def key(self) -> tuple[str, str, bool]:
-        """A hashable identity of the grammar this spec compiles to."""
-        value = getattr(self, self.kind)
-        if isinstance(value, (dict, tuple)):
-            value = json.dumps(value, sort_keys=True)
-        return self.kind, str(value), self.any_whitespace
-
-    @classmethod
-    def from_dict(cls, spec: dict[str, Any]) -> StructuredOutputsParams:
-        """Build from a dict of fields; ValueError on an unknown field."""
-        if not isinstance(spec, dict):
-            raise ValueError(f"structured_outputs must be a dict of fields, got {spec!r}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted((name for name in spec if name not in known), key=repr)
-        if unknown:  # sorted by repr: the keys may be of any type
-            raise ValueError(f"structured_outputs: unknown fields {unknown}")
-        return cls(**spec)
 
 
 class RequestOutputKind(enum.Enum):
@@ -127,26 +48,6 @@ class SamplingType(enum.IntEnum):
     GREEDY = 0
     RANDOM = 1
     RANDOM_SEED = 2
-
-
-def check_text(name: str, text: str) -> str:
-    """text, or ValueError naming the field when it is not valid UTF-8 (a lone surrogate
-    such as "\\ud800", which JSON can spell, has no UTF-8 encoding)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"{name} must be valid UTF-8 text, got a lone surrogate at "
-                         f"character {exc.start}") from None
-    return text
-
-
-def _schema_text(schema: str | dict) -> str:
-    if isinstance(schema, str):
-        return schema
-    try:
-        return json.dumps(schema, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"structured_outputs.json must be a JSON object: {exc}") from None
 
 
 def _is_int(value: Any) -> bool:
@@ -273,6 +174,8 @@ class SamplingParams:
         self._verify_misc()
         self._verify_vllm_extras()
         if self.temperature < SAMPLING_EPS:
+            if self.n > 1:  # vLLM's: n greedy sequences would all be the same
+                raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}")
             # Greedy ignores truncation; resetting keeps batches from paying for it.
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
@@ -285,8 +188,10 @@ class SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens={self.max_tokens}, got "
                              f"{self.min_tokens}")
-        _check_opt_count("logprobs", self.logprobs, 0)
-        _check_opt_count("prompt_logprobs", self.prompt_logprobs, 0)
+        for name in ("logprobs", "prompt_logprobs"):  # vLLM: True is 1, -1 the whole vocab
+            if getattr(self, name) is True:
+                setattr(self, name, 1)
+            _check_opt_count(name, getattr(self, name), -1)
 
     def _verify_penalties(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
@@ -303,6 +208,10 @@ class SamplingParams:
             raise ValueError(f"temperature must be non-negative, got {temperature}")
         if not math.isfinite(temperature):
             raise ValueError(f"temperature must be finite, got {temperature}")
+        if 0.0 < temperature < MIN_TEMPERATURE:  # vLLM's floor: logits / t would overflow
+            logger.warning("temperature %g is below %g; it is set to %g", temperature,
+                           MIN_TEMPERATURE, MIN_TEMPERATURE)
+            temperature = MIN_TEMPERATURE
         top_p = _check_real("top_p", self.top_p)
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p:g}")
@@ -312,6 +221,8 @@ class SamplingParams:
         self.min_p = _check_range("min_p", self.min_p, 0.0, 1.0, "in [0, 1]")
         self.temperature, self.top_p = temperature, top_p
         self.top_k = max(self.top_k, 0)
+        if self.seed == -1 and not isinstance(self.seed, bool):  # vLLM's spelling of "none"
+            self.seed = None
         seed = self.seed
         if seed is not None and (not _is_int(seed) or not INT64_MIN <= seed <= INT64_MAX):
             raise ValueError(f"seed must be None or an integer in [-2**63, 2**63 - 1], "

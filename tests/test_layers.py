@@ -36,7 +36,8 @@ LAYERS = [
     ("compiled_llm.core",),
     ("compiled_llm.config", "compiled_llm.optimization", "compiled_llm.compat",
      "compiled_llm.bytecode_cache",
-     "compiled_llm.sampling_params", "compiled_llm.lora.request", "compiled_llm.lora.config",
+     "compiled_llm.sampling_params", "compiled_llm.sample.structured_params",
+     "compiled_llm.lora.request", "compiled_llm.lora.config",
      PKG),
 ]
 CORE_THIRD_PARTY = {"xxhash"}

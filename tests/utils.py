@@ -198,3 +198,15 @@ def make_chatml_checkpoint() -> Path:
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
     fast.save_pretrained(out)
     return out
+
+
+class ForceTokens:
+    """A logits processor making ids[k] the top token at output position k."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        if len(output_ids) < len(self.ids):
+            logits[self.ids[len(output_ids)]] += 1000.0
+        return logits

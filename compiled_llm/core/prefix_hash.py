@@ -1,7 +1,7 @@
 """Chained block hashes for prefix caching: hash(parent hash, the block's token ids, extra keys).
 
-Extra keys carry whatever else changes a block's KV (later: a LoRA id, multimodal hashes), so two
-blocks share a hash only if their whole prefix and everything that shapes it match.
+Extra keys carry whatever else changes a block's KV (a LoRA id; the first block: a cache_salt),
+so two blocks share a hash only if their whole prefix and everything that shapes it match.
 """
 
 from __future__ import annotations
@@ -46,11 +46,16 @@ def hash_block(digest: Callable[[bytes], bytes], parent: bytes, token_ids: Seque
 
 def extend_block_hashes(digest: Callable[[bytes], bytes], block_hashes: list[bytes],
                         token_ids: Sequence[int], block_size: int,
-                        extra_keys: tuple = (), num_tokens: int | None = None) -> None:
+                        extra_keys: tuple = (), num_tokens: int | None = None,
+                        cache_salt: str | None = None) -> None:
     """Append the hashes of the full blocks of token_ids[:num_tokens] not hashed yet (in
-    place, incremental: earlier hashes are never recomputed)."""
+    place, incremental: earlier hashes are never recomputed); cache_salt, when given, is
+    mixed into the first block's hash."""
     end = len(token_ids) if num_tokens is None else min(num_tokens, len(token_ids))
     parent = block_hashes[-1] if block_hashes else ROOT_HASH
     for start in range(len(block_hashes) * block_size, end - block_size + 1, block_size):
-        parent = hash_block(digest, parent, token_ids[start : start + block_size], extra_keys)
+        keys = extra_keys
+        if start == 0 and cache_salt is not None:
+            keys = (*extra_keys, ("cache_salt", cache_salt))
+        parent = hash_block(digest, parent, token_ids[start : start + block_size], keys)
         block_hashes.append(parent)

@@ -73,6 +73,9 @@ class Request:
     # structured outputs: an xgrammar GrammarMatcher while the request is unfinished
     grammar: Any = None
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
+    # vLLM's cache_salt: mixed into the first block's hash, so that only requests with the
+    # same salt share prefix-cache blocks (None: no salt)
+    cache_salt: str | None = None
     # speculative decoding: draft tokens proposed for the next step (never in all_token_ids
     # and never hashed; the scheduler trims them to what fits and verifies them in one step)
     spec_token_ids: list[int] = field(default_factory=list)

@@ -38,9 +38,13 @@ def eos_ids(model_dir: str, hf: dict[str, Any], tokenizer) -> tuple[int, ...]:
 
 
 def with_tokenizer_eos(ids: tuple[int, ...], tokenizer) -> tuple[int, ...]:
-    """ids, then the tokenizer's EOS id where it has one not among them."""
-    extra = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-    return ids if extra is None or extra in ids else (*ids, int(extra))
+    """The tokenizer's EOS id (where it has one) first, then ids' others. The first is the
+    primary EOS: it finishes a request with stop_reason None, the others (vLLM adds them to
+    stop_token_ids) with their id as stop_reason."""
+    primary = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if primary is None:
+        return ids
+    return (int(primary), *(token for token in ids if token != primary))
 
 
 def core_spec(args: EngineArgs, tokenizer) -> tuple[WorkerSpec, tuple[int, ...]]:

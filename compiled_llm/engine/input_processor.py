@@ -12,7 +12,7 @@ from concurrent.futures import Future
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.request import Request
-from compiled_llm.engine.inputs import check_prompt_keys, truncated_ids
+from compiled_llm.engine.inputs import check_prompt_keys, prompt_cache_salt, truncated_ids
 from compiled_llm.lora.registry import LoRARegistry
 from compiled_llm.sample.bad_words import BadWordsProcessor, bad_word_sequences
 from compiled_llm.sample.grammar_compiler import GrammarManager
@@ -69,9 +69,9 @@ class InputProcessor:
                              f"{self.max_prompt_bytes} (max_prompt_bytes)")
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        """(text, token ids) for a str, a token-id list, or {"prompt"|"prompt_token_ids": ...};
-        ValueError for anything else (a dict key it does not read included), an empty prompt
-        or an id outside the vocabulary."""
+        """(text, token ids) for a str, a token-id list, or {"prompt"|"prompt_token_ids": ...}
+        (with an optional cache_salt); ValueError for anything else (a dict key it does not
+        read, a bad cache_salt included), an empty prompt or an id outside the vocabulary."""
         text = None
         if isinstance(prompt, dict):  # ids given with their text: the text is kept for output
             check_prompt_keys(prompt)
@@ -97,14 +97,16 @@ class InputProcessor:
                 priority: int = 0, lora_request=None) -> list[Request]:
         """The request's n child sequences, validated, with grammars attached; lora_request
         (a LoRARequest, None: the base model) is checked to load. The prompt is cut to its
-        last truncate_prompt_tokens tokens, and bad_words become a logits processor."""
+        last truncate_prompt_tokens tokens, bad_words become a logits processor, and a prompt
+        dict's cache_salt goes on every child."""
         self._check_priority(priority)
         self.check_params(params)
         text, ids = self.tokenize(prompt)
         ids = truncated_ids(ids, params.truncate_prompt_tokens, self.max_model_len)
-        params = self._with_bad_words(params)
+        params = self._with_bad_words(self._with_whole_vocab(params))
         lora = self.loras.check(lora_request)
-        children = [self._child(request_id, i, text, ids, params, priority, lora)
+        salt = prompt_cache_salt(prompt)  # checked by tokenize
+        children = [self._child(request_id, i, text, ids, params, priority, lora, salt)
                     for i in range(params.n)]
         for child in children:  # check all before queueing any
             self._check_fits(child)
@@ -120,11 +122,12 @@ class InputProcessor:
         if params.n > self.max_n:
             raise ValueError(f"n must be <= {self.max_n} (max_n_sequences), got {params.n}")
         self._check_stops(params.stop)
+        limit = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
-            if value is not None and value > self.max_logprobs:
-                raise ValueError(f"{name} must be <= {self.max_logprobs} (max_logprobs), "
-                                 f"got {value}")
+            if value is not None and (self.vocab_size if value == -1 else value) > limit:
+                raise ValueError(f"{name} must be <= {self.max_logprobs} (max_logprobs; -1 "
+                                 f"asks for the whole vocabulary), got {value}")
         for name, ids in (("stop_token_ids", params.stop_token_ids),
                           ("logit_bias", params.logit_bias or ()),
                           ("allowed_token_ids", params.allowed_token_ids or ())):
@@ -137,6 +140,16 @@ class InputProcessor:
                 pickle.dumps(params.extra_args)
             except Exception as exc:
                 raise ValueError(f"extra_args must be picklable ({exc})") from None
+
+    def _with_whole_vocab(self, params: SamplingParams) -> SamplingParams:
+        """params (cloned) with logprobs -1 (the whole vocabulary) as the vocabulary's size."""
+        if -1 not in (params.logprobs, params.prompt_logprobs):
+            return params
+        params = params.clone()
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(params, name) == -1:
+                setattr(params, name, self.vocab_size)
+        return params
 
     def _with_bad_words(self, params: SamplingParams) -> SamplingParams:
         """params (cloned) with a processor banning its bad_words; params when it has none."""
@@ -159,7 +172,8 @@ class InputProcessor:
                              "(max_stop_string_chars)")
 
     def _child(self, request_id: str, index: int, text: str | None, ids: list[int],
-               params: SamplingParams, priority: int, lora=None) -> Request:
+               params: SamplingParams, priority: int, lora=None,
+               salt: str | None = None) -> Request:
         child_params = params
         if params.n > 1:
             child_params = params.clone()
@@ -171,7 +185,8 @@ class InputProcessor:
         child_id = self.request_id_prefix + (
             request_id if params.n == 1 else f"{index}_{request_id}")
         return Request(child_id, list(ids), child_params, self.eos_token_ids, text,
-                       priority=priority, parent_id=request_id, lora_request=lora)
+                       priority=priority, parent_id=request_id, lora_request=lora,
+                       cache_salt=salt)
 
     def _check_priority(self, priority: int) -> None:
         if not isinstance(priority, int) or isinstance(priority, bool):

@@ -1,6 +1,7 @@
 """Prompt types as vLLM spells them (TextPrompt, TokensPrompt, PromptType), and the check that
-a prompt dict holds only keys this text-only engine reads: any other key (multi_modal_data,
-mm_processor_kwargs, cache_salt ...) is refused by name, never silently dropped."""
+a prompt dict holds only keys this text-only engine reads (prompt, prompt_token_ids and
+cache_salt): any other key (multi_modal_data, mm_processor_kwargs ...) is refused by name, never
+silently dropped."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any, NotRequired, TypedDict
 
 
 class TextPrompt(TypedDict):
-    """A text prompt, tokenized by the engine."""
+    """A text prompt, tokenized by the engine; cache_salt isolates its prefix-cache blocks."""
 
     prompt: str
+    cache_salt: NotRequired[str]
 
 
 class TokensPrompt(TypedDict):
@@ -18,18 +20,18 @@ class TokensPrompt(TypedDict):
 
     prompt_token_ids: list[int]
     prompt: NotRequired[str]
+    cache_salt: NotRequired[str]
 
 
 PromptType = str | list[int] | TextPrompt | TokensPrompt
 
-PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids"})
+PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "cache_salt"})
 # why a key vLLM defines is refused here (anything else is simply unknown)
 _REFUSED = {
     "multi_modal_data": "multimodal inputs are not supported: this is a text-only engine",
     "mm_processor_kwargs": "multimodal inputs are not supported: this is a text-only engine",
     "multi_modal_uuids": "multimodal inputs are not supported: this is a text-only engine",
     "prompt_embeds": "prompt embeddings are not supported",
-    "cache_salt": "cache_salt (prefix-cache isolation) is not supported",
     "token_type_ids": "token_type_ids are for cross-encoders (runner='pooling')",
     "encoder_prompt": "encoder-decoder prompts are not supported",
     "decoder_prompt": "encoder-decoder prompts are not supported",
@@ -38,15 +40,27 @@ _REFUSED = {
 
 def check_prompt_keys(prompt: dict[str, Any]) -> None:
     """ValueError naming the first key of a prompt dict that the engine does not read, so
-    that nothing a caller sent is ignored without a word."""
+    that nothing a caller sent is ignored without a word, or naming a bad cache_salt."""
     extra = [key for key in prompt if key not in PROMPT_KEYS]
     if not extra:
+        prompt_cache_salt(prompt)
         return
     key = extra[0]
     why = _REFUSED.get(key) if isinstance(key, str) else None
     if why is None:
         why = f"a prompt dict takes only {sorted(PROMPT_KEYS)}"
     raise ValueError(f"prompt: {key!r} is not supported ({why})")
+
+
+def prompt_cache_salt(prompt: Any) -> str | None:
+    """The cache_salt of a prompt dict (None without one); ValueError naming cache_salt for
+    anything but a non-empty str."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        shown = repr(salt) if len(repr(salt)) <= 60 else repr(salt)[:57] + "..."
+        raise ValueError(f"cache_salt must be a non-empty string, got {type(salt).__name__} "
+                         f"{shown}")
+    return salt
 
 
 def truncated_ids(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:

@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
@@ -122,10 +122,19 @@ class AsyncLLM:
 
     async def add_request(self, request_id: str, prompt: Any,
                           params: SamplingParams | None = None,
-                          lora_request=None) -> RequestStream:
+                          arrival_time: float | None = None, lora_request=None,
+                          tokenization_kwargs: dict[str, Any] | None = None,
+                          trace_headers: Mapping[str, str] | None = None, priority: int = 0,
+                          data_parallel_rank: int | None = None,
+                          prompt_text: str | None = None) -> RequestStream:
         """Validate and queue; ValueError (nothing queued) on bad input. Iterate the result.
-        lora_request: the LoRARequest the prompt runs with (None: the base model)."""
+        vLLM's arguments: arrival_time (time.time()) starts the request's latency clock;
+        lora_request: the LoRARequest the prompt runs with (None: the base model);
+        tokenization_kwargs go to the tokenizer of a text prompt; priority needs
+        scheduling_policy="priority"; prompt_text names a token prompt's text.
+        trace_headers and a data_parallel_rank are refused (one engine, traced by the server)."""
         await self.check_health()  # a clear error, not the stopped tokenizer pool's
+        _check_extras(trace_headers, data_parallel_rank, tokenization_kwargs)
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = (params or SamplingParams(**self.sampling_defaults)).clone()
@@ -133,18 +142,18 @@ class AsyncLLM:
         if user_kind == RequestOutputKind.CUMULATIVE:
             params.output_kind = RequestOutputKind.DELTA
         self.engine.inputs.check_params(params)  # refused before any tokenizer or grammar work
-        prompt = await self._tokenized(prompt)
+        prompt = await self._tokenized(with_text(prompt, prompt_text), tokenization_kwargs)
         grammar = self.engine.inputs.prepare_grammar(params)
         if grammar is not None:  # compiled off the engine thread; shield: others may share it
             await asyncio.shield(asyncio.wrap_future(grammar))
         if self.log_requests:
             logger.info("Received request %s: params: %s, lora_request: %s.", request_id,
                         params, lora_request)
-        stream = RequestStream(self, request_id)
+        stream = RequestStream(self, request_id, arrival_time)
         self._streams[request_id] = stream
         try:
-            await self.call(partial(self.engine.add_request, lora_request=lora_request),
-                            request_id, prompt, params)
+            await self.call(partial(self.engine.add_request, priority=priority,
+                                    lora_request=lora_request), request_id, prompt, params)
         except BaseException as exc:
             stream.finished = True
             self._streams.pop(request_id, None)
@@ -155,7 +164,7 @@ class AsyncLLM:
             return CumulativeStream(stream)
         return stream
 
-    async def _tokenized(self, prompt: Any) -> Any:
+    async def _tokenized(self, prompt: Any, tokenization_kwargs: dict[str, Any] | None) -> Any:
         """A text prompt as {"prompt", "prompt_token_ids"}, tokenized here rather than on the
         engine thread; any other prompt as it is (the engine checks it). A dict key the engine
         does not read is refused here, before a rebuilt dict could drop it."""
@@ -164,12 +173,21 @@ class AsyncLLM:
         text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
         if not isinstance(text, str) or isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt
-        return {"prompt": text, "prompt_token_ids": await self.encode(text)}
+        ids = await self.encode(text, **(tokenization_kwargs or {}))
+        return {**prompt, "prompt_token_ids": ids} if isinstance(prompt, dict) else \
+            {"prompt": text, "prompt_token_ids": ids}
 
-    async def generate(self, prompt: Any, params: SamplingParams | None,
-                       request_id: str, lora_request=None) -> AsyncIterator[RequestOutput]:
-        """Stream RequestOutputs (shaped by params.output_kind); cancelling aborts."""
-        stream = await self.add_request(request_id, prompt, params, lora_request)
+    async def generate(self, prompt: Any, sampling_params: SamplingParams | None,
+                       request_id: str, *, prompt_text: str | None = None, lora_request=None,
+                       tokenization_kwargs: dict[str, Any] | None = None,
+                       trace_headers: Mapping[str, str] | None = None, priority: int = 0,
+                       data_parallel_rank: int | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream RequestOutputs (shaped by output_kind); cancelling aborts. The keyword
+        arguments are add_request's (vLLM's AsyncLLM.generate)."""
+        stream = await self.add_request(
+            request_id, prompt, sampling_params, lora_request=lora_request,
+            tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
+            priority=priority, data_parallel_rank=data_parallel_rank, prompt_text=prompt_text)
         try:
             async for out in stream:
                 yield out
@@ -320,3 +338,29 @@ def _fail_pending(commands: queue.SimpleQueue, error: BaseException) -> None:
             return
         if item is not None and not item[2].done():  # a cancelled caller wants no answer
             item[2].set_exception(error)
+
+
+def _check_extras(trace_headers: Mapping[str, str] | None, data_parallel_rank: int | None,
+                  tokenization_kwargs: dict[str, Any] | None) -> None:
+    """ValueError naming an add_request argument this engine cannot honour."""
+    if trace_headers:
+        raise ValueError("trace_headers: requests are not traced by AsyncLLM (the server "
+                         "traces them: --otlp-traces-endpoint)")
+    if data_parallel_rank not in (None, 0):
+        raise ValueError(f"data_parallel_rank={data_parallel_rank!r}: this engine has one "
+                         "data-parallel rank (0)")
+    if tokenization_kwargs is not None and not isinstance(tokenization_kwargs, dict):
+        raise ValueError("tokenization_kwargs must be a dict of tokenizer arguments")
+
+
+def with_text(prompt: Any, prompt_text: str | None) -> Any:
+    """prompt with its text set to prompt_text (vLLM's argument for a token prompt)."""
+    if prompt_text is None:
+        return prompt
+    if not isinstance(prompt_text, str):
+        raise ValueError("prompt_text must be a str")
+    if isinstance(prompt, list):
+        return {"prompt_token_ids": prompt, "prompt": prompt_text}
+    if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+        return {**prompt, "prompt": prompt_text}
+    raise ValueError("prompt_text names the text of a token prompt; this prompt has its text")

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from compiled_llm.output.outputs import RequestOutput, merge_deltas
+from compiled_llm.output.outputs import RequestOutput, RequestStateStats, merge_deltas
 
 if TYPE_CHECKING:
     from compiled_llm.entrypoints.async_llm import AsyncLLM
@@ -31,14 +31,21 @@ _ABORTED = object()  # queued to wake a stream's consumer once the stream is abo
 class RequestStream:
     """The outputs of one request, as an async iterator; abort() ends it early."""
 
-    def __init__(self, owner: AsyncLLM, request_id: str) -> None:
+    def __init__(self, owner: AsyncLLM, request_id: str,
+                 arrival_time: float | None = None) -> None:
+        """arrival_time: when the request arrived (time.time()); None: now."""
         self.owner, self.request_id = owner, request_id
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.finished = False
         self.arrival = time.monotonic()
+        if arrival_time is not None:  # the latency clocks are monotonic
+            self.arrival -= max(0.0, time.time() - arrival_time)
         self.last_time: float | None = None
         self.num_prompt_tokens = self.num_gen_tokens = 0
+        # per sequence (completion index): tokens so far and finish reason, for n > 1
+        self.seq_tokens: dict[int, int] = {}
+        self.seq_reasons: dict[int, str] = {}
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._iterate()
@@ -76,21 +83,45 @@ class RequestStream:
         return out
 
     def _observe(self, stamp: float, out: RequestOutput) -> None:
-        new = sum(len(o.token_ids) for o in out.outputs)
+        if out.metrics is not None and self.last_time is None:
+            self._observe_timeline(out.metrics)  # FINAL_ONLY: the engine's token timeline
+        else:
+            self._observe_delivery(stamp, sum(len(o.token_ids) for o in out.outputs))
+        for seq in out.outputs:
+            self.seq_tokens[seq.index] = self.seq_tokens.get(seq.index, 0) + len(seq.token_ids)
+            if seq.finish_reason:
+                self.seq_reasons[seq.index] = seq.finish_reason
+        self.num_prompt_tokens = len(out.prompt_token_ids)
+        self.num_gen_tokens = sum(self.seq_tokens.values())
+        if out.finished:
+            self.finished = True
+            self.owner._streams.pop(self.request_id, None)
+            self._observe_finish(stamp, "error" if out.error else None)
+
+    def _observe_delivery(self, stamp: float, new: int) -> None:
+        """Time tokens by when they reached this stream (what a streaming client sees)."""
         if new:
             first = self.last_time is None
             gap = stamp - (self.arrival if first else self.last_time)
             self.owner.observer.on_output(self.request_id, new, first, gap)
             self.last_time = stamp
-        self.num_prompt_tokens = len(out.prompt_token_ids)
-        self.num_gen_tokens += new
-        if out.finished:
-            self.finished = True
-            self.owner._streams.pop(self.request_id, None)
-            reasons = [o.finish_reason for o in out.outputs if o.finish_reason]
-            outcome = "error" if out.error else (reasons[-1] if reasons else "stop")
-            self.owner.observer.on_finish(outcome, self.num_prompt_tokens, self.num_gen_tokens,
-                                          stamp - self.arrival)
+
+    def _observe_timeline(self, stats: RequestStateStats) -> None:
+        """Time a FINAL_ONLY request's tokens by the steps that made them, not by its one
+        output (which would make its time to first token its end-to-end latency)."""
+        previous = self.arrival
+        for stamp, tokens in stats.token_steps:
+            first = self.last_time is None
+            self.owner.observer.on_output(self.request_id, tokens, first, stamp - previous)
+            previous = self.last_time = stamp
+
+    def _observe_finish(self, stamp: float, outcome: str | None) -> None:
+        """Count each sequence as a finished request (vLLM counts n > 1 children apiece)."""
+        e2e = stamp - self.arrival
+        for index in sorted(self.seq_tokens) or [0]:
+            reason = outcome or self.seq_reasons.get(index, "stop")
+            self.owner.observer.on_finish(reason, self.num_prompt_tokens,
+                                          self.seq_tokens.get(index, 0), e2e)
 
     def abort(self) -> None:
         """Abort the request if it is still running (idempotent, any thread); a consumer

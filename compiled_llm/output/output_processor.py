@@ -5,13 +5,19 @@ runs; else one decode at the finish), stop strings, and the RequestOutput object
 from __future__ import annotations
 
 import logging
+import time
 
 from compiled_llm.core.engine_output import EngineCoreOutput, LogprobRow
 from compiled_llm.core.request import Request
 from compiled_llm.output.detokenizer import find_stop_string, held_back_chars
 from compiled_llm.output.fast_detokenizer import make_detokenizer
 from compiled_llm.output.final_decode import decode_outputs
-from compiled_llm.output.outputs import CompletionOutput, Logprob, RequestOutput
+from compiled_llm.output.outputs import (
+    CompletionOutput,
+    Logprob,
+    RequestOutput,
+    RequestStateStats,
+)
 from compiled_llm.output.request_state import RequestState
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -51,10 +57,13 @@ class OutputProcessor:
         """Fold one step's outputs in: the states that changed, and the finishes the core must
         learn of (stop strings found here, errors in processing a request's output)."""
         touched, finishes, self._to_decode = [], [], []
+        now = time.monotonic()
         for out in outputs:
             state = self.states.get(out.request_id)
             if state is None or state.is_finished:  # aborted, or ended here already
                 continue
+            if state.token_steps is not None and out.new_token_ids:
+                state.token_steps.append((now, len(out.new_token_ids)))
             try:
                 finish = self._apply(state, out)
             except Exception as e:  # one request's output processing: fail it alone
@@ -71,7 +80,8 @@ class OutputProcessor:
 
     def _apply(self, state: RequestState, out: EngineCoreOutput) -> Finish | None:
         if out.prompt_logprobs:
-            state.prompt_logprobs.extend(self._record(row) for row in out.prompt_logprobs)
+            decode = state.sampling_params.detokenize
+            state.prompt_logprobs.extend(self._record(row, decode) for row in out.prompt_logprobs)
         if state.detokenizer is None and out.new_logprobs is None:  # no per-token work (hot)
             state.output_token_ids.extend(out.new_token_ids)
         else:
@@ -103,7 +113,7 @@ class OutputProcessor:
 
     def _add_logprobs(self, state: RequestState, row: LogprobRow) -> None:
         if state.logprobs is not None:
-            state.logprobs.append(self._record(row))
+            state.logprobs.append(self._record(row, state.sampling_params.detokenize))
             state.cumulative_logprob += row[1][0]
 
     def _detokenize(self, state: RequestState, token: int) -> str | None:
@@ -112,7 +122,8 @@ class OutputProcessor:
             return None
         delta = state.detokenizer.add_tokens([token])
         params = state.sampling_params
-        if delta and params.stop:
+        # vLLM: no stop string ends a request within min_tokens, nor ends in their text
+        if delta and params.stop and len(state.output_token_ids) > params.min_tokens:
             hit = find_stop_string(state.detokenizer.output_text, len(delta), params.stop,
                                    params.include_stop_str_in_output)
             if hit is not None:
@@ -145,15 +156,19 @@ class OutputProcessor:
         for state, text in zip(states, texts):
             state.final_text = text
 
-    def _record(self, row: LogprobRow) -> dict[int, Logprob]:
+    def _record(self, row: LogprobRow, decode: bool) -> dict[int, Logprob]:
+        """One position's logprob record; decoded tokens only where the request detokenizes
+        (vLLM: detokenize=False leaves decoded_token None)."""
         token_ids, logprobs, rank = row
-        record = {token_ids[0]: Logprob(logprobs[0], rank, self._decode(token_ids[0]))}
+        tokenizer = self.tokenizer if decode else None
+        record = {token_ids[0]: Logprob(logprobs[0], rank, _decode(tokenizer, token_ids[0]))}
         for top_rank, (token_id, logprob) in enumerate(zip(token_ids[1:], logprobs[1:]), start=1):
-            record.setdefault(token_id, Logprob(logprob, top_rank, self._decode(token_id)))
+            record.setdefault(token_id, Logprob(logprob, top_rank, _decode(tokenizer, token_id)))
         return record
 
-    def _decode(self, token_id: int) -> str | None:
-        return None if self.tokenizer is None else self.tokenizer.decode([token_id])
+
+def _decode(tokenizer, token_id: int) -> str | None:
+    return None if tokenizer is None else tokenizer.decode([token_id])
 
 
 def stop_terminated(params: SamplingParams, finish_reason: str | None,
@@ -239,4 +254,16 @@ def request_output(request_id: str, children: list[RequestState]) -> RequestOutp
         finished=finished,
         prompt_logprobs=first.prompt_logprobs,
         error=errors[0] if errors else None,
+        metrics=timeline_of(children) if finished else None,
     )
+
+
+def timeline_of(children: list[RequestState]) -> RequestStateStats | None:
+    """The token timeline of a finished request's children, merged; None unless FINAL_ONLY."""
+    if children[0].token_steps is None:
+        return None
+    steps = sorted(step for child in children for step in child.token_steps)
+    if not steps:
+        return RequestStateStats()
+    return RequestStateStats(sum(tokens for _, tokens in steps), steps[0][0], steps[-1][0],
+                             steps)

@@ -37,11 +37,23 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestStateStats:
+    """When a request's tokens reached the front end (vLLM's RequestOutput.metrics): monotonic
+    stamps of its first and last tokens, and (stamp, tokens) per step that brought tokens,
+    in time order. Kept for FINAL_ONLY requests, whose single output hides that timeline."""
+
+    num_generation_tokens: int = 0
+    first_token_ts: float = 0.0
+    last_token_ts: float = 0.0
+    token_steps: list[tuple[float, int]] = field(default_factory=list)
+
+
+@dataclass
 class RequestOutput:
     """What a request produced so far: its prompt and one CompletionOutput per sequence;
     error is set when a sequence finished with finish_reason "error". num_cached_tokens: the
-    prompt tokens its first sequence took from the prefix cache (vLLM's). metrics stays an
-    empty dict: per-request timings are not recorded (LLM.get_metrics has engine counters)."""
+    prompt tokens its first sequence took from the prefix cache (vLLM's). metrics: the token
+    timeline (RequestStateStats) of a finished FINAL_ONLY output, else None."""
 
     request_id: str
     prompt: str | None
@@ -49,7 +61,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     prompt_logprobs: PromptLogprobs | None = None
-    metrics: dict = field(default_factory=dict)
+    metrics: RequestStateStats | None = None
     error: str | None = None
     num_cached_tokens: int | None = None
 

@@ -33,8 +33,12 @@ class RequestState:
     num_sent_tokens: int = 0
     num_sent_chars: int = 0
     final_sent: bool = False
+    # FINAL_ONLY: (stamp, tokens) per step that brought tokens, for the output's metrics
+    token_steps: list[tuple[float, int]] | None = None
 
     def __post_init__(self) -> None:
+        if self.sampling_params.output_kind is RequestOutputKind.FINAL_ONLY:
+            self.token_steps = []
         if self.sampling_params.logprobs is not None:
             self.logprobs = []
         if self.sampling_params.prompt_logprobs is not None:

@@ -23,7 +23,8 @@ def choice_ebnf(choices: tuple[str, ...]) -> str:
 
 
 def grammar_text(xgr, spec: StructuredOutputsParams) -> str | None:
-    """The EBNF spec compiles to, or None for a regex (compiled as one)."""
+    """The EBNF spec compiles to, or None for a regex (compiled as one); ValueError, KeyError,
+    TypeError or xgrammar's errors for a spec it cannot build."""
     if spec.kind in ("json", "json_object"):
         any_whitespace = spec.any_whitespace
         schema = '{"type": "object"}' if spec.json_object else spec.json
@@ -36,7 +37,28 @@ def grammar_text(xgr, spec: StructuredOutputsParams) -> str | None:
         return str(grammar).replace(_LOOSE_CHAR, _JSON_CHAR)
     if spec.kind == "choice":
         return choice_ebnf(spec.choice)
+    if spec.kind == "structural_tag":
+        return str(structural_tag_grammar(xgr, spec.structural_tag)).replace(_LOOSE_CHAR,
+                                                                             _JSON_CHAR)
     return None if spec.kind == "regex" else spec.grammar
+
+
+def structural_tag_grammar(xgr, tag: str | dict):
+    """xgrammar's Grammar of a structural tag (vLLM's forms): the legacy {"structures":
+    [{begin, schema, end}], "triggers"} (free text until a trigger, then a tag whose content
+    matches its schema), or xgrammar's own {"type": "structural_tag", "format": ...}."""
+    tag = json.loads(tag) if isinstance(tag, str) else tag
+    if "structures" in tag:
+        structures = tag["structures"]
+        if not isinstance(structures, list) or not all(
+                isinstance(s, dict) and {"begin", "schema", "end"} <= s.keys()
+                for s in structures):
+            raise ValueError("structures must be a list of {begin, schema, end} objects")
+        items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]),
+                                       end=s["end"]) for s in structures]
+        tag = xgr.StructuralTag.from_legacy_structural_tag(items, list(tag.get("triggers", [])))
+        return xgr.Grammar.from_structural_tag(tag)
+    return xgr.Grammar.from_structural_tag(json.dumps(tag))
 
 
 def fill_bitmask(reqs: list, vocab_size: int, row_errors: dict[int, str] | None = None,

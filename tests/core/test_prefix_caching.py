@@ -87,6 +87,38 @@ def test_block_hashes_chain_through_the_prefix(algo):
                       hash_block(d, hashes[0], [4, 5, 6, 7])]
 
 
+def test_a_cache_salt_joins_the_first_block_hash_only():
+    d = hash_fn("xxhash")
+    plain: list[bytes] = []
+    salted: list[bytes] = []
+    extend_block_hashes(d, plain, list(range(12)), 4)
+    extend_block_hashes(d, salted, list(range(8)), 4, cache_salt="s")
+    extend_block_hashes(d, salted, list(range(12)), 4, cache_salt="s")  # incremental
+    assert salted[0] == hash_block(d, ROOT_HASH, [0, 1, 2, 3], (("cache_salt", "s"),))
+    assert salted[1:] == [hash_block(d, salted[0], [4, 5, 6, 7]),
+                          hash_block(d, salted[1], [8, 9, 10, 11])]  # chained, unsalted
+    assert all(a != b for a, b in zip(plain, salted))
+
+
+def test_requests_share_blocks_only_with_the_same_salt():
+    kv = KVCacheManager(32, BS)
+    tokens = list(range(1, 11))  # 2 full blocks reusable
+
+    def salted(rid: str, salt: str | None) -> Request:
+        r = req(rid, tokens)
+        r.cache_salt = salt
+        return r
+
+    reqs = [salted("a", "A"), salted("b", "A"), salted("c", "B"), salted("d", None),
+            salted("e", None)]
+    assert [admit(kv, r) for r in reqs] == [0, 8, 0, 0, 8]
+    assert reqs[1].block_ids[:2] == reqs[0].block_ids[:2]
+    assert not set(reqs[2].block_ids) & set(reqs[0].block_ids + reqs[3].block_ids)
+    for r in reqs:
+        kv.free(r)
+    assert kv.num_used_blocks == 0
+
+
 def test_unknown_hash_algo_is_a_clear_error():
     with pytest.raises(ValueError, match="prefix_caching_hash_algo"):
         EngineArgs(prefix_caching_hash_algo="md5")

@@ -1,7 +1,8 @@
 """RequestOutput.num_cached_tokens (vLLM's): the prompt tokens a request's first admission took
 from the prefix cache, set by the KV manager, kept across a preemption, carried on the core's
-outputs (across the engine-core process boundary too) and reported to the user; AsyncLLM
-built from vLLM's AsyncEngineArgs, with bad_words and prompt-key checks in that process set-up."""
+outputs (across the engine-core process boundary too, as a request's cache_salt crosses it)
+and reported to the user; AsyncLLM built from vLLM's AsyncEngineArgs, with bad_words and
+prompt-key checks in that process set-up."""
 
 from __future__ import annotations
 
@@ -55,9 +56,9 @@ def test_an_engine_core_process_reports_prefix_cache_hits(caplog):
     prompt = {"prompt_token_ids": list(range(5, 45))}  # 40 tokens: 2 full blocks reusable
     params = SamplingParams(temperature=0.0, max_tokens=2)
 
-    async def final(rid: str, sampling: SamplingParams = params):
+    async def final(rid: str, sampling: SamplingParams = params, base: dict = prompt, **salt):
         last = None
-        async for out in engine.generate(prompt, sampling, rid):
+        async for out in engine.generate({**base, **salt}, sampling, rid):
             last = out
         return last
 
@@ -66,6 +67,14 @@ def test_an_engine_core_process_reports_prefix_cache_hits(caplog):
             first = asyncio.run(final("a"))
         assert "Received request a: params:" in caplog.text  # vLLM's enable_log_requests
         second = asyncio.run(final("b"))
+        # a cache_salt crosses to the core process with its request: only the same salt hits
+        salted = [asyncio.run(final(f"s{i}", cache_salt=s)) for i, s in enumerate("AAB")]
+        # a text prompt, tokenized ahead of the engine, keeps its salt
+        text = {"prompt": "The quick brown fox jumps over the lazy dog. " * 4}
+        texts = [asyncio.run(final(f"t{i}", base=text, **salt))
+                 for i, salt in enumerate([{}, {"cache_salt": "T"}, {"cache_salt": "T"}])]
+        with pytest.raises(ValueError, match="cache_salt must be a non-empty string"):
+            asyncio.run(engine.add_request("u", {**text, "cache_salt": 7}))
         # bad_words travel to the core process as a logits processor: "is" (one token, 259),
         # pushed to the top by logit_bias, stays banned there
         ban = SamplingParams(temperature=0.0, max_tokens=3, logit_bias={259: 100.0})
@@ -78,6 +87,8 @@ def test_an_engine_core_process_reports_prefix_cache_hits(caplog):
         engine.shutdown()
     assert first.num_cached_tokens == 0
     assert second.num_cached_tokens == 32
+    assert [out.num_cached_tokens for out in salted] == [0, 32, 0]
+    assert texts[1].num_cached_tokens == 0 and texts[2].num_cached_tokens > 0
     assert second.outputs[0].token_ids == first.outputs[0].token_ids
     assert forced.outputs[0].token_ids == [259] * 3
     assert 259 not in banned.outputs[0].token_ids

@@ -139,14 +139,15 @@ def test_accepted_vllm_options():
     assert (args.trust_remote_code, args.download_dir, args.disable_log_stats) == (
         True, "/d", True)
     assert EngineArgs(trust_remote_code=True, tokenizer_mode="auto", download_dir="/d",
-                      hf_overrides={}).trust_remote_code
+                      hf_overrides={}, logprobs_mode="raw_logprobs").trust_remote_code
 
 
 @pytest.mark.parametrize("kwargs, field", [
     ({"revision": "main"}, "revision"), ({"tokenizer_revision": "v1"}, "tokenizer_revision"),
     ({"hf_overrides": {"num_hidden_layers": 1}}, "hf_overrides"),
     ({"disable_sliding_window": True}, "disable_sliding_window"),
-    ({"tokenizer_mode": "slow"}, "tokenizer_mode")])
+    ({"tokenizer_mode": "slow"}, "tokenizer_mode"),
+    ({"logprobs_mode": "processed_logprobs"}, "logprobs_mode")])
 def test_unsupported_vllm_options_are_refused_naming_them(kwargs, field):
     with pytest.raises(ValueError, match=f"^{field}"):
         EngineArgs(**kwargs)

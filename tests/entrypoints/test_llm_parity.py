@@ -1,15 +1,15 @@
 """The offline API where vLLM's has more: LLM.chat's template arguments, beam_search refused,
 llm_engine, vLLM's exported names, SamplingParams.bad_words / truncate_prompt_tokens /
-extra_args, RequestOutput.num_cached_tokens, and prompt dict keys a text-only engine refuses."""
+extra_args, RequestOutput.num_cached_tokens, a prompt's cache_salt, and prompt dict keys a
+text-only engine refuses."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 import compiled_llm
 from compiled_llm import LLM, SamplingParams, TextPrompt, TokensPrompt
-from tests.utils import make_chatml_checkpoint
+from tests.utils import ForceTokens, make_chatml_checkpoint
 
 BOS, IM_START = 1, 3
 HI = [{"role": "user", "content": "hi"}]
@@ -102,8 +102,8 @@ def test_vllm_names_are_exported(llm):
 
 
 # ----------------------------------------------------------------------------- prompt keys
-@pytest.mark.parametrize("extra", ["multi_modal_data", "mm_processor_kwargs", "cache_salt",
-                                   "prompt_embeds", "bogus"])
+@pytest.mark.parametrize("extra", ["multi_modal_data", "mm_processor_kwargs", "prompt_embeds",
+                                   "bogus"])
 def test_a_prompt_key_the_engine_does_not_read_is_refused_by_name(llm, extra):
     with pytest.raises(ValueError, match=f"'{extra}' is not supported"):
         llm.generate(["fine", {"prompt": "hi", extra: {}}], ONE, use_tqdm=False)
@@ -111,25 +111,13 @@ def test_a_prompt_key_the_engine_does_not_read_is_refused_by_name(llm, extra):
 
 
 # ----------------------------------------------------------------------------- SamplingParams
-class _Force:
-    """A logits processor making ids[k] the top token at output position k."""
-
-    def __init__(self, ids: list[int]) -> None:
-        self.ids = ids
-
-    def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
-        if len(output_ids) < len(self.ids):
-            logits[self.ids[len(output_ids)]] += 1000.0
-        return logits
-
-
 def _ids(llm, word: str) -> list[int]:
     return llm.get_tokenizer().encode(word, add_special_tokens=False)
 
 
 def _forced(llm, ids: list[int], **kw) -> list[int]:
     params = SamplingParams(temperature=0.0, max_tokens=len(ids), ignore_eos=True,
-                            logits_processors=[_Force(ids)], **kw)
+                            logits_processors=[ForceTokens(ids)], **kw)
     return llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)[0] \
         .outputs[0].token_ids
 
@@ -198,3 +186,29 @@ def test_num_cached_tokens_counts_prefix_cache_hits(llm):
     scored = llm.generate(prompt, SamplingParams(max_tokens=1, prompt_logprobs=0),
                           use_tqdm=False)[0]
     assert scored.num_cached_tokens == 0  # prompt logprobs recompute the prompt
+
+
+def test_cache_salt_isolates_prefix_cache_blocks(llm):
+    llm.engine.reset_prefix_cache()
+    ids = list(range(40, 80))  # 40 tokens: 2 full blocks of 16
+
+    def cached(**salt) -> int:
+        prompt = {"prompt_token_ids": ids, **salt}
+        return llm.generate(prompt, ONE, use_tqdm=False)[0].num_cached_tokens
+
+    assert cached(cache_salt="A") == 0
+    assert cached(cache_salt="A") == 32  # the same salt shares the blocks
+    assert cached(cache_salt="B") == 0  # another salt never does
+    assert cached() == 0  # nor does no salt
+    assert cached() == 32
+    text = {"prompt": "The quick brown fox jumps over the lazy dog. " * 3, "cache_salt": "A"}
+    first, again = (llm.generate(text, ONE, use_tqdm=False)[0] for _ in range(2))
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens > 0
+    assert llm.engine.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("salt", ["", 5, ["A"]])
+def test_a_bad_cache_salt_is_refused_by_name(llm, salt):
+    with pytest.raises(ValueError, match="cache_salt must be a non-empty string"):
+        llm.generate(["fine", {"prompt": "hi", "cache_salt": salt}], ONE, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()

@@ -46,9 +46,9 @@ BAD_VALUES = [
     ("max_tokens", 2.0),
     ("min_tokens", -1),
     ("min_tokens", 1.0),
-    ("logprobs", -1),
+    ("logprobs", -2),
     ("logprobs", 1.5),
-    ("prompt_logprobs", -1),
+    ("prompt_logprobs", -2),
     ("ignore_eos", 1),
     ("detokenize", "yes"),
     ("skip_special_tokens", None),
@@ -160,7 +160,8 @@ def test_sampling_type_and_greedy_reset():
     greedy = SamplingParams(temperature=0.0, top_p=0.5, top_k=3, min_p=0.2, seed=1)
     assert greedy.is_greedy and greedy.sampling_type == SamplingType.GREEDY
     assert (greedy.top_p, greedy.top_k, greedy.min_p) == (1.0, 0, 0.0)
-    assert SamplingParams(temperature=5e-6).is_greedy
+    tiny = SamplingParams(temperature=5e-6)  # vLLM raises it to 0.01: it samples
+    assert tiny.temperature == 0.01 and not tiny.is_greedy
     assert SamplingParams(temperature=0.7).sampling_type == SamplingType.RANDOM
     assert SamplingParams(temperature=0.7, seed=3).sampling_type == SamplingType.RANDOM_SEED
     assert not SamplingParams(temperature=0.7).is_greedy

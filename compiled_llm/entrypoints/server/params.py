@@ -25,6 +25,8 @@ def structured_spec(req: SamplingFields) -> StructuredOutputsParams | None:
             raise OpenAIError(400, "response_format.json_schema.schema is required",
                               param="response_format")
         specs.append(("response_format", {"json": schema}))
+    elif response_format is not None and response_format.type == "structural_tag":
+        specs.append(("response_format", {"structural_tag": _structural_tag(response_format)}))
     guided = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
               "guided_grammar": "grammar"}
     specs += [(f, {kind: getattr(req, f)}) for f, kind in guided.items()
@@ -47,6 +49,21 @@ def structured_spec(req: SamplingFields) -> StructuredOutputsParams | None:
         return StructuredOutputsParams.from_dict(spec)
     except (TypeError, ValueError) as exc:
         raise OpenAIError(400, f"{field}: {exc}", param=field) from None
+
+
+def _structural_tag(response_format) -> str:
+    """vLLM's structural tag of a response_format: its structures and triggers (the legacy
+    form) or its format (xgrammar's), as the JSON text structured outputs take."""
+    if response_format.format is not None:
+        tag = {"type": "structural_tag", "format": response_format.format}
+    elif response_format.structures is not None and response_format.triggers is not None:
+        tag = {"type": "structural_tag", "triggers": response_format.triggers,
+               "structures": [item.model_dump(by_alias=True)
+                              for item in response_format.structures]}
+    else:
+        raise OpenAIError(400, "response_format: a structural_tag needs structures and "
+                          "triggers, or format", param="response_format")
+    return json.dumps(tag, ensure_ascii=False)
 
 
 def truncated_prompt(req, ids: list[int], max_model_len: int) -> list[int]:
@@ -91,17 +108,18 @@ def _checked_budget(requested: int, prompt_len: int, max_model_len: int,
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
-    """OpenAI's logit_bias (token id strings -> bias in [-100, 100]) keyed by int; 400 on
-    bad keys or values (ids outside the vocabulary are the engine's 400)."""
+    """OpenAI's logit_bias (token id strings -> bias) keyed by int, each bias clamped to
+    [-100, 100] as vLLM does; 400 on bad keys or a NaN (ids outside the vocabulary are the
+    engine's 400)."""
     if not bias:
         return None
     try:
         items = {int(token): value for token, value in bias.items()}
     except ValueError:
         raise OpenAIError(400, "logit_bias keys must be token ids", param="logit_bias") from None
-    if any(not -100 <= value <= 100 for value in items.values()):
-        raise OpenAIError(400, "logit_bias values must be in [-100, 100]", param="logit_bias")
-    return items
+    if any(value != value for value in items.values()):
+        raise OpenAIError(400, "logit_bias values must be numbers", param="logit_bias")
+    return {token: min(100.0, max(-100.0, value)) for token, value in items.items()}
 
 
 def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
@@ -131,6 +149,7 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
         min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
         stop_token_ids=req.stop_token_ids, skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output,
         logit_bias=_logit_bias(req.logit_bias), allowed_token_ids=req.allowed_token_ids,
         structured_outputs=structured_spec(req),

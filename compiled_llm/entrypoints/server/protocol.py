@@ -91,11 +91,23 @@ class JsonSchemaFormat(BaseModel):
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
-    """response_format: free text, any JSON object, or JSON matching a schema."""
+class StructuralTagItem(BaseModel):
+    """One structure of a (legacy) structural tag: begin, JSON of schema, end."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    begin: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    end: str
+
+
+class ResponseFormat(BaseModel):
+    """response_format: free text, any JSON object, JSON matching a schema, or vLLM's
+    structural tag (structures and triggers, or xgrammar's format)."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    structures: list[StructuralTagItem] | None = None
+    triggers: list[str] | None = None
+    format: dict[str, Any] | None = None
 
 
 class SamplingFields(RequestBody):
@@ -133,6 +145,11 @@ class SamplingFields(RequestBody):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     prompt_logprobs: StrictInt | None = None
+    priority: StrictInt = 0  # needs --scheduling-policy priority unless 0
+    cache_salt: str | None = None  # only requests with the same salt share prefix-cache blocks
+    return_token_ids: StrictBool = False
+    return_tokens_as_token_ids: StrictBool = False  # logprobs' tokens as "token_id:{id}"
+    spaces_between_special_tokens: StrictBool = True
 
 
 class CompletionRequest(SamplingFields):

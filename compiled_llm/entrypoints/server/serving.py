@@ -118,17 +118,22 @@ class Serving:
         return ReplyFormat(plan, parser)
 
     async def start(self, rid: str, ids: list[int], params: SamplingParams,
-                    plan: ToolPlan | None = None, lora_request=None):
+                    plan: ToolPlan | None = None, lora_request=None, *, priority: int = 0,
+                    cache_salt: str | None = None):
         """Admit a request; its stream of outputs, or a ValueError (a 400) with nothing
         queued (counted as rejected once, by the route). Traced, its span starts now. A
-        tool grammar (plan's) that does not compile is a 400 on tools."""
+        tool grammar (plan's) that does not compile is a 400 on tools. priority and
+        cache_salt are the request's (vLLM's fields), checked by the engine."""
         started_ns = time.time_ns()
         if self.cfg.enable_log_requests:
             logger.info("Received request %s: prompt_token_ids: %s, params: %s, lora_request: "
                         "%s.", rid, ids, params, lora_request)
+        prompt = {"prompt_token_ids": ids}
+        if cache_salt is not None:
+            prompt["cache_salt"] = cache_salt
         try:
-            stream = await self.engine.add_request(rid, {"prompt_token_ids": ids}, params,
-                                                   lora_request)
+            stream = await self.engine.add_request(rid, prompt, params,
+                                                   lora_request=lora_request, priority=priority)
         except ValueError as exc:
             if plan is None or plan.grammar() is None or \
                     not str(exc).startswith("structured_outputs"):

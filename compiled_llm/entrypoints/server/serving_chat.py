@@ -65,22 +65,24 @@ class ServingChat(Serving):
                                              defaults=self.sampling_defaults), reply,
                               self.engine.tokenizer, req.thinking_token_budget)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await self.start(rid, ids, params, plan, self.check_model(req.model))
-        return stream, rid, len(ids), num_top, reply
+        stream = await self.start(rid, ids, params, plan, self.check_model(req.model),
+                                  priority=req.priority, cache_salt=req.cache_salt)
+        return stream, rid, ids, num_top, reply
 
     async def _answer(self, req: ChatCompletionRequest) -> dict:
         """The whole JSON body (cancelled, it aborts the request)."""
         stream, rid, _, num_top, reply = await self._admit(req)
         try:
             role = reply_role(req, self.cfg.response_role)
-            return self._response(await self.last(stream), rid, num_top, reply,
+            return self._response(await self.last(stream), rid, req, num_top, reply,
                                   echoed(req, role), role)
         finally:
             stream.abort()
 
-    def _response(self, out: RequestOutput, rid: str, num_top: int | None,
-                  reply: ReplyFormat, echo: str | None, role: str) -> dict:
+    def _response(self, out: RequestOutput, rid: str, req: ChatCompletionRequest,
+                  num_top: int | None, reply: ReplyFormat, echo: str | None, role: str) -> dict:
         self.check_output(out)
+        as_ids = req.return_tokens_as_token_ids
         choices = []
         for o in out.outputs:
             message, finish_reason = reply.message(o.text, o.finish_reason, role)
@@ -89,23 +91,31 @@ class ServingChat(Serving):
             if echo is not None:  # as vLLM: the echo leads the content, even an empty one
                 message["content"] = echo + (message["content"] or "")
             choices.append({"index": o.index, "message": message,
-                            "logprobs": self._logprobs(o, num_top),
-                            "finish_reason": finish_reason, "stop_reason": o.stop_reason})
+                            "logprobs": self._logprobs(o, num_top, as_ids),
+                            "finish_reason": finish_reason, "stop_reason": o.stop_reason,
+                            **_token_ids(req, o)})
         gen = sum(len(o.token_ids) for o in out.outputs)
-        return {"id": rid, "object": "chat.completion", "created": int(time.time()),
+        body = {"id": rid, "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,
                 "usage": usage(len(out.prompt_token_ids), gen, self.cached_tokens([out])),
                 "prompt_logprobs": prompt_logprobs_json(out.prompt_logprobs)}
+        if req.return_token_ids:  # vLLM: the prompt's ids beside the choices
+            body["prompt_token_ids"] = list(out.prompt_token_ids)
+        return body
 
     @staticmethod
-    def _logprobs(completion: CompletionOutput, num_top: int | None) -> dict | None:
+    def _logprobs(completion: CompletionOutput, num_top: int | None,
+                  as_ids: bool = False) -> dict | None:
         if num_top is None or completion.logprobs is None:
             return None
-        return chat_logprobs(completion.token_ids, completion.logprobs, num_top)
+        return chat_logprobs(completion.token_ids, completion.logprobs, num_top, as_ids)
 
-    async def _chunks(self, req: ChatCompletionRequest, stream, rid: str, prompt_len: int,
-                      num_top: int | None, reply: ReplyFormat) -> AsyncIterator[str]:
-        created = int(time.time())
+    async def _chunks(self, req: ChatCompletionRequest, stream, rid: str,
+                      prompt_ids: list[int], num_top: int | None,
+                      reply: ReplyFormat) -> AsyncIterator[str]:
+        created, prompt_len = int(time.time()), len(prompt_ids)
+        # vLLM's return_token_ids: the prompt's ids on the role chunks, each choice its new ids
+        head = {"prompt_token_ids": list(prompt_ids)} if req.return_token_ids else {}
 
         counts = [0] * req.n
 
@@ -126,7 +136,7 @@ class ServingChat(Serving):
         try:
             for i in range(req.n):  # the role comes first, before any token
                 yield chunk([{"index": i, "delta": {"role": role, "content": ""},
-                              "logprobs": None, "finish_reason": None}])
+                              "logprobs": None, "finish_reason": None}], **head)
             for i in range(req.n if echo else 0):  # then the echoed message, if any
                 yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None,
                               "finish_reason": None}])
@@ -138,14 +148,16 @@ class ServingChat(Serving):
                     counts[completion.index] += len(completion.token_ids)
                     streamer, done = streamers[completion.index], completion.finish_reason
                     delta = streamer.feed(completion.text, done is not None)
-                    logprobs = self._logprobs(completion, num_top)
+                    logprobs = self._logprobs(completion, num_top, req.return_tokens_as_token_ids)
                     if not delta and not reply.parses:
                         delta = {"content": ""}  # vLLM's plain delta: the text, "" too
-                    elif not delta and done is None and logprobs is None:
+                    elif (not delta and done is None and logprobs is None
+                          and not req.return_token_ids):
                         continue  # a parser holds it all back: vLLM sends no chunk
                     yield chunk([{"index": completion.index, "delta": delta,
                                   "logprobs": logprobs,
-                                  "finish_reason": streamer.finish_reason(done)}])
+                                  "finish_reason": streamer.finish_reason(done),
+                                  **_token_ids(req, completion)}])
         except OpenAIError as exc:
             yield sse(exc.body())
         finally:  # a client gone mid-stream closes us: free its blocks now
@@ -154,6 +166,11 @@ class ServingChat(Serving):
             cached = self.cached_tokens([] if last is None else [last])
             yield chunk([], usage=usage(prompt_len, gen, cached))
         yield DONE
+
+
+def _token_ids(req: ChatCompletionRequest, completion: CompletionOutput) -> dict:
+    """A choice's token_ids (its new ones, in a stream) where return_token_ids asks."""
+    return {"token_ids": list(completion.token_ids)} if req.return_token_ids else {}
 
 
 def reply_role(req: ChatCompletionRequest, response_role: str) -> str:

@@ -65,7 +65,8 @@ class ServingCompletion(Serving):
         try:
             for i, (ids, prompt_params) in enumerate(zip(prompts, params)):
                 streams.append(await self.start(f"{rid}-{i}", ids, prompt_params,
-                                                lora_request=lora))
+                                                lora_request=lora, priority=req.priority,
+                                                cache_salt=req.cache_salt))
             shown = [await self._shown(ids, text, req.echo) for ids, text in zip(prompts, texts)]
         except BaseException:
             for stream in streams:
@@ -115,21 +116,28 @@ class ServingCompletion(Serving):
                 prompt: _Prompt, prompt_logprobs: list | None, first: bool,
                 offset: int) -> tuple[dict, int]:
         """(choice, tokens generated in it): the echoed prompt leads a choice's first piece;
-        with max_tokens 0 the one token generated is not shown."""
+        with max_tokens 0 the one token generated is not shown. With return_token_ids (as
+        vLLM) the choice carries its token_ids, its first piece the prompt_token_ids, and an
+        echo shows the prompt by those ids only, not as text."""
         shown = req.max_tokens != 0
         text = completion.text if shown else ""
         ids = completion.token_ids if shown else []
         entries = (completion.logprobs or []) if shown else []
         if first and req.echo:
-            text, ids = prompt.text + text, prompt.token_ids + ids
+            text = ("" if req.return_token_ids else prompt.text) + text
+            ids = prompt.token_ids + ids
             entries = (prompt_logprobs or [None] * len(prompt.token_ids)) + entries
         logprobs = None
         if req.logprobs is not None:
             logprobs = completion_logprobs(ids, entries, req.logprobs, offset,
-                                           unscored=prompt.first_token)
+                                           unscored=prompt.first_token,
+                                           as_ids=req.return_tokens_as_token_ids)
         choice = {"index": prompt_index * req.n + completion.index, "text": text,
                   "logprobs": logprobs, "finish_reason": completion.finish_reason,
                   "stop_reason": completion.stop_reason}
+        if req.return_token_ids:
+            choice["prompt_token_ids"] = list(prompt.token_ids) if first else None
+            choice["token_ids"] = list(completion.token_ids) if shown else []
         return choice, len(completion.token_ids) if shown else 0
 
     async def _collect(self, streams, rid: str, req: CompletionRequest, prompts) -> dict:

@@ -110,17 +110,23 @@ def _top(entry: dict[int, Logprob], num_top: int) -> list[tuple[int, Logprob]]:
     return ranked[:num_top]
 
 
-def _token_text(token_id: int, logprob: Logprob) -> str:
-    return logprob.decoded_token if logprob.decoded_token is not None else f"token_id:{token_id}"
+def _token_text(token_id: int, logprob: Logprob, as_ids: bool = False) -> str:
+    """A token as logprobs show it: its text, or (as_ids: vLLM's return_tokens_as_token_ids,
+    or no text known) "token_id:{id}"."""
+    if as_ids or logprob.decoded_token is None:
+        return f"token_id:{token_id}"
+    return logprob.decoded_token
 
 
-def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], num_top: int) -> dict:
-    """OpenAI chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}, ...]}."""
+def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], num_top: int,
+                  as_ids: bool = False) -> dict:
+    """OpenAI chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}, ...]};
+    as_ids shows every token as "token_id:{id}"."""
     content = []
     for token_id, entry in zip(token_ids, entries):
         chosen = entry[token_id]
-        text = _token_text(token_id, chosen)
-        tops = [{"token": (top_text := _token_text(top_id, top)),
+        text = _token_text(token_id, chosen, as_ids)
+        tops = [{"token": (top_text := _token_text(top_id, top, as_ids)),
                  "logprob": _finite(top.logprob), "bytes": list(top_text.encode())}
                 for top_id, top in _top(entry, num_top)]
         content.append({"token": text, "logprob": _finite(chosen.logprob),
@@ -129,29 +135,36 @@ def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]], num_t
 
 
 def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob] | None],
-                        num_top: int, offset: int, unscored: str = "") -> dict:
+                        num_top: int, offset: int, unscored: str = "",
+                        as_ids: bool = False) -> dict:
     """OpenAI completions `logprobs`; text offsets start at offset. A None entry (an echoed
     prompt's first token, which nothing predicts) gets null logprobs and the text unscored.
     Each top_logprobs dict holds the chosen token first, then the num_top best (OpenAI and
-    vLLM: up to num_top + 1 entries, so logprobs=0 still shows the chosen token's)."""
+    vLLM: up to num_top + 1 entries, so logprobs=0 still shows the chosen token's). as_ids
+    shows every token as "token_id:{id}"."""
     tokens, logprobs, tops, offsets = [], [], [], []
     for token_id, entry in zip(token_ids, entries):
-        text = unscored if entry is None else _token_text(token_id, entry[token_id])
+        if entry is None:
+            text = f"token_id:{token_id}" if as_ids else unscored
+        else:
+            text = _token_text(token_id, entry[token_id], as_ids)
         tokens.append(text)
         logprobs.append(None if entry is None else _finite(entry[token_id].logprob))
-        tops.append(None if entry is None else _completion_top(token_id, entry, num_top))
+        tops.append(None if entry is None else _completion_top(token_id, entry, num_top,
+                                                               as_ids))
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops,
             "text_offset": offsets}
 
 
-def _completion_top(token_id: int, entry: dict[int, Logprob], num_top: int) -> dict:
+def _completion_top(token_id: int, entry: dict[int, Logprob], num_top: int,
+                    as_ids: bool = False) -> dict:
     """{text: logprob} of the chosen token, then of the num_top best (a text already there,
     the chosen token's included, keeps its first logprob)."""
     top: dict[str, float] = {}
     for top_id, logprob in [(token_id, entry[token_id]), *_top(entry, num_top)]:
-        top.setdefault(_token_text(top_id, logprob), _finite(logprob.logprob))
+        top.setdefault(_token_text(top_id, logprob, as_ids), _finite(logprob.logprob))
     return top
 
 

@@ -17,12 +17,6 @@ _BOTH: dict[str, tuple[tuple[Any, ...], str]] = {
     "early_stopping": ((None, False), f"early_stopping needs beam search; {_BEAM}"),
     "logits_processors": ((None, []), "logits processors by name are not supported"),
     "prompt_embeds": ((None,), "prompt embeddings are not supported"),
-    "priority": ((None, 0), "request priorities are not supported"),
-    "cache_salt": ((None,), "cache_salt (prefix-cache isolation) is not supported"),
-    "return_tokens_as_token_ids": ((None, False), "tokens as token ids are not supported"),
-    "return_token_ids": ((None, False), "returning token ids is not supported"),
-    "spaces_between_special_tokens": ((None, True), "detokenizing without spaces between "
-                                                    "special tokens is not supported"),
     "guided_whitespace_pattern": ((None,), "a whitespace pattern for JSON is not supported"),
     "guided_decoding_backend": ((None, "auto", "xgrammar"), "the structured-output backend "
                                                             "is xgrammar"),

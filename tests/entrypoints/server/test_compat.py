@@ -134,8 +134,12 @@ def test_chat_echo_leads_with_the_last_message_of_the_replys_role(client, server
     assert chat(messages[:1], add_generation_prompt=False, echo=True).choices[0].message \
         .content.startswith("Go on")
     stream = client.chat.completions.create(
-        model=server.model, messages=messages, max_tokens=4, temperature=0, n=2, stream=True,
-        extra_body={**cont, "echo": True})
+        model=server.model, messages=messages, max_tokens=4, temperature=1.0, seed=9, n=2,
+        stream=True, extra_body={**cont, "echo": True})
+    # child i samples with seed 9 + i (vLLM's n > 1 needs sampling)
+    plain = [client.chat.completions.create(
+        model=server.model, messages=messages, max_tokens=4, temperature=1.0, seed=9 + index,
+        extra_body=cont).choices[0].message.content for index in (0, 1)]
     deltas: dict[int, list] = {0: [], 1: []}
     for event in stream:
         for choice in event.choices:
@@ -143,7 +147,7 @@ def test_chat_echo_leads_with_the_last_message_of_the_replys_role(client, server
     for index in (0, 1):  # the role, then the echoed message, then the reply
         first, echoed, *rest = deltas[index]
         assert first.role == "assistant" and echoed.content == "The quick brown"
-        assert "".join(d.content or "" for d in rest) == plain
+        assert "".join(d.content or "" for d in rest) == plain[index]
     bad = httpx.post(f"{server.url}/v1/chat/completions", headers=AUTH, json={
         "model": server.model, "messages": messages, "echo": "yes"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "echo", bad.text

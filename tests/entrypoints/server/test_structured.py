@@ -1,13 +1,20 @@
 """Structured outputs through the server at temperature 1: every completed output parses and
-validates against its JSON schema (jsonschema), matches its regex, or is one of the choices."""
+validates against its JSON schema (jsonschema), matches its regex, or is one of the choices;
+a structural tag's tagged JSON follows its schema."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import httpx
 import jsonschema
 import pytest
+from transformers import AutoTokenizer
+
+from compiled_llm.sample.grammar_compiler import GrammarManager
+from compiled_llm.sampling_params import StructuredOutputsParams
+from tests.entrypoints.server.conftest import API_KEY
 
 SCHEMAS = {
     "person": {"type": "object", "required": ["name", "age", "ok"], "properties": {
@@ -79,3 +86,42 @@ def test_regex_choice_and_grammar(client, server):
     grammar = 'root ::= "(" expr ")"\nexpr ::= [0-9] | [0-9] "+" expr'
     r = client.completions.create(**kw, extra_body={"guided_grammar": grammar})
     assert all(re.fullmatch(r"\(\d(\+\d)*\)", t) for t in _complete(r.choices, lambda c: c.text))
+
+
+TAG_SCHEMA = {"type": "object", "required": ["a"], "properties": {"a": {"enum": [1, 2]}},
+              "additionalProperties": False}
+TAG = {"type": "tag", "begin": "<tag>", "end": "</tag>",
+       "content": {"type": "json_schema", "json_schema": TAG_SCHEMA}}
+LEGACY = {"type": "structural_tag", "triggers": ["<tag"],
+          "structures": [{"begin": "<tag>", "schema": TAG_SCHEMA, "end": "</tag>"}]}
+
+
+def test_structural_tag_constrains_the_tagged_json(client, server):
+    # xgrammar's format: here the reply is one tag, its content JSON of the schema
+    r = client.chat.completions.create(
+        model=server.model, messages=[{"role": "user", "content": "x"}], n=4, seed=2,
+        temperature=1.0, max_tokens=60,
+        response_format={"type": "structural_tag", "format": TAG})
+    assert all(c.message.content.startswith("<tag>{") for c in r.choices)
+    for text in (c.message.content for c in r.choices if c.finish_reason == "stop"):
+        assert text.endswith("</tag>")
+        jsonschema.validate(json.loads(text[len("<tag>"):-len("</tag>")]), TAG_SCHEMA)
+    # vLLM's legacy form: free text, and the schema's JSON inside any tag a trigger opens
+    tokenizer = AutoTokenizer.from_pretrained(server.model)
+    grammars = GrammarManager(tokenizer, len(tokenizer), ())
+    spec = StructuredOutputsParams(structural_tag=json.dumps(LEGACY))
+    for extra in ({"response_format": LEGACY}, {"structured_outputs": {"structural_tag":
+                                                                      json.dumps(LEGACY)}}):
+        r = client.completions.create(model=server.model, prompt="The quick <", n=4, seed=4,
+                                      temperature=1.0, max_tokens=40, extra_body=extra)
+        assert all(grammars.matcher(spec).accept_string(c.text) for c in r.choices)
+
+
+@pytest.mark.parametrize("response_format, param", [
+    ({"type": "structural_tag", "triggers": ["<t"]}, "response_format"),
+    ({"type": "structural_tag", "format": {"type": "nope"}}, "structured_outputs")])
+def test_a_bad_structural_tag_is_a_400(server, response_format, param):
+    r = httpx.post(f"{server.url}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"model": server.model, "prompt": "x", "max_tokens": 2,
+                         "response_format": response_format}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -1,0 +1,48 @@
+"""The server's latency histograms for requests answered in one body: time to first token is
+the first step's, not the whole request's, and every later token is an inter-token gap; a
+request with n = 2 counts as two finished requests, as in vLLM."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.entrypoints.server.conftest import API_KEY
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+TTFT = "compiled_llm:time_to_first_token_seconds"
+ITL = "compiled_llm:inter_token_latency_seconds"
+E2E = "compiled_llm:e2e_request_latency_seconds"
+LENGTH = "compiled_llm:request_success_total[length]"
+
+
+def _delta(after: dict, before: dict, key: str) -> float:
+    return after[key] - before.get(key, 0.0)
+
+
+def _complete(server, **body) -> dict:
+    body = {"model": server.model, "prompt": "The quick brown", "max_tokens": 16,
+            "temperature": 0.0, "ignore_eos": True, **body}
+    reply = httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_non_streamed_request_is_timed_by_its_steps(server):
+    before = server.wait_idle()
+    _complete(server)
+    after = server.wait_idle()
+    assert _delta(after, before, f"{TTFT}_count") == 1
+    assert _delta(after, before, f"{ITL}_count") == 15
+    ttft, e2e = _delta(after, before, f"{TTFT}_sum"), _delta(after, before, f"{E2E}_sum")
+    assert 0 < ttft < e2e
+    assert _delta(after, before, LENGTH) == 1
+
+
+def test_n_sequences_count_as_requests(server):
+    before = server.wait_idle()
+    body = _complete(server, n=2, temperature=1.0, seed=1, max_tokens=4)
+    assert len(body["choices"]) == 2
+    after = server.wait_idle()
+    assert _delta(after, before, LENGTH) == 2
+    assert _delta(after, before, "compiled_llm:generation_tokens_total") == 8
+
