@@ -16,6 +16,7 @@ from compiled_llm.config_fields import (  # noqa: F401 (re-exported)
     check_minimums,
     config_docs,
     field_choices,
+    hf_rope_dict,
     max_model_len_arg,
     normalize_max_model_len,
     split_optional,
@@ -65,22 +66,20 @@ _LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
 def model_len_bounds(hf_config: dict) -> tuple[int, int]:
     """(limit, default) of max_model_len for an HF config, derived as vLLM does: the smallest
     length key (2048 when there is none), times the rope scaling factor for linear and dynamic
-    scaling (yarn: its original length times the factor). Dynamic NTK scaling picks its base
-    from max_model_len, so above the trained length it changes every position: the default
-    stays at the trained length and only an explicit value goes past it."""
+    scaling (yarn: its original length times the factor). Dynamic NTK's base and LongRoPE's
+    factors change past the trained (original) length, so above it every position (HF: every
+    prompt) differs: the default stays there and only an explicit value goes past it."""
     lengths = [hf_config[key] for key in _LENGTH_KEYS if isinstance(hf_config.get(key), int)]
     trained = min(lengths, default=2048)
-    scaling = {**(hf_config.get("rope_parameters") or {}), **(hf_config.get("rope_scaling") or {})}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    factor = scaling.get("factor")
-    if kind == "yarn" and "original_max_position_embeddings" in scaling:
-        original = scaling["original_max_position_embeddings"]
-        if factor is None:  # HF's YaRN with factor null: the ratio of the two lengths
-            factor = hf_config.get("max_position_embeddings", trained) / original
+    scaling = hf_rope_dict(hf_config)
+    kind, factor = scaling["rope_type"], scaling.get("factor")
+    original = scaling.get("original_max_position_embeddings")
+    if kind == "yarn" and original is not None:  # HF's factor null: the ratio of the lengths
+        factor = factor or hf_config.get("max_position_embeddings", trained) / original
         trained = original
-    factor = float(factor or 1.0)
-    limit = int(trained * factor) if kind in ("linear", "dynamic", "yarn") else trained
-    return limit, (trained if kind == "dynamic" else limit)
+    limit = int(trained * float(factor or 1.0)) if kind in ("linear", "dynamic", "yarn") \
+        else trained
+    return limit, {"dynamic": trained, "longrope": min(limit, original or trained)}.get(kind, limit)
 
 
 # the per-request bounds among EngineArgs' fields, and their smallest values

@@ -1,6 +1,7 @@
 """Reading the config dataclasses: each field's documentation (its attribute docstring, the
 help of its flag), the values a Literal-typed field allows, the checks built on them, and
-values spelled as vLLM spells them (human-readable integers, max_model_len's forms)."""
+values spelled as vLLM spells them (human-readable integers, max_model_len's forms), and an HF
+config.json's rope parameters as transformers reads them."""
 
 from __future__ import annotations
 
@@ -135,3 +136,15 @@ def normalize_max_model_len(value: int | str | None) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"max_model_len must be >= 1, auto or -1, got {value!r}")
     return value
+
+
+def hf_rope_dict(hf_config: dict) -> dict:
+    """config.json's rope parameters as transformers 5 standardizes them: a legacy rope_scaling
+    replaces rope_parameters, rope_type falls back to its older spelling `type` (then default),
+    and a top-level original_max_position_embeddings wins (Phi-3's rule) where one is read."""
+    params = dict(hf_config.get("rope_scaling") or hf_config.get("rope_parameters") or {})
+    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    original = hf_config.get("original_max_position_embeddings")
+    if original is not None and params["rope_type"] in ("llama3", "yarn", "longrope"):
+        params["original_max_position_embeddings"] = original
+    return params

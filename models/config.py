@@ -9,24 +9,45 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from compiled_llm.config_fields import hf_rope_dict
 
-def _rope_params(hf_config: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-    """(rope_theta, scaling dict) from either the older rope_scaling or newer rope_parameters."""
-    params = dict(hf_config.get("rope_parameters") or {})
-    scaling = dict(hf_config.get("rope_scaling") or {})
-    theta = params.pop("rope_theta", hf_config.get("rope_theta", 10000.0))
-    merged = {**params, **scaling}
-    kind = merged.get("rope_type", merged.get("type", "default"))
-    merged["rope_type"] = kind
-    if kind in ("llama3", "yarn"):  # HF's fallback for the pretraining length
-        merged.setdefault("original_max_position_embeddings",
-                          hf_config.get("max_position_embeddings", 2048))
-    if kind in _NEEDS_FACTOR:
-        merged["factor"] = _rope_factor(merged, hf_config.get("max_position_embeddings", 2048))
-    return float(theta), merged
-
-
+# rope types with a table of their own in models/layers.py (transformers' ROPE_INIT_FUNCTIONS)
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional")
 _NEEDS_FACTOR = ("linear", "dynamic", "llama3", "yarn")  # HF's rope types that require it
+_NEEDS_ORIGINAL = ("llama3", "yarn", "longrope")  # ... and original_max_position_embeddings
+# the gate activations GatedMLP has (layers.ACTIVATIONS; transformers' ACT2FN names)
+HIDDEN_ACTS = ("silu", "swish", "gelu", "gelu_python", "gelu_new", "gelu_fast",
+               "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_accurate", "gelu_10", "quick_gelu",
+               "relu", "relu2", "relu6", "leaky_relu", "sigmoid", "tanh", "mish", "linear")
+# config.json keys of a sliding window, and of mixture-of-experts layers: an architecture whose
+# transformers class never reads them lists them in its hf_unread (the loader drops them)
+WINDOW_KEYS = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
+MOE_KEYS = ("num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+            "norm_topk_prob", "shared_expert_intermediate_size", "decoder_sparse_step",
+            "mlp_only_layers")
+
+
+def rope_params(hf_config: dict[str, Any], get=None) -> tuple[float, dict[str, Any]]:
+    """(rope_theta, scaling dict) as transformers 5 standardizes them: a legacy rope_scaling
+    replaces rope_parameters; rope_theta from inside, else top-level, else the architecture's
+    default (`get`); a top-level original_max_position_embeddings wins (Phi-3's rule)."""
+    get = get or hf_config.get
+    params = hf_rope_dict(hf_config)
+    theta = params.pop("rope_theta", None)
+    theta = get("rope_theta", 10000.0) if theta is None else theta
+    kind = params["rope_type"]
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rope_scaling.rope_type {kind!r} is not supported; have {ROPE_TYPES}")
+    if "partial_rotary_factor" not in params and "partial_rotary_factor" in hf_config:
+        params["partial_rotary_factor"] = hf_config["partial_rotary_factor"]
+    max_positions = get("max_position_embeddings", 2048)
+    if kind in _NEEDS_ORIGINAL:
+        params.setdefault("original_max_position_embeddings", max_positions)
+    if kind in _NEEDS_FACTOR:
+        params["factor"] = _rope_factor(params, max_positions)
+    if kind == "longrope":
+        _check_longrope(params, max_positions)
+    return float(theta), params
 
 
 def _rope_factor(scaling: dict[str, Any], max_positions: int) -> float:
@@ -42,6 +63,44 @@ def _rope_factor(scaling: dict[str, Any], max_positions: int) -> float:
         raise ValueError(f"rope_scaling.factor must be a number for rope_type {kind!r}, "
                          f"got {factor!r}")
     return float(factor)
+
+
+def _check_longrope(scaling: dict[str, Any], max_positions: int) -> None:
+    """LongRoPE's short_factor and long_factor are required lists of numbers; its factor (for
+    the attention factor) defaults to max_position_embeddings / the original length."""
+    for key in ("short_factor", "long_factor"):
+        value = scaling.get(key)
+        if not isinstance(value, list) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+            raise ValueError(f"rope_scaling.{key} must be a list of numbers for rope_type "
+                             f"'longrope', got {value!r}")
+    if scaling.get("factor") is None:
+        scaling["factor"] = max_positions / scaling["original_max_position_embeddings"]
+
+
+def _check_rotary_dim(scaling: dict[str, Any], head_dim: int) -> None:
+    """transformers rotates every dim for the default rope (partial_rotary_factor unread) and
+    zero-pads proportional's; the other types make a shorter table its attention cannot use.
+    LongRoPE's factors: one per rotated pair of dims."""
+    factor = scaling.get("partial_rotary_factor")
+    kind = scaling["rope_type"]
+    for key in ("short_factor", "long_factor") if kind == "longrope" else ():
+        if len(scaling[key]) not in (1, head_dim // 2):  # one per rotated pair (HF broadcasts)
+            raise ValueError(f"rope_scaling.{key} must have head_dim / 2 = {head_dim // 2} "
+                             f"entries, got {len(scaling[key])}")
+    if factor is None or kind in ("default", "proportional"):
+        return
+    if int(head_dim * factor) != head_dim:
+        raise ValueError(f"partial_rotary_factor {factor!r} is not supported with rope_type "
+                         f"{kind!r}: every one of the head_dim {head_dim} dims is rotated")
+
+
+def _check_hidden_act(act: Any, moe: bool) -> None:
+    if act not in HIDDEN_ACTS:
+        raise ValueError(f"hidden_act {act!r} is not supported; have {list(HIDDEN_ACTS)}")
+    if moe and act not in ("silu", "swish"):  # compiled_llm::fused_moe is SiLU-gated
+        raise ValueError(f"hidden_act {act!r} is not supported with mixture-of-experts layers; "
+                         "have ['silu']")
 
 
 @dataclass
@@ -97,6 +156,7 @@ class DecoderConfig:
     attention_bias: bool = False  # biases on q/k/v_proj
     o_proj_bias: bool = False
     mlp_bias: bool = False  # biases on a dense MLP's gate/up/down_proj (Llama's mlp_bias)
+    hidden_act: str = "silu"  # the gate's activation (HIDDEN_ACTS)
     sliding_window: int = -1  # -1: full attention
     sliding_window_layers: tuple[int, ...] | None = None  # the windowed layers; None: all
     architecture: str = ""
@@ -108,11 +168,13 @@ class DecoderConfig:
         def get(key: str, fallback: Any = None) -> Any:
             return hf_config.get(key, defaults.get(key, fallback))
 
-        act = hf_config.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):  # GatedMLP is silu-gated
-            raise ValueError(f"hidden_act {act!r} is not supported; have ['silu']")
         heads = hf_config["num_attention_heads"]
-        theta, scaling = _rope_params(hf_config)
+        head_dim = get("head_dim") or hf_config["hidden_size"] // heads
+        theta, scaling = rope_params(hf_config, get)
+        _check_rotary_dim(scaling, head_dim)
+        moe = MoeConfig.from_hf(get)
+        act = get("hidden_act", "silu")
+        _check_hidden_act(act, moe is not None)
         window = get("sliding_window") if get("use_sliding_window", True) else None
         # Qwen2-MoE spells it qkv_bias; o_proj follows attention_bias unless the model says
         bias = get("attention_bias", get("qkv_bias", False))
@@ -123,7 +185,7 @@ class DecoderConfig:
             num_hidden_layers=hf_config["num_hidden_layers"],
             num_attention_heads=heads,
             num_key_value_heads=hf_config.get("num_key_value_heads") or heads,
-            head_dim=hf_config.get("head_dim") or hf_config["hidden_size"] // heads,
+            head_dim=head_dim,
             rms_norm_eps=get("rms_norm_eps", 1e-6),
             rope_theta=theta,
             rope_scaling=scaling,
@@ -132,10 +194,11 @@ class DecoderConfig:
             attention_bias=bias,
             o_proj_bias=get("o_proj_bias", bias),
             mlp_bias=get("mlp_bias", False),
+            hidden_act=act,
             sliding_window=window or -1,
             sliding_window_layers=cls.sliding_layers(hf_config, get),
             architecture=(hf_config.get("architectures") or [""])[0],
-            moe=MoeConfig.from_hf(get),
+            moe=moe,
         )
 
     @staticmethod

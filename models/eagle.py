@@ -82,7 +82,7 @@ class Eagle3DecoderLayer(nn.Module):
         for name in ("q_proj", "k_proj", "v_proj"):
             proj = getattr(self.self_attn, name)
             setattr(self.self_attn, name, nn.Linear(width, proj.out_features, bias=bias))
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=cfg.hidden_act)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

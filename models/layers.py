@@ -6,6 +6,7 @@ silu(gate) * up). Write new models on them; a different spelling silently loses 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -46,24 +47,36 @@ class RMSNorm(nn.Module):
         return rms_norm(hidden, self.weight, self.eps), hidden
 
 
-def _scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict, theta: float) -> torch.Tensor:
+def _scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict, theta: float,
+                     long: bool = False) -> torch.Tensor:
     kind = scaling.get("rope_type", "default")
     if kind == "linear":
         return inv_freq / scaling["factor"]
     if kind == "llama3":
-        factor, original_len = scaling["factor"], scaling["original_max_position_embeddings"]
-        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > original_len / low, inv_freq / factor, inv_freq)
-        smooth = (original_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= original_len / high) & (wavelen <= original_len / low)
-        return torch.where(medium, smoothed, scaled)
+        return _llama3_inv_freq(inv_freq, scaling)
     if kind in ("default", "dynamic"):
         return inv_freq
     if kind == "yarn":
         return _yarn_inv_freq(inv_freq, theta, scaling)
+    if kind == "longrope":  # per-frequency divisors: short within the original length
+        divisors = scaling["long_factor" if long else "short_factor"]
+        return inv_freq / torch.tensor(divisors, dtype=torch.float32)
+    if kind == "proportional":  # the first partial_rotary_factor of the angles turn, then /factor
+        angles = int(scaling.get("partial_rotary_factor", 1.0) * 2 * len(inv_freq) // 2)
+        kept = torch.arange(len(inv_freq)) < angles
+        return torch.where(kept, inv_freq, 0.0) / scaling.get("factor", 1.0)
     raise ValueError(f"rope_scaling.rope_type {kind!r} is not supported")
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    factor, original_len = scaling["factor"], scaling["original_max_position_embeddings"]
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original_len / low, inv_freq / factor, inv_freq)
+    smooth = (original_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= original_len / high) & (wavelen <= original_len / low)
+    return torch.where(medium, smoothed, scaled)
 
 
 def _yarn_inv_freq(inv_freq: torch.Tensor, theta: float, scaling: dict) -> torch.Tensor:
@@ -85,17 +98,22 @@ def _yarn_inv_freq(inv_freq: torch.Tensor, theta: float, scaling: dict) -> torch
     return inv_freq / scaling["factor"] * ramp + inv_freq * (1 - ramp)
 
 
-def _yarn_mscale(scaling: dict) -> float:
-    """The factor YaRN scales cos and sin by (1 for every other rope type)."""
-    if scaling.get("rope_type") != "yarn":
+def _attention_factor(scaling: dict) -> float:
+    """The factor YaRN and LongRoPE scale cos and sin by (1 for every other rope type)."""
+    kind = scaling.get("rope_type")
+    if kind not in ("yarn", "longrope"):
         return 1.0
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
+    factor = scaling["factor"]
+    if kind == "longrope":
+        original = scaling["original_max_position_embeddings"]
+        return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
 
     def mscale(scale: float, m: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
-    factor, m, m_all = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+    m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
     return mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
 
 
@@ -110,17 +128,24 @@ def _dynamic_theta(theta: float, dim: int, scaling: dict, original_len: int,
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotate-half RoPE with a precomputed float32 cos/sin table indexed by position."""
+    """Rotate-half RoPE with a precomputed float32 cos/sin table indexed by position.
+
+    LongRoPE's rows from original_max_position_embeddings on use long_factor, as HF's decode
+    does past that length (HF also rotates a whole longer prompt with it: max_model_len's
+    default stays at that length, config.model_len_bounds)."""
 
     def __init__(self, cfg: DecoderConfig, max_len: int) -> None:
         super().__init__()
-        dim, original_len = cfg.head_dim, cfg.max_position_embeddings
-        theta = _dynamic_theta(cfg.rope_theta, dim, cfg.rope_scaling, original_len, max_len)
+        dim, original_len, scaling = cfg.head_dim, cfg.max_position_embeddings, cfg.rope_scaling
+        theta = _dynamic_theta(cfg.rope_theta, dim, scaling, original_len, max_len)
         inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
-        inv_freq = _scaled_inv_freq(inv_freq, cfg.rope_scaling, theta)
-        table_len = max(max_len, original_len)
-        freqs = torch.outer(torch.arange(table_len, dtype=torch.float32), inv_freq)
-        cos_sin = torch.cat([freqs.cos(), freqs.sin()], -1) * _yarn_mscale(cfg.rope_scaling)
+        positions = torch.arange(max(max_len, original_len), dtype=torch.float32)
+        freqs = torch.outer(positions, _scaled_inv_freq(inv_freq, scaling, theta))
+        if scaling.get("rope_type") == "longrope":
+            start = scaling["original_max_position_embeddings"]
+            long_inv_freq = _scaled_inv_freq(inv_freq, scaling, theta, long=True)
+            freqs[start:] = torch.outer(positions[start:], long_inv_freq)
+        cos_sin = torch.cat([freqs.cos(), freqs.sin()], -1) * _attention_factor(scaling)
         self.register_buffer("cos_sin", cos_sin, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,18 +167,33 @@ def _rotate(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return heads * cos + torch.cat([-second_half, first_half], -1) * sin
 
 
-class GatedMLP(nn.Module):
-    """down_proj(silu(gate_proj(x)) * up_proj(x)); biased linears where `bias` (mlp_bias)."""
+ACTIVATIONS = {  # transformers' ACT2FN spellings (config.HIDDEN_ACTS) -> the function
+    "silu": F.silu, "swish": F.silu, "gelu": F.gelu, "gelu_python": F.gelu,
+    **dict.fromkeys(("gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python_tanh",
+                     "gelu_accurate"), functools.partial(F.gelu, approximate="tanh")),
+    "gelu_10": lambda x: F.gelu(x).clamp(-10, 10),
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "relu": F.relu, "relu2": lambda x: F.relu(x).square(), "relu6": F.relu6,
+    "leaky_relu": F.leaky_relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "mish": F.mish,
+    "linear": lambda x: x,
+}
 
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
+
+class GatedMLP(nn.Module):
+    """down_proj(act(gate_proj(x)) * up_proj(x)), SiLU unless `act` (hidden_act) says;
+    biased linears where `bias` (mlp_bias)."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False,
+                 act: str = "silu") -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.act_fn = ACTIVATIONS[act]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, hidden] -> [T, hidden]."""
-        return self.down_proj(F.silu(self.gate_proj(hidden)) * self.up_proj(hidden))
+        return self.down_proj(self.act_fn(self.gate_proj(hidden)) * self.up_proj(hidden))
 
 
 class LMHead(nn.Linear):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from compiled_llm.attention import attention
-from compiled_llm.models.config import DecoderConfig
+from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
 from compiled_llm.models.layers import LMHead, RMSNorm, RotaryEmbedding, apply_rotary
 from compiled_llm.models.moe import moe_or_dense_mlp
 
@@ -98,6 +98,9 @@ class LlamaForCausalLM(nn.Module):
 
     model_cls = LlamaModel
     hf_defaults: dict = {}
+    # config.json keys transformers' class never reads: the loader drops them (so a stray
+    # sliding_window on a Llama config changes nothing, as in HF), and hf_defaults apply
+    hf_unread: tuple[str, ...] = WINDOW_KEYS + MOE_KEYS + ("qkv_bias", "o_proj_bias")
     # checkpoint names that carry no parameter of ours (buffers some exporters save)
     ignored_weights = ("rotary_emb.inv_freq",)
 
@@ -122,7 +125,13 @@ class LlamaForCausalLM(nn.Module):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral: the Llama layout (its sliding window comes from config.json)."""
+    """Mistral: the Llama layout without biases; its sliding window (HF's default 4096) is on
+    every layer, unless config.json has layer_types (transformers then loads it as Ministral,
+    whose layer_types say which layers slide)."""
+
+    hf_defaults = {"sliding_window": 4096}
+    hf_unread = MOE_KEYS + ("use_sliding_window", "max_window_layers", "attention_bias",
+                            "qkv_bias", "o_proj_bias", "mlp_bias")
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
@@ -130,3 +139,4 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 
     hf_defaults = {"attention_bias": True, "o_proj_bias": False, "use_sliding_window": False,
                    "max_window_layers": 28}
+    hf_unread = MOE_KEYS + ("attention_bias", "qkv_bias", "o_proj_bias", "mlp_bias")

@@ -59,3 +59,4 @@ class Qwen2ForSequenceClassification(LlamaForSequenceClassification):
     no sliding window unless config.json turns it on)."""
 
     hf_defaults = Qwen2ForCausalLM.hf_defaults
+    hf_unread = Qwen2ForCausalLM.hf_unread

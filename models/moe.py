@@ -115,7 +115,7 @@ def moe_or_dense_mlp(cfg: DecoderConfig, layer_idx: int) -> nn.Module:
     """The layer's MLP: a SparseMoeBlock where the config routes this layer, else GatedMLP."""
     if cfg.moe is not None and cfg.moe.is_sparse(layer_idx):
         return SparseMoeBlock(cfg)
-    return GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+    return GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.hidden_act)
 
 
 class MoeWeightMap:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from compiled_llm.models.config import DecoderConfig
+from compiled_llm.models.config import MOE_KEYS, DecoderConfig
 from compiled_llm.models.layers import RMSNorm
 from compiled_llm.models.llama import (
     LlamaAttention,
@@ -43,4 +43,5 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     """Qwen3 for causal LM: the Llama contract over Qwen3Model."""
 
     model_cls = Qwen3Model
-    hf_defaults = {"use_sliding_window": False, "max_window_layers": 28}  # HF's defaults
+    hf_defaults = {"use_sliding_window": False, "max_window_layers": 28, "head_dim": 128}
+    hf_unread = MOE_KEYS + ("qkv_bias", "o_proj_bias", "mlp_bias")  # attention_bias: all four

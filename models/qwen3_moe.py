@@ -28,3 +28,6 @@ class Qwen3MoeForCausalLM(MoeWeightMap, Qwen3ForCausalLM):
 
     config_cls = Qwen3MoeDecoderConfig
     hf_defaults = {"use_sliding_window": False}
+    # no shared expert, window on every layer, biases on all of attention's linears alone
+    hf_unread = ("shared_expert_intermediate_size", "max_window_layers", "layer_types",
+                 "qkv_bias", "o_proj_bias", "mlp_bias")

@@ -61,6 +61,26 @@ EXTRA_CONFIGS = {
     "qwen3_moe_window": ("Qwen3MoeConfig", {
         **CONFIGS["qwen3_moe"][1], "use_sliding_window": True, "sliding_window": 8,
         "max_window_layers": 1}),
+    # config options (tests/models/test_config_options.py): LongRoPE past an original length of
+    # 32 (factor 512 / 32), proportional RoPE on half the angles, non-SiLU gates
+    "llama_longrope": ("LlamaConfig", {"rope_parameters": {
+        "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
+        "short_factor": [1.0 + 0.1 * i for i in range(8)],
+        "long_factor": [2.0 + 0.5 * i for i in range(8)]}}),
+    "llama_proportional_rope": ("LlamaConfig", {"partial_rotary_factor": 0.5, "rope_parameters": {
+        "rope_type": "proportional", "rope_theta": 10000.0, "factor": 2.0}}),
+    "llama_gelu": ("LlamaConfig", {"hidden_act": "gelu", "mlp_bias": True}),
+    "qwen3_gelu_tanh": ("Qwen3Config", {"head_dim": 32, "hidden_act": "gelu_pytorch_tanh"}),
+    # keys the transformers class never reads, saved in config.json all the same
+    "mistral_stray_keys": ("MistralConfig", {
+        "sliding_window": 16, "head_dim": 16, "attention_bias": True, "mlp_bias": True,
+        "max_window_layers": 1}),
+    "qwen2_stray_keys": ("Qwen2Config", {"attention_bias": False, "mlp_bias": True}),
+    "mixtral_stray_keys": ("MixtralConfig", {
+        **CONFIGS["mixtral"][1], "norm_topk_prob": False, "attention_bias": True,
+        "mlp_only_layers": [0]}),
+    "qwen3_moe_stray_keys": ("Qwen3MoeConfig", {
+        **CONFIGS["qwen3_moe"][1], "shared_expert_intermediate_size": 16, "mlp_bias": True}),
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from compiled_llm.config import model_len_bounds
 from compiled_llm.distributed.pipeline_parallel import (
     build_stage,
     localize_kv_scales,
@@ -42,11 +43,27 @@ def load_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:
 
 def build_model_config(hf_config: dict[str, Any]) -> tuple[type[nn.Module], DecoderConfig]:
     """Resolve the architecture (after the plugins have registered theirs) and read its config
-    (ValueError on an unknown one); a model class may name its own `config_cls`."""
+    (ValueError on an unknown one); a model class may name its own `config_cls`, and in
+    `hf_unread` the config.json keys its transformers class never reads (dropped here)."""
     load_general_plugins()
     model_cls = ModelRegistry.resolve_model_cls(hf_config.get("architectures") or [])
     config_cls = getattr(model_cls, "config_cls", DecoderConfig)
-    return model_cls, config_cls.from_hf(hf_config, **model_cls.hf_defaults)
+    return model_cls, config_cls.from_hf(read_keys(model_cls, hf_config),
+                                         **model_cls.hf_defaults)
+
+
+def read_keys(model_cls: type, hf_config: dict[str, Any]) -> dict[str, Any]:
+    """hf_config less the keys in model_cls.hf_unread. A sliding_window among them, shorter
+    than the model, is refused for generation: transformers' model attends to every position
+    in a forward pass, yet its generate cache keeps only the last sliding_window tokens."""
+    unread = getattr(model_cls, "hf_unread", ())
+    window = hf_config.get("sliding_window")
+    if ("sliding_window" in unread and window is not None
+            and not getattr(model_cls, "is_pooling_model", False)
+            and window < model_len_bounds(hf_config)[0]):
+        raise ValueError(f"sliding_window {window!r} is not supported for {model_cls.__name__}"
+                         " (transformers' forward pass ignores it, its generate cache does not)")
+    return {key: value for key, value in hf_config.items() if key not in unread}
 
 
 def checkpoint_files(model_dir: Path, load_format: str) -> list[Path]:

@@ -39,8 +39,12 @@ def test_o_proj_bias_follows_attention_bias_unless_the_model_says():
 
 
 def test_unsupported_activation_refused():
-    with pytest.raises(ValueError, match="hidden_act 'gelu' is not supported"):
-        DecoderConfig.from_hf({**BASE, "hidden_act": "gelu"})
+    with pytest.raises(ValueError, match="hidden_act 'xielu' is not supported"):
+        DecoderConfig.from_hf({**BASE, "hidden_act": "xielu"})  # has parameters of its own
+    moe = {**BASE, "num_experts": 4, "num_experts_per_tok": 2, "hidden_act": "gelu"}
+    with pytest.raises(ValueError, match="hidden_act 'gelu' is not supported with mixture"):
+        DecoderConfig.from_hf(moe)  # the fused expert op is SiLU-gated
+    assert DecoderConfig.from_hf({**BASE, "hidden_act": "gelu"}).hidden_act == "gelu"
 
 
 def _windows(model_cls, hf_config: dict) -> list[int]:
