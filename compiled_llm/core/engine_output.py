@@ -23,6 +23,8 @@ class EngineCoreOutput:
     error: str | None = None
     # prompt tokens served from the prefix cache: on the request's first tokens and its finish
     num_cached_tokens: int | None = None
+    # time.monotonic() (system-wide) at its first admission: on the request's first tokens
+    scheduled_ts: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -32,7 +34,8 @@ class EngineCoreOutput:
     def to_wire(self) -> tuple:
         """The output as a tuple of plain values (msgpack-able)."""
         return (self.request_id, self.new_token_ids, self.new_logprobs, self.prompt_logprobs,
-                self.finish_reason, self.stop_reason, self.error, self.num_cached_tokens)
+                self.finish_reason, self.stop_reason, self.error, self.num_cached_tokens,
+                self.scheduled_ts)
 
     @staticmethod
     def from_wire(item: list | tuple) -> EngineCoreOutput:

@@ -58,6 +58,7 @@ class Request:
     # prompt tokens its first admission took from the prefix cache (-1: not admitted yet);
     # a recompute after preemption does not change it (vLLM's RequestOutput.num_cached_tokens)
     num_cached_tokens: int = -1
+    first_scheduled_time: float | None = None  # time.monotonic() at its first admission
     num_pending: int = 0  # sampled by launched steps, not yet appended
     pending_src: int = -1  # row of the newest pending token in its step's sampled tensor
     needs_feedback: bool = False  # sampling reads the previous token on the host

@@ -7,6 +7,7 @@ run out. The one writer of a request's status and the one place that decides it 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from compiled_llm.config import SchedulerConfig
@@ -171,6 +172,8 @@ class Scheduler:
             self.waiting.pop()
             self._take_prefill(num_new)
             req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:  # its queue time ends (vLLM's metrics)
+                req.first_scheduled_time = time.monotonic()
             self.running.append(req)
             out.scheduled.append((req, num_new))
             _count_prefill(out, num_new)

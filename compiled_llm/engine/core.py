@@ -297,6 +297,7 @@ class EngineCore:
                 out.new_token_ids.extend(req.output_token_ids[counts[req.request_id]:])
             if len(out.new_token_ids) == len(req.output_token_ids):  # its first tokens
                 out.num_cached_tokens = req.num_cached_tokens
+                out.scheduled_ts = req.first_scheduled_time
             row = result.logprobs.get(req.request_id)
             if row is not None:
                 if out.new_logprobs is None:

@@ -149,7 +149,7 @@ class AsyncLLM:
         if self.log_requests:
             logger.info("Received request %s: params: %s, lora_request: %s.", request_id,
                         params, lora_request)
-        stream = RequestStream(self, request_id, arrival_time)
+        stream = RequestStream(self, request_id, arrival_time, params.n, params.max_tokens)
         self._streams[request_id] = stream
         try:
             await self.call(partial(self.engine.add_request, priority=priority,

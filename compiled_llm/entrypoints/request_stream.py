@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from compiled_llm.output.outputs import RequestOutput, RequestStateStats, merge_deltas
@@ -17,12 +18,33 @@ if TYPE_CHECKING:
 class RequestObserver:
     """Per-request timing hooks (the server's metrics implement them); all no-ops here."""
 
-    def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float) -> None:
-        """A request got new tokens, gap_s after its previous output (or its arrival)."""
+    def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float,
+                  prompt_tokens: int = 0) -> None:
+        """A request got new tokens, gap_s after its previous output (or its arrival); with
+        the first, prompt_tokens: its prompt's tokens times its sequences (counted once)."""
 
     def on_finish(self, outcome: str, prompt_tokens: int, gen_tokens: int,
                   e2e_s: float) -> None:
-        """A request ended (stop, length, abort or error) e2e_s after it arrived."""
+        """A sequence ended (stop, length, abort or error) e2e_s after it arrived."""
+
+    def on_request_end(self, summary: RequestSummary) -> None:
+        """A request ended, all its sequences with it (once per request)."""
+
+
+@dataclass
+class RequestSummary:
+    """A finished request as vLLM's per-request histograms see it: its n and max_tokens,
+    its longest sequence, and seconds (None where unknown): waiting to be admitted (queue),
+    from admission to its first token (prefill) and to its last (inference), and from its
+    first token to its last (decode)."""
+
+    n: int
+    max_tokens: int | None
+    max_gen_tokens: int
+    decode_s: float | None
+    queue_s: float | None = None
+    prefill_s: float | None = None
+    inference_s: float | None = None
 
 
 _ABORTED = object()  # queued to wake a stream's consumer once the stream is aborted
@@ -31,10 +53,14 @@ _ABORTED = object()  # queued to wake a stream's consumer once the stream is abo
 class RequestStream:
     """The outputs of one request, as an async iterator; abort() ends it early."""
 
-    def __init__(self, owner: AsyncLLM, request_id: str,
-                 arrival_time: float | None = None) -> None:
-        """arrival_time: when the request arrived (time.time()); None: now."""
+    def __init__(self, owner: AsyncLLM, request_id: str, arrival_time: float | None = None,
+                 n: int = 1, max_tokens: int | None = None) -> None:
+        """arrival_time: when the request arrived (time.time()); None: now. n and max_tokens:
+        its parameters, for the metrics."""
         self.owner, self.request_id = owner, request_id
+        self.n, self.max_tokens = n, max_tokens
+        self.first_time: float | None = None
+        self.scheduled_ts: float | None = None  # when the core first admitted it
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.finished = False
@@ -75,6 +101,7 @@ class RequestStream:
             self.owner._streams.pop(self.request_id, None)
             self.owner.observer.on_finish("error", self.num_prompt_tokens, self.num_gen_tokens,
                                           stamp - self.arrival)
+            self._summarize()
             try:  # one error may fail many streams: none gets another consumer's frames
                 raise out.with_traceback(None)
             finally:  # this frame is in the error's traceback: holding the error is a cycle
@@ -83,10 +110,16 @@ class RequestStream:
         return out
 
     def _observe(self, stamp: float, out: RequestOutput) -> None:
-        if out.metrics is not None and self.last_time is None:
-            self._observe_timeline(out.metrics)  # FINAL_ONLY: the engine's token timeline
+        prompt_tokens = len(out.prompt_token_ids)
+        if out.metrics is not None:
+            self.scheduled_ts = out.metrics.scheduled_ts
+        if out.metrics is not None and out.metrics.token_steps is not None \
+                and self.last_time is None:
+            # FINAL_ONLY: the engine's token timeline
+            self._observe_timeline(out.metrics, prompt_tokens)
         else:
-            self._observe_delivery(stamp, sum(len(o.token_ids) for o in out.outputs))
+            self._observe_delivery(stamp, sum(len(o.token_ids) for o in out.outputs),
+                                   prompt_tokens)
         for seq in out.outputs:
             self.seq_tokens[seq.index] = self.seq_tokens.get(seq.index, 0) + len(seq.token_ids)
             if seq.finish_reason:
@@ -98,22 +131,27 @@ class RequestStream:
             self.owner._streams.pop(self.request_id, None)
             self._observe_finish(stamp, "error" if out.error else None)
 
-    def _observe_delivery(self, stamp: float, new: int) -> None:
+    def _observe_delivery(self, stamp: float, new: int, prompt_tokens: int) -> None:
         """Time tokens by when they reached this stream (what a streaming client sees)."""
         if new:
-            first = self.last_time is None
-            gap = stamp - (self.arrival if first else self.last_time)
-            self.owner.observer.on_output(self.request_id, new, first, gap)
-            self.last_time = stamp
+            self._observe_tokens(stamp, new, prompt_tokens)
 
-    def _observe_timeline(self, stats: RequestStateStats) -> None:
+    def _observe_timeline(self, stats: RequestStateStats, prompt_tokens: int) -> None:
         """Time a FINAL_ONLY request's tokens by the steps that made them, not by its one
         output (which would make its time to first token its end-to-end latency)."""
-        previous = self.arrival
         for stamp, tokens in stats.token_steps:
-            first = self.last_time is None
-            self.owner.observer.on_output(self.request_id, tokens, first, stamp - previous)
-            previous = self.last_time = stamp
+            self._observe_tokens(stamp, tokens, prompt_tokens)
+
+    def _observe_tokens(self, stamp: float, new: int, prompt_tokens: int) -> None:
+        """One output's tokens: the first (time to first token, and the prompt counted with
+        it for every sequence), else one inter-token gap (vLLM: one per step)."""
+        first = self.last_time is None
+        gap = stamp - (self.arrival if first else self.last_time)
+        if first:
+            self.first_time = stamp
+        self.owner.observer.on_output(self.request_id, new, first, gap,
+                                      prompt_tokens * self.n if first else 0)
+        self.last_time = stamp
 
     def _observe_finish(self, stamp: float, outcome: str | None) -> None:
         """Count each sequence as a finished request (vLLM counts n > 1 children apiece)."""
@@ -122,6 +160,19 @@ class RequestStream:
             reason = outcome or self.seq_reasons.get(index, "stop")
             self.owner.observer.on_finish(reason, self.num_prompt_tokens,
                                           self.seq_tokens.get(index, 0), e2e)
+        self._summarize()
+
+    def _summarize(self) -> None:
+        first, last, admitted = self.first_time, self.last_time, self.scheduled_ts
+        tokens = first is not None and last is not None
+        summary = RequestSummary(self.n, self.max_tokens, max(self.seq_tokens.values(),
+                                                              default=0),
+                                 last - first if tokens else None)
+        if admitted is not None:
+            summary.queue_s = max(0.0, admitted - self.arrival)
+            if tokens:
+                summary.prefill_s, summary.inference_s = first - admitted, last - admitted
+        self.owner.observer.on_request_end(summary)
 
     def abort(self) -> None:
         """Abort the request if it is still running (idempotent, any thread); a consumer
@@ -134,6 +185,7 @@ class RequestStream:
             self.owner._submit(self.owner.engine.abort_request, self.request_id)
             self.owner.observer.on_finish("abort", self.num_prompt_tokens, self.num_gen_tokens,
                                           time.monotonic() - self.arrival)
+            self._summarize()
 
     def __del__(self) -> None:  # a stream dropped unread must not hold KV blocks
         if not self.finished:

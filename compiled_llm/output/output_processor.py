@@ -64,6 +64,8 @@ class OutputProcessor:
                 continue
             if state.token_steps is not None and out.new_token_ids:
                 state.token_steps.append((now, len(out.new_token_ids)))
+            if out.scheduled_ts is not None:
+                state.scheduled_ts = out.scheduled_ts
             try:
                 finish = self._apply(state, out)
             except Exception as e:  # one request's output processing: fail it alone
@@ -258,12 +260,15 @@ def request_output(request_id: str, children: list[RequestState]) -> RequestOutp
     )
 
 
-def timeline_of(children: list[RequestState]) -> RequestStateStats | None:
-    """The token timeline of a finished request's children, merged; None unless FINAL_ONLY."""
+def timeline_of(children: list[RequestState]) -> RequestStateStats:
+    """A finished request's timings: when the core first admitted a child, and (FINAL_ONLY
+    only) the children's token timeline, merged."""
+    admitted = [child.scheduled_ts for child in children if child.scheduled_ts is not None]
+    stats = RequestStateStats(scheduled_ts=min(admitted, default=None))
     if children[0].token_steps is None:
-        return None
-    steps = sorted(step for child in children for step in child.token_steps)
-    if not steps:
-        return RequestStateStats()
-    return RequestStateStats(sum(tokens for _, tokens in steps), steps[0][0], steps[-1][0],
-                             steps)
+        return stats
+    steps = stats.token_steps = sorted(step for child in children for step in child.token_steps)
+    if steps:
+        stats.num_generation_tokens = sum(tokens for _, tokens in steps)
+        stats.first_token_ts, stats.last_token_ts = steps[0][0], steps[-1][0]
+    return stats

@@ -3,7 +3,7 @@ merge_deltas, which joins two DELTA outputs of one request."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 
 @dataclass
@@ -38,22 +38,24 @@ class CompletionOutput:
 
 @dataclass
 class RequestStateStats:
-    """When a request's tokens reached the front end (vLLM's RequestOutput.metrics): monotonic
-    stamps of its first and last tokens, and (stamp, tokens) per step that brought tokens,
-    in time order. Kept for FINAL_ONLY requests, whose single output hides that timeline."""
+    """A finished request's timings (vLLM's RequestOutput.metrics), time.monotonic() stamps:
+    when the core first admitted it, and for a FINAL_ONLY request, whose single output hides
+    them, when its tokens reached the front end: its first and last, and (stamp, tokens) per
+    step that brought tokens, in time order (token_steps None for other output kinds)."""
 
     num_generation_tokens: int = 0
     first_token_ts: float = 0.0
     last_token_ts: float = 0.0
-    token_steps: list[tuple[float, int]] = field(default_factory=list)
+    token_steps: list[tuple[float, int]] | None = None
+    scheduled_ts: float | None = None
 
 
 @dataclass
 class RequestOutput:
     """What a request produced so far: its prompt and one CompletionOutput per sequence;
     error is set when a sequence finished with finish_reason "error". num_cached_tokens: the
-    prompt tokens its first sequence took from the prefix cache (vLLM's). metrics: the token
-    timeline (RequestStateStats) of a finished FINAL_ONLY output, else None."""
+    prompt tokens its first sequence took from the prefix cache (vLLM's). metrics: the
+    timings (RequestStateStats) of a finished output, else None."""
 
     request_id: str
     prompt: str | None

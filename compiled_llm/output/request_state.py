@@ -35,6 +35,7 @@ class RequestState:
     final_sent: bool = False
     # FINAL_ONLY: (stamp, tokens) per step that brought tokens, for the output's metrics
     token_steps: list[tuple[float, int]] | None = None
+    scheduled_ts: float | None = None  # when the core first admitted it (time.monotonic())
 
     def __post_init__(self) -> None:
         if self.sampling_params.output_kind is RequestOutputKind.FINAL_ONLY:

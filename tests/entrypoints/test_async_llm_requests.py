@@ -13,7 +13,7 @@ import pytest
 from compiled_llm import SamplingParams
 from compiled_llm.config import EngineArgs
 from compiled_llm.entrypoints.async_llm import AsyncLLM
-from compiled_llm.entrypoints.request_stream import RequestObserver
+from compiled_llm.entrypoints.request_stream import RequestObserver, RequestSummary
 from compiled_llm.sampling_params import RequestOutputKind as Kind
 from tests.utils import make_checkpoint
 
@@ -24,9 +24,16 @@ class Recorder(RequestObserver):
     def __init__(self) -> None:
         self.outputs: list[tuple[str, int, bool, float]] = []
         self.finishes: list[tuple[str, int, int, float]] = []
+        self.prompts: list[int] = []
+        self.summaries: list[RequestSummary] = []
 
-    def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float) -> None:
+    def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float,
+                  prompt_tokens: int = 0) -> None:
         self.outputs.append((rid, new_tokens, first, gap_s))
+        self.prompts.append(prompt_tokens)
+
+    def on_request_end(self, summary: RequestSummary) -> None:
+        self.summaries.append(summary)
 
     def on_finish(self, outcome: str, prompt_tokens: int, gen_tokens: int,
                   e2e_s: float) -> None:
@@ -70,6 +77,14 @@ def test_final_only_timed_by_its_steps(engine):
     assert sum(tokens for _, tokens, _, _ in calls) == 12 and len(calls) > 2
     ttft = calls[0][3]
     assert 0 < ttft < e2e and sum(gap for *_, gap in calls) <= e2e
+    prompt_tokens = len(out.prompt_token_ids)
+    assert engine.observer.prompts == [prompt_tokens] + [0] * (len(calls) - 1)
+    (summary,) = engine.observer.summaries
+    assert (summary.n, summary.max_tokens, summary.max_gen_tokens) == (1, 12, 12)
+    assert 0 < summary.decode_s == pytest.approx(sum(gap for *_, gap in calls[1:]))
+    assert stats.scheduled_ts is not None and summary.queue_s >= 0
+    assert summary.prefill_s + summary.decode_s == pytest.approx(summary.inference_s)
+    assert summary.queue_s + summary.prefill_s == pytest.approx(ttft)
 
 
 def test_streamed_outputs_keep_delivery_timing(engine):
@@ -77,7 +92,10 @@ def test_streamed_outputs_keep_delivery_timing(engine):
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True,
                             output_kind=Kind.DELTA)
     outs = asyncio.run(_run(engine, "d0", "The quick brown", params))
-    assert all(out.metrics is None for out in outs)
+    assert all(out.metrics is None for out in outs[:-1])
+    assert outs[-1].metrics.token_steps is None and outs[-1].metrics.scheduled_ts is not None
+    (summary,) = engine.observer.summaries
+    assert summary.queue_s >= 0 and summary.inference_s > summary.prefill_s > 0
     calls = engine.observer.outputs
     assert calls[0][2] and sum(tokens for _, tokens, _, _ in calls) == 6
     assert [(outcome, gen) for outcome, _, gen, _ in engine.observer.finishes] == [("length", 6)]
@@ -90,6 +108,8 @@ def test_n_children_count_apiece(engine):
     assert len(out.outputs) == 2 and out.metrics.num_generation_tokens == 10
     finishes = engine.observer.finishes
     assert [(outcome, gen) for outcome, _, gen, _ in finishes] == [("length", 5)] * 2
+    assert engine.observer.prompts[0] == 2 * len(out.prompt_token_ids)  # once per sequence
+    assert [(s.n, s.max_gen_tokens) for s in engine.observer.summaries] == [(2, 5)]
     assert engine.engine.num_used_blocks == 0
 
 

@@ -20,13 +20,20 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from compiled_llm.entrypoints.async_llm import AsyncLLM, RequestObserver
+from compiled_llm.entrypoints.request_stream import RequestSummary
 from compiled_llm.entrypoints.server.spec_metrics import SpecDecodeCounters
 from compiled_llm.entrypoints.server.vllm_metrics import vllm_families
 
 _PREFIX = "compiled_llm:"
 OUTCOMES = ("stop", "length", "abort", "error", "rejected")
-_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-            5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# vLLM v1's buckets (vllm/v1/metrics/loggers.py), so that dashboards' `le` values exist here
+_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+         10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+        20.0, 40.0, 80.0)
+_REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_N = (1, 2, 5, 10, 20)
 _LENGTHS = tuple(step * 10**power for power in range(7) for step in (1, 2, 5))  # tokens
 
 
@@ -53,15 +60,37 @@ class ServerMetrics(RequestObserver):
                                   ["model_name"], registry=registry).labels(**labels)
         self._aliases = CollectorRegistry()
         self._aliases.register(_Families(self._scraped, vllm_families))
-        self.ttft = self._histogram("time_to_first_token_seconds", "Time to first token")
-        self.itl = self._histogram("inter_token_latency_seconds", "Time between output tokens")
-        self.e2e = self._histogram("e2e_request_latency_seconds", "End-to-end request latency")
+        self.ttft = self._histogram("time_to_first_token_seconds", "Time to first token", _TTFT)
+        self.itl = self._histogram("inter_token_latency_seconds",
+                                   "Time between a request's outputs (one per step)", _ITL)
+        self.e2e = self._histogram("e2e_request_latency_seconds", "End-to-end request latency",
+                                   _REQUEST)
+        self._request_histograms()
         self.prompt_lengths = self._histogram("request_prompt_tokens",
                                               "Prompt tokens per finished request", _LENGTHS)
         self.gen_lengths = self._histogram("request_generation_tokens",
                                            "Generated tokens per finished request", _LENGTHS)
 
-    def _histogram(self, name: str, doc: str, buckets: tuple = _LATENCY):
+    def _request_histograms(self) -> None:
+        """vLLM's per-request histograms of parameters and decode timing."""
+        self.params_n = self._histogram("request_params_n", "n of each request", _N)
+        self.params_max_tokens = self._histogram("request_params_max_tokens",
+                                                 "max_tokens of each request", _LENGTHS)
+        self.max_gen_tokens = self._histogram("request_max_num_generation_tokens",
+                                              "Tokens of each request's longest sequence",
+                                              _LENGTHS)
+        self.decode_time = self._histogram("request_decode_time_seconds",
+                                           "Seconds from a request's first token to its last",
+                                           _REQUEST)
+        self.tpot = self._histogram("request_time_per_output_token_seconds",
+                                    "A request's decode time per token after its first", _ITL)
+        self.phases = {phase: self._histogram(f"request_{phase}_time_seconds", doc, _REQUEST)
+                       for phase, doc in (
+                           ("queue", "Seconds a request waited to be admitted"),
+                           ("prefill", "Seconds from a request's admission to its first token"),
+                           ("inference", "Seconds from a request's admission to its last token"))}
+
+    def _histogram(self, name: str, doc: str, buckets: tuple):
         return Histogram(f"{_PREFIX}{name}", doc, ["model_name"], buckets=buckets,
                          registry=self.registry).labels(**self._labels)
 
@@ -82,23 +111,46 @@ class ServerMetrics(RequestObserver):
         self.registry.register(SpecDecodeCounters(engine, self._labels))
 
     # RequestObserver hooks (called on the event loop)
-    def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float) -> None:
-        """Observe time to first token, or the gap per token since the previous output."""
+    def on_output(self, rid: str, new_tokens: int, first: bool, gap_s: float,
+                  prompt_tokens: int = 0) -> None:
+        """Count the tokens as they come (vLLM counts each step's), and observe the time to
+        first token, or the gap since the previous output (one per step, as vLLM)."""
+        self.gen_tokens.inc(new_tokens)
         if first:
+            self.prompt_tokens.inc(prompt_tokens)
             self.ttft.observe(gap_s)
-            return
-        # tokens that arrived together (merged deltas, n > 1) share the gap evenly
-        observe_many(self.itl, gap_s / new_tokens, new_tokens)
+        else:
+            self.itl.observe(gap_s)
 
     def on_finish(self, outcome: str, prompt_tokens: int, gen_tokens: int,
                   e2e_s: float) -> None:
-        """Count a finished request by outcome, its tokens, and its end-to-end latency."""
+        """Count a finished sequence by outcome, with its lengths and end-to-end latency."""
         self.requests.labels(outcome=outcome, **self._labels).inc()
-        self.prompt_tokens.inc(prompt_tokens)
-        self.gen_tokens.inc(gen_tokens)
         self.e2e.observe(e2e_s)
         self.prompt_lengths.observe(prompt_tokens)
         self.gen_lengths.observe(gen_tokens)
+
+    def on_request_end(self, summary: RequestSummary) -> None:
+        """Observe a finished request's parameters, longest sequence and decode timing."""
+        self.params_n.observe(summary.n)
+        if summary.max_tokens is not None:
+            self.params_max_tokens.observe(summary.max_tokens)
+        self.max_gen_tokens.observe(summary.max_gen_tokens)
+        for phase, histogram in self.phases.items():
+            seconds = getattr(summary, f"{phase}_s")
+            if seconds is not None:
+                histogram.observe(seconds)
+        if summary.decode_s is None:
+            return
+        self.decode_time.observe(summary.decode_s)
+        per_sequence = summary.max_gen_tokens
+        if per_sequence > 1:
+            self.tpot.observe(summary.decode_s / (per_sequence - 1))
+
+    def pooled(self, prompt_tokens: int, seconds: float) -> None:
+        """Count a pooling request (its prompt is all its work) as a finished one."""
+        self.prompt_tokens.inc(prompt_tokens)
+        self.on_finish("stop", prompt_tokens, 0, seconds)
 
     def rejected(self) -> None:
         """Count a request refused at admission."""
@@ -138,16 +190,6 @@ class _PrefixCacheCounters(Collector):
             family = CounterMetricFamily(f"{_PREFIX}{name}", doc, labels=list(self.labels))
             family.add_metric(list(self.labels.values()), value)
             yield family
-
-
-def observe_many(histogram: Histogram, value: float, count: int) -> None:
-    """What `count` calls of histogram.observe(value) do, with one update of the sum and of
-    the bucket (a per-token cost on the streaming path otherwise)."""
-    histogram._sum.inc(value * count)
-    for bucket, bound in zip(histogram._buckets, histogram._upper_bounds):
-        if value <= bound:
-            bucket.inc(count)
-            return
 
 
 class _Totals(Collector):

@@ -118,7 +118,7 @@ class ServingPooling:
         if self.metrics is not None:
             elapsed = time.perf_counter() - start
             for out in outs:
-                self.metrics.on_finish("stop", len(out.prompt_token_ids), 0, elapsed)
+                self.metrics.pooled(len(out.prompt_token_ids), elapsed)
         return outs
 
     def _envelope(self, kind: str, req: PoolingBody, data: list[dict], outputs) -> dict:

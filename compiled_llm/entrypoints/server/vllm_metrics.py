@@ -1,8 +1,8 @@
 """vLLM's Prometheus names for the server's metrics whose meaning matches vLLM's, so that
 dashboards built for `vllm:*` read this server: each alias is the compiled_llm family renamed
-at scrape time (same samples and `model_name` label), with vLLM's label and type where they
-differ. Metrics vLLM has no counterpart for (kv_cache_used_blocks, rejected requests) have
-none."""
+at scrape time (same samples and `model_name` label, plus vLLM's `engine`), with vLLM's label
+and type where they differ. Metrics vLLM has no counterpart for (kv_cache_used_blocks, rejected
+requests) have none."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from prometheus_client.metrics_core import Metric
 
 _SOURCE = "compiled_llm:"
+ENGINE_LABEL = {"engine": "0"}  # vLLM labels each series with its engine index (one here)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ ALIASES: dict[str, tuple[Alias, ...]] = {
     "e2e_request_latency_seconds": (Alias("vllm:e2e_request_latency_seconds"),),
     "request_prompt_tokens": (Alias("vllm:request_prompt_tokens"),),
     "request_generation_tokens": (Alias("vllm:request_generation_tokens"),),
+    **{name: (Alias(f"vllm:{name}"),) for name in (
+        "request_params_n", "request_params_max_tokens", "request_max_num_generation_tokens",
+        "request_decode_time_seconds", "request_time_per_output_token_seconds",
+        "request_queue_time_seconds", "request_prefill_time_seconds",
+        "request_inference_time_seconds")},
     "prefix_cache_queries": (Alias("vllm:prefix_cache_queries"),),
     "prefix_cache_hits": (Alias("vllm:prefix_cache_hits"),),
     **{f"spec_decode_{name}": (Alias(f"vllm:spec_decode_{name}"),) for name in (
@@ -72,6 +78,7 @@ def renamed(family: Metric, alias: Alias) -> Metric:
         if kind == "counter" and family.type != "counter":
             suffix = "_total"
         labels = {alias.labels.get(key, key): value for key, value in sample.labels.items()}
+        labels.update(ENGINE_LABEL)
         out.add_sample(alias.name + suffix, labels, sample.value, sample.timestamp,
                        sample.exemplar)
     return out

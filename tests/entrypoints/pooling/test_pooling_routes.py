@@ -129,15 +129,15 @@ def _sample(text: str, name: str) -> float:
 def test_metrics_count_pooling_requests(embedder):
     before = embedder.get("/metrics")
     assert before.status_code == 200
-    ok = 'vllm:request_success_total{finished_reason="stop",model_name="m"}'
-    count = 'vllm:e2e_request_latency_seconds_count{model_name="m"}'
+    ok = 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"}'
+    count = 'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"}'
     start_ok, start_e2e = _sample(before.text, ok), _sample(before.text, count)
-    start_tokens = _sample(before.text, 'vllm:prompt_tokens_total{model_name="m"}')
+    start_tokens = _sample(before.text, 'vllm:prompt_tokens_total{engine="0",model_name="m"}')
     body = embedder.post("/v1/embeddings", json={"input": TEXTS}).json()
     embedder.post("/v1/embeddings", json={"input": "hi", "priority": 3})  # a 400
     after = embedder.get("/metrics").text
     assert _sample(after, ok) == start_ok + 2 and _sample(after, count) == start_e2e + 2
-    assert _sample(after, 'vllm:prompt_tokens_total{model_name="m"}') == \
+    assert _sample(after, 'vllm:prompt_tokens_total{engine="0",model_name="m"}') == \
         start_tokens + body["usage"]["prompt_tokens"]
     rejected = 'compiled_llm:request_success_total{model_name="m",outcome="rejected"}'
     assert _sample(after, rejected) >= 1

@@ -1,6 +1,7 @@
-"""The server's latency histograms for requests answered in one body: time to first token is
-the first step's, not the whole request's, and every later token is an inter-token gap; a
-request with n = 2 counts as two finished requests, as in vLLM."""
+"""The server's request metrics as vLLM keeps them: a request answered in one body is timed by
+its steps (time to first token is the first step's, every later step an inter-token gap); n = 2
+counts as two finished requests; vLLM's per-request histograms; token counters that move while
+a request runs."""
 
 from __future__ import annotations
 
@@ -46,3 +47,34 @@ def test_n_sequences_count_as_requests(server):
     assert _delta(after, before, LENGTH) == 2
     assert _delta(after, before, "compiled_llm:generation_tokens_total") == 8
 
+
+
+def test_vllm_request_histograms(server):
+    before = server.wait_idle()
+    _complete(server, n=2, temperature=1.0, seed=2, max_tokens=6)
+    after = server.wait_idle()
+    for name, total in (("request_params_n", 2), ("request_params_max_tokens", 6),
+                        ("request_max_num_generation_tokens", 6)):
+        assert _delta(after, before, f"vllm:{name}_count") == 1
+        assert _delta(after, before, f"vllm:{name}_sum") == total
+    for phase in ("queue", "prefill", "decode", "inference"):
+        assert _delta(after, before, f"vllm:request_{phase}_time_seconds_count") == 1
+    assert _delta(after, before, "vllm:request_time_per_output_token_seconds_sum") > 0
+
+
+def test_token_counters_move_while_a_stream_runs(server):
+    before = server.wait_idle()
+    body = {"model": server.model, "prompt": "The quick brown", "max_tokens": 400,
+            "temperature": 0.0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH,
+                      timeout=120) as reply:
+        events = (line for line in reply.iter_lines() if line.startswith("data: {"))
+        for _ in range(20):
+            next(events)
+        running = server.metrics()
+        assert 20 <= _delta(running, before, "compiled_llm:generation_tokens_total") < 400
+        assert _delta(running, before, "compiled_llm:prompt_tokens_total") > 0
+        for _ in events:
+            pass
+    after = server.wait_idle()
+    assert _delta(after, before, "compiled_llm:generation_tokens_total") == 400
