@@ -48,10 +48,16 @@ class InProcessServer:
 
     def block_engine(self) -> threading.Event:
         """Hold the engine thread in a command until the returned event is set (a stuck
-        engine, through the public call API)."""
-        release = threading.Event()
-        threading.Thread(target=lambda: asyncio.run(self.engine.call(release.wait)),
+        engine, through the public call API); returns once the engine thread is held."""
+        release, held = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            held.set()
+            release.wait()
+
+        threading.Thread(target=lambda: asyncio.run(self.engine.call(hold)),
                          daemon=True).start()
+        assert held.wait(30), "the engine thread did not take the blocking command"
         return release
 
 

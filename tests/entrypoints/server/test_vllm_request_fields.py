@@ -85,12 +85,13 @@ def test_priority_orders_admission_under_the_priority_policy():
         chat = server.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1,
                                                     "priority": 3})
         assert chat.status_code == 200, chat.text
-        release = server.block_engine()  # both requests queue behind the held engine
         finished: list[str] = []
 
-        async def one(client: httpx.AsyncClient, name: str, priority: int) -> None:
+        async def one(client: httpx.AsyncClient, name: str, priority: int,
+                      max_tokens: int = 4) -> None:
             r = await client.post(f"{server.url}/v1/completions", json={
-                "model": MODEL, "prompt": PROMPT, "max_tokens": 4, "priority": priority})
+                "model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens,
+                "ignore_eos": True, "priority": priority})
             assert r.status_code == 200, r.text
             finished.append(name)
 
@@ -98,19 +99,21 @@ def test_priority_orders_admission_under_the_priority_policy():
             # a stream is registered just before its add command is queued (same tick)
             while len(server.engine._streams) < count:
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
 
         async def main() -> None:
-            async with httpx.AsyncClient(timeout=60) as client:
-                tasks = [asyncio.create_task(one(client, "late", 5))]
+            async with httpx.AsyncClient(timeout=120) as client:
+                # one long request holds the only sequence slot while the other two queue
+                tasks = [asyncio.create_task(one(client, "first", 0, max_tokens=400))]
                 await queued(1)
-                tasks.append(asyncio.create_task(one(client, "urgent", -5)))
+                tasks.append(asyncio.create_task(one(client, "late", 5)))
                 await queued(2)
-                release.set()
+                tasks.append(asyncio.create_task(one(client, "urgent", -5)))
                 await asyncio.gather(*tasks)
 
         asyncio.run(main())
-        assert finished == ["urgent", "late"]  # the lower value runs first
+        # the lower value runs first (urgent may even preempt the long one)
+        assert finished.index("urgent") < finished.index("late")
         assert server.idle()
 
 
