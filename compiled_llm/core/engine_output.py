@@ -25,6 +25,8 @@ class EngineCoreOutput:
     num_cached_tokens: int | None = None
     # time.monotonic() (system-wide) at its first admission: on the request's first tokens
     scheduled_ts: float | None = None
+    # when the core sent it (time.monotonic()), set on arrival; not on the wire in to_wire
+    timestamp: float | None = None
 
     @property
     def finished(self) -> bool:

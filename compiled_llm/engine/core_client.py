@@ -203,8 +203,11 @@ class CoreClient:
         while self._from_core.poll(0):
             kind, payload = unpack(self._from_core.recv())
             if kind == OUTPUTS:
-                wire, stats = payload
-                outs.extend(EngineCoreOutput.from_wire(item) for item in wire)
+                wire, stats, sent = payload  # sent: the core's time.monotonic() at its step
+                for item in wire:
+                    out = EngineCoreOutput.from_wire(item)
+                    out.timestamp = sent
+                    outs.append(out)
                 self._stats = EngineStats(*stats)
             elif kind == REPLY:
                 call_id, ok, result = payload

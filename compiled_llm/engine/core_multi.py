@@ -11,6 +11,7 @@ import pickle
 import select
 import signal
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -165,7 +166,7 @@ class FrontEnds:
         for client, live in enumerate(self.live):
             wire = wires.get(client)
             if live and (wire or stats != self.sent_stats[client]):
-                self.send(client, pack(OUTPUTS, (wire or [], stats)))
+                self.send(client, pack(OUTPUTS, (wire or [], stats, time.monotonic())))
                 self.sent_stats[client] = stats
 
     def hello(self, client: int, pid: int) -> None:

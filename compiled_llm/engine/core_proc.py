@@ -9,6 +9,7 @@ import logging
 import os
 import pickle
 import sys
+import time
 import traceback
 from collections.abc import Callable
 
@@ -130,7 +131,8 @@ def _serve(core, inbox, outbox, parent_pid: int) -> None:
         outputs = core.step() if core.has_unfinished() else []
         stats = stats_wire(core)
         if outputs or stats != sent_stats:  # an idle core still reports aborts' freed blocks
-            outbox.send(pack(OUTPUTS, ([out.to_wire() for out in outputs], stats)))
+            outbox.send(pack(OUTPUTS, ([out.to_wire() for out in outputs], stats,
+                                       time.monotonic())))
             sent_stats = stats
 
 
@@ -152,7 +154,7 @@ def add_requests(core, payload: bytes, send: Callable[[bytes], None]) -> list[st
             core.add_request(req)
         except ValueError as exc:  # checked by the front end first; refused here anyway
             out = EngineCoreOutput(req.request_id, [], finish_reason="error", error=str(exc))
-            send(pack(OUTPUTS, ([out.to_wire()], stats_wire(core))))
+            send(pack(OUTPUTS, ([out.to_wire()], stats_wire(core), time.monotonic())))
             continue
         added.append(req.request_id)
     return added

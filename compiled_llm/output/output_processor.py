@@ -63,7 +63,8 @@ class OutputProcessor:
             if state is None or state.is_finished:  # aborted, or ended here already
                 continue
             if state.token_steps is not None and out.new_token_ids:
-                state.token_steps.append((now, len(out.new_token_ids)))
+                # the core's stamp: outputs of several steps may arrive together
+                state.token_steps.append((out.timestamp or now, len(out.new_token_ids)))
             if out.scheduled_ts is not None:
                 state.scheduled_ts = out.scheduled_ts
             try:
