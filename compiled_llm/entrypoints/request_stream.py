@@ -68,10 +68,15 @@ class RequestStream:
         if arrival_time is not None:  # the latency clocks are monotonic
             self.arrival -= max(0.0, time.time() - arrival_time)
         self.last_time: float | None = None
-        self.num_prompt_tokens = self.num_gen_tokens = 0
+        self.num_prompt_tokens = 0
         # per sequence (completion index): tokens so far and finish reason, for n > 1
         self.seq_tokens: dict[int, int] = {}
         self.seq_reasons: dict[int, str] = {}
+
+    @property
+    def num_gen_tokens(self) -> int:
+        """Tokens generated so far, over every sequence."""
+        return sum(self.seq_tokens.values())
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._iterate()
@@ -125,7 +130,6 @@ class RequestStream:
             if seq.finish_reason:
                 self.seq_reasons[seq.index] = seq.finish_reason
         self.num_prompt_tokens = len(out.prompt_token_ids)
-        self.num_gen_tokens = sum(self.seq_tokens.values())
         if out.finished:
             self.finished = True
             self.owner._streams.pop(self.request_id, None)
