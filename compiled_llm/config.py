@@ -41,7 +41,8 @@ AttentionBackendName = Literal["auto", "torch", "triton"]
 SchedulerPolicy = Literal["fcfs", "priority"]
 PrefixCachingHashAlgo = Literal["xxhash", "sha256"]
 LoadFormat = Literal["auto", "safetensors", "pt"]
-QuantizationMethods = Literal["fp8", "gptq", "awq", "compressed-tensors"]
+QuantizationMethods = Literal["fp8", "gptq", "awq", "compressed-tensors", "gptq_marlin",
+                              "awq_marlin"]
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 
 COMPILE_MODES: tuple[str, ...] = typing.get_args(CompileMode)

@@ -318,9 +318,14 @@ def model_factors(model: nn.Module, dtype: torch.dtype) -> dict:
         "config": vars(model.config),
         "dtype": str(dtype),
         "class": type(model).__qualname__,
+        # the classes of its modules: a block-FP8 checkpoint and quantization="fp8" (or two
+        # formats) can store tensors of the same names and shapes but trace different graphs
+        "modules": sorted({f"{type(m).__module__}.{type(m).__qualname__}"
+                           for m in model.modules()}),
         # compat.py: how T is marked (its size hint steers Inductor's fusion)
         "sources": source_hash(models_dir, passes_dir, pkg / "attention", pkg / "moe",
-                               pkg / "gemm", pkg / "compile", pkg / "compat.py"),
+                               pkg / "gemm", pkg / "quantization", pkg / "compile",
+                               pkg / "compat.py"),
     }
 
 

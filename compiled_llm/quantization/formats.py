@@ -10,57 +10,100 @@ import torch
 from torch import nn
 
 from compiled_llm.quantization import compressed_tensors  # noqa: F401 (registers it)
-from compiled_llm.quantization.packing import pack_int4, unpack_int4
-from compiled_llm.quantization.registry import QuantFormat, TensorSpecs, register_format, require
-from compiled_llm.quantization.w4a16 import W4A16Linear
+from compiled_llm.quantization.packing import act_order_perm, check_groups, unpack_int4
+from compiled_llm.quantization.registry import (
+    QuantFormat,
+    TensorSpecs,
+    refuse_unknown,
+    register_format,
+    require,
+)
+from compiled_llm.quantization.w4a16 import w4a16_linear
 from compiled_llm.quantization.w8a8 import BlockFp8Linear
 
 GROUP_SIZES = (32, 64, 128)
 AWQ_UNPACK_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # value j of a word sits in nibble AWQ_UNPACK_ORDER[j]
+# what GPTQ's publishers (AutoGPTQ, GPTQModel, optimum / transformers' GPTQConfig) write that
+# only steered the quantization run or the loading library, not the stored weights' meaning
+GPTQ_BENIGN = frozenset({
+    "quant_method", "damp_percent", "damp_auto_increment", "static_groups", "true_sequential",
+    "model_name_or_path", "model_file_base_name", "meta", "quantizer", "mse", "is_marlin_format",
+    "act_group_aware", "tokenizer", "dataset", "use_cuda_fp16", "model_seqlen",
+    "block_name_to_quantize", "module_name_preceding_first_block", "batch_size", "pad_token_id",
+    "use_exllama", "disable_exllama", "exllama_config", "max_input_length",
+    "cache_block_outputs", "modules_in_block_to_quantize", "modules_to_not_convert", "backend",
+    "v2", "v2_alpha", "parallel_packing", "offload_to_disk", "offload_to_disk_path"})
+GPTQ_READ = frozenset({"bits", "group_size", "sym", "desc_act", "checkpoint_format", "format",
+                       "lm_head", "pack_dtype", "dynamic", "adapter", "rotation"})
+AWQ_KNOWN = frozenset({
+    "quant_method", "bits", "w_bit", "group_size", "q_group_size", "zero_point", "version",
+    "modules_to_not_convert", "backend", "do_fuse", "fuse_max_seq_len", "modules_to_fuse",
+    "exllama_config"})
 
-
-def act_order_perm(g_idx: torch.Tensor, group_size: int) -> torch.Tensor | None:
-    """The input order that makes GPTQ groups contiguous (None: already in order); ValueError
-    unless every group holds exactly group_size inputs."""
-    perm = torch.argsort(g_idx.long(), stable=True)
-    expected = torch.arange(g_idx.numel(), device=g_idx.device) // group_size
-    if not torch.equal(g_idx.long()[perm], expected):
-        raise ValueError("gptq checkpoint: g_idx does not give every group group_size inputs")
-    return None if torch.equal(perm, torch.arange(perm.numel(), device=perm.device)) else perm
+# block FP8 (DeepSeek-V3, Qwen3-FP8, transformers' FineGrainedFP8Config); `dequantize` is
+# transformers' own loading option
+FP8_KNOWN = frozenset({"quant_method", "fmt", "activation_scheme", "weight_block_size",
+                       "ignored_layers", "modules_to_not_convert", "dequantize"})
 
 
 class Int4Format(QuantFormat):
-    """A 4-bit format of `qweight` tensors with one scale (and zero) per group of inputs."""
+    """A 4-bit format of `qweight` tensors with one scale (and zero) per group of inputs;
+    group_size -1 is one group per output row (per channel)."""
 
     marker = "qweight"
 
     def __init__(self, group_size: int) -> None:
         self.group_size = group_size
 
+    def groups(self, in_features: int) -> tuple[int, int]:
+        """(group size, groups per row) for a linear of in_features inputs."""
+        group = in_features if self.group_size == -1 else self.group_size
+        check_groups(self.name, in_features, group)
+        return group, in_features // group
+
+    def linear(self, values: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+               perm: torch.Tensor | None, bias: torch.Tensor | None,
+               dtype: torch.dtype) -> nn.Module:
+        """W4A16Linear over unpacked values [N, K] and scales / zeros [N, groups]."""
+        group = self.groups(values.shape[1])[0]
+        return w4a16_linear(values, scales, zeros, perm, bias, group, dtype)
+
 
 @register_format
 class GptqFormat(Int4Format):
-    """GPTQ 4-bit, symmetric, desc_act false or true: qweight int32 [K/8, N] (packed along K),
-    qzeros int32 [K/group, N/8] (packed along N, stored as zero - 1), scales [K/group, N], g_idx
-    [K] (the group of each input; act-order permutes them)."""
+    """GPTQ 4-bit, symmetric or not, desc_act false or true: qweight int32 [K/8, N] (packed
+    along K), qzeros int32 [K/group, N/8] (packed along N; checkpoint_format gptq stores
+    zero - 1, gptq_v2 the zero itself), scales [K/group, N], g_idx [K] (the group of each
+    input; act-order permutes them)."""
 
     name = "gptq"
 
+    def __init__(self, group_size: int, zero_offset: int = 1) -> None:
+        super().__init__(group_size)
+        self.zero_offset = zero_offset
+
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> GptqFormat:
-        """bits 4, group_size 32/64/128, sym true, checkpoint_format gptq, lm_head false."""
+        """bits 4, group_size 32/64/128/-1, checkpoint_format gptq / gptq_v2, lm_head false,
+        no per-module `dynamic` overrides, adapters or rotations."""
         fmt = cls(config.get("group_size"))
+        refuse_unknown(fmt, config, GPTQ_BENIGN | GPTQ_READ)
         require(fmt, config, "bits", (4,))
-        require(fmt, config, "group_size", GROUP_SIZES)
-        require(fmt, config, "sym", (True,), True)
+        require(fmt, config, "group_size", (*GROUP_SIZES, -1))
+        require(fmt, config, "sym", (True, False), True)
         require(fmt, config, "desc_act", (False, True), False)
-        require(fmt, config, "checkpoint_format", ("gptq",), "gptq")
+        stored = require(fmt, config, "checkpoint_format", ("gptq", "gptq_v2"),
+                         config.get("format", "gptq"))
         require(fmt, config, "lm_head", (False,), False)
+        require(fmt, config, "pack_dtype", ("int32", "torch.int32"), "int32")
+        for field in ("dynamic", "adapter", "rotation"):
+            require(fmt, {field: config.get(field) or None}, field, (None,))
+        fmt.zero_offset = 1 if stored == "gptq" else 0
         return fmt
 
     def tensor_specs(self, in_features: int, out_features: int) -> TensorSpecs:
         """qweight, qzeros, scales, g_idx as GPTQ stores them."""
-        groups = in_features // self.group_size
+        groups = self.groups(in_features)[1]
         return {"qweight": ((in_features // 8, out_features), torch.int32),
                 "qzeros": ((groups, out_features // 8), torch.int32),
                 "scales": ((groups, out_features), torch.float16),
@@ -69,12 +112,11 @@ class GptqFormat(Int4Format):
     def convert(self, tensors, bias, dtype) -> nn.Module:
         """Repack along K per output row; act-order becomes an input permutation."""
         values = unpack_int4(tensors["qweight"].t().contiguous())  # [N, K]
-        zeros = unpack_int4(tensors["qzeros"]).t() + 1  # GPTQ stores zero - 1
-        perm = act_order_perm(tensors["g_idx"], self.group_size)
+        zeros = unpack_int4(tensors["qzeros"]).t() + self.zero_offset  # v1 stores zero - 1
+        perm = act_order_perm(tensors["g_idx"], self.groups(values.shape[1])[0])
         if perm is not None:
             values = values[:, perm]
-        return W4A16Linear(pack_int4(values), tensors["scales"].t().to(dtype), zeros, perm,
-                           bias, self.group_size)
+        return self.linear(values, tensors["scales"].t(), zeros, perm, bias, dtype)
 
 
 @register_format
@@ -86,10 +128,11 @@ class AwqFormat(Int4Format):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> AwqFormat:
-        """bits 4, group_size 32/64/128, zero_point true, version gemm."""
+        """bits 4, group_size 32/64/128/-1, zero_point true, version gemm."""
         fmt = cls(config.get("group_size", config.get("q_group_size")))
+        refuse_unknown(fmt, config, AWQ_KNOWN)
         require(fmt, {"bits": config.get("bits", config.get("w_bit"))}, "bits", (4,))
-        require(fmt, {"group_size": fmt.group_size}, "group_size", GROUP_SIZES)
+        require(fmt, {"group_size": fmt.group_size}, "group_size", (*GROUP_SIZES, -1))
         require(fmt, config, "zero_point", (True,), True)
         require(fmt, {"version": str(config.get("version", "gemm")).lower()}, "version",
                 ("gemm",))
@@ -97,7 +140,7 @@ class AwqFormat(Int4Format):
 
     def tensor_specs(self, in_features: int, out_features: int) -> TensorSpecs:
         """qweight, qzeros, scales as AWQ stores them."""
-        groups = in_features // self.group_size
+        groups = self.groups(in_features)[1]
         return {"qweight": ((in_features, out_features // 8), torch.int32),
                 "qzeros": ((groups, out_features // 8), torch.int32),
                 "scales": ((groups, out_features), torch.float16)}
@@ -106,8 +149,7 @@ class AwqFormat(Int4Format):
         """Undo the interleave and repack along K per output row."""
         values = unpack_int4(tensors["qweight"], AWQ_UNPACK_ORDER).t()  # [N, K]
         zeros = unpack_int4(tensors["qzeros"], AWQ_UNPACK_ORDER).t()
-        return W4A16Linear(pack_int4(values.contiguous()), tensors["scales"].t().to(dtype),
-                           zeros, None, bias, self.group_size)
+        return self.linear(values, tensors["scales"].t(), zeros, None, bias, dtype)
 
 
 @register_format
@@ -124,6 +166,7 @@ class BlockFp8Format(QuantFormat):
     def from_config(cls, config: dict[str, Any]) -> BlockFp8Format:
         """weight_block_size [128, 128], fmt e4m3, activation_scheme dynamic."""
         fmt = cls()
+        refuse_unknown(fmt, config, FP8_KNOWN)
         block = config.get("weight_block_size")
         require(fmt, {"weight_block_size": None if block is None else tuple(block)},
                 "weight_block_size", (cls.block,))
@@ -133,6 +176,7 @@ class BlockFp8Format(QuantFormat):
 
     def tensor_specs(self, in_features: int, out_features: int) -> TensorSpecs:
         """weight (e4m3) and weight_scale_inv per block."""
+        check_groups(self.name, in_features, self.block[1])  # activations: whole groups
         rows, cols = (-(-out_features // self.block[0]), -(-in_features // self.block[1]))
         return {"weight": ((out_features, in_features), torch.float8_e4m3fn),
                 "weight_scale_inv": ((rows, cols), torch.float32)}

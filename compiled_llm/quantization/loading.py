@@ -40,9 +40,15 @@ class CheckpointLinear(nn.Module):
         return self.fmt.convert(tensors, bias, self.dtype)
 
 
+# vLLM picks a kernel by these names; the format's own kernels run here
+KERNEL_ALIASES = {"gptq_marlin": "gptq", "awq_marlin": "awq"}
+
+
 def detect_format(hf_config: dict[str, Any], quantization: str | None) -> QuantFormat | None:
     """The checkpoint's format (None when it is not quantized); ValueError for an unknown
-    quant_method or an explicit `quantization` that the checkpoint contradicts."""
+    quant_method or an explicit `quantization` that the checkpoint contradicts. vLLM's
+    names of a format's Marlin kernels (gptq_marlin, awq_marlin) name the format here."""
+    quantization = KERNEL_ALIASES.get(quantization, quantization)
     config = hf_config.get("quantization_config")
     if config is None:
         if quantization not in (None, "fp8"):  # fp8 alone also quantizes at load
@@ -90,6 +96,16 @@ def _prepare_experts(model: nn.Module, fmt: QuantFormat, stored: set[str]) -> li
     return prepare_fp8_experts(model, stored)
 
 
+def _refuse_quantized_head(fmt: QuantFormat, stored: set[str], targets: list[str]) -> None:
+    """ValueError for a quantized LM head (compressed-tensors without lm_head in `ignore`):
+    the head here is the model's own module, not a plain linear the format could replace, and
+    the loader would otherwise fail on a tensor name only."""
+    if f"lm_head.{fmt.marker}" in stored and "lm_head" not in targets:
+        raise ValueError(f"{fmt.name} checkpoint: a quantized lm_head is not supported (the "
+                         f"checkpoint stores lm_head.{fmt.marker}; publish it with lm_head "
+                         "left unquantized, e.g. in quantization_config.ignore)")
+
+
 def prepare_quantized(model: nn.Module, fmt: QuantFormat,
                       files: list[Path]) -> Callable[[], nn.Module]:
     """Swap the checkpoint's quantized linears for CheckpointLinears; returns the step that
@@ -101,8 +117,13 @@ become Fp8FusedMoE (their parameters as stored, stacked: nothing to convert)."""
                if type(module) is nn.Linear and f"{name}.{fmt.marker}" in stored]
     if not targets and not experts:
         raise ValueError(f"{fmt.name} checkpoint: no linear has a {fmt.marker!r} tensor")
+    _refuse_quantized_head(fmt, stored, targets)
     for name in targets:
-        _swap(model, name, CheckpointLinear(model.get_submodule(name), fmt))
+        try:
+            checkpoint_linear = CheckpointLinear(model.get_submodule(name), fmt)
+        except ValueError as error:  # say which linear the format cannot hold
+            raise ValueError(f"{name}: {error}") from None
+        _swap(model, name, checkpoint_linear)
 
     def finalize() -> nn.Module:
         for name in targets:

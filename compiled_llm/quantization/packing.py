@@ -37,3 +37,33 @@ def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
     values = unpack_int4(qweight)
     expand = lambda t: t.repeat_interleave(group_size, dim=1)  # noqa: E731
     return (values.to(scales.dtype) - expand(zeros).to(scales.dtype)) * expand(scales)
+
+
+def kernel_groups(scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+                  in_features: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(scales, zeros, group_size) with one group per row (per-channel, `group_size: -1`)
+    spread over groups of 128 where K allows: the same weight, in the group size that the
+    kernels (tinygemm's included) are tuned for."""
+    if group_size != in_features or in_features % 128 or in_features == 128:
+        return scales, zeros, group_size
+    repeat = in_features // 128
+    return (scales.repeat_interleave(repeat, dim=1), zeros.repeat_interleave(repeat, dim=1),
+            128)
+
+
+def check_groups(fmt_name: str, in_features: int, group_size: int) -> None:
+    """ValueError unless whole groups of `group_size` inputs cover in_features (vLLM refuses
+    such layers too: the last group would be partial)."""
+    if in_features % group_size:
+        raise ValueError(f"{fmt_name} checkpoint: in_features={in_features} is not a multiple "
+                         f"of quantization_config group_size={group_size}")
+
+
+def act_order_perm(g_idx: torch.Tensor, group_size: int) -> torch.Tensor | None:
+    """The input order that makes GPTQ groups contiguous (None: already in order); ValueError
+    unless every group holds exactly group_size inputs."""
+    perm = torch.argsort(g_idx.long(), stable=True)
+    expected = torch.arange(g_idx.numel(), device=g_idx.device) // group_size
+    if not torch.equal(g_idx.long()[perm], expected):
+        raise ValueError("gptq checkpoint: g_idx does not give every group group_size inputs")
+    return None if torch.equal(perm, torch.arange(perm.numel(), device=perm.device)) else perm

@@ -1,8 +1,8 @@
-"""Checkpoint quantization formats: QUANT_FORMATS maps config.json's quantization_config
-`quant_method` to a format class whose `from_config` validates it (ValueError naming the format
-and the field for anything not implemented). A format names each quantized linear's stored
-tensors (`tensor_specs`) and turns them into the module that runs them (`convert`).
-"""
+"""Checkpoint quantization formats: QUANT_FORMATS maps quantization_config's `quant_method` to a
+format class whose `from_config` validates it: ValueError naming the format and the field for
+anything not implemented, and for any field it does not know (one that changes the weights'
+meaning must never be ignored). A format names each quantized linear's stored tensors
+(`tensor_specs`) and turns them into the module that runs them (`convert`)."""
 
 from __future__ import annotations
 
@@ -56,3 +56,16 @@ def require(fmt: QuantFormat, config: dict[str, Any], field: str, allowed: tuple
     if value not in allowed:
         fmt.refuse(field, value, ", ".join(map(repr, allowed)))
     return value
+
+
+def refuse_unknown(fmt: QuantFormat, config: dict[str, Any], known: frozenset[str],
+                   prefix: str = "") -> None:
+    """ValueError naming the format and the first field of `config` not in `known` (the
+    fields this loader reads, and those the publishing libraries write that do not change
+    the stored weights' meaning, such as calibration settings). A field left unset (None,
+    False or empty) asks for nothing and passes: a newer library's defaults are not refused."""
+    for field in sorted(config):
+        if field not in known and config[field] not in (None, False, "", [], {}):
+            raise ValueError(f"{fmt.name} checkpoint: quantization_config.{prefix}{field}="
+                             f"{config[field]!r} is not understood by this loader (known "
+                             f"fields: {', '.join(sorted(known))})")

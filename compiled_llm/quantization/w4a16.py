@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compiled_llm.quantization.packing import dequantize_int4
+from compiled_llm.quantization.packing import dequantize_int4, kernel_groups, pack_int4
 from compiled_llm.quantization.row_fused import RowFusedLinear
 from compiled_llm.quantization.tinygemm import (
     N_TILE,
@@ -131,6 +131,17 @@ class W4A16Linear(RowFusedLinear):
                          self.tensor("zeros"), self.tensor("perm"), self.bias_rows(),
                          self.group_size, *self._tinygemm_rows())
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def w4a16_linear(values: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 perm: torch.Tensor | None, bias: torch.Tensor | None, group_size: int,
+                 dtype: torch.dtype) -> W4A16Linear:
+    """The W4A16Linear of unpacked values [N, K] (0..15, in `perm` order), scales and zeros
+    [N, K / group_size]; scales in `dtype`; one group per row (per channel) runs as groups of
+    128 where K allows (packing.kernel_groups)."""
+    scales, zeros, group_size = kernel_groups(scales.to(dtype), zeros, group_size,
+                                              values.shape[1])
+    return W4A16Linear(pack_int4(values.contiguous()), scales, zeros, perm, bias, group_size)
 
 
 def prepare_tinygemm(model: nn.Module) -> int:

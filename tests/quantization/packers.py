@@ -32,25 +32,35 @@ def _pack(values: torch.Tensor, dim: int, order=tuple(range(8))) -> torch.Tensor
     return packed.movedim(-1, dim).contiguous()
 
 
-def _groups(weight: torch.Tensor, g_idx: torch.Tensor):
+def _groups(weight: torch.Tensor, g_idx: torch.Tensor, group: int = GROUP):
     """weight [N, K] regrouped [N, K/G, G] by g_idx (act order), and the inverse."""
     order = torch.argsort(g_idx, stable=True)
-    grouped = weight[:, order].reshape(weight.shape[0], -1, GROUP)
+    grouped = weight[:, order].reshape(weight.shape[0], -1, group)
     return grouped, torch.argsort(order)
 
 
-def gptq(weight: torch.Tensor, desc_act: bool) -> tuple[dict, torch.Tensor]:
-    """GPTQ v1 tensors (symmetric, zero 8 stored as 7) and the dequantized weight."""
+def gptq(weight: torch.Tensor, desc_act: bool, sym: bool = True, v2: bool = False,
+         group: int = GROUP) -> tuple[dict, torch.Tensor]:
+    """GPTQ tensors and the dequantized weight: symmetric (zero 8) or min/max asymmetric,
+    qzeros stored as zero - 1 (checkpoint_format gptq) or as the zero (gptq_v2); group -1 is
+    one group per row."""
     n, k = weight.shape
+    group = k if group == -1 else group
     perm = torch.randperm(k) if desc_act else torch.arange(k)
     g_idx = torch.empty(k, dtype=torch.int32)
-    g_idx[perm] = (torch.arange(k) // GROUP).to(torch.int32)
-    grouped, inverse = _groups(weight, g_idx)
-    scale = (2 * grouped.abs().amax(-1) / 15).clamp(min=1e-8).half().float()  # [N, K/G]
-    q = (torch.round(grouped / scale[..., None]) + 8).clamp(0, 15)
-    deq = ((q - 8) * scale[..., None]).reshape(n, k)[:, inverse]
+    g_idx[perm] = (torch.arange(k) // group).to(torch.int32)
+    grouped, inverse = _groups(weight, g_idx, group)
+    if sym:
+        scale = (2 * grouped.abs().amax(-1) / 15).clamp(min=1e-8).half().float()  # [N, K/G]
+        zero = torch.full_like(scale, 8)
+    else:  # v1 cannot store a zero of 0 (it would read back as 16): keep zeros >= 1
+        low, high = grouped.amin(-1).clamp(max=0), grouped.amax(-1).clamp(min=0)
+        scale = ((high - low) / 14).clamp(min=1e-8).half().float()
+        zero = (torch.round(-low / scale) + 1).clamp(1, 15)
+    q = (torch.round(grouped / scale[..., None]) + zero[..., None]).clamp(0, 15)
+    deq = ((q - zero[..., None]) * scale[..., None]).reshape(n, k)[:, inverse]
     q = q.reshape(n, k)[:, inverse]  # back to input order
-    zeros = torch.full((k // GROUP, n), 7)
+    zeros = zero.t() - (0 if v2 else 1)
     return {"qweight": _pack(q.t(), 0), "qzeros": _pack(zeros, 1),
             "scales": scale.t().half().contiguous(), "g_idx": g_idx}, deq
 
@@ -84,16 +94,24 @@ def block_fp8(weight: torch.Tensor) -> tuple[dict, torch.Tensor]:
 
 BLOCK_FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                     "weight_block_size": [128, 128]}
+_GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False,
+         "sym": True, "checkpoint_format": "gptq"}
 CONFIGS = {
     "gptq": {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False,
              "sym": True, "checkpoint_format": "gptq"},
     "gptq_act_order": {"quant_method": "gptq", "bits": 4, "group_size": GROUP,
                        "desc_act": True, "sym": True},
+    "gptq_asym_v2": {**_GPTQ, "sym": False, "desc_act": True, "checkpoint_format": "gptq_v2"},
+    "gptq_asym": {**_GPTQ, "sym": False},
+    "gptq_channel": {**_GPTQ, "group_size": -1},
     "awq": {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True,
             "version": "gemm"},
     "fp8_block": BLOCK_FP8_CONFIG,
 }
 PACKERS = {"gptq": lambda w: gptq(w, False), "gptq_act_order": lambda w: gptq(w, True),
+           "gptq_asym_v2": lambda w: gptq(w, True, sym=False, v2=True),
+           "gptq_asym": lambda w: gptq(w, False, sym=False),
+           "gptq_channel": lambda w: gptq(w, False, group=-1),
            "awq": awq, "fp8_block": block_fp8}
 
 
@@ -143,8 +161,9 @@ def packed_pair(kind: str) -> tuple[Path, Path]:
 
 
 def compressed_tensors_pair(preset: str) -> tuple[Path, Path]:
-    """A compressed-tensors checkpoint of `preset` (W4A16, FP8_DYNAMIC, FP8, W8A8) made by the
-    library (weights calibrated min/max, static input scales set), and its dequantized twin."""
+    """A compressed-tensors checkpoint of `preset` (W4A16, W4A16_ASYM, W4A16_CHANNEL: per
+    channel, FP8_DYNAMIC, FP8, FP8_BLOCK, W8A8) made by the library (weights calibrated
+    min/max, static input scales set), and its dequantized twin."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
         QuantizationConfig,
@@ -155,7 +174,12 @@ def compressed_tensors_pair(preset: str) -> tuple[Path, Path]:
 
     model, tok = base_model()
     reference = {}
-    scheme = preset_name_to_scheme(preset, ["Linear"])
+    if preset == "act_order":  # hand-made: the library no longer writes it
+        return ct_act_order_pair()
+    channel = preset == "W4A16_CHANNEL"
+    scheme = preset_name_to_scheme("W4A16" if channel else preset, ["Linear"])
+    if channel:
+        scheme.weights.strategy, scheme.weights.group_size = "channel", None
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme},
                                                         ignore=["lm_head"]))
     for name, mod in _linears(model):
@@ -163,7 +187,8 @@ def compressed_tensors_pair(preset: str) -> tuple[Path, Path]:
         zero = getattr(mod, "weight_zero_point", None)
         reference[name] = fake_quantize(mod.weight.detach(), mod.weight_scale, zero,
                                         mod.quantization_scheme.weights)
-    fmt = {"W4A16": "pack-quantized", "W8A8": "int-quantized"}.get(preset, "float-quantized")
+    fmt = ("pack-quantized" if preset.startswith("W4A16") else
+           "int-quantized" if preset == "W8A8" else "float-quantized")
     compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
     compressor.compress_model(model)
     quantized = _save(model, tok)
@@ -182,6 +207,12 @@ def _calibrate(mod) -> None:
     if args.strategy == "group":
         grouped = weight.reshape(weight.shape[0], -1, args.group_size)
         low, high = grouped.amin(-1), grouped.amax(-1)
+    elif args.strategy == "block":  # zero padding leaves a block's largest |w| as it is
+        rows, cols = (-(-size // 128) * 128 for size in weight.shape)
+        padded = torch.nn.functional.pad(weight, (0, cols - weight.shape[1],
+                                                  0, rows - weight.shape[0]))
+        blocks = padded.reshape(rows // 128, 128, cols // 128, 128)
+        low, high = blocks.amin((1, 3)), blocks.amax((1, 3))
     elif args.strategy == "channel":
         low, high = weight.amin(-1, keepdim=True), weight.amax(-1, keepdim=True)
     else:
@@ -193,6 +224,32 @@ def _calibrate(mod) -> None:
             mod.weight_zero_point.shape)
     if hasattr(mod, "input_scale"):
         mod.input_scale.data.fill_(0.01)  # activations here are O(1): 448 * 0.01 covers them
+
+
+def ct_act_order_pair() -> tuple[Path, Path]:
+    """compressed-tensors W4A16 with activation order `group`, as its library wrote it before
+    removing it (weight_g_idx [K] beside weight_packed [N, K/8] in input order, weight_scale
+    [N, groups]): the GPTQ act-order packer's values, repacked along K."""
+    from compiled_llm.quantization.packing import pack_int4, unpack_int4
+
+    model, tok = base_model()
+    tensors = dict(model.state_dict())
+    for name, linear in _linears(model):
+        stored, deq = gptq(linear.weight.detach().float(), True)
+        values = unpack_int4(stored["qweight"].t().contiguous())  # [N, K], offset by 8
+        del tensors[f"{name}.weight"]
+        tensors.update({f"{name}.weight_packed": pack_int4(values),
+                        f"{name}.weight_scale": stored["scales"].t().float().contiguous(),
+                        f"{name}.weight_shape": torch.tensor(linear.weight.shape),
+                        f"{name}.weight_g_idx": stored["g_idx"]})
+        linear.weight.data.copy_(deq)
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+               "group_size": GROUP, "dynamic": False, "actorder": "group"}
+    qconfig = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+               "ignore": ["lm_head"], "quantization_status": "compressed",
+               "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                             "input_activations": None}}}
+    return _save(model, tok, tensors, qconfig), _save(model, tok)
 
 
 QWEN3_MOE = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=128,

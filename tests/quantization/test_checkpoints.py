@@ -13,6 +13,11 @@ from tests.utils import hf_greedy, random_prompts
 
 WEIGHT_ONLY = ("gptq", "gptq_act_order", "awq", "ct_W4A16")
 W8A8 = ("fp8_block", "ct_FP8_DYNAMIC", "ct_FP8", "ct_W8A8")
+# asymmetric and per-channel int4, GPTQ's v2 zeros, compressed-tensors' activation order and
+# 128x128 FP8 blocks: refused before, read as their publishers write them now
+MORE_WEIGHT_ONLY = ("gptq_asym", "gptq_asym_v2", "gptq_channel", "ct_W4A16_ASYM",
+                    "ct_W4A16_CHANNEL", "ct_act_order")
+MORE_W8A8 = ("ct_FP8_BLOCK",)
 NEW_TOKENS = 8
 W8A8_ATOL = 0.05  # activation quantization error in logprobs of O(1) values
 
@@ -33,15 +38,16 @@ def _prompt_logprobs(llm, ref_dir, prompts):
     return torch.cat(got), torch.cat(expected)
 
 
-@pytest.mark.parametrize("kind", WEIGHT_ONLY + W8A8)
+@pytest.mark.parametrize("kind", WEIGHT_ONLY + W8A8 + MORE_WEIGHT_ONLY + MORE_W8A8)
 def test_matches_dequantized_transformers(kind):
     quantized, reference = packed_pair(kind)
     llm = LLM(str(quantized), enforce_eager=True, dtype="float32")
     prompts = random_prompts(3, llm.engine.model_config.vocab_size, seed=3)
     got, expected = _prompt_logprobs(llm, reference, prompts)
-    atol = 1e-4 if kind in WEIGHT_ONLY else W8A8_ATOL
+    weight_only = kind in WEIGHT_ONLY + MORE_WEIGHT_ONLY
+    atol = 1e-4 if weight_only else W8A8_ATOL
     torch.testing.assert_close(got, expected, atol=atol, rtol=1e-4)
-    if kind in WEIGHT_ONLY:
+    if weight_only:
         params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == hf_greedy(reference, prompts,
