@@ -75,3 +75,45 @@ def test_lora_with_speculative_config_is_refused():
     with pytest.raises(ValueError, match="speculative_config"):
         EngineArgs(enable_lora=True, speculative_config={"method": "ngram",
                                                          "num_speculative_tokens": 2})
+
+
+@pytest.mark.parametrize("spec, method, model", [
+    # vLLM's EAGLE example: draft_tensor_parallel_size 1 and the head's name
+    ({"method": "eagle", "model": "/m/EAGLE-LLaMA3-Instruct-8B", "num_speculative_tokens": 2,
+      "draft_tensor_parallel_size": 1}, "eagle", "/m/EAGLE-LLaMA3-Instruct-8B"),
+    ({"model": "/m/EAGLE-LLaMA3-Instruct-8B", "num_speculative_tokens": 2}, "eagle",
+     "/m/EAGLE-LLaMA3-Instruct-8B"),
+    ({"model": "/m/EAGLE3-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 2}, "eagle3",
+     "/m/EAGLE3-LLaMA3.1-Instruct-8B"),
+    ({"model": "ngram", "num_speculative_tokens": 2}, "ngram", None),
+    ({"model": "[ngram]", "num_speculative_tokens": 2}, "ngram", None),
+    ({"method": "[ngram]", "num_speculative_tokens": 2}, "ngram", None),
+    ({"method": "ngram", "model": "ngram", "num_speculative_tokens": 2}, "ngram", None),
+    ({"method": "ngram", "num_speculative_tokens": 2, "enforce_eager": True,
+      "disable_padded_drafter_batch": False, "quantization": None, "revision": None,
+      "max_model_len": None, "draft_tensor_parallel_size": None}, "ngram", None),
+])
+def test_vllm_spellings_are_taken(spec, method, model):
+    cfg = speculative_config_of(EngineArgs(speculative_config=spec).speculative_config)
+    assert (cfg.method, cfg.model) == (method, model)
+
+
+def test_medusa_heads_are_recognised_by_their_config(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "medusa", "num_heads": 3}')
+    cfg = SpeculativeConfig.from_dict({"model": str(tmp_path), "num_speculative_tokens": 2})
+    assert cfg.method == "medusa"
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2},
+     "draft_tensor_parallel_size"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": True},
+     "draft_tensor_parallel_size"),
+    ({"model": "/d", "num_speculative_tokens": 2, "max_model_len": 64}, "max_model_len"),
+    ({"model": "/d", "num_speculative_tokens": 2, "quantization": "fp8"}, "quantization"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "enforce_eager": "yes"}, "enforce_eager"),
+    ({"method": "dflash", "model": "/d", "num_speculative_tokens": 2}, "method"),
+])
+def test_vllm_fields_that_would_change_something_are_refused_by_name(spec, field):
+    with pytest.raises(ValueError, match=f"speculative_config.{field}"):
+        EngineArgs(speculative_config=spec)

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from compiled_llm.config import SchedulerConfig
 from compiled_llm.core.async_scheduler import AsyncScheduler
 from compiled_llm.core.kv_cache_manager import KVCacheManager
-from compiled_llm.core.request import Request
+from compiled_llm.core.request import Request, RequestStatus
 from compiled_llm.core.scheduler import SchedulerOutput
+from compiled_llm.sampling_params import SamplingType
 
 
 @dataclass
@@ -87,12 +88,30 @@ class SpecScheduler(AsyncScheduler):
         self.speculating = True  # whether the next step may verify drafts (the core sets it)
         self.spec_stats = SpecDecodingStats(num_spec_tokens)
         self._step_verify = (0, 0)  # the last resolved step's (verify requests, accepted)
+        # live requests that sample from their own seed: while any is, n-gram speculation
+        # does not pause, since whether a step verifies a request's drafts must not depend on
+        # the other requests, or its seed would draw another sequence in another batch (vLLM's
+        # seeded outputs do not depend on the batch)
+        self._seeded: set[str] = set()
+
+    def add_request(self, req: Request) -> None:
+        """Queue a request (noting a seeded sampling one: it holds fruitless pauses off)."""
+        super().add_request(req)
+        if req.sampling_params.sampling_type is SamplingType.RANDOM_SEED:
+            self._seeded.add(req.request_id)
+
+    def finish(self, req: Request, status: RequestStatus, reason: int | str | None = None,
+               error: str | None = None) -> None:
+        """Finish as usual, forgetting the request's seed."""
+        super().finish(req, status, reason, error)
+        self._seeded.discard(req.request_id)
 
     def plan_speculation(self) -> bool:
         """Whether the next step speculates: not in a fruitless pause (which this call counts
-        down), and its batch (running requests plus the waiting ones that could join, up to
-        max_num_seqs) below disable_by_batch_size."""
-        if self.pause is not None and self.pause.take():
+        down; none while a seeded sampling request is live, as its drafts must not depend on
+        the batch), and its batch (running requests plus the waiting ones that could join, up
+        to max_num_seqs) below disable_by_batch_size."""
+        if self.pause is not None and not self._seeded and self.pause.take():
             return False
         limit = self.disable_by_batch_size
         if limit is None:

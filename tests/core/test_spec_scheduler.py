@@ -212,3 +212,19 @@ def test_fruitless_steps_pause_speculation_with_backoff():
     assert plans(2) == [True, True]
     sched.finish(r, RequestStatus.FINISHED_ABORTED)
     assert kv.num_used_blocks == 0
+
+
+def test_no_fruitless_pause_while_a_seeded_request_is_live():
+    # a seeded request's tokens must not depend on its batch: a pause (decided by the whole
+    # batch) would change which of its steps verify drafts, and so its random draws
+    kv = KVCacheManager(64, BLOCK)
+    sched = SpecScheduler(SchedulerConfig(), kv, 3, pause_when_fruitless=True)
+    plain, seeded = req("plain", max_tokens=64), req("seeded", temperature=1.0, seed=5)
+    sched.add_request(plain)
+    sched.add_request(seeded)
+    step(sched, lambda r, n: 100)  # no drafts found: fruitless
+    assert sched.plan_speculation() and sched.plan_speculation()
+    sched.finish(seeded, RequestStatus.FINISHED_ABORTED)
+    assert not sched.plan_speculation()  # the pause holds again once the seed is gone
+    sched.finish(plain, RequestStatus.FINISHED_ABORTED)
+    assert kv.num_used_blocks == 0

@@ -168,6 +168,17 @@ def test_seeded_sampling_repeats(draft, prompts):
     assert _tokens(draft.generate(prompts[:3], params, use_tqdm=False)) == first
 
 
+def test_seeded_output_does_not_depend_on_the_batch(ngram, prompts):
+    # with n-gram lookups, fruitless steps pause speculation for the whole batch; a seeded
+    # request must still draw the same tokens alone as beside unseeded requests (as in vLLM)
+    seeded = SamplingParams(temperature=1.0, max_tokens=16, seed=11, ignore_eos=True)
+    plain = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    alone = _tokens(ngram.generate(prompts[0], seeded, use_tqdm=False))[0]
+    batch = ngram.generate(prompts[:5], [seeded] + [plain] * 4, use_tqdm=False)
+    assert _tokens(batch)[0] == alone
+    assert ngram.engine.num_used_blocks == 0
+
+
 def test_metrics_names_and_values(ngram):
     metrics = {m.name: m for m in ngram.get_metrics()}
     stats = ngram.engine.scheduler.spec_stats
