@@ -137,14 +137,18 @@ class LLMEngine:
         self.parents[request_id] = [self.outputs.start(child) for child in children]
         self.core.add_requests(children)
 
-    def abort_request(self, request_id: str) -> None:
-        """Abort a request and its children; unknown or finished ids are ignored."""
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Abort a request and its children. Returns its final output, finish_reason "abort"
+        on each child still running (what vLLM's AsyncLLM yields last); None, and nothing
+        done, for an unknown or finished id."""
         children = self.parents.pop(request_id, [])
+        if not children:
+            return None
         for child in children:
-            self.outputs.drop(child.request_id)
             self._num_cached.pop(child.request_id, None)
-        if children:
-            self.core.abort_requests([child.request_id for child in children])
+        self.core.abort_requests([child.request_id for child in children])
+        self.outputs.finish_aborted(children)
+        return request_output(request_id, children)
 
     def has_unfinished_requests(self) -> bool:
         """Whether any request is unfinished or a launched step is not yet read."""

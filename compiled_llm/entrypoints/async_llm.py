@@ -235,7 +235,7 @@ class AsyncLLM:
         for rid in [request_id] if isinstance(request_id, str) else list(request_id):
             stream = self._streams.get(rid)
             if stream is not None:
-                stream.abort()
+                stream.abort(final_output=True)
 
     def shutdown(self) -> None:
         """Stop the loop thread, fail open streams and queued calls with "engine is shut

@@ -4,6 +4,7 @@ and the hooks that time requests (RequestObserver: the server's metrics implemen
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -83,15 +84,17 @@ class RequestStream:
 
     async def _iterate(self) -> AsyncIterator[RequestOutput]:
         try:
-            while not self.finished:
+            while True:
                 # no local holds the item: an error's traceback holds this frame, and a local
                 # holding that error would be a cycle that only the collector frees
                 out = self._take(await self.queue.get())
-                if out is None:  # aborted by id while this consumer waited: it ends
+                if out is None:  # aborted with no final output to give: it ends
                     return
-                while not self.finished and not self.queue.empty():
+                while not out.finished and not self.queue.empty():
                     out = merge_deltas(out, self._take(self.queue.get_nowait()))
                 yield out
+                if out.finished:  # the last output, an abort's included (vLLM's)
+                    return
         finally:
             self.abort()
 
@@ -101,6 +104,8 @@ class RequestStream:
         if item is _ABORTED:
             return None
         stamp, out = item
+        if self.finished and not isinstance(out, BaseException):
+            return out  # after an abort by id: abort() counted the request already
         if isinstance(out, BaseException):
             self.finished = True
             self.owner._streams.pop(self.request_id, None)
@@ -178,18 +183,29 @@ class RequestStream:
                 summary.prefill_s, summary.inference_s = first - admitted, last - admitted
         self.owner.observer.on_request_end(summary)
 
-    def abort(self) -> None:
-        """Abort the request if it is still running (idempotent, any thread); a consumer
-        waiting on it stops iterating."""
+    def abort(self, final_output: bool = False) -> None:
+        """Abort the request if it is still running (idempotent, any thread). A consumer
+        gets what was queued before, then, with final_output (an abort by id), the
+        request's last output with finish_reason "abort", as vLLM's AsyncLLM gives it."""
         if not self.finished:
             self.finished = True
-            if not self.loop.is_closed():
-                self.loop.call_soon_threadsafe(self.queue.put_nowait, _ABORTED)
             self.owner._streams.pop(self.request_id, None)
-            self.owner._submit(self.owner.engine.abort_request, self.request_id)
+            done = self.owner._submit(self.owner.engine.abort_request, self.request_id)
+            if final_output:
+                done.add_done_callback(self._queue_final)
+            elif not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(self.queue.put_nowait, _ABORTED)
             self.owner.observer.on_finish("abort", self.num_prompt_tokens, self.num_gen_tokens,
                                           time.monotonic() - self.arrival)
             self._summarize()
+
+    def _queue_final(self, done: concurrent.futures.Future) -> None:
+        """Queue the aborted request's last output (the engine thread's answer), else the
+        plain end: the consumer never waits for an output that will not come."""
+        out = None if done.cancelled() or done.exception() else done.result()
+        item = _ABORTED if out is None else (time.monotonic(), out)
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
     def __del__(self) -> None:  # a stream dropped unread must not hold KV blocks
         if not self.finished:

@@ -52,6 +52,16 @@ class OutputProcessor:
         """Forget a child's state (aborted or reported finished)."""
         self.states.pop(request_id, None)
 
+    def finish_aborted(self, states: list[RequestState]) -> None:
+        """Finish each state still running as "abort", its text made, and drop them all."""
+        self._to_decode = []
+        for state in states:
+            self.drop(state.request_id)
+            if state.finish("abort"):
+                self._finish_text(state)
+        if self._to_decode:
+            self._decode_final(self._to_decode)
+
     def process(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestState],
                                                                 list[Finish]]:
         """Fold one step's outputs in: the states that changed, and the finishes the core must

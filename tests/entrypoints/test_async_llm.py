@@ -134,6 +134,49 @@ def test_abort_by_id_ends_a_waiting_consumer(engine):
     assert all(1 <= count < 400 for count in counts) and used == 0
 
 
+@pytest.mark.parametrize("kind", list(Kind))
+def test_abort_by_id_yields_a_final_abort_output(engine, kind):
+    """As vLLM's AsyncLLM: after abort(id) the consumer gets one last output, finished, with
+    finish_reason "abort" on every sequence; its text is what the tokens so far decode to."""
+    rid, started = f"fin-{kind.name}", asyncio.Event()
+
+    async def consume() -> list:
+        outs = []
+        params = _params(kind, max_tokens=400, n=2, temperature=0.8, seed=1)
+        async for out in engine.generate("The quick", params, rid):
+            outs.append(out)
+            started.set()
+        return outs
+
+    async def main():
+        task = asyncio.ensure_future(consume())
+        if kind is Kind.FINAL_ONLY:  # nothing comes before the end: wait for some tokens
+            states = engine.engine.outputs.states
+            def two_have_tokens() -> bool:
+                return sum(bool(s.output_token_ids) for s in states.values()
+                           if s.parent_id == rid) == 2
+
+            while not await engine.call(two_have_tokens):
+                await asyncio.sleep(0.01)
+        else:
+            await started.wait()
+        await engine.abort(rid)
+        outs = await asyncio.wait_for(task, timeout=30)
+        return outs, await engine.call(lambda: engine.engine.num_used_blocks)
+
+    outs, used = asyncio.run(main())
+    last = outs[-1]
+    assert last.finished and used == 0
+    assert sorted(seq.index for seq in last.outputs) == [0, 1]
+    assert all(seq.finish_reason == "abort" for seq in last.outputs)
+    if kind is not Kind.DELTA:  # the whole output so far, text made for FINAL_ONLY too
+        tokenizer = engine.tokenizer
+        for seq in last.outputs:
+            text = tokenizer.decode(seq.token_ids, skip_special_tokens=True)
+            # a character whose bytes are not all out yet is held back, as vLLM holds it
+            assert seq.token_ids and seq.text == text.rstrip("\ufffd")
+
+
 def test_row7_text_prompts_are_tokenized_off_the_engine_thread(engine):
     threads = []
     real = engine.tokenizer.encode
