@@ -11,6 +11,9 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 RunnerOption = Literal["auto", "generate", "pooling"]
+ConvertOption = Literal["auto", "none", "embed", "classify"]
+# vLLM's older `task` (model cards still show LLM(..., task="embed")): a runner by another name
+TaskOption = Literal["auto", "generate", "embed", "embedding", "classify", "score", "encode"]
 PoolingType = Literal["MEAN", "CLS", "LAST"]
 POOLING_TYPES: tuple[str, ...] = typing.get_args(PoolingType)
 
@@ -54,6 +57,13 @@ class RunnerArgs:
     runner: RunnerOption = "auto"
     """generate: a language model; pooling: embeddings, classification and scores; auto:
     pooling for encoder-only and classifier architectures, else generate."""
+    convert: ConvertOption = "auto"
+    """vLLM's model conversion: embed pools a generative checkpoint (runner pooling, last
+    token, normalised); classify runs a *ForSequenceClassification checkpoint's head (runner
+    pooling); auto and none convert nothing."""
+    task: TaskOption | None = None
+    """vLLM's older spelling of runner: generate, or embed, classify, score or encode (runner
+    pooling); None and auto leave runner as it is."""
     pooler_config: dict | None = None
     """Pooling overrides for runner pooling, e.g. {"pooling_type": "MEAN", "normalize": true}
     (pooling_type MEAN, CLS or LAST; default: the model directory's sentence-transformers

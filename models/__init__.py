@@ -78,6 +78,10 @@ ModelRegistry = _ModelRegistry({
         "compiled_llm.models.llama_cls:LlamaForSequenceClassification",
     "Qwen2ForSequenceClassification":
         "compiled_llm.models.llama_cls:Qwen2ForSequenceClassification",
+    "Qwen3ForSequenceClassification":
+        "compiled_llm.models.llama_cls:Qwen3ForSequenceClassification",
+    "MistralForSequenceClassification":
+        "compiled_llm.models.llama_cls:MistralForSequenceClassification",
 })
 
 __all__ = ["DecoderConfig", "ModelRegistry"]

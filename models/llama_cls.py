@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from compiled_llm.models.config import DecoderConfig
-from compiled_llm.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
+from compiled_llm.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+from compiled_llm.models.qwen3 import Qwen3ForCausalLM
 
 
 @dataclass
@@ -60,3 +61,20 @@ class Qwen2ForSequenceClassification(LlamaForSequenceClassification):
 
     hf_defaults = Qwen2ForCausalLM.hf_defaults
     hf_unread = Qwen2ForCausalLM.hf_unread
+
+
+class MistralForSequenceClassification(LlamaForSequenceClassification):
+    """Mistral's classifier: the decoder's defaults as MistralForCausalLM reads them (vLLM
+    serves every *ForSequenceClassification whose *ForCausalLM it has)."""
+
+    hf_defaults = MistralForCausalLM.hf_defaults
+    hf_unread = MistralForCausalLM.hf_unread
+
+
+class Qwen3ForSequenceClassification(LlamaForSequenceClassification):
+    """Qwen3's classifier (e.g. rerankers fine-tuned with a score head): Qwen3's decoder, with
+    q/k norms, under Qwen3ForCausalLM's config defaults."""
+
+    model_cls = Qwen3ForCausalLM.model_cls
+    hf_defaults = Qwen3ForCausalLM.hf_defaults
+    hf_unread = Qwen3ForCausalLM.hf_unread

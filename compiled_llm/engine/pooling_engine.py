@@ -47,7 +47,10 @@ def resolve_runner(args: EngineArgs, model_dir: str) -> str:
     archs = load_hf_config(model_dir).get("architectures") or []
     model_cls = ModelRegistry.resolve_model_cls(archs)
     pooling_only = getattr(model_cls, "is_pooling_model", False)
-    runner = args.runner
+    runner = requested_runner(args)
+    if args.convert == "classify" and not hasattr(model_cls, "classify"):
+        raise ValueError(f"convert: {archs[0]} has no classification head to run; classify "
+                         "needs a *ForSequenceClassification checkpoint")
     if runner == "auto":
         runner = "pooling" if pooling_only else "generate"
     if runner == "generate" and pooling_only:
@@ -56,6 +59,26 @@ def resolve_runner(args: EngineArgs, model_dir: str) -> str:
     if runner == "generate" and args.pooler_config is not None:
         raise ValueError("pooler_config applies to runner='pooling' only")
     return runner
+
+
+def requested_runner(args: EngineArgs) -> str:
+    """args.runner, or where it is auto the runner vLLM's task or convert names (its older
+    LLM(..., task="embed") and convert="embed" spellings); ValueError naming the field that
+    contradicts an explicit runner."""
+    task = None if args.task in (None, "auto") else args.task
+    implied = None if task is None else ("generate" if task == "generate" else "pooling")
+    if args.convert in ("embed", "classify"):
+        if implied == "generate":
+            raise ValueError(f"convert {args.convert!r} needs a pooling task, not task "
+                             "'generate'")
+        implied = "pooling"
+    if args.runner == "auto" or implied is None:
+        return args.runner if implied is None else implied
+    if implied != args.runner:
+        field = "task" if task is not None else "convert"
+        raise ValueError(f"{field} {getattr(args, field)!r} needs runner={implied!r}; got "
+                         f"runner={args.runner!r}")
+    return args.runner
 
 
 def check_pooling_args(args: EngineArgs) -> None:

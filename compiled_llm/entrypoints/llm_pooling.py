@@ -53,6 +53,13 @@ def params_list(params: PoolingParams | Sequence[PoolingParams] | None, n: int,
     return params
 
 
+def check_no_lora(lora_request: Any) -> None:
+    """vLLM's pooling methods take lora_request; None is accepted, an adapter is refused with a
+    ValueError naming it (LoRA serves runner='generate' only here)."""
+    if lora_request is not None:
+        raise ValueError("lora_request: LoRA adapters are not supported with runner='pooling'")
+
+
 def score_pairs(text_1: Any, text_2: Any) -> list[tuple[Any, Any]]:
     """vLLM's pairing: one text against many, or two lists of one length zipped."""
     left, right = as_prompt_list(text_1), as_prompt_list(text_2)
@@ -76,9 +83,11 @@ class PoolingMixin:
         check_runner(self.runner_type, "pooling", method)
         return self.engine
 
-    def _prepared(self, method: str, prompts, pooling_params, truncate: int | None):
+    def _prepared(self, method: str, prompts, pooling_params, truncate: int | None,
+                  lora_request: Any = None):
         """(engine, tokenized prompts, one PoolingParams each), the runner checked."""
         engine = self._pool_engine(method)
+        check_no_lora(lora_request)
         prompts = as_prompt_list(prompts)
         params = params_list(pooling_params, len(prompts), truncate)
         seqs = engine.tokenize_many(prompts, [q.truncate_prompt_tokens for q in params])
@@ -86,31 +95,35 @@ class PoolingMixin:
 
     def embed(self, prompts: PromptType | Sequence[PromptType], pooling_params:
               PoolingParams | Sequence[PoolingParams] | None = None, use_tqdm: bool = True,
-              truncate_prompt_tokens: int | None = None) -> list[EmbeddingRequestOutput]:
+              truncate_prompt_tokens: int | None = None,
+              lora_request: Any = None) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt, in prompt order (pooling and normalisation as the model
         directory or pooler_config says; PoolingParams.dimensions for Matryoshka models)."""
         engine, seqs, params = self._prepared("embed", prompts, pooling_params,
-                                              truncate_prompt_tokens)
+                                              truncate_prompt_tokens, lora_request)
         vectors = engine.embed(seqs, params)
         return [EmbeddingRequestOutput(str(next(self._pool_ids)), EmbeddingOutput(v), ids)
                 for v, (ids, _) in zip(vectors, seqs)]
 
     def classify(self, prompts: PromptType | Sequence[PromptType], pooling_params:
                  PoolingParams | Sequence[PoolingParams] | None = None, use_tqdm: bool = True,
-                 truncate_prompt_tokens: int | None = None) -> list[ClassificationRequestOutput]:
+                 truncate_prompt_tokens: int | None = None,
+                 lora_request: Any = None) -> list[ClassificationRequestOutput]:
         """Class probabilities per prompt from a *ForSequenceClassification checkpoint."""
         engine, seqs, params = self._prepared("classify", prompts, pooling_params,
-                                              truncate_prompt_tokens)
+                                              truncate_prompt_tokens, lora_request)
         probs = engine.classify(seqs, params)
         return [ClassificationRequestOutput(str(next(self._pool_ids)), ClassificationOutput(p),
                                             ids) for p, (ids, _) in zip(probs, seqs)]
 
     def score(self, text_1: str | Sequence[str], text_2: str | Sequence[str],
               use_tqdm: bool = True, truncate_prompt_tokens: int | None = None,
-              pooling_params: PoolingParams | None = None) -> list[ScoringRequestOutput]:
+              pooling_params: PoolingParams | None = None,
+              lora_request: Any = None) -> list[ScoringRequestOutput]:
         """A relevance score per (text_1, text_2) pair: a cross-encoder's sigmoid (classifiers
         of one label), else the cosine of the two embeddings."""
         engine = self._pool_engine("score")
+        check_no_lora(lora_request)
         pairs = score_pairs(text_1, text_2)
         params = pooling_params or PoolingParams(truncate_prompt_tokens=truncate_prompt_tokens)
         if engine.is_cross_encoder:
@@ -126,10 +139,11 @@ class PoolingMixin:
 
     def encode(self, prompts: PromptType | Sequence[PromptType], pooling_params:
                PoolingParams | Sequence[PoolingParams] | None = None, use_tqdm: bool = True,
-               truncate_prompt_tokens: int | None = None) -> list[PoolingRequestOutput]:
+               truncate_prompt_tokens: int | None = None,
+               lora_request: Any = None) -> list[PoolingRequestOutput]:
         """The pooler's output per prompt: embeddings, or class probabilities for classifiers."""
         engine, seqs, params = self._prepared("encode", prompts, pooling_params,
-                                              truncate_prompt_tokens)
+                                              truncate_prompt_tokens, lora_request)
         run = engine.classify if engine.can_classify else engine.embed
         return [PoolingRequestOutput(str(next(self._pool_ids)), PoolingOutput(d), ids)
                 for d, (ids, _) in zip(run(seqs, params), seqs)]

@@ -61,13 +61,20 @@ def read_adapter_config(path: Path, max_rank: int) -> dict:
                          ("modules_to_save", (None, []))):
         if config.get(key) not in allowed:
             raise ValueError(f"lora_path: adapter {key}={config[key]!r} is not supported")
-    targets = config.get("target_modules") or []
-    targets = [targets] if isinstance(targets, str) else targets
+    _check_targets(config.get("target_modules"))
+    return config
+
+
+def _check_targets(targets: str | list[str] | None) -> None:
+    """ValueError naming target_modules for a listed module the model cannot adapt. A str is
+    PEFT's regex over full module names (kept as written in adapter_config.json): as vLLM, the
+    tensors the adapter holds are checked instead, each against the model's modules."""
+    if targets is None or isinstance(targets, str):
+        return
     unknown = sorted({name.rsplit(".", 1)[-1] for name in targets} - set(LORA_TARGETS))
     if unknown:
         raise ValueError(f"target_modules: the model has no LoRA-able module {unknown} "
                          f"(supported: {sorted(LORA_TARGETS)})")
-    return config
 
 
 def scaling(config: dict, rank: int) -> float:

@@ -15,15 +15,17 @@ ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 
 @functools.cache
-def make_adapter(base_dir: Path, seed: int, rank: int = 8, targets: tuple = ALL_TARGETS,
+def make_adapter(base_dir: Path, seed: int, rank: int = 8, targets: tuple | str = ALL_TARGETS,
                  alpha: int = 16, use_rslora: bool = False) -> Path:
-    """A random PEFT LoRA (non-zero B) of `rank` on `targets`, saved; returns its dir."""
+    """A random PEFT LoRA (non-zero B) of `rank` on `targets` (module names, or a str: PEFT's
+    regex over full module names, saved as written), saved; returns its dir."""
     import transformers
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets),
+    target_modules = targets if isinstance(targets, str) else list(targets)
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules,
                         init_lora_weights=False, use_rslora=use_rslora)
     peft_model = get_peft_model(model, config)
     with torch.no_grad():  # larger deltas than peft's init: adapters visibly change tokens

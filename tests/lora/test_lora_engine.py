@@ -97,6 +97,15 @@ def test_adapter_id_separates_prefix_cache(llm, base, adapters):
     assert other == merged_greedy(base, adapters[1], [prompt], 6)
 
 
+def test_regex_targets_and_a_path_object(llm, base):
+    """PEFT keeps a str target_modules as its regex (e.g. r".*\\.(q_proj|v_proj)"); vLLM loads
+    such adapters by their tensors, and takes lora_path as a pathlib.Path too."""
+    adapter = make_adapter(base, 40, rank=4, targets=r".*\.(q_proj|down_proj)")
+    lora = LoRARequest("regex", 40, adapter)  # a Path, not a str
+    assert lora.lora_path == str(adapter)
+    assert _run(llm, PROMPTS[:1], [lora]) == merged_greedy(base, adapter, PROMPTS[:1], 6)
+
+
 def _damaged(path: Path) -> Path:
     out = Path(tempfile.mkdtemp(prefix="cllm-lora-bad-"))
     shutil.copytree(path, out, dirs_exist_ok=True)

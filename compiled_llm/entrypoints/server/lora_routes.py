@@ -83,10 +83,14 @@ class ServedLoRAs:
         return self.adapters.get(name)
 
     async def load(self, body: LoadLoRAAdapterRequest) -> PlainTextResponse:
-        """Check and add an adapter (a 400 naming the field when it does not load)."""
+        """Check and add an adapter: a 404 when lora_path does not exist (as vLLM), a 400
+        naming the field when it does not load."""
         if not self.enabled:
             raise OpenAIError(400, "lora_name: LoRA is not enabled (--enable-lora)",
                               param="lora_name")
+        if not os.path.exists(body.lora_path):  # vLLM: "No adapter found" is a 404
+            raise OpenAIError(404, f"lora_path: No adapter found for {body.lora_path!r}",
+                              param="lora_path", code="not_found")
         try:
             await asyncio.to_thread(self._add, body.lora_name, body.lora_path)
         except ValueError as exc:  # the message leads with the field: lora_path, max_lora_rank

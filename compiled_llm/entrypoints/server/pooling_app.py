@@ -38,15 +38,17 @@ def build_pooling_app(engine: AsyncPoolingLLM, cfg: ServerConfig,
     app.add_middleware(CORSMiddleware, allow_origins=cfg.allowed_origins,
                        allow_methods=cfg.allowed_methods, allow_headers=cfg.allowed_headers,
                        allow_credentials=cfg.allow_credentials)
-    serving = ServingPooling(engine, cfg.model_name, metrics)
+    serving = ServingPooling(engine, cfg.model_name, metrics, cfg.model_names)
     add_pooling_routes(app, serving)
     refuse_runner_paths(app, GENERATION_PATHS, "pooling")
     created = int(time.time())
 
     @app.get("/v1/models", responses=errors(400, 401))
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=cfg.model_name, created=created,
-                                         max_model_len=engine.max_model_len)])
+        # as the generate app: every served name, its root the model
+        return ModelList(data=[ModelCard(id=name, created=created, root=cfg.model_name,
+                                         max_model_len=engine.max_model_len)
+                               for name in cfg.model_names])
 
     async def health() -> Response:
         return Response(status_code=200)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, StrictBool, StrictInt, StrictStr
+from pydantic import ConfigDict, StrictBool, StrictInt, StrictStr, model_validator
 
 from compiled_llm.entrypoints.server.protocol import RequestBody
 
@@ -74,11 +74,28 @@ class ClassificationRequest(ActivationFields):
     input: EmbeddingInput | None = None
 
 
+# vLLM's other spellings of the score pair (its ScoreRequest variants), read as text_1/text_2
+SCORE_ALIASES = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
+
+
 class ScoreRequest(ActivationFields):
-    """POST /v1/score: text_1 against each text_2 (or the two lists zipped)."""
+    """POST /v1/score: text_1 against each text_2 (or the two lists zipped); vLLM's
+    queries/documents, queries/items and data_1/data_2 spell the same pair."""
 
     text_1: StrictStr | list[StrictStr]
     text_2: StrictStr | list[StrictStr]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, body: object) -> object:
+        """text_1/text_2 from the first alias pair the body has, when it has neither."""
+        if not isinstance(body, dict) or "text_1" in body or "text_2" in body:
+            return body
+        for first, second in SCORE_ALIASES:
+            if first in body and second in body:
+                rest = {k: v for k, v in body.items() if k not in (first, second)}
+                return {**rest, "text_1": body[first], "text_2": body[second]}
+        return body
 
 
 class RerankRequest(ActivationFields):
@@ -86,5 +103,5 @@ class RerankRequest(ActivationFields):
 
     query: StrictStr
     documents: list[StrictStr]
-    top_n: StrictInt | None = None
+    top_n: StrictInt | None = None  # None or 0 (vLLM's default): every document
     return_documents: bool = True

