@@ -108,17 +108,19 @@ def _add_generation_routes(app: FastAPI, chat: ServingChat, completion: ServingC
 
 def _add_responses_routes(app: FastAPI, responses: ServingResponses,
                           metrics: ServerMetrics) -> None:
-    """POST /v1/responses; GET of a response id is a 404, since none is stored."""
+    """POST /v1/responses; GET and DELETE of a stored response by id."""
 
     @app.post("/v1/responses", responses={**STREAM, **errors(400, 401, 404, 413)})
     async def create_response(req: ResponsesRequest, raw: Request):
         return await _counting(metrics, responses.create(req, raw))
 
-    @app.get("/v1/responses/{response_id}", responses=errors(401, 404))
-    async def retrieve_response(response_id: str):
-        raise OpenAIError(404, f"response {response_id!r} not found: this server stores no "
-                          "responses (store is treated as false)", param="response_id",
-                          code="response_not_found")
+    async def stored_response(response_id: str, raw: Request):
+        found = (responses.delete if raw.method == "DELETE" else responses.retrieve)(response_id)
+        return JSONResponse(found)
+
+    # one route, so that a 405 lists both methods in Allow
+    app.add_api_route("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"],
+                      name="stored_response", responses=errors(401, 404))
 
 
 def _add_probe_routes(app: FastAPI, engine: AsyncLLM, cfg: ServerConfig,

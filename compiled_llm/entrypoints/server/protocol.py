@@ -183,6 +183,7 @@ class ChatMessage(BaseModel):
     tool_calls: list[Any] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None  # vLLM's newer name for reasoning_content (clients echo both)
 
     def text(self) -> str:
         """The content as one string (text parts joined by newlines, "" when absent)."""
@@ -192,8 +193,12 @@ class ChatMessage(BaseModel):
 
     def template_input(self) -> dict[str, Any]:
         """The message as a chat template reads it: role, content and the fields it set."""
-        extra = self.model_dump(include={"name", "tool_calls", "tool_call_id",
-                                         "reasoning_content"}, exclude_none=True)
+        extra = self.model_dump(include={"name", "tool_calls", "tool_call_id"},
+                                exclude_none=True)
+        thought = self.reasoning_content if self.reasoning_content is not None \
+            else self.reasoning
+        if thought is not None:  # templates read either name (Qwen3's: reasoning_content)
+            extra["reasoning_content"] = extra["reasoning"] = thought
         return {"role": self.role, "content": self.text(), **extra}
 
 
@@ -213,6 +218,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
+    include_reasoning: StrictBool = True  # vLLM's: false leaves reasoning_content out
     thinking_token_budget: StrictInt | None = Field(
         default=None, validation_alias=AliasChoices("thinking_token_budget",
                                                     "max_thinking_tokens"))

@@ -35,9 +35,9 @@ class ResponsesStreamOptions(BaseModel):
 
 
 class ResponsesRequest(SamplingFields):
-    """The body of /v1/responses. Stateless: `store` is read and treated as false (nothing
-    is kept, as vLLM does without its store), so previous_response_id and conversation,
-    which need a stored response, are refused."""
+    """The body of /v1/responses. `store` (true unless false) keeps the finished response
+    for a later previous_response_id (responses_store.py); conversation objects are
+    refused."""
 
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -58,7 +58,7 @@ class ResponsesRequest(SamplingFields):
                                                     "max_thinking_tokens"))
     # refused unless unset (each needs state or a tool runtime this server does not have)
     max_tool_calls: StrictInt | None = None
-    previous_response_id: str | None = None
+    previous_response_id: str | None = None  # honoured: a stored response's id
     conversation: str | dict[str, Any] | None = None
     background: StrictBool | None = None
     prompt: dict[str, Any] | None = None

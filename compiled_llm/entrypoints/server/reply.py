@@ -23,6 +23,18 @@ class ReplyFormat:
 
     plan: ToolPlan
     reasoning: ReasoningParser | None = None
+    include_reasoning: bool = True
+    """vLLM's include_reasoning: false drops the thinking span from the reply (it is still
+    split off, never shown as content)."""
+    end_id: int | None = None
+    """The thinking span's end tag as one token (None: not one token; no span is counted)."""
+
+    def reasoning_tokens(self, text: str, token_ids: list[int]) -> int | None:
+        """How many of a finished reply's token_ids (whose text is text) are thinking; None
+        without a reasoning parser (no completion_tokens_details then, as vLLM)."""
+        if self.reasoning is None:
+            return None
+        return reasoning_token_count(self.split(text, True)[0], token_ids, self.end_id)
 
     def split(self, text: str, final: bool) -> tuple[str | None, str]:
         """(reasoning, the rest) of the reply so far."""
@@ -40,7 +52,7 @@ class ReplyFormat:
         reasoning, rest = self.split(text, True)
         content, calls = self.plan.extract(rest)
         message: dict[str, Any] = {"role": role, "content": content}
-        if reasoning is not None:
+        if reasoning is not None and self.include_reasoning:
             message["reasoning_content"] = message["reasoning"] = reasoning
         if calls:
             message["tool_calls"] = calls
@@ -60,16 +72,20 @@ class ReplyStreamer:
 
     def __init__(self, reply: ReplyFormat) -> None:
         self.reply, self.text = reply, ""
+        self.token_ids: list[int] = []  # the reply's tokens so far (for its reasoning count)
         self._reasoning_sent = self._rest_sent = 0
         self.tools = reply.plan.streamer()
 
-    def feed(self, delta: str, final: bool) -> dict[str, Any]:
-        """The chat delta the new text makes (empty when it holds nothing to send yet)."""
+    def feed(self, delta: str, final: bool, token_ids: list[int] | tuple = ()) -> dict[str, Any]:
+        """The chat delta the new text (of token_ids) makes (empty when it holds nothing to
+        send yet)."""
         self.text += delta
+        self.token_ids += token_ids
         reasoning, rest = self.reply.split(self.text, final)
         out: dict[str, Any] = {}
         if reasoning is not None and len(reasoning) > self._reasoning_sent:
-            out["reasoning_content"] = out["reasoning"] = reasoning[self._reasoning_sent:]
+            if self.reply.include_reasoning:
+                out["reasoning_content"] = out["reasoning"] = reasoning[self._reasoning_sent:]
             self._reasoning_sent = len(reasoning)
         content, calls = self.tools.feed(rest[self._rest_sent:], final)
         self._rest_sent = max(self._rest_sent, len(rest))
@@ -79,10 +95,24 @@ class ReplyStreamer:
             out["tool_calls"] = calls
         return out
 
+    def reasoning_tokens(self) -> int | None:
+        """The thinking tokens of the reply fed so far (None: no reasoning parser)."""
+        return self.reply.reasoning_tokens(self.text, self.token_ids)
+
     def finish_reason(self, reason: str | None) -> str | None:
         """OpenAI's finish_reason for the choice's last delta ("tool_calls" only where the
         engine stopped, as vLLM's stream: a reply cut off by max_tokens stays "length")."""
         return self.reply.plan.finish_reason(reason, self.tools.called and reason == "stop")
+
+
+def reasoning_token_count(reasoning: str | None, token_ids: list[int],
+                          end_id: int | None) -> int:
+    """How many of the reply's tokens are thinking: up to and including the end tag's token
+    (all of them while the span is open); 0 without a span or where the end tag is not one
+    token (no token boundary to count to)."""
+    if reasoning is None or end_id is None:
+        return 0
+    return token_ids.index(end_id) + 1 if end_id in token_ids else len(token_ids)
 
 
 def reply_params(params: SamplingParams, reply: ReplyFormat, tokenizer,

@@ -18,12 +18,11 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _ROLES = ("user", "system", "developer", "assistant")
 TOOL_ITEM_TYPES = frozenset({"function_call", "function_call_output"})
 _TEXT_PARTS = ("input_text", "output_text")
-_STATELESS = "this server stores no responses (store is treated as false); send the whole " \
-    "conversation in input"
+_NO_CONVERSATIONS = "conversation objects are not supported; continue a response with " \
+    "previous_response_id, or send the whole conversation in input"
 # (field, whether the request sets it to something not honoured, why)
 _REFUSED = (
-    ("previous_response_id", lambda r: r.previous_response_id is not None, _STATELESS),
-    ("conversation", lambda r: r.conversation is not None, _STATELESS),
+    ("conversation", lambda r: r.conversation is not None, _NO_CONVERSATIONS),
     ("background", lambda r: bool(r.background), "background responses are not supported"),
     ("prompt", lambda r: r.prompt is not None, "stored prompt templates are not supported"),
     ("truncation", lambda r: r.truncation == "auto",
@@ -54,10 +53,12 @@ def check_supported(req: ResponsesRequest) -> None:
                               code="unsupported_parameter")
 
 
-def messages(req: ResponsesRequest, tool_names: set[str]) -> list[ChatMessage]:
-    """The chat messages for the template: instructions as a leading system message, then
-    input (a string is one user message); function_call items join the assistant turn
-    before them, function_call_output items become tool messages."""
+def messages(req: ResponsesRequest, tool_names: set[str],
+             previous: list[ChatMessage] | None = None) -> list[ChatMessage]:
+    """The chat messages for the template: instructions as a leading system message, the
+    previous response's conversation, then input (a string is one user message);
+    function_call items join the assistant turn before them, function_call_output items
+    become tool messages (answering a call of input or of the previous conversation)."""
     items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else \
         req.input
     if not items:
@@ -65,7 +66,8 @@ def messages(req: ResponsesRequest, tool_names: set[str]) -> list[ChatMessage]:
                           param="input")
     history = [ChatMessage(role="system", content=req.instructions)] if req.instructions \
         else []
-    call_ids: set[str] = set()
+    history += previous or []
+    call_ids = {call["id"] for m in previous or () for call in m.tool_calls or ()}
     for i, item in enumerate(items):
         where = f"input[{i}]"
         kind = item.get("type", "message")
@@ -74,9 +76,42 @@ def messages(req: ResponsesRequest, tool_names: set[str]) -> list[ChatMessage]:
                               param=f"{where}.type")
         if kind in TOOL_ITEM_TYPES:
             _add_tool_item(history, item, where, tool_names, call_ids)
+        elif kind == "reasoning":
+            history.append(ChatMessage(role="assistant", content=None,
+                                       reasoning_content=_reasoning_text(item, where)))
         else:
-            history.append(_message(item, kind, where))
+            _add_message(history, _message(item, kind, where))
     return history
+
+
+def _add_message(history: list[ChatMessage], message: ChatMessage) -> None:
+    """message appended; an assistant message right after a reasoning item (an agent sends
+    back the output items it got: reasoning, then the message) joins that turn."""
+    last = history[-1] if history else None
+    if message.role == "assistant" and last is not None and last.role == "assistant" and \
+            last.content is None and not last.tool_calls:
+        last.content = message.content
+    else:
+        history.append(message)
+
+
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
+    """A reasoning item's thinking, for the assistant turn's reasoning_content: its
+    reasoning_text parts, else its summary_text parts (vLLM reads either); encrypted
+    reasoning (OpenAI's own models) cannot be read here."""
+    if item.get("encrypted_content") is not None:
+        raise OpenAIError(400, f"{where}.encrypted_content: encrypted reasoning is not "
+                          "supported", param=f"{where}.encrypted_content",
+                          code="unsupported_parameter")
+    for key in ("content", "summary"):
+        parts = item.get(key) or []
+        if not isinstance(parts, list) or not all(
+                isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
+            raise OpenAIError(400, f"{where}.{key} must be a list of text parts",
+                              param=f"{where}.{key}")
+        if parts:
+            return join_text_parts(p["text"] for p in parts)
+    return ""
 
 
 def _message(item: dict[str, Any], kind: str, where: str) -> ChatMessage:
@@ -220,7 +255,8 @@ def response_object(req: ResponsesRequest, rid: str, model: str, created: int, *
             "incomplete_details": incomplete, "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens, "model": model, "output": output,
             "parallel_tool_calls": req.parallel_tool_calls is not False,
-            "previous_response_id": None, "reasoning": None, "store": False,
+            "previous_response_id": req.previous_response_id, "reasoning": None,
+            "store": req.store is not False,
             "temperature": req.temperature, "top_p": req.top_p, "text": {"format": fmt},
             "tool_choice": req.tool_choice or "auto", "tools": req.tools or [], "top_logprobs":
             req.top_logprobs, "truncation": "disabled", "metadata": req.metadata or {},

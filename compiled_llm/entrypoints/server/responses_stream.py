@@ -141,8 +141,8 @@ async def response_events(serving: ServingResponses, req: ResponsesRequest,
                           admitted: Admitted) -> AsyncIterator[str]:
     """The whole event stream of one admitted request; closing it aborts the request."""
     event = _Events()
-    started = response_object(req, admitted.rid, serving.model_name, admitted.created,
-                              status="in_progress", output=[])
+    started = response_object(req, admitted.rid, serving.reply_model(req.model),
+                              admitted.created, status="in_progress", output=[])
     yield event("response.created", response=started)
     yield event("response.in_progress", response=started)
     items, streamer = _Items(event), admitted.reply.streamer()
@@ -180,7 +180,7 @@ async def response_events(serving: ServingResponses, req: ResponsesRequest,
 def _failed(event: _Events, serving: ServingResponses, req: ResponsesRequest,
             admitted: Admitted, exc: OpenAIError) -> str:
     """response.failed, carrying the error, for a generation that failed mid-stream."""
-    failed = response_object(req, admitted.rid, serving.model_name, admitted.created,
-                             status="failed", output=[],
+    failed = response_object(req, admitted.rid, serving.reply_model(req.model),
+                             admitted.created, status="failed", output=[],
                              error={"code": exc.code or "server_error", "message": exc.message})
     return event("response.failed", response=failed)

@@ -1,7 +1,7 @@
 """Function tools and reasoning on /v1/responses, on chat's machinery (tool_calls.py, reply.py):
 Responses' flat tools and tool_choice made chat-shaped for the template and the ToolPlan, the
 combinations refused by name, and a finished reply made output items (reasoning, message,
-function calls) with its count of thinking tokens."""
+function calls); its count of thinking tokens is reply.py's reasoning_token_count."""
 
 from __future__ import annotations
 
@@ -120,13 +120,3 @@ def output_items(reply: ReplyFormat, text: str, finish_reason: str | None, statu
     items += [function_call_item(call["function"]["name"], call["function"]["arguments"],
                                  "completed") for call in calls]
     return items
-
-
-def reasoning_token_count(reasoning: str | None, token_ids: list[int],
-                          end_id: int | None) -> int:
-    """How many of the reply's tokens are thinking: up to and including the end tag's token
-    (all of them while the span is open); 0 without a span or where the end tag is not one
-    token (no token boundary to count to)."""
-    if reasoning is None or end_id is None:
-        return 0
-    return token_ids.index(end_id) + 1 if end_id in token_ids else len(token_ids)

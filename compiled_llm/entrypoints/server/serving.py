@@ -59,6 +59,12 @@ class Serving:
                               f"{self.model_name!r}", param="model", code="model_not_found")
         return lora
 
+    def reply_model(self, name: str | None) -> str:
+        """The `model` a reply carries, as vLLM's: the adapter's name when name selects a
+        served LoRA adapter, else the served model's name."""
+        lora = None if self.loras is None or name is None else self.loras.get(name)
+        return self.model_name if lora is None else lora.lora_name
+
     async def encode(self, text: str, add_special_tokens: bool = True,
                      name: str = "prompt") -> list[int]:
         """Token ids of text, on the tokenizer's thread; a 400 naming `name` for text over
@@ -115,7 +121,7 @@ class Serving:
         if name is None:
             return ReplyFormat(plan)
         parser = get_reasoning_parser(name).for_prompt(prompt_ids, self.engine.tokenizer)
-        return ReplyFormat(plan, parser)
+        return ReplyFormat(plan, parser, end_id=parser.token_ids(self.engine.tokenizer)[1])
 
     async def start(self, rid: str, ids: list[int], params: SamplingParams,
                     plan: ToolPlan | None = None, lora_request=None, *, priority: int = 0,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -61,6 +61,7 @@ class ServingChat(Serving):
         budget = output_budget(requested, len(ids), self.max_model_len, budget_param=budget_param,
                                **self.budget_limits)
         reply = self.reply_format(plan, ids)
+        reply.include_reasoning = req.include_reasoning
         params = reply_params(sampling_params(req, budget, num_top, req.stream,
                                              defaults=self.sampling_defaults), reply,
                               self.engine.tokenizer, req.thinking_token_budget)
@@ -95,9 +96,12 @@ class ServingChat(Serving):
                             "finish_reason": finish_reason, "stop_reason": o.stop_reason,
                             **_token_ids(req, o)})
         gen = sum(len(o.token_ids) for o in out.outputs)
+        thinking = _sum_or_none(reply.reasoning_tokens(o.text, list(o.token_ids))
+                                for o in out.outputs)
         body = {"id": rid, "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name, "choices": choices,
-                "usage": usage(len(out.prompt_token_ids), gen, self.cached_tokens([out])),
+                "model": self.reply_model(req.model), "choices": choices,
+                "usage": usage(len(out.prompt_token_ids), gen, self.cached_tokens([out]),
+                               thinking),
                 "prompt_logprobs": prompt_logprobs_json(out.prompt_logprobs)}
         if req.return_token_ids:  # vLLM: the prompt's ids beside the choices
             body["prompt_token_ids"] = list(out.prompt_token_ids)
@@ -120,7 +124,7 @@ class ServingChat(Serving):
         counts = [0] * req.n
 
         event = choice_events({"id": rid, "object": "chat.completion.chunk",
-                               "created": created, "model": self.model_name})
+                               "created": created, "model": self.reply_model(req.model)})
 
         # vLLM: usage on every chunk only with include_usage and continuous_usage_stats
         continuous = continuous_usage(req.stream_options)
@@ -147,7 +151,8 @@ class ServingChat(Serving):
                     gen += len(completion.token_ids)
                     counts[completion.index] += len(completion.token_ids)
                     streamer, done = streamers[completion.index], completion.finish_reason
-                    delta = streamer.feed(completion.text, done is not None)
+                    delta = streamer.feed(completion.text, done is not None,
+                                          completion.token_ids)
                     logprobs = self._logprobs(completion, num_top, req.return_tokens_as_token_ids)
                     if not delta and not reply.parses:
                         delta = {"content": ""}  # vLLM's plain delta: the text, "" too
@@ -164,8 +169,16 @@ class ServingChat(Serving):
             stream.abort()
         if req.stream_options and req.stream_options.include_usage:
             cached = self.cached_tokens([] if last is None else [last])
-            yield chunk([], usage=usage(prompt_len, gen, cached))
+            thinking = _sum_or_none(s.reasoning_tokens() for s in streamers)
+            yield chunk([], usage=usage(prompt_len, gen, cached, thinking))
         yield DONE
+
+
+def _sum_or_none(counts: Iterable[int | None]) -> int | None:
+    """The sum of the choices' reasoning token counts; None where none was counted (no
+    reasoning parser: no completion_tokens_details)."""
+    counted = [count for count in counts if count is not None]
+    return sum(counted) if counted else None
 
 
 def _token_ids(req: ChatCompletionRequest, completion: CompletionOutput) -> dict:

@@ -154,7 +154,7 @@ class ServingCompletion(Serving):
                 gen += tokens
         choices.sort(key=lambda choice: choice["index"])
         return {"id": rid, "object": "text_completion", "created": int(time.time()),
-                "model": self.model_name, "choices": choices,
+                "model": self.reply_model(req.model), "choices": choices,
                 "usage": usage(sum(len(p.token_ids) for p in prompts), gen,
                                self.cached_tokens(list(lasts.values())))}
 
@@ -164,7 +164,7 @@ class ServingCompletion(Serving):
         options = req.stream_options
 
         chunk = choice_events({"id": rid, "object": "text_completion", "created": created,
-                               "model": self.model_name})
+                               "model": self.reply_model(req.model)})
 
         try:
             async for i, out in merge_streams(streams):

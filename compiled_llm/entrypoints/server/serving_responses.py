@@ -1,7 +1,8 @@
 """/v1/responses: the input rendered by the chat template with its tools (the path
 /v1/chat/completions takes), one engine request whose reply is read for reasoning and function
 calls as chat's is, answered as one `response` object or streamed as Responses events;
-stateless, nothing is stored."""
+finished responses are kept (responses_store.py) for previous_response_id and
+GET /v1/responses/{id}."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from compiled_llm.entrypoints.server.errors import OpenAIError, from_value_error
 from compiled_llm.entrypoints.server.params import output_budget, sampling_params
+from compiled_llm.entrypoints.server.protocol import ChatMessage
 from compiled_llm.entrypoints.server.protocol_responses import ResponsesRequest
-from compiled_llm.entrypoints.server.reply import ReplyFormat, reply_params
+from compiled_llm.entrypoints.server.reply import ReplyFormat, reasoning_token_count, reply_params
 from compiled_llm.entrypoints.server.responses_items import (
     LOGPROBS_INCLUDE,
     check_supported,
@@ -26,11 +28,11 @@ from compiled_llm.entrypoints.server.responses_items import (
     response_object,
     response_usage,
 )
+from compiled_llm.entrypoints.server.responses_store import ResponseStore, output_messages
 from compiled_llm.entrypoints.server.responses_stream import response_events
 from compiled_llm.entrypoints.server.responses_tools import (
     check_tool_format,
     output_items,
-    reasoning_token_count,
     responses_plan,
     tool_names,
 )
@@ -51,6 +53,9 @@ class Admitted:
     num_top: int | None
     reply: ReplyFormat
     end_id: int | None = None
+    conversation: list[ChatMessage] = field(default_factory=list)
+    """The input as chat messages (after any previous response's, instructions left out):
+    what a stored response keeps for the next previous_response_id."""
     created: int = field(default_factory=lambda: int(time.time()))
 
     def reasoning_tokens(self, text: str, token_ids: list[int], final: bool) -> int:
@@ -60,7 +65,21 @@ class Admitted:
 
 
 class ServingResponses(Serving):
-    """The /v1/responses handler."""
+    """The /v1/responses handler; store keeps finished responses (responses_store.py)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.store = ResponseStore()
+
+    def retrieve(self, rid: str) -> dict:
+        """GET /v1/responses/{rid}: the stored response (a 404 when not kept)."""
+        return self.store.response(rid)
+
+    def delete(self, rid: str) -> dict:
+        """DELETE /v1/responses/{rid}: forget it (a 404 when not kept), OpenAI's answer."""
+        self.store.response(rid)
+        self.store.delete(rid)
+        return {"id": rid, "object": "response.deleted", "deleted": True}
 
     async def create(self, req: ResponsesRequest, raw: Request):
         """Answer one request: a `response` object, or its events when req.stream. A client
@@ -79,8 +98,9 @@ class ServingResponses(Serving):
         plan = responses_plan(req, self.tool_plan)
         fmt = response_format(req)
         check_tool_format(plan, fmt)
-        ids = await self.encode_chat(messages(req, tool_names(plan)), True,
-                                     req.chat_template_kwargs, plan.tools)
+        history = messages(req, tool_names(plan),
+                           self.store.conversation(req.previous_response_id))
+        ids = await self.encode_chat(history, True, req.chat_template_kwargs, plan.tools)
         budget = output_budget(req.max_output_tokens, len(ids), self.max_model_len,
                                prompt_param="input", budget_param="max_output_tokens",
                                **self.budget_limits)
@@ -97,7 +117,8 @@ class ServingResponses(Serving):
             stream = await self.start(rid, ids, params, plan, self.check_model(req.model))
         end_id = reply.reasoning.token_ids(self.engine.tokenizer)[1] if reply.reasoning \
             else None
-        return Admitted(stream, rid, len(ids), num_top, reply, end_id)
+        conversation = history[1:] if req.instructions else history
+        return Admitted(stream, rid, len(ids), num_top, reply, end_id, conversation)
 
     async def _answer(self, req: ResponsesRequest) -> dict:
         """The whole `response` object (cancelled, it aborts the request)."""
@@ -125,11 +146,15 @@ class ServingResponses(Serving):
 
     def final(self, req: ResponsesRequest, admitted: Admitted, status: str, items: list,
               output_tokens: int, reasoning_tokens: int) -> dict:
-        """The finished `response` object holding items."""
-        return response_object(req, admitted.rid, self.model_name, admitted.created,
+        """The finished `response` object holding items, kept unless req.store is false."""
+        body = response_object(req, admitted.rid, self.reply_model(req.model), admitted.created,
                                status=status, output=items,
                                usage=response_usage(admitted.prompt_len, output_tokens,
                                                     reasoning_tokens))
+        if req.store is not False:
+            self.store.put(admitted.rid, body,
+                           [*admitted.conversation, *output_messages(items)])
+        return body
 
 
 def _status(finish_reason: str | None) -> str:

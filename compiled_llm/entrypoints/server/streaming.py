@@ -36,12 +36,16 @@ def choice_events(fields: dict) -> Callable[..., str]:
     return event
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
-    """OpenAI's `usage` object; with cached_tokens, its prompt_tokens_details too."""
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+          reasoning_tokens: int | None = None) -> dict:
+    """OpenAI's `usage` object; with cached_tokens, its prompt_tokens_details too; with
+    reasoning_tokens (a server with a reasoning parser, as vLLM), completion_tokens_details."""
     body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
     if cached_tokens is not None:
         body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return body
 
 

@@ -110,13 +110,16 @@ class ToolPlan:
             return StructuredOutputsParams(json=self._parameters(self.name))
         if self.mode != "required":
             return None
+        defs: dict[str, Any] = {}
         calls = [{"type": "object", "properties": {
             "name": {"type": "string", "enum": [name]},
-            "parameters": self._parameters(name)}, "required": ["name", "parameters"]}
-            for name in self._names()]
-        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+            "parameters": _hoist_defs(self._parameters(name), defs)},
+            "required": ["name", "parameters"]} for name in self._names()]
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
         if not self.parallel:
             schema["maxItems"] = 1
+        if defs:  # refs like "#/$defs/X" resolve against the root: the definitions go there
+            schema["$defs"] = defs
         return StructuredOutputsParams(json=schema)
 
     def _names(self) -> list[str]:
@@ -138,7 +141,10 @@ class ToolPlan:
             except ValueError:
                 return ParsedText(failed=final)
         if self.mode == "auto":
-            return self.parser.parse(text, final)
+            parsed = self.parser.parse(text, final)
+            if not self.parallel:  # vLLM: parallel_tool_calls=false keeps the first call only
+                parsed.calls = parsed.calls[:1]
+            return parsed
         return ParsedText(text)
 
     def extract(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
@@ -156,6 +162,37 @@ class ToolPlan:
             else reason
 
 
+def _hoist_defs(parameters: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """parameters without their "$defs" (and draft-07 "definitions"), which go into defs
+    under "$defs": nested in the required-call array, a tool's schema is no longer the root
+    its "#/$defs/..." refs (pydantic's nested models) point to. The same name defined two
+    ways by two tools is a 400."""
+    if not any(key in parameters for key in ("$defs", "definitions")):
+        return parameters
+    for key in ("$defs", "definitions"):
+        for name, sub in (parameters.get(key) or {}).items():
+            sub = _rewrite_refs(sub)
+            if defs.setdefault(name, sub) != sub:
+                raise OpenAIError(400, f"tools define {name!r} in {key} twice, differently; "
+                                  'tool_choice "required" needs one definition per name',
+                                  param="tools")
+    rest = {k: v for k, v in parameters.items() if k not in ("$defs", "definitions")}
+    if "definitions" in parameters:  # "#/definitions/X" refs now point into "$defs"
+        rest = _rewrite_refs(rest)
+    return rest
+
+
+def _rewrite_refs(schema: Any) -> Any:
+    """schema with each "#/definitions/" ref pointing to "#/$defs/" instead."""
+    if isinstance(schema, list):
+        return [_rewrite_refs(sub) for sub in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {key: value.replace("#/definitions/", "#/$defs/", 1)
+            if key == "$ref" and isinstance(value, str) else _rewrite_refs(value)
+            for key, value in schema.items()}
+
+
 def plan_tools(tools: Any, tool_choice: Any, parallel_tool_calls: bool | None,
                parser_cls: type[ToolParser] | None, auto_enabled: bool) -> ToolPlan:
     """The plan for a request's tools and tool_choice (None: "auto" with tools, as vLLM);
@@ -170,9 +207,9 @@ def plan_tools(tools: Any, tool_choice: Any, parallel_tool_calls: bool | None,
         raise OpenAIError(400, "tool_choice needs tools", param="tool_choice")
     if tool_choice == "auto":
         if not auto_enabled or parser_cls is None:
-            raise OpenAIError(400, 'tool_choice "auto" needs the server started with '
-                              "--enable-auto-tool-choice and --tool-call-parser",
-                              param="tool_choice")
+            # vLLM's own words, which clients and docs quote
+            raise OpenAIError(400, '"auto" tool choice requires --enable-auto-tool-choice '
+                              "and --tool-call-parser to be set", param="tool_choice")
         return ToolPlan("auto", tools, parser=parser_cls(tools), parallel=parallel)
     if tool_choice == "required":
         return ToolPlan("required", tools, parallel=parallel)

@@ -94,11 +94,32 @@ def test_load_and_unload_adapters(lora_server, lora_client, adapters):
     assert _post(lora_server, "unload_lora_adapter", {"lora_name": "third"}).status_code == 404
 
 
-@pytest.mark.parametrize(("path", "param"), [(3, "max_lora_rank"), ("/nonexistent", "lora_path")])
-def test_bad_adapter_is_a_400_naming_the_field(lora_server, lora_client, adapters, path, param):
+@pytest.mark.parametrize(("path", "param", "status"), [(3, "max_lora_rank", 400),
+                                                     ("/nonexistent", "lora_path", 404)])
+def test_bad_adapter_is_a_4xx_naming_the_field(lora_server, lora_client, adapters, path, param,
+                                               status):
+    """A path that does not exist is vLLM's 404 ("No adapter found"); one that does not load
+    is a 400."""
     lora_path = str(adapters[1][path]) if isinstance(path, int) else path
     bad = _post(lora_server, "load_lora_adapter", {"lora_name": "bad", "lora_path": lora_path})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+    assert bad.status_code == status and bad.json()["error"]["param"] == param, bad.text
     assert "bad" not in {card.id for card in lora_client.models.list().data}
     assert len(_tokens(lora_client, "first")) == 6  # serving on
+    assert lora_server.wait_idle()["compiled_llm:kv_cache_used_blocks"] == 0
+
+
+def test_replies_name_the_adapter_as_their_model(lora_server, lora_client):
+    """vLLM answers with the adapter's name as `model` (the base model's name otherwise),
+    streamed or not, on completions and chat."""
+    messages = [{"role": "user", "content": "hi"}]
+    done = lora_client.completions.create(model="first", prompt=PROMPT, max_tokens=2)
+    chunks = list(lora_client.completions.create(model="first", prompt=PROMPT, max_tokens=2,
+                                                 stream=True))
+    chat = lora_client.chat.completions.create(model="second", messages=messages, max_tokens=2)
+    chat_chunks = list(lora_client.chat.completions.create(model="second", messages=messages,
+                                                           max_tokens=2, stream=True))
+    assert done.model == "first" and {c.model for c in chunks} == {"first"}
+    assert chat.model == "second" and {c.model for c in chat_chunks} == {"second"}
+    base = lora_client.completions.create(model=lora_server.model, prompt=PROMPT, max_tokens=2)
+    assert base.model == lora_server.model
     assert lora_server.wait_idle()["compiled_llm:kv_cache_used_blocks"] == 0

@@ -87,3 +87,60 @@ def test_negative_budget_is_a_400(tool_client, tool_server):
         _ask(tool_client, tool_server, -1)
     assert info.value.body["param"] == "thinking_token_budget"
     assert tool_server.wait_idle()["compiled_llm:kv_cache_used_blocks"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_reasoning_false_drops_it(tool_client, tool_server, stream):
+    """vLLM's include_reasoning=false: no reasoning in the message or any delta; the
+    content is the same as with it."""
+    kwargs = dict(model=tool_server.model, messages=MESSAGES, max_tokens=40, temperature=1.0,
+                  seed=3, response_format=FORMAT)
+    shown = tool_client.chat.completions.create(
+        **kwargs, extra_body={**THINK, "thinking_token_budget": 4}).choices[0].message
+    assert shown.reasoning_content
+    hidden = {**THINK, "thinking_token_budget": 4, "include_reasoning": False}
+    if stream:
+        deltas = [chunk.choices[0].delta.model_dump() for chunk in
+                  tool_client.chat.completions.create(**kwargs, stream=True, extra_body=hidden)
+                  if chunk.choices]
+        assert not any(d.get("reasoning_content") or d.get("reasoning") for d in deltas)
+        content = "".join(d.get("content") or "" for d in deltas)
+    else:
+        message = tool_client.chat.completions.create(**kwargs, extra_body=hidden).choices[0]
+        dumped = message.message.model_dump()
+        assert dumped.get("reasoning_content") is None and dumped.get("reasoning") is None
+        content = message.message.content
+    assert content == shown.content
+
+
+def test_history_reasoning_under_either_name_reaches_the_template(tool_server):
+    """An assistant turn sent back with vLLM's newer `reasoning` field renders as one with
+    reasoning_content (templates read the latter)."""
+    import httpx
+
+    def prompt(field: str) -> str:
+        history = [*MESSAGES, {"role": "assistant", "content": "7", field: "I like 7."},
+                   {"role": "user", "content": "Again."}]
+        ids = httpx.post(f"{tool_server.url}/tokenize", json={"messages": history},
+                         timeout=30).json()["tokens"]
+        return httpx.post(f"{tool_server.url}/detokenize", json={"tokens": ids},
+                          timeout=30).json()["prompt"]
+
+    assert "I like 7." in prompt("reasoning") and prompt("reasoning") == \
+        prompt("reasoning_content")
+
+
+def test_usage_counts_reasoning_tokens_whole_and_streamed(tool_client, tool_server, client,
+                                                          server):
+    """As vLLM with a reasoning parser: usage.completion_tokens_details.reasoning_tokens
+    counts the thinking span's tokens (its end tag included), in the body and in the stream's
+    usage chunk; a server without a parser sends no details."""
+    r = _ask(tool_client, tool_server, 3, seed=11, logprobs=True)
+    tokens = [entry.token for entry in r.choices[0].logprobs.content]
+    thinking = tokens.index("</think>") + 1
+    assert r.usage.completion_tokens_details.reasoning_tokens == thinking
+    chunks = list(_ask(tool_client, tool_server, 3, seed=11, stream=True,
+                       stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == thinking
+    plain = client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=2)
+    assert plain.usage.completion_tokens_details is None

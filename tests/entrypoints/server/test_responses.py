@@ -161,7 +161,6 @@ REFUSED = [
     ("built-in tool", {"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ("tool_choice required", {"tool_choice": "required"}, "tool_choice"),
     ("max_tool_calls", {"max_tool_calls": 2}, "max_tool_calls"),
-    ("previous_response_id", {"previous_response_id": "resp_1"}, "previous_response_id"),
     ("conversation", {"conversation": "conv_1"}, "conversation"),
     ("background", {"background": True}, "background"),
     ("prompt template", {"prompt": {"id": "pmpt_1"}}, "prompt"),
@@ -178,7 +177,9 @@ REFUSED = [
     ("part without text", {"input": _input({"type": "input_text"})}, "input[0].content[0].text"),
     ("function_call of no tool", {"input": [{"type": "function_call", "call_id": "c",
                                              "name": "f", "arguments": "{}"}]}, "input[0].name"),
-    ("reasoning item", {"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ("encrypted reasoning item", {"input": [{"type": "reasoning", "summary": [],
+                                             "encrypted_content": "gAAA"}]},
+     "input[0].encrypted_content"),
     ("tool role", {"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
     ("empty input", {"input": []}, "input"),
     ("input too long", {"input": "fox " * 600}, "input"),
@@ -204,9 +205,9 @@ def test_refused_with_400_naming_the_field(server, fields, param):
 
 
 def test_errors_through_the_client_and_still_serving(client, server):
-    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+    with pytest.raises(openai.NotFoundError, match="'resp_1' not found"):
         client.responses.create(model=server.model, input="hi", previous_response_id="resp_1")
-    with pytest.raises(openai.NotFoundError, match="stores no responses"):
+    with pytest.raises(openai.NotFoundError, match="'resp_1' not found"):
         client.responses.retrieve("resp_1")
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="gpt-9", input="hi")

@@ -114,6 +114,29 @@ def test_tool_result_round_trip(tool_client, tool_server):
     assert r.usage.input_tokens == chat.usage.prompt_tokens
 
 
+def test_output_items_fed_back_as_agents_do(tool_client, tool_server):
+    """An agent sends every output item back (reasoning, message, calls as the SDK dumps
+    them) with the tools' outputs: accepted, and the reasoning renders as chat's
+    reasoning_content of that assistant turn (same prompt length)."""
+    first = _create(tool_client, tool_server, tool_choice="required", parallel_tool_calls=False,
+                    max_output_tokens=160, extra_body={**THINK, "seed": 8})
+    reasoning, call = first.output
+    assert reasoning.type == "reasoning" and call.type == "function_call"
+    items = [*MESSAGES, *(item.model_dump(exclude_none=True) for item in first.output),
+             {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
+    r = tool_client.responses.create(model=tool_server.model, input=items, tools=TOOLS,
+                                     tool_choice="none", max_output_tokens=2, store=False)
+    history = [*MESSAGES, {"role": "assistant", "content": None,
+                           "reasoning_content": reasoning.content[0].text, "tool_calls": [
+        {"id": call.call_id, "type": "function",
+         "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}]
+    chat = tool_client.chat.completions.create(model=tool_server.model, messages=history,
+                                               tools=CHAT_TOOLS, tool_choice="none",
+                                               max_tokens=2)
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+
+
 def _think(client, server, **kwargs):
     return client.responses.create(model=server.model, input="Pick a digit.", temperature=1.0,
                                    max_output_tokens=12, extra_body={**THINK, "seed": 7},

@@ -89,6 +89,49 @@ def test_streamed_calls_reassemble(tool_client, tool_server, tool_choice):
     _validate(streamed.message.tool_calls[0])
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_false_keeps_the_first_auto_call(tool_client, tool_server, stream):
+    """vLLM's maybe_filter_parallel_tool_calls: a reply of two calls (forced by a regex)
+    with parallel_tool_calls=false gives the first call only, whole or streamed."""
+    kwargs = dict(tool_choice="auto", temperature=1.0, seed=9, parallel_tool_calls=False,
+                  max_tokens=240, extra_body={"structured_outputs": {
+                      "regex": f"{HERMES_CALL}\\n{HERMES_CALL}"}})
+    if stream:
+        with tool_client.chat.completions.stream(model=tool_server.model, messages=MESSAGES,
+                                                 tools=TOOLS, **kwargs) as events:
+            choice = events.get_final_completion().choices[0]
+    else:
+        choice = _chat(tool_client, tool_server, **kwargs).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls
+    _validate(call)
+    both = _chat(tool_client, tool_server, **{**kwargs, "parallel_tool_calls": True})
+    assert len(both.choices[0].message.tool_calls) == 2
+
+
+def test_required_with_nested_pydantic_models_parses(tool_client, tool_server):
+    """pydantic's nested models are "$ref"s into the parameters' "$defs": the required-call
+    grammar (the parameters nested in a list) hoists them to its root, so they compile and
+    the client's parse helper reads the call back as the model."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Place(BaseModel):
+        city: Literal["Paris", "Rome"]
+
+    class Trip(BaseModel):
+        start: Place
+        stops: list[Place] = Field(max_length=2)
+
+    r = tool_client.chat.completions.parse(
+        model=tool_server.model, messages=MESSAGES, tools=[openai.pydantic_function_tool(Trip)],
+        tool_choice="required", parallel_tool_calls=False, max_tokens=400, temperature=1.0,
+        seed=10)
+    [call] = r.choices[0].message.tool_calls
+    assert isinstance(call.function.parsed_arguments, Trip)
+
+
 def test_none_never_calls_and_tools_reach_the_template(tool_client, tool_server):
     r = _chat(tool_client, tool_server, tool_choice="none", temperature=0.0, max_tokens=8)
     assert r.choices[0].message.tool_calls is None
@@ -159,9 +202,11 @@ def test_still_serving_after_bad_input(tool_client, tool_server):
 def test_auto_needs_the_server_flag(client, server):
     """The plain test server has no --enable-auto-tool-choice: "auto" (the default with
     tools) is a 400, as vLLM answers; required still works."""
-    with pytest.raises(openai.BadRequestError, match="enable-auto-tool-choice"):
+    with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=server.model, messages=MESSAGES, tools=TOOLS,
                                        max_tokens=4)
+    assert info.value.body["message"] == (  # vLLM's words
+        '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
     r = client.chat.completions.create(model=server.model, messages=MESSAGES, tools=TOOLS,
                                        tool_choice="required", parallel_tool_calls=False,
                                        max_tokens=120)
