@@ -147,7 +147,7 @@ def test_choices_have_one_source():
 
     assert field_choices(EngineArgs)["prefix_caching_hash_algo"] is HASH_ALGOS
     assert field_choices(EngineArgs)["quantization"] == ("fp8", "gptq", "awq", "compressed-tensors",
-                                                       None)
+                                                       "gptq_marlin", "awq_marlin", None)
     assert field_choices(EngineArgs)["attention_backend"] == ("auto", "torch", "triton")
 
 

@@ -65,6 +65,36 @@ def test_short_flags_with_attached_values_still_parse():
     assert engine_args(_serve_ns("-O0", "-tp", "1")).optimization_level == 0
 
 
+# vLLM's other spellings of a flag
+
+
+def test_underscored_flags_are_taken():
+    args = engine_args(_serve_ns("--max_model_len", "64", "--enable_prefix_caching",
+                                 "--max_num_seqs=4"))
+    assert (args.max_model_len, args.enable_prefix_caching, args.max_num_seqs) == (64, True, 4)
+
+
+def test_dotted_keys_build_a_json_flag():
+    ns = _serve_ns("--speculative-config.method", "ngram",
+                   "--speculative_config.num_speculative_tokens=3",
+                   "--speculative-config.prompt_lookup_max", "4")
+    assert engine_args(ns).speculative_config == {"method": "ngram", "num_speculative_tokens": 3,
+                                                  "prompt_lookup_max": 4}
+    ns = _serve_ns("--hf-overrides", '{"rope_scaling": {"factor": 2.0}}',
+                   "--hf-overrides.rope_scaling.type", "linear")
+    assert ns.hf_overrides == {"rope_scaling": {"factor": 2.0, "type": "linear"}}
+
+
+def test_a_dotted_key_without_its_value_is_refused(capsys):
+    assert "--speculative-config.method" in _refused(["serve", "--speculative-config.method"],
+                                                     capsys)
+
+
+def test_values_keep_their_underscores():
+    ns = _serve_ns("--served-model-name", "my_model", "--chat-template=a_b.jinja")
+    assert ns.served_model_name == ["my_model"] and ns.chat_template == "a_b.jinja"
+
+
 # serve MODEL
 
 

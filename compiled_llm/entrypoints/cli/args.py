@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import typing
 from typing import Any
 
@@ -25,12 +26,74 @@ ENGINE_ARG_ALIASES: dict[str, tuple[str, ...]] = {
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser refusing abbreviated flags, as vLLM's does (every subcommand's)."""
+    """argparse's parser refusing abbreviated flags, as vLLM's does (every subcommand's),
+    and taking vLLM's other spellings of a flag (normalize_argv)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # abbreviations let --chat-template match --chat-template-timeout-s
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, on the normalized command line."""
+        argv = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(normalize_argv(argv), namespace)
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """vLLM's spellings as the flags here read them: --max_model_len is --max-model-len, and
+    --speculative-config.method ngram (or .method=ngram) one key of a JSON flag's object, the
+    value read as JSON where it parses (5, true) and as a string else. Idempotent."""
+    out, position = [], 0
+    while position < len(argv):
+        arg, position = argv[position], position + 1
+        if arg == "--":  # what follows is positional
+            return out + [arg, *argv[position:]]
+        if not arg.startswith("--"):
+            out.append(arg)
+            continue
+        key, equals, value = arg.partition("=")
+        head, dot, path = key.partition(".")
+        head = "--" + head[2:].replace("_", "-")
+        if not dot:
+            out.append(head + equals + value)
+            continue
+        if not path or (not equals and position == len(argv)):  # argparse names it
+            out.append(arg)
+            continue
+        if not equals:
+            value, position = argv[position], position + 1
+        nested: Any = _json_value(value)
+        for part in reversed(path.split(".")):
+            nested = {part: nested}
+        out += [head, json.dumps(nested)]
+    return out
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        old = merged.get(key)
+        merged[key] = _deep_merge(old, value) if isinstance(old, dict) and isinstance(
+            value, dict) else value
+    return merged
+
+
+class JsonObjectAction(argparse.Action):
+    """A JSON object flag given more than once (--speculative-config.method ngram
+    --speculative-config.num_speculative_tokens 3) merges its objects, later keys winning."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        current = getattr(namespace, self.dest, None)
+        merged = _deep_merge(current, values) if isinstance(current, dict) else values
+        setattr(namespace, self.dest, merged)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -75,7 +138,7 @@ def _type_kwargs(cls: type, field: dataclasses.Field, hint: object) -> dict[str,
     if inner in (int, float, str):
         return {"type": inner}
     if inner is dict or origin is dict:
-        return {"type": json_object, "metavar": "JSON"}
+        return {"type": json_object, "metavar": "JSON", "action": JsonObjectAction}
     if origin is list and len(args) == 1 and args[0] in (int, float, str):
         return {"type": args[0], "nargs": "+", "metavar": args[0].__name__.upper()}
     raise TypeError(f"{cls.__name__}.{field.name}: no flag for type {hint!r}")
