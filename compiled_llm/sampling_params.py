@@ -100,7 +100,7 @@ def _normalise_stop_ids(ids: Any) -> list[int]:
     ids = [] if ids is None else ids
     if not isinstance(ids, (list, tuple)) or not all(_is_token_id(t) for t in ids):
         raise ValueError(f"stop_token_ids must be a list of non-negative ints, got {ids!r}")
-    return list(ids)
+    return list(dict.fromkeys(ids))  # vLLM's: repeats dropped, first order kept
 
 
 def _normalise_logit_bias(bias: Any) -> dict[int, float] | None:
@@ -114,6 +114,23 @@ def _normalise_logit_bias(bias: Any) -> dict[int, float] | None:
         if not math.isfinite(value):
             raise ValueError(f"logit_bias values must be finite, got {value} for {token_id}")
         out[token_id] = value
+    return out
+
+
+def _logit_bias_from_json(bias: Any) -> Any:
+    """OpenAI's logit_bias (token ids as strings, biases in [-100, 100]) as SamplingParams
+    takes it; ValueError naming logit_bias on a key that is not an integer."""
+    if not isinstance(bias, dict):
+        return bias  # refused by name in __post_init__
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias contains a key that is not an integer token id: "
+                             f"{key!r}") from None
+        value = _check_real(f"logit_bias[{key}]", value)
+        out[token] = min(100.0, max(-100.0, value))
     return out
 
 
@@ -293,6 +310,30 @@ class SamplingParams:
         if not self.stop or self.include_stop_str_in_output:
             return 0
         return max(len(s) for s in self.stop) - 1
+
+    @staticmethod
+    def from_optional(**fields: Any) -> SamplingParams:
+        """vLLM's: SamplingParams where None stands for the default of n, the penalties,
+        temperature and top_p (an OpenAI request's unset fields), and logit_bias keys may be
+        token ids as strings, biases clamped to [-100, 100]; ValueError naming the field."""
+        for name in ("n", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                     "temperature", "top_p"):
+            if fields.get(name, 0) is None:
+                del fields[name]
+        if fields.get("logit_bias") is not None:
+            fields["logit_bias"] = _logit_bias_from_json(fields["logit_bias"])
+        return SamplingParams(**fields)
+
+    def update_from_generation_config(self, generation_config: dict[str, Any],
+                                      eos_token_id: int | None = None) -> None:
+        """vLLM's: generation_config's eos_token_id (an id or a list) other than the primary
+        eos_token_id become stop_token_ids, unless ignore_eos."""
+        eos_ids = generation_config.get("eos_token_id")
+        if eos_ids is None or self.ignore_eos:
+            return
+        extra = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids)
+        extra = [t for t in extra if t != eos_token_id]
+        self.stop_token_ids = _normalise_stop_ids([*(self.stop_token_ids or []), *extra])
 
     def clone(self) -> SamplingParams:
         """Copy with fresh lists; processors and structured_outputs are shared (may hold state)."""

@@ -168,6 +168,10 @@ class LLMEngine:
         """Forget every cached block hash (blocks held by requests stay theirs)."""
         self.core.reset_prefix_cache()
 
+    def get_tokenizer(self):
+        """The HF tokenizer (vLLM's LLMEngine.get_tokenizer); None with skip_tokenizer_init."""
+        return self.tokenizer
+
     @property
     def model_config(self):
         """The loaded model's config (a DecoderConfig: vocab_size, layers, heads ...)."""

@@ -1,5 +1,6 @@
 """The offline API, shaped like vLLM's: LLM(model=...).generate(...) and .chat(...) with
-vLLM's template arguments; beam_search is refused by name (this engine has none)."""
+vLLM's template arguments; beam_search, sleep / wake_up, collective_rpc and apply_model are
+refused by name (this engine has none of them)."""
 
 from __future__ import annotations
 
@@ -71,16 +72,24 @@ class LLM(PoolingMixin):
 
     def generate(
         self,
-        prompts: PromptType | Sequence[PromptType],
+        prompts: PromptType | Sequence[PromptType] | None = None,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        *,
+        prompt_token_ids: list[int] | list[list[int]] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order. priority (one per
         prompt) orders admission under scheduling_policy="priority": lower runs earlier.
-        lora_request: one LoRARequest for every prompt, or one (or None) per prompt."""
+        lora_request: one LoRARequest for every prompt, or one (or None) per prompt.
+        prompt_token_ids: vLLM's older spelling of token prompts (prompts, if given, are
+        their texts)."""
         check_runner(self.runner_type, "generate", "generate")
+        if prompt_token_ids is not None:
+            prompts = legacy_token_prompts(prompts, prompt_token_ids)
+        elif prompts is None:
+            raise ValueError("prompts: give the prompts to generate from")
         prompts = as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
@@ -145,6 +154,33 @@ class LLM(PoolingMixin):
         raise NotImplementedError(
             "beam search is not supported by compiled-llm; use generate() (greedy, or n > 1 "
             "samples ranked by cumulative_logprob with SamplingParams(logprobs=0))")
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache's block hashes (vLLM's; True: it was reset)."""
+        self.engine.reset_prefix_cache()
+        return True
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode, which this engine does not have: NotImplementedError."""
+        raise NotImplementedError("sleep() is not supported by compiled-llm (no sleep mode); "
+                                  "shutdown() gives back the device memory")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """vLLM's sleep mode, which this engine does not have: NotImplementedError."""
+        raise NotImplementedError("wake_up() is not supported by compiled-llm (no sleep mode)")
+
+    def collective_rpc(self, method: Any, timeout: float | None = None, args: tuple = (),
+                       kwargs: dict[str, Any] | None = None) -> list:
+        """vLLM's RPC to its worker objects, which this engine does not expose:
+        NotImplementedError."""
+        raise NotImplementedError("collective_rpc() is not supported by compiled-llm: its "
+                                  "workers take no RPC calls")
+
+    def apply_model(self, func: Any) -> list:
+        """vLLM's hook running func on each worker's model, which this engine (whose model
+        may live in its engine-core process, compiled) does not expose: NotImplementedError."""
+        raise NotImplementedError("apply_model() is not supported by compiled-llm: the model "
+                                  "is not reachable from LLM")
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
@@ -235,6 +271,20 @@ def _final_only(params: list[SamplingParams]) -> list[SamplingParams]:
         if id(p) not in made:
             made[id(p)] = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
     return [made[id(p)] for p in params]
+
+
+def legacy_token_prompts(texts: Any, token_ids: list[int] | list[list[int]]) -> list[dict]:
+    """vLLM's older generate(prompts, prompt_token_ids=...) as token prompts: one list of
+    ids or a list of them, with the texts (one per prompt) as their prompt when given."""
+    if token_ids and isinstance(token_ids[0], int):
+        token_ids = [token_ids]
+    prompts: list[dict] = [{"prompt_token_ids": list(ids)} for ids in token_ids]
+    if texts is None:
+        return prompts
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    if len(texts) != len(prompts):
+        raise ValueError(f"prompt_token_ids: got {len(prompts)} for {len(texts)} prompts")
+    return [{**p, "prompt": t} for p, t in zip(prompts, texts)]
 
 
 def _per_prompt(lora_request, n: int) -> list:

@@ -153,8 +153,7 @@ class GrammarManager:
                 return compiler.compile_regex(spec.regex)
             return compiler.compile_grammar(text)
         except Exception as exc:  # xgrammar reports parse errors as RuntimeError
-            reason = str(exc).strip().splitlines()[-1].split(": ", 1)[-1] if str(exc) else \
-                type(exc).__name__
+            reason = _reason(exc)
             raise ValueError(f"structured_outputs.{spec.kind} is invalid: {reason}") from None
 
     def _get_compiler(self):
@@ -166,3 +165,14 @@ class GrammarManager:
                     stop_token_ids=list(self._stop_ids) or None)
                 self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
             return self._compiler
+
+
+def _reason(exc: Exception) -> str:
+    """The message of a failed compile: a ValueError of ours as it is, xgrammar's last line
+    without its location prefixes ("[time] file.cc:12: Check failed: ...")."""
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    if type(exc) is ValueError:
+        return text
+    return text.splitlines()[-1].split(": ", 1)[-1]

@@ -7,9 +7,11 @@ A request's matcher lives on its Request (``req.grammar``) from admission until 
 from __future__ import annotations
 
 import json
+import re
 
 import torch
 
+from compiled_llm.sample.json_schema_support import unsupported_feature
 from compiled_llm.sample.uploads import host_full
 from compiled_llm.sampling_params import StructuredOutputsParams
 
@@ -23,11 +25,15 @@ def choice_ebnf(choices: tuple[str, ...]) -> str:
 
 
 def grammar_text(xgr, spec: StructuredOutputsParams) -> str | None:
-    """The EBNF spec compiles to, or None for a regex (compiled as one); ValueError, KeyError,
-    TypeError or xgrammar's errors for a spec it cannot build."""
+    """The EBNF spec compiles to, or None for a regex (compiled as one); a Lark grammar is
+    converted by xgrammar. ValueError, KeyError, TypeError or xgrammar's errors for a spec it
+    cannot build, ValueError naming the keyword for a JSON schema it would not enforce."""
     if spec.kind in ("json", "json_object"):
-        any_whitespace = spec.any_whitespace
+        any_whitespace = spec.json_any_whitespace
         schema = '{"type": "object"}' if spec.json_object else spec.json
+        unenforced = unsupported_feature(schema)
+        if unenforced:  # a grammar that would let invalid instances through: refused
+            raise ValueError(f"{unenforced} is not supported (xgrammar would not enforce it)")
         grammar = xgr.Grammar.from_json_schema(
             schema, any_whitespace=any_whitespace,
             separators=None if any_whitespace else (",", ":"),
@@ -40,7 +46,17 @@ def grammar_text(xgr, spec: StructuredOutputsParams) -> str | None:
     if spec.kind == "structural_tag":
         return str(structural_tag_grammar(xgr, spec.structural_tag)).replace(_LOOSE_CHAR,
                                                                              _JSON_CHAR)
-    return None if spec.kind == "regex" else spec.grammar
+    if spec.kind == "regex":
+        return None
+    if grammar_is_lark(spec.grammar):  # vLLM's rule: EBNF has "::=", Lark does not
+        return str(xgr.Grammar.from_lark(spec.grammar))
+    return spec.grammar
+
+
+def grammar_is_lark(grammar: str) -> bool:
+    """Whether a grammar is Lark rather than EBNF/GBNF: no line outside comments (# or //)
+    holds an EBNF rule's "::=" (vLLM's test, so the same text means the same language)."""
+    return all("::=" not in re.sub(r"(#|//).*$", "", line) for line in grammar.splitlines())
 
 
 def structural_tag_grammar(xgr, tag: str | dict):

@@ -48,6 +48,14 @@ class StructuredOutputsParams:
     reasoning_end_token_id: int | None = None
     """When set, the reply starts in a thinking span: nothing is constrained until this token
     (the span's end) is generated, and the grammar applies from the token after it."""
+    disable_any_whitespace: bool = False
+    """vLLM's: JSON without whitespace between tokens (wins over any_whitespace)."""
+    disable_additional_properties: bool = False
+    """vLLM's: objects take no property their schema does not declare. Always so here
+    (xgrammar's strict mode) unless the schema itself allows additionalProperties."""
+    whitespace_pattern: str | None = None
+    """vLLM's (its outlines backend's): taken and not applied, as vLLM's xgrammar backend
+    does; the JSON is compact, or any_whitespace's."""
 
     def __post_init__(self) -> None:
         set_kinds = [k for k in _KINDS if getattr(self, k) not in (None, False)]
@@ -75,9 +83,14 @@ class StructuredOutputsParams:
             _check_structural_tag(self.structural_tag)
         if self.json_object is not None and not isinstance(self.json_object, bool):
             raise ValueError("structured_outputs.json_object must be a bool")
-        if not isinstance(self.any_whitespace, bool):
-            raise ValueError(f"structured_outputs.any_whitespace must be a bool, got "
-                             f"{self.any_whitespace!r}")
+        for name in ("any_whitespace", "disable_any_whitespace",
+                     "disable_additional_properties"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"structured_outputs.{name} must be a bool, got "
+                                 f"{getattr(self, name)!r}")
+        if self.whitespace_pattern is not None and not isinstance(self.whitespace_pattern, str):
+            raise ValueError(f"structured_outputs.whitespace_pattern must be a string or None, "
+                             f"got {self.whitespace_pattern!r}")
         end_id = self.reasoning_end_token_id
         if end_id is not None and not _is_token_id(end_id):
             raise ValueError(f"structured_outputs.reasoning_end_token_id must be a token id, "
@@ -100,12 +113,19 @@ class StructuredOutputsParams:
         "structural_tag"."""
         return next(k for k in _KINDS if getattr(self, k) not in (None, False))
 
+    @property
+    def json_any_whitespace(self) -> bool:
+        """Whether JSON may have whitespace between its tokens: any_whitespace=True, unless
+        disable_any_whitespace. Compact by default (vLLM allows any): a weak model cannot pad
+        the JSON with whitespace until max_tokens cuts it."""
+        return self.any_whitespace and not self.disable_any_whitespace
+
     def key(self) -> tuple[str, str, bool]:
         """A hashable identity of the grammar this spec compiles to."""
         value = getattr(self, self.kind)
         if isinstance(value, (dict, tuple)):
             value = json.dumps(value, sort_keys=True)
-        return self.kind, str(value), self.any_whitespace
+        return self.kind, str(value), self.json_any_whitespace
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> StructuredOutputsParams:

@@ -87,6 +87,33 @@ def test_beam_search_is_refused_and_llm_engine_is_the_engine(llm):
     assert llm.llm_engine is llm.engine
 
 
+@pytest.mark.parametrize("method, args", [("sleep", ()), ("wake_up", ()),
+                                          ("collective_rpc", ("echo",)),
+                                          ("apply_model", (len,))])
+def test_vllm_methods_this_engine_lacks_are_refused_by_name(llm, method, args):
+    with pytest.raises(NotImplementedError, match=f"{method}\\(\\) is not supported"):
+        getattr(llm, method)(*args)
+
+
+def test_reset_prefix_cache_and_the_engines_tokenizer(llm):
+    llm.generate(["hello there, hello there"], ONE, use_tqdm=False)
+    assert llm.reset_prefix_cache() is True
+    again = llm.generate(["hello there, hello there"], ONE, use_tqdm=False)[0]
+    assert again.num_cached_tokens == 0
+    assert llm.llm_engine.get_tokenizer() is llm.get_tokenizer()
+
+
+def test_legacy_prompt_token_ids_keyword(llm):
+    ids = [[5, 6, 7], [8, 9]]
+    outs = llm.generate(sampling_params=ONE, prompt_token_ids=ids, use_tqdm=False)
+    assert [o.prompt_token_ids for o in outs] == ids and outs[0].prompt is None
+    one = llm.generate("abc", ONE, prompt_token_ids=[5, 6, 7], use_tqdm=False)
+    assert one[0].prompt == "abc" and one[0].prompt_token_ids == [5, 6, 7]
+    assert one[0].outputs[0].token_ids == outs[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        llm.generate(["a", "b"], ONE, prompt_token_ids=[5, 6], use_tqdm=False)
+
+
 def test_vllm_names_are_exported(llm):
     for name in ("TextPrompt", "TokensPrompt", "PromptType", "PoolingParams",
                  "PoolingRequestOutput", "EmbeddingRequestOutput", "AsyncEngineArgs"):

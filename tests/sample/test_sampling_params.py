@@ -196,3 +196,28 @@ def test_structured_outputs_keys_that_are_no_fields_are_refused():
         SamplingParams(structured_outputs={0: None, "": None})
     with pytest.raises(ValueError, match="^structured_outputs must be a dict"):
         StructuredOutputsParams.from_dict([("regex", "a")])
+
+
+def test_from_optional_takes_none_for_defaults_and_openai_logit_bias():
+    p = SamplingParams.from_optional(n=None, temperature=None, top_p=None, presence_penalty=None,
+                                     frequency_penalty=None, repetition_penalty=None,
+                                     max_tokens=5, logit_bias={"7": 250, 3: -0.5})
+    assert p == SamplingParams(max_tokens=5, logit_bias={7: 100.0, 3: -0.5})
+    assert SamplingParams.from_optional(temperature=0.0).is_greedy
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams.from_optional(logit_bias={"x": 1.0})
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams.from_optional(top_p=2.0)
+
+
+def test_update_from_generation_config_adds_its_other_eos_ids():
+    p = SamplingParams(stop_token_ids=[9])
+    p.update_from_generation_config({"eos_token_id": [2, 5, 9]}, eos_token_id=2)
+    assert p.stop_token_ids == [9, 5]
+    q = SamplingParams()
+    q.update_from_generation_config({"eos_token_id": 4})
+    assert q.stop_token_ids == [4]
+    ignored = SamplingParams(ignore_eos=True)
+    ignored.update_from_generation_config({"eos_token_id": [4]})
+    assert ignored.stop_token_ids == []
+    assert SamplingParams(stop_token_ids=[3, 3, 4, 3]).stop_token_ids == [3, 4]  # vLLM's dedup

@@ -4,6 +4,7 @@ freed when requests end, and a model vocab larger than the tokenizer's."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -113,3 +114,43 @@ def test_bitmask_bans_ids_past_the_tokenizer(padded_ckpt):
     allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
     assert allowed and max(allowed) < len(tok)
     assert all(tok.decode([t]).startswith("{") for t in allowed)
+
+
+def test_vllm_fields_are_taken_and_keyed_by_the_json_they_make():
+    spec = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True,
+                                   disable_additional_properties=True, whitespace_pattern=r" ?")
+    assert spec.key() == StructuredOutputsParams(json=SCHEMA).key()  # compact either way
+    loose = StructuredOutputsParams.from_dict({"json": SCHEMA, "any_whitespace": True})
+    assert loose.key() != spec.key()
+    assert StructuredOutputsParams(json=SCHEMA, any_whitespace=True,
+                                   disable_any_whitespace=True).key() == spec.key()
+    with pytest.raises(ValueError, match="disable_any_whitespace"):
+        StructuredOutputsParams(json=SCHEMA, disable_any_whitespace="yes")
+    with pytest.raises(ValueError, match="whitespace_pattern"):
+        StructuredOutputsParams(json=SCHEMA, whitespace_pattern=3)
+
+
+@pytest.mark.parametrize("grammar", ['?start: "a" NAME\nNAME: /[b-d]+/',
+                                     '// Lark, with a comment holding ::=\nstart: "a" | "b"'])
+def test_a_lark_grammar_constrains_as_vllm_takes_it(llm, grammar):
+    spec = StructuredOutputsParams(grammar=grammar)
+    params = SamplingParams(n=3, temperature=1.0, seed=0, max_tokens=8, structured_outputs=spec)
+    for c in llm.generate(["The quick"], params, use_tqdm=False)[0].outputs:
+        assert re.fullmatch(r"a[b-d]*|b", c.text), c.text
+    assert llm.engine.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("schema, keyword", [
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
+    ({"type": "object", "properties": {"s": {"type": "string", "pattern": "[a-z]+",
+                                             "maxLength": 3}}}, "minLength/maxLength"),
+    ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
+    ({"allOf": [{"type": "integer"}, {"maximum": 5}]}, "allOf"),
+])
+def test_a_schema_xgrammar_would_not_enforce_is_refused_before_queueing(llm, schema, keyword):
+    good = SamplingParams(temperature=0.0, max_tokens=4)
+    bad = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(json=schema))
+    with pytest.raises(ValueError, match=f"structured_outputs.json is invalid: {keyword}"):
+        llm.generate(["The quick", "The quick"], [good, bad], use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests() and llm.engine.num_used_blocks == 0
+    assert llm.generate(["The quick"], good, use_tqdm=False)[0].outputs[0].token_ids

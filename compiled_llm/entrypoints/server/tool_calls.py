@@ -19,6 +19,7 @@ from compiled_llm.entrypoints.tool_parsers.base import (
     extract,
 )
 from compiled_llm.entrypoints.tool_parsers.json_scan import scan_calls
+from compiled_llm.sample.json_schema_support import loosen_unenforced
 from compiled_llm.sampling_params import StructuredOutputsParams
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # OpenAI's function names, plus "." and ":"
@@ -107,7 +108,7 @@ class ToolPlan:
         """The constraint enforcing a required or named call (compact JSON: no whitespace
         the model could repeat)."""
         if self.mode == "named":
-            return StructuredOutputsParams(json=self._parameters(self.name))
+            return StructuredOutputsParams(json=loosen_unenforced(self._parameters(self.name)))
         if self.mode != "required":
             return None
         defs: dict[str, Any] = {}
@@ -120,7 +121,9 @@ class ToolPlan:
             schema["maxItems"] = 1
         if defs:  # refs like "#/$defs/X" resolve against the root: the definitions go there
             schema["$defs"] = defs
-        return StructuredOutputsParams(json=schema)
+        # tool schemas are the client's API description: what xgrammar cannot enforce is
+        # dropped (vLLM falls back to another backend) rather than the request refused
+        return StructuredOutputsParams(json=loosen_unenforced(schema))
 
     def _names(self) -> list[str]:
         return [tool["function"]["name"] for tool in self.tools or []]
