@@ -153,3 +153,15 @@ def _stop_sidecar(pool, subproc_pool) -> None:
             pool.running_waitcounter.__exit__()
         send(pool.write_pipe, header)
         pool.write_pipe.close()
+
+
+def forget_inherited_compile_pools() -> None:
+    """In a forked child: drop the Inductor thread pool inherited from the parent. Its worker
+    threads did not survive the fork, yet the pool believes them idle, so a C++ kernel
+    submitted to it waits forever (a tensor- or pipeline-parallel rank forked after its
+    engine's process had compiled hung on its first compile). Torch's own fork hook resets
+    only the subprocess pool; the thread pool is made anew on its next use."""
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    pool = getattr(getattr(async_compile, "AsyncCompile", None), "pool", None)
+    if hasattr(pool, "cache_clear"):  # an lru_cache'd factory in torch 2.11 and 2.13
+        pool.cache_clear()

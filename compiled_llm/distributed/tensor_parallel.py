@@ -203,8 +203,12 @@ def check_shardable(config, world: int, expert_parallel: bool = False) -> None:
     if expert_parallel:
         check_expert_parallel(config, world)
     head_layout(config.num_attention_heads, config.num_key_value_heads, 0, world)
-    sizes = {"vocab_size": config.vocab_size, "intermediate_size": config.intermediate_size}
+    sizes = {"vocab_size": config.vocab_size}
     moe = getattr(config, "moe", None)
+    # the dense MLP's size only where a layer has one: Mixtral's intermediate_size is its
+    # experts' (whole per rank under expert parallelism), an all-sparse Qwen-MoE never reads it
+    if moe is None or not all(map(moe.is_sparse, range(config.num_hidden_layers))):
+        sizes["intermediate_size"] = config.intermediate_size
     if moe is not None:
         if not expert_parallel:  # else each expert is whole on one rank
             sizes["moe_intermediate_size"] = moe.moe_intermediate_size

@@ -6,6 +6,7 @@ with an error naming it, not a hang; shutdown stops the workers and leaves the g
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -179,6 +180,12 @@ class MultiprocExecutor(UniProcExecutor):
     def execute(self, sched: SchedulerOutput) -> StepResult:
         """Run one step to the end on every rank."""
         return self._checked(super().execute, sched)
+
+    def __del__(self) -> None:
+        # a dropped engine (no shutdown call) must not leave its workers waiting on a step and
+        # this process in their group: a later multi-rank engine here could not join one
+        with contextlib.suppress(Exception):
+            self.shutdown()
 
     def shutdown(self) -> None:
         """Stop the workers (killed if they do not stop), free rank 0's device memory and

@@ -13,6 +13,7 @@ import traceback
 
 import torch
 
+from compiled_llm.compat import forget_inherited_compile_pools
 from compiled_llm.core.gc_heap import freeze_startup_heap
 from compiled_llm.distributed.parallel_state import destroy_tp_group, init_tp_group
 from compiled_llm.worker.tp_follower import follow
@@ -31,6 +32,7 @@ def rank_spec(spec: WorkerSpec, rank: int) -> WorkerSpec:
 
 def run_worker(args, spec: WorkerSpec, rank: int, init_method: str, status_fd: int) -> None:
     """Join, load, report "ready" (or the error) on status_fd, then follow the driver."""
+    forget_inherited_compile_pools()  # forked on CPU: the parent's compile threads are gone
     with os.fdopen(status_fd, "wb", buffering=0) as status:
         try:
             spec = rank_spec(spec, rank)

@@ -1,8 +1,8 @@
-"""The Ray executor: the multiprocess executor's group (tensor or pipeline parallel) with its
-follower ranks as Ray actors (a local Ray cluster is started if none is connected; RAY_ADDRESS
-names one). Rank 0 stays in the engine's process; each actor joins the group, loads its shard
-(or stage) and follows the driver's broadcast steps in one long call. One host: ranks use
-cuda:<rank> as with mp."""
+"""The Ray executor: the multiprocess executor's group with its follower ranks as Ray actors (a
+local Ray cluster is started if none is connected; RAY_ADDRESS names one). Rank 0 stays in the
+engine's process; each actor joins, loads its shard (or stage) and follows the driver's steps in
+one long call; ranks use cuda:<rank> as with mp. A Ray connection made here ends with the last
+engine on it (a local cluster's processes too); one the user made is kept."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from compiled_llm.config import EngineArgs
 from compiled_llm.distributed.pipeline_parallel import ENV_PARTITION
 from compiled_llm.executor.mp_executor import MultiprocExecutor, _kind
 from compiled_llm.worker.worker import WorkerSpec
+
+_LIVE: set[int] = set()  # the RayExecutors (ids) that started or hold actors
+_CONNECTED_HERE: list[bool] = [False]  # whether ray.init was this module's call
 
 
 class RankActor:
@@ -55,6 +58,7 @@ class _RayRank:
 
         if not ray.is_initialized():
             ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+            _CONNECTED_HERE[0] = True
         self.name, self.pid, self._exit = f"rank {rank}", None, None
         self.kind = _kind(args)
         # an actor's process need not inherit this one's environment: the stages' split must
@@ -100,3 +104,29 @@ class RayExecutor(MultiprocExecutor):
     """MultiprocExecutor with Ray actors for ranks 1..N-1."""
 
     rank_cls = _RayRank
+
+    def __init__(self, args: EngineArgs, spec: WorkerSpec) -> None:
+        _LIVE.add(id(self))
+        try:
+            super().__init__(args, spec)
+        except BaseException:  # super() stopped what it started; a refusal before that too
+            _leave_ray(self)
+            raise
+
+    def shutdown(self) -> None:
+        """MultiprocExecutor's shutdown (actors ended), then leave a Ray instance this module
+        connected to once no other engine uses it: a local one started for the engine would
+        otherwise keep its raylet, GCS and dashboard processes until the interpreter exits."""
+        super().shutdown()
+        _leave_ray(self)
+
+
+def _leave_ray(executor: RayExecutor) -> None:
+    """Forget executor; the last one out shuts down the Ray connection made here."""
+    _LIVE.discard(id(executor))
+    if _LIVE or not _CONNECTED_HERE[0]:
+        return
+    import ray
+
+    _CONNECTED_HERE[0] = False
+    ray.shutdown()

@@ -6,6 +6,8 @@ expert and dense layers)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -79,6 +81,24 @@ def test_misconfigurations_name_the_field():
     with pytest.raises(ValueError, match="enable_expert_parallel: the model has no mixture"):
         check_shardable(dense, 2, expert_parallel=True)
 
+
+
+def test_dense_intermediate_size_is_checked_only_where_a_layer_is_dense():
+    """Mixtral's intermediate_size is its experts' size: whole per rank under expert
+    parallelism, so an odd one splits; an all-sparse Qwen3-MoE never reads intermediate_size."""
+    mixtral = build_model_config(load_hf_config(make_checkpoint("mixtral")))[1]
+    odd = dataclasses.replace(mixtral, intermediate_size=25,
+                              moe=dataclasses.replace(mixtral.moe, moe_intermediate_size=25))
+    check_shardable(odd, 2, expert_parallel=True)
+    with pytest.raises(ValueError, match="tensor_parallel_size 2 must divide "
+                                         "moe_intermediate_size 25"):
+        check_shardable(odd, 2)
+    qwen3 = build_model_config(load_hf_config(make_checkpoint("qwen3_moe")))[1]
+    sparse = dataclasses.replace(qwen3, intermediate_size=25,
+                                 moe=dataclasses.replace(qwen3.moe, mlp_only_layers=()))
+    check_shardable(sparse, 2)
+    with pytest.raises(ValueError, match="tensor_parallel_size 2 must divide intermediate_size"):
+        check_shardable(dataclasses.replace(sparse, moe=qwen3.moe), 2)  # layer 1 is dense
 
 @pytest.mark.slow
 def test_tp2_expert_parallel_greedy_equals_tp1():

@@ -1,6 +1,7 @@
 """The multiprocess executor: a tensor-parallel engine whose worker is killed fails its
 requests with an error naming the worker (no hang) and keeps refusing steps; settings it
-cannot run (tensor or pipeline parallel) are refused up front, naming the field."""
+cannot run (tensor or pipeline parallel) are refused up front, naming the field; a dropped
+engine stops its worker."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from compiled_llm import LLM, SamplingParams
 from compiled_llm.config import EngineArgs
+from compiled_llm.distributed.parallel_state import get_tp_group
 from compiled_llm.entrypoints.cli.args import add_engine_args, engine_args
 from tests.utils import make_checkpoint
 
@@ -29,6 +31,20 @@ def llm():
               tensor_parallel_size=2, distributed_executor_backend="mp")
     yield llm
     llm.shutdown()
+
+
+def test_dropped_engine_stops_its_workers_and_leaves_the_group():
+    """Runs before the module's engine: an LLM dropped without shutdown() ends its worker and
+    leaves the process group, so another multi-rank engine can start in this process."""
+    llm = LLM(str(make_checkpoint("llama")), dtype="float32", enforce_eager=True,
+              max_model_len=128, engine_core_process=False, kv_cache_memory_bytes=4 << 20,
+              tensor_parallel_size=2)
+    assert len(llm.generate(PROMPTS[:1], PARAMS, use_tqdm=False)[0].outputs[0].token_ids) == 4
+    (worker,) = llm.engine.executor.procs
+    del llm  # no reference cycle holds the executor: it goes now
+    worker.process.join(15)
+    assert worker.process.exitcode == 0
+    assert get_tp_group() is None
 
 
 def _assert_failed_by_dead_worker(outs) -> None:

@@ -1,8 +1,10 @@
 """The Ray executor on a local Ray cluster (2 CPUs): TP=2 and PP=2 (a tied LM head on the last
-stage) with rank 1 as a Ray actor give one rank's greedy tokens, and shutdown ends the actor."""
+stage) with rank 1 as a Ray actor give one rank's greedy tokens, and shutdown ends the actor;
+a local Ray instance the engine started itself is shut down with the engine."""
 
 from __future__ import annotations
 
+import psutil
 import pytest
 
 from compiled_llm import LLM, SamplingParams
@@ -13,6 +15,22 @@ pytestmark = pytest.mark.slow
 BASE = dict(dtype="float32", enforce_eager=True, max_model_len=128, engine_core_process=False,
             kv_cache_memory_bytes=4 << 20)
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6)
+
+
+def test_local_ray_started_by_the_engine_ends_with_it():
+    """Runs before the module's cluster fixture: no Ray is connected, so the engine starts
+    one; after shutdown none of its processes (raylet, GCS, dashboard, workers) is left."""
+    assert not ray.is_initialized()
+    llm = LLM(str(make_checkpoint("llama")), distributed_executor_backend="ray",
+              tensor_parallel_size=2, **BASE)
+    try:
+        assert ray.is_initialized()
+        out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], PARAMS, use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == PARAMS.max_tokens
+    finally:
+        llm.shutdown()
+    assert not ray.is_initialized()
+    assert psutil.Process().children(recursive=True) == []
 
 
 @pytest.fixture(scope="module")
