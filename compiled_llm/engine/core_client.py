@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 
 import zmq
 
@@ -74,6 +75,10 @@ class CoreClient:
         self._sending = threading.Lock()
         if self._owned:
             self.process = start_core_process(args, spec, eos_token_ids, [(in_addr, out_addr)])
+            # a client dropped without shutdown() (del llm) still stops its core, which holds
+            # the model and the KV cache; the finalizer holds the parts, never the client
+            self._stop = weakref.finalize(self, _stop_core, self.process, self._to_core,
+                                          self._from_core, self._context, self._dir)
         else:
             self.process = PeerProcess(endpoint.core_pid)
         try:
@@ -246,22 +251,8 @@ class CoreClient:
         the sockets (idempotent); a shared core is left running (its owner stops it)."""
         if not self._owned:
             return self._detach()
-        if self.process.poll() is None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._to_core.send(pack(SHUTDOWN, None), zmq.NOBLOCK)
-            _wait(self.process, SHUTDOWN_WAIT_S)
-        if self.process.poll() is None:
-            self.process.terminate()
-            _wait(self.process, SHUTDOWN_WAIT_S)
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        self._stop()
         self._dead = self._dead or "engine core is shut down"
-        if not self._context.closed:
-            self._to_core.close(linger=0)
-            self._from_core.close(linger=0)
-            self._context.term()
-        shutil.rmtree(self._dir, ignore_errors=True)
 
     def _detach(self) -> None:
         """Close the sockets to a shared core, giving the aborts just sent time to leave."""
@@ -324,6 +315,27 @@ def registered_models() -> dict[str, str]:
         elif model_cls.__module__ != "__main__" and "." not in model_cls.__qualname__:
             refs[arch] = f"{model_cls.__module__}:{model_cls.__qualname__}"
     return refs
+
+
+def _stop_core(process: subprocess.Popen, to_core, from_core, context: zmq.Context,
+               directory: str) -> None:
+    """Stop an owned core process (asking first, then terminating, then killing), close the
+    sockets and remove the sockets' directory (run once, by shutdown or the finalizer)."""
+    if process.poll() is None:
+        with contextlib.suppress(zmq.ZMQError):
+            to_core.send(pack(SHUTDOWN, None), zmq.NOBLOCK)
+        _wait(process, SHUTDOWN_WAIT_S)
+    if process.poll() is None:
+        process.terminate()
+        _wait(process, SHUTDOWN_WAIT_S)
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+    if not context.closed:
+        to_core.close(linger=0)
+        from_core.close(linger=0)
+        context.term()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _wait(process: subprocess.Popen, seconds: float) -> None:

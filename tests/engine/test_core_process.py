@@ -71,6 +71,23 @@ def test_process_core_matches_in_process_core_and_frees_everything(monkeypatch):
     assert not os.path.exists(core._dir)  # its sockets are gone
 
 
+def test_a_dropped_llm_stops_its_core_process():
+    """del llm without shutdown(), the collector off: the core process (which holds the model
+    and the KV cache) is asked to stop, and stops, and its sockets' directory goes."""
+    import gc
+
+    llm = LLM(**{**vars(engine_args()), "engine_core_process": True})
+    llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+    process, directory = llm.engine.core.process, llm.engine.core._dir
+    gc.disable()
+    try:
+        del llm
+    finally:
+        gc.enable()
+    assert process.returncode == 0 and not _alive(process.pid)
+    assert not os.path.exists(directory)
+
+
 def test_a_crashed_core_fails_every_request_and_the_server_reports_unhealthy():
     long = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)  # to max_model_len
     with serving() as srv:
