@@ -97,7 +97,7 @@ def run_api_server(spec: ApiServerSpec) -> None:
     metrics = ServerMetrics(spec.cfg.model_name, multiprocess=True)
     engine = AsyncLLM(spec.args, observer=metrics, core_endpoint=spec.endpoint)
     try:
-        app = build_app(engine, spec.cfg, metrics)
+        app = build_app(engine, spec.cfg, metrics, shared_dir=spec.endpoint.ipc_dir)
         config = uvicorn_config(app, spec.host, spec.port, spec.cfg, spec.log_level,
                                 log_config=_uvicorn_log_config(log_prefix()))
         freeze_startup_heap()

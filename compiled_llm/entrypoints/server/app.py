@@ -3,6 +3,7 @@ with uvicorn (what `compiled-llm serve` calls)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from fastapi import FastAPI, Request
@@ -43,8 +44,10 @@ from compiled_llm.entrypoints.server.tracing import TraceHeadersMiddleware
 __all__ = ["ServerConfig", "build_app", "serve"]
 
 
-def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> FastAPI:
-    """The app for engine; metrics must be the engine's observer."""
+def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics,
+              shared_dir: str | None = None) -> FastAPI:
+    """The app for engine; metrics must be the engine's observer. shared_dir: a directory
+    the API server processes of one engine share (stored responses live there)."""
     app = FastAPI(title="compiled-llm", docs_url=None, redoc_url=None)
     install_handlers(app)
     install_openapi(app, OPEN_PATHS, keyed=cfg.api_key is not None)
@@ -59,7 +62,8 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> Fa
     _set_chat_template(engine, cfg.chat_template)
     loras = ServedLoRAs(engine, cfg.model_name, cfg.lora_modules)
     chat, completion = ServingChat(engine, cfg, metrics), ServingCompletion(engine, cfg, metrics)
-    responses = ServingResponses(engine, cfg, metrics)
+    store_dir = None if shared_dir is None else os.path.join(shared_dir, "responses")
+    responses = ServingResponses(engine, cfg, metrics, store_dir=store_dir)
     for serving in (chat, completion, responses):
         serving.loras = loras
     _add_generation_routes(app, chat, completion, metrics)

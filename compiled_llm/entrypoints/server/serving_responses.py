@@ -67,9 +67,10 @@ class Admitted:
 class ServingResponses(Serving):
     """The /v1/responses handler; store keeps finished responses (responses_store.py)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, store_dir: str | None = None, **kwargs) -> None:
+        """store_dir: where several API server processes share their stored responses."""
         super().__init__(*args, **kwargs)
-        self.store = ResponseStore()
+        self.store = ResponseStore(directory=store_dir)
 
     def retrieve(self, rid: str) -> dict:
         """GET /v1/responses/{rid}: the stored response (a 404 when not kept)."""

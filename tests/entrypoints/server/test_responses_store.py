@@ -6,6 +6,8 @@ is bounded (least recently used out)."""
 
 from __future__ import annotations
 
+import os
+
 import openai
 import pytest
 
@@ -76,3 +78,27 @@ def test_store_is_bounded_least_recently_used_first():
     store.put("big", {"id": "x" * 20_000}, turn)  # larger than the whole store: not kept
     with pytest.raises(Exception, match="not found"):
         store.conversation("big")
+
+
+def test_api_server_processes_share_what_they_store(tmp_path):
+    """Several API server processes (the default on a big CUDA host) answer one client: a
+    response one of them kept is found, continued and deleted through any other."""
+    first, second = (ResponseStore(directory=str(tmp_path)) for _ in range(2))
+    turn = [ChatMessage(role="user", content="hi"),
+            ChatMessage(role="assistant", content="hello", reasoning_content="think")]
+    first.put("resp_1", {"id": "resp_1"}, turn)
+    assert second.response("resp_1") == {"id": "resp_1"}
+    assert [m.model_dump() for m in second.conversation("resp_1")] == [
+        m.model_dump() for m in turn]
+    assert second.delete("resp_1")
+    for store in (first, second):
+        with pytest.raises(Exception, match="not found"):
+            store.response("resp_1")
+    with pytest.raises(Exception, match="not found"):  # never a path outside the directory
+        second.response("../resp_1")
+    bounded = ResponseStore(max_entries=1, directory=str(tmp_path))
+    bounded.put("r1", {"id": "r1"}, turn)
+    bounded.put("r2", {"id": "r2"}, turn)  # evicts r1 here and for the others
+    with pytest.raises(Exception, match="not found"):
+        second.response("r1")
+    assert sorted(os.listdir(tmp_path)) == ["r2.json"]
