@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
@@ -64,7 +65,12 @@ class AsyncLLM:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         # the loop's heartbeat: when it last made progress, and whether it waits with no work
         self._beat, self._idle = time.monotonic(), True
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        # the thread holds this object only within a turn of the loop, so a dropped AsyncLLM
+        # (no shutdown) is collected, and its finalizer stops the loop and frees the engine
+        self._thread = threading.Thread(target=_loop, args=(weakref.ref(self),),
+                                        name="engine-loop", daemon=True)
+        self._finalizer = weakref.finalize(self, _release, self._commands, self._thread,
+                                           self.engine, self._tokenizer_pool)
         self._thread.start()
 
     @classmethod
@@ -243,6 +249,7 @@ class AsyncLLM:
         if self._shut_down:
             return
         self._shut_down = True
+        self._finalizer.detach()
         self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         self._commands.put(None)
         self._thread.join(timeout=30)
@@ -259,21 +266,21 @@ class AsyncLLM:
         self.engine.shutdown()
 
     # ------------------------------------------------------------------ engine thread
-    def _run(self) -> None:
-        while True:
-            if not self._drain(block=not self.engine.has_unfinished_requests()):
-                return
-            if self.engine.has_unfinished_requests():
-                try:  # a process core: wake for commands at least every STEP_WAIT_S
-                    outs = self.engine.step(STEP_WAIT_S)
-                except Exception as e:  # the engine state is unknown now: fail everyone
-                    logger.exception("engine step failed")
-                    self._fail_all(e)
-                    return
-                self._deliver(outs)
-            self._beat = time.monotonic()
-            if not self._publish_stats():
-                return
+    def _turn(self) -> bool:
+        """One turn of the engine loop: queued commands, a step if there is work, the stats
+        (an idle turn waits at most IDLE_WAKE_S for a command); False once the loop ends."""
+        if not self._drain(block=not self.engine.has_unfinished_requests()):
+            return False
+        if self.engine.has_unfinished_requests():
+            try:  # a process core: wake for commands at least every STEP_WAIT_S
+                outs = self.engine.step(STEP_WAIT_S)
+            except Exception as e:  # the engine state is unknown now: fail everyone
+                logger.exception("engine step failed")
+                self._fail_all(e)
+                return False
+            self._deliver(outs)
+        self._beat = time.monotonic()
+        return self._publish_stats()
 
     def _drain(self, block: bool) -> bool:
         """Run queued commands; False on shutdown."""
@@ -327,6 +334,26 @@ class AsyncLLM:
             self._fail_all(e)
             return False
         return True
+
+
+def _loop(ref: weakref.ref) -> None:
+    """The engine thread: turns of its AsyncLLM's loop, holding it only within a turn; ends
+    on shutdown, on a dead engine, or once the AsyncLLM is gone."""
+    while (owner := ref()) is not None and owner._turn():
+        del owner  # between turns the caller's references alone keep it alive
+
+
+def _release(commands: queue.SimpleQueue, thread: threading.Thread, engine: LLMEngine,
+             tokenizer_pool: concurrent.futures.ThreadPoolExecutor) -> None:
+    """Finalizer of an AsyncLLM dropped without shutdown(): stop its loop and free its engine
+    (on the loop's own thread when that dropped the last reference, between turns)."""
+    tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+    commands.put(None)
+    if thread is not threading.current_thread():
+        thread.join(timeout=30)
+    _fail_pending(commands, RuntimeError("engine is shut down"))
+    if thread is threading.current_thread() or not thread.is_alive():
+        engine.shutdown()
 
 
 def _fail_pending(commands: queue.SimpleQueue, error: BaseException) -> None:

@@ -88,6 +88,21 @@ def test_a_dropped_llm_stops_its_core_process():
     assert not os.path.exists(directory)
 
 
+def test_a_dropped_async_llm_stops_its_loop_and_core():
+    """An AsyncLLM dropped without shutdown() after serving: its loop thread ends and its
+    core process stops (the thread holds it only within a turn of its loop)."""
+    import gc
+
+    engine = AsyncLLM(engine_args())
+    asyncio.run(_collect(engine, PROMPTS[0], GREEDY, "only"))
+    thread, process = engine._thread, engine.engine.core.process
+    del engine
+    gc.collect()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert process.returncode == 0 and not _alive(process.pid)
+
+
 def test_a_crashed_core_fails_every_request_and_the_server_reports_unhealthy():
     long = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)  # to max_model_len
     with serving() as srv:
