@@ -135,29 +135,6 @@ def test_concurrent_streams_match_the_one_server_path_on_both_servers(served, ex
         set(servers), "every stream landed on one API server"
 
 
-def test_stored_responses_chain_whichever_server_answers(served):
-    """previous_response_id, GET and DELETE find a response kept by the other API server
-    (each call on a connection of its own, so the kernel spreads them over both)."""
-    import openai
-
-    proc, server = served
-
-    def call(method: str, *args, **kwargs):
-        with openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,
-                           timeout=120) as client:
-            return getattr(client.responses, method)(*args, **kwargs)
-
-    common = {"model": server.model, "max_output_tokens": 4, "temperature": 0.0}
-    previous = call("create", input="Hello", **common).id
-    for _ in range(6):
-        previous = call("create", input="Go on", previous_response_id=previous, **common).id
-        assert call("retrieve", previous).id == previous
-    call("delete", previous)
-    for _ in range(4):
-        with pytest.raises(openai.NotFoundError):
-            call("retrieve", previous)
-
-
 def _started(pid: int) -> float:
     """When process pid started, in seconds since boot."""
     with open(f"/proc/{pid}/stat") as stat:
@@ -192,6 +169,30 @@ def test_any_server_metrics_show_the_totals_and_the_core_gauges(served):
         assert metrics["compiled_llm:num_requests_running"] == 0
         seen = _access(server, "/metrics")
         assert seen <= set(servers)
+
+
+def test_stored_responses_chain_whichever_server_answers(served):
+    """previous_response_id, GET and DELETE find a response kept by the other API server
+    (each call on a connection of its own, so the kernel spreads them over both). After the
+    metrics test, which counts the requests the servers answered before it."""
+    import openai
+
+    proc, server = served
+
+    def call(method: str, *args, **kwargs):
+        with openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,
+                           timeout=120) as client:
+            return getattr(client.responses, method)(*args, **kwargs)
+
+    common = {"model": server.model, "max_output_tokens": 4, "temperature": 0.0}
+    previous = call("create", input="Hello", **common).id
+    for _ in range(6):
+        previous = call("create", input="Go on", previous_response_id=previous, **common).id
+        assert call("retrieve", previous).id == previous
+    call("delete", previous)
+    for _ in range(4):
+        with pytest.raises(openai.NotFoundError):
+            call("retrieve", previous)
 
 
 def test_a_killed_api_server_leaves_the_other_serving_and_frees_its_blocks(served):
