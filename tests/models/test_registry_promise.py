@@ -29,7 +29,8 @@ ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True, "small_m_gemm_on_cpu": True,
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
-                 "Qwen2ForSequenceClassification"}
+                 "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
+                 "MistralForSequenceClassification"}
 
 
 def test_every_registered_architecture_has_a_promise_case():
