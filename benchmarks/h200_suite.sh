@@ -153,6 +153,8 @@
 #                                         # side-by-side pieces off; Llama-3-8B nano-vllm profile
 #     bash benchmarks/h200_suite.sh 83    # GPU attention tests; 8B and Qwen3-0.6B nano-vllm
 #                                         # with the batched 128-key decode tiles and with 64
+#     bash benchmarks/h200_suite.sh 84    # the quantized GPU tests, every packed kind (carry
+#                                         # .whl with compressed-tensors, loguru, psutil)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -592,6 +594,12 @@ $OLD $U --model $Q --label fixed_grid
 $U --model $Q --label default
 timeout 100 $py -m benchmarks.attention_kernels --split-sweep --json $R/decode_splits.json
 $py -m benchmarks.profile_steps --model $Q --workload decode --decode-tokens 128 --json $R/profile_decode.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 84 ]; then  # one GPU (carry .whl, compressed-tensors in it): the quantized
+  # GPU tests (every packed kind compiled with CUDA graphs against its dequantized twin, the
+  # W4A16 kernels at the 8B shapes) and the W4A16 GEMV tests
+  mapfile -t a <<<"\
+$py -m pytest -q -p no:cacheprovider tests/quantization/test_gpu.py tests/quantization/test_w4a16_gemv_gpu.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 83 ]; then  # one GPU (carry .whl): the GPU attention tests, then the
   # nano-vllm user path of Llama-3-8B and Qwen3-0.6B with the decode's batched 128-key tiles

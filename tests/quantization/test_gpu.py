@@ -122,7 +122,9 @@ def test_fp8_scaled_mm_matches_reference(m, static):
     assert _rel_err(out.cpu(), ref) < 1e-2
 
 
-@pytest.mark.parametrize("kind", ["gptq_act_order", "awq", "ct_W4A16", "fp8_block",
+@pytest.mark.parametrize("kind", ["gptq_act_order", "gptq_asym", "gptq_asym_v2",
+                                  "gptq_channel", "awq", "ct_W4A16", "ct_W4A16_ASYM",
+                                  "ct_W4A16_CHANNEL", "fp8_block", "ct_FP8_BLOCK",
                                   "ct_FP8_DYNAMIC", "ct_FP8", "ct_W8A8"])
 def test_compiled_cuda_graphs_match_dequantized(kind):
     from compiled_llm import LLM, SamplingParams
