@@ -33,6 +33,10 @@ def rope_params(hf_config: dict[str, Any], get=None) -> tuple[float, dict[str, A
     default (`get`); a top-level original_max_position_embeddings wins (Phi-3's rule)."""
     get = get or hf_config.get
     params = hf_rope_dict(hf_config)
+    nested = sorted(key for key, value in params.items() if isinstance(value, dict))
+    if nested:  # transformers 5's per-layer-type spelling (Gemma 3's), which these models lack
+        raise ValueError(f"rope_parameters per layer type ({', '.join(nested)}) is not "
+                         "supported; give one rope_parameters dict for every layer")
     theta = params.pop("rope_theta", None)
     theta = get("rope_theta", 10000.0) if theta is None else theta
     kind = params["rope_type"]

@@ -101,8 +101,9 @@ class LlamaForCausalLM(nn.Module):
     # config.json keys transformers' class never reads: the loader drops them (so a stray
     # sliding_window on a Llama config changes nothing, as in HF), and hf_defaults apply
     hf_unread: tuple[str, ...] = WINDOW_KEYS + MOE_KEYS + ("qkv_bias", "o_proj_bias")
-    # checkpoint names that carry no parameter of ours (buffers some exporters save)
-    ignored_weights = ("rotary_emb.inv_freq",)
+    # checkpoint names that carry no parameter of ours: buffers some exporters save (RoPE
+    # tables of ColossalAI-trained models among them; vLLM skips the same three)
+    ignored_weights = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
     def __init__(self, cfg: DecoderConfig, max_len: int | None = None) -> None:
         super().__init__()

@@ -67,21 +67,27 @@ def read_keys(model_cls: type, hf_config: dict[str, Any]) -> dict[str, Any]:
 
 
 def checkpoint_files(model_dir: Path, load_format: str) -> list[Path]:
-    """The weight files to read, sharded through the index file when there is one."""
+    """The weight files to read, sharded through the index file when there is one: `auto`
+    takes safetensors, else pickle `.bin` files (read with torch's weights-only unpickler, as
+    vLLM does); `safetensors` refuses `.bin`; `pt` takes `.bin` first."""
     if load_format not in ("auto", "safetensors", "pt"):
         raise ValueError(f"load_format must be auto, safetensors or pt, got {load_format!r}")
-    for ext, index in ((".safetensors", "model.safetensors.index.json"),
-                       (".bin", "pytorch_model.bin.index.json")):
+    kinds = [(".safetensors", "model.safetensors.index.json"),
+             (".bin", "pytorch_model.bin.index.json")]
+    for ext, index in kinds[::-1] if load_format == "pt" else kinds:
         files = _files_with(model_dir, ext, index)
         if not files:
             continue
-        if ext == ".bin" and load_format != "pt":
-            raise ValueError(
-                f"{model_dir} holds only pickle .bin weights, which can run code when loaded; "
-                'pass load_format="pt" to allow them'
-            )
+        if ext == ".bin" and load_format == "safetensors":
+            raise ValueError(f'load_format="safetensors": {model_dir} holds only pickle .bin '
+                             'weights; pass load_format="auto" or "pt" to read them')
         return files
-    raise ValueError(f"model: no .safetensors weights found in {model_dir}")
+    raise ValueError(f"model: no .safetensors or .bin weights found in {model_dir}")
+
+
+# files HF's Trainer saves beside the weights, which vLLM's loader skips too
+NOT_WEIGHTS = ("training_args.bin", "optimizer.bin", "optimizer.pt", "scheduler.pt",
+               "scaler.pt")
 
 
 def _files_with(model_dir: Path, ext: str, index_name: str) -> list[Path]:
@@ -89,7 +95,7 @@ def _files_with(model_dir: Path, ext: str, index_name: str) -> list[Path]:
     if index.exists():
         names = sorted(set(read_json(index)["weight_map"].values()))
         return [model_dir / name for name in names]
-    return sorted(model_dir.glob(f"*{ext}"))
+    return sorted(path for path in model_dir.glob(f"*{ext}") if path.name not in NOT_WEIGHTS)
 
 
 def pinned_load_enabled() -> bool:

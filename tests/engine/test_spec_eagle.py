@@ -170,14 +170,14 @@ def test_eagle_refusals(ckpt):
                                      "num_speculative_tokens": 2})
 
 
-def test_eagle_pickle_checkpoint_needs_load_format_pt(ckpt, prompts, baseline):
+def test_eagle_pickle_checkpoint_loads_by_default(ckpt, prompts, baseline):
     head = Path(_eagle(ckpt))
     tensors = load_file(head / "model.safetensors")
     (head / "model.safetensors").unlink()
     torch.save(tensors, head / "pytorch_model.bin")
     with pytest.raises(ValueError, match="speculative_config.model.*load_format"):
-        _llm(ckpt, speculative_config=_spec(str(head)))
-    llm = _llm(ckpt, speculative_config=_spec(str(head)), load_format="pt")
+        _llm(ckpt, speculative_config=_spec(str(head)), load_format="safetensors")
+    llm = _llm(ckpt, speculative_config=_spec(str(head)))
     assert _tokens(llm.generate(prompts[:2], GREEDY, use_tqdm=False)) == baseline[:2]
 
 

@@ -124,6 +124,10 @@ def test_stray_sliding_window_on_llama_is_refused():
     ({"partial_rotary_factor": 0.5, "rope_parameters": {"rope_type": "linear", "factor": 2.0}},
      r"partial_rotary_factor 0\.5 is not supported with rope_type 'linear'"),
     ({"rope_parameters": {"rope_type": "mrope"}}, r"rope_scaling\.rope_type 'mrope' is not sup"),
+    # transformers 5's per-layer-type spelling: HF's Llama/Qwen3 fail on it (KeyError)
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     r"rope_parameters per layer type \(full_attention, sliding_attention\) is not supported"),
     ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8,
                        "original_max_position_embeddings": 32}},
      r"rope_scaling\.long_factor must be a list of numbers"),
