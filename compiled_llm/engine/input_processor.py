@@ -115,13 +115,17 @@ class InputProcessor:
         return children
 
     def check_params(self, params: SamplingParams) -> None:
-        """ValueError naming the field for what only the engine can check: its limits on n
-        and logprobs, and token ids against the model's vocabulary."""
+        """ValueError naming the field for what only the engine can check: its limits on n,
+        logprobs and truncate_prompt_tokens, and token ids against the model's vocabulary."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {_describe(params)}")
         if params.n > self.max_n:
             raise ValueError(f"n must be <= {self.max_n} (max_n_sequences), got {params.n}")
         self._check_stops(params.stop)
+        keep = params.truncate_prompt_tokens
+        if keep is not None and keep > self.max_model_len:  # vLLM's check, whatever the prompt
+            raise ValueError(f"truncate_prompt_tokens must be <= max_model_len "
+                             f"({self.max_model_len}), got {keep}")
         limit = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)

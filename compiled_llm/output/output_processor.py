@@ -231,7 +231,7 @@ def delta_of(req: RequestState, index: int) -> CompletionOutput | None:
     if start_tok == req.num_output_tokens and start_chr == len(text) and not req.is_finished:
         return None
     req.num_sent_tokens, req.num_sent_chars = req.num_output_tokens, len(text)
-    req.final_sent = req.is_finished
+    req.final_sent, req.delta_sent = req.is_finished, True
     return CompletionOutput(
         index=index,
         text=text[start_chr:],
@@ -252,10 +252,15 @@ def request_output(request_id: str, children: list[RequestState]) -> RequestOutp
     kind = first.sampling_params.output_kind
     if kind == RequestOutputKind.FINAL_ONLY and not finished:
         return None
+    prompt_logprobs = first.prompt_logprobs
     if kind == RequestOutputKind.DELTA:
+        unsent = {i for i, c in enumerate(children) if not c.delta_sent}
         outs = [delta for i, c in enumerate(children) if (delta := delta_of(c, i)) is not None]
         if not outs:
             return None
+        # vLLM: a sequence's first delta carries the prompt logprobs, later ones an empty list
+        if prompt_logprobs is not None and not any(o.index in unsent for o in outs):
+            prompt_logprobs = []
     else:
         outs = [completion_of(c, i) for i, c in enumerate(children)]
     errors = [c.error for c in children if c.error is not None and c.finish_reason == "error"]
@@ -265,7 +270,7 @@ def request_output(request_id: str, children: list[RequestState]) -> RequestOutp
         prompt_token_ids=first.prompt_token_ids,
         outputs=outs,
         finished=finished,
-        prompt_logprobs=first.prompt_logprobs,
+        prompt_logprobs=prompt_logprobs,
         error=errors[0] if errors else None,
         metrics=timeline_of(children) if finished else None,
     )

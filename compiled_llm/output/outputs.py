@@ -69,7 +69,8 @@ class RequestOutput:
 
 
 def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:
-    """b appended to a: texts, tokens and logprobs concatenated per completion index."""
+    """b appended to a: texts, tokens and logprobs concatenated per completion index; the
+    prompt logprobs that a's first delta carried are kept."""
     by_index = {o.index: o for o in a.outputs}
     for o in b.outputs:
         prev = by_index.get(o.index)
@@ -79,4 +80,5 @@ def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:
         lps = None if o.logprobs is None else (prev.logprobs or []) + o.logprobs
         by_index[o.index] = replace(o, text=prev.text + o.text,
                                     token_ids=prev.token_ids + o.token_ids, logprobs=lps)
-    return replace(b, outputs=[by_index[i] for i in sorted(by_index)])
+    return replace(b, outputs=[by_index[i] for i in sorted(by_index)],
+                   prompt_logprobs=b.prompt_logprobs or a.prompt_logprobs)

@@ -33,6 +33,7 @@ class RequestState:
     num_sent_tokens: int = 0
     num_sent_chars: int = 0
     final_sent: bool = False
+    delta_sent: bool = False  # a DELTA output carried it (its first brings the prompt logprobs)
     # FINAL_ONLY: (stamp, tokens) per step that brought tokens, for the output's metrics
     token_steps: list[tuple[float, int]] | None = None
     scheduled_ts: float | None = None  # when the core first admitted it (time.monotonic())

@@ -1,9 +1,10 @@
 """Sampling semantics as vLLM defines them, through LLM.generate: no stop string ends a request
 within min_tokens; the model's other EOS ids stop with their id as stop_reason; detokenize=False
-leaves logprobs' decoded tokens unset."""
+leaves logprobs' decoded tokens unset; DELTA outputs carry the prompt logprobs once."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from compiled_llm import LLM, SamplingParams
+from compiled_llm.output.outputs import merge_deltas
+from compiled_llm.sampling_params import RequestOutputKind
 from tests.utils import make_checkpoint
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick"
@@ -105,3 +108,34 @@ def test_whole_vocab_logprobs_need_max_logprobs(ckpt, llm):
 def test_tiny_temperatures_are_raised_to_vllms_floor():
     assert SamplingParams(temperature=1e-4).temperature == 1e-2
     assert SamplingParams(temperature=0.0).temperature == 0.0
+
+
+def _engine_outputs(llm: LLM, request_id: str, params: SamplingParams) -> list:
+    engine = llm.llm_engine
+    engine.add_request(request_id, PROMPT, params)
+    outs = []
+    while engine.has_unfinished_requests():
+        outs.extend(out for out in engine.step() if out.request_id == request_id)
+    return outs
+
+
+def _plp_keys(rows) -> list:
+    return [None if row is None else sorted(row) for row in rows]
+
+
+def test_delta_outputs_carry_the_prompt_logprobs_once(llm):
+    # vLLM: the first delta of a sequence brings the prompt logprobs, later ones an empty list
+    kw = dict(temperature=1.0, seed=0, n=2, max_tokens=5, ignore_eos=True, prompt_logprobs=1)
+    final = _engine_outputs(llm, "final", SamplingParams(
+        output_kind=RequestOutputKind.FINAL_ONLY, **kw))[-1]
+    deltas = _engine_outputs(llm, "delta", SamplingParams(
+        output_kind=RequestOutputKind.DELTA, **kw))
+    assert len(deltas) > 1 and len(final.prompt_logprobs) == len(final.prompt_token_ids)
+    assert _plp_keys(deltas[0].prompt_logprobs) == _plp_keys(final.prompt_logprobs)
+    assert all(out.prompt_logprobs == [] for out in deltas[1:])
+    merged = functools.reduce(merge_deltas, deltas)  # AsyncLLM's CUMULATIVE view keeps them
+    assert merged.prompt_logprobs is deltas[0].prompt_logprobs
+    assert [o.token_ids for o in merged.outputs] == [o.token_ids for o in final.outputs]
+    plain = _engine_outputs(llm, "plain", SamplingParams(
+        output_kind=RequestOutputKind.DELTA, **{**kw, "prompt_logprobs": None}))
+    assert all(out.prompt_logprobs is None for out in plain)

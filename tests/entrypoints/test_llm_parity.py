@@ -185,6 +185,9 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(llm):
                        SamplingParams(temperature=0.0, max_tokens=1, truncate_prompt_tokens=-1),
                        use_tqdm=False)[0]
     assert out.prompt_token_ids == long[-(llm.engine.max_model_len - 1):]
+    past = SamplingParams(max_tokens=1, truncate_prompt_tokens=llm.engine.max_model_len + 1)
+    with pytest.raises(ValueError, match="truncate_prompt_tokens"):  # vLLM's, even if short
+        llm.generate({"prompt_token_ids": [5, 6, 7]}, past, use_tqdm=False)
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="truncate_prompt_tokens"):
             SamplingParams(truncate_prompt_tokens=bad)
