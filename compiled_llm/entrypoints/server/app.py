@@ -103,7 +103,7 @@ def _add_generation_routes(app: FastAPI, chat: ServingChat, completion: ServingC
     @app.get("/v1/models", responses=errors(400, 401))
     async def models() -> ModelList:
         bases = [ModelCard(id=name, created=created, max_model_len=chat.max_model_len,
-                           root=chat.model_name) for name in chat.cfg.model_names]
+                           root=chat.model_path) for name in chat.cfg.model_names]
         adapters = [ModelCard(id=name, created=created, max_model_len=chat.max_model_len,
                               root=lora.lora_path, parent=chat.model_name)
                     for name, lora in chat.loras.adapters.items()]

@@ -28,7 +28,7 @@ def add_compat_routes(app: FastAPI, serving: Serving) -> None:
     async def retrieve_model(model_id: str) -> ModelCard:
         lora = serving.check_model(model_id)  # the base model, a served adapter, else 404
         return ModelCard(id=model_id, created=created, max_model_len=serving.max_model_len,
-                         root=lora.lora_path if lora else serving.model_name,
+                         root=lora.lora_path if lora else serving.model_path,
                          parent=serving.model_name if lora else None)
 
     @app.get("/tokenizer_info", responses=errors(400, 401, 404))

@@ -7,6 +7,7 @@ ignores them; those it defines but this server does not honour are refused (unsu
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Literal, get_args
 
@@ -164,14 +165,26 @@ class CompletionRequest(SamplingFields):
     add_special_tokens: StrictBool = True
 
 
+# content part types read as text, as vLLM reads them -> the key that holds their text
+TEXT_PART_KEYS = {"text": "text", "input_text": "text", "output_text": "text",
+                  "refusal": "refusal", "thinking": "thinking"}
+
+
 class ContentPart(BaseModel):
-    """One part of a message's content; only text parts are served (any other type is
-    refused by name before the chat template runs)."""
+    """One part of a message's content; only text parts (TEXT_PART_KEYS) are served (any
+    other type is refused by name before the chat template runs)."""
 
     model_config = ConfigDict(extra="allow")
 
     type: str
     text: str | None = None
+    refusal: str | None = None
+    thinking: str | None = None
+
+    def part_text(self) -> str | None:
+        """The text of a text-like part (None: not one, or its text is missing)."""
+        key = TEXT_PART_KEYS.get(self.type)
+        return None if key is None else getattr(self, key)
 
 
 class ChatMessage(BaseModel):
@@ -188,7 +201,7 @@ class ChatMessage(BaseModel):
     def text(self) -> str:
         """The content as one string (text parts joined by newlines, "" when absent)."""
         if isinstance(self.content, list):
-            return join_text_parts(p.text for p in self.content)
+            return join_text_parts(p.part_text() or "" for p in self.content)
         return self.content or ""
 
     def template_input(self) -> dict[str, Any]:
@@ -246,6 +259,24 @@ class DetokenizeRequest(RequestBody):
     tokens: list[StrictInt]
 
 
+class ModelPermission(BaseModel):
+    """vLLM's (and OpenAI's legacy) permission object of a model card: sampling and logprobs
+    allowed, nothing else."""
+
+    id: str
+    object: str = "model_permission"
+    created: int
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
 class ModelCard(BaseModel):
     """One served model in /v1/models."""
 
@@ -254,8 +285,18 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "compiled-llm"
     max_model_len: int
-    root: str | None = None  # the base model's name; an adapter's path
+    root: str | None = None  # the base model's path (--model); an adapter's path
     parent: str | None = None  # an adapter's base model (None: a base model)
+    permission: list[ModelPermission] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_permission(self) -> ModelCard:
+        """vLLM lists one permission object per card; its id follows the card's, so that
+        listing and retrieving a model answer the same card."""
+        if not self.permission:
+            digest = hashlib.sha256(self.id.encode()).hexdigest()[:32]
+            self.permission = [ModelPermission(id=f"modelperm-{digest}", created=self.created)]
+        return self
 
 
 class ModelList(BaseModel):

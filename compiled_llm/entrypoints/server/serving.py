@@ -32,6 +32,9 @@ class Serving:
     def __init__(self, engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> None:
         self.engine, self.cfg, self.metrics = engine, cfg, metrics
         self.model_name = cfg.model_name
+        # vLLM's ModelCard.root of the base model: the model as --model named it
+        args = getattr(getattr(engine, "engine", None), "args", None)
+        self.model_path = str(getattr(args, "model", None) or cfg.model_name)
         self.max_model_len = engine.max_model_len
         # the model's generation config (none for pooling): the sampling fields a request
         # leaves unset, and output_budget's default and cap

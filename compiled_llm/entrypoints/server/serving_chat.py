@@ -120,9 +120,7 @@ class ServingChat(Serving):
         created, prompt_len = int(time.time()), len(prompt_ids)
         # vLLM's return_token_ids: the prompt's ids on the role chunks, each choice its new ids
         head = {"prompt_token_ids": list(prompt_ids)} if req.return_token_ids else {}
-
         counts = [0] * req.n
-
         event = choice_events({"id": rid, "object": "chat.completion.chunk",
                                "created": created, "model": self.reply_model(req.model)})
 
@@ -159,9 +157,11 @@ class ServingChat(Serving):
                     elif (not delta and done is None and logprobs is None
                           and not req.return_token_ids):
                         continue  # a parser holds it all back: vLLM sends no chunk
+                    # vLLM: a choice's last chunk names its stop_reason (the stop string or id)
+                    ending = {} if done is None else {"stop_reason": completion.stop_reason}
                     yield chunk([{"index": completion.index, "delta": delta,
                                   "logprobs": logprobs,
-                                  "finish_reason": streamer.finish_reason(done),
+                                  "finish_reason": streamer.finish_reason(done), **ending,
                                   **_token_ids(req, completion)}])
         except OpenAIError as exc:
             yield sse(exc.body())

@@ -4,11 +4,16 @@ content parts other than text. Fields no API defines stay ignored, as vLLM ignor
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from compiled_llm.entrypoints.server.errors import OpenAIError
+from compiled_llm.entrypoints.server.protocol import TEXT_PART_KEYS
 
+logger = logging.getLogger(__name__)
 _BEAM = "beam search is not supported"
+# vLLM's fields kept in model_extra and read there (params.py): honoured, not ignored
+_READ_EXTRA = frozenset({"truncate_prompt_tokens", "bad_words"})
 
 # field -> (values that ask for nothing, why the field is refused)
 _BOTH: dict[str, tuple[tuple[Any, ...], str]] = {
@@ -43,8 +48,14 @@ _CHAT: dict[str, tuple[tuple[Any, ...], str]] = {
 
 def refuse_unsupported(extra: dict[str, Any] | None, chat: bool) -> None:
     """400 for the first field of extra (a body's fields beyond those modelled) that is
-    defined for the endpoint, not honoured here, and set to ask for something."""
-    refuse_fields(extra, {**_BOTH, **_CHAT} if chat else _BOTH)
+    defined for the endpoint, not honoured here, and set to ask for something; the fields
+    left are ignored with a warning naming them, as vLLM's (a misspelt field leaves a trace)."""
+    table = {**_BOTH, **_CHAT} if chat else _BOTH
+    refuse_fields(extra, table)
+    ignored = sorted(set(extra or ()) - set(table) - _READ_EXTRA)
+    if ignored:
+        logger.warning("The following fields were present in the request but ignored: %s",
+                       ignored)
 
 
 def refuse_fields(extra: dict[str, Any] | None,
@@ -61,16 +72,18 @@ def refuse_fields(extra: dict[str, Any] | None,
 
 def refuse_non_text_parts(messages: list) -> None:
     """400 naming the first content part of messages that is not text (images, audio,
-    files: this server serves text-only models), or a text part without its text."""
+    files: this server serves text-only models), or a text part without its text. Text parts
+    are vLLM's: text, input_text and output_text, refusal and thinking (by their own keys)."""
     for i, message in enumerate(messages):
         if not isinstance(message.content, list):
             continue
         for j, part in enumerate(message.content):
             where = f"messages[{i}].content[{j}]"
-            if part.type != "text":
+            key = TEXT_PART_KEYS.get(part.type)
+            if key is None:
                 raise OpenAIError(400, f"{where}: {part.type} content parts are not supported; "
                                   "this server takes text parts only", param=where,
                                   code="unsupported_content")
-            if not isinstance(part.text, str):
-                raise OpenAIError(400, f"{where}.text: a text part needs its text (a string)",
-                                  param=f"{where}.text", code="invalid_type")
+            if not isinstance(part.part_text(), str):
+                raise OpenAIError(400, f"{where}.{key}: a {part.type} part needs its {key} (a "
+                                  "string)", param=f"{where}.{key}", code="invalid_type")
