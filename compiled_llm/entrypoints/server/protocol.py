@@ -188,9 +188,10 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One chat message; content is a string or a list of text parts."""
+    """One chat message; content is a string or a list of text parts. Any non-empty role
+    reaches the chat template (vLLM's custom message role: Llama 3's ipython, say)."""
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: str = Field(min_length=1)
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[Any] | None = None

@@ -1,7 +1,7 @@
 """Wire details as vLLM's OpenAI server has them: a streamed chat choice's last chunk names its
 stop_reason, model cards carry the model's path as root and one permission object, the
 text-like content parts vLLM reads (input_text, output_text, refusal) are read as text, and
-fields no API defines are ignored with a warning naming them."""
+fields no API defines are ignored with a warning naming them; any role reaches the template."""
 
 from __future__ import annotations
 
@@ -84,3 +84,13 @@ def test_ignored_fields_are_named_in_a_warning(srv, caplog):
     warned = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
     assert warned == ["The following fields were present in the request but ignored: "
                       "['max_token']"]
+
+
+def test_any_role_reaches_the_chat_template(srv):
+    messages = [{"role": "user", "content": "a"}, {"role": "ipython", "content": "42"}]
+    resp = srv.post("/tokenize", {"messages": messages, "add_generation_prompt": False})
+    assert resp.status_code == 200, resp.text
+    text = srv.post("/detokenize", {"tokens": resp.json()["tokens"]}).json()["prompt"]
+    assert "ipython" in text  # the ChatML template writes the role it was given
+    resp = srv.post("/v1/chat/completions", {"messages": messages, "max_tokens": 1})
+    assert resp.status_code == 200, resp.text
