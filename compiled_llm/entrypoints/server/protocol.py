@@ -151,6 +151,7 @@ class SamplingFields(RequestBody):
     return_token_ids: StrictBool = False
     return_tokens_as_token_ids: StrictBool = False  # logprobs' tokens as "token_id:{id}"
     spaces_between_special_tokens: StrictBool = True
+    request_id: str | None = None  # vLLM's: the reply's id (else the X-Request-Id header's)
 
 
 class CompletionRequest(SamplingFields):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 
 from compiled_llm.entrypoints.async_llm import AsyncLLM
 from compiled_llm.entrypoints.chat_utils import conversation, render
@@ -166,3 +167,14 @@ class Serving:
         """500 when the request finished with an error."""
         if out.error:
             raise OpenAIError(500, f"generation failed: {out.error}", code="generation_error")
+
+
+def request_ids(prefix: str, req, raw) -> tuple[str, str]:
+    """(the reply's id, the engine's request id): vLLM's `{prefix}-{request_id}` where the
+    client named the request (its `request_id` field, else an X-Request-Id header); the engine's
+    id then gains a random suffix, so two clients' equal names never meet in the engine."""
+    named = req.request_id or raw.headers.get("x-request-id")
+    if not named:
+        rid = f"{prefix}-{uuid.uuid4().hex}"
+        return rid, rid
+    return f"{prefix}-{named}", f"{prefix}-{named}-{uuid.uuid4().hex[:8]}"

@@ -5,7 +5,6 @@ choices, each reply read for reasoning and tool calls (reply.py), streamed as
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterable
 
 from fastapi import Request
@@ -15,7 +14,7 @@ from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.params import output_budget, sampling_params, truncated_prompt
 from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest
 from compiled_llm.entrypoints.server.reply import ReplyFormat, reply_params
-from compiled_llm.entrypoints.server.serving import Serving
+from compiled_llm.entrypoints.server.serving import Serving, request_ids
 from compiled_llm.entrypoints.server.streaming import (
     DONE,
     abort_on_disconnect,
@@ -39,11 +38,11 @@ class ServingChat(Serving):
         if not req.messages:
             raise OpenAIError(400, "messages must be a non-empty list", param="messages")
         if req.stream:
-            admitted = await abort_on_disconnect(raw, self._admit(req))
+            admitted = await abort_on_disconnect(raw, self._admit(req, raw))
             return StreamingResponse(self._chunks(req, *admitted), media_type="text/event-stream")
-        return JSONResponse(await abort_on_disconnect(raw, self._answer(req)))
+        return JSONResponse(await abort_on_disconnect(raw, self._answer(req, raw)))
 
-    async def _admit(self, req: ChatCompletionRequest) -> tuple:
+    async def _admit(self, req: ChatCompletionRequest, raw: Request) -> tuple:
         """(stream, id, prompt length, top logprobs, reply format): the chat rendered with
         its tools, tokenized, admitted."""
         plan = self.tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls)
@@ -65,14 +64,14 @@ class ServingChat(Serving):
         params = reply_params(sampling_params(req, budget, num_top, req.stream,
                                              defaults=self.sampling_defaults), reply,
                               self.engine.tokenizer, req.thinking_token_budget)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await self.start(rid, ids, params, plan, self.check_model(req.model),
+        rid, engine_id = request_ids("chatcmpl", req, raw)
+        stream = await self.start(engine_id, ids, params, plan, self.check_model(req.model),
                                   priority=req.priority, cache_salt=req.cache_salt)
         return stream, rid, ids, num_top, reply
 
-    async def _answer(self, req: ChatCompletionRequest) -> dict:
+    async def _answer(self, req: ChatCompletionRequest, raw: Request) -> dict:
         """The whole JSON body (cancelled, it aborts the request)."""
-        stream, rid, _, num_top, reply = await self._admit(req)
+        stream, rid, _, num_top, reply = await self._admit(req, raw)
         try:
             role = reply_role(req, self.cfg.response_role)
             return self._response(await self.last(stream), rid, req, num_top, reply,

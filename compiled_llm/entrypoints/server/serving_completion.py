@@ -4,7 +4,6 @@ prompt_index * n + j), streamed as `text_completion` events or returned in one b
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -14,7 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.params import output_budget, sampling_params, truncated_prompt
 from compiled_llm.entrypoints.server.protocol import CompletionRequest
-from compiled_llm.entrypoints.server.serving import Serving
+from compiled_llm.entrypoints.server.serving import Serving, request_ids
 from compiled_llm.entrypoints.server.streaming import (
     DONE,
     abort_on_disconnect,
@@ -38,12 +37,12 @@ class ServingCompletion(Serving):
         self.check_model(req.model)
         self._check_unsupported(req)
         if req.stream:
-            admitted = await abort_on_disconnect(raw, self._admit(req))
+            admitted = await abort_on_disconnect(raw, self._admit(req, raw))
             return StreamingResponse(self._chunks(req, *admitted),
                                      media_type="text/event-stream")
-        return JSONResponse(await abort_on_disconnect(raw, self._answer(req)))
+        return JSONResponse(await abort_on_disconnect(raw, self._answer(req, raw)))
 
-    async def _admit(self, req: CompletionRequest) -> tuple[list, str, list]:
+    async def _admit(self, req: CompletionRequest, raw: Request) -> tuple[list, str, list]:
         """(streams, id, prompts): every prompt tokenized and admitted, or none (a failure
         or a cancel aborts those already admitted). Echoing with max_tokens 0 generates one
         token and shows none, as vLLM does; echoing with logprobs scores the prompt."""
@@ -60,11 +59,11 @@ class ServingCompletion(Serving):
                                   prompt_logprobs=req.logprobs if req.echo else None,
                                   defaults=self.sampling_defaults)
                   for p in prompts]
-        rid, lora = f"cmpl-{uuid.uuid4().hex}", self.check_model(req.model)
+        (rid, engine_id), lora = request_ids("cmpl", req, raw), self.check_model(req.model)
         streams = []
         try:
             for i, (ids, prompt_params) in enumerate(zip(prompts, params)):
-                streams.append(await self.start(f"{rid}-{i}", ids, prompt_params,
+                streams.append(await self.start(f"{engine_id}-{i}", ids, prompt_params,
                                                 lora_request=lora, priority=req.priority,
                                                 cache_salt=req.cache_salt))
             shown = [await self._shown(ids, text, req.echo) for ids, text in zip(prompts, texts)]
@@ -81,9 +80,9 @@ class ServingCompletion(Serving):
         shown = text if isinstance(text, str) else await self.engine.decode(ids)
         return _Prompt(ids, shown, await self.engine.decode(ids[:1]))
 
-    async def _answer(self, req: CompletionRequest) -> dict:
+    async def _answer(self, req: CompletionRequest, raw: Request) -> dict:
         """The whole JSON body (cancelled, it aborts every prompt's request)."""
-        streams, rid, prompts = await self._admit(req)
+        streams, rid, prompts = await self._admit(req, raw)
         return await self._collect(streams, rid, req, prompts)
 
     @staticmethod

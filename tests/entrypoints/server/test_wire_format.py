@@ -1,7 +1,8 @@
 """Wire details as vLLM's OpenAI server has them: a streamed chat choice's last chunk names its
 stop_reason, model cards carry the model's path as root and one permission object, the
 text-like content parts vLLM reads (input_text, output_text, refusal) are read as text, and
-fields no API defines are ignored with a warning naming them; any role reaches the template."""
+fields no API defines are ignored with a warning naming them; any role reaches the template;
+a request_id (field or X-Request-Id header) names the reply."""
 
 from __future__ import annotations
 
@@ -94,3 +95,16 @@ def test_any_role_reaches_the_chat_template(srv):
     assert "ipython" in text  # the ChatML template writes the role it was given
     resp = srv.post("/v1/chat/completions", {"messages": messages, "max_tokens": 1})
     assert resp.status_code == 200, resp.text
+
+
+def test_a_named_request_keeps_its_name_in_the_reply_id(srv):
+    body = {"messages": USER, "max_tokens": 1}
+    assert srv.post("/v1/chat/completions", {**body, "request_id": "abc"}).json()["id"] \
+        == "chatcmpl-abc"
+    resp = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "a", "max_tokens": 1},
+                      headers={**srv.headers, "X-Request-Id": "xyz"}, timeout=30)
+    assert resp.json()["id"] == "cmpl-xyz"
+    # one name twice: both served (the engine's ids stay apart)
+    streamed = [srv.post("/v1/chat/completions", {**body, "request_id": "same", "stream": True})
+                for _ in range(2)]
+    assert all(_events(r)[0]["id"] == "chatcmpl-same" for r in streamed)
