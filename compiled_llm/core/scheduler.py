@@ -298,6 +298,15 @@ class Scheduler:
             self.finish(req, RequestStatus.FINISHED_ERROR, error=error)
         return reqs
 
+    def uncount(self, out: SchedulerOutput, later: SchedulerOutput | None = None) -> None:
+        """A launched step failed to land (async scheduling): its tokens no longer count as
+        computed, nor those of `later` (launched after it) for the same requests, so that
+        fail_step drops the hashes of every block the failed step was to fill."""
+        failed = {id(req) for req, _ in out.scheduled}
+        for req, num_new in [*out.scheduled, *(later.scheduled if later else ())]:
+            if id(req) in failed and not req.is_finished:  # (preempted since: 0 already)
+                req.num_computed_tokens = max(0, req.num_computed_tokens - num_new)
+
     def abort(self, request_id: str) -> Request | None:
         """Finish the request as aborted; returns it, or None if it is not live."""
         req = self.requests.get(request_id)

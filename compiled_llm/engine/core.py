@@ -247,7 +247,8 @@ class EngineCore:
         sched, step = inflight
         try:
             result = self.executor.finish(step)
-        except Exception as e:
+        except Exception as e:  # counted at launch: its blocks' hashes go too
+            self.scheduler.uncount(sched, self._inflight[0] if self._inflight else None)
             self._fail_step(sched, e)
             return
         if timer is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -106,6 +106,22 @@ class LLMEngine:
             gc.collect()
         install_gc_debug()
 
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, usage_context: Any = None,
+                         stat_loggers: list | None = None,
+                         enable_multiprocessing: bool = False) -> LLMEngine:
+        """vLLM's constructor: an engine over engine_args, its core where
+        engine_args.engine_core_process puts it, else in a process of its own with
+        enable_multiprocessing or on CUDA (as LLM decides); usage_context changes nothing;
+        ValueError for stat_loggers (this engine logs no stats)."""
+        if stat_loggers:
+            raise ValueError("stat_loggers are not supported")
+        core_process = engine_args.engine_core_process
+        if core_process is None:
+            core_process = enable_multiprocessing or \
+                resolve_device(engine_args.device).type == "cuda"
+        return cls(engine_args, core_process=core_process)
+
     def _make_core(self, args: EngineArgs, spec: WorkerSpec, core_process: bool,
                    endpoint: CoreEndpoint | None):
         if core_process:
@@ -133,6 +149,12 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         children = self.inputs.process(request_id, prompt, params or SamplingParams(), priority,
                                        lora_request)
+        # n > 1 names its sequences "{index}_{request_id}": another request may bear that name
+        taken = next((c.request_id for c in children if c.request_id in self.outputs.states),
+                     None)
+        if taken is not None:
+            raise ValueError(f"request_id {request_id!r}: sequence id {taken!r} is already in "
+                             "use by a running request")
         self.core.info.check_fits(children)
         self.parents[request_id] = [self.outputs.start(child) for child in children]
         self.core.add_requests(children)

@@ -173,3 +173,32 @@ def test_item2_a_bad_row_in_the_input_batch_fails_its_request_alone(llm, prompts
     # the blocks the victim was to fill were not cached: its prompt reruns afresh
     again = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in again] == baseline
+
+
+
+def test_a_prefill_chunk_that_fails_to_land_keeps_none_of_its_blocks_cached():
+    """Async scheduling counts a step's tokens at launch: when reading the results of a
+    prompt's second chunk fails (its third chunk already launched), the blocks of both lose
+    their hashes, and only the first chunk's block, which landed, is hit by a rerun."""
+    llm = LLM(str(make_checkpoint("llama")), enforce_eager=True, dtype="float32",
+              max_num_batched_tokens=16)
+    eng, prompt = llm.engine, {"prompt_token_ids": random_prompts(1, 300, 48, 49, seed=3)[0]}
+    runner = eng.executor.worker.runner
+    real, state = runner.finish, {"calls": 0}
+
+    def flaky(step):
+        state["calls"] += 1
+        if state["calls"] == 2:  # the second chunk's
+            raise RuntimeError("injected landing fault")
+        return real(step)
+
+    runner.finish = flaky
+    try:
+        eng.add_request("0", prompt, GREEDY)
+        done = run_all(eng)
+    finally:
+        del runner.finish
+    assert "injected landing fault" in done["0"].error and eng.num_used_blocks == 0
+    again = llm.generate(prompt, GREEDY, use_tqdm=False)[0]
+    assert again.num_cached_tokens == 16 and again.error is None
+    assert eng.num_used_blocks == 0
