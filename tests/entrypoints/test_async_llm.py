@@ -13,6 +13,7 @@ import pytest
 from compiled_llm import SamplingParams
 from compiled_llm.config import EngineArgs
 from compiled_llm.entrypoints.async_llm import AsyncLLM
+from compiled_llm.output.detokenizer import IncrementalDetokenizer
 from compiled_llm.sampling_params import RequestOutputKind as Kind
 from tests.utils import make_checkpoint
 
@@ -170,11 +171,14 @@ def test_abort_by_id_yields_a_final_abort_output(engine, kind):
     assert sorted(seq.index for seq in last.outputs) == [0, 1]
     assert all(seq.finish_reason == "abort" for seq in last.outputs)
     if kind is not Kind.DELTA:  # the whole output so far, text made for FINAL_ONLY too
-        tokenizer = engine.tokenizer
+        prompt = engine.tokenizer.encode("The quick")
         for seq in last.outputs:
-            text = tokenizer.decode(seq.token_ids, skip_special_tokens=True)
-            # a character whose bytes are not all out yet is held back, as vLLM holds it
-            assert seq.token_ids and seq.text == text.rstrip("\ufffd")
+            # the text streaming would have built (vLLM's incremental detokenizer): a
+            # character whose bytes are not all out yet is held back, and a run of byte
+            # tokens that proves invalid UTF-8 stays as it streamed
+            det = IncrementalDetokenizer(engine.tokenizer, prompt, True, True)
+            det.add_tokens(list(seq.token_ids))
+            assert seq.token_ids and seq.text == det.output_text
 
 
 def test_row7_text_prompts_are_tokenized_off_the_engine_thread(engine):
