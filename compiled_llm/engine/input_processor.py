@@ -12,7 +12,12 @@ from concurrent.futures import Future
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.request import Request
-from compiled_llm.engine.inputs import check_prompt_keys, prompt_cache_salt, truncated_ids
+from compiled_llm.engine.inputs import (
+    check_prompt_keys,
+    prompt_cache_salt,
+    truncated_ids,
+    truncated_text_ids,
+)
 from compiled_llm.lora.registry import LoRARegistry
 from compiled_llm.sample.bad_words import BadWordsProcessor, bad_word_sequences
 from compiled_llm.sample.grammar_compiler import GrammarManager
@@ -102,7 +107,7 @@ class InputProcessor:
         self._check_priority(priority)
         self.check_params(params)
         text, ids = self.tokenize(prompt)
-        ids = truncated_ids(ids, params.truncate_prompt_tokens, self.max_model_len)
+        ids = self._truncated(prompt, text, ids, params.truncate_prompt_tokens)
         params = self._with_bad_words(self._with_whole_vocab(params))
         lora = self.loras.check(lora_request)
         salt = prompt_cache_salt(prompt)  # checked by tokenize
@@ -113,6 +118,16 @@ class InputProcessor:
         if params.structured_outputs is not None:
             self._attach_grammars(children, params.structured_outputs)
         return children
+
+    def _truncated(self, prompt: PromptType, text: str | None, ids: list[int],
+                   keep: int | None) -> list[int]:
+        """ids cut to their last `keep` tokens (truncate_prompt_tokens); a prompt this engine
+        tokenized keeps the special tokens its tokenizer adds (a BOS), as vLLM's does."""
+        tokenized = isinstance(prompt, str) or (isinstance(prompt, dict)
+                                                and "prompt_token_ids" not in prompt)
+        if tokenized and text is not None:
+            return truncated_text_ids(self.tokenizer, text, ids, keep, self.max_model_len)
+        return truncated_ids(ids, keep, self.max_model_len)
 
     def check_params(self, params: SamplingParams) -> None:
         """ValueError naming the field for what only the engine can check: its limits on n,

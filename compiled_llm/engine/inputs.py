@@ -1,7 +1,7 @@
 """Prompt types as vLLM spells them (TextPrompt, TokensPrompt, PromptType), and the check that
 a prompt dict holds only keys this text-only engine reads (prompt, prompt_token_ids and
 cache_salt): any other key (multi_modal_data, mm_processor_kwargs ...) is refused by name, never
-silently dropped."""
+silently dropped; and truncate_prompt_tokens's cut, which keeps a text prompt's BOS as vLLM's."""
 
 from __future__ import annotations
 
@@ -70,3 +70,22 @@ def truncated_ids(ids: list[int], keep: int | None, max_model_len: int) -> list[
         return ids
     keep = max_model_len - 1 if keep == -1 else keep
     return ids[-keep:] if len(ids) > keep else ids
+
+
+def truncated_text_ids(tokenizer: Any, text: str, ids: list[int], keep: int | None,
+                       max_model_len: int, add_special_tokens: bool = True) -> list[int]:
+    """A text prompt's ids (text encoded, with the tokenizer's special tokens unless
+    add_special_tokens is off) cut as vLLM cuts a text prompt, by the tokenizer truncating from
+    the left: the text's own tokens lose their start, the special tokens the tokenizer adds (a
+    BOS) stay, as many tokens in all as truncated_ids keeps."""
+    cut = truncated_ids(ids, keep, max_model_len)
+    if len(cut) == len(ids) or not add_special_tokens:
+        return cut
+    body = tokenizer.encode(text, add_special_tokens=False)
+    start = next((i for i in range(len(ids) - len(body) + 1)
+                  if ids[i:i + len(body)] == body), None) if len(body) < len(ids) else None
+    if start is None:  # the tokenizer added nothing (or not around the text): a plain cut
+        return cut
+    head, tail = ids[:start], ids[start + len(body):]
+    room = len(cut) - len(head) - len(tail)
+    return head + (body[-room:] if room > 0 else []) + tail

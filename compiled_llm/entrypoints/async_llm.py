@@ -21,7 +21,7 @@ from typing import Any
 from compiled_llm.config import EngineArgs
 from compiled_llm.engine.core_client import EngineDeadError
 from compiled_llm.engine.core_multi import CoreEndpoint
-from compiled_llm.engine.inputs import check_prompt_keys
+from compiled_llm.engine.inputs import check_prompt_keys, truncated_text_ids
 from compiled_llm.engine.llm_engine import EngineStats, LLMEngine
 from compiled_llm.entrypoints.request_stream import (
     CumulativeStream,
@@ -148,7 +148,8 @@ class AsyncLLM:
         if user_kind == RequestOutputKind.CUMULATIVE:
             params.output_kind = RequestOutputKind.DELTA
         self.engine.inputs.check_params(params)  # refused before any tokenizer or grammar work
-        prompt = await self._tokenized(with_text(prompt, prompt_text), tokenization_kwargs)
+        prompt = await self._tokenized(with_text(prompt, prompt_text), tokenization_kwargs,
+                                       params.truncate_prompt_tokens)
         grammar = self.engine.inputs.prepare_grammar(params)
         if grammar is not None:  # compiled off the engine thread; shield: others may share it
             await asyncio.shield(asyncio.wrap_future(grammar))
@@ -170,16 +171,21 @@ class AsyncLLM:
             return CumulativeStream(stream)
         return stream
 
-    async def _tokenized(self, prompt: Any, tokenization_kwargs: dict[str, Any] | None) -> Any:
+    async def _tokenized(self, prompt: Any, tokenization_kwargs: dict[str, Any] | None,
+                         keep: int | None = None) -> Any:
         """A text prompt as {"prompt", "prompt_token_ids"}, tokenized here rather than on the
-        engine thread; any other prompt as it is (the engine checks it). A dict key the engine
-        does not read is refused here, before a rebuilt dict could drop it."""
+        engine thread, cut to `keep` tokens as the engine cuts a text prompt (its BOS kept);
+        any other prompt as it is (the engine checks it). A dict key the engine does not read
+        is refused here, before a rebuilt dict could drop it."""
         if isinstance(prompt, dict):
             check_prompt_keys(prompt)
         text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
         if not isinstance(text, str) or isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt
-        ids = await self.encode(text, **(tokenization_kwargs or {}))
+        kwargs = tokenization_kwargs or {}
+        ids = truncated_text_ids(self.tokenizer, text, await self.encode(text, **kwargs), keep,
+                                 self.engine.inputs.max_model_len,
+                                 kwargs.get("add_special_tokens", True))
         return {**prompt, "prompt_token_ids": ids} if isinstance(prompt, dict) else \
             {"prompt": text, "prompt_token_ids": ids}
 

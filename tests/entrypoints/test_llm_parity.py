@@ -5,6 +5,8 @@ text-only engine refuses."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import compiled_llm
@@ -191,6 +193,46 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(llm):
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="truncate_prompt_tokens"):
             SamplingParams(truncate_prompt_tokens=bad)
+
+
+def test_truncate_prompt_tokens_keeps_a_text_prompts_bos(llm):
+    """A text prompt is cut as vLLM's left-truncating tokenizer cuts it: the BOS it adds
+    stays first, `k` tokens in all; token ids are cut plainly (above)."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(llm.engine.args.model,
+                                                     truncation_side="left")
+    text = "The quick brown fox jumps over the lazy dog. " * 3
+    for k in (1, 2, 5):
+        params = SamplingParams(temperature=0.0, max_tokens=1, truncate_prompt_tokens=k)
+        vllm_ids = tok(text, truncation=True, max_length=k).input_ids
+        assert vllm_ids[0] == BOS and len(vllm_ids) == k
+        for prompt in (text, TextPrompt(prompt=text)):
+            got = llm.generate(prompt, params, use_tqdm=False)[0].prompt_token_ids
+            assert got == vllm_ids
+
+
+def test_async_llm_cuts_a_text_prompt_as_llm_does(llm):
+    import transformers
+
+    from compiled_llm.config import EngineArgs
+    from compiled_llm.entrypoints.async_llm import AsyncLLM
+
+    tok = transformers.AutoTokenizer.from_pretrained(llm.engine.args.model,
+                                                     truncation_side="left")
+    text = "The quick brown fox jumps over the lazy dog."
+    engine = AsyncLLM(EngineArgs(model=llm.engine.args.model, enforce_eager=True,
+                                 dtype="float32", device="cpu", engine_core_process=False))
+    params = SamplingParams(temperature=0.0, max_tokens=1, truncate_prompt_tokens=3)
+
+    async def prompt_ids() -> list[int]:
+        outs = [out async for out in engine.generate(text, params, "cut")]
+        return outs[-1].prompt_token_ids
+
+    try:
+        assert asyncio.run(prompt_ids()) == tok(text, truncation=True, max_length=3).input_ids
+    finally:
+        engine.shutdown()
 
 
 def test_extra_args_are_carried_and_checked(llm):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from compiled_llm.engine.inputs import truncated_ids
+from compiled_llm.engine.inputs import truncated_ids, truncated_text_ids
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest, SamplingFields
 from compiled_llm.entrypoints.server.unsupported import refuse_unsupported
@@ -66,16 +66,22 @@ def _structural_tag(response_format) -> str:
     return json.dumps(tag, ensure_ascii=False)
 
 
-def truncated_prompt(req, ids: list[int], max_model_len: int) -> list[int]:
+def truncated_prompt(req, ids: list[int], max_model_len: int, tokenizer=None,
+                     text: str | None = None) -> list[int]:
     """ids cut to the request's truncate_prompt_tokens (vLLM's extra field): its last k
-    tokens, or with -1 the most that leave room for one output token; a 400 naming the
-    field for anything but an int >= 1 or -1."""
+    tokens, or with -1 the most that leave room for one output token; ids encoded from text
+    (with the request's add_special_tokens) keep the special tokens the tokenizer adds (a
+    BOS), as vLLM's tokenizer truncates. A 400 naming the field for anything but an int >= 1
+    or -1."""
     keep = (req.model_extra or {}).get("truncate_prompt_tokens")
     valid = keep is None or (type(keep) is int and (keep == -1 or keep >= 1))
     if not valid:
         raise OpenAIError(400, f"truncate_prompt_tokens must be -1 or an integer >= 1, got "
                           f"{keep!r}", param="truncate_prompt_tokens")
-    return truncated_ids(ids, keep, max_model_len)
+    if text is None:
+        return truncated_ids(ids, keep, max_model_len)
+    return truncated_text_ids(tokenizer, text, ids, keep, max_model_len,
+                              getattr(req, "add_special_tokens", True))
 
 
 def output_budget(requested: int | None, prompt_len: int, max_model_len: int, *,

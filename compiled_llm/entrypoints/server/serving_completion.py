@@ -48,7 +48,9 @@ class ServingCompletion(Serving):
         token and shows none, as vLLM does; echoing with logprobs scores the prompt."""
         texts = self._texts(req.prompt)
         encoded = await self._prompts(texts, req.add_special_tokens)
-        prompts = [truncated_prompt(req, ids, self.max_model_len) for ids in encoded]
+        prompts = [truncated_prompt(req, ids, self.max_model_len, self.engine.tokenizer,
+                                    t if isinstance(t, str) else None)
+                   for t, ids in zip(texts, encoded)]
         # a truncated prompt echoes as its kept tokens decode
         texts = [t if len(p) == len(e) else p for t, p, e in zip(texts, prompts, encoded)]
         max_tokens = 1 if req.echo and req.max_tokens == 0 else req.max_tokens

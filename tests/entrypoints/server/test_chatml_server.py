@@ -12,7 +12,7 @@ import pytest
 from tests.entrypoints.server.inprocess import engine_args, serving
 from tests.utils import make_chatml_checkpoint
 
-IM_END, IM_START = 2, 3
+BOS, IM_END, IM_START = 1, 2, 3
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +75,22 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(srv):
     assert chat.json()["usage"]["prompt_tokens"] == 7
     bad = srv.post("/v1/completions", {**body, "truncate_prompt_tokens": 0})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+def test_truncate_prompt_tokens_keeps_a_text_prompts_bos(srv):
+    """A text prompt is cut as vLLM's left-truncating tokenizer cuts it: the BOS the
+    tokenizer adds stays first; without add_special_tokens, and for token ids, a plain cut."""
+    text = "The quick brown fox jumps over the lazy dog. " * 3
+    whole = srv.post("/tokenize", {"prompt": text}).json()["tokens"]
+    assert whole[0] == BOS
+
+    def kept(prompt, **extra) -> list[list[int]]:
+        body = srv.post("/v1/completions", {"prompt": prompt, "max_tokens": 1,
+                                            "truncate_prompt_tokens": 4,
+                                            "return_token_ids": True, **extra}).json()
+        return [choice["prompt_token_ids"] for choice in body["choices"]]
+
+    assert kept(text) == [[BOS, *whole[-3:]]]
+    assert kept([text, text]) == [[BOS, *whole[-3:]]] * 2
+    assert kept([whole]) == [whole[-4:]]
+    assert kept(text, add_special_tokens=False) == [whole[-4:]]
