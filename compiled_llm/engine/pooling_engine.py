@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 from compiled_llm.config import CompileConfig, EngineArgs, model_len_bounds
 from compiled_llm.engine.input_processor import InputProcessor, PromptType
+from compiled_llm.engine.inputs import truncated_text_ids
 from compiled_llm.models import ModelRegistry
 from compiled_llm.models.plugins import load_general_plugins
 from compiled_llm.pooling_params import PoolerConfig, PoolingParams
@@ -202,9 +203,17 @@ class PoolingEngine:
             enc = self.tokenizer([prompts[i] for i in texts], return_attention_mask=False)
             types = enc.get("token_type_ids") or [None] * len(texts)
             for i, ids, kinds in zip(texts, enc["input_ids"], types):
-                encoded[i] = (list(ids), _types(kinds))
+                encoded[i] = self._cut_text(prompts[i], list(ids), _types(kinds), truncates[i])
         return [self._fit(ids, kinds, truncate, name)
                 for (ids, kinds), truncate in zip(encoded, truncates)]
+
+    def _cut_text(self, text: str, ids: list[int], types: list[int] | None,
+                  truncate: int | None) -> Tokens:
+        """A text's ids cut as a left-truncating tokenizer cuts them: the special tokens it
+        adds ([CLS], [SEP], a BOS) stay, the text loses its start (-1: max_model_len)."""
+        keep = self.max_model_len if truncate == -1 else truncate
+        ids = truncated_text_ids(self.tokenizer, text, ids, keep, self.max_model_len)
+        return ids, None if types is None else types[-len(ids):]
 
     def tokenize_pair(self, text_1: str, text_2: str, truncate: int | None = None) -> Tokens:
         """A cross-encoder's input: both texts in one sequence, as the tokenizer pairs them."""

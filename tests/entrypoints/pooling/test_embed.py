@@ -49,7 +49,12 @@ def test_overrides_truncation_and_refusals(minilm):
     raw = _vectors(minilm.embed(SENTENCES[:2], PoolingParams(normalize=False)))
     assert not torch.allclose(raw.norm(dim=-1), torch.ones(2))
     short = minilm.embed(SENTENCES[2], truncate_prompt_tokens=4)[0]
-    assert len(short.prompt_token_ids) == 4
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(minilm_dir(), truncation_side="left")
+    # cut as a left-truncating tokenizer cuts: [CLS] and [SEP] stay around the text's end
+    assert short.prompt_token_ids == tok(SENTENCES[2], truncation=True, max_length=4).input_ids
+    assert short.prompt_token_ids[0] == 101 and short.prompt_token_ids[-1] == 102
     with pytest.raises(ValueError, match="max_model_len"):
         minilm.embed("word " * 300)  # sentence_bert_config.json: max_seq_length 256
     with pytest.raises(ValueError, match="^dimensions"):
