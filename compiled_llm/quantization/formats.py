@@ -1,5 +1,6 @@
-"""GPTQ, AWQ and block-FP8 checkpoints: their stored tensors (each class says the layout) and
-the conversion to the modules that run them (compressed-tensors lives in compressed_tensors.py).
+"""GPTQ, AWQ and FP8 (128x128 blocks or per tensor) checkpoints: their stored tensors (each
+class says the layout) and the conversion to the modules that run them (compressed-tensors lives
+in compressed_tensors.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from compiled_llm.quantization.registry import (
     require,
 )
 from compiled_llm.quantization.w4a16 import w4a16_linear
-from compiled_llm.quantization.w8a8 import BlockFp8Linear
+from compiled_llm.quantization.w8a8 import BlockFp8Linear, DynamicFp8Linear, StaticFp8Linear
 
 GROUP_SIZES = (32, 64, 128)
 AWQ_UNPACK_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # value j of a word sits in nibble AWQ_UNPACK_ORDER[j]
@@ -44,6 +45,10 @@ AWQ_KNOWN = frozenset({
 # transformers' own loading option
 FP8_KNOWN = frozenset({"quant_method", "fmt", "activation_scheme", "weight_block_size",
                        "ignored_layers", "modules_to_not_convert", "dequantize"})
+# per-tensor FP8 (AutoFP8, llm-compressor's `fp8` export, vLLM's fp8 without blocks); AutoFP8
+# writes kv_cache_scheme "static" beside its self_attn.k_scale / v_scale tensors, which the
+# loader reads for any format (worker/kv_cache.py)
+FP8_TENSOR_KNOWN = FP8_KNOWN | {"kv_cache_scheme"}
 
 
 class Int4Format(QuantFormat):
@@ -160,11 +165,15 @@ class BlockFp8Format(QuantFormat):
 
     name = "fp8"
     marker = "weight_scale_inv"
+    moe_field = None  # routed experts too: moe_fp8.py
     block = (128, 128)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> BlockFp8Format:
-        """weight_block_size [128, 128], fmt e4m3, activation_scheme dynamic."""
+    def from_config(cls, config: dict[str, Any]) -> QuantFormat:
+        """weight_block_size [128, 128], fmt e4m3, activation_scheme dynamic; without a
+        weight_block_size, per-tensor FP8 (PerTensorFp8Format), as vLLM's fp8 method reads."""
+        if config.get("weight_block_size") is None:
+            return PerTensorFp8Format.from_config(config)
         fmt = cls()
         refuse_unknown(fmt, config, FP8_KNOWN)
         block = config.get("weight_block_size")
@@ -186,3 +195,51 @@ class BlockFp8Format(QuantFormat):
         weight = tensors["weight"]
         scale = tensors["weight_scale_inv"].repeat_interleave(self.block[0], dim=0)
         return BlockFp8Linear(weight, scale[: weight.shape[0]].contiguous(), bias)
+
+
+class PerTensorFp8Format(QuantFormat):
+    """FP8 e4m3 weights with one scale per tensor (quant_method fp8 without weight_block_size:
+    AutoFP8, vLLM): weight [N, K], weight_scale float32 [1] or a scalar and, with activation_scheme
+    static, a calibrated input_scale float32 [1] or a scalar; dynamic activations are quantized
+    per token. The ignored_layers / modules_to_not_convert store a plain weight (no
+    weight_scale) and stay unquantized. Per-channel weight scales are refused, as vLLM does."""
+
+    name = "fp8"
+    moe_field = "weight_block_size"  # per-tensor experts: not yet
+
+    def __init__(self, static: bool = False) -> None:
+        self.static = static
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> PerTensorFp8Format:
+        """fmt e4m3, activation_scheme dynamic or static, kv_cache_scheme absent or static,
+        the ignored layers a list of module names."""
+        fmt = cls()
+        refuse_unknown(fmt, config, FP8_TENSOR_KNOWN)
+        require(fmt, config, "fmt", ("e4m3",), "e4m3")
+        scheme = require(fmt, config, "activation_scheme", ("dynamic", "static"), "dynamic")
+        require(fmt, config, "kv_cache_scheme", (None, "static"))
+        for field in ("ignored_layers", "modules_to_not_convert"):
+            names = config.get(field)
+            if names is not None and not (isinstance(names, list)
+                                          and all(isinstance(n, str) for n in names)):
+                fmt.refuse(field, names, "a list of module names")
+        fmt.static = scheme == "static"
+        return fmt
+
+    def tensor_specs(self, in_features: int, out_features: int) -> TensorSpecs:
+        """weight (e4m3), weight_scale and (static) input_scale: one value each."""
+        specs = {"weight": ((out_features, in_features), torch.float8_e4m3fn),
+                 "weight_scale": ((1,), torch.float32)}
+        if self.static:
+            specs["input_scale"] = ((1,), torch.float32)
+        return specs
+
+    def convert(self, tensors, bias, dtype) -> nn.Module:
+        """The per-tensor scale repeated per row (row-sliceable when q/k/v or gate/up fuse,
+        each shard keeping its own): a StaticFp8Linear or DynamicFp8Linear."""
+        weight = tensors["weight"]
+        scale = tensors["weight_scale"].reshape(1, 1).expand(weight.shape[0], 1)
+        if self.static:
+            return StaticFp8Linear(weight, scale, tensors["input_scale"], bias)
+        return DynamicFp8Linear(weight, scale, bias)

@@ -1,13 +1,13 @@
 """Detecting a checkpoint's quantization format and applying it to a model, from outside it.
 
 Before the weights load, every nn.Linear whose `<prefix>.<marker>` tensor the checkpoint holds
-becomes a CheckpointLinear with parameters named and shaped as the format stores them, so the
-loader fills and checks them as any other; afterwards each becomes the format's runnable module.
-"""
+becomes a CheckpointLinear with parameters named and shaped as stored (one value: [1] or 0-d), so
+the loader fills and checks them as any other; afterwards each becomes the format's module."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import json
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,15 @@ from compiled_llm.quantization.registry import QUANT_FORMATS, QuantFormat
 class CheckpointLinear(nn.Module):
     """A linear's tensors as the checkpoint stores them, filled by the loader, then converted."""
 
-    def __init__(self, linear: nn.Linear, fmt: QuantFormat) -> None:
+    def __init__(self, linear: nn.Linear, fmt: QuantFormat,
+                 stored: dict[str, tuple[int, ...]] | None = None, prefix: str = "") -> None:
+        """`stored`: the checkpoint's tensor shapes; this linear's tensors are `prefix + name`."""
         super().__init__()
         self.in_features, self.out_features, self.fmt = (linear.in_features,
                                                          linear.out_features, fmt)
         device = linear.weight.device
         for name, (shape, dtype) in fmt.tensor_specs(self.in_features, self.out_features).items():
+            shape = _one_value_shape(fmt, name, shape, (stored or {}).get(prefix + name))
             empty = torch.empty(shape, dtype=dtype, device=device)
             self.register_parameter(name, nn.Parameter(empty, requires_grad=False))
         self.bias = linear.bias
@@ -38,6 +41,18 @@ class CheckpointLinear(nn.Module):
                    if name != "bias"}
         bias = None if self.bias is None else self.bias.data
         return self.fmt.convert(tensors, bias, self.dtype)
+
+
+def _one_value_shape(fmt: QuantFormat, name: str, shape: tuple[int, ...],
+                     stored: tuple[int, ...] | None) -> tuple[int, ...]:
+    """A per-tensor value (`shape` (1,)) as stored: [1] or a scalar (AutoFP8 writes 0-d
+    tensors); ValueError naming the format for more than one value (per-channel scales)."""
+    if shape != (1,) or stored is None:
+        return shape
+    if stored not in ((), (1,)):
+        raise ValueError(f"{fmt.name} checkpoint: {name} has shape {stored}; this format "
+                         "stores one value per tensor (shape [1] or a scalar)")
+    return stored
 
 
 # vLLM picks a kernel by these names; the format's own kernels run here
@@ -65,17 +80,17 @@ def detect_format(hf_config: dict[str, Any], quantization: str | None) -> QuantF
     return QUANT_FORMATS[method].from_config(config)
 
 
-def checkpoint_names(files: Iterable[Path]) -> set[str]:
-    """Every tensor name in the safetensors files (headers only)."""
-    from safetensors import safe_open
-
-    names: set[str] = set()
+def checkpoint_shapes(files: Iterable[Path]) -> dict[str, tuple[int, ...]]:
+    """Every tensor name in the safetensors files -> its shape (headers only)."""
+    shapes: dict[str, tuple[int, ...]] = {}
     for path in files:
         if path.suffix != ".safetensors":
             raise ValueError(f"{path.name}: quantized checkpoints load from safetensors only")
-        with safe_open(str(path), framework="pt") as reader:
-            names.update(reader.keys())
-    return names
+        with open(path, "rb") as reader:  # 8 bytes of header length, then the JSON header
+            header = json.loads(reader.read(int.from_bytes(reader.read(8), "little")))
+        shapes.update({name: tuple(entry["shape"]) for name, entry in header.items()
+                       if name != "__metadata__"})
+    return shapes
 
 
 def _swap(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -83,20 +98,22 @@ def _swap(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent), child, module)
 
 
-def _prepare_experts(model: nn.Module, fmt: QuantFormat, stored: set[str]) -> list[str]:
+def _prepare_experts(model: nn.Module, fmt: QuantFormat, stored: Collection[str]) -> list[str]:
     """Block-FP8 routed experts where the checkpoint stores them so; ValueError for the MoE
-    models of the other formats."""
+    models of the other formats (and of per-tensor FP8)."""
     if getattr(getattr(model, "config", None), "moe", None) is None:
         return []
-    if fmt.name != "fp8":
+    if fmt.moe_field is not None:
         raise ValueError(f"{fmt.name} checkpoints of mixture-of-experts models are not "
-                         "supported yet (quantization_config.quant_method; fp8 blocks are)")
+                         f"supported yet (quantization_config.{fmt.moe_field}; fp8 with "
+                         "weight_block_size [128, 128] is)")
     from compiled_llm.quantization.moe_fp8 import prepare_fp8_experts
 
-    return prepare_fp8_experts(model, stored)
+    return prepare_fp8_experts(model, set(stored))
 
 
-def _refuse_quantized_head(fmt: QuantFormat, stored: set[str], targets: list[str]) -> None:
+def _refuse_quantized_head(fmt: QuantFormat, stored: Collection[str],
+                           targets: list[str]) -> None:
     """ValueError for a quantized LM head (compressed-tensors without lm_head in `ignore`):
     the head here is the model's own module, not a plain linear the format could replace, and
     the loader would otherwise fail on a tensor name only."""
@@ -111,7 +128,7 @@ def prepare_quantized(model: nn.Module, fmt: QuantFormat,
     """Swap the checkpoint's quantized linears for CheckpointLinears; returns the step that
     converts them once the weights are in (it returns the model). Block-FP8 routed experts
 become Fp8FusedMoE (their parameters as stored, stacked: nothing to convert)."""
-    stored = checkpoint_names(files)
+    stored = checkpoint_shapes(files)
     experts = _prepare_experts(model, fmt, stored)
     targets = [name for name, module in model.named_modules()
                if type(module) is nn.Linear and f"{name}.{fmt.marker}" in stored]
@@ -120,7 +137,8 @@ become Fp8FusedMoE (their parameters as stored, stacked: nothing to convert)."""
     _refuse_quantized_head(fmt, stored, targets)
     for name in targets:
         try:
-            checkpoint_linear = CheckpointLinear(model.get_submodule(name), fmt)
+            checkpoint_linear = CheckpointLinear(model.get_submodule(name), fmt, stored,
+                                                 f"{name}.")
         except ValueError as error:  # say which linear the format cannot hold
             raise ValueError(f"{name}: {error}") from None
         _swap(model, name, checkpoint_linear)

@@ -19,6 +19,9 @@ class QuantFormat:
 
     name: ClassVar[str]
     marker: ClassVar[str] = "weight_scale"  # a linear whose `<prefix>.<marker>` is stored
+    # the quantization_config field that rules out MoE models' routed experts (None: this
+    # format holds them, moe_fp8.py)
+    moe_field: ClassVar[str | None] = "quant_method"
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> QuantFormat:

@@ -1,7 +1,7 @@
 """Tiny quantized checkpoints for the tests: a random Llama (hidden 128, 2 layers) quantized as
-each format stores it, written from the formats' specifications (GPTQ, AWQ, block FP8) or by
-compressed-tensors itself, and a random Qwen3-MoE in block FP8 (per expert, as published); each
-next to the same model with the dequantized weights in float32.
+each format stores it, written from the formats' specifications (GPTQ, AWQ, block and per-tensor
+FP8) or by compressed-tensors itself, and a random Qwen3-MoE in block FP8 (per expert, as
+published); each next to the same model with the dequantized weights in float32.
 """
 
 from __future__ import annotations
@@ -149,6 +149,8 @@ def packed_pair(kind: str) -> tuple[Path, Path]:
     """(quantized checkpoint, float32 checkpoint of its dequantized weights) for `kind`."""
     if kind.startswith("ct_"):
         return compressed_tensors_pair(kind[3:])
+    if kind.startswith("fp8_tensor_"):
+        return fp8_tensor_pair(kind == "fp8_tensor_static")
     model, tok = base_model()
     tensors = dict(model.state_dict())
     for name, linear in _linears(model):
@@ -159,6 +161,61 @@ def packed_pair(kind: str) -> tuple[Path, Path]:
     tensors.pop("lm_head.weight", None) if model.config.tie_word_embeddings else None
     return _save(model, tok, tensors, CONFIGS[kind]), _save(model, tok)
 
+
+# left in float32 by the per-tensor FP8 checkpoints, as AutoFP8 lists them
+FP8_TENSOR_IGNORED = ["lm_head", "model.layers.1.mlp.down_proj"]
+
+
+def tensor_fp8(weight: torch.Tensor, scalar: bool) -> tuple[dict, torch.Tensor]:
+    """weight e4m3 with one weight_scale = amax / 448 (a 0-d tensor as AutoFP8 writes it, or
+    shape [1]), and the dequantized weight."""
+    scale = (weight.abs().amax() / 448.0).clamp(min=1e-12)
+    q = (weight / scale).to(torch.float8_e4m3fn)
+    return {"weight": q, "weight_scale": scale if scalar else scale.reshape(1)}, q.float() * scale
+
+
+def _input_amax(model, linears) -> dict[str, float]:
+    """Each linear's largest |input| over random token sequences (the calibration pass)."""
+    amax: dict[str, float] = {}
+
+    def observe(name):
+        return lambda _, args: amax.__setitem__(
+            name, max(amax.get(name, 0.0), args[0].abs().max().item()))
+
+    hooks = [mod.register_forward_pre_hook(observe(name)) for name, mod in linears]
+    tokens = torch.randint(1, model.config.vocab_size, (64, 64),
+                           generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model(tokens)
+    for hook in hooks:
+        hook.remove()
+    return amax
+
+
+def fp8_tensor_pair(static: bool) -> tuple[Path, Path]:
+    """quant_method fp8 without weight_block_size, as AutoFP8 writes it: per-tensor e4m3
+    weights and, static, scalar scales with input_scale = amax / 448 from a calibration pass
+    and self_attn k_scale / v_scale (kv_cache_scheme static); dynamic, [1] weight scales.
+    FP8_TENSOR_IGNORED stay in float32. Next to its dequantized twin."""
+    model, tok = base_model()
+    linears = [(n, m) for n, m in _linears(model) if n not in FP8_TENSOR_IGNORED]
+    amax = _input_amax(model, linears) if static else {}
+    tensors = dict(model.state_dict())
+    for name, linear in linears:
+        stored, deq = tensor_fp8(linear.weight.detach().float(), scalar=static)
+        del tensors[f"{name}.weight"]
+        tensors.update({f"{name}.{key}": value for key, value in stored.items()})
+        if static:
+            tensors[f"{name}.input_scale"] = torch.tensor(amax[name] / 448.0)
+        linear.weight.data.copy_(deq)
+    qconfig = {"quant_method": "fp8", "activation_scheme": "static" if static else "dynamic",
+               "ignored_layers": FP8_TENSOR_IGNORED}
+    if static:
+        qconfig["kv_cache_scheme"] = "static"
+        for layer in range(model.config.num_hidden_layers):
+            for name in ("k_scale", "v_scale"):
+                tensors[f"model.layers.{layer}.self_attn.{name}"] = torch.tensor(0.05)
+    return _save(model, tok, tensors, qconfig), _save(model, tok)
 
 def compressed_tensors_pair(preset: str) -> tuple[Path, Path]:
     """A compressed-tensors checkpoint of `preset` (W4A16, W4A16_ASYM, W4A16_CHANNEL: per

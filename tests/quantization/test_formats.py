@@ -37,6 +37,8 @@ ACCEPTED = [
     {"quant_method": "awq", "zero_point": True, "q_group_size": 128, "w_bit": 4,
      "version": "GEMM", "modules_to_not_convert": ["visual"]},
     {**BLOCK_FP8_CONFIG, "modules_to_not_convert": ["lm_head"], "ignored_layers": []},
+    {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"],
+     "kv_cache_scheme": "static"},  # AutoFP8 (per tensor)
     _ct({**W4, "symmetric": False, "actorder": "group", "observer": "minmax",
          "zp_dtype": "torch.int8"}),
     _ct({**W4, "strategy": "channel", "group_size": None, "actorder": "weight"}),
@@ -63,7 +65,8 @@ REFUSED = [
     (_ct(W4, output_activations_x=1), r"compressed-tensors .*group_0.output_activations_x"),
     ({**CONFIGS["awq"], "zero_point": False}, r"awq .*zero_point=False"),
     ({**CONFIGS["awq"], "version": "gemv"}, r"awq .*version='gemv'"),
-    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, r"fp8 .*weight_block_size=None"),
+    # without weight_block_size: per tensor (test_fp8_tensor.py), as strict about its fields
+    ({"quant_method": "fp8", "activation_scheme": "static", "fmt": "e5m2"}, r"fp8 .*fmt='e5m2'"),
     ({**BLOCK_FP8_CONFIG, "weight_block_size": [64, 64]}, r"fp8 .*weight_block_size=\(64, 64\)"),
     ({**BLOCK_FP8_CONFIG, "activation_scheme": "static"}, r"fp8 .*activation_scheme='static'"),
     (_ct({**W4, "type": "float"}), r"compressed-tensors .*weights.type='float'"),

@@ -125,7 +125,8 @@ def test_fp8_scaled_mm_matches_reference(m, static):
 @pytest.mark.parametrize("kind", ["gptq_act_order", "gptq_asym", "gptq_asym_v2",
                                   "gptq_channel", "awq", "ct_W4A16", "ct_W4A16_ASYM",
                                   "ct_W4A16_CHANNEL", "fp8_block", "ct_FP8_BLOCK",
-                                  "ct_FP8_DYNAMIC", "ct_FP8", "ct_W8A8"])
+                                  "ct_FP8_DYNAMIC", "ct_FP8", "ct_W8A8", "fp8_tensor_static",
+                                  "fp8_tensor_dynamic"])
 def test_compiled_cuda_graphs_match_dequantized(kind):
     from compiled_llm import LLM, SamplingParams
     from tests.quantization.packers import packed_pair
