@@ -1,7 +1,7 @@
-"""compressed-tensors checkpoints (llm-compressor's format): one config group on Linear, W4A16
+"""compressed-tensors checkpoints (llm-compressor's): one config group on Linear, W4A16
 `pack-quantized` (int4 per group or channel, values and asymmetric zero points offset by 8,
-activation order `group`'s weight_g_idx) or W8A8 (FP8 per channel, tensor or 128x128 block,
-dynamic or static activations; INT8). Layouts: CompressedTensorsFormat._w4a16_specs and
+activation order `group`'s weight_g_idx) or W8A8 (FP8 per channel, tensor or 128x128 block;
+INT8; activations dynamic or static, INT8's static ones symmetric or with a zero point). Layouts:
 tensor_specs. A kv_cache_scheme's k/v scales serve kv_cache_dtype="fp8" (worker/kv_cache.py)."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from compiled_llm.quantization.w8a8 import (
     DynamicFp8Linear,
     Int8Linear,
     StaticFp8Linear,
+    StaticInt8Linear,
 )
 
 W8A8_FORMATS = ("float-quantized", "int-quantized", "naive-quantized")
@@ -46,7 +47,8 @@ BLOCK = (128, 128)
 @register_format
 class CompressedTensorsFormat(QuantFormat):
     """The one scheme of a compressed-tensors checkpoint: w4a16, fp8 (dynamic or static
-    activations, or 128x128 weight blocks) or int8 (dynamic activations)."""
+    activations, or 128x128 weight blocks) or int8 (dynamic or static activations: int8,
+    int8_static, int8_static_asym)."""
 
     name = "compressed-tensors"
 
@@ -117,15 +119,17 @@ class CompressedTensorsFormat(QuantFormat):
         """The scheme's stored tensors."""
         if self.scheme == "w4a16":
             return self._w4a16_specs(in_features, out_features)
-        dtype = torch.int8 if self.scheme == "int8" else torch.float8_e4m3fn
+        dtype = torch.int8 if self.scheme.startswith("int8") else torch.float8_e4m3fn
         scale_shape = {"channel": (out_features, 1), "tensor": (1,)}.get(self.weight_strategy)
         if scale_shape is None:  # 128x128 blocks; activations in whole groups of 128
             check_groups(self.name, in_features, BLOCK[1])
             scale_shape = (-(-out_features // BLOCK[0]), in_features // BLOCK[1])
         specs = {"weight": ((out_features, in_features), dtype),
                  "weight_scale": (scale_shape, torch.float32)}
-        if self.scheme == "fp8_static":
+        if self.scheme in ("fp8_static", "int8_static", "int8_static_asym"):
             specs["input_scale"] = ((1,), torch.float32)
+        if self.scheme == "int8_static_asym":
+            specs["input_zero_point"] = ((1,), torch.int8)
         return specs
 
     def _w4a16_specs(self, in_features: int, out_features: int) -> TensorSpecs:
@@ -142,7 +146,8 @@ class CompressedTensorsFormat(QuantFormat):
         return specs
 
     def convert(self, tensors, bias, dtype) -> nn.Module:
-        """A W4A16Linear, Int8Linear, DynamicFp8Linear, StaticFp8Linear or BlockFp8Linear."""
+        """A W4A16Linear, Int8Linear, StaticInt8Linear, DynamicFp8Linear, StaticFp8Linear or
+        BlockFp8Linear."""
         if self.scheme == "w4a16":
             return self._w4a16_linear(tensors, bias, dtype)
         weight = tensors["weight"]
@@ -154,6 +159,9 @@ class CompressedTensorsFormat(QuantFormat):
             return Int8Linear(weight, scale, bias)
         if self.scheme == "fp8":
             return DynamicFp8Linear(weight, scale, bias)
+        if self.scheme.startswith("int8_static"):
+            return StaticInt8Linear(weight, scale, tensors["input_scale"],
+                                    tensors.get("input_zero_point"), bias)
         return StaticFp8Linear(weight, scale, tensors["input_scale"], bias)
 
     def _w4a16_linear(self, tensors, bias, dtype) -> nn.Module:
@@ -179,7 +187,7 @@ class CompressedTensorsFormat(QuantFormat):
 def _w8a8_activations(fmt: QuantFormat, kind: str, block: bool, acts: dict[str, Any]) -> str:
     """The scheme for W8A8 weights of `kind` and these input activations, or fmt.refuse:
     FP8 per token (dynamic) or per tensor (static), per group of 128 with block weights;
-    INT8 per token (dynamic)."""
+    INT8 per token (dynamic, symmetric) or per tensor (static, symmetric or not)."""
     key = (acts.get("type"), acts.get("strategy"), acts.get("dynamic"), acts.get("num_bits"),
            acts.get("symmetric"))
     if block:
@@ -189,10 +197,12 @@ def _w8a8_activations(fmt: QuantFormat, kind: str, block: bool, acts: dict[str, 
         return "fp8_block"
     schemes = ({("float", "token", True, 8, True): "fp8",
                 ("float", "tensor", False, 8, True): "fp8_static"} if kind == "float"
-               else {("int", "token", True, 8, True): "int8"})
+               else {("int", "token", True, 8, True): "int8",
+                     ("int", "tensor", False, 8, True): "int8_static",
+                     ("int", "tensor", False, 8, False): "int8_static_asym"})
     if key not in schemes:
-        fmt.refuse("input_activations", acts or None, "8-bit symmetric, dynamic per token" + (
-            " or static per tensor" if kind == "float" else ""))
+        fmt.refuse("input_activations", acts or None, "8-bit symmetric, dynamic per token, or "
+                   "static per tensor" + (" (symmetric or not)" if kind == "int" else ""))
     return schemes[key]
 
 

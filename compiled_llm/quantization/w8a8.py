@@ -1,6 +1,6 @@
-"""W8A8 linears for prequantized checkpoints: INT8 (per-channel weights, dynamic per-token
-activations, `torch._int_mm` on CUDA), static per-tensor FP8 activations, and block FP8
-(128x128 weight blocks, activations per token and group of 128). Each op has a torch
+"""W8A8 linears for prequantized checkpoints: INT8 (per-channel weights, dynamic per-token or
+static per-tensor activations, `torch._int_mm` on CUDA), static per-tensor FP8 activations, and
+block FP8 (128x128 weight blocks, activations per token and group of 128). Each op has a torch
 reference that CPU runs and a fake impl so that it traces fullgraph.
 """
 
@@ -34,10 +34,25 @@ def _(x):
                                                                 dtype=torch.float32)
 
 
+def quant_int8_static_ref(x: torch.Tensor, scale: torch.Tensor,
+                          zero_point: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] with a calibrated per-tensor scale [1] (and zero point [1]) -> q int8 [T, K] =
+    clamp(round(x / scale) (+ zero_point), -128, 127), as vLLM's static int8 quant."""
+    q = (x.float() / scale.float()).round()
+    q = q if zero_point is None else q + zero_point.float()
+    return q.clamp(-128, 127).to(torch.int8)
+
+
 @torch.library.custom_op("compiled_llm::int8_gemm", mutates_args=())
 def int8_gemm(q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-              bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """(q * x_scale) [T, K] @ (w_q * w_scale).T [K, N] (+ bias) -> [T, N] in out_dtype."""
+              bias: torch.Tensor | None, out_dtype: torch.dtype,
+              x_zero_point: torch.Tensor | None = None) -> torch.Tensor:
+    """(q * x_scale) [T, K] @ (w_q * w_scale).T [K, N] (+ bias) -> [T, N] in out_dtype. q is
+    int8 with per-token scales [T, 1], or the float activations with a static per-tensor scale
+    [1] (and zero point: `bias` then holds its correction), quantized here, so that siblings
+    reading one input still share every non-row arg (HorizontalGemmFusionPass)."""
+    if q.is_floating_point():
+        q = quant_int8_static_ref(q, x_scale, x_zero_point)
     if q.is_cuda and q.shape[1] % 8 == 0 and w_q.shape[0] % 8 == 0:
         rows = q.shape[0]
         padded = q if rows > 16 else torch.nn.functional.pad(q, (0, 0, 0, 17 - rows))
@@ -49,7 +64,7 @@ def int8_gemm(q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale
 
 
 @int8_gemm.register_fake
-def _(q, x_scale, w_q, w_scale, bias, out_dtype):
+def _(q, x_scale, w_q, w_scale, bias, out_dtype, x_zero_point=None):
     return q.new_empty((q.shape[0], w_q.shape[0]), dtype=out_dtype)
 
 
@@ -119,6 +134,32 @@ class Int8Linear(_W8A8Linear):
         """quant_int8_per_token, then int8_gemm."""
         q, x_scale = quant_int8_per_token(rows)
         return int8_gemm(q, x_scale, weight, weight_scale, self.bias_rows(), rows.dtype)
+
+
+class StaticInt8Linear(_W8A8Linear):
+    """INT8 weights per output channel [N, 1] and a calibrated per-tensor input_scale [1], and
+    for asymmetric activations an input_zero_point [1]: x ~= (q - zp) * scale, so the gemm
+    subtracts zp * scale * weight_scale * (sum of the weight row) per output, vLLM's azp term,
+    folded here into a float32 bias. Siblings fuse only with equal scales and zero points."""
+
+    shared_tensors = ("input_scale", "input_zero_point")
+
+    def __init__(self, weight, weight_scale, input_scale, input_zero_point, bias) -> None:
+        input_scale = input_scale.float().reshape(1)
+        if input_zero_point is not None:
+            input_zero_point = input_zero_point.float().reshape(1)
+            row_sums = weight.sum(1, dtype=torch.int64).double()  # exact
+            azp = input_zero_point.double() * input_scale.double() * row_sums
+            correction = azp * weight_scale.double().reshape(-1)
+            bias = ((0.0 if bias is None else bias.double()) - correction).float()
+        super().__init__(weight, weight_scale, bias)
+        self.register_buffer("input_scale", input_scale)
+        self.register_buffer("input_zero_point", input_zero_point)
+
+    def gemm(self, rows, weight, weight_scale):
+        """int8_gemm on the float rows: it quantizes them with the static scale (and zp)."""
+        return int8_gemm(rows, self.tensor("input_scale"), weight, weight_scale,
+                         self.bias_rows(), rows.dtype, self.tensor("input_zero_point"))
 
 
 class StaticFp8Linear(_W8A8Linear):

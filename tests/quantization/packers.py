@@ -174,13 +174,16 @@ def tensor_fp8(weight: torch.Tensor, scalar: bool) -> tuple[dict, torch.Tensor]:
     return {"weight": q, "weight_scale": scale if scalar else scale.reshape(1)}, q.float() * scale
 
 
-def _input_amax(model, linears) -> dict[str, float]:
-    """Each linear's largest |input| over random token sequences (the calibration pass)."""
-    amax: dict[str, float] = {}
+def _input_ranges(model, linears) -> dict[str, tuple[float, float]]:
+    """Each linear's smallest and largest input over random token sequences (the calibration
+    pass)."""
+    ranges: dict[str, tuple[float, float]] = {}
 
     def observe(name):
-        return lambda _, args: amax.__setitem__(
-            name, max(amax.get(name, 0.0), args[0].abs().max().item()))
+        def hook(_, args):
+            low, high = ranges.get(name, (0.0, 0.0))
+            ranges[name] = (min(low, args[0].min().item()), max(high, args[0].max().item()))
+        return hook
 
     hooks = [mod.register_forward_pre_hook(observe(name)) for name, mod in linears]
     tokens = torch.randint(1, model.config.vocab_size, (64, 64),
@@ -189,7 +192,7 @@ def _input_amax(model, linears) -> dict[str, float]:
         model(tokens)
     for hook in hooks:
         hook.remove()
-    return amax
+    return ranges
 
 
 def fp8_tensor_pair(static: bool) -> tuple[Path, Path]:
@@ -199,7 +202,8 @@ def fp8_tensor_pair(static: bool) -> tuple[Path, Path]:
     FP8_TENSOR_IGNORED stay in float32. Next to its dequantized twin."""
     model, tok = base_model()
     linears = [(n, m) for n, m in _linears(model) if n not in FP8_TENSOR_IGNORED]
-    amax = _input_amax(model, linears) if static else {}
+    ranges = _input_ranges(model, linears) if static else {}
+    amax = {name: max(-low, high) for name, (low, high) in ranges.items()}
     tensors = dict(model.state_dict())
     for name, linear in linears:
         stored, deq = tensor_fp8(linear.weight.detach().float(), scalar=static)
@@ -219,33 +223,27 @@ def fp8_tensor_pair(static: bool) -> tuple[Path, Path]:
 
 def compressed_tensors_pair(preset: str) -> tuple[Path, Path]:
     """A compressed-tensors checkpoint of `preset` (W4A16, W4A16_ASYM, W4A16_CHANNEL: per
-    channel, FP8_DYNAMIC, FP8, FP8_BLOCK, W8A8) made by the library (weights calibrated
-    min/max, static input scales set), and its dequantized twin."""
+    channel, FP8_DYNAMIC, FP8, FP8_BLOCK, W8A8, W8A8_STATIC / W8A8_STATIC_ASYM: INT8 with static
+    per-tensor activations) made by the library (weights calibrated min/max, static input
+    scales set: INT8's from the inputs' range), and its dequantized twin."""
     from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (
-        QuantizationConfig,
-        apply_quantization_config,
-        preset_name_to_scheme,
-    )
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
 
     model, tok = base_model()
     reference = {}
     if preset == "act_order":  # hand-made: the library no longer writes it
         return ct_act_order_pair()
-    channel = preset == "W4A16_CHANNEL"
-    scheme = preset_name_to_scheme("W4A16" if channel else preset, ["Linear"])
-    if channel:
-        scheme.weights.strategy, scheme.weights.group_size = "channel", None
-    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme},
+    ranges = _input_ranges(model, _linears(model)) if "STATIC" in preset else {}
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": _scheme(preset)},
                                                         ignore=["lm_head"]))
     for name, mod in _linears(model):
-        _calibrate(mod)
+        _calibrate(mod, ranges.get(name))
         zero = getattr(mod, "weight_zero_point", None)
         reference[name] = fake_quantize(mod.weight.detach(), mod.weight_scale, zero,
                                         mod.quantization_scheme.weights)
     fmt = ("pack-quantized" if preset.startswith("W4A16") else
-           "int-quantized" if preset == "W8A8" else "float-quantized")
+           "int-quantized" if preset.startswith("W8A8") else "float-quantized")
     compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
     compressor.compress_model(model)
     quantized = _save(model, tok)
@@ -256,8 +254,25 @@ def compressed_tensors_pair(preset: str) -> tuple[Path, Path]:
     return quantized, _save(plain, tok)
 
 
-def _calibrate(mod) -> None:
-    """Min/max weight scales (what an observer computes) and a fixed static input scale."""
+def _scheme(preset: str):
+    """The library's preset scheme; W4A16 per channel; W8A8 (int8 per channel) with static
+    per-tensor int8 activations, symmetric or (_ASYM) with an input zero point."""
+    from compressed_tensors.quantization import QuantizationArgs, preset_name_to_scheme
+
+    base = {"W4A16_CHANNEL": "W4A16"}.get(preset, preset.split("_STATIC")[0])
+    scheme = preset_name_to_scheme(base, ["Linear"])
+    if preset == "W4A16_CHANNEL":
+        scheme.weights.strategy, scheme.weights.group_size = "channel", None
+    if "STATIC" in preset:
+        scheme.input_activations = QuantizationArgs(
+            num_bits=8, type="int", strategy="tensor", dynamic=False,
+            symmetric=not preset.endswith("ASYM"))
+    return scheme
+
+
+def _calibrate(mod, input_range: tuple[float, float] | None = None) -> None:
+    """Min/max weight scales (what an observer computes) and a static input scale: from the
+    observed input range (and a zero point, asymmetric) if given, else a fixed one."""
     from compressed_tensors.quantization.utils import calculate_qparams
 
     args, weight = mod.quantization_scheme.weights, mod.weight.detach()
@@ -279,7 +294,13 @@ def _calibrate(mod) -> None:
     if hasattr(mod, "weight_zero_point"):
         mod.weight_zero_point.data = zero.to(mod.weight_zero_point.dtype).reshape(
             mod.weight_zero_point.shape)
-    if hasattr(mod, "input_scale"):
+    if hasattr(mod, "input_scale") and input_range is not None:
+        scale, zero = calculate_qparams(*(torch.tensor([v]) for v in input_range),
+                                        mod.quantization_scheme.input_activations)
+        mod.input_scale.data.copy_(scale.reshape(mod.input_scale.shape))
+        if hasattr(mod, "input_zero_point"):
+            mod.input_zero_point.data.copy_(zero.reshape(mod.input_zero_point.shape))
+    elif hasattr(mod, "input_scale"):
         mod.input_scale.data.fill_(0.01)  # activations here are O(1): 448 * 0.01 covers them
 
 

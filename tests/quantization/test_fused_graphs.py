@@ -15,7 +15,8 @@ from tests.quantization.packers import LLAMA, packed_pair
 
 LAYERS = LLAMA["num_hidden_layers"]
 OPS = {"gptq_act_order": "compiled_llm.w4a16_gemm", "fp8_block": "compiled_llm.fp8_block_gemm",
-       "ct_W8A8": "compiled_llm.int8_gemm", "ct_FP8_DYNAMIC": "compiled_llm.fp8_gemm"}
+       "ct_W8A8": "compiled_llm.int8_gemm", "ct_FP8_DYNAMIC": "compiled_llm.fp8_gemm",
+       "ct_W8A8_STATIC": "compiled_llm.int8_gemm", "ct_W8A8_STATIC_ASYM": "compiled_llm.int8_gemm"}
 
 
 @pytest.mark.parametrize("kind", sorted(OPS))

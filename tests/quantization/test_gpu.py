@@ -98,14 +98,18 @@ def test_block_fp8_triton_matches_reference(m, n, k):
     assert _rel_err(fp8_block_gemm(x, weight, scale, None).cpu(), ref) < 1e-2
 
 
+@pytest.mark.parametrize(("static", "zero_point"), [(False, None), (True, None), (True, -20.0)])
 @pytest.mark.parametrize("m", [1, 16, 17, 300])
-def test_int8_int_mm_matches_reference(m):
+def test_int8_int_mm_matches_reference(m, static, zero_point):
+    """Per-token activations, or static ones (int8_gemm quantizes them, with a zero point)."""
     x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
     w_q = torch.randint(-127, 128, (1024, 4096), device="cuda", dtype=torch.int8)
     w_scale = torch.rand(1024, 1, device="cuda") * 1e-3
-    q, x_scale = quant_int8_ref(x)
-    out = int8_gemm(q, x_scale, w_q, w_scale, None, torch.bfloat16)
-    ref = int8_gemm(q.cpu(), x_scale.cpu(), w_q.cpu(), w_scale.cpu(), None, torch.float32)
+    q, x_scale = (x, torch.tensor([0.03], device="cuda")) if static else quant_int8_ref(x)
+    zp = None if zero_point is None else torch.tensor([zero_point], device="cuda")
+    out = int8_gemm(q, x_scale, w_q, w_scale, None, torch.bfloat16, zp)
+    ref = int8_gemm(q.cpu(), x_scale.cpu(), w_q.cpu(), w_scale.cpu(), None, torch.float32,
+                    None if zp is None else zp.cpu())
     assert _rel_err(out.cpu(), ref) < 1e-2
 
 
@@ -125,7 +129,8 @@ def test_fp8_scaled_mm_matches_reference(m, static):
 @pytest.mark.parametrize("kind", ["gptq_act_order", "gptq_asym", "gptq_asym_v2",
                                   "gptq_channel", "awq", "ct_W4A16", "ct_W4A16_ASYM",
                                   "ct_W4A16_CHANNEL", "fp8_block", "ct_FP8_BLOCK",
-                                  "ct_FP8_DYNAMIC", "ct_FP8", "ct_W8A8", "fp8_tensor_static",
+                                  "ct_FP8_DYNAMIC", "ct_FP8", "ct_W8A8", "ct_W8A8_STATIC",
+                                  "ct_W8A8_STATIC_ASYM", "fp8_tensor_static",
                                   "fp8_tensor_dynamic"])
 def test_compiled_cuda_graphs_match_dequantized(kind):
     from compiled_llm import LLM, SamplingParams
