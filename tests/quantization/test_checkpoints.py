@@ -55,6 +55,18 @@ def test_matches_dequantized_transformers(kind):
     assert llm.engine.num_used_blocks == 0
 
 
+# per-tensor FP8 (AutoFP8) and static INT8, through LLM(model=DIR) with nothing else (compiled)
+@pytest.mark.parametrize("kind", ["fp8_tensor_static", "fp8_tensor_dynamic", "ct_W8A8_STATIC",
+                                  "ct_W8A8_STATIC_ASYM"])
+def test_static_and_per_tensor_w8a8_compiled_by_default(kind):
+    quantized, reference = packed_pair(kind)
+    llm = LLM(model=str(quantized), dtype="float32")
+    prompts = random_prompts(3, llm.engine.model_config.vocab_size, seed=3)
+    got, expected = _prompt_logprobs(llm, reference, prompts)
+    torch.testing.assert_close(got, expected, atol=W8A8_ATOL, rtol=1e-4)
+    assert llm.engine.num_used_blocks == 0
+
+
 @pytest.mark.parametrize("kind", ["gptq_act_order", "awq", "fp8_block", "ct_W8A8"])
 def test_bfloat16_activations_close(kind):
     quantized, reference = packed_pair(kind)

@@ -7,15 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compiled_llm import LLM
 from compiled_llm.quantization.loading import detect_format
 from compiled_llm.quantization.w8a8 import StaticInt8Linear
 from compiled_llm.worker.loader import load_model
 from tests.quantization.packers import packed_pair
-from tests.quantization.test_checkpoints import W8A8_ATOL, _prompt_logprobs
 from tests.quantization.test_edge_cases import _edited_copy
 from tests.quantization.test_formats import _ct
-from tests.utils import random_prompts
 
 KINDS = ("ct_W8A8_STATIC", "ct_W8A8_STATIC_ASYM")
 CPU = torch.device("cpu")
@@ -23,16 +20,6 @@ INT8_W = {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True
           "dynamic": False}
 STATIC = {"num_bits": 8, "type": "int", "strategy": "tensor", "dynamic": False,
           "symmetric": True}
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_matches_dequantized_transformers(kind):
-    quantized, reference = packed_pair(kind)
-    llm = LLM(model=str(quantized), dtype="float32")
-    prompts = random_prompts(3, llm.engine.model_config.vocab_size, seed=3)
-    got, expected = _prompt_logprobs(llm, reference, prompts)
-    torch.testing.assert_close(got, expected, atol=W8A8_ATOL, rtol=1e-4)
-    assert llm.engine.num_used_blocks == 0
 
 
 @pytest.mark.parametrize("kind", KINDS)
