@@ -1,6 +1,6 @@
 """Per-tensor FP8 checkpoints (quant_method fp8 without weight_block_size: AutoFP8, vLLM's fp8
-method), static and dynamic activations, against transformers running the dequantized weights in
-float32; ignored_layers left unquantized, k/v scales read, what vLLM refuses refused by name."""
+method), static and dynamic activations (against transformers: test_checkpoints.py): fused
+linears, ignored_layers left unquantized, k/v scales read, what vLLM refuses refused by name."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """compressed-tensors W8A8 INT8 with static per-tensor activation scales (symmetric, or with an
-input zero point: vLLM's azp correction) against transformers on the dequantized weights;
-siblings fuse only with equal scales and zero points; what is left unsupported is refused."""
+input zero point: vLLM's azp correction; against transformers: test_checkpoints.py): siblings
+fuse only with equal scales and zero points; what is left unsupported is refused."""
 
 from __future__ import annotations
 
