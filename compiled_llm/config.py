@@ -18,6 +18,7 @@ from compiled_llm.config_fields import (  # noqa: F401 (re-exported)
     field_choices,
     hf_rope_dict,
     max_model_len_arg,
+    model_len_bounds,
     normalize_max_model_len,
     split_optional,
 )
@@ -27,6 +28,8 @@ from compiled_llm.optimization import (
     PERFORMANCE_MODES,
     OptimizationLevel,
     PerformanceMode,
+    apply_compilation_config,
+    compilation_config_arg,
     level_defaults,
     mode_graph_sizes,
 )
@@ -57,30 +60,6 @@ QUANTIZATION_METHODS: tuple[str, ...] = typing.get_args(QuantizationMethods)
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
     return int(value) if value else None
-
-
-# the config.json keys that bound the sequence length, as vLLM reads them (the smallest wins)
-_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
-                "model_max_length", "max_sequence_length", "max_seq_length", "seq_len")
-
-
-def model_len_bounds(hf_config: dict) -> tuple[int, int]:
-    """(limit, default) of max_model_len for an HF config, derived as vLLM does: the smallest
-    length key (2048 when there is none), times the rope scaling factor for linear and dynamic
-    scaling (yarn: its original length times the factor). Dynamic NTK's base and LongRoPE's
-    factors change past the trained (original) length, so above it every position (HF: every
-    prompt) differs: the default stays there and only an explicit value goes past it."""
-    lengths = [hf_config[key] for key in _LENGTH_KEYS if isinstance(hf_config.get(key), int)]
-    trained = min(lengths, default=2048)
-    scaling = hf_rope_dict(hf_config)
-    kind, factor = scaling["rope_type"], scaling.get("factor")
-    original = scaling.get("original_max_position_embeddings")
-    if kind == "yarn" and original is not None:  # HF's factor null: the ratio of the lengths
-        factor = factor or hf_config.get("max_position_embeddings", trained) / original
-        trained = original
-    limit = int(trained * float(factor or 1.0)) if kind in ("linear", "dynamic", "yarn") \
-        else trained
-    return limit, {"dynamic": trained, "longrope": min(limit, original or trained)}.get(kind, limit)
 
 
 # the per-request bounds among EngineArgs' fields, and their smallest values
@@ -262,6 +241,13 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
     """Most tokens a step may hold and still replay piecewise CUDA graphs (captured at powers
     of two up to it; default: 512, and `serve`'s token budget there); longer steps run the
     compiled pieces without graphs."""
+    compilation_config: dict | None = field(default=None,
+                                            metadata={"parse": compilation_config_arg})
+    """vLLM's CompilationConfig (a dict, JSON, a mode 0-3 or an object; -cc.KEY=VALUE, -O JSON)
+    read into the fields above: mode/level, cudagraph_mode, cudagraph_capture_sizes,
+    max_cudagraph_capture_size, pass_config, inductor_compile_config.max_autotune,
+    debug_dump_path, cache_dir; compile_cache_save_format changes nothing; other keys asking
+    for something are refused (compiled_llm/optimization.py)."""
     enable_chunked_prefill: bool = True
     """Split long prompts over several steps so prefill shares steps with decode."""
     load_format: LoadFormat = "auto"
@@ -326,6 +312,7 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
     AsyncLLM and the server; for LLM on CUDA, off on the CPU)."""
 
     def __post_init__(self) -> None:
+        apply_compilation_config(self)  # into the fields it maps to, checked below
         check_choices(self)
         check_minimums(self, _REQUEST_LIMITS)
         self.check_lora()

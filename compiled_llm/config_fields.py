@@ -1,7 +1,7 @@
 """Reading the config dataclasses: each field's documentation (its attribute docstring, the
 help of its flag), the values a Literal-typed field allows, the checks built on them, and
 values spelled as vLLM spells them (human-readable integers, max_model_len's forms), and an HF
-config.json's rope parameters as transformers reads them."""
+config.json's rope parameters and length bounds as transformers and vLLM read them."""
 
 from __future__ import annotations
 
@@ -148,3 +148,27 @@ def hf_rope_dict(hf_config: dict) -> dict:
     if original is not None and params["rope_type"] in ("llama3", "yarn", "longrope"):
         params["original_max_position_embeddings"] = original
     return params
+
+
+# the config.json keys that bound the sequence length, as vLLM reads them (the smallest wins)
+_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "model_max_length", "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def model_len_bounds(hf_config: dict) -> tuple[int, int]:
+    """(limit, default) of max_model_len for an HF config, derived as vLLM does: the smallest
+    length key (2048 when there is none), times the rope scaling factor for linear and dynamic
+    scaling (yarn: its original length times the factor). Dynamic NTK's base and LongRoPE's
+    factors change past the trained (original) length, so above it every position (HF: every
+    prompt) differs: the default stays there and only an explicit value goes past it."""
+    lengths = [hf_config[key] for key in _LENGTH_KEYS if isinstance(hf_config.get(key), int)]
+    trained = min(lengths, default=2048)
+    scaling = hf_rope_dict(hf_config)
+    kind, factor = scaling["rope_type"], scaling.get("factor")
+    original = scaling.get("original_max_position_embeddings")
+    if kind == "yarn" and original is not None:  # HF's factor null: the ratio of the lengths
+        factor = factor or hf_config.get("max_position_embeddings", trained) / original
+        trained = original
+    limit = int(trained * float(factor or 1.0)) if kind in ("linear", "dynamic", "yarn") \
+        else trained
+    return limit, {"dynamic": trained, "longrope": min(limit, original or trained)}.get(kind, limit)

@@ -17,6 +17,7 @@ from compiled_llm.parallel_config import ParityArgs
 # earlier spellings that keep working, and vLLM's where it names a field differently
 ENGINE_ARG_ALIASES: dict[str, tuple[str, ...]] = {
     "compile_cache_dir": ("--cache-dir",),
+    "compilation_config": ("-cc",),  # also -cc.KEY=VALUE, and -O JSON / -O.KEY=VALUE
     "cudagraph_batch_sizes": ("--batch-sizes", "--cuda-graph-sizes"),
     "optimization_level": ("-O",),  # -O0 ... -O3
     "tensor_parallel_size": ("-tp",),
@@ -49,6 +50,7 @@ def normalize_argv(argv: list[str]) -> list[str]:
         arg, position = argv[position], position + 1
         if arg == "--":  # what follows is positional
             return out + [arg, *argv[position:]]
+        arg = _compilation_flag(arg, argv[position] if position < len(argv) else "")
         if not arg.startswith("--"):
             out.append(arg)
             continue
@@ -68,6 +70,19 @@ def normalize_argv(argv: list[str]) -> list[str]:
             nested = {part: nested}
         out += [head, json.dumps(nested)]
     return out
+
+
+def _compilation_flag(arg: str, following: str) -> str:
+    """vLLM's short spellings of --compilation-config: -cc.KEY / -O.KEY (a dotted key), -O
+    JSON (-O followed by an object; -O N stays the optimization level)."""
+    for short in ("-cc.", "-O."):
+        if arg.startswith(short):
+            return "--compilation-config." + arg[len(short):]
+    if arg == "-O" and following.lstrip().startswith("{"):
+        return "--compilation-config"
+    if arg.startswith("-O{"):
+        return "--compilation-config=" + arg[2:]
+    return arg
 
 
 def _json_value(text: str) -> Any:
@@ -125,8 +140,10 @@ def flag_name(field_name: str) -> str:
 def _type_kwargs(cls: type, field: dataclasses.Field, hint: object) -> dict[str, Any]:
     """add_argument's type, nargs, choices or action for one field, from its type hint (or
     the parser in its metadata, for a hint no flag type spells, such as `int | str`)."""
-    if "parse" in field.metadata:
-        return {"type": field.metadata["parse"]}
+    if "parse" in field.metadata:  # a dict field's objects merge (dotted keys)
+        merge = {"metavar": "JSON", "action": JsonObjectAction} if split_optional(hint)[
+            0] is dict else {}
+        return {"type": field.metadata["parse"], **merge}
     choices = field_choices(cls).get(field.name)
     if choices is not None:  # None cannot be spelled on the command line: leave it out
         values = [c for c in choices if c is not None]
