@@ -266,6 +266,8 @@ class CompiledLLMBackend:
         patches = dict(self.opts.inductor_options or {})
         if self.opts.post_grad_pass is not None:
             patches["post_grad_custom_post_pass"] = self.opts.post_grad_pass
+        if self.dumper:  # Inductor's own cache would skip the passes, and so their dumps
+            patches["fx_graph_cache"] = False
         t0, pool = time.perf_counter(), inductor_pool_state()
         dump = self.dumper.piece(key, piece, self.opts.post_grad_pass) if self.dumper \
             else contextlib.nullcontext()

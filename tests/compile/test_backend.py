@@ -104,6 +104,10 @@ def test_dump_dir_writes_each_unique_piece(deep_ckpt, tmp_path):
         assert "def forward" in (d / "input_graph.py").read_text()
         code = list(d.glob("inductor_output_code_*.py"))
         assert code and "def call" in code[0].read_text()
+        # the passes ran and wrote their dumps, even where Inductor's own cache had the
+        # piece (an earlier test compiled the same graphs)
+        assert (d / "00_before.py").exists() and (d / "99_after.py").exists()
+        assert (d / "summary.md").exists()
 
 
 def test_all_modes_agree(deep_ckpt, prompts, eager_tokens, tmp_path):
