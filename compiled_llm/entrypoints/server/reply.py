@@ -51,11 +51,13 @@ class ReplyFormat:
         """The message (of role) of a finished reply, and OpenAI's finish_reason for it."""
         reasoning, rest = self.split(text, True)
         content, calls = self.plan.extract(rest)
-        message: dict[str, Any] = {"role": role, "content": content}
+        # every field of vLLM's ChatMessage, unset ones null (tool_calls an empty list)
+        message: dict[str, Any] = {"role": role, "content": content, "refusal": None,
+                                   "annotations": None, "audio": None, "function_call": None,
+                                   "tool_calls": calls or [], "reasoning": None,
+                                   "reasoning_content": None}
         if reasoning is not None and self.include_reasoning:
             message["reasoning_content"] = message["reasoning"] = reasoning
-        if calls:
-            message["tool_calls"] = calls
         # vLLM: auto calls read from a whole reply count whatever ended it; required ones
         # only where the engine stopped (not cut off by max_tokens)
         called = bool(calls) and (self.plan.mode == "auto" or finish_reason == "stop")

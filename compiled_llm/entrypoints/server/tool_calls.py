@@ -236,8 +236,8 @@ def history_message(index: int, message: dict[str, Any]) -> dict[str, Any]:
     in OpenAI's format) made dicts, as chat templates read them; a 400 naming the field for a
     malformed call."""
     calls = message.get("tool_calls")
-    if calls is None:
-        return message
+    if calls is None or calls == []:  # a reply echoed back carries [] (vLLM's and ours)
+        return {k: v for k, v in message.items() if k != "tool_calls"}
     where = f"messages[{index}].tool_calls"
     if not isinstance(calls, list):
         raise OpenAIError(400, f"{where} must be a list of tool calls", param=where)

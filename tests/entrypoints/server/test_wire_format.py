@@ -1,8 +1,7 @@
-"""Wire details as vLLM's OpenAI server has them: a streamed chat choice's last chunk names its
-stop_reason, model cards carry the model's path as root and one permission object, the
-text-like content parts vLLM reads (input_text, output_text, refusal) are read as text, and
-fields no API defines are ignored with a warning naming them; any role reaches the template;
-a request_id (field or X-Request-Id header) names the reply."""
+"""Wire details as vLLM's server has them: stop_reason on a streamed choice's last chunk, model
+cards' root and permission, text-like content parts read as text, ignored fields named in a
+warning, any role reaching the template, request_id naming the reply, and every field of vLLM's
+chat message (unset ones null, tool_calls empty)."""
 
 from __future__ import annotations
 
@@ -108,3 +107,16 @@ def test_a_named_request_keeps_its_name_in_the_reply_id(srv):
     streamed = [srv.post("/v1/chat/completions", {**body, "request_id": "same", "stream": True})
                 for _ in range(2)]
     assert all(_events(r)[0]["id"] == "chatcmpl-same" for r in streamed)
+
+
+def test_a_chat_message_has_every_field_of_vllms(srv):
+    message = srv.post("/v1/chat/completions", {"messages": USER, "max_tokens": 2}).json()[
+        "choices"][0]["message"]
+    assert message["tool_calls"] == [] and message["reasoning_content"] is None
+    assert {"refusal", "annotations", "audio", "function_call", "reasoning"} <= set(message)
+    # the reply sent back as history (its empty tool_calls with it) renders as a plain one
+    again = [*USER, message, {"role": "user", "content": "and?"}]
+    plain = [*USER, {"role": "assistant", "content": message["content"]},
+             {"role": "user", "content": "and?"}]
+    tokens = [srv.post("/tokenize", {"messages": m}).json()["tokens"] for m in (again, plain)]
+    assert tokens[0] == tokens[1]
