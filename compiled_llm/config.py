@@ -248,6 +248,10 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
     max_cudagraph_capture_size, pass_config, inductor_compile_config.max_autotune,
     debug_dump_path, cache_dir; compile_cache_save_format changes nothing; other keys asking
     for something are refused (compiled_llm/optimization.py)."""
+    cuda_graph_sizes: list[int] | None = None
+    """vLLM 0.11's capture sizes: one value N captures graphs up to N tokens
+    (max_cudagraph_capture_size), several are the capture list (as compilation_config's
+    cudagraph_capture_sizes)."""
     enable_chunked_prefill: bool = True
     """Split long prompts over several steps so prefill shares steps with decode."""
     load_format: LoadFormat = "auto"

@@ -252,11 +252,23 @@ def engine_fields(value: Any) -> dict:
 
 
 def apply_compilation_config(args: Any) -> None:
-    """Set EngineArgs' compile fields from args.compilation_config, then clear it (so building
-    args again is the same); ValueError where a field given explicitly says otherwise."""
-    if args.compilation_config is None:
-        return
-    for name, value in engine_fields(args.compilation_config).items():
+    """Set EngineArgs' compile fields from args.compilation_config and from vLLM 0.11's
+    cuda_graph_sizes (one value N: graphs up to N; several: the capture list), then clear both
+    (so building args again is the same); ValueError where a field given says otherwise."""
+    sizes = args.cuda_graph_sizes
+    if sizes is not None:
+        sizes = [sizes] if isinstance(sizes, int) else list(sizes)
+        key = "max_cudagraph_capture_size" if len(sizes) == 1 else "cudagraph_capture_sizes"
+        _set_fields(args, engine_fields({key: sizes[0] if len(sizes) == 1 else sizes}),
+                    "cuda_graph_sizes")
+        args.cuda_graph_sizes = None
+    if args.compilation_config is not None:
+        _set_fields(args, engine_fields(args.compilation_config), "compilation_config")
+        args.compilation_config = None
+
+
+def _set_fields(args: Any, fields: dict, source: str) -> None:
+    for name, value in fields.items():
         current = getattr(args, name)
         if name == "passes":
             clash = sorted(k for k in value if k in current and current[k] != value[k])
@@ -264,10 +276,9 @@ def apply_compilation_config(args: Any) -> None:
         else:
             clash = current is not None and current != value
         if clash:
-            raise ValueError(f"compilation_config sets {name}={value!r}, but {name} is also "
-                             f"given as {current!r}")
+            raise ValueError(f"{source} sets {name}={value!r}, but {name} is also given as "
+                             f"{current!r}")
         setattr(args, name, value)
-    args.compilation_config = None
 
 
 def compilation_config_arg(text: str) -> dict:

@@ -116,6 +116,15 @@ def test_batch_size_list_and_its_aliases(flag):
     assert _parse([flag, "1", "2", "4"]).cudagraph_batch_sizes == [1, 2, 4]
 
 
+def test_one_cuda_graph_size_is_the_largest_as_in_vllm():
+    # vLLM 0.11: --cuda-graph-sizes N captures every size up to N, not N alone
+    args = _parse(["--cuda-graph-sizes", "256"])
+    assert (args.max_cudagraph_capture_size, args.cudagraph_batch_sizes) == (256, None)
+    assert _parse(["--cuda-graph-sizes", "1", "8"]).max_cudagraph_capture_size == 8
+    with pytest.raises(ValueError, match="cuda_graph_sizes sets max_cudagraph_capture_size"):
+        _parse(["--cuda-graph-sizes", "256", "--max-cudagraph-capture-size", "128"])
+
+
 def test_older_spellings_still_work():
     args = _parse(["--cache-dir", "/c", "--dump-dir", "/d", "--compile-mode", "stock"])
     assert (args.compile_cache_dir, args.dump_dir, args.compile_mode) == ("/c", "/d", "stock")

@@ -18,7 +18,7 @@ from compiled_llm.parallel_config import ParityArgs
 ENGINE_ARG_ALIASES: dict[str, tuple[str, ...]] = {
     "compile_cache_dir": ("--cache-dir",),
     "compilation_config": ("-cc",),  # also -cc.KEY=VALUE, and -O JSON / -O.KEY=VALUE
-    "cudagraph_batch_sizes": ("--batch-sizes", "--cuda-graph-sizes"),
+    "cudagraph_batch_sizes": ("--batch-sizes",),
     "optimization_level": ("-O",),  # -O0 ... -O3
     "tensor_parallel_size": ("-tp",),
     "pipeline_parallel_size": ("-pp",),
