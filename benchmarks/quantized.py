@@ -6,7 +6,7 @@ nano-vllm workload (each engine in its own process), and the checkpoint's weight
 W4A16 >= 2.5x bf16 at batch 1.
 
     python -m benchmarks.quantized --checkpoint-dir /tmp/ckpt --output-json out.json
-    python -m benchmarks.quantized --shape cpu-small --formats bf16 w4a16 --new-tokens 8
+    python -m benchmarks.quantized --checkpoint-dir /tmp/ckpt --skip-windows --batch-sizes 1 64
 """
 
 from __future__ import annotations
@@ -103,15 +103,16 @@ def quantized_checkpoint(bf16_dir: str, fmt: str) -> str:
     return str(out)
 
 
-def user_path(model_dir: str, gpu_memory_utilization: float) -> dict:
-    """`LLM(model=DIR)` with defaults (the memory share aside): batch-1 decode, then the
-    nano-vllm workload (temperature 0.6, detokenized)."""
+def user_path(model_dir: str, gpu_memory_utilization: float, batch_sizes=(1,)) -> dict:
+    """`LLM(model=DIR)` with defaults (the memory share aside): decode at each batch size (a
+    128-token prompt each, greedy), then the nano-vllm workload (temperature 0.6, detokenized)."""
     from benchmarks.user_path import run_decode, run_nano_vllm
     from compiled_llm import LLM, SamplingParams
 
     llm = LLM(model=model_dir, gpu_memory_utilization=gpu_memory_utilization)
-    return {"decode": run_decode(llm, SamplingParams),
-            "nano_vllm": run_nano_vllm(llm, SamplingParams)}
+    decode = {str(b): run_decode(llm, SamplingParams, new_tokens=128, batch=b)
+              for b in batch_sizes}
+    return {"decode": decode, "nano_vllm": run_nano_vllm(llm, SamplingParams)}
 
 
 def weight_gb(model_dir: str) -> float:
@@ -133,6 +134,9 @@ def main() -> None:
     ap.add_argument("--output-json", default=None)
     ap.add_argument("--skip-user-path", action="store_true",
                     help="leave out the default-settings engine (b1 decode, nano-vllm)")
+    ap.add_argument("--skip-windows", action="store_true",
+                    help="leave out the timed decode windows (the user's path alone: one "
+                         "engine per format, its decode at every --batch-sizes value)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.8,
                     help="every format's engine (the same for all: a fair KV budget)")
     args = ap.parse_args()
@@ -140,11 +144,14 @@ def main() -> None:
     rows, user_rows = [], []
     for fmt in args.formats:
         model_dir = bf16_dir if fmt == "bf16" else quantized_checkpoint(bf16_dir, fmt)
-        rows += window_rows(fmt, model_dir, args)
+        if not args.skip_windows:
+            rows += window_rows(fmt, model_dir, args)
         if not args.skip_user_path:
             res = isolate.call("benchmarks.quantized:user_path", model_dir=model_dir,
-                               gpu_memory_utilization=args.gpu_memory_utilization)
-            user_rows.append(user_row(fmt, res))
+                               gpu_memory_utilization=args.gpu_memory_utilization,
+                               batch_sizes=args.batch_sizes)
+            user_rows.append({**user_row(fmt, res, args.batch_sizes),
+                              "weight GB": weight_gb(model_dir)})
         finish(args, rows, user_rows)
 
 
@@ -162,10 +169,14 @@ def window_rows(fmt: str, model_dir: str, args: argparse.Namespace) -> list[dict
              "x bf16": None, "error": res.get("error")} for batch in args.batch_sizes]
 
 
-def user_row(fmt: str, res: dict) -> dict:
-    return {"format": fmt, "b1 tok_s": res.get("decode", {}).get("tok_s"),
-            "nano-vllm out tok_s": res.get("nano_vllm", {}).get("output_tok_s"),
-            "error": res.get("error")}
+def user_row(fmt: str, res: dict, batch_sizes: list[int]) -> dict:
+    """One format's user-path figures: decode tok/s per batch size, nano-vllm output tok/s."""
+    decode = res.get("decode", {})
+    row = {"format": fmt, "weight GB": None}
+    row.update({f"b{b} tok_s": decode.get(str(b), {}).get("tok_s") for b in batch_sizes})
+    row["nano-vllm out tok_s"] = res.get("nano_vllm", {}).get("output_tok_s")
+    row["error"] = res.get("error")
+    return row
 
 
 def _ratios(rows: list[dict], key: str, out_key: str, group: str | None = None) -> None:
@@ -179,11 +190,13 @@ def _ratios(rows: list[dict], key: str, out_key: str, group: str | None = None) 
 def finish(args: argparse.Namespace, rows: list[dict], user_rows: list[dict]) -> None:
     """Ratios against bf16, the tables, and the JSON (written after every format)."""
     _ratios(rows, "tok_s", "x bf16", group="batch")
-    _ratios(user_rows, "b1 tok_s", "b1 x bf16")
+    for batch in args.batch_sizes:
+        _ratios(user_rows, f"b{batch} tok_s", f"b{batch} x bf16")
     _ratios(user_rows, "nano-vllm out tok_s", "nano-vllm x bf16")
     save_json(args.output_json, {"shape": args.shape, "args": vars(args), "rows": rows,
                                  "user_path": user_rows})
-    print_table(rows, f"quantized decode windows, {args.shape}")
+    if rows:
+        print_table(rows, f"quantized decode windows, {args.shape}")
     if user_rows:
         print_table(user_rows, f"quantized, the user's path (LLM defaults), {args.shape}")
 
