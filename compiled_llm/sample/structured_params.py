@@ -56,6 +56,9 @@ class StructuredOutputsParams:
     whitespace_pattern: str | None = None
     """vLLM's (its outlines backend's): taken and not applied, as vLLM's xgrammar backend
     does; the JSON is compact, or any_whitespace's."""
+    disable_fallback: bool = False
+    """vLLM's: no fallback to another backend for what xgrammar cannot compile. Taken and
+    moot: xgrammar is the only backend, so a grammar it refuses is a 400 either way."""
 
     def __post_init__(self) -> None:
         set_kinds = [k for k in _KINDS if getattr(self, k) not in (None, False)]
@@ -84,7 +87,7 @@ class StructuredOutputsParams:
         if self.json_object is not None and not isinstance(self.json_object, bool):
             raise ValueError("structured_outputs.json_object must be a bool")
         for name in ("any_whitespace", "disable_any_whitespace",
-                     "disable_additional_properties"):
+                     "disable_additional_properties", "disable_fallback"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"structured_outputs.{name} must be a bool, got "
                                  f"{getattr(self, name)!r}")

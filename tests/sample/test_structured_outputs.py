@@ -128,6 +128,11 @@ def test_vllm_fields_are_taken_and_keyed_by_the_json_they_make():
         StructuredOutputsParams(json=SCHEMA, disable_any_whitespace="yes")
     with pytest.raises(ValueError, match="whitespace_pattern"):
         StructuredOutputsParams(json=SCHEMA, whitespace_pattern=3)
+    # vLLM's disable_fallback: one backend, nothing to fall back to; taken, a bool
+    assert StructuredOutputsParams.from_dict({"json": SCHEMA, "disable_fallback": True}).key() \
+        == spec.key()
+    with pytest.raises(ValueError, match="disable_fallback"):
+        StructuredOutputsParams(json=SCHEMA, disable_fallback="yes")
 
 
 @pytest.mark.parametrize("grammar", ['?start: "a" NAME\nNAME: /[b-d]+/',

@@ -51,6 +51,8 @@ class ReplyFormat:
         """The message (of role) of a finished reply, and OpenAI's finish_reason for it."""
         reasoning, rest = self.split(text, True)
         content, calls = self.plan.extract(rest)
+        if reasoning is not None and not content:
+            content = None  # vLLM's parsers: no text after the thinking span is no content
         # every field of vLLM's ChatMessage, unset ones null (tool_calls an empty list)
         message: dict[str, Any] = {"role": role, "content": content, "refusal": None,
                                    "annotations": None, "audio": None, "function_call": None,

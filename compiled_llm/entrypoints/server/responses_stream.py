@@ -1,8 +1,9 @@
 """The event stream of a streamed /v1/responses request, in the order OpenAI's SDK parses:
 response.created, response.in_progress, then each output item as the reply reaches it
 (reasoning_text, output_text or function_call_arguments deltas between its output_item.added
-and its .done events), one open at a time, then response.completed (or response.incomplete;
-response.failed on an error), every event numbered."""
+and its .done events), one open at a time, then response.completed (its response's status
+"incomplete" where max_output_tokens cut it, as vLLM sends; response.failed on an error),
+every event numbered."""
 
 from __future__ import annotations
 
@@ -174,7 +175,9 @@ async def response_events(serving: ServingResponses, req: ResponsesRequest,
     for chunk in items.finish(status, logprobs[max(sent, thinking):]):
         yield chunk
     body = serving.final(req, admitted, status, items.items, len(token_ids), thinking)
-    yield event(f"response.{status}", response=body)
+    # vLLM ends every finished stream with response.completed, a cut one too (status
+    # "incomplete"): the SDK's .stream() builds get_final_response() from that event only
+    yield event("response.completed", response=body)
 
 
 def _failed(event: _Events, serving: ServingResponses, req: ResponsesRequest,

@@ -64,6 +64,14 @@ def test_thinking_off_means_no_reasoning(tool_client, tool_server):
     jsonschema.validate(json.loads(message.content), SCHEMA)
 
 
+def test_reasoning_alone_leaves_content_null(tool_client, tool_server):
+    # a reply still thinking when max_tokens cuts it has no content: null, as vLLM's, not ""
+    r = tool_client.chat.completions.create(
+        model=tool_server.model, messages=MESSAGES, max_tokens=3, seed=0, extra_body=THINK)
+    message = r.choices[0].message
+    assert message.reasoning_content and message.content is None
+
+
 def test_required_tool_call_after_thinking(tool_client, tool_server):
     tools = [{"type": "function", "function": {"name": "pick", "parameters": SCHEMA}}]
     r = tool_client.chat.completions.create(

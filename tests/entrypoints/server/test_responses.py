@@ -75,7 +75,7 @@ def test_stream_events_in_order(client, server):
     deltas = kinds.count("response.output_text.delta")
     assert deltas >= 1
     assert kinds[:-1] == EVENTS[:5] + ["response.output_text.delta"] * (deltas - 1) + EVENTS[5:]
-    assert kinds[-1] == f"response.{full.status}"
+    assert kinds[-1] == "response.completed" and events[-1].response.status == full.status
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     final = events[-1].response
@@ -141,9 +141,22 @@ def test_incomplete_at_max_output_tokens(client, server):
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage.output_tokens == 3 and r.output[0].status == "incomplete"
     events = list(client.responses.create(**kw, stream=True))
-    assert events[-1].type == "response.incomplete"
+    # vLLM's last event: response.completed, its response's status telling the cut
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.status == "incomplete"
     assert events[-1].response.incomplete_details.reason == "max_output_tokens"
     assert events[-2].item.status == "incomplete"
+
+
+def test_stream_cut_by_max_output_tokens_has_a_final_response(client, server):
+    # the SDK's .stream() builds get_final_response() from response.completed only; a
+    # vLLM client reads a cut stream's final response so
+    with client.responses.stream(model=server.model, input="The quick", max_output_tokens=3,
+                                 extra_body={"ignore_eos": True}) as stream:
+        deltas = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert final.status == "incomplete" and final.usage.output_tokens == 3
+    assert final.output_text == deltas
 
 
 def _fmt(schema):
