@@ -1,9 +1,8 @@
 """The event stream of a streamed /v1/responses request, in the order OpenAI's SDK parses:
-response.created, response.in_progress, then each output item as the reply reaches it
-(reasoning_text, output_text or function_call_arguments deltas between its output_item.added
-and its .done events), one open at a time, then response.completed (its response's status
-"incomplete" where max_output_tokens cut it, as vLLM sends; response.failed on an error),
-every event numbered."""
+response.created, response.in_progress, then each output item as the reply reaches it (its
+deltas between output_item.added and .done), one open at a time, then response.completed (status
+"incomplete" where max_output_tokens cut it, as vLLM sends; response.failed on an error), every
+event numbered."""
 
 from __future__ import annotations
 
