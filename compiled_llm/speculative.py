@@ -146,12 +146,14 @@ def _ngram_lookup(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("model") is not None:
         raise ValueError("speculative_config.model is not used by method 'ngram'")
     low, high = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
+    # checked as given, before one fills in the other: an error names the field that was set
+    for name, value in (("prompt_lookup_min", low), ("prompt_lookup_max", high)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):
+            raise ValueError(f"speculative_config.{name} must be an integer >= 1, got {value!r}")
     if low is None and high is None:
         low = high = _DEFAULT_LOOKUP
     low, high = (high if low is None else low), (low if high is None else high)
-    for name, value in (("prompt_lookup_min", low), ("prompt_lookup_max", high)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"speculative_config.{name} must be an integer >= 1, got {value!r}")
     if low > high:
         raise ValueError(f"speculative_config.prompt_lookup_min ({low}) must be <= "
                          f"prompt_lookup_max ({high})")

@@ -40,6 +40,8 @@ def test_ngram_and_draft_model_parse():
      "prompt_lookup_min"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4,
       "prompt_lookup_max": 2}, "prompt_lookup_min"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": "4"},
+     "prompt_lookup_max"),
     ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}, "lookahead"),
     ({"method": "draft_model", "num_speculative_tokens": 2}, "model"),
     ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 1},

@@ -95,8 +95,14 @@ class SpecScheduler(AsyncScheduler):
         self._seeded: set[str] = set()
 
     def add_request(self, req: Request) -> None:
-        """Queue a request (noting a seeded sampling one: it holds fruitless pauses off)."""
+        """Queue a request (noting a seeded sampling one: it holds fruitless pauses off); one
+        arriving at an idle scheduler starts speculation afresh."""
+        idle = not self.has_unfinished()
         super().add_request(req)
+        if idle and self.pause is not None:
+            # the pause judged the lookups of requests now gone: a new batch's prompts may copy
+            # well, and an old pause (up to max_pause steps) would hide all of a short reply
+            self.pause = FruitlessPause(self.pause.max_pause)
         if req.sampling_params.sampling_type is SamplingType.RANDOM_SEED:
             self._seeded.add(req.request_id)
 

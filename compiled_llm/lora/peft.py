@@ -54,11 +54,16 @@ def read_adapter_config(path: Path, max_rank: int) -> dict:
     rank = config.get("r")
     if not isinstance(rank, int) or rank < 1:
         raise ValueError(f"lora_path: adapter rank r must be an int >= 1, got {rank!r}")
-    if rank > max_rank:
-        raise ValueError(f"max_lora_rank: the adapter's rank {rank} exceeds max_lora_rank "
+    alpha = config.get("lora_alpha", rank)
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float):
+        raise ValueError(f"lora_path: adapter lora_alpha must be a number, got {alpha!r}")
+    ranks = [rank, *_pattern(config, "rank_pattern", int).values()]
+    _pattern(config, "alpha_pattern", (int, float))
+    if max(ranks) > max_rank:
+        raise ValueError(f"max_lora_rank: the adapter's rank {max(ranks)} exceeds max_lora_rank "
                          f"{max_rank}")
     for key, allowed in (("use_dora", (None, False)), ("bias", (None, "none")),
-                         ("modules_to_save", (None, []))):
+                         ("lora_bias", (None, False)), ("modules_to_save", (None, []))):
         if config.get(key) not in allowed:
             raise ValueError(f"lora_path: adapter {key}={config[key]!r} is not supported")
     _check_targets(config.get("target_modules"))
@@ -71,28 +76,64 @@ def _check_targets(targets: str | list[str] | None) -> None:
     tensors the adapter holds are checked instead, each against the model's modules."""
     if targets is None or isinstance(targets, str):
         return
+    if not isinstance(targets, list) or not all(isinstance(name, str) for name in targets):
+        raise ValueError(f"target_modules: must be a list of module names or PEFT's regex "
+                         f"str, got {targets!r}")
     unknown = sorted({name.rsplit(".", 1)[-1] for name in targets} - set(LORA_TARGETS))
     if unknown:
         raise ValueError(f"target_modules: the model has no LoRA-able module {unknown} "
                          f"(supported: {sorted(LORA_TARGETS)})")
 
 
-def scaling(config: dict, rank: int) -> float:
-    """lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora."""
-    alpha = float(config.get("lora_alpha", rank))
-    return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+def _pattern(config: dict, key: str, kind) -> dict:
+    """PEFT's rank_pattern or alpha_pattern (module-name regex -> value), checked."""
+    pattern = config.get(key) or {}
+    if not isinstance(pattern, dict) or not all(
+            isinstance(v, kind) and not isinstance(v, bool) and v > 0 for v in pattern.values()):
+        raise ValueError(f"lora_path: adapter {key} must map module names to positive "
+                         f"numbers, got {pattern!r}")
+    return pattern
+
+
+def _pattern_value(pattern: dict, module: str, default):
+    """PEFT's get_pattern_key: the first key matching the end of module's dotted name."""
+    for key in pattern:
+        try:
+            if re.match(rf"(.*\.)?({key})$", module):
+                return pattern[key]
+        except re.error as exc:
+            raise ValueError(f"lora_path: adapter pattern key {key!r} is not a regex "
+                             f"({exc})") from None
+    return default
+
+
+def module_rank_and_scaling(config: dict, module: str) -> tuple[int, float]:
+    """(r, lora_alpha / r) of one module, or lora_alpha / sqrt(r) with use_rslora; per-module
+    r and alpha from rank_pattern and alpha_pattern, as PEFT builds them."""
+    rank = _pattern_value(config.get("rank_pattern") or {}, module, config["r"])
+    alpha = float(_pattern_value(config.get("alpha_pattern") or {}, module,
+                                 config.get("lora_alpha", config["r"])))
+    return rank, alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     weights = path / "adapter_model.safetensors"
-    if not weights.is_file():
-        raise ValueError(f"lora_path: no adapter_model.safetensors in {path}")
+    pickled = path / "adapter_model.bin"  # PEFT's save_pretrained(safe_serialization=False)
+    if not weights.is_file() and not pickled.is_file():
+        raise ValueError(f"lora_path: no adapter_model.safetensors (or .bin) in {path}")
     from safetensors.torch import load_file
 
+    source = weights if weights.is_file() else pickled
     try:
-        return load_file(str(weights))
-    except Exception as exc:  # safetensors raises its own error types on a damaged file
-        raise ValueError(f"lora_path: cannot read {weights} ({exc})") from None
+        if weights.is_file():
+            return load_file(str(weights))
+        tensors = torch.load(pickled, map_location="cpu", weights_only=True)
+    except Exception as exc:  # safetensors and pickle raise their own types on a damaged file
+        raise ValueError(f"lora_path: cannot read {source} ({exc})") from None
+    if not isinstance(tensors, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items()):
+        raise ValueError(f"lora_path: {source} is not a dict of named tensors")
+    return tensors
 
 
 def _module_of(key: str) -> tuple[str, str] | None:
@@ -115,7 +156,6 @@ def load_peft_adapter(lora_path: str, shapes: dict[str, tuple[int, int]], max_ra
     if not path.is_dir():
         raise ValueError(f"lora_path: {lora_path!r} is not a directory")
     config = read_adapter_config(path, max_rank)
-    rank, scale = config["r"], scaling(config, config["r"])
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in _read_tensors(path).items():
         named = _module_of(key)
@@ -129,8 +169,9 @@ def load_peft_adapter(lora_path: str, shapes: dict[str, tuple[int, int]], max_ra
         raise ValueError(f"lora_path: {lora_path} holds no LoRA weights")
     modules = {}
     for module, pair in parts.items():
+        rank, scale = module_rank_and_scaling(config, module)
         modules[module] = _checked_pair(module, pair, shapes[module], rank, scale, dtype)
-    return LoRAWeights(rank, modules)
+    return LoRAWeights(max(a.shape[0] for a, _ in modules.values()), modules)
 
 
 def _checked_pair(module: str, pair: dict[str, torch.Tensor], shape: tuple[int, int],

@@ -62,8 +62,11 @@ class DraftModelProposer(Proposer):
                  num_blocks: int = 0, **context) -> None:
         super().__init__(cfg)
         self.target = target
-        model = load_model(cfg.model, target.dtype, target.device, target.max_model_len,
-                           getattr(args, "load_format", "auto"))
+        try:
+            model = load_model(cfg.model, target.dtype, target.device, target.max_model_len,
+                               getattr(args, "load_format", "auto"))
+        except ValueError as exc:  # the loader names the target's field ("model: ...")
+            raise ValueError(f"speculative_config.model: {exc}") from None
         if model.config.vocab_size != target.model.config.vocab_size:
             raise ValueError(f"speculative_config.model: the draft's vocab_size "
                              f"{model.config.vocab_size} differs from the target's "

@@ -162,6 +162,32 @@ def test_fruitless_lookups_pause_into_async_steps(ckpt):
     assert llm.engine.num_used_blocks == sync.engine.num_used_blocks == 0
 
 
+
+def test_a_batch_from_idle_speculates_despite_an_earlier_fruitless_one(ckpt, prompts):
+    # a fruitless workload leaves a pause of up to max_pause steps behind; the next request,
+    # arriving at an idle engine, must look its own drafts up rather than wait the old pause
+    # out (all of a short reply) in silence
+    plain = [{"prompt_token_ids": p} for p in random_prompts(2, 300, lo=30, hi=40, seed=9)]
+    llm = _llm(ckpt, speculative_config={**NGRAM, "prompt_lookup_min": 2})
+    llm.generate(plain, SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True),
+                 use_tqdm=False)
+    scheduler = llm.engine.scheduler
+    assert scheduler.pause.length > 1  # the lookups were fruitless: pauses grew
+    # where a longer fruitless run ends (how far into a pause is the run's luck)
+    scheduler.pause.pause = scheduler.pause.length = scheduler.pause.max_pause
+    drafted = scheduler.spec_stats.num_draft_tokens
+    short = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    llm.generate(prompts[0], short, use_tqdm=False)
+    assert scheduler.spec_stats.num_draft_tokens > drafted
+    assert llm.engine.num_used_blocks == 0
+
+
+def test_a_draft_that_does_not_load_is_refused_naming_the_field(ckpt, tmp_path):
+    # the loader's own message names the target's "model"; the user set speculative_config's
+    for draft in ("/nonexistent/draft", str(tmp_path)):
+        with pytest.raises(ValueError, match=r"^speculative_config\.model: "):
+            _llm(ckpt, speculative_config={"model": draft, "num_speculative_tokens": 2})
+
 def test_seeded_sampling_repeats(draft, prompts):
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=99, ignore_eos=True)
     first = _tokens(draft.generate(prompts[:3], params, use_tqdm=False))

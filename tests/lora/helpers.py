@@ -16,9 +16,12 @@ ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 @functools.cache
 def make_adapter(base_dir: Path, seed: int, rank: int = 8, targets: tuple | str = ALL_TARGETS,
-                 alpha: int = 16, use_rslora: bool = False) -> Path:
+                 alpha: int = 16, use_rslora: bool = False, rank_pattern: tuple = (),
+                 alpha_pattern: tuple = (), safe: bool = True) -> Path:
     """A random PEFT LoRA (non-zero B) of `rank` on `targets` (module names, or a str: PEFT's
-    regex over full module names, saved as written), saved; returns its dir."""
+    regex over full module names, saved as written), with PEFT's per-module rank_pattern and
+    alpha_pattern ((regex, value) pairs), saved as safetensors or (safe False) a pickled
+    adapter_model.bin; returns its dir."""
     import transformers
     from peft import LoraConfig, get_peft_model
 
@@ -26,14 +29,27 @@ def make_adapter(base_dir: Path, seed: int, rank: int = 8, targets: tuple | str 
     model = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
     target_modules = targets if isinstance(targets, str) else list(targets)
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules,
-                        init_lora_weights=False, use_rslora=use_rslora)
+                        init_lora_weights=False, use_rslora=use_rslora,
+                        rank_pattern=dict(rank_pattern), alpha_pattern=dict(alpha_pattern))
     peft_model = get_peft_model(model, config)
     with torch.no_grad():  # larger deltas than peft's init: adapters visibly change tokens
         for name, param in peft_model.named_parameters():
             if "lora_" in name:
                 param.normal_(0, 0.2)
     out = Path(tempfile.mkdtemp(prefix=f"cllm-lora{seed}-"))
-    peft_model.save_pretrained(out)
+    peft_model.save_pretrained(out, safe_serialization=safe)
+    return out
+
+
+def with_config(adapter_dir: Path, **changes) -> Path:
+    """A copy of an adapter directory whose adapter_config.json has `changes` written over."""
+    import json
+    import shutil
+
+    out = Path(tempfile.mkdtemp(prefix="cllm-lora-config-"))
+    shutil.copytree(adapter_dir, out, dirs_exist_ok=True)
+    config = json.loads((out / "adapter_config.json").read_text())
+    (out / "adapter_config.json").write_text(json.dumps({**config, **changes}))
     return out
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from compiled_llm import LLM, LoRARequest, SamplingParams
-from tests.lora.helpers import make_adapter, merged_greedy
+from tests.lora.helpers import make_adapter, merged_greedy, with_config
 from tests.utils import make_checkpoint
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -106,6 +106,23 @@ def test_regex_targets_and_a_path_object(llm, base):
     assert _run(llm, PROMPTS[:1], [lora]) == merged_greedy(base, adapter, PROMPTS[:1], 6)
 
 
+
+@pytest.mark.parametrize("case", ["patterns", "pickled"])
+def test_per_module_rank_and_alpha_and_a_pickled_adapter(llm, base, case):
+    """PEFT's rank_pattern / alpha_pattern give some modules their own r and lora_alpha (so
+    their own scaling), and save_pretrained(safe_serialization=False) writes
+    adapter_model.bin: both load (vLLM reads .bin too) and match peft's merged model."""
+    adapter = {
+        "patterns": lambda: make_adapter(base, 41, rank=8, use_rslora=True,
+                                         targets=("q_proj", "v_proj", "down_proj"),
+                                         rank_pattern=(("v_proj", 4), ("down_proj", 16)),
+                                         alpha_pattern=((r"layers\.1\.self_attn\.q_proj", 2),)),
+        "pickled": lambda: make_adapter(base, 42, rank=4, targets=("k_proj", "up_proj"),
+                                        safe=False),
+    }[case]()
+    lora = LoRARequest(case, 41 if case == "patterns" else 42, str(adapter))
+    assert _run(llm, PROMPTS, [lora] * len(PROMPTS)) == merged_greedy(base, adapter, PROMPTS, 6)
+
 def _damaged(path: Path) -> Path:
     out = Path(tempfile.mkdtemp(prefix="cllm-lora-bad-"))
     shutil.copytree(path, out, dirs_exist_ok=True)
@@ -115,7 +132,7 @@ def _damaged(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("case", ["rank", "targets", "damaged", "missing", "id_reused",
-                                  "type"])
+                                  "type", "targets_type", "alpha_type"])
 def test_bad_adapter_is_refused_and_engine_serves_on(llm, base, adapters, case):
     lora = {
         "rank": lambda: _lora(10, make_adapter(base, 10, rank=32)),
@@ -124,9 +141,12 @@ def test_bad_adapter_is_refused_and_engine_serves_on(llm, base, adapters, case):
         "missing": lambda: _lora(13, "/nonexistent/adapter"),
         "id_reused": lambda: _lora(1, adapters[1]),
         "type": lambda: "adapter1",
+        # malformed adapter_config.json fields: a ValueError too, not a TypeError
+        "targets_type": lambda: _lora(14, with_config(adapters[0], target_modules=5)),
+        "alpha_type": lambda: _lora(15, with_config(adapters[0], lora_alpha=None)),
     }[case]()
     field = {"rank": "max_lora_rank", "targets": "target_modules", "id_reused": "lora_int_id",
-             "type": "lora_request"}.get(case, "lora_path")
+             "type": "lora_request", "targets_type": "target_modules"}.get(case, "lora_path")
     with pytest.raises(ValueError, match=field):
         llm.generate([{"prompt_token_ids": PROMPTS[0]}], GREEDY, use_tqdm=False,
                      lora_request=lora)
@@ -164,12 +184,26 @@ def test_lora_request_without_enable_lora_is_refused(base, adapters):
                                                ({"max_lora_rank": -1}, "max_lora_rank"),
                                                ({"max_cpu_loras": 0}, "max_cpu_loras"),
                                                ({"max_loras": 3, "max_cpu_loras": 2},
-                                                "max_cpu_loras")])
+                                                "max_cpu_loras"),
+                                               ({"lora_dtype": "float16"}, "lora_dtype"),
+                                               ({"fully_sharded_loras": 1},
+                                                "fully_sharded_loras")])
 def test_bad_lora_settings_name_the_field(kwargs, field):
     from compiled_llm import EngineArgs
 
     with pytest.raises(ValueError, match=field):
         EngineArgs(enable_lora=True, **kwargs)
+
+
+def test_vllm_lora_settings_that_change_nothing_are_taken():
+    """vLLM's fully_sharded_loras (how TP ranks split adapters) and lora_dtype auto, or the
+    model's dtype, as a vLLM user passes them (a torch.dtype too)."""
+    import torch
+
+    from compiled_llm import EngineArgs
+
+    EngineArgs(enable_lora=True, fully_sharded_loras=True, lora_dtype="auto")
+    EngineArgs(enable_lora=True, dtype="bfloat16", lora_dtype=torch.bfloat16)
 
 
 def test_lora_is_refused_where_it_cannot_apply():

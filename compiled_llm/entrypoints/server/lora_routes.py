@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from itertools import count
 
 from fastapi import FastAPI
@@ -27,6 +28,8 @@ class LoadLoRAAdapterRequest(BaseModel):
 
     lora_name: str
     lora_path: str
+    load_inplace: bool = False
+    """vLLM's: replace the adapter already served under lora_name (here under a new id)."""
 
 
 class UnloadLoRAAdapterRequest(BaseModel):
@@ -71,12 +74,14 @@ class ServedLoRAs:
                 raise ValueError("lora_modules: needs --enable-lora")
             self._add(*parse_lora_module(text))
 
-    def _add(self, name: str, path: str) -> LoRARequest:
-        if name == self.base_name or name in self.adapters:
-            raise ValueError(f"lora_name: the adapter {name!r} has already been loaded")
+    def _add(self, name: str, path: str, replace: bool = False) -> LoRARequest | None:
+        """Check and serve an adapter under name; the one it replaced (load_inplace), if any."""
+        if name == self.base_name or (name in self.adapters and not replace):
+            raise ValueError(f"lora_name: the adapter {name!r} has already been loaded (set "
+                             "load_inplace to replace it)")
         lora = self._checker.check(LoRARequest(name, next(self._ids), path))
-        self.adapters[name] = lora
-        return lora
+        old, self.adapters[name] = self.adapters.get(name), lora
+        return old
 
     def get(self, name: str) -> LoRARequest | None:
         """The adapter served under name, or None."""
@@ -92,11 +97,15 @@ class ServedLoRAs:
             raise OpenAIError(404, f"lora_path: No adapter found for {body.lora_path!r}",
                               param="lora_path", code="not_found")
         try:
-            await asyncio.to_thread(self._add, body.lora_name, body.lora_path)
+            replaced = await asyncio.to_thread(self._add, body.lora_name, body.lora_path,
+                                               body.load_inplace)
         except ValueError as exc:  # the message leads with the field: lora_path, max_lora_rank
-            message = str(exc)
-            raise OpenAIError(400, message, param=message.partition(":")[0],
+            message = str(exc)  # "field: ..." or (LoRARequest's own checks) "field must ..."
+            field = re.match(r"[A-Za-z_][\w.]*", message)
+            raise OpenAIError(400, message, param=field[0] if field else None,
                               code="invalid_value") from None
+        if replaced is not None:  # its running requests finish with it
+            await self._forget(replaced)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added "
                                  "successfully.")
 
@@ -106,11 +115,15 @@ class ServedLoRAs:
         if lora is None:
             raise OpenAIError(404, f"lora_name: the adapter {body.lora_name!r} is not loaded",
                               param="lora_name", code="model_not_found")
+        await self._forget(lora)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed "
+                                 "successfully.")
+
+    async def _forget(self, lora: LoRARequest) -> None:
+        """Drop an adapter no longer served from the checks (its id is never given again)."""
         self._checker.forget(lora.lora_int_id)
         inputs = self.engine.engine.inputs
         await self.engine.call(inputs.loras.forget, lora.lora_int_id)
-        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed "
-                                 "successfully.")
 
 
 def runtime_updates_allowed() -> bool:

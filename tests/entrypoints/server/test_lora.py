@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.entrypoints.server.conftest import start_server, stop_server
-from tests.lora.helpers import make_adapter, merged_greedy
+from tests.lora.helpers import make_adapter, merged_greedy, with_config
 from tests.utils import make_checkpoint
 
 PROMPT = [5, 6, 7, 8, 9, 10]
@@ -94,6 +94,23 @@ def test_load_and_unload_adapters(lora_server, lora_client, adapters):
     assert _post(lora_server, "unload_lora_adapter", {"lora_name": "third"}).status_code == 404
 
 
+
+def test_load_inplace_replaces_an_adapter(lora_server, lora_client, adapters):
+    """vLLM's load_inplace: the name then serves the new adapter (without it: a 400)."""
+    import transformers
+
+    base, paths = adapters
+    tok = transformers.AutoTokenizer.from_pretrained(base)
+    body = {"lora_name": "swapped", "lora_path": str(paths[0])}
+    assert _post(lora_server, "load_lora_adapter", body).status_code == 200
+    assert _tokens(lora_client, "swapped") == _want(base, paths[0], tok)
+    body["lora_path"] = str(paths[1])
+    assert _post(lora_server, "load_lora_adapter", body).status_code == 400
+    replaced = _post(lora_server, "load_lora_adapter", {**body, "load_inplace": True})
+    assert replaced.status_code == 200, replaced.text
+    assert _tokens(lora_client, "swapped") == _want(base, paths[1], tok)
+    assert _post(lora_server, "unload_lora_adapter", {"lora_name": "swapped"}).status_code == 200
+
 @pytest.mark.parametrize(("path", "param", "status"), [(3, "max_lora_rank", 400),
                                                      ("/nonexistent", "lora_path", 404)])
 def test_bad_adapter_is_a_4xx_naming_the_field(lora_server, lora_client, adapters, path, param,
@@ -107,6 +124,19 @@ def test_bad_adapter_is_a_4xx_naming_the_field(lora_server, lora_client, adapter
     assert len(_tokens(lora_client, "first")) == 6  # serving on
     assert lora_server.wait_idle()["compiled_llm:kv_cache_used_blocks"] == 0
 
+
+
+def test_empty_adapter_name_is_a_400_naming_lora_name(lora_server, adapters):
+    bad = _post(lora_server, "load_lora_adapter", {"lora_name": "",
+                                                   "lora_path": str(adapters[1][2])})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "lora_name", bad.text
+
+
+def test_malformed_adapter_config_is_a_400_not_a_500(lora_server, lora_client, adapters):
+    odd = with_config(adapters[1][0], target_modules=5)
+    bad = _post(lora_server, "load_lora_adapter", {"lora_name": "odd", "lora_path": str(odd)})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "target_modules", bad.text
+    assert len(_tokens(lora_client, "first")) == 6  # serving on
 
 def test_replies_name_the_adapter_as_their_model(lora_server, lora_client):
     """vLLM answers with the adapter's name as `model` (the base model's name otherwise),
