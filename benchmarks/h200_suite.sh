@@ -153,6 +153,14 @@
 #                                         # side-by-side pieces off; Llama-3-8B nano-vllm profile
 #     bash benchmarks/h200_suite.sh 83    # GPU attention tests; 8B and Qwen3-0.6B nano-vllm
 #                                         # with the batched 128-key decode tiles and with 64
+#     bash benchmarks/h200_suite.sh 89    # issue 19's formats on the user's path: bf16, W4A16,
+#                                         # block FP8 at batch 1 and 64, nano-vllm
+#     bash benchmarks/h200_suite.sh 90    # GPU attention tests; the 8B half of call 83, ABBA,
+#                                         # and 128-key tiles split per 1,024 keys
+#     bash benchmarks/h200_suite.sh 91    # FP8 against bf16 KV cache (Llama-3-8B): decode at
+#                                         # 64 and 256, the nano-vllm user path (after 90)
+#     bash benchmarks/h200_suite.sh 92    # block FP8's one-launch quantization: tests, the
+#                                         # GEMMs against cuBLAS block scaling, the user's path
 #     bash benchmarks/h200_suite.sh 84    # the quantized GPU tests, every packed kind (carry
 #                                         # .whl with compressed-tensors, loguru, psutil)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
@@ -600,6 +608,49 @@ elif [ "$CALL" = 84 ]; then  # one GPU (carry .whl, compressed-tensors in it): t
   # W4A16 kernels at the 8B shapes) and the W4A16 GEMV tests
   mapfile -t a <<<"\
 $py -m pytest -q -p no:cacheprovider tests/quantization/test_gpu.py tests/quantization/test_w4a16_gemv_gpu.py"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 89 ]; then  # one GPU: issue 19's figures in one call, the user's path
+  # (LLM(model=DIR) defaults) of Llama-3-8B in bf16, W4A16 and block FP8: decode at batch 1
+  # and 64, the nano-vllm workload (SUITE_SECONDS=585 gives the three engines room)
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
+$py -m benchmarks.quantized --checkpoint-dir $CK --skip-windows --batch-sizes 1 64 --output-json $R/quantized_user_path.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 92 ]; then  # one GPU (carry .whl): block FP8 with its one-launch
+  # activation quantization: GPU tests, the GEMMs alone against cuBLAS's block-scaled
+  # _scaled_mm and bf16, then the user's path of Llama-3-8B in bf16 and block FP8
+  Q="$py -m benchmarks.quantized --checkpoint-dir $CK --skip-windows --batch-sizes 1 64"
+  mapfile -t a <<<"\
+timeout 70 $py -m pytest -q -p no:cacheprovider tests/quantization/test_gpu.py -k 'block_fp8 or group_quant or fp8_block'
+timeout 100 $py -m benchmarks.fp8_block_gemm --tokens 1 64 8192 --json $R/fp8_block_gemm.json
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
+$Q --formats bf16 fp8-block --output-json $R/quantized_fp8_block.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 91 ]; then  # one GPU (carry .whl; after call 90 on a warm machine, or it
+  # makes the 8B checkpoint): FP8 against bf16 KV cache, decode windows at 64 and 256
+  # sequences, then the nano-vllm user path with kv_cache_dtype fp8, auto, fp8
+  U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_kv.jsonl --model $CK/llama3-8b"
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
+timeout 200 $py -m benchmarks.kv_cache_fp8 --checkpoint-dir $CK --json $R/kv_cache_fp8.json
+$U --label fp8kv --engine-args '{\"kv_cache_dtype\": \"fp8\"}'
+$U --label auto
+$U --label fp8kv --engine-args '{\"kv_cache_dtype\": \"fp8\"}'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 90 ]; then  # one GPU (carry .whl): the GPU attention tests, then the
+  # Llama-3-8B half of call 83: the nano-vllm user path with 128-key decode tiles (default)
+  # against 64 (COMPILED_LLM_DECODE_BLOCK_N=64) in ABBA order, then 128-key tiles split per
+  # 1,024 keys of context (COMPILED_LLM_DECODE_SPLIT_KEYS=1024, opt-in)
+  U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_h200.jsonl --model $CK/llama3-8b"
+  OLD=COMPILED_LLM_DECODE_BLOCK_N=64
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
+timeout 150 $py -m pytest -q -x -p no:cacheprovider tests/kernels/test_triton_gpu.py tests/kernels/test_decode_qk_gpu.py
+$U --label tiles128
+$OLD $U --label tiles64
+$OLD $U --label tiles64
+$U --label tiles128
+COMPILED_LLM_DECODE_SPLIT_KEYS=1024 $U --label tiles128_split1024"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 83 ]; then  # one GPU (carry .whl): the GPU attention tests, then the
   # nano-vllm user path of Llama-3-8B and Qwen3-0.6B with the decode's batched 128-key tiles

@@ -98,6 +98,20 @@ def test_block_fp8_triton_matches_reference(m, n, k):
     assert _rel_err(fp8_block_gemm(x, weight, scale, None).cpu(), ref) < 1e-2
 
 
+@pytest.mark.parametrize("m_major", [False, True])
+@pytest.mark.parametrize("m", [1, 7, 300])
+def test_fp8_group_quant_kernel_is_torchs(m, m_major):
+    """The one-launch activation quantization gives quant_fp8_groups' bytes and scales."""
+    from compiled_llm.quantization.fp8_groups import quant_fp8_groups
+    from compiled_llm.quantization.kernels.fp8_block import quant_fp8_groups_triton
+
+    x = torch.randn(m, 4096 + 384, device="cuda", dtype=torch.bfloat16) * 3
+    q, scale = quant_fp8_groups_triton(x, m_major=m_major)
+    want_q, want_scale = quant_fp8_groups(x)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(scale, want_scale)
+
+
 @pytest.mark.parametrize(("static", "zero_point"), [(False, None), (True, None), (True, -20.0)])
 @pytest.mark.parametrize("m", [1, 16, 17, 300])
 def test_int8_int_mm_matches_reference(m, static, zero_point):
