@@ -13,8 +13,11 @@ from typing import Any, Literal
 RunnerOption = Literal["auto", "generate", "pooling"]
 ConvertOption = Literal["auto", "none", "embed", "classify"]
 # vLLM's older `task` (model cards still show LLM(..., task="embed")): a runner by another name
-TaskOption = Literal["auto", "generate", "embed", "embedding", "classify", "score", "encode"]
+TaskOption = Literal["auto", "generate", "embed", "embedding", "classify", "score", "encode",
+                     "reward"]
 PoolingType = Literal["MEAN", "CLS", "LAST"]
+PoolingTask = Literal["embed", "classify", "score", "encode"]
+POOLING_TASKS: tuple[str, ...] = typing.get_args(PoolingTask)
 POOLING_TYPES: tuple[str, ...] = typing.get_args(PoolingType)
 
 
@@ -62,8 +65,8 @@ class RunnerArgs:
     token, normalised); classify runs a *ForSequenceClassification checkpoint's head (runner
     pooling); auto and none convert nothing."""
     task: TaskOption | None = None
-    """vLLM's older spelling of runner: generate, or embed, classify, score or encode (runner
-    pooling); None and auto leave runner as it is."""
+    """vLLM's older spelling of runner: generate, or embed, classify, score, encode or reward
+    (runner pooling); None and auto leave runner as it is."""
     pooler_config: dict | None = None
     """Pooling overrides for runner pooling, e.g. {"pooling_type": "MEAN", "normalize": true}
     (pooling_type MEAN, CLS or LAST; default: the model directory's sentence-transformers
@@ -74,15 +77,30 @@ class RunnerArgs:
 class PoolingParams:
     """Per-request pooling settings. dimensions: Matryoshka truncation (models that allow it
     only); normalize: L2 normalise embeddings (None: the pooler's setting); use_activation:
-    softmax (sigmoid for one label) over classifier logits; truncate_prompt_tokens: keep the
-    last k tokens (-1: max_model_len)."""
+    softmax (sigmoid for one label) over classifier logits (None: on; softmax and activation
+    are vLLM's older names for it); truncate_prompt_tokens: keep the last k tokens (-1:
+    max_model_len); task: vLLM's pooling task, checked and otherwise unused."""
 
     dimensions: int | None = None
     normalize: bool | None = None
-    use_activation: bool = True
+    use_activation: bool | None = None
     truncate_prompt_tokens: int | None = None
+    # vLLM's older spellings of use_activation (PoolingParams(softmax=False) in model cards)
+    softmax: bool | None = None
+    activation: bool | None = None
+    task: PoolingTask | None = None
 
     def __post_init__(self) -> None:
+        for name in ("use_activation", "softmax", "activation"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be a bool, got {value!r}")
+        # vLLM's reading: the first of use_activation, softmax, activation given; else on
+        given = [v for v in (self.use_activation, self.softmax, self.activation)
+                 if v is not None]
+        self.use_activation = given[0] if given else True
+        if self.task is not None and self.task not in POOLING_TASKS:
+            raise ValueError(f"task must be one of {POOLING_TASKS}, got {self.task!r}")
         if self.dimensions is not None and (isinstance(self.dimensions, bool)
                                             or not isinstance(self.dimensions, int)
                                             or self.dimensions < 1):

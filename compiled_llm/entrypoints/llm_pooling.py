@@ -1,9 +1,10 @@
-"""LLM's pooling methods, as vLLM spells them: embed, classify, score and encode, for an LLM
+"""LLM's pooling methods, as vLLM spells them: embed, classify, score, encode, reward, for an LLM
 built with runner="pooling" (or auto on a pooling architecture). Each refuses a generate
 runner with a ValueError naming `runner`, and generate refuses a pooling one likewise."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from itertools import count
 from typing import Any
@@ -18,7 +19,7 @@ from compiled_llm.output.pooling_outputs import (
     ScoringOutput,
     ScoringRequestOutput,
 )
-from compiled_llm.pooling_params import PoolingParams
+from compiled_llm.pooling_params import POOLING_TASKS, PoolingParams
 
 PromptType = str | list[int] | dict
 
@@ -30,12 +31,16 @@ def check_runner(actual: str, wanted: str, method: str) -> None:
                          f"runner='{actual}'")
 
 
-def as_prompt_list(prompts: Any) -> list:
-    """One prompt (str, ids, dict) or a sequence of them, as a list."""
+def as_prompt_list(prompts: Any, name: str = "prompts") -> list:
+    """One prompt (str, ids, dict) or a sequence of them, as a list; ValueError naming `name`
+    for anything else (an int, None)."""
     if isinstance(prompts, (str, dict)):
         return [prompts]
     if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
         return [prompts]
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise ValueError(f"{name} must be a str, a list of token ids, a prompt dict or a list "
+                         f"of them; got {type(prompts).__name__}")
     return list(prompts)
 
 
@@ -44,12 +49,14 @@ def params_list(params: PoolingParams | Sequence[PoolingParams] | None, n: int,
     """One PoolingParams per prompt; truncate_prompt_tokens (the call's) fills theirs."""
     if params is None or isinstance(params, PoolingParams):
         params = [params or PoolingParams()] * n
+    if not isinstance(params, Sequence) or not all(isinstance(p, PoolingParams)
+                                                   for p in params):
+        raise ValueError("pooling_params must be a PoolingParams or a list of them")
     params = list(params)
     if len(params) != n:
         raise ValueError(f"pooling_params: got {len(params)} for {n} prompts")
     if truncate is not None:
-        params = [PoolingParams(p.dimensions, p.normalize, p.use_activation, truncate)
-                  for p in params]
+        params = [dataclasses.replace(p, truncate_prompt_tokens=truncate) for p in params]
     return params
 
 
@@ -62,7 +69,7 @@ def check_no_lora(lora_request: Any) -> None:
 
 def score_pairs(text_1: Any, text_2: Any) -> list[tuple[Any, Any]]:
     """vLLM's pairing: one text against many, or two lists of one length zipped."""
-    left, right = as_prompt_list(text_1), as_prompt_list(text_2)
+    left, right = as_prompt_list(text_1, "text_1"), as_prompt_list(text_2, "text_2")
     if not left or not right:
         raise ValueError("text_1 and text_2 must not be empty")
     if len(left) == 1:
@@ -125,7 +132,7 @@ class PoolingMixin:
         engine = self._pool_engine("score")
         check_no_lora(lora_request)
         pairs = score_pairs(text_1, text_2)
-        params = pooling_params or PoolingParams(truncate_prompt_tokens=truncate_prompt_tokens)
+        params = params_list(pooling_params, 1, truncate_prompt_tokens)[0]
         if engine.is_cross_encoder:
             seqs = [engine.tokenize_pair(a, b, params.truncate_prompt_tokens) for a, b in pairs]
             scores = [p[0] for p in engine.classify(seqs, [params] * len(seqs))]
@@ -139,14 +146,33 @@ class PoolingMixin:
 
     def encode(self, prompts: PromptType | Sequence[PromptType], pooling_params:
                PoolingParams | Sequence[PoolingParams] | None = None, use_tqdm: bool = True,
-               truncate_prompt_tokens: int | None = None,
-               lora_request: Any = None) -> list[PoolingRequestOutput]:
-        """The pooler's output per prompt: embeddings, or class probabilities for classifiers."""
+               truncate_prompt_tokens: int | None = None, lora_request: Any = None,
+               pooling_task: str | None = None) -> list[PoolingRequestOutput]:
+        """The pooler's output per prompt: embeddings, or class probabilities for classifiers
+        (pooling_task, as vLLM names it, may ask for either by name)."""
+        check_pooling_task(pooling_task)
         engine, seqs, params = self._prepared("encode", prompts, pooling_params,
                                               truncate_prompt_tokens, lora_request)
-        run = engine.classify if engine.can_classify else engine.embed
+        classify = (engine.can_classify if pooling_task in (None, "encode")
+                    else pooling_task in ("classify", "score"))
+        run = engine.classify if classify else engine.embed
         return [PoolingRequestOutput(str(next(self._pool_ids)), PoolingOutput(d), ids)
                 for d, (ids, _) in zip(run(seqs, params), seqs)]
+
+    def reward(self, prompts: PromptType | Sequence[PromptType], pooling_params:
+               PoolingParams | Sequence[PoolingParams] | None = None, use_tqdm: bool = True,
+               truncate_prompt_tokens: int | None = None,
+               lora_request: Any = None) -> list[PoolingRequestOutput]:
+        """vLLM's reward: encode's output per prompt (a reward model's scores)."""
+        return self.encode(prompts, pooling_params, use_tqdm, truncate_prompt_tokens,
+                           lora_request)
+
+
+def check_pooling_task(task: str | None) -> None:
+    """ValueError naming pooling_task unless it is one this engine runs (per-token tasks,
+    token_embed and token_classify, are not)."""
+    if task is not None and task not in POOLING_TASKS:
+        raise ValueError(f"pooling_task must be one of {POOLING_TASKS}, got {task!r}")
 
 
 def cosine_scores(engine, pairs: list[tuple[Any, Any]], params: PoolingParams):

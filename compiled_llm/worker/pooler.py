@@ -21,6 +21,11 @@ _ST_MODES = {"pooling_mode_cls_token": "CLS", "pooling_mode_mean_tokens": "MEAN"
              "pooling_mode_lasttoken": "LAST"}
 _ST_UNSUPPORTED = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
                    "pooling_mode_weightedmean_tokens")
+# sentence-transformers 6's pooling_mode values -> the older flag keys
+_ST_MODE_NAMES = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
+                  "lasttoken": "pooling_mode_lasttoken", "max": "pooling_mode_max_tokens",
+                  "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+                  "weightedmean": "pooling_mode_weightedmean_tokens"}
 
 
 def sentence_transformers_pooler(model_dir: str | Path) -> PoolerConfig:
@@ -41,6 +46,11 @@ def sentence_transformers_pooler(model_dir: str | Path) -> PoolerConfig:
 
 def _st_pooling_type(pooling_dir: Path) -> str | None:
     config = read_json(pooling_dir / "config.json")
+    # sentence-transformers >= 6 writes "pooling_mode": "mean" (or a list of modes) in place
+    # of the older pooling_mode_<mode>_tokens flags; both spellings name the same modes
+    modes = config.get("pooling_mode")
+    for mode in [modes] if isinstance(modes, str) else (modes or []):
+        config[_ST_MODE_NAMES.get(mode, f"pooling_mode_{mode}")] = True
     for key in _ST_UNSUPPORTED:
         if config.get(key):
             raise ValueError(f"{pooling_dir}/config.json: {key} is not supported; "

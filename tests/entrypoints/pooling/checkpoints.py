@@ -56,3 +56,25 @@ def decoder_classifier(kind: str, num_labels: int = 3) -> Path:
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     return out
+
+
+@functools.cache
+def st_bert(pooling_mode: str) -> Path:
+    """A tiny random BERT saved by the installed sentence-transformers (its own config format)
+    with a Pooling module of `pooling_mode` and a Normalize module."""
+    import transformers
+    from sentence_transformers import SentenceTransformer, models
+
+    tok = transformers.AutoTokenizer.from_pretrained(minilm_dir())
+    cfg = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=128,
+                                  max_position_embeddings=128, initializer_range=0.2)
+    torch.manual_seed(1)
+    raw = Path(tempfile.mkdtemp(prefix="cllm-bert-"))
+    transformers.BertModel(cfg, add_pooling_layer=False).save_pretrained(raw)
+    tok.save_pretrained(raw)
+    modules = [models.Transformer(str(raw), max_seq_length=100),
+               models.Pooling(64, pooling_mode=pooling_mode), models.Normalize()]
+    out = Path(tempfile.mkdtemp(prefix=f"cllm-st-{pooling_mode}-"))
+    SentenceTransformer(modules=modules, device="cpu").save(str(out))
+    return out
