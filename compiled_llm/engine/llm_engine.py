@@ -24,7 +24,11 @@ from compiled_llm.engine.core_types import EngineStats
 from compiled_llm.engine.generation_defaults import generation_defaults, max_tokens_cap
 from compiled_llm.engine.input_processor import InputProcessor, PromptType
 from compiled_llm.engine.startup import StartupClock, format_timeline
-from compiled_llm.output.output_processor import OutputProcessor, request_output
+from compiled_llm.output.output_processor import (
+    OutputProcessor,
+    child_outputs,
+    request_output,
+)
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.output.request_state import RequestState
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
@@ -244,8 +248,11 @@ class LLMEngine:
         return self._collect(touched)
 
     def _collect(self, touched: list[RequestState]) -> list[RequestOutput]:
-        """One RequestOutput per user request among touched (children merged), if any news."""
-        outs = []
+        """The outputs of the user requests among touched that have news: one per request
+        (children merged) for n = 1 and FINAL_ONLY, one per child that progressed for a
+        streamed n > 1 request (vLLM's shape)."""
+        outs: list[RequestOutput] = []
+        moved: set[RequestState] | None = None  # built only for a streamed n > 1 request
         # a running FINAL_ONLY child has no output to give, nor has its parent (hot: skipped)
         news = [state.parent_id for state in touched if state.finish_reason is not None
                 or state.sampling_params.output_kind != RequestOutputKind.FINAL_ONLY]
@@ -253,17 +260,29 @@ class LLMEngine:
             children = self.parents.get(parent_id)
             if children is None:  # aborted meanwhile
                 continue
-            out = request_output(parent_id, children)
-            if out is None:
-                continue
-            out.num_cached_tokens = max(self._num_cached.get(children[0].request_id, 0), 0)
-            if out.finished:
-                del self.parents[parent_id]
-                for child in children:
-                    self.outputs.drop(child.request_id)
-                    self._num_cached.pop(child.request_id, None)
-            outs.append(out)
+            if len(children) > 1 and \
+                    children[0].sampling_params.output_kind != RequestOutputKind.FINAL_ONLY:
+                moved = set(touched) if moved is None else moved
+                made = child_outputs(parent_id, children, moved)
+            else:  # n = 1, or FINAL_ONLY: one output (if any news) for the whole request
+                out = request_output(parent_id, children)
+                if out is None:
+                    continue
+                made = (out,)
+            cached = max(self._num_cached.get(children[0].request_id, 0), 0)
+            for out in made:
+                out.num_cached_tokens = cached
+            if made and made[-1].finished:
+                self._forget(parent_id, children)
+            outs.extend(made)
         return outs
+
+    def _forget(self, parent_id: str, children: list[RequestState]) -> None:
+        """Drop a request whose last output is out."""
+        del self.parents[parent_id]
+        for child in children:
+            self.outputs.drop(child.request_id)
+            self._num_cached.pop(child.request_id, None)
 
     # ------------------------------------------------------------------ start-up report
     @property

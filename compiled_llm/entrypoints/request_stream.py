@@ -7,10 +7,16 @@ import asyncio
 import concurrent.futures
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from compiled_llm.output.outputs import RequestOutput, RequestStateStats, merge_deltas
+from compiled_llm.output.outputs import (
+    CompletionOutput,
+    RequestOutput,
+    RequestStateStats,
+    append_completion,
+    merge_deltas,
+)
 
 if TYPE_CHECKING:
     from compiled_llm.entrypoints.async_llm import AsyncLLM
@@ -213,13 +219,26 @@ class RequestStream:
 
 
 def put_all(items: list) -> None:
-    """Queue each (stream, item) pair's item on its stream (on the streams' event loop)."""
+    """Queue each (stream, item) pair's item on its stream (on the streams' event loop); a
+    streamed n > 1 request's outputs of one step (one per child that moved) as one item."""
+    last, pending = None, None
     for stream, item in items:
-        stream.queue.put_nowait(item)
+        if stream is last and isinstance(item[1], RequestOutput) \
+                and isinstance(pending[1], RequestOutput):
+            # vLLM's collector merges the outputs its consumer has not read yet; merged here,
+            # the metrics see one step, not one output per child
+            pending = (item[0], merge_deltas(pending[1], item[1]))
+            continue
+        if last is not None:
+            last.queue.put_nowait(pending)
+        last, pending = stream, item
+    if last is not None:
+        last.queue.put_nowait(pending)
 
 
 class CumulativeStream:
-    """Presents a DELTA stream as CUMULATIVE outputs (everything so far, each time)."""
+    """Presents a DELTA stream as CUMULATIVE outputs: each sequence an output carries comes
+    whole (everything so far), as vLLM's CUMULATIVE outputs."""
 
     def __init__(self, stream: RequestStream) -> None:
         self.stream = stream
@@ -229,10 +248,16 @@ class CumulativeStream:
         self.stream.abort()
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        total: RequestOutput | None = None
+        # per sequence: all of it so far; an output shows (as vLLM's) the sequences it moved
+        totals: dict[int, CompletionOutput] = {}
+        prompt_logprobs = None  # the first delta's, on every output
         try:
             async for out in self.stream:
-                total = out if total is None else merge_deltas(total, out)
-                yield total
+                for seq in out.outputs:
+                    prev = totals.get(seq.index)
+                    totals[seq.index] = seq if prev is None else append_completion(prev, seq)
+                prompt_logprobs = out.prompt_logprobs or prompt_logprobs
+                yield replace(out, outputs=[totals[seq.index] for seq in out.outputs],
+                              prompt_logprobs=prompt_logprobs)
         finally:
             self.stream.abort()

@@ -244,9 +244,11 @@ def delta_of(req: RequestState, index: int) -> CompletionOutput | None:
 
 
 def request_output(request_id: str, children: list[RequestState]) -> RequestOutput | None:
-    """One RequestOutput for a (possibly n > 1) request from its child sequences, shaped by
-    its output_kind; None when there is nothing to report (a DELTA with no news, or a
-    FINAL_ONLY request still running). A finished child's delta is sent only once."""
+    """One RequestOutput for a request from all its child sequences, shaped by its
+    output_kind: each step's output of an n = 1 request, the final one of an n > 1 FINAL_ONLY
+    request, an aborted request's last (streamed n > 1 outputs come from child_outputs); None
+    when there is nothing to report (a DELTA with no news, or a FINAL_ONLY request still
+    running). A finished child's delta is sent only once."""
     first = children[0]
     finished = first.is_finished if len(children) == 1 else all(c.is_finished for c in children)
     kind = first.sampling_params.output_kind
@@ -274,6 +276,41 @@ def request_output(request_id: str, children: list[RequestState]) -> RequestOutp
         error=errors[0] if errors else None,
         metrics=timeline_of(children) if finished else None,
     )
+
+
+def child_outputs(request_id: str, children: list[RequestState],
+                  moved: set[RequestState]) -> list[RequestOutput]:
+    """vLLM's streamed (DELTA or CUMULATIVE) n > 1 outputs: one per child in `moved` with news,
+    in index order, each with that child's CompletionOutput alone; only the last is finished,
+    and only once every child has (vLLM's ParentRequest.get_outputs)."""
+    first = children[0]
+    delta = first.sampling_params.output_kind == RequestOutputKind.DELTA
+    outs = []
+    for index, child in enumerate(children):
+        if child not in moved or child.final_sent:  # a finished child is reported once
+            continue
+        # child 0 computes the prompt's logprobs for all: vLLM gives them to each child's
+        # first delta (later ones an empty list), and to every CUMULATIVE output
+        prompt_logprobs = first.prompt_logprobs
+        if delta:
+            if child.delta_sent and prompt_logprobs is not None:
+                prompt_logprobs = []
+            completion = delta_of(child, index)
+            if completion is None:
+                continue
+        else:
+            child.final_sent = child.is_finished
+            completion = completion_of(child, index)
+        error = child.error if child.finish_reason == "error" else None
+        outs.append(RequestOutput(request_id, first.prompt, first.prompt_token_ids,
+                                  [completion], False, prompt_logprobs, error=error))
+    if outs and all(child.is_finished for child in children):
+        last = outs[-1]
+        last.finished, last.metrics = True, timeline_of(children)
+        # the request's end names its first failed sequence, as the FINAL_ONLY output does
+        last.error = last.error or next((c.error for c in children if c.error is not None
+                                         and c.finish_reason == "error"), None)
+    return outs
 
 
 def timeline_of(children: list[RequestState]) -> RequestStateStats:

@@ -1,5 +1,5 @@
 """Public result types, shaped like vLLM's: RequestOutput, CompletionOutput, Logprob; and
-merge_deltas, which joins two DELTA outputs of one request."""
+merge_deltas, which joins two DELTA outputs of one request (of one or several sequences)."""
 
 from __future__ import annotations
 
@@ -69,16 +69,20 @@ class RequestOutput:
 
 
 def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:
-    """b appended to a: texts, tokens and logprobs concatenated per completion index; the
-    prompt logprobs that a's first delta carried are kept."""
+    """b appended to a: texts, tokens and logprobs concatenated per completion index (vLLM's
+    RequestOutput.add: a sequence only b carries joins); the prompt logprobs that a's first
+    delta carried, and an error either carried, are kept."""
     by_index = {o.index: o for o in a.outputs}
     for o in b.outputs:
         prev = by_index.get(o.index)
-        if prev is None:
-            by_index[o.index] = o
-            continue
-        lps = None if o.logprobs is None else (prev.logprobs or []) + o.logprobs
-        by_index[o.index] = replace(o, text=prev.text + o.text,
-                                    token_ids=prev.token_ids + o.token_ids, logprobs=lps)
+        by_index[o.index] = o if prev is None else append_completion(prev, o)
     return replace(b, outputs=[by_index[i] for i in sorted(by_index)],
-                   prompt_logprobs=b.prompt_logprobs or a.prompt_logprobs)
+                   prompt_logprobs=b.prompt_logprobs or a.prompt_logprobs,
+                   error=b.error or a.error)
+
+
+def append_completion(prev: CompletionOutput, delta: CompletionOutput) -> CompletionOutput:
+    """A new CompletionOutput: prev with the delta of the same sequence appended."""
+    lps = None if delta.logprobs is None else (prev.logprobs or []) + delta.logprobs
+    return replace(delta, text=prev.text + delta.text, token_ids=prev.token_ids + delta.token_ids,
+                   logprobs=lps)

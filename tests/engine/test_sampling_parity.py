@@ -1,6 +1,6 @@
 """Sampling semantics as vLLM defines them, through LLM.generate: no stop string ends a request
 within min_tokens; the model's other EOS ids stop with their id as stop_reason; detokenize=False
-leaves logprobs' decoded tokens unset; DELTA outputs carry the prompt logprobs once."""
+leaves logprobs' decoded tokens unset; DELTA outputs carry the prompt logprobs once a sequence."""
 
 from __future__ import annotations
 
@@ -131,10 +131,18 @@ def test_delta_outputs_carry_the_prompt_logprobs_once(llm):
     deltas = _engine_outputs(llm, "delta", SamplingParams(
         output_kind=RequestOutputKind.DELTA, **kw))
     assert len(deltas) > 1 and len(final.prompt_logprobs) == len(final.prompt_token_ids)
-    assert _plp_keys(deltas[0].prompt_logprobs) == _plp_keys(final.prompt_logprobs)
-    assert all(out.prompt_logprobs == [] for out in deltas[1:])
-    merged = functools.reduce(merge_deltas, deltas)  # AsyncLLM's CUMULATIVE view keeps them
-    assert merged.prompt_logprobs is deltas[0].prompt_logprobs
+    # one output per sequence that moved (vLLM's shape): each sequence's first brings them
+    seen = set()
+    for out in deltas:
+        (seq,) = out.outputs
+        if seq.index in seen:
+            assert out.prompt_logprobs == []
+        else:
+            assert _plp_keys(out.prompt_logprobs) == _plp_keys(final.prompt_logprobs)
+        seen.add(seq.index)
+    assert seen == {0, 1}
+    merged = functools.reduce(merge_deltas, deltas)  # a consumer's merged view keeps them
+    assert _plp_keys(merged.prompt_logprobs) == _plp_keys(final.prompt_logprobs)
     assert [o.token_ids for o in merged.outputs] == [o.token_ids for o in final.outputs]
     plain = _engine_outputs(llm, "plain", SamplingParams(
         output_kind=RequestOutputKind.DELTA, **{**kw, "prompt_logprobs": None}))

@@ -91,7 +91,8 @@ class TracedStream:
             self.first_token_s = self._elapsed_s()
         self.prompt_tokens = len(out.prompt_token_ids)
         self.completion_tokens += new
-        self.sequences = max(self.sequences, len(out.outputs))
+        # a streamed n > 1 output may carry only the sequences that moved: count by index
+        self.sequences = max([self.sequences, *(c.index + 1 for c in out.outputs)])
 
     def _elapsed_s(self) -> float:
         return (time.time_ns() - self.started_ns) / 1e9

@@ -4,6 +4,7 @@ tests that need a server configured their own way, or the engine object at hand.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -89,3 +90,10 @@ def serving(args: EngineArgs | None = None, **cfg) -> Iterator[InProcessServer]:
         server.should_exit = True
         thread.join(timeout=30)
         engine.shutdown()
+
+
+def sse_events(response: httpx.Response) -> list[dict]:
+    """The JSON payloads of a 200 SSE response's data lines ([DONE] left out)."""
+    assert response.status_code == 200, response.text
+    return [json.loads(line[6:]) for line in response.text.splitlines()
+            if line.startswith("data: {")]
