@@ -6,7 +6,6 @@ bad values are 400s naming the field."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 
 import httpx
@@ -14,7 +13,7 @@ import pytest
 
 from compiled_llm.entrypoints.server.params import sampling_params
 from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest
-from tests.entrypoints.server.inprocess import MODEL, engine_args, serving
+from tests.entrypoints.server.inprocess import MODEL, engine_args, serving, sse_events
 
 PROMPT = list(range(5, 45))  # 40 tokens: two full blocks of 16 reusable
 MESSAGES = [{"role": "user", "content": "The quick brown fox"}]
@@ -26,12 +25,6 @@ def srv():
     with serving(engine_args(), enable_prompt_tokens_details=True) as server:
         yield server
         assert server.idle()
-
-
-def _events(response: httpx.Response) -> list[dict]:
-    assert response.status_code == 200, response.text
-    return [json.loads(line[6:]) for line in response.text.splitlines()
-            if line.startswith("data: {")]
 
 
 def _cached(body: dict) -> int:
@@ -95,20 +88,16 @@ def test_priority_orders_admission_under_the_priority_policy():
             assert r.status_code == 200, r.text
             finished.append(name)
 
-        async def queued(count: int) -> None:
-            # a stream is registered just before its add command is queued (same tick)
-            while len(server.engine._streams) < count:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.2)
-
         async def main() -> None:
             async with httpx.AsyncClient(timeout=120) as client:
-                # one long request holds the only sequence slot while the other two queue
+                # one long request (400 tokens) holds the only sequence slot; the other two are
+                # sent together while it runs, so both wait for the slot whatever the host's
+                # speed, and had they come before it, urgent would still lead late
                 tasks = [asyncio.create_task(one(client, "first", 0, max_tokens=400))]
-                await queued(1)
-                tasks.append(asyncio.create_task(one(client, "late", 5)))
-                await queued(2)
-                tasks.append(asyncio.create_task(one(client, "urgent", -5)))
+                while not server.engine._streams:  # registered as its add is queued
+                    await asyncio.sleep(0.005)
+                tasks.append(asyncio.create_task(one(client, "late", 5, max_tokens=16)))
+                tasks.append(asyncio.create_task(one(client, "urgent", -5, max_tokens=16)))
                 await asyncio.gather(*tasks)
 
         asyncio.run(main())
@@ -135,7 +124,7 @@ def test_completions_return_token_ids(srv):
     assert "token_ids" not in plain["choices"][0]
     echo = srv.post("/v1/completions", {**body, "n": 1, "echo": True}).json()["choices"][0]
     assert echo["text"] == _text_of(srv, echo["token_ids"])  # vLLM: no echoed prompt text
-    events = _events(srv.post("/v1/completions", {**body, "stream": True}))
+    events = sse_events(srv.post("/v1/completions", {**body, "stream": True}))
     for index in (0, 1):
         chunks = [e["choices"][0] for e in events if e["choices"][0]["index"] == index]
         assert chunks[0]["prompt_token_ids"] == PROMPT
@@ -153,7 +142,7 @@ def test_chat_returns_token_ids(srv):
     assert choice["message"]["content"] == _text_of(srv, choice["token_ids"])
     assert "prompt_token_ids" not in srv.post("/v1/chat/completions",
                                               {**body, "return_token_ids": False}).json()
-    events = _events(srv.post("/v1/chat/completions", {**body, "stream": True}))
+    events = sse_events(srv.post("/v1/chat/completions", {**body, "stream": True}))
     assert events[0]["prompt_token_ids"] == out["prompt_token_ids"]  # on the role chunk
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     ids = [t for e in events[1:] for t in e["choices"][0]["token_ids"]]
@@ -173,7 +162,7 @@ def test_tokens_as_token_ids_in_logprobs(srv):
         == PROMPT + echo["token_ids"]
     chat = {"messages": MESSAGES, "max_tokens": 4, "logprobs": True, "top_logprobs": 2,
             "return_token_ids": True, "return_tokens_as_token_ids": True}
-    for events in (_events(srv.post("/v1/chat/completions", {**chat, "stream": True})),
+    for events in (sse_events(srv.post("/v1/chat/completions", {**chat, "stream": True})),
                    [{"choices": [c]} for c in srv.post("/v1/chat/completions", chat)
                     .json()["choices"]]):
         pieces = [c for e in events for c in e["choices"] if c.get("logprobs")]
