@@ -8,10 +8,13 @@ import pytest
 
 from compiled_llm import EngineArgs, SamplingParams
 from compiled_llm.engine.llm_engine import LLMEngine
+from compiled_llm.sampling_params import RequestOutputKind
 from tests.utils import make_checkpoint
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-TWO = SamplingParams(temperature=1.0, seed=3, n=2, max_tokens=4, ignore_eos=True)
+# one final output of both sequences (a streamed n > 1 request gives one per sequence)
+TWO = SamplingParams(temperature=1.0, seed=3, n=2, max_tokens=4, ignore_eos=True,
+                     output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 @pytest.fixture(scope="module")
