@@ -265,7 +265,6 @@ def request_output(request_id: str, children: list[RequestState]) -> RequestOutp
             prompt_logprobs = []
     else:
         outs = [completion_of(c, i) for i, c in enumerate(children)]
-    errors = [c.error for c in children if c.error is not None and c.finish_reason == "error"]
     return RequestOutput(
         request_id=request_id,
         prompt=first.prompt,
@@ -273,7 +272,7 @@ def request_output(request_id: str, children: list[RequestState]) -> RequestOutp
         outputs=outs,
         finished=finished,
         prompt_logprobs=prompt_logprobs,
-        error=errors[0] if errors else None,
+        error=first_error(children),
         metrics=timeline_of(children) if finished else None,
     )
 
@@ -308,9 +307,14 @@ def child_outputs(request_id: str, children: list[RequestState],
         last = outs[-1]
         last.finished, last.metrics = True, timeline_of(children)
         # the request's end names its first failed sequence, as the FINAL_ONLY output does
-        last.error = last.error or next((c.error for c in children if c.error is not None
-                                         and c.finish_reason == "error"), None)
+        last.error = last.error or first_error(children)
     return outs
+
+
+def first_error(children: list[RequestState]) -> str | None:
+    """The error of the first sequence that failed, if any."""
+    return next((c.error for c in children if c.error is not None
+                 and c.finish_reason == "error"), None)
 
 
 def timeline_of(children: list[RequestState]) -> RequestStateStats:
