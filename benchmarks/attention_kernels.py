@@ -244,22 +244,25 @@ def _mixed_rows(batch: int, lo: int, hi: int) -> list[dict]:
 
     q, k, v, cos, sin, cache, lens, table, slots = mixed_case(batch, lo, hi)
     kv_bytes = 2 * int(lens.sum()) * HKV * D * cache.element_size()
+    longest_first = torch.argsort(lens, descending=True, stable=True).to(torch.int32)
     out, rows = torch.empty_like(q), []
     for keys, splits in MIXED_VARIANTS:
-        for block_n, stages in ((64, 3), (128, 3)):
-            cfg = replace(decode_config(D), split_keys=keys, block_n=block_n, num_stages=stages)
-            ms = bench_ms(lambda c=cfg, n=splits: decode_qk_norm_rope_attention(
+        for block_n, order in ((64, None), (128, None), (128, longest_first)):
+            cfg = replace(decode_config(D), split_keys=keys, block_n=block_n, num_stages=3)
+            ms = bench_ms(lambda c=cfg, n=splits, o=order: decode_qk_norm_rope_attention(
                 q, k, v, cos, sin, None, None, 1e-6, cache, lens, table, slots, SCALE, -1, out,
-                c, n))
+                c, n, o))
             rows.append({"batch": batch, "contexts": f"{lo}-{hi}", "split_keys": keys,
-                         "splits": splits or "batch", "block_n": block_n, "stages": stages,
+                         "splits": splits or "batch", "block_n": block_n,
+                         "order": "batch" if order is None else "longest first",
                          "us": ms * 1e3, "GB/s": kv_bytes / ms / 1e6})
     return rows
 
 
 def mixed_sweep() -> list[dict]:
-    """The one-launch decode over mixed contexts at serving batch sizes, by split variant."""
-    return [row for batch in (128, 256) for row in _mixed_rows(batch, 100, 2048)]
+    """The one-launch decode over mixed contexts at serving batch sizes, by split variant and
+    launch order."""
+    return [row for batch in (8, 32, 64, 128, 256) for row in _mixed_rows(batch, 100, 2048)]
 
 
 def _sweep_prefill(length: int) -> list[dict]:

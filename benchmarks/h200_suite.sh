@@ -161,6 +161,10 @@
 #                                         # 64 and 256, the nano-vllm user path (after 90)
 #     bash benchmarks/h200_suite.sh 92    # block FP8's one-launch quantization: tests, the
 #                                         # GEMMs against cuBLAS block scaling, the user's path
+#     bash benchmarks/h200_suite.sh 93    # decode programs launched longest context first:
+#                                         # GPU tests, Llama-3-8B nano-vllm ABBA against =0
+#     bash benchmarks/h200_suite.sh 94    # the same kernels timed over mixed contexts, then
+#                                         # Qwen3-0.6B nano-vllm ABBA (after 93)
 #     bash benchmarks/h200_suite.sh 84    # the quantized GPU tests, every packed kind (carry
 #                                         # .whl with compressed-tensors, loguru, psutil)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
@@ -615,6 +619,33 @@ elif [ "$CALL" = 89 ]; then  # one GPU: issue 19's figures in one call, the user
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.quantized --checkpoint-dir $CK --skip-windows --batch-sizes 1 64 --output-json $R/quantized_user_path.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 93 ]; then  # one GPU (carry .whl): the decode kernels' launch order
+  # (longest context first, the default) against the batch order (COMPILED_LLM_DECODE_ORDER=0):
+  # the GPU attention and CUDA-graph tests, then Llama-3-8B nano-vllm on the user path, ABBA
+  U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_order.jsonl --model $CK/llama3-8b"
+  OFF=COMPILED_LLM_DECODE_ORDER=0
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
+timeout 200 $py -m pytest -q -x -p no:cacheprovider tests/kernels/test_decode_qk_gpu.py tests/kernels/test_triton_gpu.py tests/worker/test_cudagraphs_gpu.py
+$U --label ordered
+$OFF $U --label batch_order
+$OFF $U --label batch_order
+$U --label ordered"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 94 ]; then  # one GPU (carry .whl): the one-launch decode over mixed
+  # contexts by launch order, then Qwen3-0.6B nano-vllm on the user path, ABBA
+  U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_order.jsonl --model $CK/qwen3-0.6b"
+  OFF=COMPILED_LLM_DECODE_ORDER=0
+  mapfile -t a <<<"\
+timeout 150 $py -m benchmarks.attention_kernels --mixed-sweep --json $R/decode_order_mixed.json
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --label ordered
+$OFF $U --label batch_order
+$OFF $U --label batch_order
+$U --label ordered
+$U --label ordered
+$OFF $U --label batch_order"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 92 ]; then  # one GPU (carry .whl): block FP8 with its one-launch
   # activation quantization: GPU tests, the GEMMs alone against cuBLAS's block-scaled

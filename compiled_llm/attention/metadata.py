@@ -29,6 +29,9 @@ class AttentionMetadata:
     max_seq_len: int
     query_start_loc_cpu: torch.Tensor  # [B+1] int32, host copy
     seq_lens_cpu: torch.Tensor  # [B] int32, host copy
+    # [B] int32 or None: the leading decodes (num_leading_decodes) by context, longest first,
+    # then the other sequences in place; the decode kernels launch their programs in this order
+    decode_order: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -40,6 +40,8 @@ MERGE_IN_LAUNCH = os.environ.get("COMPILED_LLM_DECODE_MERGE_IN_LAUNCH", "0") == 
 MIN_SPLITS = int(os.environ.get("COMPILED_LLM_DECODE_MIN_SPLITS", "1"))
 # decode, for A/B runs: keys per tile at every batch (0: decode_config's choice)
 BLOCK_N = int(os.environ.get("COMPILED_LLM_DECODE_BLOCK_N", "0"))
+# decode, for A/B runs: =0 launches the programs in batch order, not longest context first
+ORDERED = os.environ.get("COMPILED_LLM_DECODE_ORDER", "1") != "0"
 
 
 def prefill_config(head_dim: int) -> PrefillConfig:
@@ -115,10 +117,19 @@ def triton_attention(
     if meta.max_query_len == 1:
         num_seqs = meta.seq_lens.shape[0]
         decode_attention(q, kv_cache, meta.seq_lens, meta.block_tables, scale, sliding_window,
-                         out, decode_config(head_dim, num_seqs), kv_scales=kv_scales)
+                         out, decode_config(head_dim, num_seqs), kv_scales=kv_scales,
+                         order=_order(meta, num_seqs))
         return _zero_rows_past(out, num_seqs)
     _mixed(q, kv_cache, meta, scale, sliding_window, out, kv_scales)
     return _zero_rows_past(out, meta.num_actual_tokens)
+
+
+def _order(meta: AttentionMetadata, decodes: int) -> torch.Tensor | None:
+    """The launch order of the first `decodes` (leading one-token) sequences, if any."""
+    if not ORDERED or meta.decode_order is None:
+        return None
+    return meta.decode_order[:decodes] if decodes < meta.decode_order.shape[0] else \
+        meta.decode_order
 
 
 def _zero_rows_past(out: torch.Tensor, rows: int) -> torch.Tensor:
@@ -138,7 +149,7 @@ def _mixed(q, kv_cache, meta: AttentionMetadata, scale: float, sliding_window: i
     if decodes:
         decode_attention(q, kv_cache, meta.seq_lens[:decodes], meta.block_tables[:decodes],
                          scale, sliding_window, out, decode_config(head_dim, decodes),
-                         kv_scales=kv_scales)
+                         kv_scales=kv_scales, order=_order(meta, decodes))
     if decodes < meta.seq_lens.shape[0]:
         prefill_attention(q, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
                           meta.max_query_len, scale, sliding_window, out,
@@ -175,7 +186,8 @@ def triton_fused_decode(q, k, v, cos, sin, q_weight, k_weight, eps: float,
     num_seqs = meta.seq_lens.shape[0]
     decode_qk_norm_rope_attention(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache,
                                   meta.seq_lens, meta.block_tables, meta.slot_mapping, scale,
-                                  sliding_window, out, decode_config(q.shape[2], num_seqs))
+                                  sliding_window, out, decode_config(q.shape[2], num_seqs),
+                                  order=_order(meta, num_seqs))
     return _zero_rows_past(out, num_seqs)
 
 

@@ -280,6 +280,7 @@ def attention_metadata(views: Views, num_tokens: int, num_seqs: int, max_query_l
     cut = num_tokens < len(dev["slots"]) or num_seqs < len(dev["seq_lens"])
     query_start_loc, seq_lens = dev["query_start_loc"], dev["seq_lens"]
     query_start_loc_cpu, seq_lens_cpu = host["query_start_loc"], host["seq_lens"]
+    order = dev["order"][:num_seqs] if cut else dev["order"]
     return AttentionMetadata(
         slot_mapping=dev["slots"][:num_tokens] if cut else dev["slots"],
         query_start_loc=query_start_loc[:num_seqs + 1] if cut else query_start_loc,
@@ -287,7 +288,7 @@ def attention_metadata(views: Views, num_tokens: int, num_seqs: int, max_query_l
         block_tables=dev["block_tables"][:num_seqs, :width],
         num_actual_tokens=num_tokens, max_query_len=max_query_len, max_seq_len=max_seq_len,
         query_start_loc_cpu=query_start_loc_cpu[:num_seqs + 1] if cut else query_start_loc_cpu,
-        seq_lens_cpu=seq_lens_cpu[:num_seqs] if cut else seq_lens_cpu)
+        seq_lens_cpu=seq_lens_cpu[:num_seqs] if cut else seq_lens_cpu, decode_order=order)
 
 
 def _fill_tokens(host: dict, reqs: list[Request], starts: np.ndarray, counts: list[int],
@@ -355,3 +356,19 @@ def _fill_seqs(host: dict, query_starts: np.ndarray, ends: np.ndarray, rows: np.
     host["seq_lens"][num_seqs:] = pad_len
     host["rows"][:num_seqs] = rows
     host["rows"][num_seqs:] = 0
+    _fill_order(host["order"], host["seq_lens"], host["query_start_loc"],
+                num_tokens == num_seqs and pad_len == 1)
+
+
+def _fill_order(order: np.ndarray, seq_lens: np.ndarray, query_starts: np.ndarray,
+                decode: bool) -> None:
+    """AttentionMetadata.decode_order: the leading one-token sequences by context, longest
+    first (a stable sort: padding, one token each, after the real ones), then the rest in
+    place. Launched in that order, a decode's longest programs no longer end it alone: over
+    contexts of 100-2,048 tokens that tail was most of the gap to a uniform batch's speed."""
+    leading = len(order)
+    if not decode:
+        longer = np.flatnonzero(np.diff(query_starts) != 1)
+        leading = int(longer[0]) if len(longer) else leading
+    order[:leading] = np.argsort(-seq_lens[:leading], kind="stable")
+    order[leading:] = np.arange(leading, len(order))

@@ -33,7 +33,7 @@ class Layout:
     on the padded token count only and query starts/seq_lens on the padded sequence count only,
     so a CUDA graph captured at one size reads the same addresses that every step of that size
     fills. int64 buffer: ids, pos, slots, rows, sample, entry_idx; int32: query starts,
-    seq_lens, entry_val."""
+    seq_lens, decode order, entry_val."""
 
     tokens: int  # P: padded token rows
     seqs: int  # padded sequences
@@ -76,9 +76,14 @@ class Layout:
         return _aligned(self.seqs + 1)
 
     @property
+    def order(self) -> int:
+        """int32 start of the decode order [seqs] (AttentionMetadata.decode_order)."""
+        return self.seq_lens + _aligned(self.seqs)
+
+    @property
     def entry_val(self) -> int:
         """int32 start of the block ids written this step [num_entries]."""
-        return self.seq_lens + _aligned(self.seqs)
+        return self.order + _aligned(self.seqs)
 
     @property
     def end32(self) -> int:
@@ -97,7 +102,8 @@ class Views:
                          "slots": slice(layout.slots, layout.slots + tokens),
                          "rows": slice(layout.rows, layout.rows + seqs)}
         self.slices32 = {"query_start_loc": slice(0, seqs + 1),
-                         "seq_lens": slice(layout.seq_lens, layout.seq_lens + seqs)}
+                         "seq_lens": slice(layout.seq_lens, layout.seq_lens + seqs),
+                         "order": slice(layout.order, layout.order + seqs)}
         dev64, dev32 = bufs.packed64.dev, bufs.packed32.dev
         self.dev = {name: dev64[span] for name, span in self.slices64.items()}
         self.dev.update({name: dev32[span] for name, span in self.slices32.items()})

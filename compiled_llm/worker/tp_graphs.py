@@ -86,6 +86,8 @@ def fill_full_views(runner: ModelRunner, sizes: dict[str, int],
         tokens + 1, tokens + 1 + size - seqs, dtype=torch.int32, device=runner.device))
     dev["seq_lens"][:seqs].copy_(attn.seq_lens)
     dev["seq_lens"][seqs:].fill_(1)
+    # the graph's decode reads this order: the driver's (longest first), sorted here
+    dev["order"].copy_(torch.sort(dev["seq_lens"], descending=True, stable=True).indices)
     tables = dev["block_tables"]
     tables[:seqs, :attn.block_tables.shape[1]].copy_(attn.block_tables)
     tables[seqs:].zero_()

@@ -57,6 +57,21 @@ def test_one_launch_equals_two_kernels(norms, splits):
     assert one.abs().sum() > 0 and not one[4:].any()  # padded sequences: zeros
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_launch_order_changes_no_output_or_cache(splits):
+    # longest context first: every sequence's newest key still written once, outputs bit for
+    # bit the grid order's
+    batch, cos, sin, q_w, k_w = _decode_inputs([17, 0, 40, 5], pads=1, seed=4)
+    caches = batch.kv_cache.clone(), batch.kv_cache.clone()
+    outs = [decode_qk_norm_rope_attention(
+        batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6, cache, batch.meta.seq_lens,
+        batch.meta.block_tables, batch.meta.slot_mapping, 0.2, 0, torch.zeros_like(batch.q),
+        CONFIG, splits, order) for cache, order in
+        zip(caches, (None, torch.tensor([2, 0, 3, 1, 4], dtype=torch.int32)))]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(caches[0], caches[1])
+    assert outs[0].abs().sum() > 0
+
+
 @pytest.mark.parametrize("in_launch", [False, True])
 def test_split_keys_and_in_launch_merge(in_launch):
     # a split per 16 keys of 8 (18 keys: 2 used, 1: 1, 41: 3 with the newest in the third);

@@ -42,12 +42,12 @@ def _prefill(batch, window, config=SMALL_PREFILL):
                              m.block_tables, m.max_query_len, SCALE, window, out, config)
 
 
-def _decode(batch, window, num_splits, config=SMALL_DECODE):
+def _decode(batch, window, num_splits, config=SMALL_DECODE, order=None):
     m = batch.meta
     write_kv_cache(batch.k, batch.v, batch.kv_cache, m.slot_mapping)
     out = torch.full_like(batch.q, float("nan"))
     return decode_attention(batch.q, batch.kv_cache, m.seq_lens, m.block_tables, SCALE, window,
-                            out, config, num_splits=num_splits)
+                            out, config, num_splits=num_splits, order=order)
 
 
 def _assert_close(out, ref, dtype, rows=None):
@@ -169,6 +169,18 @@ def test_decode_uses_a_split_per_split_keys(in_launch, window):
             assert torch.equal(out[row], alone)
         torch.testing.assert_close(out[row], alone, rtol=1e-6, atol=1e-6)
     assert not in_launch or not arrival.arrival_counters(out.device, True).any()
+
+
+@pytest.mark.parametrize("num_splits,in_launch", [(1, False), (3, False), (3, True)])
+def test_decode_launch_order_changes_no_output(num_splits, in_launch, monkeypatch):
+    # programs launched longest context first (and every KV head of a sequence together):
+    # each (sequence, KV head) still computed once, its output bit for bit the grid order's
+    batch = make_batch([1] * 5, [30, 3, 70, 0, 9], 8, 2, 32, seed=11)
+    monkeypatch.setattr(arrival, "ONE_LAUNCH", in_launch)
+    plain = _decode(batch, -1, num_splits)
+    order = torch.tensor([2, 0, 4, 1, 3], dtype=torch.int32)
+    assert torch.equal(_decode(batch, -1, num_splits, order=order), plain)
+    _assert_close(plain, reference(batch, SCALE, -1)[0], torch.float32)
 
 
 def test_num_splits_depend_on_shapes_only():

@@ -80,3 +80,27 @@ def test_in_a_cuda_graph(hq, hkv, norms):
     batch.kv_cache = before
     two, two_cache, _, _ = _two_and_one(batch, cos, sin, q_w, k_w)
     _assert_close(out, two, cache, two_cache)
+
+
+@pytest.mark.parametrize("batch_size", [3, 64, 200])
+def test_longest_first_launch_order_changes_nothing(batch_size):
+    """The metadata's decode order (longest context first) on both decode kernels: outputs
+    and caches bit for bit the grid order's, at mixed contexts and with splits (batch 3)."""
+    from dataclasses import replace
+
+    from compiled_llm.attention.triton_backend import triton_attention, triton_fused_decode
+
+    gen = torch.Generator().manual_seed(batch_size)
+    ctx = torch.randint(100, 2048, (batch_size,), generator=gen).tolist()
+    batch, cos, sin, q_w, k_w = _inputs([1] * batch_size, ctx, 32, 8, False, seed=6)
+    order = torch.argsort(batch.meta.seq_lens, descending=True, stable=True).int()
+    ordered = replace(batch.meta, decode_order=order)
+    outs, caches = [], []
+    for meta in (batch.meta, ordered):
+        cache = batch.kv_cache.clone()
+        outs.append(triton_fused_decode(batch.q, batch.k, batch.v, cos, sin, q_w, k_w, 1e-6,
+                                        cache, meta, 0.088, -1))
+        outs.append(triton_attention(batch.q, batch.k, batch.v, cache, meta, 0.088, -1))
+        caches.append(cache)
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+    assert torch.equal(caches[0], caches[1]) and outs[0].abs().sum() > 0

@@ -16,30 +16,31 @@ SM90 = GPUTarget("cuda", 90, 32)
 
 
 def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: int = 0,
-                   split_keys: int = 0, block_n: int = 64):
+                   split_keys: int = 0, block_n: int = 64, order: bool = False):
     """The split decode kernel as sm_90 code: Qwen-like GQA 7, head_dim 128, bf16 queries."""
     kv = "*fp8e4nv" if fp8 else "*bf16"
     signature = dict(q_ptr="*bf16", k_cache_ptr=kv, v_cache_ptr=kv, table_ptr="*i32",
-                     seq_lens_ptr="*i32", out_ptr="*bf16", part_acc_ptr="*fp32",
-                     part_ml_ptr="*fp32", scales_ptr="*fp32" if fp8 else "*i32",
+                     seq_lens_ptr="*i32", order_ptr="*i32", out_ptr="*bf16",
+                     part_acc_ptr="*fp32", part_ml_ptr="*fp32",
+                     scales_ptr="*fp32" if fp8 else "*i32",
                      counter_ptr="*i32", qk_scale="fp32", window="i32", num_splits="i32",
                      **{f"stride_{s}": "i32" for s in ("qt", "qh", "ot", "oh", "cb", "cs", "ch",
                                                        "tb")})
     constants = dict(G=7, G_PAD=16, BLOCK_N=block_n, D=128, BS=16, HAS_WINDOW=window, DIRECT=direct,
                      PREC="tf32", FP8=fp8, MERGE=merge, S_PAD=1 if direct else 32,
-                     SPLIT_KEYS=split_keys, PDL=pdl)
+                     SPLIT_KEYS=split_keys, PDL=pdl, ORDER=order)
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(decode._decode_split_kernel, signature, constants, {})
     return triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})
 
 
-@pytest.mark.parametrize("direct,merge,fp8,window,split_keys", [
-    (True, False, False, False, 0), (False, False, False, True, 0),
-    (False, True, False, False, 0), (False, True, True, True, 0), (False, True, False, True, 256),
-    (False, False, False, False, 256)])
-def test_decode_split_kernel_compiles_for_sm90(direct, merge, fp8, window, split_keys):
+@pytest.mark.parametrize("direct,merge,fp8,window,split_keys,order", [
+    (True, False, False, False, 0, True), (False, False, False, True, 0, False),
+    (False, True, False, False, 0, True), (False, True, True, True, 0, True),
+    (False, True, False, True, 256, False), (False, False, False, False, 256, True)])
+def test_decode_split_kernel_compiles_for_sm90(direct, merge, fp8, window, split_keys, order):
     try:
-        kernel = compile_decode(direct, merge, fp8, window, split_keys=split_keys)
+        kernel = compile_decode(direct, merge, fp8, window, split_keys=split_keys, order=order)
     except (ImportError, KeyError) as err:
         pytest.skip(f"no sm_90 backend: {err}")
     ptx = kernel.asm["ptx"]
@@ -98,16 +99,16 @@ def compile_decode_qk(direct: bool, norms: bool, pdl: int = 0):
     signature = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", cos_ptr="*fp32",
                      sin_ptr="*fp32", qw_ptr="*bf16", kw_ptr="*bf16", eps="fp32",
                      slot_ptr="*i64", k_cache_ptr="*bf16", v_cache_ptr="*bf16",
-                     table_ptr="*i32", seq_lens_ptr="*i32", out_ptr="*bf16",
-                     part_acc_ptr="*fp32", part_ml_ptr="*fp32", counter_ptr="*i32",
-                     qk_scale="fp32", window="i32", num_splits="i32",
+                     table_ptr="*i32", seq_lens_ptr="*i32", order_ptr="*i32",
+                     out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32",
+                     counter_ptr="*i32", qk_scale="fp32", window="i32", num_splits="i32",
                      **{f"stride_{s}": "i32" for s in ("qt", "qh", "kt", "kh", "vt", "vh", "cos",
                                                        "sin", "ot", "oh", "cb", "cs", "ch",
                                                        "tb")})
     constants = dict(G=2, G_PAD=16, BLOCK_N=64, D=128, BS=16, HKV=8, HAS_WINDOW=False,
                      DIRECT=direct, PREC="tf32", HAS_Q_NORM=norms, HAS_K_NORM=norms,
                      MERGE=not direct, S_PAD=1 if direct else 32,
-                     SPLIT_KEYS=0 if direct else 256, PDL=pdl)
+                     SPLIT_KEYS=0 if direct else 256, PDL=pdl, ORDER=not norms)
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(decode_qk._decode_qk_split_kernel, signature, constants, {})
     return triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})

@@ -55,6 +55,17 @@ def check_step(inputs, sched: SchedulerOutput) -> None:
         if r.num_computed_tokens + c == r.num_tokens]
     for i, (req, _) in enumerate(sched.scheduled):
         assert a.block_tables[i, :len(req.block_ids)].tolist() == req.block_ids
+    assert a.decode_order.tolist() == expected_order(ref["lens"], ref["qsl"])
+
+
+def expected_order(lens: list[int], query_starts: list[int]) -> list[int]:
+    """The leading one-token sequences by length, longest first (ties in place), then the
+    rest in place."""
+    leading = 0
+    while leading < len(lens) and query_starts[leading + 1] - query_starts[leading] == 1:
+        leading += 1
+    head = sorted(range(leading), key=lambda i: (-lens[i], i))
+    return head + list(range(leading, len(lens)))
 
 
 class Driver:
@@ -183,6 +194,8 @@ def test_graph_padding_fills_what_the_graph_reads(b, size):
     assert views["ids"][b:].tolist() == [0] * (size - b) == views["slots"][b:].tolist()
     assert views["seq_lens"][b:].tolist() == [1] * (size - b)
     assert views["query_start_loc"].tolist() == list(range(size + 1))
+    # the graph's decode launches the real sequences longest first, the padding last
+    assert views["order"].tolist() == list(range(b - 1, -1, -1)) + list(range(b, size))
     # padding rows hold one token (block column 0); the columns gathered are the null row's,
     # the ones past them keep stale ids that no sequence of the step reaches
     width = table_width(-(-max(req.num_tokens for req, _ in sched.scheduled) // BS), 4)

@@ -112,15 +112,30 @@ def split_span(seq_len, split, num_splits, window, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def program_split(seq_lens_ptr, num_splits, window, BLOCK_N: tl.constexpr,
-                  HAS_WINDOW: tl.constexpr, SPLIT_KEYS: tl.constexpr):
-    """This program's (sequence, KV head, split, seq_len, key start, key end, splits used)."""
+def program_seq(order_ptr, ORDER: tl.constexpr):
+    """This program's (sequence, KV head): its grid position, or (ORDER) the programs counted
+    in launch order, every KV head of the order_ptr[0]-th sequence first, then the next: with
+    the sequences longest first, the longest contexts start first and the shortest end the
+    launch (the block scheduler takes programs in this order)."""
     b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    if ORDER:
+        launched = b + kvh * tl.num_programs(0)
+        kvh = launched % tl.num_programs(1)
+        b = tl.load(order_ptr + launched // tl.num_programs(1))
+    return b, kvh
+
+
+@triton.jit
+def program_split(seq_lens_ptr, order_ptr, num_splits, window, BLOCK_N: tl.constexpr,
+                  HAS_WINDOW: tl.constexpr, SPLIT_KEYS: tl.constexpr, ORDER: tl.constexpr):
+    """This program's (sequence, KV head, split, seq_len, key start, key end, splits used)."""
+    b, kvh = program_seq(order_ptr, ORDER)
     seq_len = tl.load(seq_lens_ptr + b)
     split = tl.program_id(2)
     start, end, used = split_span(seq_len, split, num_splits, window, BLOCK_N, HAS_WINDOW,
                                   SPLIT_KEYS)
-    return b, tl.program_id(1), split, seq_len, start, end, used
+    return b, kvh, split, seq_len, start, end, used
 
 
 @triton.jit
@@ -185,20 +200,20 @@ def store_split(
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    scales_ptr, counter_ptr, qk_scale, window, num_splits,
+    q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, order_ptr, out_ptr, part_acc_ptr,
+    part_ml_ptr, scales_ptr, counter_ptr, qk_scale, window, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
     FP8: tl.constexpr = False, MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
-    SPLIT_KEYS: tl.constexpr = 0, PDL: tl.constexpr = 0,
+    SPLIT_KEYS: tl.constexpr = 0, PDL: tl.constexpr = 0, ORDER: tl.constexpr = False,
 ):
     """DIRECT (or one split used): that split writes the output. Otherwise partials; MERGE: the
     last of a (seq, KV head)'s used splits to arrive merges them (counter_ptr: zeroed int32
-    [>= B * Hkv]). Splits past those used do nothing."""
+    [>= B * Hkv]). Splits past those used do nothing. ORDER: see program_seq."""
     dependency_sync(PDL)
-    b, kvh, split, seq_len, start, end, used = program_split(seq_lens_ptr, num_splits, window,
-                                                             BLOCK_N, HAS_WINDOW, SPLIT_KEYS)
+    b, kvh, split, seq_len, start, end, used = program_split(
+        seq_lens_ptr, order_ptr, num_splits, window, BLOCK_N, HAS_WINDOW, SPLIT_KEYS, ORDER)
     if split < used:
         offs_g = tl.arange(0, G_PAD)
         head = kvh * G + offs_g  # [G_PAD]
@@ -260,10 +275,11 @@ class SplitPlan:
     part_ml: torch.Tensor
     split_keys: int = 0  # DecodeConfig.split_keys: how many of the splits a context uses
 
-    def launch_args(self, q: torch.Tensor) -> dict:
+    def launch_args(self, q: torch.Tensor, order: torch.Tensor | None) -> dict:
         """The split kernels' shared constexprs and launch parameters."""
         return dict(S_PAD=triton.next_power_of_2(self.num_splits), DIRECT=self.direct,
                     MERGE=self.counters is not None, SPLIT_KEYS=self.split_keys,
+                    ORDER=order is not None,
                     PREC="ieee" if q.dtype == torch.float32 else "tf32",
                     **pdl.launch_kwargs(q.device))
 
@@ -320,22 +336,24 @@ def decode_attention(
     config: DecodeConfig,
     num_splits: int | None = None,
     kv_scales: torch.Tensor | None = None,  # [2, Hkv] float32: the cache is FP8
+    order: torch.Tensor | None = None,  # [B] int32: the sequences, longest context first
 ) -> torch.Tensor:
-    """One query per sequence over its paged context; no host sync, graph-capturable."""
+    """One query per sequence over its paged context; no host sync, graph-capturable. order
+    (a permutation of range(B)) only orders the programs' launch (program_seq)."""
     plan = plan_splits(q, kv_cache, seq_lens, block_tables, out, config, num_splits)
     num_seqs, head_dim, num_kv_heads = seq_lens.shape[0], q.shape[2], kv_cache.shape[3]
     group_size, padded = group_pad(q.shape[1], num_kv_heads)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     _decode_split_kernel[(num_seqs, num_kv_heads, plan.num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, plan.part_acc, plan.part_ml,
-        seq_lens if kv_scales is None else kv_scales,
+        q, k_cache, v_cache, block_tables, seq_lens, seq_lens if order is None else order, out,
+        plan.part_acc, plan.part_ml, seq_lens if kv_scales is None else kv_scales,
         seq_lens if plan.counters is None else plan.counters, scale * LOG2E, sliding_window,
         plan.num_splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=group_size, G_PAD=padded, BLOCK_N=config.block_n, D=head_dim, BS=kv_cache.shape[2],
         HAS_WINDOW=sliding_window > 0, FP8=kv_scales is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
-        **plan.launch_args(q),
+        **plan.launch_args(q, order),
     )
     merge_splits(plan, out, seq_lens, sliding_window)
     return out

@@ -92,23 +92,23 @@ def _newest_key(acc, l_i, m_i, q1, q2, b, kvh, k_ptr, v_ptr, kw_ptr, slot_ptr, c
 @triton.jit
 def _decode_qk_split_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, eps, slot_ptr,
-    k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    counter_ptr, qk_scale, window, num_splits,
+    k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, order_ptr, out_ptr, part_acc_ptr,
+    part_ml_ptr, counter_ptr, qk_scale, window, num_splits,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
     stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, HKV: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr,
     PREC: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
     MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1, SPLIT_KEYS: tl.constexpr = 0,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = 0, ORDER: tl.constexpr = False,
 ):
     """Program (seq b, KV head, split): q heads from raw q (normed, rotated, rounded to the
     dtype as the fused write kernel stores them), the split's cached keys, and in the split
     holding the newest key that key and value from registers, also stored at slot_ptr[b].
-    Splits past those the context uses do nothing."""
+    Splits past those the context uses do nothing. ORDER: see decode.program_seq."""
     dependency_sync(PDL)
-    b, kvh, split, seq_len, start, end, used = program_split(seq_lens_ptr, num_splits, window,
-                                                             BLOCK_N, HAS_WINDOW, SPLIT_KEYS)
+    b, kvh, split, seq_len, start, end, used = program_split(
+        seq_lens_ptr, order_ptr, num_splits, window, BLOCK_N, HAS_WINDOW, SPLIT_KEYS, ORDER)
     if split < used:
         newest = (start < end) & (end == seq_len)
         cos1, sin1, cos2, sin2 = _rope_rows(cos_ptr, sin_ptr, b, stride_cos, stride_sin,
@@ -139,11 +139,12 @@ def decode_qk_norm_rope_attention(
     seq_lens: torch.Tensor, block_tables: torch.Tensor, slot_mapping: torch.Tensor,
     scale: float, sliding_window: int, out: torch.Tensor, config: DecodeConfig,
     num_splits: int | None = None,
+    order: torch.Tensor | None = None,  # [B] int32: the sequences, longest context first
 ) -> torch.Tensor:
     """An all-decode batch (row b: sequence b's one new token) from raw q/k/v: the rotated k
     and v of rows b < B with seq_lens[b] > 0 written at slot_mapping[b] (negative: none), and
     decode attention of the normed, rotated q into out [T, Hq, D] (rows >= B left as they
-    are). No host sync."""
+    are). No host sync. order orders the programs' launch only (decode.program_seq)."""
     if any(x.stride(-1) != 1 for x in (q, k, v, cos, sin)):
         raise ValueError("q, k, v, cos and sin must have a contiguous last dim")
     if kv_cache.dtype != q.dtype:
@@ -156,7 +157,7 @@ def decode_qk_norm_rope_attention(
     _decode_qk_split_kernel[(num_seqs, num_kv_heads, plan.num_splits)](
         q, k, v, cos, sin, q if q_weight is None else q_weight,
         k if k_weight is None else k_weight, eps, slot_mapping, k_cache, v_cache, block_tables,
-        seq_lens, out, plan.part_acc, plan.part_ml,
+        seq_lens, seq_lens if order is None else order, out, plan.part_acc, plan.part_ml,
         seq_lens if plan.counters is None else plan.counters, scale * LOG2E, sliding_window,
         plan.num_splits, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
         v.stride(1), cos.stride(0), sin.stride(0), out.stride(0), out.stride(1),
@@ -164,7 +165,7 @@ def decode_qk_norm_rope_attention(
         G=group_size, G_PAD=padded, BLOCK_N=config.block_n, D=head_dim, BS=kv_cache.shape[2],
         HKV=num_kv_heads, HAS_WINDOW=sliding_window > 0, HAS_Q_NORM=q_weight is not None,
         HAS_K_NORM=k_weight is not None, num_warps=config.num_warps,
-        num_stages=config.num_stages, **plan.launch_args(q),
+        num_stages=config.num_stages, **plan.launch_args(q, order),
     )
     merge_splits(plan, out, seq_lens, sliding_window)
     return out
