@@ -24,6 +24,7 @@ from compiled_llm.engine.core_types import EngineStats
 from compiled_llm.engine.generation_defaults import generation_defaults, max_tokens_cap
 from compiled_llm.engine.input_processor import InputProcessor, PromptType
 from compiled_llm.engine.startup import StartupClock, format_timeline
+from compiled_llm.lora.request import LoRARequest
 from compiled_llm.output.output_processor import (
     OutputProcessor,
     child_outputs,
@@ -197,6 +198,30 @@ class LLMEngine:
     def get_tokenizer(self):
         """The HF tokenizer (vLLM's LLMEngine.get_tokenizer); None with skip_tokenizer_init."""
         return self.tokenizer
+
+    # ------------------------------------------------------------------ LoRA adapters (vLLM's)
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Check and add an adapter for later requests (its weights page into a device slot at
+        its first step); True, also when it is already added. ValueError naming the field, and
+        nothing added, for a bad one: its lora_path missing or damaged, max_lora_rank or
+        target_modules not fitting the model, LoRA off, its id taken or removed."""
+        self._check_open()
+        return self.inputs.loras.add(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Drop an added adapter (requests running with it finish with it); False if it is not
+        added. Its id is refused from then on, by requests and add_lora alike."""
+        return self.inputs.loras.remove(lora_id)
+
+    def list_loras(self) -> set[int]:
+        """The ids of the adapters added, or named by a request, and not removed."""
+        return set(self.inputs.loras.adapters)
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Refused (NotImplementedError): device slots page least recently used first and
+        none can be reserved for one adapter yet."""
+        raise NotImplementedError(f"pin_lora({lora_id!r}) is not supported by compiled-llm: "
+                                  "adapters page into device slots least recently used first")
 
     @property
     def model_config(self):

@@ -57,6 +57,11 @@ class BatchingPoolingEngine:
         with self._tokenizer_lock:
             return self._engine.tokenize_pair(*args, **kwargs)
 
+    def with_tokenizer(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs), a call on the tokenizer, one thread at a time (as tokenize)."""
+        with self._tokenizer_lock:
+            return fn(*args, **kwargs)
+
     def embed(self, seqs: list, params: list) -> list[list[float]]:
         """The engine's embed, run jointly with the embed calls queued beside it."""
         return self._submit(_Call("embed", seqs, params))

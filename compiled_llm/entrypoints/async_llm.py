@@ -23,6 +23,7 @@ from compiled_llm.engine.core_client import EngineDeadError
 from compiled_llm.engine.core_multi import CoreEndpoint
 from compiled_llm.engine.inputs import check_prompt_keys, truncated_text_ids
 from compiled_llm.engine.llm_engine import EngineStats, LLMEngine
+from compiled_llm.entrypoints.async_lora import AsyncLoRAMixin
 from compiled_llm.entrypoints.request_stream import (
     CumulativeStream,
     RequestObserver,
@@ -37,9 +38,9 @@ STEP_WAIT_S = 0.02  # longest the loop waits for a process core's outputs betwee
 IDLE_WAKE_S = 0.1  # an idle loop refreshes the engine's stats this often
 
 
-class AsyncLLM:
+class AsyncLLM(AsyncLoRAMixin):
     """An LLMEngine driven by a background thread; see the module docstring. The thread holds
-    the engine until shutdown()."""
+    the engine until shutdown(). LoRA adapters: async_lora.py's calls."""
 
     _shut_down = False
 

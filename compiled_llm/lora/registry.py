@@ -1,6 +1,7 @@
 """The front end's check of a request's LoRARequest, before anything is queued: LoRA enabled,
 one adapter per id, and the adapter directory read and checked against the model (rank, target
-modules, shapes, a damaged file) once per id. ValueError naming the field otherwise."""
+modules, shapes, a damaged file) once per id. ValueError naming the field otherwise. It is also
+the engine's adapter list: add_lora, remove_lora and list_loras (vLLM's) act on it."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from compiled_llm.lora.request import LoRARequest
 
 
 class LoRARegistry:
-    """The adapters requests have named so far (lora_int_id -> LoRARequest), each checked."""
+    """The adapters added or named by requests so far (lora_int_id -> LoRARequest), each
+    checked. Invariant: an id removed (remove) is never taken again, by a request or by add: one
+    id names one adapter for the engine's life (it keys the slot pool and the KV cache)."""
 
     def __init__(self, enabled: bool, max_lora_rank: int, model_config) -> None:
         self.enabled, self.max_lora_rank = enabled, max_lora_rank
         self.model_config = model_config
         self.adapters: dict[int, LoRARequest] = {}
+        self.removed: set[int] = set()
 
     def check(self, lora: object) -> LoRARequest | None:
         """lora (None: the base model) once it is known to load; ValueError naming the field."""
@@ -25,6 +29,10 @@ class LoRARegistry:
         if not self.enabled:
             raise ValueError("lora_request: LoRA is not enabled (start the engine with "
                              "enable_lora=True, or --enable-lora)")
+        if lora.lora_int_id in self.removed:
+            raise ValueError(f"lora_request.lora_int_id {lora.lora_int_id}: that adapter was "
+                             "removed (remove_lora), and an id is never taken again: add the "
+                             "adapter under a new lora_int_id")
         known = self.adapters.get(lora.lora_int_id)
         if known is not None:
             if (known.lora_name, known.lora_path) != (lora.lora_name, lora.lora_path):
@@ -38,6 +46,21 @@ class LoRARegistry:
         self.adapters[lora.lora_int_id] = lora
         return lora
 
+    def add(self, lora: object) -> bool:
+        """check for add_lora, where None (no adapter) is refused too; True once added."""
+        if lora is None:
+            raise ValueError("lora_request must be a LoRARequest, got None")
+        self.check(lora)
+        return True
+
     def forget(self, lora_int_id: int) -> None:
         """Drop an adapter the server unloaded (the server never reuses its ids)."""
         self.adapters.pop(lora_int_id, None)
+
+    def remove(self, lora_int_id: int) -> bool:
+        """Drop an added adapter and retire its id (see the invariant); False if absent."""
+        if lora_int_id not in self.adapters:
+            return False
+        self.forget(lora_int_id)
+        self.removed.add(lora_int_id)
+        return True

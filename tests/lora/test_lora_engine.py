@@ -1,7 +1,8 @@
 """Multi-LoRA through LLM, compiled (fullgraph, T dynamic): a batch mixing two adapters and the
 base model gives transformers + peft's greedy tokens with each adapter merged; more adapters
 than slots page through the LRU pool; the adapter id separates prefix-cache blocks; bad
-adapters are refused per request with the engine serving on and no KV block held."""
+adapters are refused per request with the engine serving on and no KV block held; vLLM's
+add_lora, list_loras and remove_lora on LLMEngine and AsyncLLM (pin_lora refused)."""
 
 from __future__ import annotations
 
@@ -214,3 +215,79 @@ def test_lora_is_refused_where_it_cannot_apply():
         check_pooling_args(EngineArgs(enable_lora=True, runner="pooling"))
     with pytest.raises(ValueError, match="enable_lora: mixture-of-experts"):
         LLM(str(make_checkpoint("qwen3_moe")), enable_lora=True, enforce_eager=True)
+
+
+def test_engine_adds_lists_and_removes_adapters(llm, base, adapters):
+    engine = llm.llm_engine
+    added = LoRARequest("runtime", 60, str(adapters[2]))
+    assert 60 not in engine.list_loras()
+    assert engine.add_lora(added) is True and engine.add_lora(added) is True  # again: no-op
+    assert 60 in engine.list_loras()
+    with pytest.raises(NotImplementedError, match="pin_lora"):  # refused, not a silent no-op
+        engine.pin_lora(60)
+    want = [merged_greedy(base, adapters[2], PROMPTS[:1], 6)[0],
+            merged_greedy(base, None, PROMPTS[1:2], 6)[0]]
+    assert want[0] != merged_greedy(base, None, PROMPTS[:1], 6)[0]  # the adapter matters
+    assert _run(llm, PROMPTS[:2], [added, None]) == want
+    assert engine.remove_lora(60) is True and engine.remove_lora(60) is False
+    assert 60 not in engine.list_loras()
+    for use in (lambda: llm.generate([{"prompt_token_ids": PROMPTS[0]}], GREEDY,
+                                     use_tqdm=False, lora_request=added),
+                lambda: engine.add_lora(added)):
+        with pytest.raises(ValueError, match="lora_int_id 60: .*removed"):
+            use()
+    assert not engine.has_unfinished_requests() and engine.num_used_blocks == 0
+    # the engine serves on: the same adapter under a new id, and the base model
+    again = LoRARequest("runtime", 61, str(adapters[2]))
+    assert _run(llm, PROMPTS[:2], [again, None]) == want
+
+
+@pytest.mark.parametrize("case", ["missing", "damaged", "config", "rank", "none", "id_taken"])
+def test_add_lora_refuses_a_bad_adapter_by_field(llm, base, adapters, case):
+    engine = llm.llm_engine
+    engine.add_lora(_lora(1, adapters[0]))  # for id_taken: id 1 names adapters[0]
+    lora, field = {
+        "missing": (lambda: _lora(50, "/nonexistent/adapter"), "lora_path"),
+        "damaged": (lambda: _lora(51, _damaged(adapters[0])), "lora_path"),
+        "config": (lambda: _lora(52, with_config(adapters[0], target_modules=5)),
+                   "target_modules"),
+        "rank": (lambda: _lora(53, make_adapter(base, 10, rank=32)), "max_lora_rank"),
+        "none": (lambda: None, "lora_request"),
+        "id_taken": (lambda: _lora(1, adapters[1]), "lora_int_id"),
+    }[case]
+    before = engine.list_loras()
+    with pytest.raises(ValueError, match=field):
+        engine.add_lora(lora())
+    assert engine.list_loras() == before
+    assert _run(llm, PROMPTS[:1], [_lora(2, adapters[1])]) == merged_greedy(
+        base, adapters[1], PROMPTS[:1], 6)
+
+
+def test_async_llm_adds_and_removes_adapters(base, adapters):
+    import asyncio
+
+    from compiled_llm.config import EngineArgs
+    from compiled_llm.entrypoints.async_llm import AsyncLLM
+
+    engine = AsyncLLM(EngineArgs(model=str(base), enable_lora=True, max_loras=2,
+                                 max_lora_rank=16, enforce_eager=True, dtype="float32"))
+    lora = LoRARequest("async", 7, str(adapters[0]))
+
+    async def main():
+        assert await engine.add_lora(lora) is True and await engine.list_loras() == {7}
+        with pytest.raises(NotImplementedError, match="pin_lora"):
+            await engine.pin_lora(7)
+        with pytest.raises(ValueError, match="lora_path"):
+            await engine.add_lora(_lora(8, "/nonexistent/adapter"))
+        outs = [o async for o in engine.generate({"prompt_token_ids": PROMPTS[0]}, GREEDY,
+                                                 "a0", lora_request=lora)]
+        assert await engine.remove_lora(7) is True and await engine.list_loras() == set()
+        with pytest.raises(ValueError, match="lora_int_id 7"):
+            await engine.add_request("a1", {"prompt_token_ids": PROMPTS[0]}, GREEDY,
+                                     lora_request=lora)
+        return list(outs[-1].outputs[0].token_ids)
+
+    try:
+        assert asyncio.run(main()) == merged_greedy(base, adapters[0], PROMPTS[:1], 6)[0]
+    finally:
+        engine.shutdown()

@@ -26,12 +26,8 @@ from compiled_llm.entrypoints.server.openapi import STREAM, errors, install_open
 from compiled_llm.entrypoints.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    DetokenizeRequest,
-    DetokenizeResponse,
     ModelCard,
     ModelList,
-    TokenizeRequest,
-    TokenizeResponse,
 )
 from compiled_llm.entrypoints.server.protocol_responses import ResponsesRequest
 from compiled_llm.entrypoints.server.server_config import ServerConfig
@@ -39,6 +35,7 @@ from compiled_llm.entrypoints.server.serving_chat import ServingChat
 from compiled_llm.entrypoints.server.serving_completion import ServingCompletion
 from compiled_llm.entrypoints.server.serving_pooling import POOLING_PATHS, refuse_runner_paths
 from compiled_llm.entrypoints.server.serving_responses import ServingResponses
+from compiled_llm.entrypoints.server.token_routes import add_token_routes, set_chat_template
 from compiled_llm.entrypoints.server.tracing import TraceHeadersMiddleware
 
 __all__ = ["ServerConfig", "build_app", "serve"]
@@ -59,7 +56,7 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics,
                        allow_methods=cfg.allowed_methods, allow_headers=cfg.allowed_headers,
                        allow_credentials=cfg.allow_credentials)
     metrics.bind(engine)
-    _set_chat_template(engine, cfg.chat_template)
+    set_chat_template(engine, cfg.chat_template)
     loras = ServedLoRAs(engine, cfg.model_name, cfg.lora_modules)
     chat, completion = ServingChat(engine, cfg, metrics), ServingCompletion(engine, cfg, metrics)
     store_dir = None if shared_dir is None else os.path.join(shared_dir, "responses")
@@ -70,20 +67,10 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics,
     add_lora_routes(app, loras)
     _add_responses_routes(app, responses, metrics)
     _add_probe_routes(app, engine, cfg, metrics)
-    _add_token_routes(app, chat)
+    add_token_routes(app, chat)
     add_compat_routes(app, chat)
     refuse_runner_paths(app, POOLING_PATHS, "generate")
     return app
-
-
-def _set_chat_template(engine: AsyncLLM, template: str | None) -> None:
-    """Make template (--chat-template) the tokenizer's own, so every chat render that is sent
-    none uses it (a request's trusted chat_template still wins), as vLLM does."""
-    if template is None:
-        return
-    if engine.tokenizer is None:
-        raise ValueError("chat_template: needs a tokenizer (skip_tokenizer_init is set)")
-    engine.tokenizer.chat_template = template
 
 
 def _add_generation_routes(app: FastAPI, chat: ServingChat, completion: ServingCompletion,
@@ -164,37 +151,6 @@ async def _counting(metrics: ServerMetrics, work):
     except ValueError:
         metrics.rejected()
         raise
-
-
-def _add_token_routes(app: FastAPI, serving: ServingChat) -> None:
-    @app.post("/tokenize", response_model=TokenizeResponse, responses=errors(400, 401, 404, 413))
-    async def tokenize(req: TokenizeRequest) -> JSONResponse:
-        serving.check_model(req.model)
-        if (req.prompt is None) == (req.messages is None):
-            raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt")
-        if req.messages is not None:
-            ids = await serving.encode_chat(req.messages, req.add_generation_prompt,
-                                            req.chat_template_kwargs, req.tools,
-                                            req.chat_template,
-                                            continue_final_message=req.continue_final_message)
-        else:
-            ids = await serving.encode(req.prompt, req.add_special_tokens)
-        body = {"tokens": ids, "count": len(ids), "max_model_len": serving.max_model_len}
-        if req.return_token_strs:
-            body["token_strs"] = serving.engine.tokenizer.convert_ids_to_tokens(ids)
-        return JSONResponse(body)
-
-    @app.post("/detokenize", response_model=DetokenizeResponse,
-              responses=errors(400, 401, 404, 413))
-    async def detokenize(req: DetokenizeRequest) -> JSONResponse:
-        serving.check_model(req.model)
-        vocab = len(serving.engine.tokenizer)
-        bad = [t for t in req.tokens if not 0 <= t < vocab]
-        if bad:
-            raise OpenAIError(400, f"tokens must be ids in [0, {vocab}), got {bad[:5]}",
-                              param="tokens")
-        text = await serving.engine.decode(req.tokens)
-        return JSONResponse({"prompt": text})
 
 
 def serve(args: EngineArgs, host: str, port: int, cfg: ServerConfig,

@@ -1,7 +1,7 @@
 """The FastAPI app of a pooling server (runner pooling): the pooling endpoints, /v1/models,
-/health, /ping and /metrics (the generate server's request metrics), the same guards as the
-generate app, and 400s naming the runner on the generation routes. app.serve runs it for runner
-pooling."""
+/tokenize and /detokenize (the generate app's routes), /health, /ping and /metrics (the generate
+server's request metrics), the same guards as the generate app, and 400s naming the runner on
+the generation routes. app.serve runs it for runner pooling."""
 
 from __future__ import annotations
 
@@ -12,18 +12,20 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response
 
 from compiled_llm.config import EngineArgs
-from compiled_llm.entrypoints.async_pooling import AsyncPoolingLLM
+from compiled_llm.entrypoints.async_pooling import AsyncPoolingLLM, PoolingTokens
 from compiled_llm.entrypoints.server.errors import OPEN_PATHS, GuardMiddleware, install_handlers
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
 from compiled_llm.entrypoints.server.openapi import errors, install_openapi
 from compiled_llm.entrypoints.server.protocol import ModelCard, ModelList
 from compiled_llm.entrypoints.server.server_config import ServerConfig
+from compiled_llm.entrypoints.server.serving import TokenServing
 from compiled_llm.entrypoints.server.serving_pooling import (
     GENERATION_PATHS,
     ServingPooling,
     add_pooling_routes,
     refuse_runner_paths,
 )
+from compiled_llm.entrypoints.server.token_routes import add_token_routes, set_chat_template
 
 
 def build_pooling_app(engine: AsyncPoolingLLM, cfg: ServerConfig,
@@ -40,6 +42,8 @@ def build_pooling_app(engine: AsyncPoolingLLM, cfg: ServerConfig,
                        allow_credentials=cfg.allow_credentials)
     serving = ServingPooling(engine, cfg.model_name, metrics, cfg.model_names)
     add_pooling_routes(app, serving)
+    set_chat_template(engine, cfg.chat_template)
+    add_token_routes(app, TokenServing(PoolingTokens(engine), cfg))
     refuse_runner_paths(app, GENERATION_PATHS, "pooling")
     created = int(time.time())
 

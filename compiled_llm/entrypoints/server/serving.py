@@ -1,6 +1,7 @@
 """What the API handlers share: the model name check, the chat template and tokenization
-(both off the event loop and the engine thread, both bounded), tools and reasoning resolved
-against the server's flags, admission (a 4xx before anything streams), and the final output."""
+(both off the event loop and the engine thread, both bounded; a pooling app's too), tools and
+reasoning resolved against the server's flags, admission (a 4xx before anything streams), and
+the final output."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import logging
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from compiled_llm.entrypoints.async_llm import AsyncLLM
 from compiled_llm.entrypoints.chat_utils import conversation, render
@@ -24,33 +26,22 @@ from compiled_llm.entrypoints.tool_parsers import get_tool_parser
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from compiled_llm.entrypoints.async_pooling import PoolingTokens
+
 logger = logging.getLogger(__name__)
 
 
-class Serving:
-    """Base of the API handlers: owns the engine handle, the server config and the metrics."""
+class TokenServing:
+    """What every app's handlers share, a pooling app's too: the engine handle (an AsyncLLM,
+    or a pooling app's PoolingTokens: each has tokenizer, max_model_len, max_prompt_bytes,
+    encode and decode), the server config, the model name check and tokenization."""
 
-    def __init__(self, engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> None:
-        self.engine, self.cfg, self.metrics = engine, cfg, metrics
+    def __init__(self, engine: AsyncLLM | PoolingTokens, cfg: ServerConfig) -> None:
+        self.engine, self.cfg = engine, cfg
         self.model_name = cfg.model_name
-        # vLLM's ModelCard.root of the base model: the model as --model named it
-        args = getattr(getattr(engine, "engine", None), "args", None)
-        self.model_path = str(getattr(args, "model", None) or cfg.model_name)
         self.max_model_len = engine.max_model_len
-        # the model's generation config (none for pooling): the sampling fields a request
-        # leaves unset, and output_budget's default and cap
-        self.sampling_defaults = dict(getattr(engine, "sampling_defaults", {}))
-        self.budget_limits = {"default": self.sampling_defaults.pop("max_tokens", None),
-                              "cap": getattr(engine, "max_tokens_cap", None)}
-        self.tracer = request_tracer(cfg.otlp_traces_endpoint, cfg.model_name)
         self.loras = None  # the served LoRA adapters (lora_routes.ServedLoRAs), set by the app
-
-    def cached_tokens(self, outputs: list[RequestOutput]) -> int | None:
-        """The prompt tokens these outputs' requests found in the prefix cache, where
-        --enable-prompt-tokens-details asks for them (else None: no details)."""
-        if not self.cfg.enable_prompt_tokens_details:
-            return None
-        return sum(out.num_cached_tokens for out in outputs)
 
     def check_model(self, name: str | None):
         """The LoRARequest of the adapter served as name, None for the base model (no name,
@@ -62,12 +53,6 @@ class Serving:
             raise OpenAIError(404, f"the model {name!r} does not exist; this server serves "
                               f"{self.model_name!r}", param="model", code="model_not_found")
         return lora
-
-    def reply_model(self, name: str | None) -> str:
-        """The `model` a reply carries, as vLLM's: the adapter's name when name selects a
-        served LoRA adapter, else the served model's name."""
-        lora = None if self.loras is None or name is None else self.loras.get(name)
-        return self.model_name if lora is None else lora.lora_name
 
     async def encode(self, text: str, add_special_tokens: bool = True,
                      name: str = "prompt") -> list[int]:
@@ -111,6 +96,37 @@ class Serving:
                                       chat_template,
                                       continue_final_message=continue_final_message)
         return await self.encode(text, add_special_tokens=False, name="messages")
+
+
+class Serving(TokenServing):
+    """Base of the generating API handlers: TokenServing, the metrics, the sampling defaults
+    and the tracer."""
+
+    def __init__(self, engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics) -> None:
+        super().__init__(engine, cfg)
+        self.metrics = metrics
+        # vLLM's ModelCard.root of the base model: the model as --model named it
+        args = getattr(getattr(engine, "engine", None), "args", None)
+        self.model_path = str(getattr(args, "model", None) or cfg.model_name)
+        # the model's generation config (none for pooling): the sampling fields a request
+        # leaves unset, and output_budget's default and cap
+        self.sampling_defaults = dict(getattr(engine, "sampling_defaults", {}))
+        self.budget_limits = {"default": self.sampling_defaults.pop("max_tokens", None),
+                              "cap": getattr(engine, "max_tokens_cap", None)}
+        self.tracer = request_tracer(cfg.otlp_traces_endpoint, cfg.model_name)
+
+    def cached_tokens(self, outputs: list[RequestOutput]) -> int | None:
+        """The prompt tokens these outputs' requests found in the prefix cache, where
+        --enable-prompt-tokens-details asks for them (else None: no details)."""
+        if not self.cfg.enable_prompt_tokens_details:
+            return None
+        return sum(out.num_cached_tokens for out in outputs)
+
+    def reply_model(self, name: str | None) -> str:
+        """The `model` a reply carries, as vLLM's: the adapter's name when name selects a
+        served LoRA adapter, else the served model's name."""
+        lora = None if self.loras is None or name is None else self.loras.get(name)
+        return self.model_name if lora is None else lora.lora_name
 
     def tool_plan(self, tools: list | None, tool_choice, parallel_tool_calls: bool | None
                   ) -> ToolPlan:

@@ -171,3 +171,52 @@ def test_served_model_names_are_all_accepted_and_listed(embedder):
     ok = embedder.post("/v1/embeddings", json={"model": "alias", "input": "hi"})
     assert ok.status_code == 200 and ok.json()["model"] == "m"  # vLLM answers the first name
     assert embedder.post("/v1/embeddings", json={"model": "x", "input": "hi"}).status_code == 404
+
+
+def test_tokenize_and_detokenize_as_the_generate_server(embedder):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(minilm_dir()))
+    text = "The quick brown fox"
+    body = embedder.post("/tokenize", json={"model": "alias", "prompt": text,
+                                            "return_token_strs": True})
+    assert body.status_code == 200, body.text
+    got = body.json()
+    assert got["tokens"] == tok.encode(text) and got["count"] == len(got["tokens"])
+    assert got["token_strs"] == tok.convert_ids_to_tokens(got["tokens"])
+    assert got["max_model_len"] == embedder.get("/v1/models").json()["data"][0]["max_model_len"]
+    bare = embedder.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()
+    assert bare["tokens"] == tok.encode(text, add_special_tokens=False)
+    back = embedder.post("/detokenize", json={"model": "m", "tokens": bare["tokens"]})
+    assert back.status_code == 200 and back.json() == {"prompt": tok.decode(bare["tokens"])}
+
+
+def test_tokenize_and_detokenize_refusals(embedder):
+    _refused(embedder, "/tokenize", {}, "prompt")  # neither prompt nor messages
+    _refused(embedder, "/tokenize", {"prompt": "x", "messages": []}, "prompt")
+    _refused(embedder, "/tokenize", {"prompt": "fox " * 100_000}, "prompt")  # max_prompt_bytes
+    lone = embedder.post("/tokenize", content=b'{"prompt": "\\ud800"}',  # JSON's escape
+                         headers={"content-type": "application/json"})
+    assert lone.status_code == 400 and lone.json()["error"]["param"] == "prompt", lone.text
+    _refused(embedder, "/tokenize", {"messages": [{"role": "user", "content": "hi"}],
+                                     "chat_template": "{{ messages }}"}, "chat_template")
+    _refused(embedder, "/detokenize", {"tokens": [-1]}, "tokens")
+    _refused(embedder, "/detokenize", {"tokens": [10 ** 9]}, "tokens")
+    for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [101]})):
+        missing = embedder.post(path, json={"model": "x", **body})
+        assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+    assert embedder.post("/tokenize", json={"prompt": "still up"}).status_code == 200
+
+
+def test_token_routes_without_a_tokenizer_are_400s():
+    from fastapi.testclient import TestClient
+
+    engine = AsyncPoolingLLM(EngineArgs(model=str(minilm_dir()), runner="pooling",
+                                        enforce_eager=True, dtype="float32",
+                                        skip_tokenizer_init=True))
+    try:
+        client = TestClient(build_pooling_app(engine, ServerConfig(model_name="m")))
+        _refused(client, "/detokenize", {"tokens": [101]}, "tokens")
+        _refused(client, "/tokenize", {"prompt": "hi"}, "prompt")
+    finally:
+        engine.shutdown()

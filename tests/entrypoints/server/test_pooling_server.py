@@ -1,7 +1,8 @@
 """A live `compiled-llm serve --runner pooling` on all-MiniLM-L6-v2: /v1/embeddings through the
 official openai client (floats and base64) against sentence-transformers, /v1/score,
-/v1/rerank and /pooling through httpx, 4xx naming the field (the server serving on), and the
-400s naming the runner: generation routes here, pooling routes on the generate server."""
+/v1/rerank, /pooling, /tokenize and /detokenize through httpx, 4xx naming the field (the server
+serving on), and the 400s naming the runner: generation routes here, pooling routes on the
+generate server."""
 
 from __future__ import annotations
 
@@ -113,6 +114,19 @@ def test_pooling_server_refuses_generation(oai, pooled):
         oai.completions.create(model="minilm", prompt="hi")
     models = oai.models.list()
     assert models.data[0].id == "minilm"
+
+
+def test_pooling_server_tokenizes_and_detokenizes(pooled):
+    tok = _post(pooled, "/tokenize", {"prompt": TEXTS[1]})
+    assert tok.status_code == 200, tok.text
+    ids = tok.json()["tokens"]
+    assert ids[0] == 101 and ids[-1] == 102 and tok.json()["count"] == len(ids)  # [CLS] [SEP]
+    back = _post(pooled, "/detokenize", {"tokens": ids[1:-1]})
+    assert back.status_code == 200 and back.json()["prompt"] == TEXTS[1].lower()
+    assert _post(pooled, "/detokenize", {"tokens": [-1]}).json()["error"]["param"] == "tokens"
+    assert _post(pooled, "/tokenize", {"prompt": "x", "model": "other"}).status_code == 404
+    keyless = httpx.post(f"{pooled.url}/tokenize", json={"prompt": "x"}, timeout=60)
+    assert keyless.status_code == 401
 
 
 def test_generate_server_refuses_pooling_routes(server):
