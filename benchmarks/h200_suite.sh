@@ -162,9 +162,9 @@
 #     bash benchmarks/h200_suite.sh 92    # block FP8's one-launch quantization: tests, the
 #                                         # GEMMs against cuBLAS block scaling, the user's path
 #     bash benchmarks/h200_suite.sh 93    # decode programs launched longest context first:
-#                                         # GPU tests, Llama-3-8B nano-vllm ABBA against =0
-#     bash benchmarks/h200_suite.sh 94    # the same kernels timed over mixed contexts, then
-#                                         # Qwen3-0.6B nano-vllm ABBA (after 93)
+#                                         # GPU tests, the kernels over mixed contexts,
+#                                         # Llama-3-8B nano-vllm ABBA against =0
+#     bash benchmarks/h200_suite.sh 94    # Qwen3-0.6B nano-vllm, the same A/B three times
 #     bash benchmarks/h200_suite.sh 84    # the quantized GPU tests, every packed kind (carry
 #                                         # .whl with compressed-tensors, loguru, psutil)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
@@ -628,17 +628,17 @@ elif [ "$CALL" = 93 ]; then  # one GPU (carry .whl): the decode kernels' launch 
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
 timeout 200 $py -m pytest -q -x -p no:cacheprovider tests/kernels/test_decode_qk_gpu.py tests/kernels/test_triton_gpu.py tests/worker/test_cudagraphs_gpu.py
+timeout 120 $py -m benchmarks.attention_kernels --mixed-sweep --json $R/decode_order_mixed.json
 $U --label ordered
 $OFF $U --label batch_order
 $OFF $U --label batch_order
 $U --label ordered"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 94 ]; then  # one GPU (carry .whl): the one-launch decode over mixed
-  # contexts by launch order, then Qwen3-0.6B nano-vllm on the user path, ABBA
+elif [ "$CALL" = 94 ]; then  # one GPU (carry .whl): Qwen3-0.6B nano-vllm on the user
+  # path, longest-first launch order against the batch order, ABBAAB
   U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_order.jsonl --model $CK/qwen3-0.6b"
   OFF=COMPILED_LLM_DECODE_ORDER=0
   mapfile -t a <<<"\
-timeout 150 $py -m benchmarks.attention_kernels --mixed-sweep --json $R/decode_order_mixed.json
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $U --label ordered
 $OFF $U --label batch_order
