@@ -165,6 +165,8 @@
 #                                         # GPU tests, the kernels over mixed contexts,
 #                                         # Llama-3-8B nano-vllm ABBA against =0
 #     bash benchmarks/h200_suite.sh 94    # Qwen3-0.6B nano-vllm, the same A/B three times
+#     bash benchmarks/h200_suite.sh 95    # Llama-3-8B nano-vllm, the same A/B three times
+#                                         # (after 93: its checkpoint and kernels)
 #     bash benchmarks/h200_suite.sh 84    # the quantized GPU tests, every packed kind (carry
 #                                         # .whl with compressed-tensors, loguru, psutil)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
@@ -646,6 +648,11 @@ $OFF $U --label batch_order
 $U --label ordered
 $U --label ordered
 $OFF $U --label batch_order"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 95 ]; then  # one GPU (carry .whl; after 93 on a warm machine): Llama-3-8B
+  # nano-vllm on the user path, COMPILED_LLM_DECODE_ORDER 0 1 1 0 0 1
+  U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_order_8b.jsonl --model $CK/llama3-8b"
+  mapfile -t a < <(for v in 0 1 1 0 0 1; do echo "COMPILED_LLM_DECODE_ORDER=$v $U --label order$v"; done)
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 92 ]; then  # one GPU (carry .whl): block FP8 with its one-launch
   # activation quantization: GPU tests, the GEMMs alone against cuBLAS's block-scaled
