@@ -57,7 +57,7 @@ def test_one_launch_equals_two_kernels(norms, splits):
     assert one.abs().sum() > 0 and not one[4:].any()  # padded sequences: zeros
 
 
-@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("splits", [1, 2])
 def test_launch_order_changes_no_output_or_cache(splits):
     # longest context first: every sequence's newest key still written once, outputs bit for
     # bit the grid order's

@@ -171,7 +171,7 @@ def test_decode_uses_a_split_per_split_keys(in_launch, window):
     assert not in_launch or not arrival.arrival_counters(out.device, True).any()
 
 
-@pytest.mark.parametrize("num_splits,in_launch", [(1, False), (3, False), (3, True)])
+@pytest.mark.parametrize("num_splits,in_launch", [(1, False), (2, False), (2, True)])
 def test_decode_launch_order_changes_no_output(num_splits, in_launch, monkeypatch):
     # programs launched longest context first (and every KV head of a sequence together):
     # each (sequence, KV head) still computed once, its output bit for bit the grid order's
@@ -300,3 +300,13 @@ def test_uncached_refuses_window_without_causal():
     with set_forward_context(ForwardContext(_uncached_meta(lens), [], backend="triton")), \
             pytest.raises(ValueError, match="sliding window"):
         attention(q, q, q, 0, SCALE, 4, False)
+
+
+def test_launch_order_only_where_the_batch_fills_the_device():
+    from compiled_llm.attention.kernels.decode import ORDER_MAX_SPLITS, SplitPlan
+
+    order, q = torch.arange(4, dtype=torch.int32), torch.zeros(1, 1, 16)
+    few = SplitPlan(ORDER_MAX_SPLITS, False, None, q, q)
+    many = SplitPlan(ORDER_MAX_SPLITS + 1, False, None, q, q)
+    assert few.launch_args(q, order)["ORDER"] and not few.launch_args(q, None)["ORDER"]
+    assert not many.launch_args(q, order)["ORDER"]

@@ -20,6 +20,10 @@ from compiled_llm.gemm.arrival import arrival_counters
 from compiled_llm.gemm.pdl import dependency_sync
 
 LOG2E = 1.4426950408889634
+# longest-first launch order up to this many splits: over mixed contexts (100-2,048 keys) it
+# took 7-17% off at 32-128 sequences (2 splits or 1) and added 6% at 8 (5 splits; H100,
+# docs/benchmarks.md calls 93-95)
+ORDER_MAX_SPLITS = 2
 
 
 @dataclass(frozen=True)
@@ -276,10 +280,11 @@ class SplitPlan:
     split_keys: int = 0  # DecodeConfig.split_keys: how many of the splits a context uses
 
     def launch_args(self, q: torch.Tensor, order: torch.Tensor | None) -> dict:
-        """The split kernels' shared constexprs and launch parameters."""
+        """The split kernels' shared constexprs and launch parameters; the order (program_seq)
+        where the batch alone fills the device (at most ORDER_MAX_SPLITS splits)."""
         return dict(S_PAD=triton.next_power_of_2(self.num_splits), DIRECT=self.direct,
                     MERGE=self.counters is not None, SPLIT_KEYS=self.split_keys,
-                    ORDER=order is not None,
+                    ORDER=order is not None and self.num_splits <= ORDER_MAX_SPLITS,
                     PREC="ieee" if q.dtype == torch.float32 else "tf32",
                     **pdl.launch_kwargs(q.device))
 
