@@ -204,13 +204,13 @@ class LLMEngine:
         """Check and add an adapter for later requests (its weights page into a device slot at
         its first step); True, also when it is already added. ValueError naming the field, and
         nothing added, for a bad one: its lora_path missing or damaged, max_lora_rank or
-        target_modules not fitting the model, LoRA off, its id taken or removed."""
+        target_modules not fitting the model, LoRA off, its id naming another adapter."""
         self._check_open()
         return self.inputs.loras.add(lora_request)
 
     def remove_lora(self, lora_id: int) -> bool:
         """Drop an added adapter (requests running with it finish with it); False if it is not
-        added. Its id is refused from then on, by requests and add_lora alike."""
+        added. A request or add_lora naming it again adds it back; its id names no other."""
         return self.inputs.loras.remove(lora_id)
 
     def list_loras(self) -> set[int]:

@@ -16,7 +16,7 @@ class AsyncLoRAMixin:
         return await self.call(self.engine.add_lora, lora_request)
 
     async def remove_lora(self, lora_id: int) -> bool:
-        """LLMEngine.remove_lora: False if not added; the id is refused from then on."""
+        """LLMEngine.remove_lora: False if not added; its id names no other adapter."""
         return await self.call(self.engine.remove_lora, lora_id)
 
     async def list_loras(self) -> set[int]:

@@ -11,14 +11,15 @@ from compiled_llm.lora.request import LoRARequest
 
 class LoRARegistry:
     """The adapters added or named by requests so far (lora_int_id -> LoRARequest), each
-    checked. Invariant: an id removed (remove) is never taken again, by a request or by add: one
-    id names one adapter for the engine's life (it keys the slot pool and the KV cache)."""
+    checked. Invariant: one id names one adapter for the engine's life (it keys the worker's
+    slots and the KV cache), so a removed id comes back only with the adapter it named, as
+    vLLM re-adds a removed adapter that a request or add_lora names again."""
 
     def __init__(self, enabled: bool, max_lora_rank: int, model_config) -> None:
         self.enabled, self.max_lora_rank = enabled, max_lora_rank
         self.model_config = model_config
         self.adapters: dict[int, LoRARequest] = {}
-        self.removed: set[int] = set()
+        self.removed: dict[int, LoRARequest] = {}  # removed id -> the adapter it named
 
     def check(self, lora: object) -> LoRARequest | None:
         """lora (None: the base model) once it is known to load; ValueError naming the field."""
@@ -29,21 +30,19 @@ class LoRARegistry:
         if not self.enabled:
             raise ValueError("lora_request: LoRA is not enabled (start the engine with "
                              "enable_lora=True, or --enable-lora)")
-        if lora.lora_int_id in self.removed:
-            raise ValueError(f"lora_request.lora_int_id {lora.lora_int_id}: that adapter was "
-                             "removed (remove_lora), and an id is never taken again: add the "
-                             "adapter under a new lora_int_id")
-        known = self.adapters.get(lora.lora_int_id)
-        if known is not None:
-            if (known.lora_name, known.lora_path) != (lora.lora_name, lora.lora_path):
-                raise ValueError(f"lora_request.lora_int_id {lora.lora_int_id} already names "
-                                 f"adapter {known.lora_name!r} at {known.lora_path!r}")
+        known = self.adapters.get(lora.lora_int_id) or self.removed.get(lora.lora_int_id)
+        if known is not None and (known.lora_name, known.lora_path) != (lora.lora_name,
+                                                                        lora.lora_path):
+            raise ValueError(f"lora_request.lora_int_id {lora.lora_int_id} already names "
+                             f"adapter {known.lora_name!r} at {known.lora_path!r}")
+        if lora.lora_int_id in self.adapters:
             return known
         if getattr(self.model_config, "moe", None) is not None:
             raise ValueError("lora_request: mixture-of-experts models take no LoRA adapters")
         load_peft_adapter(lora.lora_path, lora_module_shapes(self.model_config),
                           self.max_lora_rank)
         self.adapters[lora.lora_int_id] = lora
+        self.removed.pop(lora.lora_int_id, None)
         return lora
 
     def add(self, lora: object) -> bool:
@@ -58,9 +57,10 @@ class LoRARegistry:
         self.adapters.pop(lora_int_id, None)
 
     def remove(self, lora_int_id: int) -> bool:
-        """Drop an added adapter and retire its id (see the invariant); False if absent."""
-        if lora_int_id not in self.adapters:
+        """Drop an added adapter, its id kept for that adapter alone (see the invariant);
+        False if absent."""
+        lora = self.adapters.pop(lora_int_id, None)
+        if lora is None:
             return False
-        self.forget(lora_int_id)
-        self.removed.add(lora_int_id)
+        self.removed[lora_int_id] = lora
         return True

@@ -231,15 +231,18 @@ def test_engine_adds_lists_and_removes_adapters(llm, base, adapters):
     assert _run(llm, PROMPTS[:2], [added, None]) == want
     assert engine.remove_lora(60) is True and engine.remove_lora(60) is False
     assert 60 not in engine.list_loras()
+    # the removed id names its adapter alone: another is refused, by add_lora and by requests
+    other = LoRARequest("other", 60, str(adapters[1]))
     for use in (lambda: llm.generate([{"prompt_token_ids": PROMPTS[0]}], GREEDY,
-                                     use_tqdm=False, lora_request=added),
-                lambda: engine.add_lora(added)):
-        with pytest.raises(ValueError, match="lora_int_id 60: .*removed"):
+                                     use_tqdm=False, lora_request=other),
+                lambda: engine.add_lora(other)):
+        with pytest.raises(ValueError, match="lora_int_id 60 already names"):
             use()
+    assert 60 not in engine.list_loras()
     assert not engine.has_unfinished_requests() and engine.num_used_blocks == 0
-    # the engine serves on: the same adapter under a new id, and the base model
-    again = LoRARequest("runtime", 61, str(adapters[2]))
-    assert _run(llm, PROMPTS[:2], [again, None]) == want
+    # a request naming the removed adapter adds it back (vLLM's), as add_lora does
+    assert _run(llm, PROMPTS[:2], [added, None]) == want and 60 in engine.list_loras()
+    assert engine.remove_lora(60) and engine.add_lora(added) and 60 in engine.list_loras()
 
 
 @pytest.mark.parametrize("case", ["missing", "damaged", "config", "rank", "none", "id_taken"])
@@ -282,9 +285,9 @@ def test_async_llm_adds_and_removes_adapters(base, adapters):
         outs = [o async for o in engine.generate({"prompt_token_ids": PROMPTS[0]}, GREEDY,
                                                  "a0", lora_request=lora)]
         assert await engine.remove_lora(7) is True and await engine.list_loras() == set()
-        with pytest.raises(ValueError, match="lora_int_id 7"):
+        with pytest.raises(ValueError, match="lora_int_id 7"):  # another adapter under 7
             await engine.add_request("a1", {"prompt_token_ids": PROMPTS[0]}, GREEDY,
-                                     lora_request=lora)
+                                     lora_request=_lora(7, adapters[1]))
         return list(outs[-1].outputs[0].token_ids)
 
     try:
