@@ -133,7 +133,8 @@ def test_a_followers_full_graph_step_fills_the_views_its_graph_reads():
     assert got.cudagraph_key == inputs.cudagraph_key
     ours, theirs = follower.input_batch.views(4, 4).dev, driver.views(4, 4).dev
     assert got.input_ids.data_ptr() == ours["ids"].data_ptr()  # the graph's own inputs
-    for name in ("ids", "pos", "slots", "query_start_loc", "seq_lens"):
+    for name in ("ids", "pos", "slots", "query_start_loc", "seq_lens", "order"):
         assert ours[name].tolist() == theirs[name].tolist(), name
+    assert theirs["order"].tolist() == [2, 1, 0, 3]  # longest first, the padding last
     width = sizes["width"]
     assert ours["block_tables"][:, :width].tolist() == theirs["block_tables"][:, :width].tolist()
