@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 # Below this temperature a request is treated as greedy (same threshold as vLLM).
 SAMPLING_EPS = 1e-5
 MIN_TEMPERATURE = 1e-2  # vLLM's: a smaller positive temperature is raised to it
+MAX_TEMPERATURE = 2.0  # vLLM's (and OpenAI's) upper bound
 
 # vLLM-v0 style per-request processor: (output token ids, 1-D logits row) -> logits row
 LogitsProcessor = Callable[[list[int], "torch.Tensor"], "torch.Tensor"]
@@ -225,6 +226,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be non-negative, got {temperature}")
         if not math.isfinite(temperature):
             raise ValueError(f"temperature must be finite, got {temperature}")
+        if temperature > MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {temperature}")
         if 0.0 < temperature < MIN_TEMPERATURE:  # vLLM's floor: logits / t would overflow
             logger.warning("temperature %g is below %g; it is set to %g", temperature,
                            MIN_TEMPERATURE, MIN_TEMPERATURE)

@@ -301,9 +301,18 @@ def _per_prompt(lora_request, n: int) -> list:
 
 
 def _params_list(params, n: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt; ValueError naming sampling_params on a count that does
+    not match or a value that is no SamplingParams (as the engine's add_request)."""
     if params is None or isinstance(params, SamplingParams):
         return [params or SamplingParams()] * n
+    if not isinstance(params, Sequence) or isinstance(params, str):
+        raise ValueError(f"sampling_params must be SamplingParams or a list of them, got "
+                         f"{type(params).__name__}")
     params = list(params)
     if len(params) != n:
         raise ValueError(f"sampling_params: got {len(params)} for {n} prompts")
+    for i, p in enumerate(params):
+        if not isinstance(p, SamplingParams):
+            raise ValueError(f"sampling_params[{i}] must be SamplingParams, got "
+                             f"{type(p).__name__}")
     return params

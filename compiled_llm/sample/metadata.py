@@ -134,9 +134,10 @@ def build_sampling_metadata(reqs: list[Request], state: SamplingState, gen_for,
             any_penalty = True
         if p.logprobs is not None and (max_num_logprobs is None or p.logprobs > max_num_logprobs):
             max_num_logprobs = p.logprobs
-        # min_tokens: the row samples output token number num_output_tokens + num_pending
+        # min_tokens: the row samples output token number num_output_tokens + num_pending;
+        # vLLM bans every EOS id there, with ignore_eos too (its all_stop_token_ids)
         if len(req.output_token_ids) + req.num_pending < p.min_tokens:
-            banned[i] = [*(() if p.ignore_eos else req.eos_token_ids), *p.stop_token_ids]
+            banned[i] = [*req.eos_token_ids, *p.stop_token_ids]
         if p.logits_processors:
             processors[i] = p.logits_processors
         if p.logit_bias:

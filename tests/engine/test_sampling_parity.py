@@ -1,6 +1,7 @@
 """Sampling semantics as vLLM defines them, through LLM.generate: no stop string ends a request
-within min_tokens; the model's other EOS ids stop with their id as stop_reason; detokenize=False
-leaves logprobs' decoded tokens unset; DELTA outputs carry the prompt logprobs once a sequence."""
+within min_tokens, nor an EOS (ignore_eos too); the model's other EOS ids stop with their id as
+stop_reason; detokenize=False leaves logprobs' decoded tokens unset; DELTA outputs carry the
+prompt logprobs once a sequence."""
 
 from __future__ import annotations
 
@@ -53,6 +54,14 @@ def test_no_stop_string_within_min_tokens(llm):
     assert len(late.token_ids) >= count + 2
     assert late.text.startswith(early.text)
     assert llm.engine.num_used_blocks == 0
+
+
+def test_min_tokens_bans_eos_with_ignore_eos_too(llm):
+    # vLLM's min_tokens bans all_stop_token_ids, which hold the EOS ids whatever ignore_eos
+    eos = llm.get_tokenizer().eos_token_id
+    out = _greedy(llm, max_tokens=4, min_tokens=2, logit_bias={eos: 100.0})
+    assert eos not in out.token_ids[:2] and out.token_ids[2:] == [eos, eos]
+    assert out.finish_reason == "length"
 
 
 def test_other_eos_ids_report_their_id(ckpt, tmp_path):

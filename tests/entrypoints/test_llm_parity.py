@@ -1,7 +1,7 @@
 """The offline API where vLLM's has more: LLM.chat's template arguments, beam_search refused,
 llm_engine, vLLM's exported names, SamplingParams.bad_words / truncate_prompt_tokens /
 extra_args, RequestOutput.num_cached_tokens, a prompt's cache_salt, and prompt dict keys a
-text-only engine refuses."""
+text-only engine refuses (and sampling_params that are no SamplingParams)."""
 
 from __future__ import annotations
 
@@ -114,6 +114,14 @@ def test_legacy_prompt_token_ids_keyword(llm):
     assert one[0].outputs[0].token_ids == outs[0].outputs[0].token_ids
     with pytest.raises(ValueError, match="prompt_token_ids"):
         llm.generate(["a", "b"], ONE, prompt_token_ids=[5, 6], use_tqdm=False)
+
+
+@pytest.mark.parametrize("params", [{"max_tokens": 1}, [ONE, {"max_tokens": 1}], 5])
+def test_sampling_params_of_another_type_are_refused_by_name(llm, params):
+    with pytest.raises(ValueError, match=r"^sampling_params"):
+        llm.generate(["a", "b"], params, use_tqdm=False)
+    assert llm.engine.num_used_blocks == 0 and not llm.engine.has_unfinished_requests()
+    assert llm.generate("a", ONE, use_tqdm=False)[0].outputs[0].token_ids
 
 
 def test_vllm_names_are_exported(llm):

@@ -23,6 +23,8 @@ BAD_VALUES = [
     ("temperature", float("inf")),
     ("temperature", float("nan")),
     ("temperature", None),
+    ("temperature", 2.01),  # vLLM's (OpenAI's) range is [0, 2]
+    ("temperature", 100.0),
     ("top_p", 0),
     ("top_p", 0.0),
     ("top_p", 1.01),
