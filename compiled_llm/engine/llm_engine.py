@@ -23,6 +23,7 @@ from compiled_llm.engine.core_spec import DEMO_MODEL, core_spec, eos_ids, resolv
 from compiled_llm.engine.core_types import EngineStats
 from compiled_llm.engine.generation_defaults import generation_defaults, max_tokens_cap
 from compiled_llm.engine.input_processor import InputProcessor, PromptType
+from compiled_llm.engine.model_config import ModelConfigView
 from compiled_llm.engine.startup import StartupClock, format_timeline
 from compiled_llm.lora.request import LoRARequest
 from compiled_llm.output.output_processor import (
@@ -88,6 +89,10 @@ class LLMEngine:
         clock.add(info.startup_seconds, within="engine_core_other")
         self.startup_seconds = clock.finish()
         self.max_model_len = info.max_model_len
+        self._model_config = ModelConfigView(args, info.model_config,
+                                             max_model_len=self.max_model_len, dtype=self.dtype,
+                                             runner_type="generate",
+                                             sampling_defaults=self.sampling_defaults)
         self.inputs = InputProcessor(self.tokenizer, info.vocab_size,
                                      self.eos_token_ids, self.max_model_len, args,
                                      info.model_config)
@@ -181,6 +186,12 @@ class LLMEngine:
         """Whether any request is unfinished or a launched step is not yet read."""
         return bool(self.parents) or self.core.has_unfinished()
 
+    def get_num_unfinished_requests(self) -> int:
+        """Sequences not finished yet, each of an n > 1 request's counted (as vLLM v1 counts
+        its child requests); a launched step not yet read counts none."""
+        return sum(state.finish_reason is None
+                   for children in self.parents.values() for state in children)
+
     @property
     def num_used_blocks(self) -> int:
         """Blocks held by live requests (cached blocks nobody holds are free)."""
@@ -224,9 +235,14 @@ class LLMEngine:
                                   "adapters page into device slots least recently used first")
 
     @property
-    def model_config(self):
-        """The loaded model's config (a DecoderConfig: vocab_size, layers, heads ...)."""
-        return self.core.info.model_config
+    def model_config(self) -> ModelConfigView:
+        """vLLM's ModelConfig names (max_model_len, dtype, hf_config, get_vocab_size() ...)
+        over this engine, and the loaded model's DecoderConfig fields (vocab_size ...)."""
+        return self._model_config
+
+    def get_model_config(self) -> ModelConfigView:
+        """model_config (vLLM's LLMEngine.get_model_config)."""
+        return self._model_config
 
     def get_stats(self) -> EngineStats:
         """The engine's load now: running and waiting requests, blocks, preemptions."""

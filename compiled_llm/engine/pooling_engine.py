@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 from compiled_llm.config import CompileConfig, EngineArgs, model_len_bounds
 from compiled_llm.engine.input_processor import InputProcessor, PromptType
 from compiled_llm.engine.inputs import truncated_text_ids
+from compiled_llm.engine.model_config import ModelConfigView
 from compiled_llm.models import ModelRegistry
 from compiled_llm.models.plugins import load_general_plugins
 from compiled_llm.pooling_params import PoolerConfig, PoolingParams
@@ -130,7 +131,8 @@ class PoolingEngine:
                                               POOLING_MAX_NUM_BATCHED_TOKENS)
         model = load_model(model_dir, self.dtype, self.device, self.max_model_len,
                            args.load_format, args.quantization)
-        self.model_config = model.config
+        self.model_config = ModelConfigView(args, model.config, max_model_len=self.max_model_len,
+                                            dtype=self.dtype, runner_type="pooling")
         default_type = getattr(type(model), "default_pooling_type", "LAST")
         self.pooler = resolve_pooler(model_dir, default_type,
                                      PoolerConfig.from_value(args.pooler_config))
@@ -290,6 +292,14 @@ class PoolingEngine:
     def _check_open(self) -> None:
         if self.runner.model is None:
             raise RuntimeError("the engine is shut down")
+
+    def get_model_config(self) -> ModelConfigView:
+        """model_config (vLLM's LLMEngine.get_model_config)."""
+        return self.model_config
+
+    def get_num_unfinished_requests(self) -> int:
+        """0: each embed/classify call runs its prompts to the end before it returns."""
+        return 0
 
     def describe(self) -> dict[str, Any]:
         """The pooler's settings, for logs and /v1/models."""

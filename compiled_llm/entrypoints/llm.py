@@ -66,6 +66,12 @@ class LLM(PoolingMixin):
         """The engine (vLLM's name for it): an LLMEngine, or a PoolingEngine for pooling."""
         return self.engine
 
+    @property
+    def model_config(self):
+        """The engine's model_config (vLLM's LLM.model_config): vLLM's ModelConfig names
+        (max_model_len, dtype, hf_config, get_vocab_size() ...) and the model config's."""
+        return self.engine.model_config
+
     def get_tokenizer(self):
         """The engine's HF tokenizer (None with skip_tokenizer_init)."""
         return self.engine.tokenizer
