@@ -23,6 +23,7 @@ from compiled_llm.engine.core_client import EngineDeadError
 from compiled_llm.engine.core_multi import CoreEndpoint
 from compiled_llm.engine.inputs import check_prompt_keys, truncated_text_ids
 from compiled_llm.engine.llm_engine import EngineStats, LLMEngine
+from compiled_llm.entrypoints.async_info import AsyncInfoMixin
 from compiled_llm.entrypoints.async_lora import AsyncLoRAMixin
 from compiled_llm.entrypoints.request_stream import (
     CumulativeStream,
@@ -38,9 +39,10 @@ STEP_WAIT_S = 0.02  # longest the loop waits for a process core's outputs betwee
 IDLE_WAKE_S = 0.1  # an idle loop refreshes the engine's stats this often
 
 
-class AsyncLLM(AsyncLoRAMixin):
+class AsyncLLM(AsyncLoRAMixin, AsyncInfoMixin):
     """An LLMEngine driven by a background thread; see the module docstring. The thread holds
-    the engine until shutdown(). LoRA adapters: async_lora.py's calls."""
+    the engine until shutdown(). LoRA adapters: async_lora.py's calls; model_config,
+    get_model_config and get_tokenizer: async_info.py's."""
 
     _shut_down = False
 
@@ -206,10 +208,6 @@ class AsyncLLM(AsyncLoRAMixin):
                 yield out
         finally:  # the inner iterator is not closed with us: abort here, at once
             stream.abort()
-
-    async def get_tokenizer(self, lora_request=None):
-        """The tokenizer (vLLM's AsyncLLM.get_tokenizer; adapters share it)."""
-        return self.tokenizer
 
     @property
     def is_running(self) -> bool:

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from compiled_llm import SamplingParams
 from compiled_llm.config import EngineArgs
@@ -274,3 +275,17 @@ def test_vllm_engine_client_methods():
         asyncio.run(eng.add_request("late", "The quick", SamplingParams(max_tokens=2)))
     with pytest.raises(RuntimeError, match="engine is shut down"):
         asyncio.run(eng.check_health())
+
+
+def test_model_config_and_tokenizer_as_vllms_async_llm(engine):
+    import transformers
+
+    hf = transformers.AutoConfig.from_pretrained(engine.engine.args.model)
+
+    async def main():
+        return await engine.get_model_config(), await engine.get_tokenizer()
+
+    config, tokenizer = asyncio.run(main())
+    assert config is engine.model_config is engine.engine.model_config
+    assert config.get_vocab_size() == hf.vocab_size and config.max_model_len > 0
+    assert config.dtype == torch.float32 and tokenizer is engine.tokenizer
