@@ -167,6 +167,8 @@
 #     bash benchmarks/h200_suite.sh 94    # Qwen3-0.6B nano-vllm, the same A/B three times
 #     bash benchmarks/h200_suite.sh 95    # Llama-3-8B nano-vllm, the same A/B three times
 #                                         # (after 93: its checkpoint and kernels)
+#     bash benchmarks/h200_suite.sh 96    # serving's slow steps with their device time (the
+#                                         # step log), offline beside; warm 8B serves
 #     bash benchmarks/h200_suite.sh 84    # the quantized GPU tests, every packed kind (carry
 #                                         # .whl with compressed-tensors, loguru, psutil)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
@@ -621,6 +623,17 @@ elif [ "$CALL" = 89 ]; then  # one GPU: issue 19's figures in one call, the user
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.quantized --checkpoint-dir $CK --skip-windows --batch-sizes 1 64 --output-json $R/quantized_user_path.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 96 ]; then  # one GPU (carry .whl): Qwen3-0.6B served at serve's defaults
+  # with each slow step's device time logged (is a slow gap the device's or the host's?),
+  # offline beside, twice; then three warm 8B serves, spawn to first token
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" LOGS=COMPILED_LLM_STEP_DEBUG=12
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
+$(served default1 $LOGS)
+$(served default2 $LOGS)
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --serve-only --serve-env X=1 X=1 --json $R/startup_serve.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 93 ]; then  # one GPU (carry .whl): the decode kernels' launch order
   # (longest context first, the default) against the batch order (COMPILED_LLM_DECODE_ORDER=0):

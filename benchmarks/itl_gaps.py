@@ -13,7 +13,8 @@ import statistics
 from pathlib import Path
 
 STEP_LINE = re.compile(r"step: ([\d.]+) ms at monotonic ([\d.]+); landed (\d+) requests, "
-                       r"(\d+) tokens, (\d+) of them prefill; ([\d.]+) ms outside")
+                       r"(\d+) tokens, (\d+) of them prefill; ([\d.]+) ms outside"
+                       r"(?:[^;\n]*; device ([\d.]+))?")
 GC_LINE = re.compile(r"gc: generation (\d) took ([\d.]+) ms, collected \d+ "
                      r"\(pid (\d+), monotonic ([\d.]+)\)")
 
@@ -38,13 +39,13 @@ def collections(log: Path) -> list[tuple[float, float, int, int]]:
     return found
 
 
-def steps(log: Path) -> list[tuple[float, float, int, int, float]]:
+def steps(log: Path) -> list[tuple[float, float, int, int, float, float | None]]:
     """(start, seconds with the time outside steps before it, requests, prefill tokens,
-    seconds outside steps) of each logged slow step."""
+    seconds outside steps, the landed step's device seconds or None) of each slow step."""
     return [(float(began) - float(out) / 1e3, (float(millis) + float(out)) / 1e3, int(reqs),
-             int(prefill), float(out) / 1e3)
-            for millis, began, reqs, _, prefill, out in STEP_LINE.findall(log.read_text(
-                errors="replace"))]
+             int(prefill), float(out) / 1e3, float(device) / 1e3 if device else None)
+            for millis, began, reqs, _, prefill, out, device in STEP_LINE.findall(
+                log.read_text(errors="replace"))]
 
 
 def _overlapping(slow: list, windows: list) -> int:
@@ -57,7 +58,9 @@ def step_makeup(slow_steps: list) -> dict:
     """The slow steps: how many, how many carried prefill (their tokens' median), how many
     waited 2 ms or more outside steps (the core loop's own work) before they began."""
     prefill = [step[3] for step in slow_steps if step[3]]
+    device = [step[5] for step in slow_steps if len(step) > 5 and step[5] is not None]
     return {"count": len(slow_steps), "with_prefill": len(prefill),
+            "median_device_ms": 1e3 * statistics.median(device) if device else None,
             "median_prefill_tokens": statistics.median(prefill) if prefill else 0,
             "median_ms": 1e3 * statistics.median(s[1] for s in slow_steps) if slow_steps else 0,
             "after_2ms_outside_steps": sum(step[4] >= 2e-3 for step in slow_steps)}

@@ -167,7 +167,7 @@ class EngineCore:
         finally:
             timer.end()
             if self._step_log is not None:
-                self._step_log.end(began)
+                self._step_log.end(began, timer.collected_ms)
         news, self._news = self._news, {}
         return list(news.values())
 

@@ -1,7 +1,7 @@
 """Opt-in log of slow engine steps ($COMPILED_LLM_STEP_DEBUG=MS): each EngineCore.step() call
 that took, with the time since the previous one ended (the core loop's own work: admitting
-requests, sending outputs), MS milliseconds or more; with what the step landed held, stamped on
-the monotonic clock that `bench serve`'s send times and the collector log share."""
+requests, sending outputs), MS milliseconds or more; with what the step landed held and its
+device time, stamped on the monotonic clock that `bench serve`'s send times share."""
 
 from __future__ import annotations
 
@@ -38,9 +38,10 @@ class StepLog:
         self.landed = None
         return time.monotonic()
 
-    def end(self, began: float) -> None:
+    def end(self, began: float, device_ms: list[float] | tuple = ()) -> None:
         """Log the step that began at `began` if it and the time before it since the last
-        step's end took min_ms or more."""
+        step's end took min_ms or more; `device_ms`: the device spans (forward and sampling)
+        read during it, the landed step's (two when the step after it ended too)."""
         now = time.monotonic()
         millis = (now - began) * 1e3
         before = 0.0 if self._last_end is None else max(0.0, began - self._last_end) * 1e3
@@ -49,7 +50,8 @@ class StepLog:
             return
         scheduled = self.landed.scheduled if self.landed is not None else []
         prefill = self.landed.num_prefill_tokens if self.landed is not None else 0
+        device = "/".join(f"{value:.1f}" for value in device_ms) or "-"
         logger.warning("step: %.1f ms at monotonic %.3f; landed %d requests, %d tokens, "
-                       "%d of them prefill; %.1f ms outside steps before it", millis, began,
-                       len(scheduled), sum(num_new for _, num_new in scheduled), prefill,
-                       before)
+                       "%d of them prefill; %.1f ms outside steps before it; device %s ms",
+                       millis, began, len(scheduled), sum(num_new for _, num_new in scheduled),
+                       prefill, before, device)

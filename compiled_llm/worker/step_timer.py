@@ -57,10 +57,12 @@ class StepTimer:
         self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._free: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._pair: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+        self.collected_ms: list[float] = []  # device ms of the spans the last end() read
 
     def begin(self) -> None:
         """A step starts (before scheduling)."""
         self._open, self._marks = True, {"begin": time.perf_counter()}
+        self.collected_ms = []
 
     def scheduled(self) -> None:
         """The scheduler has decided the step."""
@@ -107,6 +109,7 @@ class StepTimer:
         if not self.cuda:
             stats.gpu_steps += 1
             stats.gpu_s += marks.get("gpu_done", executed) - marks["forward"]
+            self.collected_ms = [1e3 * (marks.get("gpu_done", executed) - marks["forward"])]
         self._collect()
 
     def _collect(self) -> None:
@@ -116,6 +119,8 @@ class StepTimer:
             self._pair = None
         while self._pending and self._pending[0][1].query():
             start, stop = pair = self._pending.pop(0)
+            millis = start.elapsed_time(stop)
+            self.collected_ms.append(millis)
             self.stats.gpu_steps += 1
-            self.stats.gpu_s += start.elapsed_time(stop) / 1e3
+            self.stats.gpu_s += millis / 1e3
             self._free.append(pair)
