@@ -626,9 +626,11 @@ $py -m benchmarks.quantized --checkpoint-dir $CK --skip-windows --batch-sizes 1 
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 96 ]; then  # one GPU (carry .whl): Qwen3-0.6B served at serve's defaults
   # with each slow step's device time logged (is a slow gap the device's or the host's?),
-  # offline beside, twice; then three warm 8B serves, spawn to first token
+  # offline beside, twice; then three warm 8B serves, spawn to first token. First the
+  # held-out config tests (head_dim 24 on CUDA: the torch backend picked by auto)
   Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" LOGS=COMPILED_LLM_STEP_DEBUG=12
   mapfile -t a <<<"\
+timeout 150 $py -m pytest -q -p no:cacheprovider tests/models/test_heldout_configs.py
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
 $CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
 $(served default1 $LOGS)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from compiled_llm.config_fields import (  # noqa: F401 (re-exported)
+    attention_backend_for,
     check_choices,
     check_minimums,
     config_docs,
@@ -181,8 +182,8 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
     tokenizer: str | None = None
     """Tokenizer directory or name (default: the model's)."""
     dtype: str = "auto"
-    """Weight and activation dtype: auto (the checkpoint's; float16 becomes bfloat16 on CPU),
-    float32, bfloat16 or float16."""
+    """Weight and activation dtype: auto (the checkpoint's, float32 where config.json names
+    none), float32, bfloat16 or float16."""
     device: str = "auto"
     """Device to run on: auto (cuda if available, else cpu) or a torch device name."""
     max_model_len: int | str | None = field(default=None,
@@ -330,11 +331,10 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
         # a count or None (auto) from here on, whichever spelling was given
         self.max_model_len = normalize_max_model_len(self.max_model_len)
 
-    def attention_backend_for(self, device_type: str) -> str:
-        """The attention backend to use on a device type (auto: Triton on CUDA)."""
-        if self.attention_backend == "auto":
-            return "triton" if device_type == "cuda" else "torch"
-        return self.attention_backend
+    def attention_backend_for(self, device_type: str, head_dim: int | None = None) -> str:
+        """The attention backend for a device type and the model's head_dim (auto: Triton on
+        CUDA where its kernels take head_dim; see config_fields.attention_backend_for)."""
+        return attention_backend_for(self.attention_backend, device_type, head_dim)
 
     def scheduler_config(self, model_max_len: int,
                          default_len: int | None = None) -> SchedulerConfig:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import logging
 import re
 import types
 import typing
@@ -172,3 +173,25 @@ def model_len_bounds(hf_config: dict) -> tuple[int, int]:
     limit = int(trained * float(factor or 1.0)) if kind in ("linear", "dynamic", "yarn") \
         else trained
     return limit, {"dynamic": trained, "longrope": min(limit, original or trained)}.get(kind, limit)
+
+
+def triton_takes_head_dim(head_dim: int) -> bool:
+    """Whether the Triton attention kernels take head_dim: a power of two >= 16."""
+    return head_dim >= 16 and not head_dim & (head_dim - 1)
+
+
+def attention_backend_for(name: str, device_type: str, head_dim: int | None) -> str:
+    """The backend `name` picks: auto takes Triton on CUDA where its kernels take head_dim,
+    else the torch backend (correct at any head_dim, slower), warning once per engine;
+    ValueError for "triton" at a head_dim its kernels do not take."""
+    takes = head_dim is None or triton_takes_head_dim(head_dim)
+    if name == "triton" and not takes:
+        raise ValueError(f'attention_backend="triton" needs a head_dim that is a power of two '
+                         f'>= 16; this model has {head_dim} (use "auto" or "torch")')
+    if name != "auto":
+        return name
+    if device_type == "cuda" and not takes:
+        logging.getLogger(__name__).warning(
+            "head_dim %d: the Triton attention kernels take powers of two >= 16; attention "
+            "runs on the torch backend (slower)", head_dim)
+    return "triton" if device_type == "cuda" and takes else "torch"

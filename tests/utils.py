@@ -52,6 +52,8 @@ EXTRA_CONFIGS = {
     "qwen3_deep": ("Qwen3Config", {"head_dim": 32, "num_hidden_layers": 5}),
     # one KV head for four query heads: tensor parallelism replicates it
     "llama_kv1": ("LlamaConfig", {"num_key_value_heads": 1}),
+    # a head_dim the Triton kernels do not take (CUDA's auto backend falls back to torch)
+    "llama_hd24": ("LlamaConfig", {"head_dim": 24}),
     # an odd layer count: two pipeline stages split it unevenly
     "llama_3layers": ("LlamaConfig", {"num_hidden_layers": 3}),
     # a window of 8 where layer_types (saved, or derived by HF) decides which layers slide

@@ -137,7 +137,8 @@ class PoolingEngine:
         self.pooler = resolve_pooler(model_dir, default_type,
                                      PoolerConfig.from_value(args.pooler_config))
         self.runner = PoolingRunner(model, self.device, self.dtype, pooling_compile_config(args),
-                                    args.attention_backend_for(self.device.type))
+                                    args.attention_backend_for(self.device.type,
+                                                              model.config.head_dim))
         self.inputs = InputProcessor(self.tokenizer, model.config.vocab_size, (),
                                      self.max_model_len, args)
         # Matryoshka models (config.json, as vLLM reads it): the sizes dimensions may take

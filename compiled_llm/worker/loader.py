@@ -183,13 +183,13 @@ def take_kv_scale(scales: dict[int, dict[int, torch.Tensor]], name: str,
 
 
 def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: torch.device):
-    """'auto' takes the checkpoint's dtype (float32 if absent); float16 becomes bfloat16 on CPU."""
+    """'auto' takes the checkpoint's dtype (float32 if absent), float16 on CPU too: that is
+    what transformers runs it in (vLLM's CPU backend casts it to bfloat16, ~10x further off)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         name = hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32"
-        out = getattr(torch, name)
-        return torch.bfloat16 if out == torch.float16 and device.type == "cpu" else out
+        return getattr(torch, name)
     names = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
              "float16": torch.float16, "half": torch.float16}
     if dtype not in names:

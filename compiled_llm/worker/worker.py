@@ -129,7 +129,8 @@ def build_runner(args: EngineArgs, spec: WorkerSpec, tp: TPGroup | None = None,
         tap_target(args, model, sched, spec.dtype, spec.device)
     runner = ModelRunner(model, spec.device, spec.dtype, args.cache_config(),
                          args.compile_config(), sched.max_model_len,
-                         args.attention_backend_for(spec.device.type), sched.max_num_seqs,
+                         args.attention_backend_for(spec.device.type, model.config.head_dim),
+                         sched.max_num_seqs,
                          sched.max_num_batched_tokens, lora)
     wrap_stage_forward(runner)  # a pipeline stage receives its input and sends its output
     spec_cfg = speculative_config_of(args.speculative_config)

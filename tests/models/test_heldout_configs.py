@@ -1,0 +1,66 @@
+"""Checkpoint variants run with LLM's default dtype, as transformers runs them: a float16
+checkpoint stays float16 on CPU (transformers' dtype="auto"), not bfloat16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compiled_llm import LLM, SamplingParams
+from compiled_llm.worker.loader import load_hf_config, resolve_dtype
+from tests.utils import hf_greedy, make_checkpoint, random_prompts
+
+NEW_TOKENS = 12
+
+
+def test_float16_checkpoint_runs_in_float16_on_cpu():
+    ckpt = make_checkpoint("llama", "float16")
+    assert resolve_dtype("auto", load_hf_config(ckpt), torch.device("cpu")) == torch.float16
+
+
+def test_float16_checkpoint_matches_transformers_with_default_dtype():
+    import transformers
+
+    ckpt = make_checkpoint("llama", "float16")
+    llm = LLM(str(ckpt), enforce_eager=True)  # dtype left at "auto"
+    prompts = random_prompts(4, llm.engine.model_config.vocab_size, lo=10, hi=40, seed=4)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True,
+                            prompt_logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    assert hf.dtype == torch.float16  # transformers' own default for this checkpoint
+    for p, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf(torch.tensor([p])).logits[0].float().log_softmax(-1)
+        expected = ref[torch.arange(len(p) - 1), torch.tensor(p[1:])]
+        got = torch.tensor([d[t].logprob for d, t in zip(out.prompt_logprobs[1:], p[1:])])
+        # bfloat16 weights and activations land ~1e-2 off; float16 ones within ~2e-3
+        torch.testing.assert_close(got, expected, atol=5e-3, rtol=0)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(ckpt, prompts, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("head_dim,backend", [(128, "triton"), (16, "triton"), (24, "torch"),
+                                              (80, "torch"), (8, "torch")])
+def test_auto_attention_backend_falls_back_at_head_dims_triton_does_not_take(head_dim, backend):
+    from compiled_llm.config import EngineArgs
+
+    args = EngineArgs(model="unused")
+    assert args.attention_backend_for("cuda", head_dim) == backend
+    assert args.attention_backend_for("cpu", head_dim) == "torch"
+    if backend == "torch":
+        with pytest.raises(ValueError, match="attention_backend=\"triton\" needs a head_dim"):
+            EngineArgs(model="unused", attention_backend="triton").attention_backend_for(
+                "cuda", head_dim)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_head_dim_24_matches_transformers_on_cuda():
+    """On CUDA, LLM's defaults (CUDA graphs, the torch attention backend that auto picks for
+    head_dim 24) give transformers' greedy tokens."""
+    ckpt = make_checkpoint("llama_hd24")
+    llm = LLM(str(ckpt))
+    prompts = random_prompts(3, llm.engine.model_config.vocab_size, lo=5, hi=40, seed=5)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(ckpt, prompts, NEW_TOKENS)
