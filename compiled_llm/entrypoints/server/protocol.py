@@ -1,15 +1,14 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic), with vLLM's extras.
-
-Types are checked here, and every string in a body must be valid UTF-8; value ranges are
-checked once, by SamplingParams and the engine. Fields no API defines are ignored, as vLLM
-ignores them; those it defines but this server does not honour are refused (unsupported.py).
-"""
+Types are checked here (counts as vLLM's lax ints: 16.0 is 16, true is 1), strings must be
+valid UTF-8; value ranges are checked once, by SamplingParams and the engine. Fields no API
+defines are ignored, as vLLM ignores them; those it defines but this server does not honour
+are refused (unsupported.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AliasChoices,
@@ -21,11 +20,25 @@ from pydantic import (
     StrictInt,
     model_validator,
 )
+from pydantic.functional_validators import BeforeValidator
 from pydantic_core import PydanticCustomError
 
 from compiled_llm.entrypoints.chat_utils import join_text_parts
 from compiled_llm.sampling_params import check_text
 
+
+def _whole_number(value: Any) -> Any:
+    """A bool or a float with no fraction as the int it stands for, as vLLM's (lax) fields
+    read them: max_tokens 16.0 is 16, logprobs true is 1; anything else as it came."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# a scalar count field: an int, a whole float or a bool (strings stay refused)
+Count = Annotated[StrictInt, BeforeValidator(_whole_number)]
 
 def _first_bad_text(value: Any, path: str) -> tuple[str, str] | None:
     """(path, message) of the first string (or key) in value with no UTF-8 encoding."""
@@ -118,11 +131,11 @@ class SamplingFields(RequestBody):
     model_config = ConfigDict(populate_by_name=True, extra="allow")
 
     model: str | None = None
-    n: StrictInt = 1
+    n: Count = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: StrictInt | None = None
+    seed: Count | None = None
     temperature: StrictFloat | None = None
     top_p: StrictFloat | None = None
     presence_penalty: StrictFloat = 0.0
@@ -131,10 +144,10 @@ class SamplingFields(RequestBody):
     user: str | None = None
     response_format: ResponseFormat | None = None
     # vLLM extras
-    top_k: StrictInt | None = None
+    top_k: Count | None = None
     min_p: StrictFloat | None = None
     repetition_penalty: StrictFloat | None = None
-    min_tokens: StrictInt = 0
+    min_tokens: Count = 0
     ignore_eos: StrictBool = False
     stop_token_ids: list[StrictInt] | None = None
     allowed_token_ids: list[StrictInt] | None = None
@@ -145,8 +158,8 @@ class SamplingFields(RequestBody):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    prompt_logprobs: StrictInt | None = None
-    priority: StrictInt = 0  # needs --scheduling-policy priority unless 0
+    prompt_logprobs: Count | None = None
+    priority: Count = 0  # needs --scheduling-policy priority unless 0
     cache_salt: str | None = None  # only requests with the same salt share prefix-cache blocks
     return_token_ids: StrictBool = False
     return_tokens_as_token_ids: StrictBool = False  # logprobs' tokens as "token_id:{id}"
@@ -158,11 +171,11 @@ class CompletionRequest(SamplingFields):
     """The body of /v1/completions: one prompt or several, as text or token ids."""
 
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
-    max_tokens: StrictInt | None = 16
-    logprobs: StrictInt | None = None
+    max_tokens: Count | None = 16
+    logprobs: Count | None = None
     echo: StrictBool = False
     suffix: str | None = None
-    best_of: StrictInt | None = None
+    best_of: Count | None = None
     add_special_tokens: StrictBool = True
 
 
@@ -221,10 +234,10 @@ class ChatCompletionRequest(SamplingFields):
     """The body of /v1/chat/completions."""
 
     messages: list[ChatMessage]
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = None
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    top_logprobs: Count | None = None
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     echo: StrictBool = False  # vLLM: the reply starts with the last message, if it is its role
@@ -234,7 +247,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
     include_reasoning: StrictBool = True  # vLLM's: false leaves reasoning_content out
-    thinking_token_budget: StrictInt | None = Field(
+    thinking_token_budget: Count | None = Field(
         default=None, validation_alias=AliasChoices("thinking_token_budget",
                                                     "max_thinking_tokens"))
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, StrictBool, StrictInt, StrictStr, model_validator
 
-from compiled_llm.entrypoints.server.protocol import RequestBody
+from compiled_llm.entrypoints.server.protocol import Count, RequestBody
 
 # OpenAI's input: one text, texts, one token-id list, or token-id lists
 EmbeddingInput = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
@@ -24,7 +24,7 @@ class PoolingBody(RequestBody):
 
     model: str | None = None
     user: str | None = None
-    truncate_prompt_tokens: StrictInt | None = None  # vLLM's extra
+    truncate_prompt_tokens: Count | None = None  # vLLM's extra
     request_id: StrictStr | None = None  # vLLM's extra: the response's id carries it
 
 
@@ -58,7 +58,7 @@ class EmbeddingRequest(PoolingBody):
     encoding_format: Literal["float", "base64"] = "float"
     embed_dtype: EmbedDType = "float32"  # vLLM's extra: the dtype of base64 vectors
     endianness: Literal["native", "little", "big"] = "native"  # vLLM's extra, base64 too
-    dimensions: StrictInt | None = None
+    dimensions: Count | None = None
     normalize: bool | None = None  # vLLM's extra: None keeps the model's setting
 
 
@@ -103,5 +103,5 @@ class RerankRequest(ActivationFields):
 
     query: StrictStr
     documents: list[StrictStr]
-    top_n: StrictInt | None = None  # None or 0 (vLLM's default): every document
+    top_n: Count | None = None  # None or 0 (vLLM's default): every document
     return_documents: bool = True

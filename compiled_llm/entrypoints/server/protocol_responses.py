@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, StrictBool, StrictInt
+from pydantic import AliasChoices, BaseModel, Field, StrictBool
 
-from compiled_llm.entrypoints.server.protocol import SamplingFields
+from compiled_llm.entrypoints.server.protocol import Count, SamplingFields
 
 
 class TextFormat(BaseModel):
@@ -41,23 +41,23 @@ class ResponsesRequest(SamplingFields):
 
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    max_output_tokens: StrictInt | None = None
+    max_output_tokens: Count | None = None
     text: TextConfig | None = None
     store: StrictBool | None = None
     stream_options: ResponsesStreamOptions | None = None  # type: ignore[assignment]
     include: list[str] | None = None
-    top_logprobs: StrictInt | None = None
+    top_logprobs: Count | None = None
     metadata: dict[str, str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     tools: list[dict[str, Any]] | None = None  # function tools, Responses' flat shape
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extra (enable_thinking ...)
-    thinking_token_budget: StrictInt | None = Field(  # as on chat: ends the thinking span
+    thinking_token_budget: Count | None = Field(  # as on chat: ends the thinking span
         default=None, validation_alias=AliasChoices("thinking_token_budget",
                                                     "max_thinking_tokens"))
     # refused unless unset (each needs state or a tool runtime this server does not have)
-    max_tool_calls: StrictInt | None = None
+    max_tool_calls: Count | None = None
     previous_response_id: str | None = None  # honoured: a stored response's id
     conversation: str | dict[str, Any] | None = None
     background: StrictBool | None = None

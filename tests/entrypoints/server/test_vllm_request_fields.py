@@ -199,3 +199,16 @@ def test_logit_bias_beyond_100_is_clamped(srv):
     assert reply.status_code == 200, reply.text  # vLLM clamps each bias to [-100, 100]
     assert reply.json()["choices"][0]["token_ids"] == [7, 7]
     _refused(srv, "/v1/completions", {**body, "logit_bias": {"x": 1}}, "logit_bias")
+
+
+@pytest.mark.parametrize("body,field,value", [
+    ({"max_tokens": 16.0}, "max_tokens", 16), ({"n": 2.0}, "n", 2),
+    ({"logprobs": True}, "logprobs", 1), ({"seed": 7.0}, "seed", 7)])
+def test_whole_number_counts_read_as_vllm_reads_them(body, field, value):
+    """vLLM's lax int fields take 16.0 as 16 and true as 1; a fraction or a string is still a
+    400 naming the field."""
+    request = CompletionRequest.model_validate({"prompt": "hi", **body})
+    assert getattr(request, field) == value and type(getattr(request, field)) is int
+    for bad in (2.5, "2", "ten"):
+        with pytest.raises(ValueError, match=field):
+            CompletionRequest.model_validate({"prompt": "hi", field: bad})
