@@ -9,11 +9,12 @@ import os
 import sys
 import threading
 
-from compiled_llm.entrypoints.cli import bench, generate, serve
+from compiled_llm.entrypoints.cli import bench, generate, openai_client, run_batch, serve
 from compiled_llm.entrypoints.cli import compile as compile_cmd
 from compiled_llm.entrypoints.cli.args import ArgumentParser
 
-SUBCOMMANDS = (generate, compile_cmd, serve, bench)  # each has add_parser(subparsers)
+# each has add_parser(subparsers); openai_client's registers `chat` and `complete`
+SUBCOMMANDS = (generate, compile_cmd, serve, bench, openai_client, run_batch)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -38,7 +39,10 @@ from compiled_llm.entrypoints.server.serving_responses import ServingResponses
 from compiled_llm.entrypoints.server.token_routes import add_token_routes, set_chat_template
 from compiled_llm.entrypoints.server.tracing import TraceHeadersMiddleware
 
-__all__ = ["ServerConfig", "build_app", "serve"]
+if TYPE_CHECKING:
+    from compiled_llm.entrypoints.async_pooling import AsyncPoolingLLM
+
+__all__ = ["ServerConfig", "build_app", "build_server", "serve"]
 
 
 def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics,
@@ -159,21 +163,28 @@ def serve(args: EngineArgs, host: str, port: int, cfg: ServerConfig,
     import uvicorn
 
     from compiled_llm.core.gc_heap import freeze_startup_heap
-    from compiled_llm.engine.pooling_engine import resolve_runner
 
-    if resolve_runner(args, str(args.model or DEMO_MODEL)) == "pooling":
-        from compiled_llm.entrypoints.server.pooling_app import pooling_server
-
-        engine, app = pooling_server(args, cfg)
-    else:
-        metrics = ServerMetrics(cfg.model_name)
-        engine = AsyncLLM(args, observer=metrics)
-        app = build_app(engine, cfg, metrics)
+    engine, app = build_server(args, cfg)
     freeze_startup_heap()  # this process is the server's own
     try:
         uvicorn.Server(uvicorn_config(app, host, port, cfg, log_level)).run()
     finally:
         engine.shutdown()
+
+
+def build_server(args: EngineArgs,
+                 cfg: ServerConfig) -> tuple[AsyncLLM | AsyncPoolingLLM, FastAPI]:
+    """(engine, app) for args: a pooling engine and its app for runner pooling, else an AsyncLLM
+    and build_app's (what serve() runs, and `compiled-llm run-batch` calls in process)."""
+    from compiled_llm.engine.pooling_engine import resolve_runner
+
+    if resolve_runner(args, str(args.model or DEMO_MODEL)) == "pooling":
+        from compiled_llm.entrypoints.server.pooling_app import pooling_server
+
+        return pooling_server(args, cfg)
+    metrics = ServerMetrics(cfg.model_name)
+    engine = AsyncLLM(args, observer=metrics)
+    return engine, build_app(engine, cfg, metrics)
 
 
 def uvicorn_config(app: FastAPI, host: str, port: int, cfg: ServerConfig,
