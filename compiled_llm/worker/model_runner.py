@@ -122,11 +122,15 @@ class ModelRunner:
         self.input_batch = self._make_input_batch(self.max_num_seqs, self.max_num_batched_tokens)
 
     def _wants(self, mode: str) -> bool:
-        """Whether cudagraph_mode asks for graphs of this mode (and the device has them)."""
+        """Whether cudagraph_mode asks for graphs of this mode (and the device has them). No
+        full graphs over the torch attention backend: its decode sizes its key gather on the
+        host, so a graph would gather max_model_len keys for every sequence each replay."""
         cfg = self.compile_cfg
         if self.graph_pool is None or mode not in cfg.cudagraph_mode.split("_and_"):
             return False
-        return mode == FULL or cfg.mode == "backend"  # pieces exist only under our backend
+        if mode == FULL:
+            return self.attn_backend != "torch"
+        return cfg.mode == "backend"  # pieces exist only under our backend
 
     def _build_forward(self, model: nn.Module, cfg: CompileConfig):
         if cfg.mode == "none":

@@ -56,10 +56,13 @@ def test_auto_attention_backend_falls_back_at_head_dims_triton_does_not_take(hea
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_head_dim_24_matches_transformers_on_cuda():
-    """On CUDA, LLM's defaults (CUDA graphs, the torch attention backend that auto picks for
-    head_dim 24) give transformers' greedy tokens."""
+    """On CUDA, LLM's defaults (the torch attention backend that auto picks for head_dim 24,
+    piecewise CUDA graphs only) give transformers' greedy tokens."""
     ckpt = make_checkpoint("llama_hd24")
-    llm = LLM(str(ckpt))
+    llm = LLM(str(ckpt), engine_core_process=False)  # in process: the runner is inspected
+    runner = llm.engine.executor.worker.runner
+    assert runner.attn_backend == "torch" and runner.full_graph is None
+    assert runner.dispatcher.piecewise_sizes and not runner.dispatcher.full_sizes
     prompts = random_prompts(3, llm.engine.model_config.vocab_size, lo=5, hi=40, seed=5)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
