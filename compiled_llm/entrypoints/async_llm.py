@@ -159,6 +159,8 @@ class AsyncLLM(AsyncLoRAMixin, AsyncInfoMixin):
         if self.log_requests:
             logger.info("Received request %s: params: %s, lora_request: %s.", request_id,
                         params, lora_request)
+        if request_id in self._streams:  # taken by a request added while this one awaited
+            raise ValueError(f"request_id {request_id!r} is already in use")
         stream = RequestStream(self, request_id, arrival_time, params.n, params.max_tokens)
         self._streams[request_id] = stream
         try:

@@ -156,8 +156,11 @@ class PoolingMixin:
         classify = (engine.can_classify if pooling_task in (None, "encode")
                     else pooling_task in ("classify", "score"))
         run = engine.classify if classify else engine.embed
-        return [PoolingRequestOutput(str(next(self._pool_ids)), PoolingOutput(d), ids)
-                for d, (ids, _) in zip(run(seqs, params), seqs)]
+        import torch
+
+        # data is a tensor, as vLLM's PoolingOutput.data
+        return [PoolingRequestOutput(str(next(self._pool_ids)), PoolingOutput(torch.tensor(d)),
+                                     ids) for d, (ids, _) in zip(run(seqs, params), seqs)]
 
     def reward(self, prompts: PromptType | Sequence[PromptType], pooling_params:
                PoolingParams | Sequence[PoolingParams] | None = None, use_tqdm: bool = True,

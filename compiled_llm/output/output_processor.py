@@ -40,7 +40,7 @@ class OutputProcessor:
         while it runs)."""
         params = req.sampling_params
         state = RequestState(req.request_id, req.parent_id, req.prompt,
-                             req.prompt_token_ids, params)
+                             req.prompt_token_ids, params, lora_request=req.lora_request)
         if self.tokenizer is not None and params.detokenize and state.text_while_running:
             state.detokenizer = make_detokenizer(
                 self.tokenizer, req.prompt_token_ids, params.skip_special_tokens,
@@ -274,6 +274,7 @@ def request_output(request_id: str, children: list[RequestState]) -> RequestOutp
         prompt_logprobs=prompt_logprobs,
         error=first_error(children),
         metrics=timeline_of(children) if finished else None,
+        lora_request=first.lora_request,
     )
 
 
@@ -302,7 +303,8 @@ def child_outputs(request_id: str, children: list[RequestState],
             completion = completion_of(child, index)
         error = child.error if child.finish_reason == "error" else None
         outs.append(RequestOutput(request_id, first.prompt, first.prompt_token_ids,
-                                  [completion], False, prompt_logprobs, error=error))
+                                  prompt_logprobs, [completion], False, error=error,
+                                  lora_request=first.lora_request))
     if outs and all(child.is_finished for child in children):
         last = outs[-1]
         last.finished, last.metrics = True, timeline_of(children)

@@ -4,6 +4,7 @@ merge_deltas, which joins two DELTA outputs of one request (of one or several se
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass
@@ -30,6 +31,8 @@ class CompletionOutput:
     logprobs: SampleLogprobs | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None
+    lora_request: Any = None  # vLLM's fields: it leaves them None here too
+    kv_transfer_params: dict[str, Any] | None = None
 
     def finished(self) -> bool:
         """Whether the sequence has a finish_reason (vLLM's API)."""
@@ -52,20 +55,48 @@ class RequestStateStats:
 
 @dataclass
 class RequestOutput:
-    """What a request produced so far: its prompt and one CompletionOutput per sequence;
-    error is set when a sequence finished with finish_reason "error". num_cached_tokens: the
-    prompt tokens its first sequence took from the prefix cache (vLLM's). metrics: the
-    timings (RequestStateStats) of a finished output, else None."""
+    """What a request produced so far: its prompt and one CompletionOutput per sequence, in
+    vLLM's field order (positional construction as vLLM's); error is set when a sequence
+    finished with finish_reason "error". num_cached_tokens: the prompt tokens its first
+    sequence took from the prefix cache. metrics: the timings (RequestStateStats) of a
+    finished output, else None. lora_request: the adapter it ran with (None: the base model);
+    encoder_prompt and encoder_prompt_token_ids: None (decoder-only models)."""
 
     request_id: str
     prompt: str | None
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | None
+    prompt_logprobs: PromptLogprobs | None
     outputs: list[CompletionOutput]
     finished: bool
-    prompt_logprobs: PromptLogprobs | None = None
     metrics: RequestStateStats | None = None
-    error: str | None = None
+    lora_request: Any = None
+    encoder_prompt: str | None = None
+    encoder_prompt_token_ids: list[int] | None = None
     num_cached_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def kv_transfer_params(self) -> dict[str, Any] | list[dict[str, Any]] | None:
+        """vLLM's: the outputs' KV-transfer parameters (one dict for one, else a list; None
+        when none has any, as always here)."""
+        params = [o.kv_transfer_params for o in self.outputs if o.kv_transfer_params]
+        return params[0] if len(params) == 1 else params or None
+
+    def add(self, next_output: RequestOutput, aggregate: bool) -> None:
+        """vLLM's merge of a later output of the same request into this one: per completion
+        index, appended (aggregate, DELTA outputs) or replaced; a new index joins."""
+        self.finished |= next_output.finished
+        for nxt in next_output.outputs:
+            i = next((i for i, o in enumerate(self.outputs) if o.index == nxt.index), None)
+            if i is None:
+                self.outputs.append(nxt)
+            elif aggregate:
+                merged = append_completion(self.outputs[i], nxt)
+                if not nxt.logprobs:  # vLLM keeps what it had when the delta brings none
+                    merged.logprobs = self.outputs[i].logprobs
+                self.outputs[i] = merged
+            else:
+                self.outputs[i] = nxt
 
 
 def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:

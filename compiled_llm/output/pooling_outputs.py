@@ -1,6 +1,7 @@
 """Pooling results, shaped like vLLM's: EmbeddingRequestOutput (.outputs.embedding),
 ClassificationRequestOutput (.outputs.probs), ScoringRequestOutput (.outputs.score) and
-PoolingRequestOutput (.outputs.data), each with request_id, prompt_token_ids and finished."""
+PoolingRequestOutput (.outputs.data, a tensor), each with request_id, prompt_token_ids,
+num_cached_tokens and finished."""
 
 from __future__ import annotations
 
@@ -39,11 +40,15 @@ class ScoringOutput:
     score: float
 
 
-@dataclass
+@dataclass(eq=False)
 class PoolingOutput:
-    """The pooler's raw output for one prompt (its embedding or class probabilities)."""
+    """The pooler's raw output for one prompt (its embedding or class probabilities), a 1-D
+    torch.Tensor on the CPU as vLLM's."""
 
-    data: list[float]
+    data: Any
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, self.__class__) and bool((self.data == other.data).all())
 
 
 @dataclass
@@ -53,6 +58,7 @@ class PoolingRequestOutput:
     request_id: str
     outputs: Any
     prompt_token_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # vLLM's field: pooling takes nothing from a prefix cache here
     finished: bool = True
 
 

@@ -20,6 +20,7 @@ class RequestState:
     prompt: str | None
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
+    lora_request: Any = None  # the LoRARequest it runs with (its outputs name it, as vLLM's)
     output_token_ids: list[int] = field(default_factory=list)
     detokenizer: Any = None  # incremental, when text is needed while the request runs
     final_text: str | None = None  # text decoded once at the finish (no incremental need)

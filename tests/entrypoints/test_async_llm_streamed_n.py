@@ -27,7 +27,8 @@ def engine():
 
 
 def _out(index: int, text: str, finished: bool = False) -> RequestOutput:
-    return RequestOutput("r", None, [1], [CompletionOutput(index, text, [len(text)])], finished)
+    return RequestOutput("r", None, [1], None, [CompletionOutput(index, text, [len(text)])],
+                         finished)
 
 
 def test_put_all_merges_one_steps_child_outputs_per_stream():

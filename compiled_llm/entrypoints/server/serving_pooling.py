@@ -160,8 +160,8 @@ class ServingPooling:
                                 **self._pooling_options(req))
         outs = await self._call("encode", prompts, params, renames=_INPUT)
         data = [{"object": "pooling", "index": i,
-                 "data": encode_vector(o.outputs.data, req.encoding_format, req.embed_dtype,
-                                       req.endianness)}
+                 "data": encode_vector(o.outputs.data.tolist(), req.encoding_format,
+                                       req.embed_dtype, req.endianness)}
                 for i, o in enumerate(outs)]
         return self._envelope("pool", req, data, outs)
 

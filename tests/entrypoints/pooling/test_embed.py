@@ -83,7 +83,7 @@ def test_pooling_methods_take_vllms_lora_request_keyword(minilm):
 
     plain = minilm.embed("a text")[0].outputs.embedding
     assert minilm.embed("a text", lora_request=None)[0].outputs.embedding == plain
-    assert minilm.encode("a text", lora_request=None)[0].outputs.data == plain
+    assert minilm.encode("a text", lora_request=None)[0].outputs.data.tolist() == plain
     assert len(minilm.score("a", ["b"], lora_request=None)) == 1
     with pytest.raises(ValueError, match="lora_request"):
         minilm.embed("a text", lora_request=LoRARequest("x", 1, "/adapter"))

@@ -70,8 +70,9 @@ def test_softmax_false_reward_and_pooling_task(classifier):
     raw = [o.outputs.probs for o in classifier.classify(TEXTS, PoolingParams(use_activation=False))]
     old = classifier.classify(TEXTS, PoolingParams(softmax=False), truncate_prompt_tokens=-1)
     assert [o.outputs.probs for o in old] == raw != probs
-    assert [o.outputs.data for o in classifier.reward(TEXTS)] == probs
-    assert [o.outputs.data for o in classifier.encode(TEXTS, pooling_task="classify")] == probs
+    assert [o.outputs.data.tolist() for o in classifier.reward(TEXTS)] == probs
+    encoded = classifier.encode(TEXTS, pooling_task="classify")
+    assert [o.outputs.data.tolist() for o in encoded] == probs
     with pytest.raises(ValueError, match="^pooling_task"):
         classifier.encode(TEXTS, pooling_task="token_classify")
     with pytest.raises(ValueError, match="classifier"):
