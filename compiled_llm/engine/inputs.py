@@ -89,3 +89,16 @@ def truncated_text_ids(tokenizer: Any, text: str, ids: list[int], keep: int | No
     head, tail = ids[:start], ids[start + len(body):]
     room = len(cut) - len(head) - len(tail)
     return head + (body[-room:] if room > 0 else []) + tail
+
+
+def with_text(prompt: Any, prompt_text: str | None) -> Any:
+    """prompt with its text set to prompt_text (vLLM's argument for a token prompt)."""
+    if prompt_text is None:
+        return prompt
+    if not isinstance(prompt_text, str):
+        raise ValueError("prompt_text must be a str")
+    if isinstance(prompt, list):
+        return {"prompt_token_ids": prompt, "prompt": prompt_text}
+    if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+        return {**prompt, "prompt": prompt_text}
+    raise ValueError("prompt_text names the text of a token prompt; this prompt has its text")

@@ -23,6 +23,7 @@ from compiled_llm.engine.core_spec import DEMO_MODEL, core_spec, eos_ids, resolv
 from compiled_llm.engine.core_types import EngineStats
 from compiled_llm.engine.generation_defaults import generation_defaults, max_tokens_cap
 from compiled_llm.engine.input_processor import InputProcessor, PromptType
+from compiled_llm.engine.inputs import with_text
 from compiled_llm.engine.model_config import ModelConfigView
 from compiled_llm.engine.startup import StartupClock, format_timeline
 from compiled_llm.lora.request import LoRARequest
@@ -150,15 +151,24 @@ class LLMEngine:
         return self.inputs.tokenize(prompt)
 
     def add_request(self, request_id: str, prompt: PromptType,
-                    params: SamplingParams | None = None, priority: int = 0,
-                    lora_request=None) -> None:
+                    params: SamplingParams | None = None, arrival_time: float | None = None,
+                    lora_request=None, tokenization_kwargs: dict[str, Any] | None = None,
+                    trace_headers: Any = None, priority: int = 0,
+                    prompt_text: str | None = None) -> None:
         """Validate and queue; raises ValueError (naming the field) without side effects.
-        lora_request: the LoRARequest the prompt runs with (None: the base model)."""
+        vLLM's arguments: arrival_time (time.time()) starts the request's latency clock;
+        lora_request: the LoRARequest the prompt runs with (None: the base model); priority
+        needs scheduling_policy="priority"; prompt_text names a token prompt's text;
+        tokenization_kwargs and trace_headers are refused (tokenize it: prompt_token_ids)."""
         self._check_open()
+        if tokenization_kwargs or trace_headers:
+            name = "tokenization_kwargs" if tokenization_kwargs else "trace_headers"
+            raise ValueError(f"{name}: not taken by LLMEngine.add_request (AsyncLLM takes "
+                             "tokenization_kwargs; a token prompt needs none)")
         if request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        children = self.inputs.process(request_id, prompt, params or SamplingParams(), priority,
-                                       lora_request)
+        children = self.inputs.process(request_id, with_text(prompt, prompt_text),
+                                       params or SamplingParams(), priority, lora_request)
         # n > 1 names its sequences "{index}_{request_id}": another request may bear that name
         taken = next((c.request_id for c in children if c.request_id in self.outputs.states),
                      None)
@@ -166,7 +176,10 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r}: sequence id {taken!r} is already in "
                              "use by a running request")
         self.core.info.check_fits(children)
-        self.parents[request_id] = [self.outputs.start(child) for child in children]
+        states = [self.outputs.start(child) for child in children]
+        for state in states if arrival_time is not None else ():
+            state.arrival_time = arrival_time
+        self.parents[request_id] = states
         self.core.add_requests(children)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:

@@ -21,7 +21,7 @@ from typing import Any
 from compiled_llm.config import EngineArgs
 from compiled_llm.engine.core_client import EngineDeadError
 from compiled_llm.engine.core_multi import CoreEndpoint
-from compiled_llm.engine.inputs import check_prompt_keys, truncated_text_ids
+from compiled_llm.engine.inputs import check_prompt_keys, truncated_text_ids, with_text
 from compiled_llm.engine.llm_engine import EngineStats, LLMEngine
 from compiled_llm.entrypoints.async_info import AsyncInfoMixin
 from compiled_llm.entrypoints.async_lora import AsyncLoRAMixin
@@ -165,7 +165,8 @@ class AsyncLLM(AsyncLoRAMixin, AsyncInfoMixin):
         self._streams[request_id] = stream
         try:
             await self.call(partial(self.engine.add_request, priority=priority,
-                                    lora_request=lora_request), request_id, prompt, params)
+                                    lora_request=lora_request, arrival_time=arrival_time),
+                            request_id, prompt, params)
         except BaseException as exc:
             stream.finished = True
             self._streams.pop(request_id, None)
@@ -385,16 +386,3 @@ def _check_extras(trace_headers: Mapping[str, str] | None, data_parallel_rank: i
                          "data-parallel rank (0)")
     if tokenization_kwargs is not None and not isinstance(tokenization_kwargs, dict):
         raise ValueError("tokenization_kwargs must be a dict of tokenizer arguments")
-
-
-def with_text(prompt: Any, prompt_text: str | None) -> Any:
-    """prompt with its text set to prompt_text (vLLM's argument for a token prompt)."""
-    if prompt_text is None:
-        return prompt
-    if not isinstance(prompt_text, str):
-        raise ValueError("prompt_text must be a str")
-    if isinstance(prompt, list):
-        return {"prompt_token_ids": prompt, "prompt": prompt_text}
-    if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-        return {**prompt, "prompt": prompt_text}
-    raise ValueError("prompt_text names the text of a token prompt; this prompt has its text")

@@ -77,6 +77,8 @@ class OutputProcessor:
                 state.token_steps.append((out.timestamp or now, len(out.new_token_ids)))
             if out.scheduled_ts is not None:
                 state.scheduled_ts = out.scheduled_ts
+            if out.new_token_ids and state.first_token_latency == 0.0:
+                state.first_token_latency = time.time() - state.arrival_time
             try:
                 finish = self._apply(state, out)
             except Exception as e:  # one request's output processing: fail it alone
@@ -320,10 +322,13 @@ def first_error(children: list[RequestState]) -> str | None:
 
 
 def timeline_of(children: list[RequestState]) -> RequestStateStats:
-    """A finished request's timings: when the core first admitted a child, and (FINAL_ONLY
-    only) the children's token timeline, merged."""
+    """A finished request's timings: its arrival, its first token's latency and when the core
+    first admitted a child, and (FINAL_ONLY only) the children's token timeline, merged."""
     admitted = [child.scheduled_ts for child in children if child.scheduled_ts is not None]
-    stats = RequestStateStats(scheduled_ts=min(admitted, default=None))
+    latencies = [child.first_token_latency for child in children if child.first_token_latency]
+    stats = RequestStateStats(scheduled_ts=min(admitted, default=None),
+                              arrival_time=min(child.arrival_time for child in children),
+                              first_token_latency=min(latencies, default=0.0))
     if children[0].token_steps is None:
         return stats
     steps = stats.token_steps = sorted(step for child in children for step in child.token_steps)

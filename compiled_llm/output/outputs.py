@@ -51,6 +51,8 @@ class RequestStateStats:
     last_token_ts: float = 0.0
     token_steps: list[tuple[float, int]] | None = None
     scheduled_ts: float | None = None
+    arrival_time: float = 0.0  # vLLM's: time.time() when the request was added
+    first_token_latency: float = 0.0  # vLLM's: seconds from arrival_time to the first token
 
 
 @dataclass

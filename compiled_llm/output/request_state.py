@@ -4,6 +4,7 @@ carried. The core's Request holds scheduling state; this holds what the user see
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,8 @@ class RequestState:
     # FINAL_ONLY: (stamp, tokens) per step that brought tokens, for the output's metrics
     token_steps: list[tuple[float, int]] | None = None
     scheduled_ts: float | None = None  # when the core first admitted it (time.monotonic())
+    arrival_time: float = field(default_factory=time.time)  # vLLM's: add_request's time.time()
+    first_token_latency: float = 0.0  # seconds from arrival_time to its first token (0: none)
 
     def __post_init__(self) -> None:
         if self.sampling_params.output_kind is RequestOutputKind.FINAL_ONLY:

@@ -1,6 +1,7 @@
 """Output objects as a vLLM script reads them: RequestOutput's fields in vLLM's order (with
-lora_request, encoder prompts, kv_transfer_params, add()), LLM.encode's data a tensor, LLMEngine
-exported, and two AsyncLLM requests started at once with one id: one refused, none hung."""
+lora_request, encoder prompts, kv_transfer_params, add(), metrics' first_token_latency),
+LLM.encode's data a tensor, LLMEngine exported with vLLM's add_request, and two AsyncLLM
+requests started at once with one id: one refused, none hung."""
 
 from __future__ import annotations
 
@@ -55,6 +56,29 @@ def test_generate_outputs_have_vllms_fields():
         out = llm.generate("The quick", GREEDY, use_tqdm=False)[0]
     assert out.lora_request is None and out.encoder_prompt is None
     assert out.kv_transfer_params is None and out.outputs[0].lora_request is None
+
+
+def test_llm_engine_add_request_takes_vllms_arguments():
+    """arrival_time, lora_request, tokenization_kwargs, trace_headers, priority and
+    prompt_text in vLLM's order; the metrics carry vLLM's arrival_time and
+    first_token_latency; arguments it cannot honour are refused by name."""
+    import time
+
+    with LLM(str(make_checkpoint("llama")), enforce_eager=True) as llm:
+        engine = llm.llm_engine
+        arrival = time.time() - 5.0  # the request waited upstream before it was added
+        engine.add_request("a", [5, 6, 7], GREEDY, arrival, None, None, None, 0, "abc")
+        outs = []
+        while engine.has_unfinished_requests():
+            outs.extend(engine.step())
+        [out] = [o for o in outs if o.finished]
+        assert out.prompt == "abc" and out.prompt_token_ids == [5, 6, 7]
+        assert out.metrics.arrival_time == arrival
+        assert 5.0 <= out.metrics.first_token_latency < 60.0
+        for name in ("tokenization_kwargs", "trace_headers"):
+            with pytest.raises(ValueError, match=name):
+                engine.add_request("b", [5], GREEDY, **{name: {"x": "y"}})
+        assert not engine.has_unfinished_requests() and engine.num_used_blocks == 0
 
 
 def test_encode_data_is_a_tensor():
