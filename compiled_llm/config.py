@@ -183,7 +183,7 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
     """Tokenizer directory or name (default: the model's)."""
     dtype: str = "auto"
     """Weight and activation dtype: auto (the checkpoint's, float32 where config.json names
-    none), float32, bfloat16 or float16."""
+    none; a float16 one runs in float32 on CPU), float32, bfloat16 or float16."""
     device: str = "auto"
     """Device to run on: auto (cuda if available, else cpu) or a torch device name."""
     max_model_len: int | str | None = field(default=None,

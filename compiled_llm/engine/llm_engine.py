@@ -165,6 +165,10 @@ class LLMEngine:
             name = "tokenization_kwargs" if tokenization_kwargs else "trace_headers"
             raise ValueError(f"{name}: not taken by LLMEngine.add_request (AsyncLLM takes "
                              "tokenization_kwargs; a token prompt needs none)")
+        if arrival_time is not None and (isinstance(arrival_time, bool)
+                                         or not isinstance(arrival_time, int | float)):
+            raise ValueError(f"arrival_time must be a number (time.time()), got "
+                             f"{arrival_time!r}")
         if request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
         children = self.inputs.process(request_id, with_text(prompt, prompt_text),

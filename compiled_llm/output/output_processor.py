@@ -77,7 +77,7 @@ class OutputProcessor:
                 state.token_steps.append((out.timestamp or now, len(out.new_token_ids)))
             if out.scheduled_ts is not None:
                 state.scheduled_ts = out.scheduled_ts
-            if out.new_token_ids and state.first_token_latency == 0.0:
+            if out.new_token_ids and state.first_token_latency is None:
                 state.first_token_latency = time.time() - state.arrival_time
             try:
                 finish = self._apply(state, out)
@@ -325,7 +325,8 @@ def timeline_of(children: list[RequestState]) -> RequestStateStats:
     """A finished request's timings: its arrival, its first token's latency and when the core
     first admitted a child, and (FINAL_ONLY only) the children's token timeline, merged."""
     admitted = [child.scheduled_ts for child in children if child.scheduled_ts is not None]
-    latencies = [child.first_token_latency for child in children if child.first_token_latency]
+    latencies = [child.first_token_latency for child in children
+                 if child.first_token_latency is not None]
     stats = RequestStateStats(scheduled_ts=min(admitted, default=None),
                               arrival_time=min(child.arrival_time for child in children),
                               first_token_latency=min(latencies, default=0.0))

@@ -31,8 +31,7 @@ class CompletionOutput:
     logprobs: SampleLogprobs | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None
-    lora_request: Any = None  # vLLM's fields: it leaves them None here too
-    kv_transfer_params: dict[str, Any] | None = None
+    lora_request: Any = None  # vLLM's field: it leaves it None here too
 
     def finished(self) -> bool:
         """Whether the sequence has a finish_reason (vLLM's API)."""
@@ -75,14 +74,8 @@ class RequestOutput:
     encoder_prompt: str | None = None
     encoder_prompt_token_ids: list[int] | None = None
     num_cached_tokens: int | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM's keyword: no KV transfer here
     error: str | None = None
-
-    @property
-    def kv_transfer_params(self) -> dict[str, Any] | list[dict[str, Any]] | None:
-        """vLLM's: the outputs' KV-transfer parameters (one dict for one, else a list; None
-        when none has any, as always here)."""
-        params = [o.kv_transfer_params for o in self.outputs if o.kv_transfer_params]
-        return params[0] if len(params) == 1 else params or None
 
     def add(self, next_output: RequestOutput, aggregate: bool) -> None:
         """vLLM's merge of a later output of the same request into this one: per completion

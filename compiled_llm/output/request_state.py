@@ -40,7 +40,7 @@ class RequestState:
     token_steps: list[tuple[float, int]] | None = None
     scheduled_ts: float | None = None  # when the core first admitted it (time.monotonic())
     arrival_time: float = field(default_factory=time.time)  # vLLM's: add_request's time.time()
-    first_token_latency: float = 0.0  # seconds from arrival_time to its first token (0: none)
+    first_token_latency: float | None = None  # seconds from arrival_time to its first token
 
     def __post_init__(self) -> None:
         if self.sampling_params.output_kind is RequestOutputKind.FINAL_ONLY:

@@ -53,6 +53,13 @@ class _Job:
     temperature: float = 0.0
 
 
+def draft_backend(target: ModelRunner, args, head_dim: int) -> str:
+    """The attention backend of a draft (or head) of head_dim: the target's, unless the
+    engine's setting picks another at that head_dim (auto: torch where Triton cannot)."""
+    if args is None or not hasattr(args, "attention_backend_for"):
+        return target.attn_backend
+    return args.attention_backend_for(target.device.type, head_dim)
+
 @register_proposer("draft_model")
 class DraftModelProposer(Proposer):
     """Proposes with a draft model; greedy requests take its argmax (one-hot q), sampled ones
@@ -73,7 +80,8 @@ class DraftModelProposer(Proposer):
                              f"{target.model.config.vocab_size}")
         extra = target.max_num_seqs * (self.k + 1)  # catch-up tokens beyond the target's
         self.runner = ModelRunner(model, target.device, target.dtype, target.cache_cfg,
-                                  target.compile_cfg, target.max_model_len, target.attn_backend,
+                                  target.compile_cfg, target.max_model_len,
+                                  draft_backend(target, args, model.config.head_dim),
                                   target.max_num_seqs, target.max_num_batched_tokens + extra)
         check_room(self.runner, num_blocks)
         self.runner.allocate_kv_cache(num_blocks)  # mirrored: the target's block ids

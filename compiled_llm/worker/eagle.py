@@ -24,7 +24,12 @@ from compiled_llm.sample.spec_decode.proposers import (
 )
 from compiled_llm.sample.uploads import upload
 from compiled_llm.speculative import SpeculativeConfig
-from compiled_llm.worker.draft_model import SHADOW_PARAMS, DraftModelProposer, check_room
+from compiled_llm.worker.draft_model import (
+    SHADOW_PARAMS,
+    DraftModelProposer,
+    check_room,
+    draft_backend,
+)
 from compiled_llm.worker.loader import checkpoint_files, iter_tensors, load_hf_config
 from compiled_llm.worker.model_runner import ModelRunner, step_tokens
 
@@ -155,7 +160,8 @@ class EagleProposer(DraftModelProposer):
         # sized before the runner compiles: the buffer's shape keys its compiled code
         head.size_states(step_tokens(target.compile_cfg, target.max_num_seqs, tokens))
         self.runner = ModelRunner(head, target.device, target.dtype, target.cache_cfg,
-                                  target.compile_cfg, target.max_model_len, target.attn_backend,
+                                  target.compile_cfg, target.max_model_len,
+                                  draft_backend(target, args, head.config.head_dim),
                                   target.max_num_seqs, tokens)
         check_room(self.runner, num_blocks)
         self.runner.allocate_kv_cache(num_blocks)  # mirrored: the target's block ids

@@ -183,13 +183,16 @@ def take_kv_scale(scales: dict[int, dict[int, torch.Tensor]], name: str,
 
 
 def resolve_dtype(dtype: str | torch.dtype, hf_config: dict[str, Any], device: torch.device):
-    """'auto' takes the checkpoint's dtype (float32 if absent), float16 on CPU too: that is
-    what transformers runs it in (vLLM's CPU backend casts it to bfloat16, ~10x further off)."""
+    """'auto' takes the checkpoint's dtype (float32 if absent); a float16 checkpoint runs in
+    float32 on CPU: CPUs without native float16 run its matmuls 5-15x slower than float32 or
+    bfloat16, and bfloat16 (vLLM's CPU choice) lands ~10x further from transformers' float16
+    logprobs than float32 does."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         name = hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32"
-        return getattr(torch, name)
+        out = getattr(torch, name)
+        return torch.float32 if out == torch.float16 and device.type == "cpu" else out
     names = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
              "float16": torch.float16, "half": torch.float16}
     if dtype not in names:

@@ -57,7 +57,9 @@ class StepTimer:
         self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._free: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._pair: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
-        self.collected_ms: list[float] = []  # device ms of the spans the last end() read
+        # device ms of the spans the last end() read: on CUDA, steps landed (oldest first);
+        # on the CPU, the step just run (its forward is synchronous)
+        self.collected_ms: list[float] = []
 
     def begin(self) -> None:
         """A step starts (before scheduling)."""

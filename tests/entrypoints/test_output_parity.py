@@ -28,7 +28,9 @@ def test_request_output_takes_vllms_positional_order():
     assert out.prompt_logprobs is None and out.outputs == [seq] and out.finished is True
     assert out.lora_request is None and out.encoder_prompt is None
     assert out.encoder_prompt_token_ids is None and out.kv_transfer_params is None
-    assert seq.lora_request is None and seq.kv_transfer_params is None
+    assert seq.lora_request is None
+    assert RequestOutput("r", "p", [5], None, [seq], True,
+                         kv_transfer_params={"x": 1}).kv_transfer_params == {"x": 1}
 
 
 def test_request_output_add_merges_as_vllms():
@@ -56,6 +58,7 @@ def test_generate_outputs_have_vllms_fields():
         out = llm.generate("The quick", GREEDY, use_tqdm=False)[0]
     assert out.lora_request is None and out.encoder_prompt is None
     assert out.kv_transfer_params is None and out.outputs[0].lora_request is None
+    assert out.metrics.first_token_latency > 0 and out.metrics.arrival_time > 0
 
 
 def test_llm_engine_add_request_takes_vllms_arguments():
@@ -75,9 +78,10 @@ def test_llm_engine_add_request_takes_vllms_arguments():
         assert out.prompt == "abc" and out.prompt_token_ids == [5, 6, 7]
         assert out.metrics.arrival_time == arrival
         assert 5.0 <= out.metrics.first_token_latency < 60.0
-        for name in ("tokenization_kwargs", "trace_headers"):
+        for name, value in (("tokenization_kwargs", {"x": "y"}), ("trace_headers", {"x": "y"}),
+                            ("arrival_time", "yesterday"), ("arrival_time", True)):
             with pytest.raises(ValueError, match=name):
-                engine.add_request("b", [5], GREEDY, **{name: {"x": "y"}})
+                engine.add_request("b", [5], GREEDY, **{name: value})
         assert not engine.has_unfinished_requests() and engine.num_used_blocks == 0
 
 

@@ -7,7 +7,11 @@ import json
 
 from compiled_llm.engine.inputs import truncated_ids, truncated_text_ids
 from compiled_llm.entrypoints.server.errors import OpenAIError
-from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest, SamplingFields
+from compiled_llm.entrypoints.server.protocol import (
+    ChatCompletionRequest,
+    SamplingFields,
+    whole_number,
+)
 from compiled_llm.entrypoints.server.unsupported import refuse_unsupported
 from compiled_llm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
@@ -73,7 +77,7 @@ def truncated_prompt(req, ids: list[int], max_model_len: int, tokenizer=None,
     (with the request's add_special_tokens) keep the special tokens the tokenizer adds (a
     BOS), as vLLM's tokenizer truncates. A 400 naming the field for anything but an int >= 1
     or -1."""
-    keep = (req.model_extra or {}).get("truncate_prompt_tokens")
+    keep = whole_number((req.model_extra or {}).get("truncate_prompt_tokens"))
     valid = keep is None or (type(keep) is int and (keep == -1 or keep >= 1))
     if not valid:
         raise OpenAIError(400, f"truncate_prompt_tokens must be -1 or an integer >= 1, got "

@@ -27,7 +27,7 @@ from compiled_llm.entrypoints.chat_utils import join_text_parts
 from compiled_llm.sampling_params import check_text
 
 
-def _whole_number(value: Any) -> Any:
+def whole_number(value: Any) -> Any:
     """A bool or a float with no fraction as the int it stands for, as vLLM's (lax) fields
     read them: max_tokens 16.0 is 16, logprobs true is 1; anything else as it came."""
     if isinstance(value, bool):
@@ -38,7 +38,7 @@ def _whole_number(value: Any) -> Any:
 
 
 # a scalar count field: an int, a whole float or a bool (strings stay refused)
-Count = Annotated[StrictInt, BeforeValidator(_whole_number)]
+Count = Annotated[StrictInt, BeforeValidator(whole_number)]
 
 def _first_bad_text(value: Any, path: str) -> tuple[str, str] | None:
     """(path, message) of the first string (or key) in value with no UTF-8 encoding."""

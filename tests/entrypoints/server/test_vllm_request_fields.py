@@ -212,3 +212,18 @@ def test_whole_number_counts_read_as_vllm_reads_them(body, field, value):
     for bad in (2.5, "2", "ten"):
         with pytest.raises(ValueError, match=field):
             CompletionRequest.model_validate({"prompt": "hi", field: bad})
+
+
+def test_truncate_prompt_tokens_reads_as_a_lax_int_too():
+    """The generation endpoints read vLLM's truncate_prompt_tokens extra as its lax int."""
+    from compiled_llm.entrypoints.server.errors import OpenAIError
+    from compiled_llm.entrypoints.server.params import truncated_prompt
+
+    ids = list(range(10, 30))
+    for value, kept in ((4.0, 4), (True, 1)):
+        request = CompletionRequest.model_validate({"prompt": ids,
+                                                    "truncate_prompt_tokens": value})
+        assert truncated_prompt(request, ids, 64) == ids[-kept:]
+    with pytest.raises(OpenAIError, match="truncate_prompt_tokens"):
+        truncated_prompt(CompletionRequest.model_validate(
+            {"prompt": ids, "truncate_prompt_tokens": 2.5}), ids, 64)
