@@ -25,6 +25,7 @@ from compiled_llm.attention.kernels.decode_qk import decode_qk_norm_rope_attenti
 from compiled_llm.attention.kernels.qk_norm_rope import qk_norm_rope_kv_write
 from compiled_llm.attention.metadata import AttentionMetadata
 from compiled_llm.attention.qk_norm_rope import register_fused_decode, register_fused_write
+from compiled_llm.config_fields import triton_takes_head_dim
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # a mixed batch's leading decodes on the decode kernel (=0: every row on the prefill kernel,
@@ -75,7 +76,7 @@ def check_shapes(q: torch.Tensor, kv_cache: torch.Tensor, fp8: bool = False) -> 
     scales, and need not share q's dtype)."""
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, cache_head_dim = kv_cache.shape[3], kv_cache.shape[4]
-    if head_dim < 16 or head_dim & (head_dim - 1) or head_dim != cache_head_dim:
+    if not triton_takes_head_dim(head_dim) or head_dim != cache_head_dim:
         raise ValueError(
             f"head_dim must be a power of two >= 16 matching the cache, got {head_dim}")
     if num_q_heads % num_kv_heads:

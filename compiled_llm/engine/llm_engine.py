@@ -180,10 +180,8 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r}: sequence id {taken!r} is already in "
                              "use by a running request")
         self.core.info.check_fits(children)
-        states = [self.outputs.start(child) for child in children]
-        for state in states if arrival_time is not None else ():
-            state.arrival_time = arrival_time
-        self.parents[request_id] = states
+        self.parents[request_id] = [self.outputs.start(child, arrival_time)
+                                    for child in children]
         self.core.add_requests(children)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:

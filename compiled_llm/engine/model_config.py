@@ -104,12 +104,14 @@ class ModelConfigView:
 
     @property
     def quantization(self) -> str | None:
-        """EngineArgs.quantization, else the checkpoint's quant_method (as vLLM resolves it)."""
+        """EngineArgs.quantization, else the checkpoint's format as the loader detected it
+        (as vLLM resolves it)."""
         if self._args.quantization is not None:
             return self._args.quantization
-        quant = getattr(self.hf_config, "quantization_config", None) or {}
-        method = str(quant.get("quant_method", "")).lower()
-        return method.replace("compressed_tensors", "compressed-tensors") or None
+        from compiled_llm.quantization.loading import detect_format
+
+        found = detect_format(load_hf_config(self.model), None)
+        return None if found is None else found.name
 
     @property
     def override_generation_config(self) -> dict[str, Any]:

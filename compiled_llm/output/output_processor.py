@@ -35,12 +35,14 @@ class OutputProcessor:
         self.states: dict[str, RequestState] = {}
         self._to_decode: list[RequestState] = []  # finished this step, text not yet made
 
-    def start(self, req: Request) -> RequestState:
+    def start(self, req: Request, arrival_time: float | None = None) -> RequestState:
         """The front-end state of a new child request (with its detokenizer, if it wants text
-        while it runs)."""
+        while it runs); arrival_time: its time.time() when added (None: now)."""
         params = req.sampling_params
         state = RequestState(req.request_id, req.parent_id, req.prompt,
                              req.prompt_token_ids, params, lora_request=req.lora_request)
+        if arrival_time is not None:
+            state.arrival_time = arrival_time
         if self.tokenizer is not None and params.detokenize and state.text_while_running:
             state.detokenizer = make_detokenizer(
                 self.tokenizer, req.prompt_token_ids, params.skip_special_tokens,

@@ -64,7 +64,7 @@ class StepTimer:
     def begin(self) -> None:
         """A step starts (before scheduling)."""
         self._open, self._marks = True, {"begin": time.perf_counter()}
-        self.collected_ms = []
+        self.collected_ms.clear()
 
     def scheduled(self) -> None:
         """The scheduler has decided the step."""
@@ -109,9 +109,10 @@ class StepTimer:
         stats.forward_s += executed - marks["forward"]
         stats.output_s += now - executed
         if not self.cuda:
+            span = marks.get("gpu_done", executed) - marks["forward"]
             stats.gpu_steps += 1
-            stats.gpu_s += marks.get("gpu_done", executed) - marks["forward"]
-            self.collected_ms = [1e3 * (marks.get("gpu_done", executed) - marks["forward"])]
+            stats.gpu_s += span
+            self.collected_ms.append(1e3 * span)
         self._collect()
 
     def _collect(self) -> None:

@@ -226,14 +226,14 @@ def _stream(client: httpx.Client, path: str, body: dict,
 
 
 def _events(response: httpx.Response) -> Iterator[dict]:
-    """The JSON payloads of an event stream's data lines, up to [DONE]; lines split at LF
-    only (iter_lines would also split inside JSON strings, at U+2028 and the like)."""
+    """The JSON payloads of an event stream's data lines (serve_client.sse_split's), up to
+    [DONE]."""
+    from compiled_llm.entrypoints.cli.serve_client import sse_split
+
     pending = b""
     for chunk in response.iter_bytes():
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for raw in lines:
-            line = raw.rstrip(b"\r").decode("utf-8")
+        lines, pending = sse_split(pending + chunk)
+        for line in lines:
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()

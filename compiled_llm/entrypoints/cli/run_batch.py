@@ -17,7 +17,6 @@ from compiled_llm.entrypoints.cli.args import (
     HelpFormatter,
     add_dataclass_args,
     add_engine_args,
-    dataclass_from,
     engine_args,
 )
 from compiled_llm.entrypoints.server.server_config import ServerConfig
@@ -99,13 +98,14 @@ def _engine_and_config(ns: argparse.Namespace):
     a generating engine, the user's own args for a pooling one."""
     from compiled_llm.engine.llm_engine import DEMO_MODEL
     from compiled_llm.engine.pooling_engine import resolve_runner
-    from compiled_llm.entrypoints.cli.serve import check_pooling_options, serving_defaults
+    from compiled_llm.entrypoints.cli.serve import (
+        check_pooling_options,
+        named_server_config,
+        serving_defaults,
+    )
 
     args = engine_args(ns)
-    names = list(dict.fromkeys(ns.served_model_name or [args.model or "demo"]))
-    cfg = dataclass_from(ServerConfig, ns, model_name=names[0], extra_model_names=names[1:])
-    if cfg.chat_template is not None and args.skip_tokenizer_init:
-        raise ValueError("chat_template: needs a tokenizer (skip_tokenizer_init is set)")
+    cfg = named_server_config(ns, args, ns.served_model_name)
     if resolve_runner(args, str(args.model or DEMO_MODEL)) == "pooling":
         check_pooling_options(cfg)
         return args, cfg

@@ -120,10 +120,18 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 def server_config(ns: argparse.Namespace, args: EngineArgs, opts: ServeArgs) -> ServerConfig:
     """The ServerConfig of serve's flags (the model's names, request logging derived)."""
-    names = list(dict.fromkeys(opts.served_model_name or [args.model or "demo"]))
+    return named_server_config(ns, args, opts.served_model_name,
+                               enable_log_requests=ns.enable_log_requests
+                               and not opts.disable_log_requests)
+
+
+def named_server_config(ns: argparse.Namespace, args: EngineArgs, served_names: list[str] | None,
+                        **fields) -> ServerConfig:
+    """The ServerConfig of ns's request flags, named served_names (default: the model's) and
+    with `fields` set; ValueError for a chat template without a tokenizer."""
+    names = list(dict.fromkeys(served_names or [args.model or "demo"]))
     cfg = dataclass_from(ServerConfig, ns, model_name=names[0], extra_model_names=names[1:],
-                         enable_log_requests=ns.enable_log_requests
-                         and not opts.disable_log_requests)
+                         **fields)
     if cfg.chat_template is not None and args.skip_tokenizer_init:
         raise ValueError("chat_template: needs a tokenizer (skip_tokenizer_init is set)")
     return cfg

@@ -69,15 +69,21 @@ def _carries_tokens(event: dict, chat: bool) -> bool:
     return bool(choices) and not (chat and "role" in choices[0].get("delta", {}))
 
 
+def sse_split(pending: bytes) -> tuple[list[str], bytes]:
+    """The complete lines of an event stream's bytes so far and the rest, split at LF only
+    (SSE's line ends; str.splitlines, which httpx's iter_lines follows, would also split JSON
+    strings at U+2028, U+0085 ...)."""
+    *lines, rest = pending.split(b"\n")
+    return [line.rstrip(b"\r").decode("utf-8") for line in lines], rest
+
+
 async def sse_lines(response: httpx.Response):
-    """The lines of an event stream, split at LF only (SSE's line ends; str.splitlines, which
-    httpx's aiter_lines follows, would also split JSON strings at U+2028, U+0085 ...)."""
+    """The lines of an event stream (sse_split's)."""
     pending = b""
     async for chunk in response.aiter_bytes():
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
+        lines, pending = sse_split(pending + chunk)
         for line in lines:
-            yield line.rstrip(b"\r").decode("utf-8")
+            yield line
     if pending:
         yield pending.rstrip(b"\r").decode("utf-8")
 

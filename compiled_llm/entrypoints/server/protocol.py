@@ -40,6 +40,7 @@ def whole_number(value: Any) -> Any:
 # a scalar count field: an int, a whole float or a bool (strings stay refused)
 Count = Annotated[StrictInt, BeforeValidator(whole_number)]
 
+
 def _first_bad_text(value: Any, path: str) -> tuple[str, str] | None:
     """(path, message) of the first string (or key) in value with no UTF-8 encoding."""
     items = value.items() if isinstance(value, dict) else \
