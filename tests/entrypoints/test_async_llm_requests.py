@@ -95,7 +95,9 @@ def test_streamed_outputs_keep_delivery_timing(engine):
     assert all(out.metrics is None for out in outs[:-1])
     assert outs[-1].metrics.token_steps is None and outs[-1].metrics.scheduled_ts is not None
     (summary,) = engine.observer.summaries
-    assert summary.queue_s >= 0 and summary.inference_s > summary.prefill_s > 0
+    # timed by delivery: on a loaded host every token may reach the stream in one output
+    assert summary.queue_s >= 0 and summary.inference_s >= summary.prefill_s > 0
+    assert summary.decode_s == pytest.approx(summary.inference_s - summary.prefill_s)
     calls = engine.observer.outputs
     assert calls[0][2] and sum(tokens for _, tokens, _, _ in calls) == 6
     assert [(outcome, gen) for outcome, _, gen, _ in engine.observer.finishes] == [("length", 6)]
