@@ -34,11 +34,27 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def load_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:
-    """model_dir's config.json as a dict; ValueError naming the model when it is missing."""
+    """model_dir's config.json as a dict, the keys it leaves out filled as its transformers
+    class fills them (as vLLM reads it); ValueError naming the model when it is missing."""
     path = Path(model_dir) / "config.json"
     if not path.exists():
         raise ValueError(f"model: no config.json in {model_dir!s}")
-    return read_json(path)
+    written = read_json(path)
+    return {**_class_defaults(model_dir, written), **written}
+
+
+def _class_defaults(model_dir: str | os.PathLike, written: dict[str, Any]) -> dict[str, Any]:
+    """The model-specific keys config.json leaves out, valued as transformers' config class
+    derives them (Qwen3's num_key_value_heads and max_position_embeddings, Mixtral's experts);
+    {} for a model_type transformers does not know. Never runs checkpoint code."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    try:
+        full = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).to_dict()
+    except (ValueError, KeyError, TypeError, OSError):
+        return {}
+    generic = PretrainedConfig().to_dict()
+    return {key: value for key, value in full.items() if key not in generic and key not in written}
 
 
 def build_model_config(hf_config: dict[str, Any]) -> tuple[type[nn.Module], DecoderConfig]:

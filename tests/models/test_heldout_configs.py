@@ -1,6 +1,7 @@
 """Checkpoint variants with LLM's defaults against transformers: a float16 checkpoint runs in
-float32 on CPU (within float16's rounding of transformers', not bfloat16's), and CUDA's auto
-attention backend at head dims the Triton kernels do not take."""
+float32 on CPU (within float16's rounding of transformers', not bfloat16's), CUDA's auto
+attention backend at head dims the Triton kernels do not take, and hand-written config.json
+files read with the keys they leave out as transformers fills them."""
 
 from __future__ import annotations
 
@@ -69,3 +70,35 @@ def test_head_dim_24_matches_transformers_on_cuda():
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == hf_greedy(ckpt, prompts, NEW_TOKENS)
+
+
+# hand-written config.json files that leave out what each transformers class fills in:
+# Qwen3's num_key_value_heads (32) and head_dim (128), Mixtral's experts (8, top-2)
+WRITTEN = {
+    "qwen3": ("Qwen3ForCausalLM", {"num_attention_heads": 32, "rope_theta": 1e6}),
+    "mixtral": ("MixtralForCausalLM", {"num_attention_heads": 8}),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(WRITTEN))
+def test_hand_written_config_reads_as_transformers_fills_it(model_type, tmp_path):
+    import json
+
+    import transformers
+
+    arch, extra = WRITTEN[model_type]
+    written = {"architectures": [arch], "model_type": model_type, "hidden_size": 64,
+               "intermediate_size": 64, "num_hidden_layers": 1, "vocab_size": 320, **extra}
+    (tmp_path / "config.json").write_text(json.dumps(written))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.from_pretrained(tmp_path))
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    (tmp_path / "config.json").write_text(json.dumps(written))  # as written, not as saved
+    filled = load_hf_config(tmp_path)
+    assert filled["max_position_embeddings"] > 2048 and "model_type" in filled
+    llm = LLM(str(tmp_path), enforce_eager=True, skip_tokenizer_init=True)
+    prompts = random_prompts(2, 320, lo=5, hi=20, seed=6)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, detokenize=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(tmp_path, prompts, 6)
