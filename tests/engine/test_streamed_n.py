@@ -54,9 +54,9 @@ def test_streamed_children_match_final_only(engine, stop):
     assert not stop or "stop" in {o.finish_reason for o in want.values()}
     deltas = _run(engine, "delta", Kind.DELTA, **kw)
     _check_shape(deltas)
-    # per child and per step, not per step alone; with a stop string every child may stop
-    # within the steps that one output of the process core's front end carries (merged)
-    assert len(deltas) > N or (stop and len(deltas) == N)
+    # per child and per step, not per step alone; one output of the process core's front end
+    # may carry every step (merged) on a loaded host, one in-process step is one core step
+    assert len(deltas) >= N and (len(deltas) > N or stop or engine._core_process)
     for index, o in want.items():
         mine = [out.outputs[0] for out in deltas if out.outputs[0].index == index]
         assert "".join(m.text for m in mine) == o.text

@@ -67,7 +67,8 @@ def test_concurrent_requests_share_steps(engine):
     seen = []
 
     async def one(i: int):
-        async for _ in engine.generate(f"Prompt {i}", _params(Kind.DELTA, max_tokens=32),
+        # long enough that the adds (each a tokenizer and an engine-thread hop) overlap
+        async for _ in engine.generate(f"Prompt {i}", _params(Kind.DELTA, max_tokens=128),
                                        f"c{i}"):
             seen.append(engine.stats.num_running)
 
@@ -221,7 +222,7 @@ def test_row2_a_slow_grammar_compiles_off_the_engine_thread_and_is_refused_in_ti
 
     async def main():
         task = asyncio.ensure_future(healthy())
-        while not healthy_tokens:
+        while not healthy_tokens and not task.done():  # a failed stream ends the wait
             await asyncio.sleep(0.01)
         before = len(healthy_tokens)
         with pytest.raises(ValueError, match="did not compile within 0.3 s"):

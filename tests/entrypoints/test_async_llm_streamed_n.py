@@ -78,5 +78,5 @@ def test_streamed_children_agree_with_final_only(engine):
             if o.finish_reason:
                 ended.add(o.index)
                 assert (o.text, o.token_ids, o.finish_reason) == want[o.index]
+    # (a consumer some steps behind gets the last steps merged: every sequence may end in it)
     assert ended == {0, 1, 2} and cumulative[-1].finished
-    assert len(cumulative[-1].outputs) < 3  # some sequence ended in an earlier step

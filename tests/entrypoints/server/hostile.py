@@ -122,7 +122,9 @@ def run(srv: InProcessServer, slow_properties: int, clients: int = 4,
                for _ in range(clients)]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + 120
     while len(report.healthy_gaps) < 2 * clients:  # every client is streaming
+        assert time.monotonic() < deadline, "the healthy clients never streamed"
         time.sleep(0.01)
     windows = []
     for name, path, body, extra in hostile_requests(slow_properties):

@@ -158,7 +158,9 @@ def test_any_server_metrics_show_the_totals_and_the_core_gauges(served):
     proc, server = served
     servers, _ = _roles(proc)
     seen: set[int] = set()
+    deadline = time.monotonic() + 120
     while seen != set(servers):  # fresh connections, until both servers answered a scrape
+        assert time.monotonic() < deadline, f"only {seen} of {servers} answered a scrape"
         metrics = server.wait_idle()
         finished = (metrics["compiled_llm:request_success_total[length]"]
                     + metrics["compiled_llm:request_success_total[stop]"])

@@ -72,7 +72,9 @@ def test_token_counters_move_while_a_stream_runs(server):
         for _ in range(20):
             next(events)
         running = server.metrics()
-        assert 20 <= _delta(running, before, "compiled_llm:generation_tokens_total") < 400
+        gen = _delta(running, before, "compiled_llm:generation_tokens_total")
+        # counted as they come: fewer than all unless the server ran ahead of this client
+        assert 20 <= gen < 400 or _delta(running, before, LENGTH) == 1
         assert _delta(running, before, "compiled_llm:prompt_tokens_total") > 0
         for _ in events:
             pass

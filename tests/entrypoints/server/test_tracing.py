@@ -95,7 +95,7 @@ def test_chat_span_is_a_child_of_the_callers_trace(traced):
     assert attrs["gen_ai.usage.completion_tokens"] == chat.usage.completion_tokens
     assert "gen_ai.latency.time_to_first_token" not in attrs  # not streamed: not seen
     e2e = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
-    assert 0 < attrs["gen_ai.latency.e2e"] == pytest.approx(e2e, abs=0.05)
+    assert 0 < attrs["gen_ai.latency.e2e"] == pytest.approx(e2e, abs=0.5)
 
 
 def test_streamed_completion_span_has_time_to_first_token(traced):

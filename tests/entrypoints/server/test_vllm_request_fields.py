@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 import httpx
 import pytest
@@ -94,7 +95,9 @@ def test_priority_orders_admission_under_the_priority_policy():
                 # sent together while it runs, so both wait for the slot whatever the host's
                 # speed, and had they come before it, urgent would still lead late
                 tasks = [asyncio.create_task(one(client, "first", 0, max_tokens=400))]
+                deadline = time.monotonic() + 60
                 while not server.engine._streams:  # registered as its add is queued
+                    assert time.monotonic() < deadline and not tasks[0].done()
                     await asyncio.sleep(0.005)
                 tasks.append(asyncio.create_task(one(client, "late", 5, max_tokens=16)))
                 tasks.append(asyncio.create_task(one(client, "urgent", -5, max_tokens=16)))
