@@ -21,7 +21,7 @@ PKG = "compiled_llm"
 
 # From the top; a module may import its own layer or any layer below it (a larger index).
 LAYERS = [
-    ("compiled_llm.entrypoints", "compiled_llm.inputs"),
+    ("compiled_llm.entrypoints", "compiled_llm.inputs", "compiled_llm.outputs"),
     ("compiled_llm.engine",),
     ("compiled_llm.output",),
     ("compiled_llm.executor",),

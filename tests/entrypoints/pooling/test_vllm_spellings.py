@@ -97,6 +97,15 @@ def test_vllm_inputs_module_path():
     assert TextPrompt(prompt="a") == {"prompt": "a"}
 
 
+def test_vllm_outputs_module_path():
+    import compiled_llm
+    from compiled_llm import outputs
+
+    for name in outputs.__all__:  # the same classes as the top level's
+        assert getattr(outputs, name) is getattr(compiled_llm, name)
+    assert {"RequestOutput", "CompletionOutput", "EmbeddingRequestOutput"} <= set(outputs.__all__)
+
+
 def test_task_reward_picks_the_pooling_runner():
     llm = LLM(str(bert_classifier(3)), task="reward", enforce_eager=True, dtype="float32")
     assert llm.runner_type == "pooling" and len(llm.reward(["a", "b"])) == 2
