@@ -82,6 +82,22 @@ def _content_text(where: str, message: dict) -> str:
     raise ValueError(f"{where}.content must be a string, a list of text parts or None")
 
 
+# vLLM's reasoning_effort values (chat completions' field, the Responses API's reasoning.effort)
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+def with_reasoning_effort(template_kwargs: dict[str, Any] | None,
+                          effort: str | None) -> dict[str, Any] | None:
+    """template_kwargs with a request's reasoning effort, as vLLM renders it: a template
+    variable `reasoning_effort`, and `enable_thinking` off for "none", on otherwise, unless
+    the kwargs set it (a template that reads neither renders as before)."""
+    if effort is None:
+        return template_kwargs
+    merged = {**(template_kwargs or {}), "reasoning_effort": effort}
+    merged.setdefault("enable_thinking", effort != "none")
+    return merged
+
+
 @functools.cache
 def _reserved(tokenizer_cls: type) -> frozenset[str]:
     """apply_chat_template's own parameters: not template variables a request may set."""

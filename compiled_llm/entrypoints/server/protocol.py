@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic.functional_validators import BeforeValidator
 from pydantic_core import PydanticCustomError
 
-from compiled_llm.entrypoints.chat_utils import join_text_parts
+from compiled_llm.entrypoints.chat_utils import REASONING_EFFORTS, join_text_parts
 from compiled_llm.sampling_params import check_text
 
 
@@ -248,6 +248,9 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
     include_reasoning: StrictBool = True  # vLLM's: false leaves reasoning_content out
+    # vLLM's: the template's reasoning_effort, and enable_thinking unless chat_template_kwargs
+    # sets it (with_reasoning_effort)
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = None
     thinking_token_budget: Count | None = Field(
         default=None, validation_alias=AliasChoices("thinking_token_budget",
                                                     "max_thinking_tokens"))

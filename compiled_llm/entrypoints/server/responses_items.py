@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from compiled_llm.entrypoints.chat_utils import join_text_parts
+from compiled_llm.entrypoints.chat_utils import REASONING_EFFORTS, join_text_parts
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.protocol import ChatMessage, JsonSchemaFormat, ResponseFormat
 from compiled_llm.entrypoints.server.protocol_responses import ResponsesRequest
@@ -27,15 +27,24 @@ _REFUSED = (
     ("prompt", lambda r: r.prompt is not None, "stored prompt templates are not supported"),
     ("truncation", lambda r: r.truncation == "auto",
      "truncation 'auto' is not supported; an input over the context is a 400"),
-    ("reasoning", lambda r: any(v is not None for v in (r.reasoning or {}).values()),
-     "reasoning options (effort, summary) are not supported; thinking follows the chat "
-     "template (chat_template_kwargs, e.g. enable_thinking) and --reasoning-parser"),
+    ("reasoning", lambda r: any(v is not None for k, v in (r.reasoning or {}).items()
+                                if k != "effort"),
+     "reasoning summaries are not supported; reasoning.effort reaches the chat template "
+     "(as chat completions' reasoning_effort), the reasoning text comes from "
+     "--reasoning-parser"),
+    ("reasoning.effort", lambda r: reasoning_effort(r) not in (None, *REASONING_EFFORTS),
+     f"must be one of {', '.join(REASONING_EFFORTS)}"),
     ("text.verbosity", lambda r: r.text is not None and r.text.verbosity is not None,
      "verbosity is not supported"),
     ("response_format", lambda r: r.response_format is not None,
      "response_format belongs to chat completions; /v1/responses takes text.format"),
     ("n", lambda r: r.n != 1, "/v1/responses makes one output; n must be 1"),
 )
+
+
+def reasoning_effort(req: ResponsesRequest) -> str | None:
+    """reasoning.effort of a Responses request (None when unset)."""
+    return (req.reasoning or {}).get("effort")
 
 
 def check_supported(req: ResponsesRequest) -> None:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterable
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from compiled_llm.entrypoints.chat_utils import with_reasoning_effort
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.params import output_budget, sampling_params, truncated_prompt
 from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest
@@ -46,8 +47,9 @@ class ServingChat(Serving):
         """(stream, id, prompt length, top logprobs, reply format): the chat rendered with
         its tools, tokenized, admitted."""
         plan = self.tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls)
-        ids = await self.encode_chat(req.messages, req.add_generation_prompt,
-                                     req.chat_template_kwargs, plan.tools, req.chat_template,
+        kwargs = with_reasoning_effort(req.chat_template_kwargs, req.reasoning_effort)
+        ids = await self.encode_chat(req.messages, req.add_generation_prompt, kwargs,
+                                     plan.tools, req.chat_template,
                                      continue_final_message=req.continue_final_message)
         ids = truncated_prompt(req, ids, self.max_model_len)
         # max_completion_tokens: 0 is a value (refused), not "unset"

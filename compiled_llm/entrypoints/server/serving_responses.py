@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from compiled_llm.entrypoints.chat_utils import with_reasoning_effort
 from compiled_llm.entrypoints.server.errors import OpenAIError, from_value_error
 from compiled_llm.entrypoints.server.params import output_budget, sampling_params
 from compiled_llm.entrypoints.server.protocol import ChatMessage
@@ -24,6 +25,7 @@ from compiled_llm.entrypoints.server.responses_items import (
     LOGPROBS_INCLUDE,
     check_supported,
     messages,
+    reasoning_effort,
     response_format,
     response_object,
     response_usage,
@@ -101,7 +103,8 @@ class ServingResponses(Serving):
         check_tool_format(plan, fmt)
         history = messages(req, tool_names(plan),
                            self.store.conversation(req.previous_response_id))
-        ids = await self.encode_chat(history, True, req.chat_template_kwargs, plan.tools)
+        kwargs = with_reasoning_effort(req.chat_template_kwargs, reasoning_effort(req))
+        ids = await self.encode_chat(history, True, kwargs, plan.tools)
         budget = output_budget(req.max_output_tokens, len(ids), self.max_model_len,
                                prompt_param="input", budget_param="max_output_tokens",
                                **self.budget_limits)

@@ -1,6 +1,7 @@
 """Reasoning through a live server (--reasoning-parser qwen3): the thinking span goes to
 reasoning_content, streamed before the content; the thinking budget ends it with </think>;
-structured outputs and tool grammars apply only after it; enable_thinking=False thinks not."""
+structured outputs and tool grammars apply only after it; enable_thinking=False thinks not, nor
+does reasoning_effort "none" (vLLM's: other efforts turn thinking on)."""
 
 # ruff: noqa: F811  (the session fixtures are imported by name)
 from __future__ import annotations
@@ -152,3 +153,27 @@ def test_usage_counts_reasoning_tokens_whole_and_streamed(tool_client, tool_serv
     assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == thinking
     plain = client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=2)
     assert plain.usage.completion_tokens_details is None
+
+
+@pytest.mark.parametrize("effort,kwargs,thinks", [
+    ("low", {}, True), ("none", {}, False),
+    ("none", {"chat_template_kwargs": {"enable_thinking": True}}, True),  # the kwargs win
+])
+def test_reasoning_effort_reaches_the_template(tool_client, tool_server, effort, kwargs,
+                                                thinks):
+    """vLLM's reasoning_effort: a template variable, and enable_thinking on unless "none"
+    (this template thinks only when asked), unless chat_template_kwargs sets it."""
+    r = tool_client.chat.completions.create(
+        model=tool_server.model, messages=MESSAGES, max_tokens=40, temperature=1.0, seed=4,
+        response_format=FORMAT, reasoning_effort=effort,
+        extra_body={**kwargs, "thinking_token_budget": 4})
+    message = r.choices[0].message
+    assert bool(getattr(message, "reasoning_content", None)) == thinks
+    jsonschema.validate(json.loads(message.content), SCHEMA)
+
+
+def test_unknown_reasoning_effort_is_a_400(tool_client, tool_server):
+    with pytest.raises(openai.BadRequestError) as info:
+        tool_client.chat.completions.create(model=tool_server.model, messages=MESSAGES,
+                                            max_tokens=4, extra_body={"reasoning_effort": "huge"})
+    assert info.value.body["param"] == "reasoning_effort"

@@ -204,7 +204,7 @@ BAD = [
     ("logprobs with tools", {"include": ["message.output_text.logprobs"]}, "include"),
     ("top_logprobs with tools", {"tool_choice": "required", "top_logprobs": 2}, "top_logprobs"),
     ("max_tool_calls", {"max_tool_calls": 1}, "max_tool_calls"),
-    ("reasoning effort", {"reasoning": {"effort": "low"}}, "reasoning"),
+    ("reasoning summary", {"reasoning": {"generate_summary": "concise"}}, "reasoning"),
     ("output of no call", {"input": [*MESSAGES, {"type": "function_call_output",
                                                  "call_id": "call_9", "output": "x"}]},
      "input[1].call_id"),
@@ -232,3 +232,13 @@ def test_still_serving_after_bad_input(tool_client, tool_server):
     _validate(_create(tool_client, tool_server, tool_choice="required",
                       parallel_tool_calls=False).output[0])
     assert tool_server.wait_idle()["compiled_llm:kv_cache_used_blocks"] == 0
+
+
+@pytest.mark.parametrize("effort,thinks", [("medium", True), ("none", False)])
+def test_reasoning_effort_turns_thinking_on_or_off(tool_client, tool_server, effort, thinks):
+    """reasoning.effort reaches the template as chat's reasoning_effort does."""
+    r = tool_client.responses.create(model=tool_server.model, input="Pick a digit.",
+                                     temperature=1.0, max_output_tokens=12,
+                                     reasoning={"effort": effort},
+                                     extra_body={"seed": 7, "thinking_token_budget": 3})
+    assert (r.output[0].type == "reasoning") == thinks
