@@ -29,6 +29,16 @@ _BOTH: dict[str, tuple[tuple[Any, ...], str]] = {
     "kv_transfer_params": ((None,), "KV transfer (disaggregated prefill) is not supported"),
     "vllm_xargs": ((None, {}), "vllm_xargs (custom logits processor arguments) is not "
                                "supported"),
+    "ec_transfer_params": ((None,), "encoder-cache transfer is not supported"),
+    "logprob_token_ids": ((None,), "logprobs of chosen token ids are not supported; use "
+                                   "logprobs / top_logprobs"),
+    "repetition_detection": ((None,), "repetition detection is not supported"),
+    "stream_interval": ((None, 1), "a stream_interval above 1 is not supported (every step's "
+                                   "tokens are sent)"),
+    "watermarking": ((None, False), "watermarking is not supported"),
+    # truncate_prompt_tokens keeps the last tokens: vLLM's "left"
+    "truncation_side": ((None, "left"), "only 'left' (truncate_prompt_tokens keeps the last "
+                                        "tokens) is supported"),
 }
 _CHAT: dict[str, tuple[tuple[Any, ...], str]] = {
     "audio": ((None,), "audio output is not supported"),
@@ -43,6 +53,9 @@ _CHAT: dict[str, tuple[tuple[Any, ...], str]] = {
     "documents": ((None, []), "documents for the chat template are not supported"),
     "add_special_tokens": ((None, False), "add_special_tokens on chat is not supported (the "
                                           "chat template adds them)"),
+    "media_io_kwargs": ((None, {}), "multimodal inputs are not supported"),
+    "return_prompt_text": ((None, False), "return_prompt_text is not supported; /tokenize "
+                                          "with the messages gives the rendered prompt's ids"),
 }
 
 
