@@ -278,3 +278,19 @@ def test_requests_are_logged(srv, caplog):
     srv.post("/v1/completions", {"prompt": "hi", "max_tokens": 1, "temperature": 0})
     assert any(r.getMessage().startswith("Received request cmpl-") and "params:" in
                r.getMessage() for r in caplog.records)
+
+
+def test_vllm_api_server_module_path_runs_serve(tmp_path, capsys):
+    """`python -m compiled_llm.entrypoints.openai.api_server --model M`, vLLM's module
+    command, is `serve` with the same flags."""
+    import subprocess
+    import sys
+
+    from compiled_llm.entrypoints.openai import api_server
+
+    assert api_server.main(["--model", str(tmp_path)]) == 2  # serve's own refusal
+    assert "no config.json" in capsys.readouterr().err
+    shown = subprocess.run([sys.executable, "-m", "compiled_llm.entrypoints.openai.api_server",
+                            "--help"], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "--max-model-len" in shown.stdout
+    assert "--api-key" in shown.stdout
