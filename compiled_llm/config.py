@@ -27,6 +27,7 @@ from compiled_llm.lora.config import LoRAArgs
 from compiled_llm.optimization import (
     AUTOTUNE_OPTIONS,
     PERFORMANCE_MODES,
+    CompilationConfig,  # noqa: F401  (vLLM's vllm.config.CompilationConfig)
     OptimizationLevel,
     PerformanceMode,
     apply_compilation_config,

@@ -134,6 +134,18 @@ _FIELDS = {"debug_dump_path": "dump_dir", "cache_dir": "compile_cache_dir",
            "max_cudagraph_capture_size": "max_cudagraph_capture_size"}
 
 
+class CompilationConfig:
+    """vLLM's `CompilationConfig(mode=3, cudagraph_capture_sizes=[...], ...)` spelling of
+    compilation_config: the keywords given are read as the dict's keys are (None: unset), and
+    what this engine cannot honour is refused by name when the engine arguments are built."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+    def __repr__(self) -> str:
+        return f"CompilationConfig({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+
 def as_dict(value: Any) -> dict:
     """compilation_config as a dict: an int (or digits) is its mode, a string JSON, an object
     its public attributes but those set to None."""

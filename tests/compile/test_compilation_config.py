@@ -48,6 +48,17 @@ def test_modes_by_number_name_and_object():
     assert args.passes == {"enable_noop": False}
 
 
+def test_vllm_compilation_config_class():
+    from compiled_llm.config import CompilationConfig  # vLLM: from vllm.config import ...
+
+    args = EngineArgs(compilation_config=CompilationConfig(
+        mode=3, cudagraph_capture_sizes=[1, 2, 8], pass_config={"enable_noop": False}))
+    assert (args.cudagraph_batch_sizes, args.max_cudagraph_capture_size) == ([1, 2, 8], 8)
+    assert args.compile_mode == "backend" and args.passes == {"enable_noop": False}
+    with pytest.raises(ValueError, match="compilation_config.splitting_ops"):
+        EngineArgs(compilation_config=CompilationConfig(splitting_ops=["x"]))
+
+
 @pytest.mark.parametrize("given, named", [
     ({"custom_ops": ["none"]}, "custom_ops"), ({"splitting_ops": []}, "splitting_ops"),
     ({"compile_sizes": [1, 2]}, "compile_sizes"), ({"use_inductor": False}, "use_inductor"),
