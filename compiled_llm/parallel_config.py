@@ -4,6 +4,8 @@ fields that change nothing here: accepted where they would change nothing, else 
 
 from __future__ import annotations
 
+import os
+import re
 import typing
 from dataclasses import dataclass
 from typing import Literal
@@ -102,13 +104,13 @@ class ParityArgs:
     """How the tokenizer is loaded: auto (Hugging Face's AutoTokenizer, fast where the
     checkpoint has one); vLLM's slow, mistral and custom modes are not supported."""
     revision: str | None = None
-    """vLLM's Hugging Face Hub revision of the model. compiled-llm loads local directories
-    only, so any value is refused: check out the revision and pass its directory."""
+    """The Hugging Face Hub revision (branch, tag or commit) of a model given by its Hub id;
+    refused for a local directory."""
     tokenizer_revision: str | None = None
-    """vLLM's Hub revision of the tokenizer; refused like revision (local directories only)."""
+    """The Hub revision of a tokenizer given by its Hub id; refused for a local directory."""
     download_dir: str | None = None
-    """Where vLLM downloads Hub checkpoints to. compiled-llm loads local directories and
-    downloads nothing, so it changes nothing (as in vLLM for a local model directory)."""
+    """The Hugging Face cache directory to read and download Hub models into (default: the
+    Hub's, $HF_HUB_CACHE); unused for a local model directory, as in vLLM."""
     hf_overrides: dict | None = None
     """vLLM's overrides of the model's Hugging Face config. Not supported: an empty object is
     accepted, any override refused (edit the checkpoint's config.json instead)."""
@@ -126,11 +128,7 @@ class ParityArgs:
         """ValueError naming the first field set to something compiled-llm cannot do."""
         if not isinstance(self.trust_remote_code, bool):
             raise ValueError(f"trust_remote_code must be a bool, got {self.trust_remote_code!r}")
-        for name in ("revision", "tokenizer_revision"):
-            if getattr(self, name) is not None:
-                raise ValueError(f"{name}: compiled-llm loads local model directories only and "
-                                 f"cannot select a Hub revision ({getattr(self, name)!r}); "
-                                 "check it out and pass its directory")
+        self.resolve_hub_ids()
         if self.hf_overrides:
             raise ValueError(f"hf_overrides: not supported (got {self.hf_overrides!r}); the "
                              "model's config.json is used as it is, edit it instead")
@@ -140,3 +138,63 @@ class ParityArgs:
         if self.disable_sliding_window:
             raise ValueError("disable_sliding_window: not supported; sliding-window attention "
                              "runs as the model defines it")
+
+    def resolve_hub_ids(self) -> None:
+        """model and tokenizer given as Hugging Face Hub ids ("org/name") become their local
+        snapshot directories (the Hub cache's, downloaded into it when missing), as vLLM
+        loads them; their revisions are then spent. A revision for a local directory, or an
+        id the Hub and its cache lack, is a ValueError naming the field."""
+        load_format = getattr(self, "load_format", "auto")
+        for field, revision_field in (("model", "revision"), ("tokenizer", "tokenizer_revision")):
+            source, revision = getattr(self, field, None), getattr(self, revision_field)
+            if source is not None and is_hub_id(source):
+                setattr(self, field, hub_snapshot(field, source, revision, self.download_dir,
+                                                  field == "model", load_format))
+            elif revision is not None:
+                raise ValueError(f"{revision_field}: {revision!r} selects a Hub revision, but "
+                                 f"{field} {source!r} is not a Hub id (a local directory is "
+                                 "used as it is)")
+            setattr(self, revision_field, None)
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_TEXT_FILES = ["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken"]  # configs, tokenizers
+
+
+def is_hub_id(source: str) -> bool:
+    """Whether source names a Hub repository ("org/name") rather than a path: no existing
+    file or directory has that name, and it has the Hub's shape."""
+    return not os.path.exists(source) and bool(_HUB_ID.match(source))
+
+
+def hub_snapshot(field: str, repo_id: str, revision: str | None, cache_dir: str | None,
+                 weights: bool, load_format: str) -> str:
+    """The local snapshot directory of repo_id at revision: the cache's when it holds the
+    files needed (config and tokenizer files, and with weights the checkpoint), else
+    downloaded (what is not there yet). ValueError naming field when neither works."""
+    from huggingface_hub import snapshot_download
+
+    patterns = _TEXT_FILES + (["*.safetensors"] if weights else [])
+    if weights and load_format == "pt":
+        patterns.append("*.bin")
+    kwargs = dict(repo_id=repo_id, revision=revision, cache_dir=cache_dir,
+                  allow_patterns=patterns)
+    try:
+        cached = snapshot_download(local_files_only=True, **kwargs)
+        if _complete(cached, weights):
+            return cached
+    except Exception:  # not cached (or not whole): fetch it
+        pass
+    try:
+        return snapshot_download(**kwargs)
+    except Exception as e:  # offline, unknown, gated, a bad revision ...
+        raise ValueError(f"{field}: {repo_id!r} is not a local directory, and the Hugging "
+                         f"Face Hub (or its cache) has no snapshot of it: "
+                         f"{type(e).__name__}: {e}") from None
+
+
+def _complete(snapshot: str, weights: bool) -> bool:
+    files = os.listdir(snapshot)
+    if not weights:
+        return bool(files)
+    return "config.json" in files and any(f.endswith((".safetensors", ".bin")) for f in files)

@@ -129,7 +129,9 @@ def named_server_config(ns: argparse.Namespace, args: EngineArgs, served_names: 
                         **fields) -> ServerConfig:
     """The ServerConfig of ns's request flags, named served_names (default: the model's) and
     with `fields` set; ValueError for a chat template without a tokenizer."""
-    names = list(dict.fromkeys(served_names or [args.model or "demo"]))
+    # the model as given (a Hub id, not the snapshot directory args.model now names)
+    names = list(dict.fromkeys(served_names or [getattr(ns, "model", None) or args.model
+                                                or "demo"]))
     cfg = dataclass_from(ServerConfig, ns, model_name=names[0], extra_model_names=names[1:],
                          **fields)
     if cfg.chat_template is not None and args.skip_tokenizer_init:
