@@ -322,6 +322,7 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
         check_choices(self)
         check_minimums(self, _REQUEST_LIMITS)
         self.check_lora()
+        self.resolve_hub_ids()  # local directories for Hub ids, the draft's before it is read
         check_speculative(self)  # ValueError naming the speculative_config field at fault
         self.check_parallel()
         self.check_parallel_combinations()

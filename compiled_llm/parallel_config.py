@@ -128,7 +128,6 @@ class ParityArgs:
         """ValueError naming the first field set to something compiled-llm cannot do."""
         if not isinstance(self.trust_remote_code, bool):
             raise ValueError(f"trust_remote_code must be a bool, got {self.trust_remote_code!r}")
-        self.resolve_hub_ids()
         if self.hf_overrides:
             raise ValueError(f"hf_overrides: not supported (got {self.hf_overrides!r}); the "
                              "model's config.json is used as it is, edit it instead")
@@ -140,10 +139,10 @@ class ParityArgs:
                              "runs as the model defines it")
 
     def resolve_hub_ids(self) -> None:
-        """model and tokenizer given as Hugging Face Hub ids ("org/name") become their local
-        snapshot directories (the Hub cache's, downloaded into it when missing), as vLLM
-        loads them; their revisions are then spent. A revision for a local directory, or an
-        id the Hub and its cache lack, is a ValueError naming the field."""
+        """model, tokenizer and a speculative draft given as Hugging Face Hub ids ("org/name")
+        become their local snapshot directories (the Hub cache's, downloaded into it when
+        missing), as vLLM loads them; their revisions are then spent. A revision for a local
+        directory, or an id the Hub and its cache lack, is a ValueError naming the field."""
         load_format = getattr(self, "load_format", "auto")
         for field, revision_field in (("model", "revision"), ("tokenizer", "tokenizer_revision")):
             source, revision = getattr(self, field, None), getattr(self, revision_field)
@@ -155,6 +154,17 @@ class ParityArgs:
                                  f"{field} {source!r} is not a Hub id (a local directory is "
                                  "used as it is)")
             setattr(self, revision_field, None)
+        self._resolve_draft_id(load_format)
+
+    def _resolve_draft_id(self, load_format: str) -> None:
+        """speculative_config's model (a draft model, EAGLE or Medusa heads) by Hub id: its
+        snapshot directory, at the config's revision (then spent)."""
+        spec = getattr(self, "speculative_config", None)
+        draft = spec.get("model") if isinstance(spec, dict) else None
+        if isinstance(draft, str) and is_hub_id(draft):
+            path = hub_snapshot("speculative_config.model", draft, spec.get("revision"),
+                                self.download_dir, True, load_format)
+            self.speculative_config = {**spec, "model": path, "revision": None}
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -21,7 +21,8 @@ _DEFAULT_LOOKUP = 5  # vLLM's prompt_lookup_min/max when neither is given
 _NGRAM_MODELS = ("ngram", "[ngram]")  # vLLM's spellings of prompt lookup as a model or method
 # vLLM's fields that change nothing here at None or these values, so a vLLM config spelling
 # them is taken (vLLM's EAGLE example sets draft_tensor_parallel_size 1); other values are
-# refused by name. The draft runs on the target's one rank, unquantized, from a local directory.
+# refused by name. The draft runs on the target's one rank, unquantized, from a local directory
+# (a Hub id is read as its snapshot directory first: parallel_config.hub_snapshot).
 _VLLM_NO_OPS: dict[str, tuple[Any, ...]] = {
     "draft_tensor_parallel_size": (1,), "tensor_parallel_size": (), "quantization": (),
     "max_model_len": (), "revision": (), "code_revision": (), "kv_cache_dtype": ("auto",),

@@ -71,3 +71,16 @@ def test_what_the_cache_lacks_is_refused_by_name(hub_cache, offline, kwargs, fie
 def test_a_revision_for_a_local_directory_is_refused(hub_cache):
     with pytest.raises(ValueError, match="^revision: 'main' selects a Hub revision"):
         EngineArgs(model=str(hub_cache[1]), revision="main")
+
+
+def test_a_draft_model_by_hub_id(hub_cache):
+    cache, ckpt = hub_cache
+    spec = {"model": "org/tiny", "num_speculative_tokens": 2, "revision": "main"}
+    args = EngineArgs(model=str(ckpt), download_dir=str(cache), speculative_config=spec)
+    assert args.speculative_config["model"].endswith(COMMIT)
+    assert spec["model"] == "org/tiny"  # the caller's dict is left as it was
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    outs = [LLM(str(ckpt), download_dir=str(cache), enforce_eager=True, dtype="float32",
+                speculative_config=given).generate(["The quick"], params, use_tqdm=False)
+            for given in (spec, None)]
+    assert outs[0][0].outputs[0].token_ids == outs[1][0].outputs[0].token_ids
