@@ -34,12 +34,16 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def load_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:
-    """model_dir's config.json as a dict, the keys it leaves out filled as its transformers
-    class fills them (as vLLM reads it); ValueError naming the model when it is missing."""
+    """model_dir's config.json as a dict; ValueError naming the model when it is missing. A
+    file transformers did not write (no transformers_version) has the keys it leaves out
+    filled as its transformers class fills them (as vLLM reads it); one it wrote has them
+    all, and is read without importing transformers (an engine core never does)."""
     path = Path(model_dir) / "config.json"
     if not path.exists():
         raise ValueError(f"model: no config.json in {model_dir!s}")
     written = read_json(path)
+    if "transformers_version" in written:
+        return written
     return {**_class_defaults(model_dir, written), **written}
 
 
