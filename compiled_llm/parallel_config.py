@@ -1,6 +1,7 @@
 """EngineArgs' mixins, validated when EngineArgs is made: ParallelArgs (tensor and pipeline
 parallel sizes, expert parallelism, the executor that runs the ranks) and ParityArgs (vLLM's
-fields that change nothing here: accepted where they would change nothing, else refused)."""
+model-source fields, Hub ids read as their snapshot directories, and its fields that change
+nothing here: accepted where they would change nothing, else refused)."""
 
 from __future__ import annotations
 
