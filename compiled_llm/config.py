@@ -322,7 +322,7 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
         check_choices(self)
         check_minimums(self, _REQUEST_LIMITS)
         self.check_lora()
-        self.resolve_hub_ids()  # local directories for Hub ids, the draft's before it is read
+        self.resolve_draft_id()  # a draft by Hub id: its directory, before the config is read
         check_speculative(self)  # ValueError naming the speculative_config field at fault
         self.check_parallel()
         self.check_parallel_combinations()
@@ -330,6 +330,7 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
             raise ValueError(f"max_decode_slowdown must be > 1 and finite (or 0: none), got "
                              f"{self.max_decode_slowdown}")
         self.check_parity()
+        self.resolve_hub_ids()  # after the cheap checks: it may download a checkpoint
         # a count or None (auto) from here on, whichever spelling was given
         self.max_model_len = normalize_max_model_len(self.max_model_len)
 

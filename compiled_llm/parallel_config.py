@@ -5,6 +5,7 @@ nothing here: accepted where they would change nothing, else refused)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import typing
@@ -144,68 +145,109 @@ class ParityArgs:
         become their local snapshot directories (the Hub cache's, downloaded into it when
         missing), as vLLM loads them; their revisions are then spent. A revision for a local
         directory, or an id the Hub and its cache lack, is a ValueError naming the field."""
-        load_format = getattr(self, "load_format", "auto")
-        for field, revision_field in (("model", "revision"), ("tokenizer", "tokenizer_revision")):
-            source, revision = getattr(self, field, None), getattr(self, revision_field)
-            if source is not None and is_hub_id(source):
-                setattr(self, field, hub_snapshot(field, source, revision, self.download_dir,
-                                                  field == "model", load_format))
-            elif revision is not None:
-                raise ValueError(f"{revision_field}: {revision!r} selects a Hub revision, but "
-                                 f"{field} {source!r} is not a Hub id (a local directory is "
-                                 "used as it is)")
-            setattr(self, revision_field, None)
-        self._resolve_draft_id(load_format)
+        model, tokenizer = getattr(self, "model", None), getattr(self, "tokenizer", None)
+        if tokenizer is None and self.tokenizer_revision is not None:
+            tokenizer = model  # vLLM: the model's tokenizer, at its own revision
+        tokenizer_revision = self.tokenizer_revision
+        if tokenizer_revision is None and tokenizer is not None and is_hub_id(tokenizer):
+            tokenizer_revision = self.revision  # vLLM's default
+        self.model = self._local("model", model, "revision", self.revision, True)
+        self.tokenizer = self._local("tokenizer", tokenizer, "tokenizer_revision",
+                                     tokenizer_revision, False)
+        self.revision = self.tokenizer_revision = None  # spent: args built again see dirs
 
-    def _resolve_draft_id(self, load_format: str) -> None:
+    def _local(self, field: str, source: str | None, revision_field: str,
+               revision: str | None, weights: bool) -> str | None:
+        if source is not None and is_hub_id(source):
+            return hub_snapshot(field, source, revision, self.download_dir, weights,
+                                getattr(self, "load_format", "auto"))
+        if revision is not None:
+            raise ValueError(f"{revision_field}: {revision!r} selects a Hub revision, but "
+                             f"{field} {source!r} is not a Hub id (a local directory is used "
+                             "as it is)")
+        return source
+
+    def resolve_draft_id(self) -> None:
         """speculative_config's model (a draft model, EAGLE or Medusa heads) by Hub id: its
         snapshot directory, at the config's revision (then spent)."""
         spec = getattr(self, "speculative_config", None)
         draft = spec.get("model") if isinstance(spec, dict) else None
         if isinstance(draft, str) and is_hub_id(draft):
             path = hub_snapshot("speculative_config.model", draft, spec.get("revision"),
-                                self.download_dir, True, load_format)
+                                self.download_dir, True, getattr(self, "load_format", "auto"))
             self.speculative_config = {**spec, "model": path, "revision": None}
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _TEXT_FILES = ["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken"]  # configs, tokenizers
+_SNAPSHOT = re.compile(r"models--([^/\\]+?)--([^/\\]+)[/\\]snapshots[/\\][^/\\]+[/\\]?$")
+_SKIP = ["original/*"]  # another format's copy of the weights (fnmatch's * crosses "/")
+_INDEXES = {".safetensors": "model.safetensors.index.json", ".bin": "pytorch_model.bin.index.json"}
 
 
-def is_hub_id(source: str) -> bool:
+def hub_id_of(path: str | os.PathLike | None) -> str | None:
+    """The Hub id ("org/name") whose cached snapshot path is (…/models--org--name/snapshots/
+    SHA), else None: the name a model loaded by its id is shown under."""
+    match = _SNAPSHOT.search(os.fspath(path)) if path is not None else None
+    return None if match is None else f"{match.group(1)}/{match.group(2)}"
+
+
+def is_hub_id(source: str | os.PathLike) -> bool:
     """Whether source names a Hub repository ("org/name") rather than a path: no existing
     file or directory has that name, and it has the Hub's shape."""
+    source = os.fspath(source)
     return not os.path.exists(source) and bool(_HUB_ID.match(source))
 
 
 def hub_snapshot(field: str, repo_id: str, revision: str | None, cache_dir: str | None,
                  weights: bool, load_format: str) -> str:
-    """The local snapshot directory of repo_id at revision: the cache's when it holds the
-    files needed (config and tokenizer files, and with weights the checkpoint), else
-    downloaded (what is not there yet). ValueError naming field when neither works."""
+    """The local snapshot directory of repo_id at revision, holding its config and tokenizer
+    files and, with weights, the checkpoint the loader reads (the index's shards, else the
+    top-level safetensors, else .bin): the cache's where it has them, else downloaded into
+    it. ValueError naming field when they cannot be had."""
     from huggingface_hub import snapshot_download
 
-    patterns = _TEXT_FILES + (["*.safetensors"] if weights else [])
-    if weights and load_format == "pt":
-        patterns.append("*.bin")
-    kwargs = dict(repo_id=repo_id, revision=revision, cache_dir=cache_dir,
-                  allow_patterns=patterns)
+    def fetch(patterns: list[str]) -> str:
+        kwargs = dict(repo_id=repo_id, revision=revision, cache_dir=cache_dir,
+                      allow_patterns=patterns, ignore_patterns=_SKIP)
+        try:
+            return snapshot_download(local_files_only=True, **kwargs)
+        except Exception:  # not in the cache (or not whole): download what is missing
+            return snapshot_download(**kwargs)
+
     try:
-        cached = snapshot_download(local_files_only=True, **kwargs)
-        if _complete(cached, weights):
-            return cached
-    except Exception:  # not cached (or not whole): fetch it
-        pass
-    try:
-        return snapshot_download(**kwargs)
-    except Exception as e:  # offline, unknown, gated, a bad revision ...
-        raise ValueError(f"{field}: {repo_id!r} is not a local directory, and the Hugging "
-                         f"Face Hub (or its cache) has no snapshot of it: "
+        snapshot = fetch(_TEXT_FILES)
+        names = _weight_names(snapshot, repo_id, revision, load_format) if weights else []
+        if names and not all(os.path.exists(os.path.join(snapshot, n)) for n in names):
+            snapshot = fetch(names)
+    except Exception as e:  # offline and not cached, unknown, gated, a bad revision, disk ...
+        raise ValueError(f"{field}: {repo_id!r} is not a local directory, and it could not be "
+                         f"had from the Hugging Face Hub or its cache: "
                          f"{type(e).__name__}: {e}") from None
+    return snapshot
 
 
-def _complete(snapshot: str, weights: bool) -> bool:
-    files = os.listdir(snapshot)
-    if not weights:
-        return bool(files)
-    return "config.json" in files and any(f.endswith((".safetensors", ".bin")) for f in files)
+def _weight_names(snapshot: str, repo_id: str, revision: str | None,
+                  load_format: str) -> list[str]:
+    """The weight files of the checkpoint the loader will read, in the order it looks:
+    an index's shards, else the top-level files of the first extension the repo has (the
+    cache's listing first, then the Hub's)."""
+    exts = [".bin", ".safetensors"] if load_format == "pt" else [".safetensors", ".bin"]
+    for ext in exts:
+        index = os.path.join(snapshot, _INDEXES[ext])
+        if os.path.exists(index):
+            with open(index) as f:
+                return sorted(set(json.load(f)["weight_map"].values()))
+    for listing in (lambda: os.listdir(snapshot), lambda: _hub_files(repo_id, revision)):
+        files = [name for name in listing() if "/" not in name]
+        for ext in exts:
+            found = sorted(name for name in files if name.endswith(ext))
+            if found:
+                return found
+    return []
+
+
+def _hub_files(repo_id: str, revision: str | None) -> list[str]:
+    from huggingface_hub import HfApi
+
+    return HfApi().list_repo_files(repo_id, revision=revision)

@@ -55,7 +55,7 @@ def _class_defaults(model_dir: str | os.PathLike, written: dict[str, Any]) -> di
 
     try:
         full = AutoConfig.from_pretrained(model_dir, trust_remote_code=False).to_dict()
-    except (ValueError, KeyError, TypeError, OSError):
+    except Exception:  # best effort: a config transformers rejects is read as written
         return {}
     generic = PretrainedConfig().to_dict()
     return {key: value for key, value in full.items() if key not in generic and key not in written}

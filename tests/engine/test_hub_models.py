@@ -14,6 +14,7 @@ from compiled_llm.config import EngineArgs
 from compiled_llm.entrypoints.cli.args import dataclass_from, engine_args
 from compiled_llm.entrypoints.cli.main import build_parser
 from compiled_llm.entrypoints.cli.serve import ServeArgs, server_config, take_model_tag
+from compiled_llm.parallel_config import hub_id_of
 from tests.utils import make_checkpoint
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -42,11 +43,14 @@ def test_a_hub_id_loads_its_cached_snapshot(hub_cache):
     args = EngineArgs(model="org/tiny", download_dir=str(cache), revision=COMMIT)
     assert Path(args.model) == cache / "models--org--tiny" / "snapshots" / COMMIT
     assert args.revision is None  # spent: building the args again finds a directory
+    assert hub_id_of(args.model) == "org/tiny" and hub_id_of(str(cache)) is None
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    outs = [LLM(model, download_dir=str(cache), enforce_eager=True, dtype="float32")
-            .generate(["The quick brown"], params, use_tqdm=False)[0].outputs[0].token_ids
+    llms = [LLM(model, download_dir=str(cache), enforce_eager=True, dtype="float32")
             for model in ("org/tiny", str(ckpt))]
+    outs = [llm.generate(["The quick brown"], params, use_tqdm=False)[0].outputs[0].token_ids
+            for llm in llms]
     assert outs[0] == outs[1]
+    assert llms[0].llm_engine.model_config.served_model_name == "org/tiny"
 
 
 def test_the_server_names_the_model_by_its_id(hub_cache):
@@ -84,3 +88,28 @@ def test_a_draft_model_by_hub_id(hub_cache):
                 speculative_config=given).generate(["The quick"], params, use_tqdm=False)
             for given in (spec, None)]
     assert outs[0][0].outputs[0].token_ids == outs[1][0].outputs[0].token_ids
+
+
+def test_revisions_default_as_vllms(hub_cache, offline):
+    """tokenizer_revision alone: the model's tokenizer at that revision; a tokenizer by id
+    takes the model's revision when it has none of its own."""
+    cache, ckpt = hub_cache
+    args = EngineArgs(model=str(ckpt), tokenizer="org/tiny", download_dir=str(cache))
+    assert args.tokenizer.endswith(COMMIT)
+    args = EngineArgs(model="org/tiny", tokenizer_revision=COMMIT, download_dir=str(cache))
+    assert args.tokenizer == args.model and args.tokenizer_revision is None
+    args = EngineArgs(model="org/tiny", tokenizer="org/tiny", revision=COMMIT,
+                      download_dir=str(cache))  # the tokenizer at the model's revision
+    assert args.tokenizer == args.model
+
+
+def test_a_cached_snapshot_without_its_weights_is_not_taken(tmp_path, offline):
+    repo = tmp_path / "models--org--bare"
+    (repo / "snapshots" / COMMIT).mkdir(parents=True)
+    (repo / "snapshots" / COMMIT / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    with pytest.raises(ValueError, match="^model: 'org/bare' .* could not be had"):
+        EngineArgs(model="org/bare", download_dir=str(tmp_path))
+    assert EngineArgs(tokenizer="org/bare", download_dir=str(tmp_path)).tokenizer.endswith(
+        COMMIT)  # a tokenizer needs no weights
