@@ -40,10 +40,11 @@ def build_pooling_app(engine: AsyncPoolingLLM, cfg: ServerConfig,
     app.add_middleware(CORSMiddleware, allow_origins=cfg.allowed_origins,
                        allow_methods=cfg.allowed_methods, allow_headers=cfg.allowed_headers,
                        allow_credentials=cfg.allow_credentials)
-    serving = ServingPooling(engine, cfg.model_name, metrics, cfg.model_names)
+    tokens = TokenServing(PoolingTokens(engine), cfg)
+    serving = ServingPooling(engine, cfg.model_name, metrics, cfg.model_names, tokens)
     add_pooling_routes(app, serving)
     set_chat_template(engine, cfg.chat_template)
-    add_token_routes(app, TokenServing(PoolingTokens(engine), cfg))
+    add_token_routes(app, tokens)
     refuse_runner_paths(app, GENERATION_PATHS, "pooling")
     created = int(time.time())
 

@@ -13,7 +13,7 @@ from compiled_llm.entrypoints.server.errors import OpenAIError
 
 # field -> (values that ask for nothing, why the field is refused)
 Table = dict[str, tuple[tuple[Any, ...], str]]
-_CHAT = "chat-style pooling requests are not supported; give input"
+_CHAT = "chat-style requests are taken by /v1/embeddings only; give input"
 COMMON: Table = {
     "priority": ((None, 0), "request priorities are not supported"),
     "cache_salt": ((None,), "cache_salt (prefix-cache isolation) is not supported"),
@@ -21,6 +21,12 @@ COMMON: Table = {
     # the engine keeps the last truncate_prompt_tokens tokens: vLLM's 'left'
     "truncation_side": ((None, "left"), "truncate_prompt_tokens keeps the last tokens "
                                         "(truncation_side 'left') only"),
+}
+# the chat form of /v1/embeddings: the template adds the special tokens (vLLM's default)
+CHAT_INPUT: Table = {
+    **COMMON,
+    "add_special_tokens": ((None, False), "add_special_tokens on chat-style input is not "
+                                          "supported (the chat template adds them)"),
 }
 INPUT: Table = {
     **COMMON,

@@ -5,11 +5,11 @@ these stay in model_extra, where vLLM's own but unhonoured ones are refused (poo
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, StrictBool, StrictInt, StrictStr, model_validator
 
-from compiled_llm.entrypoints.server.protocol import Count, RequestBody
+from compiled_llm.entrypoints.server.protocol import ChatMessage, Count, RequestBody
 
 # OpenAI's input: one text, texts, one token-id list, or token-id lists
 EmbeddingInput = StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
@@ -105,3 +105,14 @@ class RerankRequest(ActivationFields):
     documents: list[StrictStr]
     top_n: Count | None = None  # None or 0 (vLLM's default): every document
     return_documents: bool = True
+
+
+class EmbeddingChat(RequestBody):
+    """vLLM's chat form of /v1/embeddings (its EmbeddingChatRequest): messages rendered by the
+    chat template (no generation prompt by default), then embedded as one input."""
+
+    messages: list[ChatMessage]
+    add_generation_prompt: StrictBool = False
+    continue_final_message: StrictBool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None

@@ -10,12 +10,15 @@ import time
 import uuid
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from compiled_llm.entrypoints.async_pooling import AsyncPoolingLLM
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
 from compiled_llm.entrypoints.server.openapi import errors
 from compiled_llm.entrypoints.server.pooling_fields import (
+    CHAT_INPUT,
     COMMON,
     INPUT,
     check_embed_dtype,
@@ -24,12 +27,14 @@ from compiled_llm.entrypoints.server.pooling_fields import (
 )
 from compiled_llm.entrypoints.server.protocol_pooling import (
     ClassificationRequest,
+    EmbeddingChat,
     EmbeddingRequest,
     PoolingBody,
     PoolingRequest,
     RerankRequest,
     ScoreRequest,
 )
+from compiled_llm.entrypoints.server.serving import TokenServing
 from compiled_llm.entrypoints.server.unsupported import refuse_fields
 from compiled_llm.pooling_params import PoolingParams
 
@@ -94,9 +99,13 @@ class ServingPooling:
 
     def __init__(self, engine: AsyncPoolingLLM, model_name: str,
                  metrics: ServerMetrics | None = None,
-                 model_names: list[str] | None = None) -> None:
+                 model_names: list[str] | None = None,
+                 tokens: TokenServing | None = None) -> None:
+        """tokens: the app's tokenization handlers, which render chat-style input (none:
+        it is refused)."""
         self.engine, self.model_name, self.metrics = engine, model_name, metrics
         self.model_names = model_names or [model_name]  # every --served-model-name
+        self.tokens = tokens
 
     def check_model(self, name: str | None) -> None:
         """404 unless name is None or one of the served model's names."""
@@ -132,8 +141,7 @@ class ServingPooling:
 
     async def embeddings(self, req: EmbeddingRequest) -> dict:
         """/v1/embeddings: one embedding per input, OpenAI's list with vLLM's id and created."""
-        self._check(req, INPUT)
-        prompts = prompts_of(require_input(req.input))
+        prompts = await self._embedding_prompts(req)
         check_embed_dtype(req.embed_dtype)
         params = pooling_params(dimensions=req.dimensions, normalize=req.normalize,
                                 truncate_prompt_tokens=req.truncate_prompt_tokens)
@@ -143,6 +151,26 @@ class ServingPooling:
                                             req.embed_dtype, req.endianness)}
                 for i, o in enumerate(outs)]
         return self._envelope("embd", req, data, outs)
+
+    async def _embedding_prompts(self, req: EmbeddingRequest) -> list:
+        """input's prompts, or with vLLM's chat form (messages) the rendered chat's ids."""
+        extra = req.model_extra or {}
+        if "messages" not in extra or self.tokens is None:
+            self._check(req, INPUT)
+            return prompts_of(require_input(req.input))
+        if req.input is not None:
+            raise OpenAIError(400, "messages: give input or messages, not both",
+                              param="messages", code="invalid_value")
+        self._check(req, CHAT_INPUT)
+        try:
+            chat = EmbeddingChat.model_validate(
+                {key: extra[key] for key in EmbeddingChat.model_fields if key in extra})
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        ids = await self.tokens.encode_chat(
+            chat.messages, chat.add_generation_prompt, chat.chat_template_kwargs, None,
+            chat.chat_template, continue_final_message=chat.continue_final_message)
+        return [{"prompt_token_ids": ids}]
 
     async def pooling(self, req: PoolingRequest) -> dict:
         """/pooling: the pooler's raw output per input (embeddings, or class probabilities)."""

@@ -15,6 +15,7 @@ from compiled_llm.entrypoints.async_pooling import AsyncPoolingLLM
 from compiled_llm.entrypoints.server.pooling_app import build_pooling_app
 from compiled_llm.entrypoints.server.server_config import ServerConfig
 from tests.entrypoints.pooling.checkpoints import bert_classifier, minilm_dir
+from tests.utils import make_checkpoint
 
 TEXTS = ["a short one", "A somewhat longer sentence to classify, with punctuation!"]
 
@@ -106,7 +107,7 @@ def test_unhonoured_fields_are_refused_by_name(embedder):
     _refused(embedder, "/v1/embeddings", {"input": "hi", "embed_dtype": "fp8_e4m3",
                                           "encoding_format": "base64"}, "embed_dtype")
     _refused(embedder, "/v1/embeddings", {"input": "hi", "embed_dtype": "int8"}, "embed_dtype")
-    _refused(embedder, "/v1/embeddings", {"messages": [{"role": "user", "content": "hi"}]},
+    _refused(embedder, "/pooling", {"messages": [{"role": "user", "content": "hi"}]},
              "messages")
     _refused(embedder, "/v1/embeddings", {"input": "hi", "add_special_tokens": False},
              "add_special_tokens")
@@ -218,5 +219,27 @@ def test_token_routes_without_a_tokenizer_are_400s():
         client = TestClient(build_pooling_app(engine, ServerConfig(model_name="m")))
         _refused(client, "/detokenize", {"tokens": [101]}, "tokens")
         _refused(client, "/tokenize", {"prompt": "hi"}, "prompt")
+    finally:
+        engine.shutdown()
+
+
+def test_chat_style_embeddings_embed_the_rendered_chat():
+    """vLLM's chat form of /v1/embeddings: messages rendered by the chat template (no
+    generation prompt) and embedded as the ids /tokenize gives for them."""
+    engine, client = _client(make_checkpoint("qwen3"))  # its tokenizer has a chat template
+    try:
+        messages = [{"role": "user", "content": "hi there"}]
+        ids = client.post("/tokenize", json={"model": "m", "messages": messages,
+                                             "add_generation_prompt": False}).json()["tokens"]
+        by_chat = client.post("/v1/embeddings", json={"model": "m", "messages": messages})
+        assert by_chat.status_code == 200, by_chat.text
+        by_ids = client.post("/v1/embeddings", json={"model": "m", "input": ids}).json()
+        assert by_chat.json()["data"][0]["embedding"] == by_ids["data"][0]["embedding"]
+        assert by_chat.json()["usage"]["prompt_tokens"] == len(ids)
+        _refused(client, "/v1/embeddings", {"messages": messages, "input": "x"}, "messages")
+        _refused(client, "/v1/embeddings", {"messages": messages, "add_special_tokens": True},
+                 "add_special_tokens")
+        bad = client.post("/v1/embeddings", json={"model": "m", "messages": [{"role": 3}]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("messages")
     finally:
         engine.shutdown()
