@@ -97,12 +97,9 @@ class ServingPooling:
     """The pooling handlers over one AsyncPoolingLLM; each input counts in metrics as one
     finished request (vLLM counts one engine request per input)."""
 
-    def __init__(self, engine: AsyncPoolingLLM, model_name: str,
-                 metrics: ServerMetrics | None = None,
-                 model_names: list[str] | None = None,
-                 tokens: TokenServing | None = None) -> None:
-        """tokens: the app's tokenization handlers, which render chat-style input (none:
-        it is refused)."""
+    def __init__(self, engine: AsyncPoolingLLM, model_name: str, metrics: ServerMetrics | None,
+                 model_names: list[str], tokens: TokenServing) -> None:
+        """tokens: the app's tokenization handlers, which render chat-style input."""
         self.engine, self.model_name, self.metrics = engine, model_name, metrics
         self.model_names = model_names or [model_name]  # every --served-model-name
         self.tokens = tokens
@@ -155,7 +152,7 @@ class ServingPooling:
     async def _embedding_prompts(self, req: EmbeddingRequest) -> list:
         """input's prompts, or with vLLM's chat form (messages) the rendered chat's ids."""
         extra = req.model_extra or {}
-        if "messages" not in extra or self.tokens is None:
+        if "messages" not in extra:
             self._check(req, INPUT)
             return prompts_of(require_input(req.input))
         if req.input is not None:
