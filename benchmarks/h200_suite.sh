@@ -169,6 +169,11 @@
 #                                         # (after 93: its checkpoint and kernels)
 #     bash benchmarks/h200_suite.sh 96    # serving's slow steps with their device time (the
 #                                         # step log), offline beside; warm 8B serves
+#     bash benchmarks/h200_suite.sh 98    # issue 14's targets on main: 8B batch 1 against
+#                                         # gpt-fast (carry .whl .peer), 0.6B batch 1, the
+#                                         # 8B cold compile and warm serves
+#     bash benchmarks/h200_suite.sh 99    # fused against unfused at batch 1/8/32, the nano-vllm
+#                                         # user path (0.6B default and tuned, 8B default)
 #     bash benchmarks/h200_suite.sh 84    # the quantized GPU tests, every packed kind (carry
 #                                         # .whl with compressed-tensors, loguru, psutil)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
@@ -623,6 +628,28 @@ elif [ "$CALL" = 89 ]; then  # one GPU: issue 19's figures in one call, the user
   mapfile -t a <<<"\
 $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
 $py -m benchmarks.quantized --checkpoint-dir $CK --skip-windows --batch-sizes 1 64 --output-json $R/quantized_user_path.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 98 ]; then  # one GPU (carry .whl .peer): issue 14's targets on main in one
+  # call: Llama-3-8B batch 1 against gpt-fast, Qwen3-0.6B batch 1, then the 8B cold compile
+  # and two warm serves (spawn to first token)
+  mapfile -t a <<<"\
+$MK
+timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$py benchmarks/user_path.py --workload decode --json $R/user_path_decode.jsonl --model $CK/qwen3-0.6b --label default
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --serve-only --json $R/startup_serve.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 99 ]; then  # one GPU (carry .whl; after 98 on a warm machine): the fused
+  # layer against the unfused one at batch 1/8/32 (both shapes), then issue 13's user path:
+  # Qwen3-0.6B nano-vllm default and tuned, Llama-3-8B nano-vllm default
+  U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_nano.jsonl"
+  mapfile -t a <<<"\
+$MK
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+timeout 240 $py -m benchmarks.horizontal_gemm --checkpoint-dir $CK --json $R/horizontal_gemm.json
+$U --model $CK/qwen3-0.6b --label default
+$U --model $CK/qwen3-0.6b --label tuned --preset tuned
+$U --model $CK/llama3-8b --label default"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 96 ]; then  # one GPU (carry .whl): Qwen3-0.6B served at serve's defaults
   # with each slow step's device time logged (is a slow gap the device's or the host's?),
