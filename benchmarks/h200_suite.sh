@@ -174,6 +174,8 @@
 #                                         # 8B cold compile and warm serves
 #     bash benchmarks/h200_suite.sh 99    # fused against unfused at batch 1/8/32, the nano-vllm
 #                                         # user path (0.6B default and tuned, 8B default)
+#     bash benchmarks/h200_suite.sh 100   # a warm 8B serve's API-server timeline, their
+#                                         # imports under -X importtime
 #     bash benchmarks/h200_suite.sh 84    # the quantized GPU tests, every packed kind (carry
 #                                         # .whl with compressed-tensors, loguru, psutil)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
@@ -650,6 +652,15 @@ timeout 240 $py -m benchmarks.horizontal_gemm --checkpoint-dir $CK --json $R/hor
 $U --model $CK/qwen3-0.6b --label default
 $U --model $CK/qwen3-0.6b --label tuned --preset tuned
 $U --model $CK/llama3-8b --label default"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 100 ]; then  # one GPU (carry .whl): where a warm 8B serve's API servers
+  # spend their start (their timeline line: imports done, spec arrived; the tokenizer phase),
+  # the API-server stack's imports alone under -X importtime (bytecode cache as serve sets it)
+  mapfile -t a <<<"\
+$MK
+$py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --serve-only --serve-env X=1 X=1 --json $R/startup_serve.json
+$py -X importtime -c 'import compiled_llm.entrypoints.server.api_server as a; a._import_server_stack()' 2> $R/importtime_api_server.txt
+$py -X importtime -c 'import compiled_llm.entrypoints.server.api_server as a; a._import_server_stack()' 2> $R/importtime_api_server2.txt"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 96 ]; then  # one GPU (carry .whl): Qwen3-0.6B served at serve's defaults
   # with each slow step's device time logged (is a slow gap the device's or the host's?),

@@ -73,6 +73,7 @@ class LLMEngine:
         model_dir = str(args.model or DEMO_MODEL)
         torch.manual_seed(args.seed)
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args)
+        clock.mark("tokenizer")
         spec, self.eos_token_ids = core_spec(args, self.tokenizer)
         self.device, self.dtype = spec.device, spec.dtype
         # what a request leaves unset: the model's generation config (ValueError before the
@@ -82,7 +83,7 @@ class LLMEngine:
         self.max_tokens_cap = max_tokens_cap(args.generation_config,
                                              args.override_generation_config,
                                              self.sampling_defaults)
-        clock.mark("config")  # hf config, tokenizer, EOS ids
+        clock.mark("config")  # hf config, EOS ids, generation defaults
         self._core_process = core_process
         self.core = self._make_core(args, spec, core_process, core_endpoint)
         info = self.core.info

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.engine.core_multi import CoreEndpoint
+from compiled_llm.engine.startup import process_age_s
 from compiled_llm.entrypoints.server.server_config import ServerConfig
 
+logger = logging.getLogger(__name__)
 PARENT_POLL_S = 1.0  # how often a server checks that its parent still runs
 
 
@@ -121,13 +123,18 @@ def main() -> None:
     """The process's entry point: the server stack's imports, the spec from stdin, then
     serve. End-of-file instead of a spec (a parent gone or not needing it): exit quietly."""
     _import_server_stack()
+    imported = process_age_s()
     try:
         spec: ApiServerSpec = pickle.load(sys.stdin.buffer)
     except EOFError:
         return
+    arrived = process_age_s()
     sys.path[:] = spec.sys_path
     logging.basicConfig(level=spec.log_level.upper(),
                         format=log_prefix() + "%(levelname)s %(name)s: %(message)s")
+    # which of the two a warm start's API server waited for: its imports or its spec
+    logger.info("interpreter timeline: imports done at %s s, spec at %s s",
+                *(f"{age:.2f}" if age is not None else "?" for age in (imported, arrived)))
     run_api_server(spec)
 
 
