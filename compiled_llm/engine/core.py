@@ -288,7 +288,9 @@ class EngineCore:
         for rid, rows in result.prompt_logprobs.items():
             req = _scheduled_request(rid, sched)
             req.prompt_logprobs.extend(rows)  # the core counts progress by them
-            self._news_of(rid).prompt_logprobs = rows
+            news = self._news_of(rid)  # two steps may land before an output is taken
+            news.prompt_logprobs = rows if news.prompt_logprobs is None else \
+                news.prompt_logprobs + rows
         counts = _output_counts(sched) if self.spec_config is not None else None
         for req in self.scheduler.resolve(sched, result.sampled):
             out = self._news_of(req.request_id)

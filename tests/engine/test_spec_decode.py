@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from compiled_llm import LLM, SamplingParams
 from tests.utils import hf_greedy, make_checkpoint, random_prompts
@@ -90,6 +91,24 @@ def test_chunked_prefill_and_preemption(ckpt, prompts, baseline):
     assert tight.engine.scheduler.num_preemptions > 0
     assert tight.engine.scheduler.spec_stats.num_accepted_tokens > 0
     assert tight.engine.num_used_blocks == 0
+
+
+def test_prompt_logprobs_of_every_chunk(ckpt):
+    """Chunked prefill under async scheduling (the default) with n-gram drafts: two steps'
+    chunks can land before an output is taken, and both reach prompt_logprobs."""
+    prompt = random_prompts(1, 300, lo=51, hi=52, seed=101)[0]
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0], -1)
+    llm = _llm(ckpt, speculative_config=NGRAM, max_num_batched_tokens=16)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, prompt_logprobs=0)
+    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    assert len(out.prompt_logprobs) == len(prompt) and out.prompt_logprobs[0] is None
+    for pos, row in enumerate(out.prompt_logprobs[1:], start=1):
+        assert list(row) == [prompt[pos]]
+        assert row[prompt[pos]].logprob == pytest.approx(ref[pos - 1, prompt[pos]].item(),
+                                                         abs=1e-4)
+    assert llm.engine.num_used_blocks == 0
 
 
 def test_stops_apply_to_accepted_tokens(ngram, prompts, baseline):
