@@ -176,6 +176,8 @@
 #                                         # user path (0.6B default and tuned, 8B default)
 #     bash benchmarks/h200_suite.sh 100   # a warm 8B serve's API-server timeline, their
 #                                         # imports under -X importtime
+#     bash benchmarks/h200_suite.sh 101   # Qwen3-0.6B nano-vllm default and tuned (ABBA),
+#                                         # Llama-3-8B nano-vllm default
 #     bash benchmarks/h200_suite.sh 84    # the quantized GPU tests, every packed kind (carry
 #                                         # .whl with compressed-tensors, loguru, psutil)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
@@ -661,6 +663,18 @@ $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --serve-only --serve-env X=1 X=1 --json $R/startup_serve.json
 $py -X importtime -c 'import compiled_llm.entrypoints.server.api_server as a; a._import_server_stack()' 2> $R/importtime_api_server.txt
 $py -X importtime -c 'import compiled_llm.entrypoints.server.api_server as a; a._import_server_stack()' 2> $R/importtime_api_server2.txt"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 101 ]; then  # one GPU: the nano-vllm user path on Qwen3-0.6B, default and
+  # tuned in ABBA order (one process each), then Llama-3-8B's default (with its tokenizer)
+  U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_nano.jsonl"
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --model $CK/qwen3-0.6b --label default
+$U --model $CK/qwen3-0.6b --label tuned --preset tuned
+$U --model $CK/qwen3-0.6b --label tuned --preset tuned
+$U --model $CK/qwen3-0.6b --label default
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
+$U --model $CK/llama3-8b --label default"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 96 ]; then  # one GPU (carry .whl): Qwen3-0.6B served at serve's defaults
   # with each slow step's device time logged (is a slow gap the device's or the host's?),
