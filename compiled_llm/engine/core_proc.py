@@ -85,6 +85,11 @@ def build_core(args: EngineArgs, spec: WorkerSpec | None,
 
         spec, eos_token_ids = core_spec_from_args(args)
     grammars = _LazyGrammars(args, spec, eos_token_ids)
+    import torch
+
+    # the seed of sampling without a per-request seed lives where the sampler runs: here, as
+    # an in-process engine seeds its own process before its worker starts
+    torch.manual_seed(args.seed)
     core = EngineCore(args, spec, grammars)
     grammars.vocab_size = core.info.vocab_size
     return core

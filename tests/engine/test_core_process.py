@@ -43,6 +43,21 @@ async def _collect(engine: AsyncLLM, prompt: str, params: SamplingParams, rid: s
     return final
 
 
+def test_seed_makes_unseeded_sampling_repeat_in_the_core_process():
+    """EngineArgs.seed seeds the process that samples: two engines whose cores run in
+    processes of their own, and one in-process core, draw the same unseeded samples. (One
+    request: which requests share a step, and so the draws, follows their arrival.)"""
+    params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
+
+    def sample(core_process: bool) -> list[int]:
+        with LLM(**vars(engine_args(seed=7, engine_core_process=core_process))) as llm:
+            return llm.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs[0].token_ids
+
+    first = sample(True)
+    assert sample(True) == first
+    assert sample(False) == first
+
+
 def test_process_core_matches_in_process_core_and_frees_everything(monkeypatch):
     monkeypatch.delenv("COMPILED_LLM_EARLY_LOAD", raising=False)  # the default: on
     with LLM(**vars(engine_args())) as llm:
