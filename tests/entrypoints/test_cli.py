@@ -190,9 +190,27 @@ def test_serve_options():
     ns = build_parser().parse_args(["serve", "--model", "m", "--port", "9001",
                                     "--api-key", "k", "--max-body-bytes", "100"])
     assert dataclass_from(ServeArgs, ns) == ServeArgs(port=9001)
-    assert dataclass_from(ServerConfig, ns, model_name="m") == ServerConfig("m", "k", 100)
+    assert dataclass_from(ServerConfig, ns, model_name="m") == ServerConfig("m", ["k"], 100)
     with pytest.raises(ValueError, match="port"):
         ServeArgs(port=70000)
+
+
+def test_serve_takes_several_api_keys_and_vllm_api_key(monkeypatch):
+    """--api-key takes several keys (any passes); without it serve reads VLLM_API_KEY."""
+    from compiled_llm.entrypoints.cli.serve import server_config
+
+    def cfg(*flags):
+        ns = build_parser().parse_args(["serve", "--model", "m", *flags])
+        return server_config(ns, engine_args(ns), dataclass_from(ServeArgs, ns))
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert cfg().api_key is None
+    assert cfg("--api-key", "k1", "k2").api_key == ["k1", "k2"]
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    assert cfg().api_key == ["from-env"]
+    assert cfg("--api-key", "k1").api_key == ["k1"]  # the flag wins, as in vLLM
+    with pytest.raises(ValueError, match="api_key"):
+        ServerConfig("m", [""])
 
 
 def test_the_script_entry_point_is_main():

@@ -120,8 +120,11 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 
 def server_config(ns: argparse.Namespace, args: EngineArgs, opts: ServeArgs) -> ServerConfig:
-    """The ServerConfig of serve's flags (the model's names, request logging derived)."""
-    return named_server_config(ns, args, opts.served_model_name,
+    """The ServerConfig of serve's flags (the model's names, request logging derived; no
+    --api-key: the key in VLLM_API_KEY, as vLLM's serve reads it)."""
+    keys = ns.api_key or ([os.environ["VLLM_API_KEY"]] if os.environ.get("VLLM_API_KEY")
+                          else None)
+    return named_server_config(ns, args, opts.served_model_name, api_key=keys,
                                enable_log_requests=ns.enable_log_requests
                                and not opts.disable_log_requests)
 

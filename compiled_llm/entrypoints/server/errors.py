@@ -103,13 +103,13 @@ OPEN_PATHS = frozenset({"/health", "/metrics", "/ping", "/version"})
 
 
 class GuardMiddleware:
-    """ASGI: every route but OPEN_PATHS needs `Authorization: Bearer <api_key>` when a key is
-    set (compared in constant time), headers must be UTF-8, and no body may exceed
+    """ASGI: every route but OPEN_PATHS needs `Authorization: Bearer <key>` for one of api_key
+    when keys are (compared in constant time), headers must be UTF-8, and no body may exceed
     max_body_bytes (by Content-Length, or counted as it streams in)."""
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(self, app, api_key: list[str] | None, max_body_bytes: int) -> None:
         self.app, self.limit = app, max_body_bytes
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.expected = [f"Bearer {key}".encode() for key in api_key] if api_key else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -138,7 +138,8 @@ class GuardMiddleware:
         (compare_digest: the time taken says nothing about how much of a guess matched)."""
         if self.expected is None or path in OPEN_PATHS:
             return True
-        return hmac.compare_digest(authorization.encode(), self.expected)
+        given = authorization.encode()  # every key compared: the time says nothing of which
+        return sum(hmac.compare_digest(given, key) for key in self.expected) > 0
 
     def _too_large(self) -> OpenAIError:
         return OpenAIError(413, f"request body exceeds {self.limit} bytes",

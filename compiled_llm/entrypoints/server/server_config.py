@@ -29,9 +29,10 @@ class ServerConfig:
 
     model_name: str
     """The model name replies carry, and one a request's model may give; /v1/models lists it."""
-    api_key: str | None = None
+    api_key: list[str] | None = None
     """Require `Authorization: Bearer KEY` on every route but /health, /metrics, /ping and
-    /version (default: no key)."""
+    /version, any of these keys (one string: that key; default: none, or serve's
+    VLLM_API_KEY)."""
     max_body_bytes: int = 16 << 20
     """Largest request body accepted, in bytes; larger bodies get 413."""
     max_completion_prompts: int = 1024
@@ -102,6 +103,10 @@ class ServerConfig:
         if self.reasoning_parser is not None:
             get_reasoning_parser(self.reasoning_parser)
         check_choices(self)
+        if isinstance(self.api_key, str):
+            self.api_key = [self.api_key]
+        if self.api_key is not None and not all(self.api_key):
+            raise ValueError("api_key: a key must not be empty")
         if self.chat_template is not None:  # the text from here on, read once at start
             self.chat_template = load_chat_template(self.chat_template)
 

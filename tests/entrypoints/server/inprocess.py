@@ -83,7 +83,7 @@ def serving(args: EngineArgs | None = None, **cfg) -> Iterator[InProcessServer]:
         if not thread.is_alive():
             raise RuntimeError("the in-process server did not start")
         time.sleep(0.02)
-    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    headers = {"Authorization": f"Bearer {config.api_key[0]}"} if config.api_key else {}
     try:
         yield InProcessServer(f"http://127.0.0.1:{port}", engine, server, thread, headers)
     finally:

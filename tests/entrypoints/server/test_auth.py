@@ -69,3 +69,13 @@ def test_item5_cors_follows_the_allowed_settings():
                                                        "Authorization": "Bearer k"})
         assert r.status_code == 200
         assert r.headers["access-control-allow-origin"] == "https://ok.example"
+
+
+def test_item5_any_of_several_keys_passes():
+    with serving(api_key=["first", "second"]) as srv:
+        for key in ("first", "second"):
+            r = httpx.get(f"{srv.url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 200, r.text
+        for value in ("Bearer third", "Bearer firstsecond", ""):
+            r = httpx.get(f"{srv.url}/v1/models", headers={"Authorization": value})
+            assert r.status_code == 401
