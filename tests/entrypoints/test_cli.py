@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -211,6 +212,14 @@ def test_serve_takes_several_api_keys_and_vllm_api_key(monkeypatch):
     assert cfg("--api-key", "k1").api_key == ["k1"]  # the flag wins, as in vLLM
     with pytest.raises(ValueError, match="api_key"):
         ServerConfig("m", [""])
+
+
+@pytest.mark.parametrize("flag", ["--version", "-v"])
+def test_version_flag(flag, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([flag])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == importlib.metadata.version("compiled-llm")
 
 
 def test_the_script_entry_point_is_main():

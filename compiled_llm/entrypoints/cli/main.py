@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import importlib.metadata
 import os
 import sys
 import threading
@@ -20,11 +21,20 @@ SUBCOMMANDS = (generate, compile_cmd, serve, bench, openai_client, run_batch)
 def build_parser() -> argparse.ArgumentParser:
     """The `compiled-llm` parser with every subcommand; no parser takes abbreviated flags."""
     parser = ArgumentParser(prog="compiled-llm")
+    parser.add_argument("-v", "--version", action="version", version=_version())
     # a subparsers action makes its parsers of its parent's class: every level refuses them
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module in SUBCOMMANDS:
         module.add_parser(subparsers)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (read without importing the package: no torch)."""
+    try:
+        return importlib.metadata.version("compiled-llm")
+    except importlib.metadata.PackageNotFoundError:  # a tree on sys.path, not installed
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
