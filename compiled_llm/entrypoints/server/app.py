@@ -23,7 +23,7 @@ from compiled_llm.entrypoints.server.errors import (
 )
 from compiled_llm.entrypoints.server.lora_routes import ServedLoRAs, add_lora_routes
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
-from compiled_llm.entrypoints.server.openapi import STREAM, errors, install_openapi
+from compiled_llm.entrypoints.server.openapi import STREAM, errors, install_openapi, new_app
 from compiled_llm.entrypoints.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -49,7 +49,7 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics,
               shared_dir: str | None = None) -> FastAPI:
     """The app for engine; metrics must be the engine's observer. shared_dir: a directory
     the API server processes of one engine share (stored responses live there)."""
-    app = FastAPI(title="compiled-llm", docs_url=None, redoc_url=None)
+    app = new_app(cfg.disable_fastapi_docs)
     install_handlers(app)
     install_openapi(app, OPEN_PATHS, keyed=cfg.api_key is not None)
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
@@ -196,5 +196,5 @@ def uvicorn_config(app: FastAPI, host: str, port: int, cfg: ServerConfig,
 
     return uvicorn.Config(app, host=host, port=port,
                           log_level=cfg.uvicorn_log_level or log_level,
-                          timeout_keep_alive=30,
+                          timeout_keep_alive=30, root_path=cfg.root_path or "",
                           timeout_graceful_shutdown=cfg.timeout_graceful_shutdown, **options)

@@ -1,6 +1,6 @@
 """The server's OpenAPI spec made to match what it answers: every error an OpenAI error object
 with its real status (400 where FastAPI would document 422), streams as text/event-stream,
-/health an empty body, /metrics Prometheus text."""
+/health an empty body, /metrics Prometheus text; with the docs pages beside it unless disabled."""
 
 from __future__ import annotations
 
@@ -23,6 +23,14 @@ def errors(*statuses: int) -> dict:
     return {status: {"model": ErrorResponse, "description": _WHY[status]} for status in statuses}
 
 
+def new_app(disable_docs: bool) -> FastAPI:
+    """The server's FastAPI app: /openapi.json, /docs and /redoc unless disable_docs (a proxy's
+    root_path is uvicorn's: the spec lists it as the server)."""
+    docs = not disable_docs
+    return FastAPI(title="compiled-llm", openapi_url="/openapi.json" if docs else None,
+                   docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None)
+
+
 def install_openapi(app: FastAPI, open_paths: frozenset[str], keyed: bool) -> None:
     """Serve a spec without FastAPI's 422 validation responses (the app answers 400), errors
     as JSON on every route, and, when keyed, the bearer key on all but open_paths."""
@@ -31,7 +39,8 @@ def install_openapi(app: FastAPI, open_paths: frozenset[str], keyed: bool) -> No
         if app.openapi_schema is None:
             with warnings.catch_warnings():  # a route of two methods: its ids are made unique
                 warnings.filterwarnings("ignore", "Duplicate Operation ID")
-                schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+                schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                                     servers=app.servers or None)
             for path, operations in schema["paths"].items():
                 for method, operation in operations.items():
                     _fix_responses(operation["responses"])

@@ -15,7 +15,7 @@ from compiled_llm.config import EngineArgs
 from compiled_llm.entrypoints.async_pooling import AsyncPoolingLLM, PoolingTokens
 from compiled_llm.entrypoints.server.errors import OPEN_PATHS, GuardMiddleware, install_handlers
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
-from compiled_llm.entrypoints.server.openapi import errors, install_openapi
+from compiled_llm.entrypoints.server.openapi import errors, install_openapi, new_app
 from compiled_llm.entrypoints.server.protocol import ModelCard, ModelList
 from compiled_llm.entrypoints.server.server_config import ServerConfig
 from compiled_llm.entrypoints.server.serving import TokenServing
@@ -33,7 +33,7 @@ def build_pooling_app(engine: AsyncPoolingLLM, cfg: ServerConfig,
     """The app for a pooling engine; metrics: its own registry when None."""
     # request counters and latency only: the engine gauges read a generating engine's stats
     metrics = ServerMetrics(cfg.model_name) if metrics is None else metrics
-    app = FastAPI(title="compiled-llm", docs_url=None, redoc_url=None)
+    app = new_app(cfg.disable_fastapi_docs)
     install_handlers(app)
     install_openapi(app, OPEN_PATHS, keyed=cfg.api_key is not None)
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)

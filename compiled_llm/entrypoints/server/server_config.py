@@ -54,6 +54,10 @@ class ServerConfig:
     """CORS: request headers allowed from those origins (default: any)."""
     allow_credentials: bool = False
     """CORS: let browsers send credentials (cookies, HTTP auth) cross-origin."""
+    disable_fastapi_docs: bool = False
+    """Serve no OpenAPI spec (/openapi.json), Swagger UI (/docs) or ReDoc (/redoc)."""
+    root_path: str | None = None
+    """The path prefix a path-routing proxy serves this server under (FastAPI's root_path)."""
     otlp_traces_endpoint: str | None = None
     """Send an OpenTelemetry `llm_request` span per request to this OTLP endpoint (gRPC, or
     http/protobuf by OTEL_EXPORTER_OTLP_TRACES_PROTOCOL), as vLLM does; needs the `otel`

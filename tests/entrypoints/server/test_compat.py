@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from compiled_llm.entrypoints.server.vllm_metrics import ALIASES
 from tests.entrypoints.server.conftest import API_KEY
+from tests.entrypoints.server.inprocess import serving
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -190,3 +191,19 @@ def test_chat_text_parts_are_joined_by_newlines(client, server):
         extra_body={"add_generation_prompt": False, "echo": True})
     assert out.usage.prompt_tokens == len(tokens("The quick\nbrown fox"))
     assert out.choices[0].message.content.startswith("The quick\nbrown fox")  # echo, joined
+
+
+def test_docs_pages_served_unless_disabled_and_root_path():
+    """/openapi.json, /docs and /redoc as FastAPI serves them by default;
+    disable_fastapi_docs removes all three; root_path names the proxy's prefix in the spec."""
+    with serving(root_path="/proxy") as srv:
+        for path in ("/docs", "/redoc"):
+            r = httpx.get(f"{srv.url}{path}")
+            assert r.status_code == 200 and "text/html" in r.headers["content-type"]
+        spec = httpx.get(f"{srv.url}/openapi.json").json()
+        assert spec["servers"] == [{"url": "/proxy"}]
+        assert httpx.get(f"{srv.url}/v1/models").status_code == 200
+    with serving(disable_fastapi_docs=True) as srv:
+        for path in ("/openapi.json", "/docs", "/redoc"):
+            assert httpx.get(f"{srv.url}{path}").status_code == 404
+        assert httpx.get(f"{srv.url}/v1/models").status_code == 200
