@@ -89,9 +89,7 @@ class Worker:
             self.runner.capture_cudagraphs()
         kernels.mark("capture")
         kernels.log()
-        # sampling's global generator in the same state at the first step however the start
-        # went (weights read early in a core process, or not): the seed's draws repeat
-        torch.manual_seed(args.seed)
+        torch.manual_seed(args.seed)  # sampling's draws repeat however the start went
         self.startup_seconds = {"load": loaded - start, "compile_and_profile": profiled - loaded,
                                 "kv_cache": allocated - profiled, "warmup": warm - allocated,
                                 "cudagraphs": time.perf_counter() - warm}

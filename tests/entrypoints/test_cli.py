@@ -222,6 +222,34 @@ def test_version_flag(flag, capsys):
     assert capsys.readouterr().out.strip() == importlib.metadata.version("compiled-llm")
 
 
+def test_config_file_flags_come_first_and_the_command_line_wins(tmp_path):
+    """--config FILE (vLLM's): a YAML mapping of flags, read as if placed before the command
+    line's own flags."""
+    from compiled_llm.entrypoints.cli.config_file import expand_config
+
+    path = tmp_path / "serve.yaml"
+    path.write_text("port: 9001\nmax_num_seqs: 3\nenable-prefix-caching: false\n"
+                    "served-model-name: [a, b]\n"
+                    "speculative-config: {method: ngram, num_speculative_tokens: 2}\n")
+    argv = ["serve", "--model", "m", "--config", str(path), "--max-num-seqs", "5"]
+    ns = build_parser().parse_args(expand_config(argv, str(path)))
+    args = engine_args(ns)
+    assert (ns.port, args.max_num_seqs, args.enable_prefix_caching) == (9001, 5, False)
+    assert ns.served_model_name == ["a", "b"] and args.model == "m"
+    assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 2}
+
+
+@pytest.mark.parametrize("text,message", [(None, "cannot read"), ("- 1\n", "mapping"),
+                                          ("no-such-flag: 1\n", "no-such-flag")])
+def test_config_file_refusals(tmp_path, capsys, text, message):
+    path = tmp_path / "bad.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--config", str(path)])  # refused before any server starts
+    assert done.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_the_script_entry_point_is_main():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     module, func = scripts["compiled-llm"].split(":")

@@ -12,6 +12,7 @@ import typing
 from typing import Any
 
 from compiled_llm.config import EngineArgs, config_docs, field_choices, split_optional
+from compiled_llm.entrypoints.cli.config_file import add_config_flag
 from compiled_llm.parallel_config import ParityArgs
 
 # earlier spellings that keep working, and vLLM's where it names a field differently
@@ -199,12 +200,13 @@ def dataclass_from(cls: type, namespace: argparse.Namespace, **overrides: Any) -
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """The engine flags every subcommand that builds an engine takes: one per EngineArgs
-    field, vLLM's spellings, plus the aliases in ENGINE_ARG_ALIASES."""
+    field, vLLM's spellings, plus the aliases in ENGINE_ARG_ALIASES, and --config."""
     parity = tuple(f.name for f in dataclasses.fields(ParityArgs))
     add_dataclass_args(parser, EngineArgs, aliases=ENGINE_ARG_ALIASES, exclude=parity,
                        title="engine options (EngineArgs)")
     add_dataclass_args(parser, ParityArgs, title="vLLM's options that change nothing here, "
                                                  "or are refused (ParityArgs)")
+    add_config_flag(parser)
 
 
 def engine_args(namespace: argparse.Namespace) -> EngineArgs:

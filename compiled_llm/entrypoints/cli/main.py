@@ -13,6 +13,7 @@ import threading
 from compiled_llm.entrypoints.cli import bench, generate, openai_client, run_batch, serve
 from compiled_llm.entrypoints.cli import compile as compile_cmd
 from compiled_llm.entrypoints.cli.args import ArgumentParser
+from compiled_llm.entrypoints.cli.config_file import DEST, expand_config
 
 # each has add_parser(subparsers); openai_client's registers `chat` and `complete`
 SUBCOMMANDS = (generate, compile_cmd, serve, bench, openai_client, run_batch)
@@ -39,7 +40,14 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse argv and run the subcommand; bad input exits 2 with the message."""
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if getattr(ns, DEST, None):  # again, the file's flags first: the command line's win
+        try:
+            ns = parser.parse_args(expand_config(sys.argv[1:] if argv is None else argv,
+                                                 getattr(ns, DEST)))
+        except ValueError as e:
+            parser.error(str(e))
     try:
         code = ns.func(ns)
     except ValueError as e:

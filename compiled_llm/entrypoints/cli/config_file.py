@@ -1,0 +1,60 @@
+"""`--config FILE`: a YAML mapping of flag names to values, read as if its flags came first on
+the command line (so the command line's own flags win), as vLLM's --config file is."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+DEST = "config_file"
+
+
+def add_config_flag(parser: argparse.ArgumentParser) -> None:
+    """The --config flag of a subcommand that takes engine or server flags."""
+    parser.add_argument("--config", dest=DEST, default=None, metavar="YAML",
+                        help="a YAML file of flags (key: value, keys spelt as the flags "
+                             "without their dashes); flags given on the command line win")
+
+
+def yaml_flags(path: str) -> list[str]:
+    """The command-line flags of a YAML mapping: `key: value` is --key VALUE, true --key,
+    false --no-key, a list --key A B, a mapping --key JSON. ValueError naming the file."""
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"config: cannot read {path}: {exc}") from None
+    if loaded is None:
+        return []
+    if not isinstance(loaded, dict):
+        raise ValueError(f"config: {path} must hold a mapping of flag names to values")
+    return [arg for key, value in loaded.items() for arg in _flag(str(key), value)]
+
+
+def _flag(key: str, value: Any) -> list[str]:
+    name = "--" + key.lstrip("-")
+    if isinstance(value, bool):
+        return [name] if value else ["--no-" + key.lstrip("-")]
+    if isinstance(value, list):
+        return [name, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)]
+    if isinstance(value, dict):
+        return [name, json.dumps(value)]
+    return [name, str(value)]
+
+
+def expand_config(argv: list[str], path: str) -> list[str]:
+    """argv without its --config flag, the file's flags placed before its first flag (after
+    the subcommand and any positional model)."""
+    rest, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--config":
+            skip = True
+        elif not arg.startswith("--config="):
+            rest.append(arg)
+    first_flag = next((i for i, arg in enumerate(rest) if arg.startswith("-")), len(rest))
+    return rest[:first_flag] + yaml_flags(path) + rest[first_flag:]
