@@ -250,6 +250,25 @@ def test_config_file_refusals(tmp_path, capsys, text, message):
     assert done.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("keyword,shown,hidden", [
+    ("max-num-seqs", "--max-num-seqs", "--port"),
+    ("max_num_seqs", "--max-num-seqs", "--port"),
+    ("listgroup", "request guards", "--max-num-seqs"),
+    ("request guards", "--api-key", "--max-num-seqs")])
+def test_help_keyword(keyword, shown, hidden, capsys):
+    """vLLM's --help=KEYWORD: the flags whose names hold it, listgroup, or one group."""
+    with pytest.raises(SystemExit) as done:
+        main(["serve", f"--help={keyword}"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and shown in out and hidden not in out
+
+
+def test_help_keyword_matching_nothing(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--help=no-such-thing"])
+    assert done.value.code == 2 and "listgroup" in capsys.readouterr().err
+
+
 def test_the_script_entry_point_is_main():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     module, func = scripts["compiled-llm"].split(":")

@@ -37,9 +37,37 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):
-        """argparse's, on the normalized command line."""
+        """argparse's, on the normalized command line; --help=KEYWORD (a parser without
+        subcommands) prints the flags it names and exits."""
         argv = sys.argv[1:] if args is None else list(args)
+        keyword = next((arg.partition("=")[2] for arg in argv if arg.startswith("--help=")),
+                       None)
+        if keyword is not None and self._subparsers is None:
+            self._help_matching(keyword)
         return super().parse_known_args(normalize_argv(argv), namespace)
+
+    def _help_matching(self, keyword: str) -> None:
+        """vLLM's --help=KEYWORD: `listgroup` lists the flag groups, a group's title shows that
+        group, anything else the flags whose names hold it (- and _ alike)."""
+        groups = [g for g in self._action_groups if g._group_actions]
+        if keyword == "listgroup":
+            self._print_message("".join(f"{g.title}\n" for g in groups), sys.stdout)
+            self.exit(0)
+        formatter = self._get_formatter()
+        chosen = [g for g in groups if (g.title or "").lower() == keyword.lower()]
+        wanted = keyword.lower().lstrip("-").replace("_", "-")
+        matching = [a for g in groups for a in g._group_actions
+                    if any(wanted in flag.lower() for flag in a.option_strings)]
+        if not chosen and not matching:
+            self.error(f"--help={keyword}: no flag or group matches (--help=listgroup lists "
+                       "the groups)")
+        for title, actions in ([(g.title, g._group_actions) for g in chosen]
+                               or [(f"flags matching {keyword!r}", matching)]):
+            formatter.start_section(title)
+            formatter.add_arguments(actions)
+            formatter.end_section()
+        self._print_message(formatter.format_help(), sys.stdout)
+        self.exit(0)
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
