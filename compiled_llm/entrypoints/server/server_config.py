@@ -54,6 +54,11 @@ class ServerConfig:
     """CORS: request headers allowed from those origins (default: any)."""
     allow_credentials: bool = False
     """CORS: let browsers send credentials (cookies, HTTP auth) cross-origin."""
+    enable_force_include_usage: bool = False
+    """End every stream with a usage chunk, as if its stream_options asked for it."""
+    return_tokens_as_token_ids: bool = False
+    """Show every token of logprobs as "token_id:{id}" (a request's own field does it for
+    that request)."""
     disable_fastapi_docs: bool = False
     """Serve no OpenAPI spec (/openapi.json), Swagger UI (/docs) or ReDoc (/redoc)."""
     root_path: str | None = None

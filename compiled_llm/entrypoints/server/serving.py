@@ -51,9 +51,15 @@ class TokenServing:
             return None
         lora = None if self.loras is None else self.loras.get(name)
         if lora is None:
+            served = ", ".join(repr(served) for served in self.cfg.model_names)
             raise OpenAIError(404, f"the model {name!r} does not exist; this server serves "
-                              f"{self.model_name!r}", param="model", code="model_not_found")
+                              f"{served}", param="model", code="model_not_found")
         return lora
+
+    def tokens_as_ids(self, req) -> bool:
+        """Whether req's logprobs show tokens as "token_id:{id}": its own
+        return_tokens_as_token_ids, or the server's (--return-tokens-as-token-ids)."""
+        return bool(req.return_tokens_as_token_ids or self.cfg.return_tokens_as_token_ids)
 
     async def encode(self, text: str, add_special_tokens: bool = True,
                      name: str = "prompt") -> list[int]:

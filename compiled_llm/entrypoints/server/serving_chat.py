@@ -21,9 +21,9 @@ from compiled_llm.entrypoints.server.streaming import (
     abort_on_disconnect,
     chat_logprobs,
     choice_events,
-    continuous_usage,
     prompt_logprobs_json,
     sse,
+    stream_usage,
     usage,
 )
 from compiled_llm.output.outputs import CompletionOutput, RequestOutput
@@ -84,7 +84,7 @@ class ServingChat(Serving):
     def _response(self, out: RequestOutput, rid: str, req: ChatCompletionRequest,
                   num_top: int | None, reply: ReplyFormat, echo: str | None, role: str) -> dict:
         self.check_output(out)
-        as_ids = req.return_tokens_as_token_ids
+        as_ids = self.tokens_as_ids(req)
         choices = []
         for o in out.outputs:
             message, finish_reason = reply.message(o.text, o.finish_reason, role)
@@ -126,7 +126,8 @@ class ServingChat(Serving):
                                "created": created, "model": self.reply_model(req.model)})
 
         # vLLM: usage on every chunk only with include_usage and continuous_usage_stats
-        continuous = continuous_usage(req.stream_options)
+        final_usage, continuous = stream_usage(req.stream_options,
+                                               self.cfg.enable_force_include_usage)
 
         def chunk(choices: list, **extra) -> str:
             if continuous and choices:
@@ -152,7 +153,7 @@ class ServingChat(Serving):
                     streamer, done = streamers[completion.index], completion.finish_reason
                     delta = streamer.feed(completion.text, done is not None,
                                           completion.token_ids)
-                    logprobs = self._logprobs(completion, num_top, req.return_tokens_as_token_ids)
+                    logprobs = self._logprobs(completion, num_top, self.tokens_as_ids(req))
                     if not delta and not reply.parses:
                         delta = {"content": ""}  # vLLM's plain delta: the text, "" too
                     elif (not delta and done is None and logprobs is None
@@ -168,7 +169,7 @@ class ServingChat(Serving):
             yield sse(exc.body())
         finally:  # a client gone mid-stream closes us: free its blocks now
             stream.abort()
-        if req.stream_options and req.stream_options.include_usage:
+        if final_usage:
             cached = self.cached_tokens([] if last is None else [last])
             thinking = _sum_or_none(s.reasoning_tokens() for s in streamers)
             yield chunk([], usage=usage(prompt_len, gen, cached, thinking))

@@ -19,10 +19,10 @@ from compiled_llm.entrypoints.server.streaming import (
     abort_on_disconnect,
     choice_events,
     completion_logprobs,
-    continuous_usage,
     merge_streams,
     prompt_logprobs_json,
     sse,
+    stream_usage,
     usage,
 )
 from compiled_llm.output.outputs import CompletionOutput
@@ -132,7 +132,7 @@ class ServingCompletion(Serving):
         if req.logprobs is not None:
             logprobs = completion_logprobs(ids, entries, req.logprobs, offset,
                                            unscored=prompt.first_token,
-                                           as_ids=req.return_tokens_as_token_ids)
+                                           as_ids=self.tokens_as_ids(req))
         choice = {"index": prompt_index * req.n + completion.index, "text": text,
                   "logprobs": logprobs, "finish_reason": completion.finish_reason,
                   "stop_reason": completion.stop_reason}
@@ -162,7 +162,8 @@ class ServingCompletion(Serving):
     async def _chunks(self, req: CompletionRequest, streams, rid: str,
                       prompts) -> AsyncIterator[str]:
         created, offsets, counts, lasts = int(time.time()), {}, {}, {}
-        options = req.stream_options
+        final_usage, continuous = stream_usage(req.stream_options,
+                                               self.cfg.enable_force_include_usage)
 
         chunk = choice_events({"id": rid, "object": "text_completion", "created": created,
                                "model": self.reply_model(req.model)})
@@ -179,7 +180,7 @@ class ServingCompletion(Serving):
                     offsets[index] = offsets.get(index, 0) + len(choice["text"])
                     counts[index] = counts.get(index, 0) + tokens
                     extra = {}
-                    if continuous_usage(options):
+                    if continuous:
                         extra["usage"] = usage(len(prompts[i].token_ids), counts[index])
                     yield chunk([choice], **extra)
         except OpenAIError as exc:
@@ -187,7 +188,7 @@ class ServingCompletion(Serving):
         finally:
             for stream in streams:
                 stream.abort()
-        if options and options.include_usage:
+        if final_usage:
             yield chunk([], usage=usage(sum(len(p.token_ids) for p in prompts),
                                         sum(counts.values()),
                                         self.cached_tokens(list(lasts.values()))))

@@ -172,10 +172,12 @@ def _completion_top(token_id: int, entry: dict[int, Logprob], num_top: int,
     return top
 
 
-def continuous_usage(options) -> bool:
-    """Whether every chunk carries the usage so far: vLLM's continuous_usage_stats, which
-    counts only together with include_usage."""
-    return bool(options and options.include_usage and options.continuous_usage_stats)
+def stream_usage(options, force: bool) -> tuple[bool, bool]:
+    """(a last chunk with the usage, every chunk with the usage so far) of a stream: its
+    stream_options' include_usage, or force (--enable-force-include-usage); vLLM's
+    continuous_usage_stats counts only together with include_usage."""
+    final = bool(force or (options and options.include_usage))
+    return final, bool(final and options and options.continuous_usage_stats)
 
 
 def _finite(logprob: float) -> float:

@@ -1,7 +1,10 @@
 """vLLM-compatible extras on the live server: GET /v1/models/{id}, /tokenizer_info, /version,
-/ping, and the `vllm:` Prometheus names beside the server's own."""
+/ping, the `vllm:` Prometheus names beside the server's own, the docs pages, and vLLM's
+server-wide flags for usage and token ids."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import openai
@@ -10,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from compiled_llm.entrypoints.server.vllm_metrics import ALIASES
 from tests.entrypoints.server.conftest import API_KEY
-from tests.entrypoints.server.inprocess import serving
+from tests.entrypoints.server.inprocess import MODEL, serving
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -207,3 +210,32 @@ def test_docs_pages_served_unless_disabled_and_root_path():
         for path in ("/openapi.json", "/docs", "/redoc"):
             assert httpx.get(f"{srv.url}{path}").status_code == 404
         assert httpx.get(f"{srv.url}/v1/models").status_code == 200
+
+
+def _events(response: httpx.Response) -> list[dict]:
+    lines = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    return [json.loads(line) for line in lines if line != "[DONE]"]
+
+
+def test_server_wide_usage_and_token_ids():
+    """--enable-force-include-usage ends every stream with its usage chunk (no
+    stream_options needed); --return-tokens-as-token-ids shows logprobs' tokens as ids."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+            "logprobs": True, "top_logprobs": 1}
+    completion = {"model": MODEL, "prompt": "The quick", "max_tokens": 3, "logprobs": 1}
+    with serving(enable_force_include_usage=True, return_tokens_as_token_ids=True) as srv:
+        for path, body in (("/v1/chat/completions", chat), ("/v1/completions", completion)):
+            events = _events(httpx.post(f"{srv.url}{path}", json={**body, "stream": True},
+                                        timeout=60))
+            assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
+            assert all("usage" not in event for event in events[:-1])
+        content = httpx.post(f"{srv.url}/v1/chat/completions", json=chat, timeout=60).json()[
+            "choices"][0]["logprobs"]["content"]
+        assert all(entry["token"].startswith("token_id:") for entry in content)
+        tokens = httpx.post(f"{srv.url}/v1/completions", json=completion, timeout=60).json()[
+            "choices"][0]["logprobs"]["tokens"]
+        assert len(tokens) == 3 and all(token.startswith("token_id:") for token in tokens)
+    with serving() as srv:  # the defaults: no usage chunk unless asked, tokens as text
+        events = _events(httpx.post(f"{srv.url}/v1/completions",
+                                    json={**completion, "stream": True}, timeout=60))
+        assert all("usage" not in event or event["usage"] is None for event in events)
