@@ -67,6 +67,7 @@ ModelRegistry = _ModelRegistry({
     "LlamaForCausalLM": "compiled_llm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "compiled_llm.models.llama:MistralForCausalLM",
     "MixtralForCausalLM": "compiled_llm.models.mixtral:MixtralForCausalLM",
+    "Phi3ForCausalLM": "compiled_llm.models.phi3:Phi3ForCausalLM",
     "Qwen2ForCausalLM": "compiled_llm.models.llama:Qwen2ForCausalLM",
     "Qwen2MoeForCausalLM": "compiled_llm.models.qwen2_moe:Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM": "compiled_llm.models.qwen3:Qwen3ForCausalLM",

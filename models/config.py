@@ -175,7 +175,7 @@ class DecoderConfig:
         heads = hf_config["num_attention_heads"]
         head_dim = get("head_dim") or hf_config["hidden_size"] // heads
         theta, scaling = rope_params(hf_config, get)
-        _check_rotary_dim(scaling, head_dim)
+        cls.check_rotary(scaling, head_dim)
         moe = MoeConfig.from_hf(get)
         act = get("hidden_act", "silu")
         _check_hidden_act(act, moe is not None)
@@ -204,6 +204,11 @@ class DecoderConfig:
             architecture=(hf_config.get("architectures") or [""])[0],
             moe=moe,
         )
+
+    @staticmethod
+    def check_rotary(scaling: dict[str, Any], head_dim: int) -> None:
+        """ValueError for a rotary setting the model's table cannot apply (every dim turns)."""
+        _check_rotary_dim(scaling, head_dim)
 
     @staticmethod
     def sliding_layers(hf_config: dict[str, Any], get) -> tuple[int, ...] | None:

@@ -81,7 +81,12 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(self.layer_cls(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(cfg, max_len)
+        self.rotary_emb = RotaryEmbedding(self.rotary_config(cfg), max_len)
+
+    @staticmethod
+    def rotary_config(cfg: DecoderConfig) -> DecoderConfig:
+        """The config the rotary table is built from (every dim of a head turns)."""
+        return cfg
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden]."""

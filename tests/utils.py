@@ -28,6 +28,8 @@ CONFIGS = {
         "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}}),
     "mistral": ("MistralConfig", {"sliding_window": 24, "head_dim": 16}),
     "qwen2": ("Qwen2Config", {"use_sliding_window": False}),
+    # one qkv_proj and one gate_up_proj, a window on every layer
+    "phi3": ("Phi3Config", {"sliding_window": 24, "pad_token_id": None}),
     "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}),
     # biased o_proj (attention_bias) and MLP (mlp_bias); YaRN past its original length
     "llama_biases": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
@@ -69,6 +71,13 @@ EXTRA_CONFIGS = {
         "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
         "short_factor": [1.0 + 0.1 * i for i in range(8)],
         "long_factor": [2.0 + 0.5 * i for i in range(8)]}}),
+    # Phi-4 mini's shape of config: LongRoPE, a tied head, 3/4 of each head turned
+    "phi3_longrope_partial": ("Phi3Config", {
+        "tie_word_embeddings": True, "pad_token_id": None, "original_max_position_embeddings": 32,
+        "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.75,
+                            "short_factor": [1.0 + 0.1 * i for i in range(6)],
+                            "long_factor": [2.0 + 0.5 * i for i in range(6)]}}),
     "llama_proportional_rope": ("LlamaConfig", {"partial_rotary_factor": 0.5, "rope_parameters": {
         "rope_type": "proportional", "rope_theta": 10000.0, "factor": 2.0}}),
     "llama_gelu": ("LlamaConfig", {"hidden_act": "gelu", "mlp_bias": True}),

@@ -6,6 +6,7 @@ with an error naming it, not a hang; shutdown stops the workers and leaves the g
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import multiprocessing
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 
 import torch
 
@@ -112,7 +114,25 @@ def _check_model(args: EngineArgs, model_dir: str) -> None:
     if args.pipeline_parallel_size > 1:
         check_pipeline(model_cls, config, args.pipeline_parallel_size)
     if args.tensor_parallel_size > 1:
+        if not getattr(model_cls, "supports_tensor_parallel", True):
+            raise ValueError(f"tensor_parallel_size {args.tensor_parallel_size}: "
+                             f"{config.architecture} is not sharded yet (run it with 1)")
         check_shardable(config, args.tensor_parallel_size, args.enable_expert_parallel)
+
+
+def _shutdown_at_exit(executor: MultiprocExecutor):
+    """Register the executor's shutdown to run at interpreter exit, while the modules it needs
+    are whole (a script that ends with its engine alive); a weak reference, so a dropped
+    engine is still collected. Returns the hook shutdown() unregisters."""
+    ref = weakref.ref(executor)
+
+    def at_exit() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.shutdown()
+
+    atexit.register(at_exit)
+    return at_exit
 
 
 class MultiprocExecutor(UniProcExecutor):
@@ -133,6 +153,7 @@ class MultiprocExecutor(UniProcExecutor):
         _check_model(args, spec.model_dir)
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         self.procs = [self.rank_cls(args, spec, rank, init_method) for rank in range(1, world)]
+        self._at_exit = _shutdown_at_exit(self)
         try:
             spec = rank_spec(spec, 0)
             self.tp = init_tp_group(0, world, init_method, spec.device,
@@ -181,16 +202,20 @@ class MultiprocExecutor(UniProcExecutor):
         """Run one step to the end on every rank."""
         return self._checked(super().execute, sched)
 
-    def __del__(self) -> None:
+    def __del__(self, suppress=contextlib.suppress) -> None:
         # a dropped engine (no shutdown call) must not leave its workers waiting on a step and
         # this process in their group: a later multi-rank engine here could not join one
-        with contextlib.suppress(Exception):
+        # (suppress bound now: at interpreter exit this module's names may be gone)
+        with suppress(Exception):
             self.shutdown()
 
     def shutdown(self) -> None:
         """Stop the workers (killed if they do not stop), free rank 0's device memory and
         leave the process group (idempotent)."""
         worker, self.worker = self.worker, None
+        at_exit = getattr(self, "_at_exit", None)
+        if at_exit is not None:
+            atexit.unregister(at_exit)
         if worker is not None:
             # one rank (mp at size 1): no followers, no stop message
             if self.procs and self.dead is None and all(p.exitcode is None for p in self.procs):

@@ -8,8 +8,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +24,7 @@ from compiled_llm.entrypoints.cli.args import add_engine_args, engine_args
 from tests.utils import make_checkpoint
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4)
 PROMPTS = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [9, 10, 11]}]
 
@@ -99,6 +104,30 @@ def test_unsplittable_models_are_refused_before_any_worker_starts(field, message
     with pytest.raises(ValueError, match=message):
         LLM(str(make_checkpoint("llama")), dtype="float32", enforce_eager=True,
             engine_core_process=False, **{field: 3})
+
+
+def test_phi3_tensor_parallel_is_refused_by_name():
+    with pytest.raises(ValueError, match="tensor_parallel_size 2: Phi3ForCausalLM"):
+        LLM(str(make_checkpoint("phi3")), dtype="float32", enforce_eager=True,
+            engine_core_process=False, tensor_parallel_size=2)
+
+
+def test_a_script_ending_with_its_engine_alive_exits_cleanly(tmp_path):
+    """No shutdown() call, the interpreter exits: the workers stop at exit, with nothing on
+    stderr about a failed __del__ (the modules it needs are still whole then)."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(f"""
+        from compiled_llm import LLM, SamplingParams
+        llm = LLM({str(make_checkpoint("llama"))!r}, dtype="float32", enforce_eager=True,
+                  max_model_len=128, kv_cache_memory_bytes=4 << 20, tensor_parallel_size=2)
+        out = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+        print("tokens", len(out[0].outputs[0].token_ids))
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "tokens 3" in done.stdout
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr
 
 
 def test_cli_flags_spell_the_parallel_fields():

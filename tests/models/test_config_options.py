@@ -84,6 +84,17 @@ def test_longrope_matches_transformers_across_its_original_length():
     assert_matches_transformers(ckpt, prompts, new_tokens=12, max_model_len=128)
 
 
+def test_phi3_partial_rotary_longrope_matches_transformers():
+    """Phi-4 mini's config shape: 3/4 of each head turned by LongRoPE, the rest passed. Within
+    the original length (transformers' Phi-3 recomputes the whole sequence with long_factor
+    once it crosses that length, which no per-position table follows; the default
+    max_model_len stays within it)."""
+    ckpt = make_checkpoint("phi3_longrope_partial")
+    assert model_len_bounds(load_hf_config(ckpt)) == (512, 32)
+    prompts = random_prompts(3, 300, lo=8, hi=20, seed=3)
+    assert_matches_transformers(ckpt, prompts, new_tokens=12)
+
+
 @pytest.mark.parametrize("cls_name,extra", [
     ("LlamaConfig", {"rope_theta": 500.0, "rope_scaling": {"type": "linear", "factor": 3.0}}),
     ("LlamaConfig", {"rope_parameters": {  # a legacy rope_scaling replaces rope_parameters

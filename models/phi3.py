@@ -1,0 +1,126 @@
+"""Phi-3 decoder (Phi-3, Phi-3.5 and Phi-4 mini): the Llama layout whose checkpoint holds q/k/v as
+one qkv_proj and gate/up as one gate_up_proj. The modules keep HF's names, so the weight map
+stays the identity, and each layer already has the 4 matmuls the horizontal fusion would make;
+a sliding_window applies to every layer and partial_rotary_factor turns the leading dims of each
+head (Phi-4 mini: 3/4), as in transformers' Phi3Model."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from compiled_llm.attention import attention
+from compiled_llm.models.config import MOE_KEYS, DecoderConfig
+from compiled_llm.models.layers import ACTIVATIONS, apply_rotary
+from compiled_llm.models.llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaModel,
+)
+
+
+@dataclasses.dataclass
+class Phi3Config(DecoderConfig):
+    """DecoderConfig whose rotary table covers rotary_dim = head_dim * partial_rotary_factor
+    dims (every rope type: transformers' Phi-3 reads the factor for each)."""
+
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dims of a head that RoPE turns; the rest pass through."""
+        return int(self.head_dim * self.rope_scaling.get("partial_rotary_factor", 1.0))
+
+    @staticmethod
+    def check_rotary(scaling: dict[str, Any], head_dim: int) -> None:
+        """LongRoPE's factors: one per turned pair of the rotary dims."""
+        rotary_dim = int(head_dim * scaling.get("partial_rotary_factor", 1.0))
+        if rotary_dim % 2 or rotary_dim <= 0:
+            raise ValueError(f"partial_rotary_factor must turn an even number of dims, got "
+                             f"{rotary_dim} of head_dim {head_dim}")
+        for key in ("short_factor", "long_factor") if scaling["rope_type"] == "longrope" else ():
+            if len(scaling[key]) not in (1, rotary_dim // 2):
+                raise ValueError(f"rope_scaling.{key} must have rotary dims / 2 = "
+                                 f"{rotary_dim // 2} entries, got {len(scaling[key])}")
+
+
+class Phi3Attention(LlamaAttention):
+    """GQA self-attention with RoPE over one qkv_proj (q rows, then k, then v) and o_proj."""
+
+    def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        del self.q_proj, self.k_proj, self.v_proj
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.rotary_dim = cfg.rotary_dim
+
+    def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """hidden [T, hidden] -> [T, hidden]; writes this layer's K/V into the cache."""
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], -1)
+        q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotate(q, k, rope)
+        attn_out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
+        return self.o_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
+
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """RoPE on the leading rotary_dim dims of each head; the rest pass through."""
+        if self.rotary_dim == self.head_dim:
+            return apply_rotary(q, k, rope)
+        dims = (self.rotary_dim, self.head_dim - self.rotary_dim)
+        (q_rot, q_pass), (k_rot, k_pass) = q.split(dims, -1), k.split(dims, -1)
+        q_rot, k_rot = apply_rotary(q_rot, k_rot, rope)  # [T, H, rotary_dim]
+        return torch.cat([q_rot, q_pass], -1), torch.cat([k_rot, k_pass], -1)
+
+
+class Phi3MLP(nn.Module):
+    """down_proj(act(gate) * up) with gate and up the two halves of gate_up_proj's output."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act_fn = ACTIVATIONS[cfg.hidden_act]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [T, hidden] -> [T, hidden]."""
+        gate, up = self.gate_up_proj(hidden).chunk(2, dim=-1)  # [T, I] each
+        return self.down_proj(self.act_fn(gate) * up)
+
+
+class Phi3DecoderLayer(LlamaDecoderLayer):
+    """The Llama layer with Phi3Attention and Phi3MLP."""
+
+    attention_cls = Phi3Attention
+
+    def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        self.mlp = Phi3MLP(cfg)
+
+
+class Phi3Model(LlamaModel):
+    """The Llama model with Phi-3 layers, its rotary table over the rotary dims."""
+
+    layer_cls = Phi3DecoderLayer
+
+    @staticmethod
+    def rotary_config(cfg: Phi3Config) -> DecoderConfig:
+        """The table of the rotary dims alone."""
+        return dataclasses.replace(cfg, head_dim=cfg.rotary_dim)
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    """Phi-3 for causal LM: the Llama contract over Phi3Model. Tensor parallelism, which
+    shards q/k/v and gate/up by those names, and LoRA adapters (of qkv_proj) are refused."""
+
+    model_cls = Phi3Model
+    config_cls = Phi3Config
+    supports_tensor_parallel = False
+    # read by transformers' Phi3 classes: no biases, one window for every layer
+    hf_unread = MOE_KEYS + ("attention_bias", "qkv_bias", "o_proj_bias", "mlp_bias",
+                            "use_sliding_window", "max_window_layers", "layer_types")
