@@ -276,9 +276,9 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
     """Schedule and launch step N+1 before reading step N's tokens, so host work overlaps the
     device; a step returns the previous step's outputs. Sampling that needs the previous token
     on the host (grammars, logits processors) reads it while step N+1's forward runs."""
-    seed: int = 0
+    seed: int | None = 0
     """torch's global seed, set at engine start: sampling without a per-request seed draws
-    from it."""
+    from it (None: 0, as vLLM's)."""
     skip_tokenizer_init: bool = False
     """Load no tokenizer: prompts must be token ids and outputs carry no text."""
     attention_backend: AttentionBackendName = "auto"
@@ -329,6 +329,9 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
         if self.max_decode_slowdown and not 1 < self.max_decode_slowdown < math.inf:
             raise ValueError(f"max_decode_slowdown must be > 1 and finite (or 0: none), got "
                              f"{self.max_decode_slowdown}")
+        self.seed = 0 if self.seed is None else self.seed
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"seed must be an int (or None), got {self.seed!r}")
         self.check_parity()
         self.resolve_hub_ids()  # after the cheap checks: it may download a checkpoint
         # a count or None (auto) from here on, whichever spelling was given

@@ -125,6 +125,18 @@ class ParityArgs:
     logprobs_mode: LogprobsMode = "raw_logprobs"
     """What logprobs report: raw_logprobs, the model's log-softmax before any sampling
     parameter (vLLM's default). vLLM's raw_logits and processed_* modes are refused."""
+    swap_space: float = 4
+    """vLLM's CPU swap space per GPU, in GiB. Accepted; it changes nothing: a preempted
+    request is recomputed, never swapped (as in vLLM's V1 engine)."""
+    cpu_offload_gb: float = 0
+    """vLLM's weights offloaded to CPU memory, in GiB. Not supported: 0 is accepted, more is
+    refused."""
+    max_seq_len_to_capture: int | None = None
+    """vLLM's longest sequence a CUDA graph covers. Accepted; it changes nothing: graphs here
+    are captured per token count (max_cudagraph_capture_size), whatever the context."""
+    disable_custom_all_reduce: bool = False
+    """vLLM's switch off of its custom all-reduce kernel. Accepted; it changes nothing:
+    tensor parallelism here all-reduces through torch.distributed (NCCL) alone."""
 
     def check_parity(self) -> None:
         """ValueError naming the first field set to something compiled-llm cannot do."""
@@ -139,6 +151,11 @@ class ParityArgs:
         if self.disable_sliding_window:
             raise ValueError("disable_sliding_window: not supported; sliding-window attention "
                              "runs as the model defines it")
+        if self.cpu_offload_gb:
+            raise ValueError(f"cpu_offload_gb={self.cpu_offload_gb!r}: offloading weights to "
+                             "CPU memory is not supported (give 0)")
+        if not isinstance(self.swap_space, int | float) or self.swap_space < 0:
+            raise ValueError(f"swap_space must be a number >= 0, got {self.swap_space!r}")
 
     def resolve_hub_ids(self) -> None:
         """model, tokenizer and a speculative draft given as Hugging Face Hub ids ("org/name")

@@ -352,3 +352,25 @@ class SamplingParams:
             bad_words=list(self.bad_words or []),
             extra_args=None if self.extra_args is None else dict(self.extra_args),
         )
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's LLM.beam_search settings: beam_width beams of at most max_tokens new tokens each,
+    scored by cumulative logprob / length ** length_penalty (the length with the prompt's
+    tokens, an ending EOS left out); temperature shapes the step's distribution."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not (isinstance(self.temperature, int | float) and self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")

@@ -1,11 +1,11 @@
-"""The offline API, shaped like vLLM's: LLM(model=...).generate(...) and .chat(...) with
-vLLM's template arguments; beam_search, sleep / wake_up, collective_rpc and apply_model are
-refused by name (this engine has none of them)."""
+"""The offline API, shaped like vLLM's: LLM(model=...).generate(...), .chat(...) with vLLM's
+template arguments and .beam_search(...); set_tokenizer, sleep / wake_up, collective_rpc,
+apply_model and the profiler hooks are refused by name (this engine has none of them)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import count
 from typing import Any
 
@@ -14,11 +14,12 @@ from tqdm.auto import tqdm
 from compiled_llm.config import EngineArgs
 from compiled_llm.engine.inputs import PromptType
 from compiled_llm.engine.llm_engine import DEMO_MODEL, LLMEngine, resolve_device
+from compiled_llm.entrypoints.beam_search import BeamSearchOutput, beam_search
 from compiled_llm.entrypoints.chat_utils import conversation, render
 from compiled_llm.entrypoints.llm_pooling import PoolingMixin, as_prompt_list, check_runner
 from compiled_llm.lora.request import LoRARequest
 from compiled_llm.output.outputs import RequestOutput
-from compiled_llm.sampling_params import RequestOutputKind, SamplingParams
+from compiled_llm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 
 class LLM(PoolingMixin):
@@ -80,13 +81,14 @@ class LLM(PoolingMixin):
         self,
         prompts: PromptType | Sequence[PromptType] | None = None,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        *,
+        use_tqdm: bool | Callable[..., Any] = True,
         priority: Sequence[int] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
-        *,
         prompt_token_ids: list[int] | list[list[int]] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in prompt order. priority (one per
+        """Generate for every prompt; outputs come back in prompt order (the options after
+        sampling_params are keyword-only, as vLLM's). priority (one per
         prompt) orders admission under scheduling_policy="priority": lower runs earlier.
         lora_request: one LoRARequest for every prompt, or one (or None) per prompt.
         prompt_token_ids: vLLM's older spelling of token prompts (prompts, if given, are
@@ -119,7 +121,7 @@ class LLM(PoolingMixin):
         self,
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., Any] = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         chat_template: str | None = None,
         chat_template_content_format: str = "auto",
@@ -151,20 +153,36 @@ class LLM(PoolingMixin):
         ids = [tok.encode(p, add_special_tokens=add_special_tokens) for p in prompts]
         # each output's prompt is the rendered conversation, as vLLM's
         return self.generate([{"prompt_token_ids": i, "prompt": p} for i, p in zip(ids, prompts)],
-                             sampling_params, use_tqdm, lora_request=lora_request)
+                             sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
-    def beam_search(self, prompts: Sequence[PromptType], params: Any,
+    def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
                     lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
-                    use_tqdm: bool = False, concurrency_limit: int | None = None) -> list:
-        """vLLM's beam search, which this engine does not have: always NotImplementedError."""
-        raise NotImplementedError(
-            "beam search is not supported by compiled-llm; use generate() (greedy, or n > 1 "
-            "samples ranked by cumulative_logprob with SamplingParams(logprobs=0))")
+                    use_tqdm: bool = False, concurrency_limit: int | None = None
+                    ) -> list[BeamSearchOutput]:
+        """vLLM's beam search (entrypoints/beam_search.py): each prompt's beam_width best
+        sequences, best first; each step's candidates come from generate()."""
+        check_runner(self.runner_type, "generate", "beam_search")
+        return beam_search(self, as_prompt_list(prompts), params, lora_request)
 
     def reset_prefix_cache(self) -> bool:
         """Forget the prefix cache's block hashes (vLLM's; True: it was reset)."""
         self.engine.reset_prefix_cache()
         return True
+
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """vLLM's tokenizer swap, which this engine does not have: NotImplementedError."""
+        raise NotImplementedError("set_tokenizer() is not supported by compiled-llm: give "
+                                  "LLM(tokenizer=...) when building the engine")
+
+    def start_profile(self) -> None:
+        """vLLM's torch-profiler hooks, which this engine does not have: NotImplementedError."""
+        raise NotImplementedError("start_profile() is not supported by compiled-llm: profile "
+                                  "with torch.profiler around generate() (engine_core_process"
+                                  "=False keeps the model in this process)")
+
+    def stop_profile(self) -> None:
+        """vLLM's torch-profiler hooks, which this engine does not have: NotImplementedError."""
+        raise NotImplementedError("stop_profile() is not supported by compiled-llm")
 
     def sleep(self, level: int = 1) -> None:
         """vLLM's sleep mode, which this engine does not have: NotImplementedError."""
@@ -188,15 +206,21 @@ class LLM(PoolingMixin):
         raise NotImplementedError("apply_model() is not supported by compiled-llm: the model "
                                   "is not reachable from LLM")
 
-    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, ids: list[str], use_tqdm: bool | Callable[..., Any]) -> list[RequestOutput]:
+        """Step until every request ends; use_tqdm: a progress bar, or (vLLM's) the callable
+        that makes one, e.g. functools.partial(tqdm, leave=False)."""
         done: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm)
+        make_bar = use_tqdm if callable(use_tqdm) else tqdm
+        bar = make_bar(total=len(ids), desc="Processed prompts", dynamic_ncols=True) \
+            if use_tqdm else None
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
                 if out.finished:
                     done[out.request_id] = out
-                    bar.update(1)
-        bar.close()
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
         return [done[i] for i in ids]
 
 

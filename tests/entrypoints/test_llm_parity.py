@@ -1,4 +1,4 @@
-"""The offline API where vLLM's has more: LLM.chat's template arguments, beam_search refused,
+"""The offline API where vLLM's has more: LLM.chat's template arguments, methods refused,
 llm_engine, vLLM's exported names, SamplingParams.bad_words / truncate_prompt_tokens /
 extra_args, RequestOutput.num_cached_tokens, a prompt's cache_salt, and prompt dict keys a
 text-only engine refuses (and sampling_params that are no SamplingParams)."""
@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from tqdm import tqdm
 
 import compiled_llm
-from compiled_llm import LLM, SamplingParams, TextPrompt, TokensPrompt
+from compiled_llm import LLM, EngineArgs, SamplingParams, TextPrompt, TokensPrompt
 from tests.utils import ForceTokens, make_chatml_checkpoint
 
 BOS, IM_START = 1, 3
@@ -83,18 +84,42 @@ def test_chat_refuses_multimodal_processor_kwargs(llm):
 
 
 # ----------------------------------------------------------------------------- names
-def test_beam_search_is_refused_and_llm_engine_is_the_engine(llm):
-    with pytest.raises(NotImplementedError, match="beam search is not supported"):
-        llm.beam_search([{"prompt": "hi"}], None)
+def test_llm_engine_is_the_engine(llm):
     assert llm.llm_engine is llm.engine
 
 
 @pytest.mark.parametrize("method, args", [("sleep", ()), ("wake_up", ()),
                                           ("collective_rpc", ("echo",)),
-                                          ("apply_model", (len,))])
+                                          ("apply_model", (len,)), ("set_tokenizer", (None,)),
+                                          ("start_profile", ()), ("stop_profile", ())])
 def test_vllm_methods_this_engine_lacks_are_refused_by_name(llm, method, args):
     with pytest.raises(NotImplementedError, match=f"{method}\\(\\) is not supported"):
         getattr(llm, method)(*args)
+
+
+def test_use_tqdm_takes_the_callable_that_makes_the_bar(llm):
+    made = []
+
+    def make_bar(**kwargs):
+        made.append(kwargs)
+        return tqdm(**kwargs, disable=True)
+
+    llm.generate(["one", "two"], ONE, use_tqdm=make_bar)
+    assert len(made) == 1 and made[0]["total"] == 2
+    with pytest.raises(TypeError):  # the options after sampling_params are keyword-only
+        llm.generate(["one"], ONE, True, None)
+
+
+def test_vllm_engine_values_that_change_nothing_here(tmp_path):
+    """seed=None is seed 0 (vLLM's); swap_space, max_seq_len_to_capture and
+    disable_custom_all_reduce are accepted; cpu_offload_gb above 0 is refused by name."""
+    args = EngineArgs(seed=None, swap_space=8, max_seq_len_to_capture=8192,
+                      disable_custom_all_reduce=True, cpu_offload_gb=0)
+    assert args.seed == 0
+    with pytest.raises(ValueError, match="cpu_offload_gb"):
+        EngineArgs(cpu_offload_gb=2)
+    with pytest.raises(ValueError, match="seed"):
+        EngineArgs(seed="7")
 
 
 def test_reset_prefix_cache_and_the_engines_tokenizer(llm):
