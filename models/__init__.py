@@ -64,6 +64,7 @@ class _ModelRegistry:
 
 
 ModelRegistry = _ModelRegistry({
+    "Gemma3ForCausalLM": "compiled_llm.models.gemma3:Gemma3ForCausalLM",
     "LlamaForCausalLM": "compiled_llm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "compiled_llm.models.llama:MistralForCausalLM",
     "MixtralForCausalLM": "compiled_llm.models.mixtral:MixtralForCausalLM",

@@ -31,6 +31,14 @@ CONFIGS = {
     # one qkv_proj and one gate_up_proj, a window on every layer
     "phi3": ("Phi3Config", {"sliding_window": 24, "pad_token_id": None}),
     "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}),
+    # a sliding layer (its own RoPE base), then a full one (linear RoPE), a query scale apart
+    # from head_dim and soft-capped logits
+    "gemma3": ("Gemma3TextConfig", {
+        "head_dim": 16, "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 8, "query_pre_attn_scalar": 24, "final_logit_softcapping": 30.0,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                            "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                               "rope_theta": 1e6}}}),
     # biased o_proj (attention_bias) and MLP (mlp_bias); YaRN past its original length
     "llama_biases": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
     "qwen3_yarn_bias": ("Qwen3Config", {"head_dim": 32, "attention_bias": True, "rope_parameters": {

@@ -106,9 +106,11 @@ def test_unsplittable_models_are_refused_before_any_worker_starts(field, message
             engine_core_process=False, **{field: 3})
 
 
-def test_phi3_tensor_parallel_is_refused_by_name():
-    with pytest.raises(ValueError, match="tensor_parallel_size 2: Phi3ForCausalLM"):
-        LLM(str(make_checkpoint("phi3")), dtype="float32", enforce_eager=True,
+@pytest.mark.parametrize("name,arch", [("phi3", "Phi3ForCausalLM"),
+                                       ("gemma3", "Gemma3ForCausalLM")])
+def test_architectures_not_sharded_yet_are_refused_by_name(name, arch):
+    with pytest.raises(ValueError, match=f"tensor_parallel_size 2: {arch}"):
+        LLM(str(make_checkpoint(name)), dtype="float32", enforce_eager=True,
             engine_core_process=False, tensor_parallel_size=2)
 
 

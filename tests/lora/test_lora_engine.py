@@ -207,6 +207,17 @@ def test_vllm_lora_settings_that_change_nothing_are_taken():
     EngineArgs(enable_lora=True, dtype="bfloat16", lora_dtype=torch.bfloat16)
 
 
+@pytest.mark.parametrize("name", ["gemma3"])
+def test_an_adapter_of_another_architecture_matches_peft_merged(name):
+    """The same projections under other layer shapes (Gemma 3: norms after attention and
+    around a GELU MLP, q/k norms)."""
+    base = make_checkpoint(name)
+    adapter = make_adapter(base, 1, rank=4)
+    with LLM(str(base), enable_lora=True, max_lora_rank=4, dtype="float32",
+             enforce_eager=True) as llm:
+        assert _run(llm, PROMPTS, _lora(1, adapter)) == merged_greedy(base, adapter, PROMPTS, 6)
+
+
 def test_lora_is_refused_where_it_cannot_apply():
     from compiled_llm import EngineArgs
     from compiled_llm.engine.pooling_engine import check_pooling_args
@@ -215,6 +226,8 @@ def test_lora_is_refused_where_it_cannot_apply():
         check_pooling_args(EngineArgs(enable_lora=True, runner="pooling"))
     with pytest.raises(ValueError, match="enable_lora: mixture-of-experts"):
         LLM(str(make_checkpoint("qwen3_moe")), enable_lora=True, enforce_eager=True)
+    with pytest.raises(ValueError, match="enable_lora: Phi3ForCausalLM has no module"):
+        LLM(str(make_checkpoint("phi3")), enable_lora=True, enforce_eager=True)
 
 
 def test_engine_adds_lists_and_removes_adapters(llm, base, adapters):

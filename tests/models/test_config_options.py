@@ -95,6 +95,34 @@ def test_phi3_partial_rotary_longrope_matches_transformers():
     assert_matches_transformers(ckpt, prompts, new_tokens=12)
 
 
+def _gemma3_4x(cfg: dict) -> None:  # the config.json transformers 4.x wrote for Gemma 3
+    rope = cfg.pop("rope_parameters")
+    cfg.pop("layer_types")
+    cfg.update(rope_theta=rope["full_attention"]["rope_theta"], sliding_window_pattern=2,
+               rope_local_base_freq=rope["sliding_attention"]["rope_theta"],
+               rope_scaling={"rope_type": "linear", "factor": 2.0})
+
+
+def test_gemma3_config_of_either_transformers_spelling(tmp_path):
+    """Gemma 3's rope per layer type (5.x) or rope_theta, rope_local_base_freq and
+    sliding_window_pattern (4.x): the same model, transformers' tokens and logprobs."""
+    prompts = random_prompts(3, 300, lo=10, hi=40, seed=4)
+    assert_matches_transformers(make_checkpoint("gemma3"), prompts)
+    assert_matches_transformers(_edited("gemma3", tmp_path, _gemma3_4x), prompts)
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ({"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0},
+                          "full_attention": {"rope_type": "default"}}}, "sliding_attention"),
+])
+def test_gemma3_options_it_cannot_follow_are_refused_by_name(extra, match):
+    gemma = {**BASE, "architectures": ["Gemma3ForCausalLM"], "head_dim": 16}
+    with pytest.raises(ValueError, match=match):
+        build_model_config({**gemma, **extra})
+
+
 @pytest.mark.parametrize("cls_name,extra", [
     ("LlamaConfig", {"rope_theta": 500.0, "rope_scaling": {"type": "linear", "factor": 3.0}}),
     ("LlamaConfig", {"rope_parameters": {  # a legacy rope_scaling replaces rope_parameters
