@@ -79,6 +79,11 @@ EXTRA_CONFIGS = {
         "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
         "short_factor": [1.0 + 0.1 * i for i in range(8)],
         "long_factor": [2.0 + 0.5 * i for i in range(8)]}}),
+    # Gemma 3 1B's head_dim (256) and one KV head, sliding then full layers (GPU kernels)
+    "gemma3_d256": ("Gemma3TextConfig", {
+        "head_dim": 256, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16,
+        "query_pre_attn_scalar": 256}),
     # Phi-4 mini's shape of config: LongRoPE, a tied head, 3/4 of each head turned
     "phi3_longrope_partial": ("Phi3Config", {
         "tie_word_embeddings": True, "pad_token_id": None, "original_max_position_embeddings": 32,
