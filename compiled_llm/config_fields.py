@@ -159,9 +159,10 @@ _LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
 def model_len_bounds(hf_config: dict) -> tuple[int, int]:
     """(limit, default) of max_model_len for an HF config, derived as vLLM does: the smallest
     length key (2048 when there is none), times the rope scaling factor for linear and dynamic
-    scaling (yarn: its original length times the factor). Dynamic NTK's base and LongRoPE's
-    factors change past the trained (original) length, so above it every position (HF: every
-    prompt) differs: the default stays there and only an explicit value goes past it."""
+    scaling (yarn: its original length times the factor; not Gemma 3's, already scaled).
+    Dynamic NTK's base and LongRoPE's factors change past the trained (original) length, so
+    above it every position (HF: every prompt) differs: the default stays there and only an
+    explicit value goes past it."""
     lengths = [hf_config[key] for key in _LENGTH_KEYS if isinstance(hf_config.get(key), int)]
     trained = min(lengths, default=2048)
     scaling = hf_rope_dict(hf_config)
@@ -170,8 +171,10 @@ def model_len_bounds(hf_config: dict) -> tuple[int, int]:
     if kind == "yarn" and original is not None:  # HF's factor null: the ratio of the lengths
         factor = factor or hf_config.get("max_position_embeddings", trained) / original
         trained = original
-    limit = int(trained * float(factor or 1.0)) if kind in ("linear", "dynamic", "yarn") \
-        else trained
+    # Gemma 3's max_position_embeddings is the scaled length already (vLLM's exception)
+    scales = kind in ("linear", "dynamic", "yarn") and "gemma3" not in str(
+        hf_config.get("model_type", ""))
+    limit = int(trained * float(factor or 1.0)) if scales else trained
     return limit, {"dynamic": trained, "longrope": min(limit, original or trained)}.get(kind, limit)
 
 

@@ -46,7 +46,7 @@ class Gemma3Config(DecoderConfig):
         base = super().from_hf(hf, **defaults)
         return dataclasses.replace(
             base, local_rope_theta=float(local_theta),
-            query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar") or base.head_dim),
+            query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar") or 256),
             final_logit_softcapping=hf.get("final_logit_softcapping"))
 
 

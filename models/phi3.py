@@ -33,6 +33,17 @@ class Phi3Config(DecoderConfig):
         """The leading dims of a head that RoPE turns; the rest pass through."""
         return int(self.head_dim * self.rope_scaling.get("partial_rotary_factor", 1.0))
 
+    @classmethod
+    def from_hf(cls, hf_config: dict[str, Any], **defaults: Any) -> Phi3Config:
+        """transformers' Phi3Config reads the older rope types "su" and "yarn" as LongRoPE."""
+        hf = dict(hf_config)
+        for key in ("rope_scaling", "rope_parameters"):
+            rope = hf.get(key)
+            if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in ("su",
+                                                                                    "yarn"):
+                hf[key] = {**rope, "rope_type": "longrope", "type": "longrope"}
+        return super().from_hf(hf, **defaults)
+
     @staticmethod
     def check_rotary(scaling: dict[str, Any], head_dim: int) -> None:
         """LongRoPE's factors: one per turned pair of the rotary dims."""
@@ -121,6 +132,7 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     model_cls = Phi3Model
     config_cls = Phi3Config
     supports_tensor_parallel = False
+    hf_defaults = {"rms_norm_eps": 1e-5}  # transformers' Phi3Config's
     # read by transformers' Phi3 classes: no biases, one window for every layer
     hf_unread = MOE_KEYS + ("attention_bias", "qkv_bias", "o_proj_bias", "mlp_bias",
                             "use_sliding_window", "max_window_layers", "layer_types")

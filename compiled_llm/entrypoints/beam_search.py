@@ -1,6 +1,7 @@
 """LLM.beam_search as vLLM's: every step extends each live beam by one token through
 LLM.generate (its 2 * beam_width most likely next tokens), keeps the beam_width best by
-length-penalised cumulative logprob, and sets aside beams that end in EOS."""
+length-penalised cumulative logprob, and sets aside beams that end in EOS or reach
+max_model_len."""
 
 from __future__ import annotations
 
@@ -67,6 +68,10 @@ def beam_search(llm: LLM, prompts: Sequence[Any], params: BeamSearchParams,
     step = SamplingParams(logprobs=2 * params.beam_width, max_tokens=1,
                           temperature=params.temperature)
     for _ in range(params.max_tokens):
+        for instance in instances:  # a beam as long as max_model_len ends there ("length")
+            full = [b for b in instance.beams if len(b.tokens) >= llm.engine.max_model_len]
+            instance.completed += full
+            instance.beams = [b for b in instance.beams if b not in full]
         beams = [beam for instance in instances for beam in instance.beams]
         if not beams:
             break

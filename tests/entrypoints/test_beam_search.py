@@ -77,3 +77,12 @@ def test_text_prompts_and_refusals(llm):
     with pytest.raises(ValueError, match="BeamSearchParams"):
         llm.beam_search(["hi"], SamplingParams(max_tokens=3))
     assert llm.engine.num_used_blocks == 0
+
+
+def test_beams_end_at_max_model_len(ckpt):
+    llm = LLM(str(ckpt), enforce_eager=True, dtype="float32", max_model_len=12)
+    (out,) = llm.beam_search([list(range(5, 13))], BeamSearchParams(beam_width=2, max_tokens=10,
+                                                                    ignore_eos=True))
+    assert [len(beam.tokens) for beam in out.sequences] == [12, 12]
+    assert {beam.finish_reason for beam in out.sequences} == {"length"}
+    assert llm.engine.num_used_blocks == 0

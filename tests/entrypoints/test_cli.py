@@ -239,8 +239,21 @@ def test_config_file_flags_come_first_and_the_command_line_wins(tmp_path):
     assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 2}
 
 
+def test_config_file_may_give_a_required_flag(tmp_path):
+    """run-batch's required -i / -o from the file alone (read before the command line is)."""
+    from compiled_llm.entrypoints.cli.config_file import config_path, expand_config
+
+    path = tmp_path / "batch.yaml"
+    path.write_text("input-file: in.jsonl\noutput-file: out.jsonl\n")
+    argv = ["run-batch", f"--config={path}"]
+    assert config_path(argv) == str(path)
+    ns = build_parser().parse_args(expand_config(argv, str(path)))
+    assert (ns.input_file, ns.output_file) == ("in.jsonl", "out.jsonl")
+
+
 @pytest.mark.parametrize("text,message", [(None, "cannot read"), ("- 1\n", "mapping"),
-                                          ("no-such-flag: 1\n", "no-such-flag")])
+                                          ("no-such-flag: 1\n", "no-such-flag"),
+                                          ("config: other.yaml\n", "another config")])
 def test_config_file_refusals(tmp_path, capsys, text, message):
     path = tmp_path / "bad.yaml"
     if text is not None:
@@ -254,7 +267,8 @@ def test_config_file_refusals(tmp_path, capsys, text, message):
     ("max-num-seqs", "--max-num-seqs", "--port"),
     ("max_num_seqs", "--max-num-seqs", "--port"),
     ("listgroup", "request guards", "--max-num-seqs"),
-    ("request guards", "--api-key", "--max-num-seqs")])
+    ("request guards", "--api-key", "--max-num-seqs"),
+    ("all", "--max-num-seqs", "flags matching")])
 def test_help_keyword(keyword, shown, hidden, capsys):
     """vLLM's --help=KEYWORD: the flags whose names hold it, listgroup, or one group."""
     with pytest.raises(SystemExit) as done:

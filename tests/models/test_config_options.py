@@ -111,6 +111,23 @@ def test_gemma3_config_of_either_transformers_spelling(tmp_path):
     assert_matches_transformers(_edited("gemma3", tmp_path, _gemma3_4x), prompts)
 
 
+def test_gemma3_max_position_embeddings_is_already_scaled():
+    """4.x's Gemma 3 keys with linear scaling: the limit is max_position_embeddings (vLLM's)."""
+    cfg = {**BASE, "model_type": "gemma3_text", "max_position_embeddings": 1024,
+           "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    assert model_len_bounds(cfg) == (1024, 1024)
+    assert model_len_bounds({**cfg, "model_type": "llama"}) == (8192, 8192)
+
+
+def test_phi3_older_rope_types_read_as_longrope():
+    """transformers' Phi3Config reads "su" and "yarn" as LongRoPE."""
+    phi3 = {**BASE, "architectures": ["Phi3ForCausalLM"], "original_max_position_embeddings": 32}
+    for kind in ("su", "yarn"):
+        rope = {"type": kind, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+        _, cfg = build_model_config({**phi3, "rope_scaling": rope})
+        assert cfg.rope_scaling["rope_type"] == "longrope" and cfg.rms_norm_eps == 1e-5
+
+
 @pytest.mark.parametrize("extra,match", [
     ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
     ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),

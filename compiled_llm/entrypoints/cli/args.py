@@ -47,9 +47,12 @@ class ArgumentParser(argparse.ArgumentParser):
         return super().parse_known_args(normalize_argv(argv), namespace)
 
     def _help_matching(self, keyword: str) -> None:
-        """vLLM's --help=KEYWORD: `listgroup` lists the flag groups, a group's title shows that
-        group, anything else the flags whose names hold it (- and _ alike)."""
+        """vLLM's --help=KEYWORD: `all` is --help, `listgroup` lists the flag groups, a group's
+        title shows that group, anything else the flags whose names hold it (- and _ alike)."""
         groups = [g for g in self._action_groups if g._group_actions]
+        if keyword == "all":
+            self.print_help()
+            self.exit(0)
         if keyword == "listgroup":
             self._print_message("".join(f"{g.title}\n" for g in groups), sys.stdout)
             self.exit(0)

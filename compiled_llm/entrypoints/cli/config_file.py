@@ -18,6 +18,18 @@ def add_config_flag(parser: argparse.ArgumentParser) -> None:
                              "without their dashes); flags given on the command line win")
 
 
+def config_path(argv: list[str]) -> str | None:
+    """The file a command line's --config names (--config FILE or --config=FILE), if any."""
+    for index, arg in enumerate(argv):
+        if arg == "--":
+            return None
+        if arg.startswith("--config="):
+            return arg.partition("=")[2]
+        if arg == "--config" and index + 1 < len(argv):
+            return argv[index + 1]
+    return None
+
+
 def yaml_flags(path: str) -> list[str]:
     """The command-line flags of a YAML mapping: `key: value` is --key VALUE, true --key,
     false --no-key, a list --key A B, a mapping --key JSON. ValueError naming the file."""
@@ -31,6 +43,8 @@ def yaml_flags(path: str) -> list[str]:
         return []
     if not isinstance(loaded, dict):
         raise ValueError(f"config: {path} must hold a mapping of flag names to values")
+    if "config" in loaded:
+        raise ValueError(f"config: {path} names another config file; give its flags instead")
     return [arg for key, value in loaded.items() for arg in _flag(str(key), value)]
 
 

@@ -13,7 +13,7 @@ import threading
 from compiled_llm.entrypoints.cli import bench, generate, openai_client, run_batch, serve
 from compiled_llm.entrypoints.cli import compile as compile_cmd
 from compiled_llm.entrypoints.cli.args import ArgumentParser
-from compiled_llm.entrypoints.cli.config_file import DEST, expand_config
+from compiled_llm.entrypoints.cli.config_file import config_path, expand_config
 
 # each has add_parser(subparsers); openai_client's registers `chat` and `complete`
 SUBCOMMANDS = (generate, compile_cmd, serve, bench, openai_client, run_batch)
@@ -41,13 +41,14 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Parse argv and run the subcommand; bad input exits 2 with the message."""
     parser = build_parser()
-    ns = parser.parse_args(argv)
-    if getattr(ns, DEST, None):  # again, the file's flags first: the command line's win
+    args = sys.argv[1:] if argv is None else list(argv)
+    path = config_path(args)
+    if path is not None:  # the file's flags first: the command line's own win
         try:
-            ns = parser.parse_args(expand_config(sys.argv[1:] if argv is None else argv,
-                                                 getattr(ns, DEST)))
+            args = expand_config(args, path)
         except ValueError as e:
             parser.error(str(e))
+    ns = parser.parse_args(args)
     try:
         code = ns.func(ns)
     except ValueError as e:

@@ -98,8 +98,19 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _internal_error)
 
 
-# what a load balancer or a scraper reads without the key
-OPEN_PATHS = frozenset({"/health", "/metrics", "/ping", "/version"})
+# what a load balancer or a scraper reads without the key, and the docs pages a browser opens
+# (as vLLM leaves them open)
+OPEN_PATHS = frozenset({"/health", "/metrics", "/ping", "/version", "/openapi.json", "/docs",
+                        "/docs/oauth2-redirect", "/redoc"})
+
+
+def route_path(scope) -> str:
+    """The request's path as the routes see it: without the root_path prefix that uvicorn puts
+    in front of it under --root-path (only a whole leading segment)."""
+    path, root = scope["path"], scope.get("root_path", "").rstrip("/")
+    if root and (path == root or path.startswith(root + "/")):
+        return path[len(root):] or "/"
+    return path
 
 
 class GuardMiddleware:
@@ -119,7 +130,7 @@ class GuardMiddleware:
         except UnicodeDecodeError:
             return await _send_error(send, OpenAIError(400, "request headers must be UTF-8",
                                                        code="invalid_header"))
-        if not self._authorized(scope["path"], headers.get("authorization", "")):
+        if not self._authorized(route_path(scope), headers.get("authorization", "")):
             err = OpenAIError(401, "missing or invalid API key (Authorization: Bearer ...)",
                               code="invalid_api_key")
             return await _send_error(send, err)

@@ -163,7 +163,8 @@ class SamplingFields(RequestBody):
     priority: Count = 0  # needs --scheduling-policy priority unless 0
     cache_salt: str | None = None  # only requests with the same salt share prefix-cache blocks
     return_token_ids: StrictBool = False
-    return_tokens_as_token_ids: StrictBool = False  # logprobs' tokens as "token_id:{id}"
+    # logprobs' tokens as "token_id:{id}"; None: the server's --return-tokens-as-token-ids
+    return_tokens_as_token_ids: StrictBool | None = None
     spaces_between_special_tokens: StrictBool = True
     request_id: str | None = None  # vLLM's: the reply's id (else the X-Request-Id header's)
 

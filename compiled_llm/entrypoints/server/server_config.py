@@ -30,9 +30,9 @@ class ServerConfig:
     model_name: str
     """The model name replies carry, and one a request's model may give; /v1/models lists it."""
     api_key: list[str] | None = None
-    """Require `Authorization: Bearer KEY` on every route but /health, /metrics, /ping and
-    /version, any of these keys (one string: that key; default: none, or serve's
-    VLLM_API_KEY)."""
+    """Require `Authorization: Bearer KEY` on every route but /health, /metrics, /ping,
+    /version and the docs pages, any of these keys (one string: that key; default: none, or
+    serve's VLLM_API_KEY)."""
     max_body_bytes: int = 16 << 20
     """Largest request body accepted, in bytes; larger bodies get 413."""
     max_completion_prompts: int = 1024
@@ -114,8 +114,8 @@ class ServerConfig:
         check_choices(self)
         if isinstance(self.api_key, str):
             self.api_key = [self.api_key]
-        if self.api_key is not None and not all(self.api_key):
-            raise ValueError("api_key: a key must not be empty")
+        if self.api_key is not None and not (self.api_key and all(self.api_key)):
+            raise ValueError("api_key: give at least one key, none of them empty")
         if self.chat_template is not None:  # the text from here on, read once at start
             self.chat_template = load_chat_template(self.chat_template)
 

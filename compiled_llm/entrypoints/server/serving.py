@@ -58,8 +58,10 @@ class TokenServing:
 
     def tokens_as_ids(self, req) -> bool:
         """Whether req's logprobs show tokens as "token_id:{id}": its own
-        return_tokens_as_token_ids, or the server's (--return-tokens-as-token-ids)."""
-        return bool(req.return_tokens_as_token_ids or self.cfg.return_tokens_as_token_ids)
+        return_tokens_as_token_ids where it gives one, else the server's
+        (--return-tokens-as-token-ids)."""
+        own = getattr(req, "return_tokens_as_token_ids", None)
+        return self.cfg.return_tokens_as_token_ids if own is None else own
 
     async def encode(self, text: str, add_special_tokens: bool = True,
                      name: str = "prompt") -> list[int]:

@@ -141,12 +141,14 @@ class ServingResponses(Serving):
                              logprobs and logprobs[thinking:])
         return self.final(req, admitted, status, items, len(token_ids), thinking)
 
-    @staticmethod
-    def logprobs(completion: CompletionOutput, num_top: int | None) -> list | None:
-        """The output_text logprobs of completion's tokens (None when not asked for)."""
+    def logprobs(self, completion: CompletionOutput, num_top: int | None) -> list | None:
+        """The output_text logprobs of completion's tokens (None when not asked for); tokens as
+        "token_id:{id}" under --return-tokens-as-token-ids."""
         if num_top is None or completion.logprobs is None:
             return None
-        return chat_logprobs(completion.token_ids, completion.logprobs, num_top)["content"]
+        as_ids = self.cfg.return_tokens_as_token_ids
+        return chat_logprobs(completion.token_ids, completion.logprobs, num_top,
+                             as_ids)["content"]
 
     def final(self, req: ResponsesRequest, admitted: Admitted, status: str, items: list,
               output_tokens: int, reasoning_tokens: int) -> dict:

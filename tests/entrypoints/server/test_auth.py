@@ -1,5 +1,5 @@
-"""Auth and headers against the live server: every route but /health, /metrics and /ping needs
-the key, which must match exactly; a header that is not UTF-8 is a 400 on any route; CORS
+"""Auth and headers against the live server: every route but /health, /metrics, /ping,
+/version and the docs pages needs the key, which must match exactly (under a root path too); a header that is not UTF-8 is a 400 on any route; CORS
 follows the allowed_* settings."""
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from tests.entrypoints.server.conftest import API_KEY
 from tests.entrypoints.server.inprocess import serving
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-GUARDED = [("GET", "/v1/models", None), ("GET", "/openapi.json", None),
+GUARDED = [("GET", "/v1/models", None),
            ("POST", "/tokenize", {"prompt": "hi"}), ("POST", "/detokenize", {"tokens": [1]}),
            ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 1}),
            ("POST", "/v1/chat/completions",
             {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
            ("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 1})]
-OPEN = [("GET", "/health"), ("GET", "/metrics"), ("GET", "/ping"), ("POST", "/ping")]
+OPEN = [("GET", "/health"), ("GET", "/metrics"), ("GET", "/ping"), ("POST", "/ping"),
+        ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/redoc")]
 
 
 @pytest.mark.parametrize("method,path,body", GUARDED, ids=[p for _, p, _ in GUARDED])
@@ -29,7 +30,7 @@ def test_row17_every_guarded_route_needs_the_key(server, method, path, body):
 
 
 @pytest.mark.parametrize("method,path", OPEN, ids=[f"{m} {p}" for m, p in OPEN])
-def test_row17_health_metrics_and_ping_are_open(server, method, path):
+def test_row17_health_metrics_ping_and_docs_are_open(server, method, path):
     assert httpx.request(method, f"{server.url}{path}").status_code == 200
 
 
@@ -79,3 +80,12 @@ def test_item5_any_of_several_keys_passes():
         for value in ("Bearer third", "Bearer firstsecond", ""):
             r = httpx.get(f"{srv.url}/v1/models", headers={"Authorization": value})
             assert r.status_code == 401
+
+
+def test_item5_open_paths_stay_open_under_a_root_path():
+    """uvicorn puts --root-path in front of every path: /health is still /health."""
+    with serving(api_key="k", root_path="/api") as srv:
+        assert httpx.get(f"{srv.url}/health").status_code == 200
+        assert httpx.get(f"{srv.url}/v1/models").status_code == 401
+        ok = httpx.get(f"{srv.url}/v1/models", headers={"Authorization": "Bearer k"})
+        assert ok.status_code == 200

@@ -235,6 +235,15 @@ def test_server_wide_usage_and_token_ids():
         tokens = httpx.post(f"{srv.url}/v1/completions", json=completion, timeout=60).json()[
             "choices"][0]["logprobs"]["tokens"]
         assert len(tokens) == 3 and all(token.startswith("token_id:") for token in tokens)
+        own = {**completion, "return_tokens_as_token_ids": False}  # a request's own wins
+        tokens = httpx.post(f"{srv.url}/v1/completions", json=own, timeout=60).json()[
+            "choices"][0]["logprobs"]["tokens"]
+        assert not any(token.startswith("token_id:") for token in tokens)
+        responses = {"model": MODEL, "input": "hi", "max_output_tokens": 3, "top_logprobs": 1,
+                     "include": ["message.output_text.logprobs"]}
+        reply = httpx.post(f"{srv.url}/v1/responses", json=responses, timeout=60).json()
+        content = reply["output"][-1]["content"][0]["logprobs"]
+        assert content and all(entry["token"].startswith("token_id:") for entry in content)
     with serving() as srv:  # the defaults: no usage chunk unless asked, tokens as text
         events = _events(httpx.post(f"{srv.url}/v1/completions",
                                     json={**completion, "stream": True}, timeout=60))
