@@ -1,6 +1,6 @@
 """Auth and headers against the live server: every route but /health, /metrics, /ping,
-/version and the docs pages needs the key, which must match exactly (under a root path too); a header that is not UTF-8 is a 400 on any route; CORS
-follows the allowed_* settings."""
+/version and the docs pages needs the key, which must match exactly (under a root path too);
+a header that is not UTF-8 is a 400 on any route; CORS follows the allowed_* settings."""
 
 from __future__ import annotations
 
