@@ -65,6 +65,7 @@ class _ModelRegistry:
 
 ModelRegistry = _ModelRegistry({
     "Gemma3ForCausalLM": "compiled_llm.models.gemma3:Gemma3ForCausalLM",
+    "GraniteForCausalLM": "compiled_llm.models.granite:GraniteForCausalLM",
     "LlamaForCausalLM": "compiled_llm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "compiled_llm.models.llama:MistralForCausalLM",
     "MixtralForCausalLM": "compiled_llm.models.mixtral:MixtralForCausalLM",

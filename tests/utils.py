@@ -31,6 +31,10 @@ CONFIGS = {
     # one qkv_proj and one gate_up_proj, a window on every layer
     "phi3": ("Phi3Config", {"sliding_window": 24, "pad_token_id": None}),
     "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": True}),
+    # Granite's four scalars, each away from 1, on a tied head
+    "granite": ("GraniteConfig", {"embedding_multiplier": 12.0, "attention_multiplier": 0.2,
+                                  "residual_multiplier": 0.22, "logits_scaling": 8.0,
+                                  "tie_word_embeddings": True}),
     # a sliding layer (its own RoPE base), then a full one (linear RoPE), a query scale apart
     # from head_dim and soft-capped logits
     "gemma3": ("Gemma3TextConfig", {

@@ -79,9 +79,13 @@ def get_tp_group() -> TPGroup | None:
     return _GROUP
 
 
-def destroy_tp_group() -> None:
-    """Leave the group (idempotent); a new one may be made after."""
+def destroy_tp_group(group: TPGroup | None = None) -> None:
+    """Leave the group (idempotent); a new one may be made after. With `group`: only while it
+    is still this process's group (a dropped engine's late shutdown leaves a newer engine's
+    group alone)."""
     global _GROUP
+    if group is not None and _GROUP is not group:
+        return
     if _GROUP is not None and dist.is_initialized():
         dist.destroy_process_group()
     _GROUP = None

@@ -227,4 +227,6 @@ class MultiprocExecutor(UniProcExecutor):
         for proc in self.procs:
             proc.stop(_JOIN_S)
         self.procs = []
-        destroy_tp_group()
+        tp, self.tp = self.tp, None
+        if tp is not None:  # only its own group: a newer engine's may be the process's now
+            destroy_tp_group(tp)

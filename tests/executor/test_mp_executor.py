@@ -52,6 +52,22 @@ def test_dropped_engine_stops_its_workers_and_leaves_the_group():
     assert get_tp_group() is None
 
 
+@pytest.mark.parametrize("field", ["tensor_parallel_size", "pipeline_parallel_size"])
+def test_a_shut_down_engine_dropped_late_leaves_the_next_engines_group(field):
+    """Runs before the module's engine: shutdown() then a new engine, the old one collected
+    only after; its second shutdown (from __del__) must not take the new engine's process
+    group down."""
+    kwargs = dict(dtype="float32", enforce_eager=True, max_model_len=128,
+                  engine_core_process=False, kv_cache_memory_bytes=4 << 20, **{field: 2})
+    first = LLM(str(make_checkpoint("llama")), **kwargs)
+    first.shutdown()
+    second = LLM(str(make_checkpoint("llama")), **kwargs)
+    del first
+    out = second.generate(PROMPTS[:1], PARAMS, use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 4 and out.finish_reason == "length"
+    second.shutdown()
+
+
 def _assert_failed_by_dead_worker(outs) -> None:
     for out in outs:
         assert out.outputs[0].finish_reason == "error"

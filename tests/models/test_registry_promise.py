@@ -21,7 +21,7 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral",
                "Qwen2MoeForCausalLM": "qwen2_moe", "Phi3ForCausalLM": "phi3",
-               "Gemma3ForCausalLM": "gemma3"}
+               "Gemma3ForCausalLM": "gemma3", "GraniteForCausalLM": "granite"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
 # run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too (the
 # gate/up SiLU·mul epilogue is opt-in: asked for here)
@@ -33,10 +33,14 @@ PREFUSED = {"Phi3ForCausalLM"}
 # layers of another shape: Gemma 3's norms scale by (1 + weight) after the float32 product and
 # come after attention and around a GELU MLP, so no norm or SiLU·mul pattern is theirs; its
 # q/k/v and gate/up still fuse, and RoPE + the KV write after its own q/k norms
+# Granite's residual_multiplier sits between the o / down GEMMs and their residual add, so
+# the small-M add + norm epilogues (and the prologues they feed) are not its
 OWN_LAYER_SHAPE = {"Gemma3ForCausalLM": lambda layers: {
     "AddRMSNormFusionPass": 0, "RMSNormFusionPass": 0, "SiluMulFusionPass": 0,
     "SmallMGemmSiluMulFusionPass": 0, "SmallMGemmAddRMSNormFusionPass": 0,
-    "SmallMAddRMSNormGemmFusionPass": 0}}
+    "SmallMAddRMSNormGemmFusionPass": 0},
+    "GraniteForCausalLM": lambda layers: {
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0}}
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
                  "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
