@@ -1,6 +1,6 @@
-"""Gemma 3 and Phi-3 on CUDA (GPU only): the compiled model with CUDA graphs and the Triton
-attention kernels (head_dim 16 and Gemma 3's 256, sliding and full layers, a partial rotary
-factor) gives transformers' greedy tokens, in float32."""
+"""Gemma 3, Phi-3 and Granite on CUDA (GPU only): the compiled model with CUDA graphs and the
+Triton attention kernels (head_dim 16 and Gemma 3's 256, sliding and full layers, a partial
+rotary factor, Granite's scalars) gives transformers' greedy tokens, in float32."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-@pytest.mark.parametrize("name", ["gemma3", "gemma3_d256", "phi3", "phi3_longrope_partial"])
+@pytest.mark.parametrize("name", ["gemma3", "gemma3_d256", "phi3", "phi3_longrope_partial",
+                                  "granite"])
 def test_compiled_with_cuda_graphs_matches_transformers(name, tmp_path):
     ckpt = make_checkpoint(name)
     # within 32 positions: LongRoPE's original length (transformers recomputes past it)
