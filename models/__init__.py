@@ -71,6 +71,7 @@ ModelRegistry = _ModelRegistry({
     "MixtralForCausalLM": "compiled_llm.models.mixtral:MixtralForCausalLM",
     "Phi3ForCausalLM": "compiled_llm.models.phi3:Phi3ForCausalLM",
     "Qwen2ForCausalLM": "compiled_llm.models.llama:Qwen2ForCausalLM",
+    "SmolLM3ForCausalLM": "compiled_llm.models.smollm3:SmolLM3ForCausalLM",
     "Qwen2MoeForCausalLM": "compiled_llm.models.qwen2_moe:Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM": "compiled_llm.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "compiled_llm.models.qwen3_moe:Qwen3MoeForCausalLM",

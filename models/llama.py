@@ -37,12 +37,16 @@ class LlamaAttention(nn.Module):
         """Hook for per-head q/k norms (Qwen3); identity here."""
         return q, k
 
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """Hook for how RoPE applies (partial, or not on some layers); every dim here."""
+        return apply_rotary(q, k, rope)
+
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """hidden [T, hidden] -> [T, hidden]; writes this layer's K/V into the cache."""
         q = self.q_proj(hidden).view(-1, self.num_heads, self.head_dim)  # [T, H, D]
         k = self.k_proj(hidden).view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = self.v_proj(hidden).view(-1, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(*self.qk_norm(q, k), rope)
+        q, k = self.rotate(*self.qk_norm(q, k), rope)
         attn_out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
         return self.o_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 

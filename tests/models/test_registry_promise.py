@@ -21,7 +21,8 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral",
                "Qwen2MoeForCausalLM": "qwen2_moe", "Phi3ForCausalLM": "phi3",
-               "Gemma3ForCausalLM": "gemma3", "GraniteForCausalLM": "granite"}
+               "Gemma3ForCausalLM": "gemma3", "GraniteForCausalLM": "granite",
+               "SmolLM3ForCausalLM": "smollm3"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
 # run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too (the
 # gate/up SiLU·mul epilogue is opt-in: asked for here)
@@ -40,7 +41,9 @@ OWN_LAYER_SHAPE = {"Gemma3ForCausalLM": lambda layers: {
     "SmallMGemmSiluMulFusionPass": 0, "SmallMGemmAddRMSNormFusionPass": 0,
     "SmallMAddRMSNormGemmFusionPass": 0},
     "GraniteForCausalLM": lambda layers: {
-    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0}}
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # SmolLM3's NoPE layers (every second one here) have no RoPE to fuse with the KV write
+    "SmolLM3ForCausalLM": lambda layers: {"QKNormRoPEKVWriteFusionPass": layers // 2}}
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
                  "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
