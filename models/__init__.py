@@ -69,6 +69,7 @@ ModelRegistry = _ModelRegistry({
     "LlamaForCausalLM": "compiled_llm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "compiled_llm.models.llama:MistralForCausalLM",
     "MixtralForCausalLM": "compiled_llm.models.mixtral:MixtralForCausalLM",
+    "Olmo2ForCausalLM": "compiled_llm.models.olmo2:Olmo2ForCausalLM",
     "Phi3ForCausalLM": "compiled_llm.models.phi3:Phi3ForCausalLM",
     "Qwen2ForCausalLM": "compiled_llm.models.llama:Qwen2ForCausalLM",
     "SmolLM3ForCausalLM": "compiled_llm.models.smollm3:SmolLM3ForCausalLM",

@@ -35,6 +35,8 @@ CONFIGS = {
     "granite": ("GraniteConfig", {"embedding_multiplier": 12.0, "attention_multiplier": 0.2,
                                   "residual_multiplier": 0.22, "logits_scaling": 8.0,
                                   "tie_word_embeddings": True}),
+    # norms after each block, q/k normed over the whole projection
+    "olmo2": ("Olmo2Config", {"pad_token_id": None}),
     # a NoPE layer every second one (no_rope_layer_interval 2), a window on the first
     "smollm3": ("SmolLM3Config", {"no_rope_layer_interval": 2, "pad_token_id": None,
                                   "use_sliding_window": True, "sliding_window": 8,

@@ -123,7 +123,8 @@ def test_unsplittable_models_are_refused_before_any_worker_starts(field, message
 
 
 @pytest.mark.parametrize("name,arch", [("phi3", "Phi3ForCausalLM"),
-                                       ("gemma3", "Gemma3ForCausalLM")])
+                                       ("gemma3", "Gemma3ForCausalLM"),
+                                       ("olmo2", "Olmo2ForCausalLM")])
 def test_architectures_not_sharded_yet_are_refused_by_name(name, arch):
     with pytest.raises(ValueError, match=f"tensor_parallel_size 2: {arch}"):
         LLM(str(make_checkpoint(name)), dtype="float32", enforce_eager=True,

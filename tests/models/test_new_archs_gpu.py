@@ -1,7 +1,7 @@
-"""Gemma 3, Phi-3, Granite and SmolLM3 on CUDA (GPU only): the compiled model with CUDA graphs
-and the Triton attention kernels (head_dim 16 and Gemma 3's 256, sliding and full layers, a
-partial rotary factor, Granite's scalars, SmolLM3's NoPE layers) gives transformers' greedy
-tokens, in float32."""
+"""Gemma 3, Phi-3, Granite, SmolLM3 and OLMo 2 on CUDA (GPU only): the compiled model with
+CUDA graphs and the Triton attention kernels (head_dim 16 and Gemma 3's 256, sliding and full
+layers, a partial rotary factor, Granite's scalars, SmolLM3's NoPE layers, OLMo 2's post-norms)
+gives transformers' greedy tokens, in float32."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 @pytest.mark.parametrize("name", ["gemma3", "gemma3_d256", "phi3", "phi3_longrope_partial",
-                                  "granite", "smollm3"])
+                                  "granite", "smollm3", "olmo2"])
 def test_compiled_with_cuda_graphs_matches_transformers(name, tmp_path):
     ckpt = make_checkpoint(name)
     # within 32 positions: LongRoPE's original length (transformers recomputes past it)

@@ -22,7 +22,7 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral",
                "Qwen2MoeForCausalLM": "qwen2_moe", "Phi3ForCausalLM": "phi3",
                "Gemma3ForCausalLM": "gemma3", "GraniteForCausalLM": "granite",
-               "SmolLM3ForCausalLM": "smollm3"}
+               "SmolLM3ForCausalLM": "smollm3", "Olmo2ForCausalLM": "olmo2"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
 # run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too (the
 # gate/up SiLU·mul epilogue is opt-in: asked for here)
@@ -43,7 +43,12 @@ OWN_LAYER_SHAPE = {"Gemma3ForCausalLM": lambda layers: {
     "GraniteForCausalLM": lambda layers: {
     "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
     # SmolLM3's NoPE layers (every second one here) have no RoPE to fuse with the KV write
-    "SmolLM3ForCausalLM": lambda layers: {"QKNormRoPEKVWriteFusionPass": layers // 2}}
+    "SmolLM3ForCausalLM": lambda layers: {"QKNormRoPEKVWriteFusionPass": layers // 2},
+    # OLMo 2 norms each block's output (and q, k over the whole projection) with no residual
+    # in between: plain norms, four a layer, and the final norm's add
+    "Olmo2ForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 1, "RMSNormFusionPass": 4 * layers,
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0}}
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
                  "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",

@@ -1,0 +1,93 @@
+"""OLMo 2 decoder (Olmo2ForCausalLM): the Llama projections with the norms moved after each
+block (the attention's and the MLP's outputs are normed before their residual add; no input
+norms), q and k normed over the whole projection before RoPE, and RMSNorms that scale in
+float32 and cast after."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from compiled_llm.attention import attention
+from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
+from compiled_llm.models.layers import GatedMLP, RotaryEmbedding
+from compiled_llm.models.llama import LlamaAttention, LlamaForCausalLM
+
+
+class Olmo2RMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * weight in float32, cast back after the scaling."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., dim] -> the same shape and dtype."""
+        hidden_f32 = hidden.float()
+        normed = hidden_f32 * torch.rsqrt(hidden_f32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * normed).to(hidden.dtype)
+
+
+class Olmo2Attention(LlamaAttention):
+    """LlamaAttention with q_norm / k_norm over the whole q and k projections, before RoPE."""
+
+    def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        self.q_norm = Olmo2RMSNorm(self.num_heads * self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = Olmo2RMSNorm(self.num_kv_heads * self.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """hidden [T, hidden] -> [T, hidden]; writes this layer's K/V into the cache."""
+        q = self.q_norm(self.q_proj(hidden)).view(-1, self.num_heads, self.head_dim)  # [T, H, D]
+        k = self.k_norm(self.k_proj(hidden)).view(-1, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(hidden).view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        q, k = self.rotate(q, k, rope)
+        attn_out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
+        return self.o_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
+
+
+class Olmo2DecoderLayer(nn.Module):
+    """Attention, its norm, the residual add; MLP, its norm, the residual add."""
+
+    def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = Olmo2Attention(cfg, layer_idx)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.hidden_act)
+        self.post_attention_layernorm = Olmo2RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_feedforward_layernorm = Olmo2RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """hidden [T, hidden] -> [T, hidden]."""
+        hidden = hidden + self.post_attention_layernorm(self.self_attn(hidden, rope))
+        return hidden + self.post_feedforward_layernorm(self.mlp(hidden))
+
+
+class Olmo2Model(nn.Module):
+    """Embedding, the post-norm layers, the final norm, and the rotary table they share."""
+
+    def __init__(self, cfg: DecoderConfig, max_len: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Olmo2DecoderLayer(cfg, i)
+                                    for i in range(cfg.num_hidden_layers))
+        self.norm = Olmo2RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(cfg, max_len)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions [T] -> final hidden states [T, hidden]."""
+        hidden = self.embed_tokens(input_ids)  # [T, hidden]
+        rope = self.rotary_emb(positions)  # (cos, sin) [T, 1, D]
+        for layer in self.layers:
+            hidden = layer(hidden, rope)
+        return self.norm(hidden)
+
+
+class Olmo2ForCausalLM(LlamaForCausalLM):
+    """OLMo 2 for causal LM: the Llama contract over Olmo2Model. Tensor parallelism (its q/k
+    norms span every head) and pipeline parallelism are refused by name."""
+
+    model_cls = Olmo2Model
+    supports_tensor_parallel = False
+    hf_defaults = {"rms_norm_eps": 1e-5}
+    hf_unread = WINDOW_KEYS + MOE_KEYS + ("qkv_bias", "o_proj_bias")
