@@ -90,6 +90,9 @@ class TokenServing:
                               param="chat_template", code="untrusted_chat_template")
         convo = conversation([history_message(i, m.template_input())
                               for i, m in enumerate(messages)])
+        if self.cfg.chat_template_content_format == "openai":  # contents as text parts
+            convo = [{**msg, "content": [{"type": "text", "text": msg["content"]}]
+                      if msg.get("content") else []} for msg in convo]
         return await asyncio.to_thread(
             render, self.engine.tokenizer, convo, add_generation_prompt=add_generation_prompt,
             tools=tools, template_kwargs=kwargs, chat_template=chat_template,

@@ -248,3 +248,24 @@ def test_server_wide_usage_and_token_ids():
         events = _events(httpx.post(f"{srv.url}/v1/completions",
                                     json={**completion, "stream": True}, timeout=60))
         assert all("usage" not in event or event["usage"] is None for event in events)
+
+
+PARTS_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{% for p in m['content'] %}"
+                  "{{ p['text'] }}{% endfor %}\n{% endfor %}")
+
+
+def test_chat_template_content_format_openai_gives_the_template_text_parts():
+    """--chat-template-content-format openai: a template that iterates over content parts
+    reads each message's text (as a string it would read none)."""
+    messages = [{"role": "user", "content": "hello there"}]
+
+    def rendered(srv) -> str:
+        ids = httpx.post(f"{srv.url}/tokenize", json={"model": MODEL, "messages": messages,
+                                                      "add_generation_prompt": False}).json()
+        return httpx.post(f"{srv.url}/detokenize",
+                          json={"model": MODEL, "tokens": ids["tokens"]}).json()["prompt"]
+
+    with serving(chat_template=PARTS_TEMPLATE, chat_template_content_format="openai") as srv:
+        assert rendered(srv).strip() == "<user>hello there"
+    with serving(chat_template=PARTS_TEMPLATE) as srv:  # auto: contents as strings
+        assert "hello there" not in rendered(srv)
