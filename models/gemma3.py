@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from compiled_llm.models.config import MOE_KEYS, DecoderConfig
-from compiled_llm.models.layers import GatedMLP, RotaryEmbedding
+from compiled_llm.models.layers import Float32ScaleRMSNorm, GatedMLP, RotaryEmbedding
 from compiled_llm.models.llama import LlamaAttention, LlamaForCausalLM
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -64,19 +64,9 @@ def _split_rope(hf: dict[str, Any], defaults: dict[str, Any]) -> float:
     return hf.get("rope_local_base_freq", defaults["rope_local_base_freq"])
 
 
-class GemmaRMSNorm(nn.Module):
-    """x * rsqrt(mean(x^2) + eps) * (1 + weight), in float32, cast back after the scaling."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., dim] -> the same shape and dtype."""
-        hidden_f32 = hidden.float()
-        normed = hidden_f32 * torch.rsqrt(hidden_f32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.weight.float())).type_as(hidden)
+def gemma_rms_norm(dim: int, eps: float) -> Float32ScaleRMSNorm:
+    """Gemma's RMSNorm: its weight is an offset from 1."""
+    return Float32ScaleRMSNorm(dim, eps, offset=1.0)
 
 
 class Gemma3Attention(LlamaAttention):
@@ -86,8 +76,8 @@ class Gemma3Attention(LlamaAttention):
     def __init__(self, cfg: Gemma3Config, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.scale = cfg.query_pre_attn_scalar**-0.5
-        self.q_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.q_norm = gemma_rms_norm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = gemma_rms_norm(cfg.head_dim, cfg.rms_norm_eps)
 
     def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, H, D], k [T, Hkv, D], each head normalised over D."""
@@ -104,7 +94,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, False, cfg.hidden_act)
         for name in ("input_layernorm", "post_attention_layernorm",
                      "pre_feedforward_layernorm", "post_feedforward_layernorm"):
-            setattr(self, name, GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
+            setattr(self, name, gemma_rms_norm(cfg.hidden_size, cfg.rms_norm_eps))
 
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """hidden [T, hidden] -> [T, hidden]."""
@@ -124,7 +114,7 @@ class Gemma3Model(nn.Module):
         self.register_buffer("embed_scale", torch.tensor(cfg.hidden_size**0.5), persistent=False)
         self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg, i)
                                     for i in range(cfg.num_hidden_layers))
-        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = gemma_rms_norm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg, max_len)
         local = dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta,
                                     rope_scaling={"rope_type": "default"})

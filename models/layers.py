@@ -47,6 +47,25 @@ class RMSNorm(nn.Module):
         return rms_norm(hidden, self.weight, self.eps), hidden
 
 
+class Float32ScaleRMSNorm(nn.Module):
+    """RMSNorm that scales in float32 and casts after: x * rsqrt(mean(x^2) + eps) *
+    (offset + weight) (Gemma's weight is an offset from 1, OLMo 2's is not). No fusion pass
+    matches it; RMSNorm (cast, then scaled) is Llama's."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
+        self.eps, self.offset = eps, offset
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., dim] -> the same shape and dtype."""
+        hidden_f32 = hidden.float()
+        normed = hidden_f32 * torch.rsqrt(hidden_f32.pow(2).mean(-1, keepdim=True) + self.eps)
+        weight = self.weight.float()
+        scaled = normed * (self.offset + weight) if self.offset else weight * normed
+        return scaled.to(hidden.dtype)
+
+
 def _scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict, theta: float,
                      long: bool = False) -> torch.Tensor:
     kind = scaling.get("rope_type", "default")

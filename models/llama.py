@@ -33,6 +33,14 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, kv_size, bias=bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
 
+    def qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Hook for the projections (one fused qkv_proj, norms over a whole projection):
+        hidden [T, hidden] -> q [T, H, D], k and v [T, Hkv, D]."""
+        q = self.q_proj(hidden).view(-1, self.num_heads, self.head_dim)  # [T, H, D]
+        k = self.k_proj(hidden).view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = self.v_proj(hidden).view(-1, self.num_kv_heads, self.head_dim)
+        return q, k, v
+
     def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Hook for per-head q/k norms (Qwen3); identity here."""
         return q, k
@@ -43,9 +51,7 @@ class LlamaAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """hidden [T, hidden] -> [T, hidden]; writes this layer's K/V into the cache."""
-        q = self.q_proj(hidden).view(-1, self.num_heads, self.head_dim)  # [T, H, D]
-        k = self.k_proj(hidden).view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(hidden).view(-1, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv(hidden)
         q, k = self.rotate(*self.qk_norm(q, k), rope)
         attn_out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
         return self.o_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]

@@ -8,25 +8,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compiled_llm.attention import attention
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
-from compiled_llm.models.layers import GatedMLP, RotaryEmbedding
+from compiled_llm.models.layers import Float32ScaleRMSNorm, GatedMLP, RotaryEmbedding
 from compiled_llm.models.llama import LlamaAttention, LlamaForCausalLM
-
-
-class Olmo2RMSNorm(nn.Module):
-    """x * rsqrt(mean(x^2) + eps) * weight in float32, cast back after the scaling."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., dim] -> the same shape and dtype."""
-        hidden_f32 = hidden.float()
-        normed = hidden_f32 * torch.rsqrt(hidden_f32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * normed).to(hidden.dtype)
 
 
 class Olmo2Attention(LlamaAttention):
@@ -34,17 +18,14 @@ class Olmo2Attention(LlamaAttention):
 
     def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        self.q_norm = Olmo2RMSNorm(self.num_heads * self.head_dim, cfg.rms_norm_eps)
-        self.k_norm = Olmo2RMSNorm(self.num_kv_heads * self.head_dim, cfg.rms_norm_eps)
+        self.q_norm = Float32ScaleRMSNorm(self.num_heads * self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = Float32ScaleRMSNorm(self.num_kv_heads * self.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
-        """hidden [T, hidden] -> [T, hidden]; writes this layer's K/V into the cache."""
-        q = self.q_norm(self.q_proj(hidden)).view(-1, self.num_heads, self.head_dim)  # [T, H, D]
+    def qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, H, D], k and v [T, Hkv, D], q and k normed before the heads are split."""
+        q = self.q_norm(self.q_proj(hidden)).view(-1, self.num_heads, self.head_dim)
         k = self.k_norm(self.k_proj(hidden)).view(-1, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden).view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        q, k = self.rotate(q, k, rope)
-        attn_out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
-        return self.o_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
+        return q, k, self.v_proj(hidden).view(-1, self.num_kv_heads, self.head_dim)
 
 
 class Olmo2DecoderLayer(nn.Module):
@@ -54,8 +35,8 @@ class Olmo2DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Olmo2Attention(cfg, layer_idx)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.hidden_act)
-        self.post_attention_layernorm = Olmo2RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_feedforward_layernorm = Olmo2RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = Float32ScaleRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_feedforward_layernorm = Float32ScaleRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """hidden [T, hidden] -> [T, hidden]."""
@@ -71,7 +52,7 @@ class Olmo2Model(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Olmo2DecoderLayer(cfg, i)
                                     for i in range(cfg.num_hidden_layers))
-        self.norm = Olmo2RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = Float32ScaleRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg, max_len)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

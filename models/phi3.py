@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from compiled_llm.attention import attention
 from compiled_llm.models.config import MOE_KEYS, DecoderConfig
 from compiled_llm.models.layers import ACTIVATIONS, apply_rotary
 from compiled_llm.models.llama import (
@@ -68,16 +67,12 @@ class Phi3Attention(LlamaAttention):
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
         self.rotary_dim = cfg.rotary_dim
 
-    def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
-        """hidden [T, hidden] -> [T, hidden]; writes this layer's K/V into the cache."""
+    def qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, H, D], k and v [T, Hkv, D]: the rows of qkv_proj's one output."""
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], -1)
-        q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
-        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotate(q, k, rope)
-        attn_out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
-        return self.o_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
-
+        return (q.view(-1, self.num_heads, self.head_dim),  # [T, H, D]
+                k.view(-1, self.num_kv_heads, self.head_dim),  # [T, Hkv, D]
+                v.view(-1, self.num_kv_heads, self.head_dim))
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """RoPE on the leading rotary_dim dims of each head; the rest pass through."""

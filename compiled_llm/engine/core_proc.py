@@ -19,7 +19,7 @@ import zmq
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.engine_output import EngineCoreOutput
 from compiled_llm.core.gc_heap import freeze_startup_heap
-from compiled_llm.engine.startup import process_age_s
+from compiled_llm.engine.startup import format_age, process_age_s
 from compiled_llm.worker.spec import WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -85,12 +85,7 @@ def build_core(args: EngineArgs, spec: WorkerSpec | None,
 
         spec, eos_token_ids = core_spec_from_args(args)
     grammars = _LazyGrammars(args, spec, eos_token_ids)
-    import torch
-
-    # the seed of sampling without a per-request seed lives where the sampler runs: here, as
-    # an in-process engine seeds its own process before its worker starts
-    torch.manual_seed(args.seed)
-    core = EngineCore(args, spec, grammars)
+    core = EngineCore(args, spec, grammars)  # its worker seeds the sampling, once started
     grammars.vocab_size = core.info.vocab_size
     return core
 
@@ -226,13 +221,9 @@ def launch(run: Callable) -> None:
     loaded = process_age_s()
     imports.join()
     logger.info("interpreter timeline: arguments at %s s, early load done at %s s, imports "
-                "done at %s s (bytecode prefix %s)", _seconds(arrived), _seconds(loaded),
-                _seconds(process_age_s()), sys.pycache_prefix)
+                "done at %s s (bytecode prefix %s)", format_age(arrived), format_age(loaded),
+                format_age(process_age_s()), sys.pycache_prefix)
     run(args, spec, eos, addresses, parent_pid)
-
-
-def _seconds(age: float | None) -> str:
-    return "?" if age is None else f"{age:.2f}"
 
 
 def main() -> None:

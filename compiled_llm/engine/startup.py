@@ -21,6 +21,11 @@ def process_age_s() -> float | None:
     return now - int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
+def format_age(age: float | None) -> str:
+    """A process age for a log line: seconds to 2 places, "?" where it is not known."""
+    return "?" if age is None else f"{age:.2f}"
+
+
 class StartupClock:
     """Phases of one engine's start-up in order: `before_engine` (from process start), each
     mark()ed phase, and `total` (process start to ready) once finish() is called."""

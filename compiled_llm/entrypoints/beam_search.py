@@ -44,6 +44,12 @@ class _Instance:
     beams: list[BeamSearchSequence]
     completed: list[BeamSearchSequence] = field(default_factory=list)
 
+    def set_aside(self, ends) -> None:
+        """Move the live beams for which ends(beam) holds to the completed ones."""
+        ended = [ends(beam) for beam in self.beams]
+        self.completed += [beam for beam, end in zip(self.beams, ended) if end]
+        self.beams = [beam for beam, end in zip(self.beams, ended) if not end]
+
 
 def beam_score(beam: BeamSearchSequence, eos_token_id: int | None, length_penalty: float):
     """Cumulative logprob / length ** length_penalty (an ending EOS is not counted)."""
@@ -69,9 +75,7 @@ def beam_search(llm: LLM, prompts: Sequence[Any], params: BeamSearchParams,
                           temperature=params.temperature)
     for _ in range(params.max_tokens):
         for instance in instances:  # a beam as long as max_model_len ends there ("length")
-            full = [b for b in instance.beams if len(b.tokens) >= llm.engine.max_model_len]
-            instance.completed += full
-            instance.beams = [b for b in instance.beams if b not in full]
+            instance.set_aside(lambda b: len(b.tokens) >= llm.engine.max_model_len)
         beams = [beam for instance in instances for beam in instance.beams]
         if not beams:
             break
@@ -79,13 +83,12 @@ def beam_search(llm: LLM, prompts: Sequence[Any], params: BeamSearchParams,
                             use_tqdm=False, lora_request=[b.lora_request for b in beams])
         bounds = list(itertools.accumulate([0] + [len(i.beams) for i in instances]))
         for instance, start, end in zip(instances, bounds, bounds[1:]):
-            extended = [child for beam, out in zip(beams[start:end], outs[start:end])
-                        for child in _children(beam, out)]
-            ended = [b for b in extended if b.tokens[-1] == eos and not params.ignore_eos]
-            instance.completed += ended
-            live = [b for b in extended if b not in ended]
-            live.sort(key=lambda b: beam_score(b, eos, params.length_penalty), reverse=True)
-            instance.beams = live[:params.beam_width]
+            instance.beams = [child for beam, out in zip(beams[start:end], outs[start:end])
+                              for child in _children(beam, out)]
+            instance.set_aside(lambda b: b.tokens[-1] == eos and not params.ignore_eos)
+            instance.beams.sort(key=lambda b: beam_score(b, eos, params.length_penalty),
+                                reverse=True)
+            del instance.beams[params.beam_width:]
     return [_best(instance, params, eos, tokenizer) for instance in instances]
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.engine.core_multi import CoreEndpoint
-from compiled_llm.engine.startup import process_age_s
+from compiled_llm.engine.startup import format_age, process_age_s
 from compiled_llm.entrypoints.server.server_config import ServerConfig
 
 logger = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def main() -> None:
                         format=log_prefix() + "%(levelname)s %(name)s: %(message)s")
     # which of the two a warm start's API server waited for: its imports or its spec
     logger.info("interpreter timeline: imports done at %s s, spec at %s s",
-                *(f"{age:.2f}" if age is not None else "?" for age in (imported, arrived)))
+                format_age(imported), format_age(arrived))
     run_api_server(spec)
 
 
