@@ -30,8 +30,9 @@ _LAZY_BACKENDS = {"triton": "compiled_llm.attention.triton_backend"}
 def register_backend(name: str, forward) -> None:
     """Add an attention implementation selectable through ForwardContext.backend; forward
     has the reference's signature (q, k, v, kv_cache, metadata, scale, sliding_window, causal,
-    kv_scales, write_kv); kv_cache is None when the context holds no caches, kv_scales [2, Hkv]
-    is given for FP8 caches only, write_kv=False: this step's K/V are in the cache already."""
+    kv_scales, write_kv, softcap: given only when > 0); kv_cache is None when the context
+    holds no caches, kv_scales [2, Hkv] is given for FP8 caches only, write_kv=False: this
+    step's K/V are in the cache already."""
     _BACKENDS[name] = forward
 
 
@@ -47,47 +48,51 @@ def get_backend(name: str):
 @torch.library.custom_op(ATTENTION_OP_NAME, mutates_args=())
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: float,
-    sliding_window: int, causal: bool = True,
+    sliding_window: int, causal: bool = True, softcap: float = 0.0,
 ) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; also writes k/v into layer_idx's cache
-    when the context holds caches (none: attention within each sequence's own tokens)."""
-    return _attend(q, k, v, layer_idx, scale, sliding_window, causal, write_kv=True)
+    when the context holds caches (none: attention within each sequence's own tokens).
+    softcap > 0: scores soft-capped, softcap * tanh(score / softcap) (Gemma 2)."""
+    return _attend(q, k, v, layer_idx, scale, sliding_window, causal, True, softcap)
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, layer_idx, scale, sliding_window, causal=True):
+def _attention_fake(q, k, v, layer_idx, scale, sliding_window, causal=True, softcap=0.0):
     return torch.empty_like(q)
 
 
 @torch.library.custom_op(ATTENTION_NO_WRITE_OP_NAME, mutates_args=())
 def attention_no_write(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: float,
-    sliding_window: int, causal: bool = True,
+    sliding_window: int, causal: bool = True, softcap: float = 0.0,
 ) -> torch.Tensor:
     """`attention` whose K/V write (and FP8 calibration) already ran: the fused
     qk_norm_rope_kv_write op put this step's rows into the cache. k/v are still read where the
     context holds no caches (pooling runs attend over them)."""
-    return _attend(q, k, v, layer_idx, scale, sliding_window, causal, write_kv=False)
+    return _attend(q, k, v, layer_idx, scale, sliding_window, causal, False, softcap)
 
 
 @attention_no_write.register_fake
-def _attention_no_write_fake(q, k, v, layer_idx, scale, sliding_window, causal=True):
+def _attention_no_write_fake(q, k, v, layer_idx, scale, sliding_window, causal=True,
+                             softcap=0.0):
     return torch.empty_like(q)
 
 
 def _attend(q, k, v, layer_idx: int, scale: float, sliding_window: int, causal: bool,
-            write_kv: bool) -> torch.Tensor:
+            write_kv: bool, softcap: float) -> torch.Tensor:
     ctx = get_forward_context()
     forward = get_backend(ctx.backend)
     kv_cache = ctx.kv_caches[layer_idx] if ctx.kv_caches else None
+    # softcap only where set: a registered backend without the argument serves the rest
+    extra = {"write_kv": write_kv, **({"softcap": softcap} if softcap else {})}
     if kv_cache is None or not is_fp8(kv_cache.dtype):
         return forward(q, k, v, kv_cache, ctx.attn_metadata, scale, sliding_window, causal,
-                       write_kv=write_kv)
+                       **extra)
     kv_scales = ctx.kv_scales[layer_idx]
     if ctx.calibrate_kv_scales and write_kv:
         calibrate(k, v, kv_scales, ctx.attn_metadata.num_actual_tokens, kv_cache.dtype)
     return forward(q, k, v, kv_cache, ctx.attn_metadata, scale, sliding_window, causal,
-                   kv_scales=kv_scales, write_kv=write_kv)
+                   kv_scales=kv_scales, **extra)
 
 
 # registers compiled_llm::qk_norm_rope_kv_write with the attention ops (a stored split graph
@@ -102,23 +107,25 @@ from compiled_llm.attention.qk_norm_rope import (  # noqa: E402
 def qk_norm_rope_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, layer_idx: int,
-    scale: float, sliding_window: int, causal: bool = True,
+    scale: float, sliding_window: int, causal: bool = True, softcap: float = 0.0,
 ) -> torch.Tensor:
     """qk_norm_rope_kv_write's inputs -> attention's output [T, H, D]: q and k normed (where a
     weight is given) and rotated, k and v written into layer_idx's cache, then attended as
-    `attention` attends; an all-decode step on a backend with a fused decode runs it in one."""
+    `attention` attends; an all-decode step on a backend with a fused decode runs it in one
+    (not soft-capped scores: those take the two ops)."""
     ctx = get_forward_context()
     kv_cache = ctx.kv_caches[layer_idx] if ctx.kv_caches else None
-    fused = fused_decode_for(ctx, kv_cache, causal)
+    fused = None if softcap else fused_decode_for(ctx, kv_cache, causal)
     if fused is not None:
         return fused(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache, ctx.attn_metadata,
                      scale, sliding_window)
     q_out, k_out = qk_norm_rope_kv_write(q, k, v, cos, sin, q_weight, k_weight, eps, layer_idx)
-    return attention_no_write(q_out, k_out, v, layer_idx, scale, sliding_window, causal)
+    return attention_no_write(q_out, k_out, v, layer_idx, scale, sliding_window, causal,
+                              softcap)
 
 
 @qk_norm_rope_attention.register_fake
 def _qk_norm_rope_attention_fake(q, k, v, cos, sin, q_weight, k_weight, eps, layer_idx, scale,
-                                 sliding_window, causal=True):
+                                 sliding_window, causal=True, softcap=0.0):
     return q.new_empty(q.shape)
 

@@ -147,7 +147,7 @@ def attend_keys(
     q, b, kvh, seq_len, start, end, k_cache_ptr, v_cache_ptr, table_ptr, scales_ptr, qk_scale,
     window, stride_cb, stride_cs, stride_ch, stride_tb, G_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, PREC: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, SOFTCAP: tl.constexpr = 0.0,
 ):
     """(acc [G_PAD, D], l, m): online softmax of q [G_PAD, D] (the query of position
     seq_len - 1) over cached keys [start, end) of KV head kvh; FP8 scales folded in."""
@@ -164,7 +164,7 @@ def attend_keys(
     for n0 in range(start, end, BLOCK_N):
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, end,
                                     window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                                    BS, True, False, PREC, FP8=FP8)
+                                    BS, True, False, PREC, FP8=FP8, SOFTCAP=SOFTCAP)
     acc = acc * kv_scale(scales_ptr, tl.num_programs(1) + kvh, FP8)  # and V's the output
     return acc, l_i, m_i
 
@@ -211,6 +211,7 @@ def _decode_split_kernel(
     BS: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
     FP8: tl.constexpr = False, MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
     SPLIT_KEYS: tl.constexpr = 0, PDL: tl.constexpr = 0, ORDER: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = 0.0,
 ):
     """DIRECT (or one split used): that split writes the output. Otherwise partials; MERGE: the
     last of a (seq, KV head)'s used splits to arrive merges them (counter_ptr: zeroed int32
@@ -227,7 +228,7 @@ def _decode_split_kernel(
         acc, l_i, m_i = attend_keys(q, b, kvh, seq_len, start, end, k_cache_ptr, v_cache_ptr,
                                     table_ptr, scales_ptr, qk_scale, window, stride_cb,
                                     stride_cs, stride_ch, stride_tb, G_PAD, BLOCK_N, D, BS,
-                                    PREC, FP8)
+                                    PREC, FP8, SOFTCAP)
         store_split(acc, l_i, m_i, b, kvh, split, used, out_ptr, part_acc_ptr, part_ml_ptr,
                     counter_ptr, num_splits, stride_ot, stride_oh, G, G_PAD, D, DIRECT, MERGE,
                     S_PAD)
@@ -342,9 +343,11 @@ def decode_attention(
     num_splits: int | None = None,
     kv_scales: torch.Tensor | None = None,  # [2, Hkv] float32: the cache is FP8
     order: torch.Tensor | None = None,  # [B] int32: the sequences, longest context first
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """One query per sequence over its paged context; no host sync, graph-capturable. order
-    (a permutation of range(B)) only orders the programs' launch (program_seq)."""
+    (a permutation of range(B)) only orders the programs' launch (program_seq); softcap > 0:
+    scores soft-capped."""
     plan = plan_splits(q, kv_cache, seq_lens, block_tables, out, config, num_splits)
     num_seqs, head_dim, num_kv_heads = seq_lens.shape[0], q.shape[2], kv_cache.shape[3]
     group_size, padded = group_pad(q.shape[1], num_kv_heads)
@@ -356,7 +359,7 @@ def decode_attention(
         plan.num_splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=group_size, G_PAD=padded, BLOCK_N=config.block_n, D=head_dim, BS=kv_cache.shape[2],
-        HAS_WINDOW=sliding_window > 0, FP8=kv_scales is not None,
+        HAS_WINDOW=sliding_window > 0, FP8=kv_scales is not None, SOFTCAP=softcap * LOG2E,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **plan.launch_args(q, order),
     )

@@ -65,6 +65,7 @@ def _prefill_kernel(
     G: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, BS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
     PAGED: tl.constexpr = True, CAUSAL: tl.constexpr = True, FP8: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = 0.0,
 ):
     # longest causal tiles first: better tail balance
     pid_q = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -103,15 +104,15 @@ def _prefill_kernel(
     for n0 in range(lo, full_lo, BLOCK_N):  # window's trailing edge
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
                               window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8)
+                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8, SOFTCAP)
     for n0 in range(full_lo, full_hi, BLOCK_N):  # fully visible tiles
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
                               window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                              BS, False, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8)
+                              BS, False, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8, SOFTCAP)
     for n0 in range(full_hi, hi, BLOCK_N):  # causal diagonal
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
                               window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8)
+                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8, SOFTCAP)
     acc = acc * kv_scale(scales_ptr, tl.num_programs(2) + kvh, FP8)  # and V's the output
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_offs = row64[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
@@ -140,9 +141,11 @@ def prefill_attention(
     config: PrefillConfig,
     kv_scales: torch.Tensor | None = None,  # [2, Hkv] float32: the cache is FP8
     first_seq: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Causal varlen attention of the queries of sequences first_seq.. over their cached
-    context (the sequences before first_seq are left to the decode kernel)."""
+    context (the sequences before first_seq are left to the decode kernel); softcap > 0:
+    scores soft-capped."""
     num_seqs, num_q_heads, head_dim = seq_lens.shape[0] - first_seq, q.shape[1], q.shape[2]
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
     group_size = num_q_heads // num_kv_heads
@@ -158,7 +161,7 @@ def prefill_attention(
         G=group_size, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, D=head_dim,
         BS=block_size,
         HAS_WINDOW=sliding_window > 0, PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        FP8=kv_scales is not None,
+        FP8=kv_scales is not None, SOFTCAP=softcap * LOG2E,
         num_warps=num_warps, num_stages=config.num_stages,
     )
     return out
@@ -175,9 +178,10 @@ def varlen_attention(
     causal: bool,
     out: torch.Tensor,  # [T, Hq, D]; rows outside query_start_loc's ranges are left as they are
     config: PrefillConfig,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Varlen attention of each sequence's queries over its own k/v rows, no cache (causal, or
-    not: every query sees the sequence's every key)."""
+    not: every query sees the sequence's every key); softcap > 0: scores soft-capped."""
     if sliding_window > 0 and not causal:
         raise ValueError("a sliding window needs causal attention")
     if k.stride()[:2] != v.stride()[:2] or k.stride(-1) != 1 or v.stride(-1) != 1:
@@ -195,6 +199,6 @@ def varlen_attention(
         G=group_size, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, D=head_dim,
         BS=1, HAS_WINDOW=sliding_window > 0,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", PAGED=False, CAUSAL=causal,
-        num_warps=num_warps, num_stages=config.num_stages,
+        SOFTCAP=softcap * LOG2E, num_warps=num_warps, num_stages=config.num_stages,
     )
     return out

@@ -1,9 +1,8 @@
 """The shared inner step of the paged attention kernels: one K/V tile of online softmax.
-
 K/V rows come through the block table (unpaged, pooling: at k_base + pos * stride_cs), scores
-live in the log2 domain (qk_scale folds in log2(e)), the running max starts finite so rows with
-every key masked stay NaN-free, and FP8 tiles are converted to q's dtype as read.
-"""
+live in the log2 domain (qk_scale folds in log2(e)), optionally soft-capped (Gemma 2), the
+running max starts finite so rows with every key masked stay NaN-free, and FP8 tiles are
+converted to q's dtype as read."""
 
 import triton
 import triton.language as tl
@@ -18,17 +17,25 @@ def kv_scale(scales_ptr, index, FP8: tl.constexpr):
 
 
 @triton.jit
+def soft_tanh(x):
+    """tanh(x) from exp2 (the interpreter and every backend have it): 1 - 2 / (e^2x + 1)."""
+    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
 def attend_tile(
     acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len, window, qk_scale,
     stride_cb, stride_cs, offs_n, offs_d,
     BS: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
     PAGED: tl.constexpr = True, CAUSAL: tl.constexpr = True, FP8: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = 0.0,
 ):
     """One online-softmax step of rows q [M, D] (at positions q_pos) over keys n0..n0+N-1 read
     through the block table (or, unpaged, at row stride stride_cs). MASKED: keys >= seq_len,
     (CAUSAL) after q_pos or (HAS_WINDOW) at or before q_pos - window are hidden; unmasked
     tiles must be fully visible and below seq_len. FP8: K/V are converted to q's dtype as
-    read; their scales are the caller's (folded into qk_scale and the output)."""
+    read; their scales are the caller's (folded into qk_scale and the output). SOFTCAP > 0:
+    scores soft-capped, cap * tanh(score / cap), with the cap in the log2 domain too."""
     pos = n0 + offs_n  # [N] key positions
     valid = pos < seq_len
     if not PAGED:
@@ -46,6 +53,8 @@ def attend_tile(
     if FP8:
         k = k.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # [M, N], log2 domain
+    if SOFTCAP > 0:
+        s = SOFTCAP * soft_tanh(s / SOFTCAP)
     if MASKED:
         vis = valid[None, :] & (q_pos[:, None] >= 0)  # [M, N]
         if CAUSAL:
