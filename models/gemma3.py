@@ -87,10 +87,12 @@ class Gemma3Attention(LlamaAttention):
 class Gemma3DecoderLayer(nn.Module):
     """Norm, attention, norm, residual add; norm, MLP, norm, residual add."""
 
+    attention_cls: type[nn.Module] = Gemma3Attention
+
     def __init__(self, cfg: Gemma3Config, layer_idx: int) -> None:
         super().__init__()
         self.sliding = cfg.layer_window(layer_idx) > 0
-        self.self_attn = Gemma3Attention(cfg, layer_idx)
+        self.self_attn = self.attention_cls(cfg, layer_idx)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, False, cfg.hidden_act)
         for name in ("input_layernorm", "post_attention_layernorm",
                      "pre_feedforward_layernorm", "post_feedforward_layernorm"):
@@ -104,39 +106,59 @@ class Gemma3DecoderLayer(nn.Module):
         return hidden + self.post_feedforward_layernorm(mlp)
 
 
-class Gemma3Model(nn.Module):
-    """Scaled embedding, the layers, the final norm, and the two rotary tables they share."""
+class GemmaScaledModel(nn.Module):
+    """Gemma's stack: the embedding scaled by sqrt(hidden_size), layer_cls's layers on one
+    rotary table, the final (1 + weight) norm."""
 
-    def __init__(self, cfg: Gemma3Config, max_len: int) -> None:
+    layer_cls: type[nn.Module]
+
+    def __init__(self, cfg: DecoderConfig, max_len: int) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        # sqrt(hidden_size) rounded to the weights' dtype first, as transformers' Gemma 3 does
+        # sqrt(hidden_size) rounded to the weights' dtype first, as transformers' Gemmas do
         self.register_buffer("embed_scale", torch.tensor(cfg.hidden_size**0.5), persistent=False)
-        self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg, i)
-                                    for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_cls(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = gemma_rms_norm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg, max_len)
-        local = dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta,
-                                    rope_scaling={"rope_type": "default"})
-        self.local_rotary_emb = RotaryEmbedding(local, max_len)
+
+    def ropes(self, positions: torch.Tensor) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) [T, 1, D] for sliding layers (True) and full ones: one table here."""
+        rope = self.rotary_emb(positions)
+        return {False: rope, True: rope}
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden]."""
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
         hidden = hidden * self.embed_scale.to(hidden.dtype)
-        ropes = {False: self.rotary_emb(positions), True: self.local_rotary_emb(positions)}
+        ropes = self.ropes(positions)
         for layer in self.layers:
             hidden = layer(hidden, ropes[layer.sliding])
         return self.norm(hidden)
 
 
+class Gemma3Model(GemmaScaledModel):
+    """GemmaScaledModel with the sliding layers on their own rotary table."""
+
+    layer_cls = Gemma3DecoderLayer
+
+    def __init__(self, cfg: Gemma3Config, max_len: int) -> None:
+        super().__init__(cfg, max_len)
+        local = dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta,
+                                    rope_scaling={"rope_type": "default"})
+        self.local_rotary_emb = RotaryEmbedding(local, max_len)
+
+    def ropes(self, positions: torch.Tensor) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
+        """The full layers' table (False) and the sliding layers' (True)."""
+        return {False: self.rotary_emb(positions), True: self.local_rotary_emb(positions)}
+
+
 class Gemma3ForCausalLM(LlamaForCausalLM):
     """Gemma 3 for causal LM: the Llama contract over Gemma3Model, logits soft-capped where
-    final_logit_softcapping is set. Tensor parallelism is refused for it by name."""
+    final_logit_softcapping is set. Pipeline parallelism is refused by name (its body is not
+    LlamaModel's layer loop)."""
 
     model_cls = Gemma3Model
     config_cls = Gemma3Config
-    supports_tensor_parallel = False
     hf_defaults = {"rope_theta": 1e6, "rope_local_base_freq": 1e4, "head_dim": 256,
                    "sliding_window": 4096, "tie_word_embeddings": True, "rms_norm_eps": 1e-6,
                    "max_position_embeddings": 131072}
@@ -150,8 +172,8 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         self.softcap = cfg.final_logit_softcapping
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> logits [N, vocab], soft-capped as transformers' Gemma 3."""
+        """hidden [N, hidden] -> logits [N, vocab], soft-capped as transformers' Gemmas."""
         logits = self.lm_head(hidden)
-        if self.softcap is None:
+        if not self.softcap:
             return logits
         return torch.tanh(logits / self.softcap) * self.softcap

@@ -65,10 +65,9 @@ class Olmo2Model(nn.Module):
 
 
 class Olmo2ForCausalLM(LlamaForCausalLM):
-    """OLMo 2 for causal LM: the Llama contract over Olmo2Model. Tensor parallelism (its q/k
-    norms span every head) and pipeline parallelism are refused by name."""
+    """OLMo 2 for causal LM: the Llama contract over Olmo2Model. Pipeline parallelism is
+    refused by name (its body is not LlamaModel's layer loop)."""
 
     model_cls = Olmo2Model
-    supports_tensor_parallel = False
     hf_defaults = {"rms_norm_eps": 1e-5}
     hf_unread = WINDOW_KEYS + MOE_KEYS + ("qkv_bias", "o_proj_bias")

@@ -62,10 +62,18 @@ class Phi3Attention(LlamaAttention):
     def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         del self.q_proj, self.k_proj, self.v_proj
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
         self.rotary_dim = cfg.rotary_dim
+
+    @property
+    def q_size(self) -> int:
+        """qkv_proj's q rows: num_heads * head_dim (the module's heads, whatever they are)."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """qkv_proj's k rows, and its v rows: num_kv_heads * head_dim."""
+        return self.num_kv_heads * self.head_dim
 
     def qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, H, D], k and v [T, Hkv, D]: the rows of qkv_proj's one output."""
@@ -121,12 +129,11 @@ class Phi3Model(LlamaModel):
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
-    """Phi-3 for causal LM: the Llama contract over Phi3Model. Tensor parallelism, which
-    shards q/k/v and gate/up by those names, and LoRA adapters (of qkv_proj) are refused."""
+    """Phi-3 for causal LM: the Llama contract over Phi3Model. LoRA adapters (of qkv_proj) are
+    refused."""
 
     model_cls = Phi3Model
     config_cls = Phi3Config
-    supports_tensor_parallel = False
     hf_defaults = {"rms_norm_eps": 1e-5}  # transformers' Phi3Config's
     # read by transformers' Phi3 classes: no biases, one window for every layer
     hf_unread = MOE_KEYS + ("attention_bias", "qkv_bias", "o_proj_bias", "mlp_bias",

@@ -1,8 +1,8 @@
 """The tensor-parallel transform (gpt-fast's tp.py shape, from outside the model): on a model
-built with meta parameters, q/k/v and gate/up are sharded by rows, o/down by columns (outputs
-all-reduced), each expert's intermediate dim too (the MoE block all-reduced), embedding and LM
-head by vocab; KV heads are replicated when fewer than ranks. Its plan names the slice of each
-checkpoint tensor a rank reads, so weights load shard by shard."""
+built with meta parameters, q/k/v and gate/up (or a fused qkv_proj / gate_up_proj: each part's
+rows) are sharded by rows, o/down by columns (outputs all-reduced), each expert's intermediate
+dim too (the MoE block all-reduced), embedding and LM head by vocab; KV heads are replicated when
+fewer than ranks. Its plan names the slices of each checkpoint tensor a rank reads."""
 
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ from compiled_llm.distributed.expert_parallel import (
 )
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.distributed.tp_layers import (
+    HeadsParallelRMSNorm,
     ParallelLMHead,
     RowParallelLinear,
     VocabParallelEmbedding,
     reduced_class,
 )
+from compiled_llm.models.layers import Float32ScaleRMSNorm
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,26 @@ class Shard:
     def index(self) -> tuple[slice, ...]:
         """The index that reads this shard (safetensors get_slice or a tensor)."""
         return (slice(None),) * self.dim + (slice(self.start, self.start + self.size),)
+
+
+@dataclass(frozen=True)
+class FusedShard:
+    """A rank's rows of each part of a fused checkpoint tensor (q, k, v of qkv_proj; gate, up of
+    gate_up_proj), read part by part and concatenated along dim 0 in that order."""
+
+    parts: tuple[Shard, ...]
+
+    def index(self) -> list[tuple[slice, ...]]:
+        """One index per part (read_index concatenates what they read)."""
+        return [part.index() for part in self.parts]
+
+
+def read_index(source, index: tuple[slice, ...] | list[tuple[slice, ...]]) -> torch.Tensor:
+    """source[index] (a tensor or a safetensors slice); a FusedShard's list of indices reads
+    each part and concatenates them along dim 0."""
+    if isinstance(index, list):
+        return torch.cat([source[part] for part in index])
+    return source[index]
 
 
 @dataclass(frozen=True)
@@ -116,6 +138,19 @@ class _Sharder:
             self.plan[f"{prefix}.bias"] = Shard(0, start, size)
         linear.out_features = size
 
+    def fused_column(self, prefix: str, linear: nn.Linear,
+                     parts: list[tuple[int, int, int]]) -> None:
+        """Keep, of each part (offset, start, size) of a fused linear's output rows, rows
+        [offset + start, offset + start + size), in part order (and the bias's)."""
+        shard = FusedShard(tuple(Shard(0, offset + start, size) for offset, start, size in parts))
+        size = sum(part.size for part in shard.parts)
+        _resize(linear, "weight", (size, linear.in_features))
+        self.plan[f"{prefix}.weight"] = shard
+        if linear.bias is not None:
+            _resize(linear, "bias", (size,))
+            self.plan[f"{prefix}.bias"] = shard
+        linear.out_features = size
+
     def row(self, prefix: str, linear: nn.Linear, start: int, size: int) -> None:
         """Keep input columns [start, start + size); the output is all-reduced."""
         _resize(linear, "weight", (linear.out_features, size))
@@ -125,21 +160,54 @@ class _Sharder:
         linear.group_name = self.tp.group_name
 
     def attention(self, prefix: str, attn: nn.Module) -> None:
-        """Per-rank query heads and KV heads on q/k/v (by rows) and o_proj (by columns)."""
+        """Per-rank query heads and KV heads on q/k/v (by rows; a fused qkv_proj's q, k and v
+        rows each) and o_proj (by columns); q/k norms over the whole projections too."""
         heads, dim = self.heads, self.head_dim
         q_start, q_size = self.tp.rank * heads.num_heads * dim, heads.num_heads * dim
-        self.column(f"{prefix}.q_proj", attn.q_proj, q_start, q_size)
-        for name in ("k_proj", "v_proj"):
-            self.column(f"{prefix}.{name}", getattr(attn, name), heads.first_kv_head * dim,
-                        heads.num_kv_heads * dim)
+        kv_start, kv_size = heads.first_kv_head * dim, heads.num_kv_heads * dim
+        q_full, kv_full = attn.num_heads * dim, attn.num_kv_heads * dim
+        if hasattr(attn, "qkv_proj"):  # one linear: all q rows, then k's, then v's
+            self.fused_column(f"{prefix}.qkv_proj", attn.qkv_proj, [
+                (0, q_start, q_size), (q_full, kv_start, kv_size),
+                (q_full + kv_full, kv_start, kv_size)])
+        else:
+            self.column(f"{prefix}.q_proj", attn.q_proj, q_start, q_size)
+            for name in ("k_proj", "v_proj"):
+                self.column(f"{prefix}.{name}", getattr(attn, name), kv_start, kv_size)
         self.row(f"{prefix}.o_proj", attn.o_proj, q_start, q_size)
+        self.spanning_norm(f"{prefix}.q_norm", getattr(attn, "q_norm", None), q_full, q_start,
+                           q_size)
+        self.spanning_norm(f"{prefix}.k_norm", getattr(attn, "k_norm", None), kv_full, kv_start,
+                           kv_size)
         attn.num_heads, attn.num_kv_heads = heads.num_heads, heads.num_kv_heads
 
+    def spanning_norm(self, prefix: str, norm: nn.Module | None, full: int, start: int,
+                      size: int) -> None:
+        """A norm over a whole projection (OLMo 2's q_norm / k_norm: `full` wide, every head)
+        keeps its weight's [start, start + size) and reduces its mean square over the ranks;
+        a per-head norm (head_dim wide, or a single KV head) is left whole."""
+        if norm is None or full == self.head_dim or norm.weight.shape[0] != full:
+            return
+        if type(norm) is not Float32ScaleRMSNorm:
+            raise ValueError(f"tensor_parallel_size {self.tp.world_size}: {prefix} "
+                             f"({type(norm).__name__}) spans every head; only "
+                             "Float32ScaleRMSNorm is sharded")
+        _resize(norm, "weight", (size,))
+        self.plan[f"{prefix}.weight"] = Shard(0, start, size)
+        norm.__class__ = HeadsParallelRMSNorm
+        norm.group_name, norm.world_size = self.tp.group_name, self.tp.world_size
+
     def mlp(self, prefix: str, mlp: nn.Module, reduce: bool = True) -> None:
-        """gate/up by rows, down by columns; `reduce` False inside a block reduced as a whole."""
-        start, size = self.split(mlp.gate_proj.out_features, "intermediate_size")
-        self.column(f"{prefix}.gate_proj", mlp.gate_proj, start, size)
-        self.column(f"{prefix}.up_proj", mlp.up_proj, start, size)
+        """gate/up by rows (a fused gate_up_proj's gate and up rows each), down by columns;
+        `reduce` False inside a block reduced as a whole."""
+        full = mlp.down_proj.in_features
+        start, size = self.split(full, "intermediate_size")
+        if hasattr(mlp, "gate_up_proj"):  # one linear: all gate rows, then up's
+            self.fused_column(f"{prefix}.gate_up_proj", mlp.gate_up_proj,
+                              [(0, start, size), (full, start, size)])
+        else:
+            self.column(f"{prefix}.gate_proj", mlp.gate_proj, start, size)
+            self.column(f"{prefix}.up_proj", mlp.up_proj, start, size)
         self.row(f"{prefix}.down_proj", mlp.down_proj, start, size)
         if not reduce:
             mlp.down_proj.__class__ = nn.Linear  # partial sums: the block reduces them
@@ -226,7 +294,8 @@ def shard_model(model: nn.Module, tp: TPGroup, expert_parallel: bool = False) ->
     sharder = _Sharder(model, tp, expert_parallel)
     for name, module in list(model.named_modules()):
         leaf = name.rpartition(".")[2]
-        if all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        if hasattr(module, "o_proj") and (hasattr(module, "qkv_proj") or all(
+                hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj"))):
             sharder.attention(name, module)
         elif hasattr(module, "experts") and hasattr(module, "shared_expert"):
             sharder.moe(name, module)
@@ -270,10 +339,11 @@ def build_sharded(model_cls: type[nn.Module], config, max_len: int, device: torc
     return model, plan
 
 
-def plan_index(model: nn.Module, plan: dict[str, Shard]):
-    """index_of(checkpoint name) for the loader: the slice this rank reads, or None (whole)."""
+def plan_index(model: nn.Module, plan: dict[str, Shard | FusedShard]):
+    """index_of(checkpoint name) for the loader: the slice this rank reads (a list of slices
+    for a fused tensor's parts, read by read_index), or None (whole)."""
 
-    def index_of(hf_name: str) -> tuple[slice, ...] | None:
+    def index_of(hf_name: str) -> tuple[slice, ...] | list[tuple[slice, ...]] | None:
         target = model.weight_name(hf_name)
         ours = target if target is None or isinstance(target, str) else target.name
         shard = plan.get(ours) if ours is not None else None

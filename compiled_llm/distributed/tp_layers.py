@@ -1,8 +1,8 @@
 """Tensor-parallel layers, made by swapping the class of a built module (its parameter names
-stay the checkpoint's): row-parallel linears and blocks whose output is all-reduced, the
-vocab-parallel embedding (masked lookup + all-reduce) and the vocab-parallel LM head (local
-logits all-gathered). The collectives are functional (c10d_functional), so Dynamo traces
-them in fullgraph."""
+stay the checkpoint's): row-parallel linears and blocks whose output is all-reduced, RMSNorms
+over heads split across ranks, the vocab-parallel embedding (masked lookup + all-reduce) and
+the vocab-parallel LM head (local logits all-gathered). The collectives are functional
+(c10d_functional), so Dynamo traces them in fullgraph."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from compiled_llm.models.layers import Float32ScaleRMSNorm
 
 C10D = torch.ops._c10d_functional  # the ops torch.distributed._functional_collectives wraps
 
@@ -48,6 +50,25 @@ def reduced_class(cls: type[nn.Module]) -> type[nn.Module]:
 
     return type(f"Reduced{cls.__name__}", (cls,), {"forward": forward,
                                                    "__doc__": f"{cls.__name__}, all-reduced."})
+
+
+class HeadsParallelRMSNorm(Float32ScaleRMSNorm):
+    """Float32ScaleRMSNorm over a projection whose heads are split across ranks (OLMo 2's
+    q_norm / k_norm): the mean square is averaged over the group, each rank's mean over its own
+    equal width (a KV head replicated on r ranks counts r times in the sum and the width, so
+    the mean stays the whole projection's)."""
+
+    group_name: str
+    world_size: int
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., dim / tp] -> the same shape and dtype."""
+        hidden_f32 = hidden.float()
+        mean_sq = all_reduce(hidden_f32.pow(2).mean(-1, keepdim=True), self.group_name)
+        normed = hidden_f32 * torch.rsqrt(mean_sq / self.world_size + self.eps)
+        weight = self.weight.float()
+        scaled = normed * (self.offset + weight) if self.offset else weight * normed
+        return scaled.to(hidden.dtype)
 
 
 class VocabParallelEmbedding(nn.Embedding):

@@ -22,7 +22,7 @@ from compiled_llm.distributed.pipeline_parallel import (
     localize_kv_scales,
     rank_stage,
 )
-from compiled_llm.distributed.tensor_parallel import build_sharded, plan_index
+from compiled_llm.distributed.tensor_parallel import build_sharded, plan_index, read_index
 from compiled_llm.models import DecoderConfig, ModelRegistry
 from compiled_llm.models.plugins import load_general_plugins
 from compiled_llm.worker.kv_cache import IGNORED_ATTENTION_SCALES, kv_scale_key
@@ -146,11 +146,12 @@ def iter_tensors(files: list[Path], device: torch.device | None = None, index_of
                 for name in reader.keys():  # noqa: SIM118 (safe_open has no __iter__)
                     index = index_of(name) if index_of is not None else None
                     yield name, (reader.get_tensor(name) if index is None
-                                 else reader.get_slice(name)[index]), path
+                                 else read_index(reader.get_slice(name), index)), path
         else:
             for name, tensor in torch.load(path, map_location="cpu", weights_only=True).items():
                 index = index_of(name) if index_of is not None else None
-                yield name, tensor if index is None else tensor[index].contiguous(), path
+                yield name, (tensor if index is None
+                             else read_index(tensor, index).contiguous()), path
 
 
 def load_weights(model: nn.Module, files: list[Path], device: torch.device | None = None,

@@ -1,6 +1,7 @@
 """The tensor-parallel transform and shard-by-shard loading, in one process (no collective
-runs): each rank's parameters are exactly its slices of the checkpoint tensors, no parameter
-is full-size where it is sharded, and one KV head is replicated."""
+runs): each rank's parameters are exactly its slices of the checkpoint tensors (a fused
+qkv_proj / gate_up_proj's rows part by part), no parameter is full-size where it is sharded,
+and one KV head is replicated."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from safetensors.torch import load_file
 
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.distributed.tensor_parallel import check_shardable, head_layout
+from compiled_llm.distributed.tp_layers import HeadsParallelRMSNorm
 from compiled_llm.worker.loader import build_model_config, load_hf_config, load_model
 from tests.utils import make_checkpoint
 
@@ -66,6 +68,41 @@ def test_moe_experts_hold_their_intermediate_rows():
     assert torch.equal(gate, full[f"{prefix}.gate_proj.weight"][size:])
     assert torch.equal(up, full[f"{prefix}.up_proj.weight"][size:])
     assert torch.equal(experts.w2_weight[3], full[f"{prefix}.down_proj.weight"][:, size:])
+
+
+def _rows(full: torch.Tensor, size: int, rank: int) -> torch.Tensor:
+    return full[rank * size:(rank + 1) * size]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_fused_qkv_and_gate_up_take_each_parts_rows(rank):
+    """Phi-3's qkv_proj: this rank's q rows, then its k rows, then its v rows (not a contiguous
+    slice of the fused weight); gate_up_proj: its gate rows, then its up rows."""
+    model, full = _load("phi3", rank)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    layer = "model.layers.0"
+    q, k, v = full[f"{layer}.self_attn.qkv_proj.weight"].split([64, 32, 32])  # 4 and 2 heads
+    assert torch.equal(attn.qkv_proj.weight, torch.cat([_rows(q, 32, rank), _rows(k, 16, rank),
+                                                        _rows(v, 16, rank)]))
+    assert (attn.num_heads, attn.num_kv_heads, attn.q_size, attn.kv_size) == (2, 1, 32, 16)
+    gate, up = full[f"{layer}.mlp.gate_up_proj.weight"].chunk(2)  # intermediate 128
+    assert torch.equal(mlp.gate_up_proj.weight,
+                       torch.cat([_rows(gate, 64, rank), _rows(up, 64, rank)]))
+    assert torch.equal(mlp.down_proj.weight,
+                       full[f"{layer}.mlp.down_proj.weight"][:, rank * 64:(rank + 1) * 64])
+
+
+def test_norms_over_the_whole_projection_are_sharded_and_reduced():
+    """OLMo 2's q_norm / k_norm span every head: each rank keeps its heads' columns of the
+    weight and averages the mean square over the group; Qwen3's per-head norms stay whole."""
+    model, full = _load("olmo2", 1)
+    attn = model.model.layers[0].self_attn
+    prefix = "model.layers.0.self_attn"
+    assert torch.equal(attn.q_norm.weight, full[f"{prefix}.q_norm.weight"][32:])
+    assert torch.equal(attn.k_norm.weight, full[f"{prefix}.k_norm.weight"][16:])
+    assert type(attn.q_norm) is HeadsParallelRMSNorm and attn.q_norm.world_size == 2
+    qwen3, _ = _load("qwen3", 1)
+    assert type(qwen3.model.layers[0].self_attn.q_norm) is not HeadsParallelRMSNorm
 
 
 def test_head_layout_and_refusals():

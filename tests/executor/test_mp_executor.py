@@ -122,12 +122,14 @@ def test_unsplittable_models_are_refused_before_any_worker_starts(field, message
             engine_core_process=False, **{field: 3})
 
 
-@pytest.mark.parametrize("name,arch", [("phi3", "Phi3ForCausalLM"),
-                                       ("gemma3", "Gemma3ForCausalLM"),
-                                       ("olmo2", "Olmo2ForCausalLM")])
-def test_architectures_not_sharded_yet_are_refused_by_name(name, arch):
-    with pytest.raises(ValueError, match=f"tensor_parallel_size 2: {arch}"):
-        LLM(str(make_checkpoint(name)), dtype="float32", enforce_eager=True,
+def test_architectures_not_sharded_yet_are_refused_by_name(monkeypatch):
+    """A model class with supports_tensor_parallel = False is refused by name before any
+    worker starts."""
+    from compiled_llm.models.llama import LlamaForCausalLM
+
+    monkeypatch.setattr(LlamaForCausalLM, "supports_tensor_parallel", False, raising=False)
+    with pytest.raises(ValueError, match="tensor_parallel_size 2: LlamaForCausalLM"):
+        LLM(str(make_checkpoint("llama")), dtype="float32", enforce_eager=True,
             engine_core_process=False, tensor_parallel_size=2)
 
 
