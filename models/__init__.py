@@ -64,12 +64,18 @@ class _ModelRegistry:
 
 
 ModelRegistry = _ModelRegistry({
+    "GemmaForCausalLM": "compiled_llm.models.gemma:GemmaForCausalLM",
+    "Gemma2ForCausalLM": "compiled_llm.models.gemma2:Gemma2ForCausalLM",
     "Gemma3ForCausalLM": "compiled_llm.models.gemma3:Gemma3ForCausalLM",
+    "GPTNeoXForCausalLM": "compiled_llm.models.gpt_neox:GPTNeoXForCausalLM",
     "GraniteForCausalLM": "compiled_llm.models.granite:GraniteForCausalLM",
     "LlamaForCausalLM": "compiled_llm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "compiled_llm.models.llama:MistralForCausalLM",
     "MixtralForCausalLM": "compiled_llm.models.mixtral:MixtralForCausalLM",
     "Olmo2ForCausalLM": "compiled_llm.models.olmo2:Olmo2ForCausalLM",
+    "OPTForCausalLM": "compiled_llm.models.opt:OPTForCausalLM",
+    "GPT2LMHeadModel": "compiled_llm.models.gpt2:GPT2LMHeadModel",
+    "PhiForCausalLM": "compiled_llm.models.phi:PhiForCausalLM",
     "Phi3ForCausalLM": "compiled_llm.models.phi3:Phi3ForCausalLM",
     "Qwen2ForCausalLM": "compiled_llm.models.llama:Qwen2ForCausalLM",
     "SmolLM3ForCausalLM": "compiled_llm.models.smollm3:SmolLM3ForCausalLM",

@@ -222,3 +222,56 @@ class LMHead(nn.Linear):
         super().__init__(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.weight = embed.weight
+
+
+def apply_partial_rotary(q: torch.Tensor, k: torch.Tensor,
+                         rope: tuple[torch.Tensor, torch.Tensor], rotary_dim: int):
+    """RoPE (a table of rotary_dim dims) on the leading rotary_dim dims of each head of
+    q [T, H, D] and k [T, Hkv, D]; the other dims pass through."""
+    head_dim = q.shape[-1]
+    if rotary_dim == head_dim:
+        return apply_rotary(q, k, rope)
+    dims = (rotary_dim, head_dim - rotary_dim)
+    (q_rot, q_pass), (k_rot, k_pass) = q.split(dims, -1), k.split(dims, -1)
+    q_rot, k_rot = apply_rotary(q_rot, k_rot, rope)  # [T, H, rotary_dim]
+    return torch.cat([q_rot, q_pass], -1), torch.cat([k_rot, k_pass], -1)
+
+
+class DenseMLP(nn.Module):
+    """Ungated MLP, down(act(up(x))) with biased linears named as the checkpoint names them
+    (`names`: GPT-NeoX's dense_h_to_4h / dense_4h_to_h, Phi's fc1 / fc2)."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str = "gelu",
+                 names: tuple[str, str] = ("fc1", "fc2")) -> None:
+        super().__init__()
+        self.up_name, self.down_name = names
+        setattr(self, self.up_name, nn.Linear(hidden, intermediate))
+        setattr(self, self.down_name, nn.Linear(intermediate, hidden))
+        self.act_fn = ACTIVATIONS[act]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [T, hidden] -> [T, hidden]."""
+        up, down = getattr(self, self.up_name), getattr(self, self.down_name)
+        return down(self.act_fn(up(hidden)))
+
+
+class CausalLM(nn.Module):
+    """The model contract over a decoder body held at `body_name` (HF's base_model_prefix):
+    forward(input_ids [T], positions [T]) -> its hidden [T, hidden]; compute_logits -> lm_head;
+    checkpoint names map as they are but for ignored_weights (skipped)."""
+
+    body_name = "model"
+    ignored_weights: tuple[str, ...] = ()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions [T] -> hidden states [T, hidden] (no logits)."""
+        return getattr(self, self.body_name)(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab]."""
+        return self.lm_head(hidden)
+
+    @classmethod
+    def weight_name(cls, hf_name: str) -> str | None:
+        """Our parameter name for a checkpoint tensor name (the identity), or None to skip."""
+        return None if hf_name.endswith(cls.ignored_weights) else hf_name

@@ -12,7 +12,7 @@ from torch import nn
 
 from compiled_llm.attention import attention
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
-from compiled_llm.models.layers import LMHead, RMSNorm, RotaryEmbedding, apply_rotary
+from compiled_llm.models.layers import CausalLM, LMHead, RMSNorm, RotaryEmbedding, apply_rotary
 from compiled_llm.models.moe import moe_or_dense_mlp
 
 
@@ -108,7 +108,7 @@ class LlamaModel(nn.Module):
         return hidden
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """The model contract: forward(input_ids [T], positions [T]) -> hidden [T, hidden]."""
 
     model_cls = LlamaModel
@@ -125,19 +125,6 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = self.model_cls(cfg, max_len or cfg.max_position_embeddings)
         self.lm_head = LMHead(cfg, self.model.embed_tokens)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions [T] -> hidden states [T, hidden] (no logits)."""
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> logits [N, vocab]."""
-        return self.lm_head(hidden)
-
-    @classmethod
-    def weight_name(cls, hf_name: str) -> str | None:
-        """Our parameter name for a checkpoint tensor name, or None to skip it."""
-        return None if hf_name.endswith(cls.ignored_weights) else hf_name
 
 
 class MistralForCausalLM(LlamaForCausalLM):

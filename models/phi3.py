@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from compiled_llm.models.config import MOE_KEYS, DecoderConfig
+from compiled_llm.models.config import MOE_KEYS, DecoderConfig, check_partial_rotary
 from compiled_llm.models.layers import ACTIVATIONS, apply_rotary
 from compiled_llm.models.llama import (
     LlamaAttention,
@@ -46,14 +46,7 @@ class Phi3Config(DecoderConfig):
     @staticmethod
     def check_rotary(scaling: dict[str, Any], head_dim: int) -> None:
         """LongRoPE's factors: one per turned pair of the rotary dims."""
-        rotary_dim = int(head_dim * scaling.get("partial_rotary_factor", 1.0))
-        if rotary_dim % 2 or rotary_dim <= 0:
-            raise ValueError(f"partial_rotary_factor must turn an even number of dims, got "
-                             f"{rotary_dim} of head_dim {head_dim}")
-        for key in ("short_factor", "long_factor") if scaling["rope_type"] == "longrope" else ():
-            if len(scaling[key]) not in (1, rotary_dim // 2):
-                raise ValueError(f"rope_scaling.{key} must have rotary dims / 2 = "
-                                 f"{rotary_dim // 2} entries, got {len(scaling[key])}")
+        check_partial_rotary(scaling, head_dim)
 
 
 class Phi3Attention(LlamaAttention):

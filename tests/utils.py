@@ -37,6 +37,17 @@ CONFIGS = {
                                   "tie_word_embeddings": True}),
     # norms after each block, q/k normed over the whole projection
     "olmo2": ("Olmo2Config", {"pad_token_id": None}),
+    # GPT-NeoX: one query_key_value ([H, 3, D] rows), half of each head turned, attention
+    # and MLP in parallel; then serial, with unbiased attention, a quarter turned, a tied head
+    "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.5}),
+    "gpt_neox_serial": ("GPTNeoXConfig", {"use_parallel_residual": False,
+                                          "attention_bias": False, "tie_word_embeddings": True}),
+    # Phi (phi-2 with phi-1.5's per-head q/k LayerNorms): half of each head turned, GQA
+    "phi": ("PhiConfig", {"qk_layernorm": True, "pad_token_id": None}),
+    # learned absolute positions (OPT's offset of 2), pre-norm LayerNorms, fc1 -> relu -> fc2
+    "opt": ("OPTConfig", {"ffn_dim": 128, "init_std": 0.1}),
+    # learned positions (wpe), Conv1D weights stored [in, out], q/k/v as one c_attn
+    "gpt2": ("GPT2Config", {}),
     # a NoPE layer every second one (no_rope_layer_interval 2), a window on the first
     "smollm3": ("SmolLM3Config", {"no_rope_layer_interval": 2, "pad_token_id": None,
                                   "use_sliding_window": True, "sliding_window": 8,
@@ -49,6 +60,13 @@ CONFIGS = {
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
                             "full_attention": {"rope_type": "linear", "factor": 2.0,
                                                "rope_theta": 1e6}}}),
+    # Gemma 1: the legacy hidden_act "gelu" (read as the tanh approximation), biased q/k/v/o
+    "gemma": ("GemmaConfig", {"head_dim": 16, "hidden_act": "gelu", "attention_bias": True}),
+    # Gemma 2: sliding then full layers, soft-capped attention scores and logits (caps low
+    # enough to bite at these weights), a query scale apart from head_dim
+    "gemma2": ("Gemma2Config", {
+        "head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+        "attn_logit_softcapping": 2.0, "final_logit_softcapping": 5.0}),
     # biased o_proj (attention_bias) and MLP (mlp_bias); YaRN past its original length
     "llama_biases": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
     "qwen3_yarn_bias": ("Qwen3Config", {"head_dim": 32, "attention_bias": True, "rope_parameters": {
@@ -89,7 +107,19 @@ EXTRA_CONFIGS = {
         "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
         "short_factor": [1.0 + 0.1 * i for i in range(8)],
         "long_factor": [2.0 + 0.5 * i for i in range(8)]}}),
+    # opt-350m's layout: norms after each residual add (no final norm), word embeddings of 32
+    # projected in and out of the 64-wide layers
+    "opt_350m_layout": ("OPTConfig", {"ffn_dim": 128, "init_std": 0.1,
+                                      "do_layer_norm_before": False, "word_embed_proj_dim": 32}),
+    # GPT-2's attention scale options (1 / layer_idx + 1 on top of 1/sqrt(head_dim)), its own
+    # n_inner, an untied LM head
+    "gpt2_options": ("GPT2Config", {"scale_attn_by_inverse_layer_idx": True, "n_inner": 96,
+                                    "tie_word_embeddings": False}),
     # Gemma 3 1B's head_dim (256) and one KV head, sliding then full layers (GPU kernels)
+    # Gemma 2 2B's head shape (head_dim 256, 2 query heads a KV head) with its caps
+    "gemma2_d256": ("Gemma2Config", {
+        "head_dim": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "sliding_window": 16, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}),
     "gemma3_d256": ("Gemma3TextConfig", {
         "head_dim": 256, "num_attention_heads": 4, "num_key_value_heads": 1,
         "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16,

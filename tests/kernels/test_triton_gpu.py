@@ -62,6 +62,23 @@ def test_mixed_chunked_batch_matches_reference(head_dim, decodes_first):
     assert torch.equal(torch.nan_to_num(batch.kv_cache.float()), ref_cache)
 
 
+@pytest.mark.parametrize("head_dim,window", [(128, -1), (256, 4096)])  # Gemma 2's head_dim
+def test_soft_capped_mixed_batch_matches_reference(head_dim, window):
+    # Gemma 2's attention (cap 50) on the decode and prefill kernels, against the reference
+    from compiled_llm.attention.reference import attention_forward
+    from compiled_llm.attention.triton_backend import triton_attention
+
+    batch = make_batch([1, 1, 2048, 517, 1], [9000, 15, 6000, 0, 5000], 8, 4, head_dim,
+                       dtype=torch.bfloat16, device="cuda", seed=3)
+    batch.q.mul_(8.0)  # scores past the cap, so that it bites
+    cache = torch.nan_to_num(batch.kv_cache)
+    ref = attention_forward(*(x.float() for x in (batch.q, batch.k, batch.v, cache)),
+                            batch.meta, head_dim**-0.5, window, softcap=50.0)
+    out = triton_attention(batch.q, batch.k, batch.v, cache, batch.meta, head_dim**-0.5,
+                           window, softcap=50.0)
+    assert _rel_err(out, ref) < 1.5e-2
+
+
 @pytest.mark.parametrize("window", [512, 4096])
 def test_sliding_window_prefill_and_decode(window):
     batch = make_batch([3000, 1, 700], [5000, 8000, 0], HQ, HKV, D, dtype=torch.bfloat16,

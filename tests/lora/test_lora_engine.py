@@ -207,10 +207,11 @@ def test_vllm_lora_settings_that_change_nothing_are_taken():
     EngineArgs(enable_lora=True, dtype="bfloat16", lora_dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "olmo2", "granite"])
+@pytest.mark.parametrize("name", ["gemma", "gemma2", "gemma3", "olmo2", "granite"])
 def test_an_adapter_of_another_architecture_matches_peft_merged(name):
-    """The same projections under other layer shapes (Gemma 3: norms after attention and
-    around a GELU MLP, q/k norms; OLMo 2: post-norms; Granite: scaled outputs)."""
+    """The same projections under other layer shapes (Gemma 1-3: (1 + weight) norms, a GELU
+    MLP; Gemma 2 and 3: norms after attention and around the MLP, Gemma 2's soft-capped
+    scores, Gemma 3's q/k norms; OLMo 2: post-norms; Granite: scaled outputs)."""
     base = make_checkpoint(name)
     adapter = make_adapter(base, 1, rank=4)
     with LLM(str(base), enable_lora=True, max_lora_rank=4, dtype="float32",

@@ -1,7 +1,9 @@
-"""Gemma 3, Phi-3, Granite, SmolLM3 and OLMo 2 on CUDA (GPU only): the compiled model with
-CUDA graphs and the Triton attention kernels (head_dim 16 and Gemma 3's 256, sliding and full
-layers, a partial rotary factor, Granite's scalars, SmolLM3's NoPE layers, OLMo 2's post-norms)
-gives transformers' greedy tokens, in float32."""
+"""The architectures after Llama/Qwen on CUDA (GPU only): compiled with CUDA graphs and the
+Triton attention kernels (head_dim 16 and 256, Gemma 2's soft-capped scores, sliding and full
+layers, partial rotary, Granite's scalars, SmolLM3's NoPE layers, OLMo 2's post-norms, OPT's
+and GPT-2's learned positions, LayerNorms and ungated MLPs, GPT-NeoX's [H, 3, D] fused qkv and
+serial or parallel residuals, Phi's q/k LayerNorms), each gives transformers' greedy tokens,
+in float32."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-@pytest.mark.parametrize("name", ["gemma3", "gemma3_d256", "phi3", "phi3_longrope_partial",
-                                  "granite", "smollm3", "olmo2"])
+@pytest.mark.parametrize("name", ["gemma", "gemma2", "gemma2_d256", "gemma3", "gemma3_d256",
+                                  "phi3", "phi3_longrope_partial", "granite", "smollm3",
+                                  "olmo2", "opt", "opt_350m_layout", "gpt2", "gpt2_options",
+                                  "gpt_neox", "gpt_neox_serial", "phi"])
 def test_compiled_with_cuda_graphs_matches_transformers(name, tmp_path):
     ckpt = make_checkpoint(name)
     # within 32 positions: LongRoPE's original length (transformers recomputes past it)

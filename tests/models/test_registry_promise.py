@@ -21,8 +21,11 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral",
                "Qwen2MoeForCausalLM": "qwen2_moe", "Phi3ForCausalLM": "phi3",
+               "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
                "Gemma3ForCausalLM": "gemma3", "GraniteForCausalLM": "granite",
-               "SmolLM3ForCausalLM": "smollm3", "Olmo2ForCausalLM": "olmo2"}
+               "SmolLM3ForCausalLM": "smollm3", "Olmo2ForCausalLM": "olmo2",
+               "GPTNeoXForCausalLM": "gpt_neox", "PhiForCausalLM": "phi",
+               "OPTForCausalLM": "opt", "GPT2LMHeadModel": "gpt2"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
 # run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too (the
 # gate/up SiLU·mul epilogue is opt-in: asked for here)
@@ -31,15 +34,24 @@ ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True, "small_m_gemm_on_cpu": True,
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 # checkpoints with q/k/v as one qkv_proj and gate/up as one gate_up_proj (4 matmuls a layer)
 PREFUSED = {"Phi3ForCausalLM"}
+# every pattern of a Llama layer but its horizontal GEMM fusion: none of them is there
+NO_LLAMA_PATTERNS = {
+    "AddRMSNormFusionPass": 0, "RMSNormFusionPass": 0, "SiluMulFusionPass": 0,
+    "QKNormRoPEKVWriteFusionPass": 0, "SmallMGemmSiluMulFusionPass": 0,
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0}
 # layers of another shape: Gemma 3's norms scale by (1 + weight) after the float32 product and
 # come after attention and around a GELU MLP, so no norm or SiLU·mul pattern is theirs; its
 # q/k/v and gate/up still fuse, and RoPE + the KV write after its own q/k norms
 # Granite's residual_multiplier sits between the o / down GEMMs and their residual add, so
 # the small-M add + norm epilogues (and the prologues they feed) are not its
-OWN_LAYER_SHAPE = {"Gemma3ForCausalLM": lambda layers: {
-    "AddRMSNormFusionPass": 0, "RMSNormFusionPass": 0, "SiluMulFusionPass": 0,
-    "SmallMGemmSiluMulFusionPass": 0, "SmallMGemmAddRMSNormFusionPass": 0,
-    "SmallMAddRMSNormGemmFusionPass": 0},
+GEMMA_SHAPE = {"AddRMSNormFusionPass": 0, "RMSNormFusionPass": 0, "SiluMulFusionPass": 0,
+               "SmallMGemmSiluMulFusionPass": 0, "SmallMGemmAddRMSNormFusionPass": 0,
+               "SmallMAddRMSNormGemmFusionPass": 0}
+# (Gemma 1 and 2 too: the same norms and GELU gate; Gemma 2's soft-capped attention is the
+# attention op's softcap, which the fused RoPE + KV write carries)
+OWN_LAYER_SHAPE = {
+    **dict.fromkeys(("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"),
+                    lambda layers: GEMMA_SHAPE),
     "GraniteForCausalLM": lambda layers: {
     "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
     # SmolLM3's NoPE layers (every second one here) have no RoPE to fuse with the KV write
@@ -48,7 +60,16 @@ OWN_LAYER_SHAPE = {"Gemma3ForCausalLM": lambda layers: {
     # in between: plain norms, four a layer, and the final norm's add
     "Olmo2ForCausalLM": lambda layers: {
     "AddRMSNormFusionPass": 1, "RMSNormFusionPass": 4 * layers,
-    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0}}
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # OPT and GPT-2: LayerNorms, an ungated MLP (fc1 / c_fc -> relu / gelu_new), learned
+    # positions (no RoPE): only OPT's q/k/v fuse; GPT-2's c_attn is one GEMM already
+    "OPTForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers},
+    "GPT2LMHeadModel": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": 0},
+    # GPT-NeoX and Phi: LayerNorms, an ungated gelu MLP, RoPE on part of each head (a split
+    # and a cat the fused RoPE + KV write does not match): Phi's q/k/v fuse; NeoX's
+    # query_key_value is one GEMM already
+    "GPTNeoXForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": 0},
+    "PhiForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers}}
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
                  "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
