@@ -185,11 +185,22 @@ def make_checkpoint(name: str, dtype: str = "float32") -> Path:
     return out
 
 
-def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """transformers' own greedy generate, one prompt at a time (no padding effects)."""
+def hf_model(model_dir: Path):
+    """transformers' model of the checkpoint, in eval mode; soft-capped attention (Gemma 2) on
+    transformers' eager path, the one that applies the cap whatever its version's default."""
+    import json
+
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    capped = json.loads((Path(model_dir) / "config.json").read_text()).get(
+        "attn_logit_softcapping")
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, **({"attn_implementation": "eager"} if capped else {})).eval()
+
+
+def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' own greedy generate, one prompt at a time (no padding effects)."""
+    model = hf_model(model_dir)
     outs = []
     for p in prompts:
         with torch.no_grad():

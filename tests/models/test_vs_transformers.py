@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from compiled_llm import LLM, SamplingParams
-from tests.utils import CONFIGS, hf_greedy, make_checkpoint, random_prompts
+from tests.utils import CONFIGS, hf_greedy, hf_model, make_checkpoint, random_prompts
 
 NEW_TOKENS = 32
 
@@ -27,13 +27,12 @@ def test_greedy_matches_transformers(checkpoint):
 
 
 def test_prompt_logprobs_close(checkpoint):
-    import transformers
 
     llm = LLM(str(checkpoint), enforce_eager=True, dtype="float32")
     prompts = random_prompts(4, llm.engine.model_config.vocab_size, seed=1)
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    hf = hf_model(checkpoint)
     for p, out in zip(prompts, outs):
         with torch.no_grad():
             ref = hf(torch.tensor([p])).logits[0].float().log_softmax(-1)
