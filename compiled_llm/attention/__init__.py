@@ -111,14 +111,13 @@ def qk_norm_rope_attention(
 ) -> torch.Tensor:
     """qk_norm_rope_kv_write's inputs -> attention's output [T, H, D]: q and k normed (where a
     weight is given) and rotated, k and v written into layer_idx's cache, then attended as
-    `attention` attends; an all-decode step on a backend with a fused decode runs it in one
-    (not soft-capped scores: those take the two ops)."""
+    `attention` attends; an all-decode step on a backend with a fused decode runs it in one."""
     ctx = get_forward_context()
     kv_cache = ctx.kv_caches[layer_idx] if ctx.kv_caches else None
-    fused = None if softcap else fused_decode_for(ctx, kv_cache, causal)
-    if fused is not None:
+    fused = fused_decode_for(ctx, kv_cache, causal)
+    if fused is not None:  # softcap only where set, as _attend passes it
         return fused(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache, ctx.attn_metadata,
-                     scale, sliding_window)
+                     scale, sliding_window, **({"softcap": softcap} if softcap else {}))
     q_out, k_out = qk_norm_rope_kv_write(q, k, v, cos, sin, q_weight, k_weight, eps, layer_idx)
     return attention_no_write(q_out, k_out, v, layer_idx, scale, sliding_window, causal,
                               softcap)

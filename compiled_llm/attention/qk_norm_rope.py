@@ -36,8 +36,9 @@ def register_fused_write(backend: str, fused) -> None:
 
 def register_fused_decode(backend: str, fused) -> None:
     """Use fused(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache, metadata, scale,
-    sliding_window) -> out for all-decode steps (max_query_len 1) over non-FP8 caches when the
-    context's backend is `backend`: the write and the attention of the two-op path in one."""
+    sliding_window[, softcap: given only when > 0]) -> out for all-decode steps
+    (max_query_len 1) over non-FP8 caches when the context's backend is `backend`: the write
+    and the attention of the two-op path in one."""
     _FUSED_DECODE[backend] = fused
 
 

@@ -180,7 +180,7 @@ def triton_fused_write(q, k, v, cos, sin, q_weight, k_weight, eps: float,
 
 def triton_fused_decode(q, k, v, cos, sin, q_weight, k_weight, eps: float,
                         kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                        sliding_window: int) -> torch.Tensor:
+                        sliding_window: int, softcap: float = 0.0) -> torch.Tensor:
     """An all-decode step from raw q/k/v over a non-FP8 cache in one launch (and the merge
     where it splits); padded rows past the batch's sequences zeroed, as triton_attention
     leaves them."""
@@ -190,7 +190,7 @@ def triton_fused_decode(q, k, v, cos, sin, q_weight, k_weight, eps: float,
     decode_qk_norm_rope_attention(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache,
                                   meta.seq_lens, meta.block_tables, meta.slot_mapping, scale,
                                   sliding_window, out, decode_config(q.shape[2], num_seqs),
-                                  order=_order(meta, num_seqs))
+                                  order=_order(meta, num_seqs), softcap=softcap)
     return _zero_rows_past(out, num_seqs)
 
 

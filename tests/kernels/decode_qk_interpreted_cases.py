@@ -129,3 +129,26 @@ def test_the_op_on_the_triton_backend_matches_the_reference():
                                          0.2, -1)
         torch.testing.assert_close(batch.kv_cache, ref_cache, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("window", [-1, 6])
+def test_soft_capped_one_launch_matches_the_reference_op(window):
+    # Gemma 2's capped scores in the one launch (the newest key's score capped as the tiles'),
+    # against the two-op reference through the op
+    from compiled_llm.attention import attention, qk_norm_rope_attention
+    from compiled_llm.attention.forward_context import ForwardContext, set_forward_context
+    from compiled_llm.attention.qk_norm_rope import qk_norm_rope_ref
+
+    batch, cos, sin, _, _ = _decode_inputs([17, 0, 40, 5], norms=False, pads=1, seed=4)
+    batch.q.mul_(4.0)  # scores well past the cap
+    ref_cache = batch.kv_cache.clone()
+    q, k = qk_norm_rope_ref(batch.q, batch.k, cos, sin, None, None, 1e-6)
+    with set_forward_context(ForwardContext(batch.meta, [ref_cache], backend="torch")):
+        ref = attention(q, k, batch.v, 0, 0.2, window, True, 2.0)
+        uncapped = attention(q, k, batch.v, 0, 0.2, window)
+    with set_forward_context(ForwardContext(batch.meta, [batch.kv_cache], backend="triton")):
+        out = qk_norm_rope_attention(batch.q, batch.k, batch.v, cos, sin, None, None, 1e-6, 0,
+                                     0.2, window, True, 2.0)
+    rows = 4  # the padded sequence (no keys) is the reference's NaN, the kernel's zeros
+    torch.testing.assert_close(out[:rows], ref[:rows], rtol=1e-4, atol=1e-4)
+    assert (uncapped[:rows] - ref[:rows]).abs().max() > 0.05

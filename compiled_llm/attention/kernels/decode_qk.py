@@ -21,6 +21,7 @@ from compiled_llm.attention.kernels.decode import (
     store_split,
 )
 from compiled_llm.attention.kernels.qk_norm_rope import norm_rope, store_rows
+from compiled_llm.attention.kernels.tile import soft_tanh
 from compiled_llm.gemm.pdl import dependency_sync
 
 
@@ -39,12 +40,14 @@ def _rope_rows(cos_ptr, sin_ptr, b, stride_cos, stride_sin, dtype: tl.constexpr,
 
 
 @triton.jit
-def _attend_newest(acc, l_i, m_i, q1, q2, k1, k2, v, qk_scale):
+def _attend_newest(acc, l_i, m_i, q1, q2, k1, k2, v, qk_scale, SOFTCAP: tl.constexpr = 0.0):
     """One more online-softmax step over the newest key, held in registers: q halves [G_PAD,
     D/2] and k halves [1, D/2] as the dtype rounds them, v [1, D]; p rounded as the tiles'
-    P @ V rounds it."""
+    P @ V rounds it; the score soft-capped as attend_tile caps it."""
     score = (tl.sum(q1.to(tl.float32) * k1.to(tl.float32), 1)
              + tl.sum(q2.to(tl.float32) * k2.to(tl.float32), 1)) * qk_scale  # [G_PAD]
+    if SOFTCAP > 0:
+        score = SOFTCAP * soft_tanh(score / SOFTCAP)
     m_new = tl.maximum(m_i, score)
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(score - m_new)
@@ -71,7 +74,7 @@ def _newest_key(acc, l_i, m_i, q1, q2, b, kvh, k_ptr, v_ptr, kw_ptr, slot_ptr, c
                 cos2, sin2, eps, qk_scale, k_cache_ptr, v_cache_ptr, seq_lens_ptr, stride_kt,
                 stride_kh, stride_vt, stride_vh, stride_cb, stride_cs, stride_ch,
                 HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                HAS_K_NORM: tl.constexpr):
+                HAS_K_NORM: tl.constexpr, SOFTCAP: tl.constexpr = 0.0):
     """The newest key (normed, rotated) and value from registers: attended, and stored at
     slot_ptr[b] (negative: not stored) without waiting on the store."""
     heads = kvh + tl.arange(0, 1)
@@ -81,7 +84,7 @@ def _newest_key(acc, l_i, m_i, q1, q2, b, kvh, k_ptr, v_ptr, kw_ptr, slot_ptr, c
     k1, k2 = k1.to(q1.dtype), k2.to(q1.dtype)
     v = tl.load(v_ptr + b.to(tl.int64) * stride_vt + kvh * stride_vh
                 + tl.arange(0, D)[None, :])  # [1, D]
-    acc, l_i, m_i = _attend_newest(acc, l_i, m_i, q1, q2, k1, k2, v, qk_scale)
+    acc, l_i, m_i = _attend_newest(acc, l_i, m_i, q1, q2, k1, k2, v, qk_scale, SOFTCAP)
     slot = tl.load(slot_ptr + b).to(tl.int64)
     if slot >= 0:
         store_rows(k1, k2, v, heads, ones, slot, k_cache_ptr, v_cache_ptr, seq_lens_ptr, 0.0,
@@ -100,7 +103,7 @@ def _decode_qk_split_kernel(
     BS: tl.constexpr, HKV: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr,
     PREC: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
     MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1, SPLIT_KEYS: tl.constexpr = 0,
-    PDL: tl.constexpr = 0, ORDER: tl.constexpr = False,
+    PDL: tl.constexpr = 0, ORDER: tl.constexpr = False, SOFTCAP: tl.constexpr = 0.0,
 ):
     """Program (seq b, KV head, split): q heads from raw q (normed, rotated, rounded to the
     dtype as the fused write kernel stores them), the split's cached keys, and in the split
@@ -119,13 +122,13 @@ def _decode_qk_split_kernel(
         acc, l_i, m_i = attend_keys(q, b, kvh, seq_len, start, end - newest.to(tl.int32),
                                     k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr,
                                     qk_scale, window, stride_cb, stride_cs, stride_ch,
-                                    stride_tb, G_PAD, BLOCK_N, D, BS, PREC, False)
+                                    stride_tb, G_PAD, BLOCK_N, D, BS, PREC, False, SOFTCAP)
         if newest:
             acc, l_i, m_i = _newest_key(acc, l_i, m_i, q1, q2, b, kvh, k_ptr, v_ptr, kw_ptr,
                                         slot_ptr, cos1, sin1, cos2, sin2, eps, qk_scale,
                                         k_cache_ptr, v_cache_ptr, seq_lens_ptr, stride_kt,
                                         stride_kh, stride_vt, stride_vh, stride_cb, stride_cs,
-                                        stride_ch, HKV, D, BS, HAS_K_NORM)
+                                        stride_ch, HKV, D, BS, HAS_K_NORM, SOFTCAP)
         store_split(acc, l_i, m_i, b, kvh, split, used, out_ptr, part_acc_ptr, part_ml_ptr,
                     counter_ptr, num_splits, stride_ot, stride_oh, G, G_PAD, D, DIRECT, MERGE,
                     S_PAD)
@@ -140,11 +143,13 @@ def decode_qk_norm_rope_attention(
     scale: float, sliding_window: int, out: torch.Tensor, config: DecodeConfig,
     num_splits: int | None = None,
     order: torch.Tensor | None = None,  # [B] int32: the sequences, longest context first
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """An all-decode batch (row b: sequence b's one new token) from raw q/k/v: the rotated k
     and v of rows b < B with seq_lens[b] > 0 written at slot_mapping[b] (negative: none), and
     decode attention of the normed, rotated q into out [T, Hq, D] (rows >= B left as they
-    are). No host sync. order orders the programs' launch only (decode.program_seq)."""
+    are). No host sync. order orders the programs' launch only (decode.program_seq); softcap
+    > 0: scores soft-capped."""
     if any(x.stride(-1) != 1 for x in (q, k, v, cos, sin)):
         raise ValueError("q, k, v, cos and sin must have a contiguous last dim")
     if kv_cache.dtype != q.dtype:
@@ -164,7 +169,7 @@ def decode_qk_norm_rope_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=group_size, G_PAD=padded, BLOCK_N=config.block_n, D=head_dim, BS=kv_cache.shape[2],
         HKV=num_kv_heads, HAS_WINDOW=sliding_window > 0, HAS_Q_NORM=q_weight is not None,
-        HAS_K_NORM=k_weight is not None, num_warps=config.num_warps,
+        HAS_K_NORM=k_weight is not None, SOFTCAP=softcap * LOG2E, num_warps=config.num_warps,
         num_stages=config.num_stages, **plan.launch_args(q, order),
     )
     merge_splits(plan, out, seq_lens, sliding_window)
