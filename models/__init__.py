@@ -64,6 +64,9 @@ class _ModelRegistry:
 
 
 ModelRegistry = _ModelRegistry({
+    "CohereForCausalLM": "compiled_llm.models.cohere:CohereForCausalLM",
+    "GPTJForCausalLM": "compiled_llm.models.gptj:GPTJForCausalLM",
+    "GraniteMoeForCausalLM": "compiled_llm.models.granitemoe:GraniteMoeForCausalLM",
     "GemmaForCausalLM": "compiled_llm.models.gemma:GemmaForCausalLM",
     "Gemma2ForCausalLM": "compiled_llm.models.gemma2:Gemma2ForCausalLM",
     "Gemma3ForCausalLM": "compiled_llm.models.gemma3:Gemma3ForCausalLM",
@@ -75,10 +78,13 @@ ModelRegistry = _ModelRegistry({
     "Olmo2ForCausalLM": "compiled_llm.models.olmo2:Olmo2ForCausalLM",
     "OPTForCausalLM": "compiled_llm.models.opt:OPTForCausalLM",
     "GPT2LMHeadModel": "compiled_llm.models.gpt2:GPT2LMHeadModel",
+    "GPTBigCodeForCausalLM": "compiled_llm.models.gpt_bigcode:GPTBigCodeForCausalLM",
     "PhiForCausalLM": "compiled_llm.models.phi:PhiForCausalLM",
     "Phi3ForCausalLM": "compiled_llm.models.phi3:Phi3ForCausalLM",
     "Qwen2ForCausalLM": "compiled_llm.models.llama:Qwen2ForCausalLM",
     "SmolLM3ForCausalLM": "compiled_llm.models.smollm3:SmolLM3ForCausalLM",
+    "StableLmForCausalLM": "compiled_llm.models.stablelm:StableLmForCausalLM",
+    "Starcoder2ForCausalLM": "compiled_llm.models.starcoder2:Starcoder2ForCausalLM",
     "Qwen2MoeForCausalLM": "compiled_llm.models.qwen2_moe:Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM": "compiled_llm.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "compiled_llm.models.qwen3_moe:Qwen3MoeForCausalLM",

@@ -39,12 +39,13 @@ class GPT2Config(DecoderConfig):
                 return hf_config[alias]
             return hf_config.get(key, defaults.get(key))
 
+        arch = (hf_config.get("architectures") or ["GPT2LMHeadModel"])[0]
         if hf_config.get("add_cross_attention"):
-            raise ValueError("add_cross_attention=True is not supported for GPT2LMHeadModel "
+            raise ValueError(f"add_cross_attention=True is not supported for {arch} "
                              "(decoder-only generation: no encoder states to attend to)")
         act = get("activation_function")
         if act not in HIDDEN_ACTS:
-            raise ValueError(f"activation_function {act!r} is not supported for GPT-2; "
+            raise ValueError(f"activation_function {act!r} is not supported for {arch}; "
                              f"have {list(HIDDEN_ACTS)}")
         hidden, heads = get("n_embd", "hidden_size"), get("n_head", "num_attention_heads")
         base = DecoderConfig.from_hf({
@@ -99,10 +100,12 @@ class GPT2Attention(nn.Module):
 class GPT2Block(nn.Module):
     """ln_1, attention, residual add; ln_2, MLP, residual add."""
 
+    attention_cls = GPT2Attention
+
     def __init__(self, cfg: GPT2Config, layer_idx: int) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_epsilon)
-        self.attn = GPT2Attention(cfg, layer_idx)
+        self.attn = self.attention_cls(cfg, layer_idx)
         self.ln_2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_epsilon)
         self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act,
                             names=("c_fc", "c_proj"))  # c_proj(act(c_fc(x)))
@@ -116,11 +119,13 @@ class GPT2Block(nn.Module):
 class GPT2Model(nn.Module):
     """Token (wte) and learned position (wpe) embeddings, the blocks (h), the final ln_f."""
 
+    block_cls = GPT2Block
+
     def __init__(self, cfg: GPT2Config) -> None:
         super().__init__()
         self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.wpe = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.h = nn.ModuleList(GPT2Block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.h = nn.ModuleList(self.block_cls(cfg, i) for i in range(cfg.num_hidden_layers))
         self.ln_f = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_epsilon)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -137,6 +142,7 @@ class GPT2LMHeadModel(CausalLM):
     and LoRA adapters are refused by name (the layers are not the Llama family's)."""
 
     config_cls = GPT2Config
+    body_cls = GPT2Model
     body_name = "transformer"
     supports_tensor_parallel = False
     # transformers' GPT2Config defaults (config.json may leave any of them out); its
@@ -151,7 +157,7 @@ class GPT2LMHeadModel(CausalLM):
     def __init__(self, cfg: GPT2Config, max_len: int | None = None) -> None:
         super().__init__()
         self.config = cfg  # max_len: positions are bounded by wpe, not by it
-        self.transformer = GPT2Model(cfg)
+        self.transformer = self.body_cls(cfg)
         self.lm_head = LMHead(cfg, self.transformer.wte)
 
     @classmethod

@@ -18,6 +18,7 @@ from compiled_llm.models.config import DecoderConfig
 # parent module name -> (fused name, children that read the parent's same input, in order)
 SIBLINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "self_attn": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    "attn": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),  # GPT-J's (GPT-2's c_attn: no match)
     "mlp": ("gate_up_proj", ("gate_proj", "up_proj")),
     "shared_expert": ("gate_up_proj", ("gate_proj", "up_proj")),  # MoE blocks (Qwen2-MoE)
 }
@@ -45,6 +46,27 @@ class RMSNorm(nn.Module):
             return rms_norm(hidden, self.weight, self.eps)
         hidden = hidden + residual
         return rms_norm(hidden, self.weight, self.eps), hidden
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm with RMSNorm's residual form, for a LayerNorm decoder on the Llama body's
+    layer loop (StarCoder2, StableLM): called with a residual it adds first and returns
+    (normed, new residual)."""
+
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(hidden), or (norm(hidden + residual), hidden + residual)."""
+        if residual is None:
+            return super().forward(hidden)
+        hidden = hidden + residual
+        return super().forward(hidden), hidden
+
+
+def add_and_norm(norm: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None):
+    """(norm(hidden + residual), hidden + residual) through a residual-form norm (RMSNorm,
+    LayerNorm); the first layer's residual is None: (norm(hidden), hidden)."""
+    if residual is None:
+        return norm(hidden), hidden
+    return norm(hidden, residual)
 
 
 class Float32ScaleRMSNorm(nn.Module):
@@ -186,6 +208,21 @@ def _rotate(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return heads * cos + torch.cat([-second_half, first_half], -1) * sin
 
 
+def apply_rotary_interleaved(q: torch.Tensor, k: torch.Tensor,
+                             rope: tuple[torch.Tensor, torch.Tensor]):
+    """Rotate q [T, H, D] and k [T, Hkv, D] by RotaryEmbedding's (cos, sin) with dims paired
+    (0, 1), (2, 3), ... (GPT-J's and Cohere's rotate_every_two, whose tables repeat_interleave
+    each angle where RotaryEmbedding's repeat the half)."""
+    cos, sin = (half[..., : half.shape[-1] // 2] for half in rope)  # [T, 1, D/2]
+    return _rotate_pairs(q, cos, sin), _rotate_pairs(k, cos, sin)
+
+
+def _rotate_pairs(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    cos, sin = cos.to(heads.dtype), sin.to(heads.dtype)
+    even, odd = heads.unflatten(-1, (-1, 2)).unbind(-1)  # [T, H, D/2] each
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], -1).flatten(-2)
+
+
 ACTIVATIONS = {  # transformers' ACT2FN spellings (config.HIDDEN_ACTS) -> the function
     "silu": F.silu, "swish": F.silu, "gelu": F.gelu, "gelu_python": F.gelu,
     **dict.fromkeys(("gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python_tanh",
@@ -225,28 +262,31 @@ class LMHead(nn.Linear):
 
 
 def apply_partial_rotary(q: torch.Tensor, k: torch.Tensor,
-                         rope: tuple[torch.Tensor, torch.Tensor], rotary_dim: int):
+                         rope: tuple[torch.Tensor, torch.Tensor], rotary_dim: int,
+                         rotate=apply_rotary):
     """RoPE (a table of rotary_dim dims) on the leading rotary_dim dims of each head of
-    q [T, H, D] and k [T, Hkv, D]; the other dims pass through."""
+    q [T, H, D] and k [T, Hkv, D], applied by `rotate` (apply_rotary_interleaved: GPT-J's
+    pairs); the other dims pass through."""
     head_dim = q.shape[-1]
     if rotary_dim == head_dim:
-        return apply_rotary(q, k, rope)
+        return rotate(q, k, rope)
     dims = (rotary_dim, head_dim - rotary_dim)
     (q_rot, q_pass), (k_rot, k_pass) = q.split(dims, -1), k.split(dims, -1)
-    q_rot, k_rot = apply_rotary(q_rot, k_rot, rope)  # [T, H, rotary_dim]
+    q_rot, k_rot = rotate(q_rot, k_rot, rope)  # [T, H, rotary_dim]
     return torch.cat([q_rot, q_pass], -1), torch.cat([k_rot, k_pass], -1)
 
 
 class DenseMLP(nn.Module):
-    """Ungated MLP, down(act(up(x))) with biased linears named as the checkpoint names them
-    (`names`: GPT-NeoX's dense_h_to_4h / dense_4h_to_h, Phi's fc1 / fc2)."""
+    """Ungated MLP, down(act(up(x))) with linears named as the checkpoint names them
+    (`names`: GPT-NeoX's dense_h_to_4h / dense_4h_to_h, Phi's fc1 / fc2), biased unless
+    `bias` is false (StarCoder2's use_bias)."""
 
     def __init__(self, hidden: int, intermediate: int, act: str = "gelu",
-                 names: tuple[str, str] = ("fc1", "fc2")) -> None:
+                 names: tuple[str, str] = ("fc1", "fc2"), bias: bool = True) -> None:
         super().__init__()
         self.up_name, self.down_name = names
-        setattr(self, self.up_name, nn.Linear(hidden, intermediate))
-        setattr(self, self.down_name, nn.Linear(intermediate, hidden))
+        setattr(self, self.up_name, nn.Linear(hidden, intermediate, bias=bias))
+        setattr(self, self.down_name, nn.Linear(intermediate, hidden, bias=bias))
         self.act_fn = ACTIVATIONS[act]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,16 @@ CONFIGS = {
     "opt": ("OPTConfig", {"ffn_dim": 128, "init_std": 0.1}),
     # learned positions (wpe), Conv1D weights stored [in, out], q/k/v as one c_attn
     "gpt2": ("GPT2Config", {}),
+    # StarCoder2: LayerNorms, biased q/k/v/o and c_fc / c_proj, a window on every layer
+    "starcoder2": ("Starcoder2Config", {"sliding_window": 24}),
+    # StableLM 2 12B's options: per-head q/k LayerNorms, attention and MLP in parallel, biased
+    # q/k/v, half of each head turned; then StableLM 2 1.6B's: serial, a quarter turned
+    "stablelm": ("StableLmConfig", {"qk_layernorm": True, "use_parallel_residual": True,
+                                    "use_qkv_bias": True, "partial_rotary_factor": 0.5}),
+    "stablelm_serial": ("StableLmConfig", {"use_qkv_bias": True}),
+    # GPTBigCode: multi-query (one KV head) c_attn, nn.Linear weights; then multi-head
+    "gpt_bigcode": ("GPTBigCodeConfig", {}),
+    "gpt_bigcode_mha": ("GPTBigCodeConfig", {"multi_query": False}),
     # a NoPE layer every second one (no_rope_layer_interval 2), a window on the first
     "smollm3": ("SmolLM3Config", {"no_rope_layer_interval": 2, "pad_token_id": None,
                                   "use_sliding_window": True, "sliding_window": 8,
@@ -84,6 +94,19 @@ CONFIGS = {
     "qwen2_moe": ("Qwen2MoeConfig", {
         "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
         "shared_expert_intermediate_size": 48, "decoder_sparse_step": 2}),
+    # Cohere: parallel attention and MLP off one bias-free LayerNorm, interleaved RoPE,
+    # per-head q/k LayerNorms, logits times logit_scale, a tied head; then without q/k norms,
+    # with biased attention and an untied head
+    "cohere": ("CohereConfig", {"use_qk_norm": True, "logit_scale": 0.5, "pad_token_id": None}),
+    "cohere_plain": ("CohereConfig", {"attention_bias": True, "tie_word_embeddings": False,
+                                      "pad_token_id": None}),
+    # GPT-J: interleaved RoPE on half of each head, parallel attention and MLP off ln_1
+    "gptj": ("GPTJConfig", {"rotary_dim": 8}),
+    # Granite's four scalars away from 1 with a sparse MoE block in every layer
+    "granitemoe": ("GraniteMoeConfig", {
+        "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 48,
+        "embedding_multiplier": 12.0, "attention_multiplier": 0.2, "residual_multiplier": 0.22,
+        "logits_scaling": 8.0}),
 }
 # not part of the transformers comparison sweep: a deeper model for compile tests
 EXTRA_CONFIGS = {
@@ -115,6 +138,9 @@ EXTRA_CONFIGS = {
     # n_inner, an untied LM head
     "gpt2_options": ("GPT2Config", {"scale_attn_by_inverse_layer_idx": True, "n_inner": 96,
                                     "tie_word_embeddings": False}),
+    # StarCoder2 with use_bias off, no window and an untied head
+    "starcoder2_options": ("Starcoder2Config", {"use_bias": False, "sliding_window": None,
+                                                "tie_word_embeddings": False}),
     # Gemma 3 1B's head_dim (256) and one KV head, sliding then full layers (GPU kernels)
     # Gemma 2 2B's head shape (head_dim 256, 2 query heads a KV head) with its caps
     "gemma2_d256": ("Gemma2Config", {

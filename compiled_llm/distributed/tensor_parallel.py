@@ -185,7 +185,13 @@ class _Sharder:
                       size: int) -> None:
         """A norm over a whole projection (OLMo 2's q_norm / k_norm: `full` wide, every head)
         keeps its weight's [start, start + size) and reduces its mean square over the ranks;
-        a per-head norm (head_dim wide, or a single KV head) is left whole."""
+        a per-head norm (head_dim wide, or a single KV head) is left whole, and one with a
+        weight per head ([heads, head_dim]: Cohere's) keeps this rank's heads' rows."""
+        if norm is not None and norm.weight.dim() == 2:
+            heads = size // self.head_dim
+            _resize(norm, "weight", (heads, self.head_dim))
+            self.plan[f"{prefix}.weight"] = Shard(0, start // self.head_dim, heads)
+            return
         if norm is None or full == self.head_dim or norm.weight.shape[0] != full:
             return
         if type(norm) is not Float32ScaleRMSNorm:

@@ -117,6 +117,9 @@ def _check_model(args: EngineArgs, model_dir: str) -> None:
         if not getattr(model_cls, "supports_tensor_parallel", True):
             raise ValueError(f"tensor_parallel_size {args.tensor_parallel_size}: "
                              f"{config.architecture} is not sharded yet (run it with 1)")
+        # a model sharded under some of its options only (StableLM: not its per-head q/k norms)
+        getattr(model_cls, "check_tensor_parallel", lambda *args: None)(
+            config, args.tensor_parallel_size)
         check_shardable(config, args.tensor_parallel_size, args.enable_expert_parallel)
 
 

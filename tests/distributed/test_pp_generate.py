@@ -95,7 +95,8 @@ def test_killed_stage_fails_requests_with_a_clear_error(llama_pp2):
 # every other registered decoder architecture (llama above); qwen3_moe has 3 layers, sparse
 # and dense MLPs mixed, qwen3 ties its LM head to the embedding (both stages hold the table)
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mistral", "qwen2", "qwen3", "mixtral",
-                                  "qwen2_moe"])
+                                  "qwen2_moe", "starcoder2", "stablelm", "cohere",
+                                  "granitemoe"])
 def test_pp2_equals_pp1(arch):
     ckpt = make_checkpoint(arch)
     ref = _reference(ckpt)

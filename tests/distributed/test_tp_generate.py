@@ -17,7 +17,7 @@ BASE = dict(dtype="float32", max_model_len=128, engine_core_process=False,
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6)
 # one tiny checkpoint per registered decoder architecture, plus a one-KV-head GQA model
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "phi3",
-         "gemma", "gemma2", "gemma3", "olmo2"]
+         "gemma", "gemma2", "gemma3", "olmo2", "cohere", "cohere_plain", "stablelm_serial"]
 LAYERS = 2  # tests/utils.py SMALL
 
 

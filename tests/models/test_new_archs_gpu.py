@@ -2,8 +2,9 @@
 Triton attention kernels (head_dim 16 and 256, Gemma 2's soft-capped scores, sliding and full
 layers, partial rotary, Granite's scalars, SmolLM3's NoPE layers, OLMo 2's post-norms, OPT's
 and GPT-2's learned positions, LayerNorms and ungated MLPs, GPT-NeoX's [H, 3, D] fused qkv and
-serial or parallel residuals, Phi's q/k LayerNorms), each gives transformers' greedy tokens,
-in float32."""
+serial or parallel residuals, Phi's q/k LayerNorms, StableLM's per-head ones, GPTBigCode's
+one KV head, Cohere's and GPT-J's interleaved RoPE, GraniteMoe's experts), each gives
+transformers' greedy tokens, in float32."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ pytestmark = [pytest.mark.gpu,
 @pytest.mark.parametrize("name", ["gemma", "gemma2", "gemma2_d256", "gemma3", "gemma3_d256",
                                   "phi3", "phi3_longrope_partial", "granite", "smollm3",
                                   "olmo2", "opt", "opt_350m_layout", "gpt2", "gpt2_options",
-                                  "gpt_neox", "gpt_neox_serial", "phi"])
+                                  "gpt_neox", "gpt_neox_serial", "phi",
+                                  "starcoder2", "stablelm", "stablelm_serial", "gpt_bigcode",
+                                  "gpt_bigcode_mha", "cohere", "cohere_plain", "gptj",
+                                  "granitemoe"])
 def test_compiled_with_cuda_graphs_matches_transformers(name, tmp_path):
     ckpt = make_checkpoint(name)
     # within 32 positions: LongRoPE's original length (transformers recomputes past it)

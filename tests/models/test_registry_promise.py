@@ -25,7 +25,11 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Gemma3ForCausalLM": "gemma3", "GraniteForCausalLM": "granite",
                "SmolLM3ForCausalLM": "smollm3", "Olmo2ForCausalLM": "olmo2",
                "GPTNeoXForCausalLM": "gpt_neox", "PhiForCausalLM": "phi",
-               "OPTForCausalLM": "opt", "GPT2LMHeadModel": "gpt2"}
+               "OPTForCausalLM": "opt", "GPT2LMHeadModel": "gpt2",
+               "Starcoder2ForCausalLM": "starcoder2", "StableLmForCausalLM": "stablelm",
+               "GPTBigCodeForCausalLM": "gpt_bigcode",
+               "CohereForCausalLM": "cohere", "GPTJForCausalLM": "gptj",
+               "GraniteMoeForCausalLM": "granitemoe"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
 # run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too (the
 # gate/up SiLU·mul epilogue is opt-in: asked for here)
@@ -69,7 +73,30 @@ OWN_LAYER_SHAPE = {
     # and a cat the fused RoPE + KV write does not match): Phi's q/k/v fuse; NeoX's
     # query_key_value is one GEMM already
     "GPTNeoXForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": 0},
-    "PhiForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers}}
+    "PhiForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers},
+    # StarCoder2: the Llama body with LayerNorms and an ungated c_fc / c_proj MLP: its q/k/v
+    # fuse, and RoPE (every dim) with the KV write; no norm or SiLU·mul pattern
+    "Starcoder2ForCausalLM": lambda layers: {
+    **NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers,
+    "QKNormRoPEKVWriteFusionPass": layers},
+    # StableLM: the Llama body with LayerNorms and partial RoPE (a split and a cat): q/k/v and
+    # gate/up fuse, and SiLU·mul (with its GEMM); no norm pattern, no fused RoPE + KV write
+    "StableLmForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 0, "RMSNormFusionPass": 0, "QKNormRoPEKVWriteFusionPass": 0,
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # GPTBigCode: GPT-2's shape over nn.Linear weights: c_attn is one GEMM already
+    "GPTBigCodeForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": 0},
+    # Cohere: the Llama body with LayerNorms and RoPE on interleaved pairs, attention and the
+    # gated MLP off one norm: q/k/v and gate/up fuse, and SiLU·mul (with its GEMM); no norm
+    # pattern, no fused RoPE + KV write
+    "CohereForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 0, "RMSNormFusionPass": 0, "QKNormRoPEKVWriteFusionPass": 0,
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # GPT-J: LayerNorms, an ungated gelu_new MLP, interleaved partial RoPE: its q/k/v fuse
+    "GPTJForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers},
+    # GraniteMoe: Granite's residual_multiplier after o_proj (its MoE output is no GEMM's)
+    "GraniteMoeForCausalLM": lambda layers: {
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0}}
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
                  "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
