@@ -110,6 +110,9 @@ CONFIGS = {
 }
 # not part of the transformers comparison sweep: a deeper model for compile tests
 EXTRA_CONFIGS = {
+    # a vocabulary two ranks cannot split evenly (Granite 3.x's 49155 is odd): untied, tied
+    "llama_odd_vocab": ("LlamaConfig", {"vocab_size": 387}),
+    "granite_odd_vocab": ("GraniteConfig", {**CONFIGS["granite"][1], "vocab_size": 387}),
     "qwen3_deep": ("Qwen3Config", {"head_dim": 32, "num_hidden_layers": 5}),
     # one KV head for four query heads: tensor parallelism replicates it
     "llama_kv1": ("LlamaConfig", {"num_key_value_heads": 1}),
@@ -201,8 +204,9 @@ def make_checkpoint(name: str, dtype: str = "float32") -> Path:
 
     cls_name, extra = {**CONFIGS, **EXTRA_CONFIGS}[name]
     tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir())
-    cfg = getattr(transformers, cls_name)(vocab_size=len(tok), eos_token_id=tok.eos_token_id,
-                                          bos_token_id=None, **{**SMALL, **extra})
+    cfg = getattr(transformers, cls_name)(**{"vocab_size": len(tok), "eos_token_id":
+                                             tok.eos_token_id, "bos_token_id": None, **SMALL,
+                                             **extra})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(getattr(torch, dtype))
     out = Path(tempfile.mkdtemp(prefix=f"cllm-{name}-"))

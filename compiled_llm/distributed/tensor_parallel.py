@@ -24,8 +24,8 @@ from compiled_llm.distributed.tp_layers import (
     HeadsParallelRMSNorm,
     ParallelLMHead,
     RowParallelLinear,
-    VocabParallelEmbedding,
     reduced_class,
+    vocab_parallel_class,
 )
 from compiled_llm.models.layers import Float32ScaleRMSNorm
 
@@ -55,11 +55,35 @@ class FusedShard:
         return [part.index() for part in self.parts]
 
 
-def read_index(source, index: tuple[slice, ...] | list[tuple[slice, ...]]) -> torch.Tensor:
+@dataclass(frozen=True)
+class PaddedIndex:
+    """Rows `index` (along dim 0) of a tensor, then zero rows up to `rows` in all."""
+
+    index: tuple[slice, ...]
+    rows: int
+
+
+@dataclass(frozen=True)
+class PaddedShard(Shard):
+    """A Shard of dim 0 past the tensor's end (`available` of its rows exist): the rest read as
+    zeros (the last ranks' rows of a vocabulary the ranks cannot split evenly)."""
+
+    available: int = 0
+
+    def index(self) -> PaddedIndex:
+        """Read the available rows, then pad."""
+        return PaddedIndex((slice(self.start, self.start + self.available),), self.size)
+
+
+def read_index(source, index) -> torch.Tensor:
     """source[index] (a tensor or a safetensors slice); a FusedShard's list of indices reads
-    each part and concatenates them along dim 0."""
+    each part and concatenates them along dim 0; a PaddedIndex pads with zero rows."""
     if isinstance(index, list):
         return torch.cat([source[part] for part in index])
+    if isinstance(index, PaddedIndex):
+        rows = source[index.index]
+        pad = rows.new_zeros((index.rows - rows.shape[0], *rows.shape[1:]))
+        return torch.cat([rows, pad])
     return source[index]
 
 
@@ -251,13 +275,15 @@ class _Sharder:
         if embed is None and head is None:
             return
         full = embed.num_embeddings if embed is not None else head.out_features
-        start, size = self.split(full, "vocab_size")
+        size = -(-full // tp.world_size)  # the last ranks' rows past the vocabulary are zeros
+        start = tp.rank * size
+        shard = PaddedShard(0, start, size, max(0, min(size, full - start)))
         tied = embed is not None and head is not None and head.weight is embed.weight
         if embed is not None:
             _resize(embed, "weight", (size, embed.embedding_dim))
-            self.plan["model.embed_tokens.weight"] = Shard(0, start, size)
+            self.plan["model.embed_tokens.weight"] = shard
             embed.num_embeddings = size
-            embed.__class__ = VocabParallelEmbedding
+            embed.__class__ = vocab_parallel_class(type(embed))
             embed.group_name, embed.vocab_start = tp.group_name, start
         if head is None:
             return
@@ -265,19 +291,22 @@ class _Sharder:
             head.weight = embed.weight
         else:
             self.column("lm_head", head, start, size)
+            self.plan.update({name: PaddedShard(0, start, size, shard.available)
+                              for name in ("lm_head.weight", "lm_head.bias")
+                              if name in self.plan})
         head.out_features = size
         head.__class__ = ParallelLMHead
-        head.group_name, head.world_size = tp.group_name, tp.world_size
+        head.group_name, head.world_size, head.vocab_size = tp.group_name, tp.world_size, full
 
 
 def check_shardable(config, world: int, expert_parallel: bool = False) -> None:
     """ValueError naming tensor_parallel_size if `world` ranks cannot split this decoder's
-    heads, intermediate sizes or vocabulary evenly (checked before any rank starts); with
-    expert_parallel, naming enable_expert_parallel if they cannot split the experts."""
+    heads or intermediate sizes evenly (checked before any rank starts; the vocabulary pads);
+    with expert_parallel, naming enable_expert_parallel if they cannot split the experts."""
     if expert_parallel:
         check_expert_parallel(config, world)
     head_layout(config.num_attention_heads, config.num_key_value_heads, 0, world)
-    sizes = {"vocab_size": config.vocab_size}
+    sizes = {}  # (the vocabulary need not divide: its last rows are padded)
     moe = getattr(config, "moe", None)
     # the dense MLP's size only where a layer has one: Mixtral's intermediate_size is its
     # experts' (whole per rank under expert parallelism), an all-sparse Qwen-MoE never reads it

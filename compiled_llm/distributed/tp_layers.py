@@ -86,12 +86,23 @@ class VocabParallelEmbedding(nn.Embedding):
         return all_reduce(rows * inside.unsqueeze(-1).to(rows.dtype), self.group_name)
 
 
+@functools.cache
+def vocab_parallel_class(cls: type[nn.Embedding]) -> type[nn.Embedding]:
+    """VocabParallelEmbedding under a model's own embedding class (Granite's scaled one): its
+    forward's super() call reaches the parallel lookup, so what it adds is kept."""
+    if cls is nn.Embedding or issubclass(cls, VocabParallelEmbedding):
+        return VocabParallelEmbedding if cls is nn.Embedding else cls
+    return type(f"VocabParallel{cls.__name__}", (cls, VocabParallelEmbedding), {})
+
+
 class ParallelLMHead(nn.Linear):
     """The LM head over this rank's vocab rows; the logits of the rows asked for (only those
-    that sample) are gathered from every rank into [N, vocab] in vocab order."""
+    that sample) are gathered from every rank into [N, vocab] in vocab order (the padded rows
+    past vocab_size, where the ranks cannot split it evenly, dropped)."""
 
     group_name: str
     world_size: int
+    vocab_size: int
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab], the same on every rank."""
@@ -101,4 +112,4 @@ class ParallelLMHead(nn.Linear):
         # [tp, N, part] -> [N, tp * part], spelled out: N may be 0 (a step none of whose rows
         # samples)
         return gathered.view(self.world_size, rows, part).transpose(0, 1).reshape(
-            rows, self.world_size * part)
+            rows, self.world_size * part)[:, :self.vocab_size]

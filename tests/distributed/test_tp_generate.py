@@ -1,6 +1,7 @@
 """Tensor parallelism over gloo in two processes: greedy tokens equal one rank's on every
-registered decoder architecture (and with one KV head, replicated), and the all-reduce +
-RMSNorm pass fuses every norm site of the compiled TP graph."""
+registered decoder architecture (with one KV head, replicated; with an odd vocabulary, padded
+on the last rank), and the all-reduce + RMSNorm pass fuses every norm site of the compiled
+TP graph."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ BASE = dict(dtype="float32", max_model_len=128, engine_core_process=False,
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6)
 # one tiny checkpoint per registered decoder architecture, plus a one-KV-head GQA model
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "phi3",
-         "gemma", "gemma2", "gemma3", "olmo2", "cohere", "cohere_plain", "stablelm_serial"]
+         "gemma", "gemma2", "gemma3", "olmo2", "cohere", "cohere_plain", "stablelm_serial",
+         "granite", "smollm3", "llama_odd_vocab",
+         "granite_odd_vocab"]  # (the odd vocabularies: the last rank's rows padded)
 LAYERS = 2  # tests/utils.py SMALL
 
 
