@@ -16,7 +16,8 @@ SM90 = GPUTarget("cuda", 90, 32)
 
 
 def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: int = 0,
-                   split_keys: int = 0, block_n: int = 64, order: bool = False):
+                   split_keys: int = 0, block_n: int = 64, order: bool = False,
+                   softcap: float = 0.0):
     """The split decode kernel as sm_90 code: Qwen-like GQA 7, head_dim 128, bf16 queries."""
     kv = "*fp8e4nv" if fp8 else "*bf16"
     signature = dict(q_ptr="*bf16", k_cache_ptr=kv, v_cache_ptr=kv, table_ptr="*i32",
@@ -28,7 +29,7 @@ def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: int 
                                                        "tb")})
     constants = dict(G=7, G_PAD=16, BLOCK_N=block_n, D=128, BS=16, HAS_WINDOW=window, DIRECT=direct,
                      PREC="tf32", FP8=fp8, MERGE=merge, S_PAD=1 if direct else 32,
-                     SPLIT_KEYS=split_keys, PDL=pdl, ORDER=order)
+                     SPLIT_KEYS=split_keys, PDL=pdl, ORDER=order, SOFTCAP=softcap)
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(decode._decode_split_kernel, signature, constants, {})
     return triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})
@@ -92,7 +93,7 @@ def test_decode_reduce_kernel_compiles_for_sm90(split_keys):
     assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
 
 
-def compile_decode_qk(direct: bool, norms: bool, pdl: int = 0):
+def compile_decode_qk(direct: bool, norms: bool, pdl: int = 0, softcap: float = 0.0):
     """The one-launch decode (QK-norm + RoPE + KV write, then the split) as sm_90 code."""
     from compiled_llm.attention.kernels import decode_qk
 
@@ -108,7 +109,8 @@ def compile_decode_qk(direct: bool, norms: bool, pdl: int = 0):
     constants = dict(G=2, G_PAD=16, BLOCK_N=64, D=128, BS=16, HKV=8, HAS_WINDOW=False,
                      DIRECT=direct, PREC="tf32", HAS_Q_NORM=norms, HAS_K_NORM=norms,
                      MERGE=not direct, S_PAD=1 if direct else 32,
-                     SPLIT_KEYS=0 if direct else 256, PDL=pdl, ORDER=not norms)
+                     SPLIT_KEYS=0 if direct else 256, PDL=pdl, ORDER=not norms,
+                     SOFTCAP=softcap)
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(decode_qk._decode_qk_split_kernel, signature, constants, {})
     return triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})
@@ -125,3 +127,16 @@ def test_decode_qk_kernel_compiles_for_sm90(direct, norms):
     assert kernel.asm["cubin"] and "st.global" in kernel.asm["ptx"]
     under_pdl = compile_decode_qk(direct, norms, pdl=2).asm["ptx"]
     assert under_pdl.index("griddepcontrol.wait") < under_pdl.index("ld.global")
+
+
+def test_soft_capped_decode_kernels_compile_for_sm90():
+    """Gemma 2's capped scores (cap 50, in the log2 domain) in the split decode kernel and the
+    one-launch decode: both compile, the cap's exp2 among their instructions."""
+    cap = 50.0 * 1.4426950408889634
+    try:
+        split = compile_decode(False, True, False, True, softcap=cap)
+    except (ImportError, KeyError) as err:
+        pytest.skip(f"no sm_90 backend: {err}")
+    plain = compile_decode(False, True, False, True)
+    assert split.asm["ptx"].count("ex2.approx") > plain.asm["ptx"].count("ex2.approx")
+    assert compile_decode_qk(False, False, softcap=cap).asm["cubin"]
