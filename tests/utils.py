@@ -37,6 +37,20 @@ CONFIGS = {
                                   "tie_word_embeddings": True}),
     # norms after each block, q/k normed over the whole projection
     "olmo2": ("Olmo2Config", {"pad_token_id": None}),
+    # OLMo 1: non-parametric LayerNorms, q/k/v clamped (low enough to bite), a tied head
+    "olmo": ("OlmoConfig", {"clip_qkv": 0.5, "tie_word_embeddings": True, "pad_token_id": None}),
+    # OLMo 3: a sliding layer (its own default RoPE base), then a full one (linear RoPE)
+    "olmo3": ("Olmo3Config", {
+        "pad_token_id": None, "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                            "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                               "rope_theta": 1e6}}}),
+    # OLMoE: q/k RMSNorms over the whole projection, q/k/v clamped, 4 experts top-2 in
+    # every layer, renormalised
+    "olmoe": ("OlmoeConfig", {"pad_token_id": None, "clip_qkv": 0.5, "num_experts": 4,
+                              "num_experts_per_tok": 2, "intermediate_size": 32,
+                              "norm_topk_prob": True}),
     # GPT-NeoX: one query_key_value ([H, 3, D] rows), half of each head turned, attention
     # and MLP in parallel; then serial, with unbiased attention, a quarter turned, a tied head
     "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.5}),
@@ -102,6 +116,16 @@ CONFIGS = {
                                       "pad_token_id": None}),
     # GPT-J: interleaved RoPE on half of each head, parallel attention and MLP off ln_1
     "gptj": ("GPTJConfig", {"rotary_dim": 8}),
+    # Falcon-7B's layout: multi-query query_key_value, attention and MLP off one LayerNorm;
+    # Falcon-40B's: [q..., k, v] per KV group, ln_attn / ln_mlp, biased; then serial, per head
+    "falcon": ("FalconConfig", {"multi_query": True, "parallel_attn": True}),
+    "falcon_new_arch": ("FalconConfig", {"new_decoder_architecture": True, "num_kv_heads": 2,
+                                         "bias": True, "tie_word_embeddings": False}),
+    "falcon_serial": ("FalconConfig", {"multi_query": False, "parallel_attn": False}),
+    # GLM-4: interleaved RoPE on half of each head, biased q/k/v, one gate_up_proj; GLM-4-0414
+    # norms each block's output too
+    "glm": ("GlmConfig", {"head_dim": 16, "pad_token_id": None}),
+    "glm4": ("Glm4Config", {"head_dim": 16, "pad_token_id": None}),
     # Granite's four scalars away from 1 with a sparse MoE block in every layer
     "granitemoe": ("GraniteMoeConfig", {
         "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 48,
@@ -120,6 +144,9 @@ EXTRA_CONFIGS = {
     "llama_hd24": ("LlamaConfig", {"head_dim": 24}),
     # an odd layer count: two pipeline stages split it unevenly
     "llama_3layers": ("LlamaConfig", {"num_hidden_layers": 3}),
+    # Falcon's grouped query_key_value with attention and MLP off one input_layernorm
+    "falcon_new_arch_one_ln": ("FalconConfig", {**CONFIGS["falcon_new_arch"][1],
+                                                "num_ln_in_parallel_attn": 1}),
     # a window of 8 where layer_types (saved, or derived by HF) decides which layers slide
     "qwen2_moe_window": ("Qwen2MoeConfig", {
         **CONFIGS["qwen2_moe"][1], "num_hidden_layers": 4, "use_sliding_window": True,

@@ -96,7 +96,7 @@ def test_killed_stage_fails_requests_with_a_clear_error(llama_pp2):
 # and dense MLPs mixed, qwen3 ties its LM head to the embedding (both stages hold the table)
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mistral", "qwen2", "qwen3", "mixtral",
                                   "qwen2_moe", "starcoder2", "stablelm", "cohere",
-                                  "granitemoe"])
+                                  "granitemoe", "glm", "glm4", "olmo", "olmoe"])
 def test_pp2_equals_pp1(arch):
     ckpt = make_checkpoint(arch)
     ref = _reference(ckpt)

@@ -19,7 +19,7 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=6)
 # one tiny checkpoint per registered decoder architecture, plus a one-KV-head GQA model
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "phi3",
          "gemma", "gemma2", "gemma3", "olmo2", "cohere", "cohere_plain", "stablelm_serial",
-         "granite", "smollm3", "llama_odd_vocab",
+         "granite", "smollm3", "glm", "glm4", "olmo", "olmo3", "llama_odd_vocab",
          "granite_odd_vocab"]  # (the odd vocabularies: the last rank's rows padded)
 LAYERS = 2  # tests/utils.py SMALL
 

@@ -207,12 +207,14 @@ def test_vllm_lora_settings_that_change_nothing_are_taken():
     EngineArgs(enable_lora=True, dtype="bfloat16", lora_dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("name", ["gemma", "gemma2", "gemma3", "olmo2", "granite", "cohere"])
+@pytest.mark.parametrize("name", ["gemma", "gemma2", "gemma3", "olmo2", "granite", "cohere",
+                                  "olmo", "olmo3"])
 def test_an_adapter_of_another_architecture_matches_peft_merged(name):
     """The same projections under other layer shapes (Gemma 1-3: (1 + weight) norms, a GELU
     MLP; Gemma 2 and 3: norms after attention and around the MLP, Gemma 2's soft-capped
     scores, Gemma 3's q/k norms; OLMo 2: post-norms; Granite: scaled outputs; Cohere:
-    attention and MLP in parallel off a LayerNorm, per-head q/k norms, interleaved RoPE)."""
+    attention and MLP in parallel off a LayerNorm, per-head q/k norms, interleaved RoPE;
+    OLMo 1: weightless LayerNorms, clamped q/k/v; OLMo 3: OLMo 2's with a sliding layer)."""
     base = make_checkpoint(name)
     adapter = make_adapter(base, 1, rank=4)
     with LLM(str(base), enable_lora=True, max_lora_rank=4, dtype="float32",
@@ -234,6 +236,8 @@ def test_lora_is_refused_where_it_cannot_apply():
         LLM(str(make_checkpoint("gptj")), enable_lora=True, enforce_eager=True)
     with pytest.raises(ValueError, match="enable_lora: mixture-of-experts"):
         LLM(str(make_checkpoint("granitemoe")), enable_lora=True, enforce_eager=True)
+    with pytest.raises(ValueError, match="enable_lora: mixture-of-experts"):
+        LLM(str(make_checkpoint("olmoe")), enable_lora=True, enforce_eager=True)
 
 
 def test_engine_adds_lists_and_removes_adapters(llm, base, adapters):

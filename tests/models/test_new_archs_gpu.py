@@ -24,7 +24,9 @@ pytestmark = [pytest.mark.gpu,
                                   "gpt_neox", "gpt_neox_serial", "phi",
                                   "starcoder2", "stablelm", "stablelm_serial", "gpt_bigcode",
                                   "gpt_bigcode_mha", "cohere", "cohere_plain", "gptj",
-                                  "granitemoe"])
+                                  "granitemoe", "falcon", "falcon_new_arch",
+                                  "falcon_serial", "glm", "glm4", "olmo", "olmo3",
+                                  "olmoe"])
 def test_compiled_with_cuda_graphs_matches_transformers(name, tmp_path):
     ckpt = make_checkpoint(name)
     # within 32 positions: LongRoPE's original length (transformers recomputes past it)

@@ -24,12 +24,16 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
                "Gemma3ForCausalLM": "gemma3", "GraniteForCausalLM": "granite",
                "SmolLM3ForCausalLM": "smollm3", "Olmo2ForCausalLM": "olmo2",
+               "OlmoForCausalLM": "olmo", "Olmo3ForCausalLM": "olmo3",
+               "OlmoeForCausalLM": "olmoe",
                "GPTNeoXForCausalLM": "gpt_neox", "PhiForCausalLM": "phi",
                "OPTForCausalLM": "opt", "GPT2LMHeadModel": "gpt2",
                "Starcoder2ForCausalLM": "starcoder2", "StableLmForCausalLM": "stablelm",
                "GPTBigCodeForCausalLM": "gpt_bigcode",
                "CohereForCausalLM": "cohere", "GPTJForCausalLM": "gptj",
-               "GraniteMoeForCausalLM": "granitemoe"}
+               "GraniteMoeForCausalLM": "granitemoe",
+               "FalconForCausalLM": "falcon", "GlmForCausalLM": "glm",
+               "Glm4ForCausalLM": "glm4"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
 # run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too (the
 # gate/up SiLU·mul epilogue is opt-in: asked for here)
@@ -62,9 +66,18 @@ OWN_LAYER_SHAPE = {
     "SmolLM3ForCausalLM": lambda layers: {"QKNormRoPEKVWriteFusionPass": layers // 2},
     # OLMo 2 norms each block's output (and q, k over the whole projection) with no residual
     # in between: plain norms, four a layer, and the final norm's add
-    "Olmo2ForCausalLM": lambda layers: {
+    # (OLMo 3 too: OLMo 2's layer, a window and a second rotary table apart)
+    **dict.fromkeys(("Olmo2ForCausalLM", "Olmo3ForCausalLM"), lambda layers: {
     "AddRMSNormFusionPass": 1, "RMSNormFusionPass": 4 * layers,
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0}),
+    # OLMo 1: the Llama body with non-parametric LayerNorms: q/k/v and gate/up fuse, SiLU·mul
+    # (with its GEMM), RoPE (after the q/k/v clamp) with the KV write; no norm pattern
+    "OlmoForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 0, "RMSNormFusionPass": 0,
     "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # OLMoE: its q/k norms over the whole projection (the clamp after them) are plain norms,
+    # two a layer, beside the first layer's input norm
+    "OlmoeForCausalLM": lambda layers: {"RMSNormFusionPass": 1 + 2 * layers},
     # OPT and GPT-2: LayerNorms, an ungated MLP (fc1 / c_fc -> relu / gelu_new), learned
     # positions (no RoPE): only OPT's q/k/v fuse; GPT-2's c_attn is one GEMM already
     "OPTForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers},
@@ -96,7 +109,20 @@ OWN_LAYER_SHAPE = {
     "GPTJForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers},
     # GraniteMoe: Granite's residual_multiplier after o_proj (its MoE output is no GEMM's)
     "GraniteMoeForCausalLM": lambda layers: {
-    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0}}
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # Falcon: LayerNorms, an ungated gelu MLP, query_key_value one GEMM already; RoPE on every
+    # dim, so RoPE + the KV write fuse
+    "FalconForCausalLM": lambda layers: {
+    **NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": 0, "QKNormRoPEKVWriteFusionPass": layers},
+    # GLM: the Llama layer with gate_up_proj already one GEMM (its q/k/v fuse) and interleaved
+    # partial RoPE (no fused RoPE + KV write); GLM-4-0414's post-block norms are plain norms
+    # with no GEMM's residual add before them
+    "GlmForCausalLM": lambda layers: {
+    "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0},
+    "Glm4ForCausalLM": lambda layers: {
+    "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "RMSNormFusionPass": 1 + 2 * layers, "SmallMGemmAddRMSNormFusionPass": 0,
+    "SmallMAddRMSNormGemmFusionPass": 0}}
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
                  "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
