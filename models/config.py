@@ -188,7 +188,7 @@ class DecoderConfig:
             intermediate_size=hf_config["intermediate_size"],
             num_hidden_layers=hf_config["num_hidden_layers"],
             num_attention_heads=heads,
-            num_key_value_heads=hf_config.get("num_key_value_heads") or heads,
+            num_key_value_heads=get("num_key_value_heads") or heads,
             head_dim=head_dim,
             rms_norm_eps=get("rms_norm_eps", 1e-6),
             rope_theta=theta,

@@ -78,3 +78,12 @@ def test_falcon_parallelism_and_lora_are_refused_by_name():
     for name, arch in (("falcon", "FalconForCausalLM"), ("glm", "GlmForCausalLM")):
         with pytest.raises(ValueError, match=f"enable_lora: {arch} has no module"):
             LLM(str(make_checkpoint(name)), enable_lora=True, enforce_eager=True)
+
+
+def test_glm_without_num_key_value_heads_takes_transformers_default_of_two():
+    """A config.json that leaves num_key_value_heads out: GlmConfig's default (2), as
+    transformers reads it, not one KV head per query head."""
+    hf = load_hf_config(make_checkpoint("glm"))
+    hf.pop("num_key_value_heads")
+    _, cfg = build_model_config(hf)
+    assert cfg.num_key_value_heads == 2 and cfg.num_attention_heads == 4
