@@ -34,6 +34,10 @@ class FalconConfig(DecoderConfig):
     def from_hf(cls, hf_config: dict[str, Any], **defaults: Any) -> FalconConfig:
         """The keys transformers' FalconConfig reads (n_embed too); ValueError naming alibi
         and the layouts its FalconDecoderLayer cannot run."""
+        # transformers' FalconConfig.attribute_map: the older spellings name the same keys
+        hf_config = {**{new: hf_config[old] for old, new in _ALIASES.items() if old in hf_config},
+                     **hf_config}
+
         def get(key: str) -> Any:
             return hf_config.get(key, defaults.get(key))
 
@@ -57,6 +61,10 @@ class FalconConfig(DecoderConfig):
         return cls(**vars(base), layer_norm_epsilon=get("layer_norm_epsilon"),
                    new_decoder_architecture=new_arch, parallel_attn=parallel,
                    two_norms=new_arch and num_ln in (None, 2))
+
+
+_ALIASES = {"n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
+            "n_head_kv": "num_kv_heads"}
 
 
 def _check_layout(new_arch: bool, parallel: bool, multi_query: bool, kv_heads: int, heads: int,

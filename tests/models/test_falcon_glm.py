@@ -87,3 +87,13 @@ def test_glm_without_num_key_value_heads_takes_transformers_default_of_two():
     hf.pop("num_key_value_heads")
     _, cfg = build_model_config(hf)
     assert cfg.num_key_value_heads == 2 and cfg.num_attention_heads == 4
+
+
+def test_falcon_older_key_spellings_read_as_transformers_reads_them():
+    """n_head / n_layer / n_head_kv (FalconConfig's attribute_map) name the same keys."""
+    hf = load_hf_config(make_checkpoint("falcon_new_arch"))
+    old = {key: value for key, value in hf.items()
+           if key not in ("num_attention_heads", "num_hidden_layers", "num_kv_heads")}
+    old.update(n_head=hf["num_attention_heads"], n_layer=hf["num_hidden_layers"],
+               n_head_kv=hf["num_kv_heads"])
+    assert build_model_config(old)[1] == build_model_config(hf)[1]
