@@ -37,7 +37,7 @@ class Gemma3Config(DecoderConfig):
                          ("use_bidirectional_attention", "bidirectional attention")):
             if hf.get(key):
                 raise ValueError(f"{key}={hf[key]!r}: {why} are not supported")
-        local_theta = _split_rope(hf, defaults)
+        local_theta = split_layer_rope(hf, defaults)
         hf["hidden_act"] = hf.get("hidden_activation") or "gelu_pytorch_tanh"
         if not hf.get("layer_types"):  # 4.x: every pattern-th layer attends fully
             pattern = hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or 6
@@ -50,7 +50,7 @@ class Gemma3Config(DecoderConfig):
             final_logit_softcapping=hf.get("final_logit_softcapping"))
 
 
-def _split_rope(hf: dict[str, Any], defaults: dict[str, Any]) -> float:
+def split_layer_rope(hf: dict[str, Any], defaults: dict[str, Any]) -> float:
     """Leave the full-attention layers' rope in hf (rope_parameters, as one dict) and return
     the sliding layers' base; their rope must be the default one."""
     params = hf.get("rope_parameters")

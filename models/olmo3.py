@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from compiled_llm.models.config import MOE_KEYS, DecoderConfig
-from compiled_llm.models.gemma3 import FULL, SLIDING, _split_rope
+from compiled_llm.models.gemma3 import FULL, SLIDING, split_layer_rope
 from compiled_llm.models.layers import RotaryEmbedding
 from compiled_llm.models.olmo2 import Olmo2ForCausalLM, Olmo2Model
 
@@ -31,7 +31,7 @@ class Olmo3Config(DecoderConfig):
         fourth layer full, the others sliding)."""
         hf = dict(hf_config)
         hf.pop("rope_local_base_freq", None)  # not Olmo 3's
-        local_theta = _split_rope(hf, {"rope_local_base_freq": DEFAULT_THETA})
+        local_theta = split_layer_rope(hf, {"rope_local_base_freq": DEFAULT_THETA})
         if not hf.get("layer_types"):
             hf["layer_types"] = [FULL if (i + 1) % 4 == 0 else SLIDING
                                  for i in range(hf["num_hidden_layers"])]
