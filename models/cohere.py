@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
-from compiled_llm.models.layers import GatedMLP, LayerNorm, apply_rotary_interleaved
+from compiled_llm.models.layers import GatedMLP, LayerNorm
 from compiled_llm.models.llama import LlamaAttention, LlamaForCausalLM, LlamaModel
+from compiled_llm.models.rotary import apply_rotary_interleaved
 
 
 @dataclasses.dataclass

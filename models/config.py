@@ -6,12 +6,12 @@ MoeConfig holds the mixture-of-experts fields (None on a dense model).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from compiled_llm.config_fields import hf_rope_dict
 
-# rope types with a table of their own in models/layers.py (transformers' ROPE_INIT_FUNCTIONS)
+# rope types with a table of their own in models/rotary.py (transformers' ROPE_INIT_FUNCTIONS)
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional")
 _NEEDS_FACTOR = ("linear", "dynamic", "llama3", "yarn")  # HF's rope types that require it
 _NEEDS_ORIGINAL = ("llama3", "yarn", "longrope")  # ... and original_max_position_embeddings
@@ -227,46 +227,3 @@ class DecoderConfig:
         """The sliding window of layer layer_idx (-1: full attention)."""
         layers = self.sliding_window_layers
         return self.sliding_window if layers is None or layer_idx in layers else -1
-
-
-def check_partial_rotary(scaling: dict[str, Any], head_dim: int) -> None:
-    """ValueError unless partial_rotary_factor turns an even, positive number of a head's
-    dims and LongRoPE's factors are one per turned pair of them (or one in all)."""
-    rotary_dim = int(head_dim * scaling.get("partial_rotary_factor", 1.0))
-    if rotary_dim % 2 or rotary_dim <= 0:
-        raise ValueError(f"partial_rotary_factor must turn an even number of dims, got "
-                         f"{rotary_dim} of head_dim {head_dim}")
-    for key in ("short_factor", "long_factor") if scaling["rope_type"] == "longrope" else ():
-        if len(scaling[key]) not in (1, rotary_dim // 2):
-            raise ValueError(f"rope_scaling.{key} must have rotary dims / 2 = "
-                             f"{rotary_dim // 2} entries, got {len(scaling[key])}")
-
-
-@dataclass
-class PartialRotaryConfig(DecoderConfig):
-    """DecoderConfig of a LayerNorm decoder (GPT-NeoX, Phi) whose RoPE turns the leading
-    rotary_dim = head_dim * partial_rotary_factor dims of each head, for every rope type, as
-    transformers' tables for them are built over those dims alone."""
-
-    layer_norm_eps: float = 1e-5
-
-    @property
-    def rotary_dim(self) -> int:
-        """The leading dims of a head that RoPE turns; the rest pass through."""
-        return int(self.head_dim * self.rope_scaling.get("partial_rotary_factor", 1.0))
-
-    @staticmethod
-    def check_rotary(scaling: dict[str, Any], head_dim: int) -> None:
-        """An even, positive rotary_dim; LongRoPE's factors one per turned pair of it;
-        proportional RoPE (whose table pads the factor itself) refused."""
-        if scaling["rope_type"] == "proportional":
-            raise ValueError("rope_scaling.rope_type 'proportional' is not supported with a "
-                             "partial_rotary_factor table")
-        check_partial_rotary(scaling, head_dim)
-
-    @classmethod
-    def from_hf(cls, hf_config: dict[str, Any], **defaults: Any) -> PartialRotaryConfig:
-        """DecoderConfig.from_hf plus layer_norm_eps."""
-        base = super().from_hf(hf_config, **defaults)
-        eps = hf_config.get("layer_norm_eps", defaults.get("layer_norm_eps", 1e-5))
-        return replace(base, layer_norm_eps=eps)

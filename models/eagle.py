@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from compiled_llm.models.config import DecoderConfig
-from compiled_llm.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from compiled_llm.models.layers import GatedMLP, RMSNorm
 from compiled_llm.models.llama import LlamaAttention, LlamaDecoderLayer
+from compiled_llm.models.rotary import RotaryEmbedding
 
 
 class EagleDecoderLayer(LlamaDecoderLayer):

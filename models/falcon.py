@@ -14,7 +14,8 @@ from torch import nn
 
 from compiled_llm.attention import attention
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
-from compiled_llm.models.layers import CausalLM, DenseMLP, LMHead, RotaryEmbedding, apply_rotary
+from compiled_llm.models.layers import CausalLM, DenseMLP, LMHead
+from compiled_llm.models.rotary import RotaryEmbedding, apply_rotary
 
 _ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor")
 

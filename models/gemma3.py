@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from compiled_llm.models.config import MOE_KEYS, DecoderConfig
-from compiled_llm.models.layers import Float32ScaleRMSNorm, GatedMLP, RotaryEmbedding
+from compiled_llm.models.layers import Float32ScaleRMSNorm, GatedMLP
 from compiled_llm.models.llama import LlamaAttention, LlamaForCausalLM
+from compiled_llm.models.rotary import RotaryEmbedding
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 

@@ -11,10 +11,15 @@ from typing import Any
 import torch
 
 from compiled_llm.config_fields import hf_rope_dict
-from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig, PartialRotaryConfig
-from compiled_llm.models.layers import RMSNorm, apply_partial_rotary, apply_rotary_interleaved
+from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
+from compiled_llm.models.layers import RMSNorm
 from compiled_llm.models.llama import LlamaAttention, LlamaForCausalLM
 from compiled_llm.models.phi3 import Phi3DecoderLayer, Phi3Model
+from compiled_llm.models.rotary import (
+    PartialRotaryConfig,
+    apply_partial_rotary,
+    apply_rotary_interleaved,
+)
 
 
 @dataclasses.dataclass

@@ -13,9 +13,8 @@ from torch import nn
 
 from compiled_llm.attention import attention
 from compiled_llm.models.gpt2 import IGNORED_WEIGHTS, GPT2Config
-from compiled_llm.models.layers import (
-    CausalLM,
-    DenseMLP,
+from compiled_llm.models.layers import CausalLM, DenseMLP
+from compiled_llm.models.rotary import (
     RotaryEmbedding,
     apply_partial_rotary,
     apply_rotary_interleaved,

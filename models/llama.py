@@ -12,8 +12,9 @@ from torch import nn
 
 from compiled_llm.attention import attention
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
-from compiled_llm.models.layers import CausalLM, LMHead, RMSNorm, RotaryEmbedding, apply_rotary
+from compiled_llm.models.layers import CausalLM, LMHead, RMSNorm
 from compiled_llm.models.moe import moe_or_dense_mlp
+from compiled_llm.models.rotary import RotaryEmbedding, apply_rotary
 
 
 class LlamaAttention(nn.Module):

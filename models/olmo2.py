@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
-from compiled_llm.models.layers import Float32ScaleRMSNorm, GatedMLP, RotaryEmbedding
+from compiled_llm.models.layers import Float32ScaleRMSNorm, GatedMLP
 from compiled_llm.models.llama import LlamaAttention, LlamaForCausalLM
+from compiled_llm.models.rotary import RotaryEmbedding
 
 
 class Olmo2Attention(LlamaAttention):

@@ -12,8 +12,8 @@ import torch
 
 from compiled_llm.models.config import MOE_KEYS, DecoderConfig
 from compiled_llm.models.gemma3 import FULL, SLIDING, split_layer_rope
-from compiled_llm.models.layers import RotaryEmbedding
 from compiled_llm.models.olmo2 import Olmo2ForCausalLM, Olmo2Model
+from compiled_llm.models.rotary import RotaryEmbedding
 
 DEFAULT_THETA = 500000.0  # transformers' Olmo3Config.default_theta
 

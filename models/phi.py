@@ -14,13 +14,9 @@ from torch import nn
 
 from compiled_llm.attention import attention
 from compiled_llm.config_fields import hf_rope_dict
-from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, PartialRotaryConfig
-from compiled_llm.models.layers import (
-    CausalLM,
-    DenseMLP,
-    RotaryEmbedding,
-    apply_partial_rotary,
-)
+from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS
+from compiled_llm.models.layers import CausalLM, DenseMLP
+from compiled_llm.models.rotary import PartialRotaryConfig, RotaryEmbedding, apply_partial_rotary
 
 
 @dataclasses.dataclass

@@ -12,14 +12,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from compiled_llm.models.config import MOE_KEYS, DecoderConfig, check_partial_rotary
-from compiled_llm.models.layers import ACTIVATIONS, apply_rotary
+from compiled_llm.models.config import MOE_KEYS, DecoderConfig
+from compiled_llm.models.layers import ACTIVATIONS
 from compiled_llm.models.llama import (
     LlamaAttention,
     LlamaDecoderLayer,
     LlamaForCausalLM,
     LlamaModel,
 )
+from compiled_llm.models.rotary import apply_rotary, check_partial_rotary
 
 
 @dataclasses.dataclass

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, PartialRotaryConfig
-from compiled_llm.models.layers import LayerNorm, add_and_norm, apply_partial_rotary
+from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS
+from compiled_llm.models.layers import LayerNorm, add_and_norm
 from compiled_llm.models.llama import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -23,6 +23,7 @@ from compiled_llm.models.llama import (
     LlamaModel,
 )
 from compiled_llm.models.moe import ExpertWeight
+from compiled_llm.models.rotary import PartialRotaryConfig, apply_partial_rotary
 
 # transformers' per-head norms: a LayerNorm per head, `norms.<head>` of q_layernorm / k_layernorm
 _HEAD_NORM = re.compile(r"^(?P<norm>.*\.self_attn\.[qk]_layernorm)\.norms\.(?P<head>\d+)\.weight$")

@@ -1,8 +1,8 @@
 """QKNormRoPEKVWriteFusionPass: [q_norm, k_norm] + rotary + attention(q, k, v) ->
-qk_norm_rope_attention(q, k, v, cos, sin, ...), matched on the Dynamo graph (the spelling of
-models/layers.py's rms_norm and apply_rotary) before the split at attention, walking back from
-each attention op's q and k; a site that does not fit stays. The op writes K/V and attends in
-one kernel on all-decode steps, in two (the fused write, then attention) on others."""
+qk_norm_rope_attention(q, k, v, cos, sin, ...), matched on the Dynamo graph (models/layers.py's
+rms_norm, models/rotary.py's apply_rotary) before the split at attention, walking back from each
+attention op's q and k; a site that does not fit stays. The op writes K/V and attends in one
+kernel on all-decode steps, in two (the fused write, then attention) on others."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def _one_row_per_token(table, heads: torch.Tensor) -> bool:
 
 
 def match_rotation(node) -> Rotation | None:
-    """The rotation producing node (models/layers.py _rotate), or None."""
+    """The rotation producing node (models/rotary.py _rotate), or None."""
     if not _call(node, operator.add, 2):
         return None
     lhs, rhs = node.args

@@ -51,7 +51,7 @@ def rms_norm_heads(heads: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 
 def rotate(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE of heads [T, H, D] by cos/sin [T, 1, D] (models/layers.py's)."""
+    """Rotate-half RoPE of heads [T, H, D] by cos/sin [T, 1, D] (models/rotary.py's)."""
     cos, sin = cos.to(heads.dtype), sin.to(heads.dtype)
     first_half, second_half = heads.chunk(2, dim=-1)
     return heads * cos + torch.cat([-second_half, first_half], -1) * sin

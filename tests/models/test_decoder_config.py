@@ -95,7 +95,7 @@ def test_yarn_null_factor_is_the_length_ratio_as_in_transformers():
     import transformers
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-    from compiled_llm.models.layers import RotaryEmbedding
+    from compiled_llm.models.rotary import RotaryEmbedding
 
     rope = {**YARN, "factor": None}
     hf_cfg = transformers.Qwen3Config(**BASE, head_dim=16, max_position_embeddings=128,

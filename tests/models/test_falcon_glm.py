@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from compiled_llm import LLM, SamplingParams
-from compiled_llm.models.layers import (
+from compiled_llm.models.rotary import (
     RotaryEmbedding,
     apply_partial_rotary,
     apply_rotary_interleaved,

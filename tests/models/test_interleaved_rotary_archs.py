@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from compiled_llm import LLM
-from compiled_llm.models.layers import RotaryEmbedding, apply_rotary_interleaved
+from compiled_llm.models.rotary import RotaryEmbedding, apply_rotary_interleaved
 from compiled_llm.worker.loader import build_model_config, load_hf_config
 from tests.utils import make_checkpoint
 

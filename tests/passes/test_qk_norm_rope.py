@@ -14,7 +14,8 @@ from compiled_llm.attention import attention
 from compiled_llm.attention.forward_context import ForwardContext, set_forward_context
 from compiled_llm.compile import counters
 from compiled_llm.compile.split import split_graph
-from compiled_llm.models.layers import apply_rotary, rms_norm
+from compiled_llm.models.layers import rms_norm
+from compiled_llm.models.rotary import apply_rotary
 from compiled_llm.passes import PassConfig, PassManager
 from compiled_llm.worker.loader import load_model
 from tests.passes.helpers import model_inputs, prefill_context
