@@ -52,22 +52,28 @@ def _mask(q_len: int, kv_len: int, window: int, device: torch.device) -> torch.T
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-         scale: float, softcap: float = 0.0) -> torch.Tensor:
+         scale: float, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """SDPA of q [..., Hq, L, D] over k/v [..., Hkv, S, D] (GQA), mask True where visible;
-    softcap > 0: the scores soft-capped first (in float32, as transformers' eager Gemma 2)."""
-    if softcap <= 0:
+    softcap > 0: the scores soft-capped first; sinks [Hq]: each head's sink logit joins its
+    softmax as a key of value 0 (GPT-OSS). Both in float32, as transformers' eager paths."""
+    if softcap <= 0 and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                               enable_gqa=True)
     group = q.shape[-3] // k.shape[-3]
     k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
     scores = (q.float() @ k.float().transpose(-1, -2)) * scale  # [..., Hq, L, S]
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
     v = v.float()
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
         # keys no query sees may be unwritten cache rows (NaN): 0 * NaN would reach the output
         v = v.masked_fill(~mask.any(-2)[..., None], 0.0)
-    return (scores.softmax(-1) @ v).to(q.dtype)
+    if sinks is None:
+        return (scores.softmax(-1) @ v).to(q.dtype)
+    sink = sinks.float()[:, None, None].expand(*scores.shape[:-1], 1)  # [..., Hq, L, 1]
+    probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+    return (probs @ v).to(q.dtype)
 
 
 def attention_forward(
@@ -82,19 +88,21 @@ def attention_forward(
     kv_scales: torch.Tensor | None = None,
     write_kv: bool = True,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Write K/V into the cache, then attend each sequence's queries over its whole context;
     with kv_cache None, over the sequence's own k/v rows (causal=False: every row sees all).
     kv_scales [2, Hkv]: the cache is FP8, holding rows / scale. write_kv=False: they are in
-    the cache already. softcap > 0: scores soft-capped, cap * tanh(score / cap) (Gemma 2)."""
+    the cache already. softcap > 0: scores soft-capped, cap * tanh(score / cap) (Gemma 2);
+    sinks [Hq]: per-head sink logits in every softmax (GPT-OSS)."""
     if kv_cache is None:
-        return attend_uncached(q, k, v, meta, scale, sliding_window, causal, softcap)
+        return attend_uncached(q, k, v, meta, scale, sliding_window, causal, softcap, sinks)
     if not causal:
         raise ValueError("non-causal attention runs without a KV cache only")
     if write_kv:
         write_kv_rows(k, v, kv_cache, meta, kv_scales)
     if meta.max_query_len == 1:
-        return _decode(q, kv_cache, meta, scale, sliding_window, kv_scales, softcap)
+        return _decode(q, kv_cache, meta, scale, sliding_window, kv_scales, softcap, sinks)
     out = torch.zeros_like(q)
     block_size = kv_cache.shape[2]
     query_starts, seq_lens = meta.query_start_loc_cpu.tolist(), meta.seq_lens_cpu.tolist()
@@ -105,13 +113,14 @@ def attention_forward(
         vals = _read(kv_cache, 1, blocks, kv_scales, q.dtype).flatten(0, 1)[:kv_len]
         mask = _mask(end - start, kv_len, sliding_window, q.device)
         attended = sdpa(q[start:end].transpose(0, 1),  # [Hq, Tq, D]
-                        keys.transpose(0, 1), vals.transpose(0, 1), mask, scale, softcap)
+                        keys.transpose(0, 1), vals.transpose(0, 1), mask, scale, softcap, sinks)
         out[start:end] = attended.transpose(0, 1)
     return out
 
 
 def _decode(q, kv_cache, meta: AttentionMetadata, scale: float, window: int,
-            kv_scales: torch.Tensor | None, softcap: float = 0.0) -> torch.Tensor:
+            kv_scales: torch.Tensor | None, softcap: float = 0.0,
+            sinks: torch.Tensor | None = None) -> torch.Tensor:
     """All-decode batch in one SDPA call: gather each sequence's blocks, mask past its length."""
     num_seqs, block_size = meta.num_seqs, kv_cache.shape[2]
     num_blocks = -(-meta.max_seq_len // block_size)
@@ -126,13 +135,14 @@ def _decode(q, kv_cache, meta: AttentionMetadata, scale: float, window: int,
     out = torch.zeros_like(q)
     attended = sdpa(q[:num_seqs].unsqueeze(2),  # [B, Hq, 1, D]
                     keys.transpose(1, 2),  # [B, Hkv, L, D]
-                    vals.transpose(1, 2), mask[:, None, None, :], scale, softcap)
+                    vals.transpose(1, 2), mask[:, None, None, :], scale, softcap, sinks)
     out[:num_seqs] = attended.squeeze(2)
     return out
 
 
 def attend_uncached(q, k, v, meta: AttentionMetadata, scale: float, window: int,
-                    causal: bool, softcap: float = 0.0) -> torch.Tensor:
+                    causal: bool, softcap: float = 0.0,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Each sequence's queries over its own k/v rows (no cache: every sequence is whole).
     Bidirectional batches go through padded_attention, a few SDPA calls, not one per sequence."""
     if window > 0 and not causal:
@@ -140,14 +150,15 @@ def attend_uncached(q, k, v, meta: AttentionMetadata, scale: float, window: int,
     out = torch.zeros_like(q)
     starts = meta.query_start_loc_cpu.tolist()
     if not causal:
-        if softcap:
-            raise ValueError("soft-capped scores need causal attention")
+        if softcap or sinks is not None:
+            raise ValueError("soft-capped scores and attention sinks need causal attention")
         padded_attention(q, k, v, starts, scale, out)
         return out
     for start, end in zip(starts, starts[1:]):
         attended = sdpa(q[start:end].transpose(0, 1),  # [Hq, L, D]
                         k[start:end].transpose(0, 1), v[start:end].transpose(0, 1),
-                        _mask(end - start, end - start, window, q.device), scale, softcap)
+                        _mask(end - start, end - start, window, q.device), scale, softcap,
+                        sinks)
         out[start:end] = attended.transpose(0, 1)
     return out
 

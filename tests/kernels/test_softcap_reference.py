@@ -57,7 +57,7 @@ def test_uncached_causal_soft_caps_and_bidirectional_refuses():
     batch = make_batch([7, 12], [0, 0], 4, 2, 32, seed=4)
     with set_forward_context(ForwardContext(batch.meta, [], backend="torch")):
         out = attention(batch.q, batch.k, batch.v, 0, SCALE, -1, True, CAP)
-        with pytest.raises(ValueError, match="soft-capped scores need causal"):
+        with pytest.raises(ValueError, match="soft-capped scores and attention sinks need causal"):
             attention(batch.q, batch.k, batch.v, 0, SCALE, -1, False, CAP)
     torch.testing.assert_close(out, dense_softcapped(batch, [7, 12], [0, 0], -1), atol=2e-5,
                                rtol=0)

@@ -79,6 +79,25 @@ def test_soft_capped_mixed_batch_matches_reference(head_dim, window):
     assert _rel_err(out, ref) < 1.5e-2
 
 
+@pytest.mark.parametrize("window", [-1, 128])
+def test_sinks_mixed_and_decode_batches_match_reference(window):
+    # GPT-OSS's attention (head_dim 64, a sink logit per head, windows of 128) on the decode
+    # kernel (one split starts from the sinks; long contexts merge many) and the prefill kernel
+    from compiled_llm.attention.reference import attention_forward
+    from compiled_llm.attention.triton_backend import triton_attention
+
+    sinks = torch.linspace(-4.0, 12.0, 8, device="cuda", dtype=torch.bfloat16)
+    mixed, decode = ([1, 1, 2048, 517, 1], [9000, 15, 6000, 0, 5000]), ([1] * 4, [9000, 1, 700, 64])
+    for q_lens, ctx in (mixed, decode):
+        batch = make_batch(q_lens, ctx, 8, 1, 64, dtype=torch.bfloat16, device="cuda", seed=5)
+        cache = torch.nan_to_num(batch.kv_cache)
+        ref = attention_forward(*(x.float() for x in (batch.q, batch.k, batch.v, cache)),
+                                batch.meta, 0.125, window, sinks=sinks.float())
+        out = triton_attention(batch.q, batch.k, batch.v, cache, batch.meta, 0.125, window,
+                               sinks=sinks)
+        assert _rel_err(out, ref) < 1.5e-2
+
+
 @pytest.mark.parametrize("window", [512, 4096])
 def test_sliding_window_prefill_and_decode(window):
     batch = make_batch([3000, 1, 700], [5000, 8000, 0], HQ, HKV, D, dtype=torch.bfloat16,

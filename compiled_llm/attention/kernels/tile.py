@@ -1,8 +1,8 @@
 """The shared inner step of the paged attention kernels: one K/V tile of online softmax.
 K/V rows come through the block table (unpaged, pooling: at k_base + pos * stride_cs), scores
 live in the log2 domain (qk_scale folds in log2(e)), optionally soft-capped (Gemma 2), the
-running max starts finite so rows with every key masked stay NaN-free, and FP8 tiles are
-converted to q's dtype as read."""
+running max starts finite (or at a head's sink logit, GPT-OSS) so rows with every key masked
+stay NaN-free, and FP8 tiles are converted to q's dtype as read."""
 
 import triton
 import triton.language as tl
@@ -20,6 +20,20 @@ def kv_scale(scales_ptr, index, FP8: tl.constexpr):
 def soft_tanh(x):
     """tanh(x) from exp2 (the interpreter and every backend have it): 1 - 2 / (e^2x + 1)."""
     return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def softmax_start(sinks_ptr, head, use, ROWS: tl.constexpr, SINKS: tl.constexpr):
+    """(m, l) of ROWS rows before their first key: empty (m finite, l 0), or (SINKS, rows
+    where `use`) the sink logit of each row's query head taken as one key of value 0, in the
+    log2 domain: m = sink, l = 1 (a split decode starts one split so, the merge does the rest)."""
+    m_i = tl.full([ROWS], -1.0e30, tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    if SINKS:
+        sink = tl.load(sinks_ptr + head, mask=use, other=0.0).to(tl.float32)
+        m_i = tl.where(use, sink * 1.4426950408889634, m_i)
+        l_i = tl.where(use, 1.0, l_i)
+    return m_i, l_i
 
 
 @triton.jit
