@@ -1,7 +1,8 @@
 """Shared mixture-of-experts blocks: the stacked routed experts, the sparse MoE block (router,
 softmax top-k, experts, optional sigmoid-gated shared expert) and the load-time map of per-expert
 checkpoint tensors into the stacked parameters. All plain torch but the expert dispatch, which is
-one op (`compiled_llm::fused_moe`; compiled_llm/moe says why).
+one op (`compiled_llm::fused_moe`; compiled_llm/moe says why); experts may carry per-expert biases
+and GPT-OSS's swigluoai activation.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import nn
 from compiled_llm.models.config import DecoderConfig, MoeConfig
 from compiled_llm.models.layers import GatedMLP
 from compiled_llm.models.moe_routing import softmax_topk
-from compiled_llm.moe import fused_moe
+from compiled_llm.moe import check_activation, fused_moe
 
 
 class ExpertWeight(NamedTuple):
@@ -56,27 +57,50 @@ def expert_weight(hf_name: str, projs: dict[str, tuple[str, int]]) -> ExpertWeig
 
 class FusedMoE(nn.Module):
     """The routed experts stacked: w13_weight [E, 2I, H] (expert e's gate rows, then its up
-    rows) and w2_weight [E, H, I]; forward dispatches tokens through `compiled_llm::fused_moe`
-    (expert_op: a load-time transform may swap in a variant of the same contract)."""
+    rows) and w2_weight [E, H, I], with bias=True also w13_bias [E, 2I] (same row order) and
+    w2_bias [E, H]; activation "silu" or "swigluoai" (GPT-OSS, with swiglu_alpha and
+    swiglu_limit). forward dispatches tokens through `compiled_llm::fused_moe` (expert_op: a
+    load-time transform may swap in a variant of the same contract)."""
 
     expert_op = staticmethod(fused_moe)
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
+                 bias: bool = False, activation: str = "silu", swiglu_alpha: float = 1.702,
+                 swiglu_limit: float = 7.0) -> None:
         super().__init__()
+        check_activation(activation)
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
+        self.activation, self.swiglu_alpha, self.swiglu_limit = (activation, swiglu_alpha,
+                                                                 swiglu_limit)
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size,
                                                    hidden_size))
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        # None stays out of state_dict: unbiased models keep their weight names
+        for name, shape in (("w13_bias", (num_experts, 2 * intermediate_size)),
+                            ("w2_bias", (num_experts, hidden_size))):
+            setattr(self, name, nn.Parameter(torch.empty(shape)) if bias else None)
+
+    @property
+    def plain_silu(self) -> bool:
+        """True for unbiased silu experts (the op's five-argument form)."""
+        return self.w13_bias is None and self.w2_bias is None and self.activation == "silu"
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor) -> torch.Tensor:
         """hidden [T, H], topk_weights/ids [T, K] -> the weighted sum of the experts [T, H]."""
-        return self.expert_op(hidden, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        if self.plain_silu:  # the five-argument call existing graphs and expert_ops expect
+            return self.expert_op(hidden, self.w13_weight, self.w2_weight, topk_weights,
+                                  topk_ids)
+        return self.expert_op(hidden, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
+                              self.w13_bias, self.w2_bias, self.activation, self.swiglu_alpha,
+                              self.swiglu_limit)
 
     def extra_repr(self) -> str:
-        """Experts and their sizes."""
+        """Experts and their sizes (activation and biases when not plain silu)."""
+        extra = "" if self.plain_silu else (f", activation={self.activation}, "
+                                            f"bias={self.w13_bias is not None}")
         return (f"num_experts={self.num_experts}, hidden={self.w13_weight.shape[2]}, "
-                f"intermediate={self.intermediate_size}")
+                f"intermediate={self.intermediate_size}{extra}")
 
 
 class SparseMoeBlock(nn.Module):

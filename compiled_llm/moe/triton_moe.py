@@ -1,6 +1,6 @@
 """The CUDA path of `compiled_llm::fused_moe` (and of block-FP8 experts, BlockScales): align the
-routing to expert blocks, the gated grouped GEMM over w13 (silu(gate) * up fused), the grouped
-GEMM over w2 with the routing weights applied, the sum over each token's top-k rows. Tile configs:
+routing to expert blocks, the gated grouped GEMM over w13 (bias and silu or swigluoai fused), the
+grouped GEMM over w2 (bias, then the routing weights), the sum over each token's top-k rows. Tiles:
 the tuned file of the shape and GPU (moe/tuning.py), else a small table by tokens per expert.
 CPU tensors run the same kernels through Triton's interpreter (TRITON_INTERPRET=1; for tests)."""
 
@@ -17,7 +17,7 @@ from compiled_llm.moe.kernels import (
     moe_align_block_size,
     moe_gemm,
 )
-from compiled_llm.moe.reference import ActQuant
+from compiled_llm.moe.reference import SILU, ActQuant, GatedActivation
 from compiled_llm.moe.tuning import tuned_config
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -71,7 +71,24 @@ class BlockScales(NamedTuple):
     block: tuple[int, int] = (128, 128)
 
 
-def _fused_moe_chunk(hidden, w13, w2, topk_weights, topk_ids, out, config, scales) -> None:
+class Epilogue(NamedTuple):
+    """The experts' optional per-expert biases ([E, 2I], [E, H]) and gated activation."""
+
+    w13_bias: torch.Tensor | None = None
+    w2_bias: torch.Tensor | None = None
+    activation: GatedActivation = SILU
+
+    def check_unscaled(self) -> None:
+        """ValueError when set: the block-FP8 experts take plain silu experts only."""
+        if (self.w13_bias is not None or self.w2_bias is not None
+                or self.activation.name != "silu"):
+            raise ValueError("block-FP8 fused_moe takes silu experts without biases, got "
+                             f"activation {self.activation.name!r}, w13_bias "
+                             f"{self.w13_bias is not None}, w2_bias {self.w2_bias is not None}")
+
+
+def _fused_moe_chunk(hidden, w13, w2, topk_weights, topk_ids, out, config, scales,
+                     epilogue: Epilogue) -> None:
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden_size = w13.shape[0], w13.shape[2]
     # one more expert id than the weights hold: id E is another rank's (expert parallelism)
@@ -81,8 +98,9 @@ def _fused_moe_chunk(hidden, w13, w2, topk_weights, topk_ids, out, config, scale
     down = torch.empty(entries, hidden_size, dtype=hidden.dtype, device=hidden.device)
     weights = topk_weights.reshape(-1).float()
     if scales is None:
-        moe_gemm(hidden, w13, act, routing, None, True, top_k, config)
-        moe_gemm(act, w2, down, routing, weights, False, 1, config)
+        moe_gemm(hidden, w13, act, routing, None, True, top_k, config, bias=epilogue.w13_bias,
+                 activation=epilogue.activation)
+        moe_gemm(act, w2, down, routing, weights, False, 1, config, bias=epilogue.w2_bias)
     else:
         x_q, x_scale = scales.act_quant(hidden)
         moe_gemm(x_q, w13, act, routing, None, True, top_k, config, x_scale, scales.w13_scale,
@@ -97,11 +115,17 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                      topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                      config: MoeGemmConfig | None = None,
                      scales: BlockScales | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None,
+                     w13_bias: torch.Tensor | None = None,
+                     w2_bias: torch.Tensor | None = None,
+                     activation: GatedActivation = SILU) -> torch.Tensor:
     """The op's contract (compiled_llm.moe.fused_moe) on the Triton kernels; no host sync.
-    With `scales`, w13 and w2 are block-FP8 and both GEMMs read quantized activations; the
-    result goes to `out` when given (like hidden)."""
+    With `scales`, w13 and w2 are block-FP8 and both GEMMs read quantized activations (no
+    biases, silu only); the result goes to `out` when given (like hidden)."""
     check_triton_inputs(hidden, w13, w2, scaled=scales is not None)
+    epilogue = Epilogue(w13_bias, w2_bias, activation)
+    if scales is not None:
+        epilogue.check_unscaled()
     hidden = hidden.contiguous()
     num_tokens, top_k = topk_ids.shape
     out = torch.empty_like(hidden) if out is None else out
@@ -112,5 +136,5 @@ def fused_moe_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     for start in range(0, num_tokens, CHUNK_TOKENS):
         rows = slice(start, start + CHUNK_TOKENS)
         _fused_moe_chunk(hidden[rows], w13, w2, topk_weights[rows], topk_ids[rows], out[rows],
-                         config, scales)
+                         config, scales, epilogue)
     return out

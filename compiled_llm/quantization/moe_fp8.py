@@ -64,6 +64,14 @@ def check_block_shape(hidden_size: int, intermediate_size: int) -> None:
                              f"got {size}")
 
 
+def check_plain_experts(experts: FusedMoE, name: str = "experts") -> None:
+    """ValueError unless `experts` are unbiased silu experts: the FP8 op takes no others."""
+    if not experts.plain_silu:
+        raise ValueError(f"block-FP8 {name}: only silu experts without biases are supported, "
+                         f"got activation {experts.activation!r}, "
+                         f"bias {experts.w13_bias is not None or experts.w2_bias is not None}")
+
+
 class Fp8FusedMoE(nn.Module):
     """The routed experts in block FP8: w13_weight / w2_weight e4m3 and their
     *_weight_scale_inv float32 block scales, filled by the loader like any parameter."""
@@ -86,6 +94,7 @@ class Fp8FusedMoE(nn.Module):
     @classmethod
     def from_dense(cls, experts: FusedMoE) -> Fp8FusedMoE:
         """The experts quantized per 128x128 block (quantization="fp8" at load)."""
+        check_plain_experts(experts)
         w13 = experts.w13_weight.detach()
         out = cls(experts.num_experts, w13.shape[2], experts.intermediate_size, w13.device)
         for name in ("w13_weight", "w2_weight"):
@@ -123,6 +132,7 @@ def prepare_fp8_experts(model: nn.Module, stored: set[str]) -> list[str]:
              if isinstance(module, FusedMoE) and f"{name}.w13_weight{SCALE_SUFFIX}" in scaled]
     for name in names:
         experts = model.get_submodule(name)
+        check_plain_experts(experts, name)
         hidden = experts.w13_weight.shape[2]
         _swap(model, name, Fp8FusedMoE(experts.num_experts, hidden, experts.intermediate_size,
                                        experts.w13_weight.device))

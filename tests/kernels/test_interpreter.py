@@ -1,4 +1,5 @@
 """Runs interpreted_cases.py (attention), moe_interpreted_cases.py (fused MoE),
+moe_bias_interpreted_cases.py (its biases and swigluoai),
 fp8_kv_interpreted_cases.py (FP8 KV cache), lora_interpreted_cases.py (LoRA shrink/expand),
 quant_interpreted_cases.py (W4A16 and block-FP8 GEMMs), w4a16_dequant_interpreted_cases.py,
 qk_norm_rope_interpreted_cases.py (the fused QK-norm + RoPE + KV write),
@@ -28,7 +29,8 @@ from compiled_llm.attention.kernels import kernels_interpreted
 from compiled_llm.attention.triton_backend import check_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ("interpreted_cases.py", "moe_interpreted_cases.py", "fp8_kv_interpreted_cases.py",
+CASES = ("interpreted_cases.py", "moe_interpreted_cases.py", "moe_bias_interpreted_cases.py",
+         "fp8_kv_interpreted_cases.py",
          "lora_interpreted_cases.py", "quant_interpreted_cases.py",
          "w4a16_dequant_interpreted_cases.py", "qk_norm_rope_interpreted_cases.py",
          "decode_qk_interpreted_cases.py", "gumbel_interpreted_cases.py",
