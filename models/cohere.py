@@ -82,9 +82,11 @@ class CohereDecoderLayer(nn.Module):
     """x + attn(ln(x)) + mlp(ln(x)) in the Llama body's (hidden, residual) form: the next
     norm adds this layer's attention + MLP output to the residual stream."""
 
+    attention_cls = CohereAttention
+
     def __init__(self, cfg: CohereConfig, layer_idx: int) -> None:
         super().__init__()
-        self.self_attn = CohereAttention(cfg, layer_idx)
+        self.self_attn = self.attention_cls(cfg, layer_idx)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, False, cfg.hidden_act)
         self.input_layernorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=False)
 

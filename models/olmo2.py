@@ -30,14 +30,18 @@ class Olmo2Attention(LlamaAttention):
 
 
 class Olmo2DecoderLayer(nn.Module):
-    """Attention, its norm, the residual add; MLP, its norm, the residual add."""
+    """Attention, its norm, the residual add; MLP, its norm, the residual add (attention_cls
+    and norm_cls: a post-norm relative's own, EXAONE 4.0's)."""
+
+    attention_cls: type[nn.Module] = Olmo2Attention
+    norm_cls: type[nn.Module] = Float32ScaleRMSNorm
 
     def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
         super().__init__()
-        self.self_attn = Olmo2Attention(cfg, layer_idx)
+        self.self_attn = self.attention_cls(cfg, layer_idx)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.hidden_act)
-        self.post_attention_layernorm = Float32ScaleRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_feedforward_layernorm = Float32ScaleRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = self.norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_feedforward_layernorm = self.norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """hidden [T, hidden] -> [T, hidden]."""
@@ -48,12 +52,14 @@ class Olmo2DecoderLayer(nn.Module):
 class Olmo2Model(nn.Module):
     """Embedding, the post-norm layers, the final norm, and the rotary table they share."""
 
+    layer_cls: type[nn.Module] = Olmo2DecoderLayer
+    norm_cls: type[nn.Module] = Float32ScaleRMSNorm
+
     def __init__(self, cfg: DecoderConfig, max_len: int) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Olmo2DecoderLayer(cfg, i)
-                                    for i in range(cfg.num_hidden_layers))
-        self.norm = Float32ScaleRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(self.layer_cls(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = self.norm_cls(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg, max_len)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -51,6 +52,11 @@ CONFIGS = {
     "olmoe": ("OlmoeConfig", {"pad_token_id": None, "clip_qkv": 0.5, "num_experts": 4,
                               "num_experts_per_tok": 2, "intermediate_size": 32,
                               "norm_topk_prob": True}),
+    # GPT-OSS: sink logits, a window of 8 on its even layers, YaRN (transformers' default),
+    # 4 experts top-2 with biases and the clamped SwiGLU (test_gpt_oss.py randomises biases)
+    "gpt_oss": ("GptOssConfig", {"head_dim": 16, "num_local_experts": 4,
+                                 "num_experts_per_tok": 2, "intermediate_size": 32,
+                                 "sliding_window": 8, "pad_token_id": None}),
     # GPT-NeoX: one query_key_value ([H, 3, D] rows), half of each head turned, attention
     # and MLP in parallel; then serial, with unbiased attention, a quarter turned, a tied head
     "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.5}),
@@ -114,6 +120,16 @@ CONFIGS = {
     "cohere": ("CohereConfig", {"use_qk_norm": True, "logit_scale": 0.5, "pad_token_id": None}),
     "cohere_plain": ("CohereConfig", {"attention_bias": True, "tie_word_embeddings": False,
                                       "pad_token_id": None}),
+    # Cohere 2: a sliding layer (interleaved RoPE), then a full one (no RoPE), biased q/k/v/o
+    "cohere2": ("Cohere2Config", {"layer_types": ["sliding_attention", "full_attention"],
+                                  "sliding_window": 8, "logit_scale": 0.5,
+                                  "attention_bias": True, "pad_token_id": None}),
+    # EXAONE 4.0: post-norms, per-head q/k norms, a sliding layer (RoPE), a full one (NoPE)
+    "exaone4": ("Exaone4Config", {"layer_types": ["sliding_attention", "full_attention"],
+                                  "sliding_window": 8, "head_dim": 32}),
+    # HunYuan dense: per-head q/k norms after RoPE, biased q/k/v/o
+    "hunyuan": ("HunYuanDenseV1Config", {"head_dim": 16, "attention_bias": True,
+                                         "pad_token_id": None}),
     # GPT-J: interleaved RoPE on half of each head, parallel attention and MLP off ln_1
     "gptj": ("GPTJConfig", {"rotary_dim": 8}),
     # Falcon-7B's layout: multi-query query_key_value, attention and MLP off one LayerNorm;
@@ -131,9 +147,80 @@ CONFIGS = {
         "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 48,
         "embedding_multiplier": 12.0, "attention_multiplier": 0.2, "residual_multiplier": 0.22,
         "logits_scaling": 8.0}),
+    # GraniteMoe plus an ungated shared MLP beside the routed experts
+    "granitemoeshared": ("GraniteMoeSharedConfig", {
+        "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 48,
+        "shared_intermediate_size": 24, "embedding_multiplier": 12.0,
+        "attention_multiplier": 0.2, "residual_multiplier": 0.22, "logits_scaling": 8.0}),
+    # GLM-4.5: a dense first layer, then grouped sigmoid routing (2 groups, 1 kept), scaled
+    # weights, two shared experts' width; half of each head turned, per-head q/k norms, biased
+    # q/k/v (tests/models/test_shared_expert_archs.py adds a correction bias)
+    "glm4_moe": ("Glm4MoeConfig", {
+        "num_hidden_layers": 3, "first_k_dense_replace": 1, "n_routed_experts": 8,
+        "n_shared_experts": 2, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5, "use_qk_norm": True,
+        "attention_bias": True, "pad_token_id": None}),
+    # dots.llm1: Qwen3 attention biased on all four projections, a window of 8 from layer 1,
+    # a dense first layer, 4 groups of experts (2 kept), unnormalised scaled weights
+    "dots1": ("Dots1Config", {
+        "num_hidden_layers": 3, "first_k_dense_replace": 1, "n_routed_experts": 8,
+        "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "n_group": 4, "topk_group": 2, "routed_scaling_factor": 1.5, "norm_topk_prob": False,
+        "attention_bias": True, "sliding_window": 8, "max_window_layers": 1,
+        "pad_token_id": None}),
+    # ERNIE 4.5 MoE: use_bias everywhere (the LM head too), a dense first layer, softmax top-2
+    # of 8 experts chosen with a correction bias (added by test_shared_expert_archs), one
+    # shared expert
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", {
+        "num_hidden_layers": 3, "use_bias": True, "moe_num_experts": 8, "moe_k": 2,
+        "moe_intermediate_size": 32, "moe_num_shared_experts": 1, "moe_layer_start_index": 1,
+        "pad_token_id": None}),
+    # Ministral: a window of 8 on the first layer alone (layer_types), full attention after
+    "ministral": ("MinistralConfig", {"sliding_window": 8, "head_dim": 16, "pad_token_id": None,
+                                      "layer_types": ["sliding_attention", "full_attention"]}),
+    # Seed-OSS: biased q/k/v (its default) and o_proj (attention_out_bias), head_dim 32 (not
+    # hidden / heads)
+    "seed_oss": ("SeedOssConfig", {"head_dim": 32, "attention_out_bias": True,
+                                   "pad_token_id": None}),
+    # Helium: RoPE on interleaved pairs, float32-scaled norms
+    "helium": ("HeliumConfig", {"head_dim": 16, "pad_token_id": None}),
+    # Arcee: the ungated up_proj -> relu2 -> down_proj MLP
+    "arcee": ("ArceeConfig", {}),
+    # ERNIE 4.5: interleaved RoPE in float32, use_bias on every projection, a tied head
+    "ernie4_5": ("Ernie4_5Config", {"head_dim": 16, "use_bias": True, "pad_token_id": None}),
+    # DeepSeek-V2-Lite's shape: MLA without a q latent (q_proj), q/k heads of 16 + 8 rope dims
+    # and v heads of 16 (padded to 32), biased latent projections, a dense first layer, then
+    # softmax top-2 of 4 experts within the best of 2 groups, scaled, one shared expert
+    "deepseek_v2": ("DeepseekV2Config", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": None,
+        "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+        "moe_intermediate_size": 32, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1,
+        "topk_method": "group_limited_greedy", "routed_scaling_factor": 2.0,
+        "attention_bias": True, "pad_token_id": None}),
+    # DeepSeek-V3's shape: a q latent, YaRN (mscale and mscale_all_dim: the softmax scale
+    # too), grouped sigmoid routing with a correction bias (randomised by the tests),
+    # renormalised and scaled
+    "deepseek_v3": ("DeepseekV3Config", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": 24,
+        "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+        "moe_intermediate_size": 32, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1,
+        "routed_scaling_factor": 2.5, "norm_topk_prob": True, "pad_token_id": None,
+        "max_position_embeddings": 128, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 32, "mscale": 0.8, "mscale_all_dim": 1.0,
+            "beta_fast": 32, "beta_slow": 1}}),
 }
 # not part of the transformers comparison sweep: a deeper model for compile tests
 EXTRA_CONFIGS = {
+    # EXAONE 4.0 without a window: every layer full, with RoPE; HunYuan's NTK alpha rope
+    "exaone4_global": ("Exaone4Config", {"layer_types": ["full_attention"] * 2,
+                                         "sliding_window": None, "tie_word_embeddings": True}),
+    "hunyuan_alpha": ("HunYuanDenseV1Config", {"head_dim": 16, "pad_token_id": None,
+                                               "rope_parameters": {
+                                                   "rope_type": "dynamic", "rope_theta": 1e4,
+                                                   "alpha": 1000.0, "factor": 1.0}}),
     # a vocabulary two ranks cannot split evenly (Granite 3.x's 49155 is odd): untied, tied
     "llama_odd_vocab": ("LlamaConfig", {"vocab_size": 387}),
     "granite_odd_vocab": ("GraniteConfig", {**CONFIGS["granite"][1], "vocab_size": 387}),
@@ -201,6 +288,22 @@ EXTRA_CONFIGS = {
         "mlp_only_layers": [0]}),
     "qwen3_moe_stray_keys": ("Qwen3MoeConfig", {
         **CONFIGS["qwen3_moe"][1], "shared_expert_intermediate_size": 16, "mlp_bias": True}),
+    # AFM-4.5B's YaRN RoPE (past an original length of 32) on Arcee's layout, biased, a tied
+    # head; Helium biased where attention_bias and mlp_bias say
+    "arcee_yarn": ("ArceeConfig", {
+        "tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                            "original_max_position_embeddings": 32}}),
+    "helium_biased": ("HeliumConfig", {"head_dim": 16, "attention_bias": True, "mlp_bias": True,
+                                       "pad_token_id": None}),
+    # ERNIE 4.5 without biases (ERNIE-4.5-0.3B's use_bias) and with an untied head
+    "ernie4_5_plain": ("Ernie4_5Config", {"head_dim": 16, "use_bias": False,
+                                          "tie_word_embeddings": False, "pad_token_id": None}),
+    # ERNIE 4.5 MoE without biases or a shared expert, a sparse layer every second one, untied
+    "ernie4_5_moe_plain": ("Ernie4_5_MoeConfig", {
+        **CONFIGS["ernie4_5_moe"][1], "num_hidden_layers": 3, "use_bias": False,
+        "moe_num_shared_experts": 0, "moe_layer_start_index": 0, "moe_layer_interval": 2,
+        "tie_word_embeddings": False}),
 }
 
 
@@ -266,6 +369,49 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) ->
                                  eos_token_id=None, pad_token_id=0)
         outs.append(ids[0, len(p):].tolist())
     return outs
+
+
+@functools.cache
+def edited_checkpoint(name: str, edit, seed: int = 5, extra: tuple = ()) -> Path:
+    """A copy of make_checkpoint(name) in a new dir, each tensor replaced by edit(key, tensor,
+    generator) unless that gives None (transformers saves norm weights of 1 and biases of 0,
+    under which a misplaced norm or bias would never show), the (key, tensor) of extra added."""
+    from safetensors.torch import load_file, save_file
+
+    out = Path(tempfile.mkdtemp(prefix=f"cllm-{name}-edited-"))
+    shutil.copytree(make_checkpoint(name), out, dirs_exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    for path in out.glob("*.safetensors"):
+        tensors = load_file(path)
+        for key, value in tensors.items():
+            edited = edit(key, value, gen)
+            tensors[key] = value if edited is None else edited.to(value.dtype)
+        save_file({**tensors, **dict(extra)}, path, metadata={"format": "pt"})
+    return out
+
+
+def assert_matches_transformers(ckpt: Path, new_tokens: int = 16, hi: int = 50,
+                                atol: float = 1e-4) -> None:
+    """LLM on ckpt (eager, float32) gives transformers' greedy tokens on six prompts and its
+    prompt logprobs on three, within atol."""
+    from compiled_llm import LLM, SamplingParams
+
+    llm = LLM(str(ckpt), enforce_eager=True, dtype="float32")
+    vocab = llm.engine.model_config.vocab_size
+    prompts = random_prompts(6, vocab, hi=hi, seed=3)
+    greedy = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(ckpt, prompts, new_tokens)
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], params, use_tqdm=False)
+    llm.shutdown()
+    hf = hf_model(ckpt)
+    for prompt, out in zip(prompts[:3], outs):
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
+        expected = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+        got = torch.tensor([d[t].logprob for d, t in zip(out.prompt_logprobs[1:], prompt[1:])])
+        torch.testing.assert_close(got, expected, atol=atol, rtol=atol)
 
 
 def random_prompts(n: int, vocab: int, lo: int = 3, hi: int = 60, seed: int = 0):

@@ -162,7 +162,8 @@ def load_weights(model: nn.Module, files: list[Path], device: torch.device | Non
 
     `model.weight_name` maps a checkpoint name to a parameter name, to None (skip), or to a
     target with `.name` and `.select(param)` (the part of a stacked parameter it fills: one
-    expert's gate rows of w13, say); the parts of a parameter must add up to all of it."""
+    expert's gate rows of w13, say) and, optionally, `.prepare(tensor)` (the checkpoint tensor
+    reordered to fit it); the parts of a parameter must add up to all of it."""
     params = dict(model.named_parameters())  # tied weights appear once
     loaded: dict[str, int] = {}  # parameter name -> elements filled so far
     model.checkpoint_kv_scales = {}  # layer -> {0: K's scale, 1: V's}: FP8 KV caches read it
@@ -179,6 +180,8 @@ def load_weights(model: nn.Module, files: list[Path], device: torch.device | Non
                 continue
             raise ValueError(f"{path.name}: tensor {name!r} matches no parameter of the model")
         dest = params[ours] if isinstance(target, str) else target.select(params[ours])
+        if hasattr(target, "prepare"):
+            tensor = target.prepare(tensor)
         if tuple(dest.shape) != tuple(tensor.shape):
             raise ValueError(
                 f"{path.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "

@@ -3,8 +3,9 @@ Triton attention kernels (head_dim 16 and 256, Gemma 2's soft-capped scores, sli
 layers, partial rotary, Granite's scalars, SmolLM3's NoPE layers, OLMo 2's post-norms, OPT's
 and GPT-2's learned positions, LayerNorms and ungated MLPs, GPT-NeoX's [H, 3, D] fused qkv and
 serial or parallel residuals, Phi's q/k LayerNorms, StableLM's per-head ones, GPTBigCode's
-one KV head, Cohere's and GPT-J's interleaved RoPE, GraniteMoe's experts), each gives
-transformers' greedy tokens, in float32."""
+one KV head, Cohere's and GPT-J's interleaved RoPE, GraniteMoe's experts, GPT-OSS's sinks and
+biased clamped-SwiGLU experts, grouped sigmoid routers), each gives transformers' greedy tokens,
+in float32."""
 
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ pytestmark = [pytest.mark.gpu,
                                   "gpt_bigcode_mha", "cohere", "cohere_plain", "gptj",
                                   "granitemoe", "falcon", "falcon_new_arch",
                                   "falcon_serial", "glm", "glm4", "olmo", "olmo3",
-                                  "olmoe"])
+                                  "olmoe", "gpt_oss", "ministral", "seed_oss", "helium",
+                                  "arcee", "ernie4_5", "cohere2", "exaone4", "hunyuan",
+                                  "glm4_moe", "dots1", "granitemoeshared", "ernie4_5_moe",
+                                  "deepseek_v2", "deepseek_v3"])
 def test_compiled_with_cuda_graphs_matches_transformers(name, tmp_path):
     ckpt = make_checkpoint(name)
     # within 32 positions: LongRoPE's original length (transformers recomputes past it)

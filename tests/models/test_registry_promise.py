@@ -26,12 +26,22 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "SmolLM3ForCausalLM": "smollm3", "Olmo2ForCausalLM": "olmo2",
                "OlmoForCausalLM": "olmo", "Olmo3ForCausalLM": "olmo3",
                "OlmoeForCausalLM": "olmoe",
+               "GptOssForCausalLM": "gpt_oss",
                "GPTNeoXForCausalLM": "gpt_neox", "PhiForCausalLM": "phi",
                "OPTForCausalLM": "opt", "GPT2LMHeadModel": "gpt2",
                "Starcoder2ForCausalLM": "starcoder2", "StableLmForCausalLM": "stablelm",
                "GPTBigCodeForCausalLM": "gpt_bigcode",
                "CohereForCausalLM": "cohere", "GPTJForCausalLM": "gptj",
+               "Cohere2ForCausalLM": "cohere2", "Exaone4ForCausalLM": "exaone4",
+               "HunYuanDenseV1ForCausalLM": "hunyuan",
                "GraniteMoeForCausalLM": "granitemoe",
+               "MinistralForCausalLM": "ministral", "SeedOssForCausalLM": "seed_oss",
+               "HeliumForCausalLM": "helium", "ArceeForCausalLM": "arcee",
+               "Ernie4_5ForCausalLM": "ernie4_5_plain",
+               "GraniteMoeSharedForCausalLM": "granitemoeshared",
+               "Glm4MoeForCausalLM": "glm4_moe", "Dots1ForCausalLM": "dots1",
+               "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+               "Ernie4_5_MoeForCausalLM": "ernie4_5_moe_plain",
                "FalconForCausalLM": "falcon", "GlmForCausalLM": "glm",
                "Glm4ForCausalLM": "glm4"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
@@ -58,6 +68,8 @@ GEMMA_SHAPE = {"AddRMSNormFusionPass": 0, "RMSNormFusionPass": 0, "SiluMulFusion
 # (Gemma 1 and 2 too: the same norms and GELU gate; Gemma 2's soft-capped attention is the
 # attention op's softcap, which the fused RoPE + KV write carries)
 OWN_LAYER_SHAPE = {
+    # GPT-OSS: a biased o_proj (an addmm) and the experts' op: no GEMM output meets a norm
+    "GptOssForCausalLM": lambda layers: {"SmallMGemmAddRMSNormFusionPass": 0},
     **dict.fromkeys(("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"),
                     lambda layers: GEMMA_SHAPE),
     "GraniteForCausalLM": lambda layers: {
@@ -105,11 +117,58 @@ OWN_LAYER_SHAPE = {
     "CohereForCausalLM": lambda layers: {
     "AddRMSNormFusionPass": 0, "RMSNormFusionPass": 0, "QKNormRoPEKVWriteFusionPass": 0,
     "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # Cohere 2: Cohere's layer (its full layers have no RoPE at all): Cohere's fusions
+    "Cohere2ForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 0, "RMSNormFusionPass": 0, "QKNormRoPEKVWriteFusionPass": 0,
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # EXAONE 4.0: OLMo 2's post-norms (two plain norms a layer, the final norm's add); its
+    # per-head q/k norms fuse with RoPE + the KV write on the sliding layers (the first of
+    # two here) and are two plain norms on the full NoPE ones
+    "Exaone4ForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 1, "RMSNormFusionPass": 2 * layers + 2 * (layers // 2),
+    "QKNormRoPEKVWriteFusionPass": layers // 2,
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # HunYuan: q/k norms after RoPE: RoPE's closing add + each norm is an add + norm (two more
+    # a layer), and RoPE does not reach the KV write; its biased o_proj (an addmm) gets no
+    # small-M add + norm epilogue, so no norm moves into gate/up (nor into the biased q/k/v)
+    "HunYuanDenseV1ForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 4 * layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "SmallMGemmAddRMSNormFusionPass": layers, "SmallMAddRMSNormGemmFusionPass": 0},
     # GPT-J: LayerNorms, an ungated gelu_new MLP, interleaved partial RoPE: its q/k/v fuse
     "GPTJForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers},
     # GraniteMoe: Granite's residual_multiplier after o_proj (its MoE output is no GEMM's)
     "GraniteMoeForCausalLM": lambda layers: {
     "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # GraniteMoeShared: GraniteMoe's, and its shared MLP's gate_up_proj is one GEMM already
+    # (only q/k/v fuse; its SiLU·mul still does)
+    "GraniteMoeSharedForCausalLM": lambda layers: {
+    "HorizontalGemmFusionPass": layers, "SmallMGemmAddRMSNormFusionPass": 0,
+    "SmallMAddRMSNormGemmFusionPass": 0},
+    # GLM-4.5: RoPE on the leading half of each head (a split and a cat: no fused RoPE + KV
+    # write), so its per-head q/k norms (use_qk_norm) are plain norms, two a layer
+    "Glm4MoeForCausalLM": lambda layers: {
+    "QKNormRoPEKVWriteFusionPass": 0, "RMSNormFusionPass": 1 + 2 * layers},
+    # dots.llm1 (attention_bias on o_proj too): a biased o_proj is an addmm, no small-M GEMM,
+    # so only the one dense layer's down_proj takes the add + norm epilogue, and no norm
+    # reaches a GEMM's prologue (the dense gate/up's norm follows o_proj)
+    "Dots1ForCausalLM": lambda layers: {
+    "SmallMGemmAddRMSNormFusionPass": 1, "SmallMAddRMSNormGemmFusionPass": 0},
+    # DeepSeek-V2/V3 (MLA): no k_proj / v_proj, so only each layer's gate/up (a dense MLP's
+    # or the shared expert's) fuse horizontally; RoPE on the split-off rope dims of q and of
+    # the one k_pe head, then cat and pad: no fused RoPE + KV write; the latent norms
+    # (kv_a_layernorm, and V3's q_a_layernorm) are plain norms; the input norm feeds two
+    # GEMMs (q_proj or q_a_proj, and kv_a_proj_with_mqa), none takes it as a prologue, so
+    # only the dense layer's gate/up does. The V2 case's attention_bias biases o_proj (an
+    # addmm): only the dense down_proj takes the add + norm epilogue, and no norm a prologue
+    "DeepseekV2ForCausalLM": lambda layers: {
+    "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "RMSNormFusionPass": 1 + layers, "SmallMGemmAddRMSNormFusionPass": 1,
+    "SmallMAddRMSNormGemmFusionPass": 0},
+    "DeepseekV3ForCausalLM": lambda layers: {
+    "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "RMSNormFusionPass": 1 + 2 * layers, "SmallMAddRMSNormGemmFusionPass": 1},
+    # ERNIE 4.5 MoE: ERNIE 4.5's float32 interleaved RoPE (no fused RoPE + KV write)
+    "Ernie4_5_MoeForCausalLM": lambda layers: {"QKNormRoPEKVWriteFusionPass": 0},
     # Falcon: LayerNorms, an ungated gelu MLP, query_key_value one GEMM already; RoPE on every
     # dim, so RoPE + the KV write fuse
     "FalconForCausalLM": lambda layers: {
@@ -119,6 +178,20 @@ OWN_LAYER_SHAPE = {
     # with no GEMM's residual add before them
     "GlmForCausalLM": lambda layers: {
     "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0},
+    # Seed-OSS (attention_out_bias here): its biased o_proj is an addmm, no small-M GEMM, so
+    # only down_proj takes the add + norm epilogue, and no norm reaches a GEMM's prologue (the
+    # gate/up norm follows o_proj; q/k/v are biased)
+    "SeedOssForCausalLM": lambda layers: {
+    "SmallMGemmAddRMSNormFusionPass": layers, "SmallMAddRMSNormGemmFusionPass": 0},
+    # Helium and ERNIE 4.5: RoPE on interleaved pairs (no fused RoPE + KV write); Helium's
+    # float32-scaled norms are RMSNorm's graph in float32, where this test runs
+    **dict.fromkeys(("HeliumForCausalLM", "Ernie4_5ForCausalLM"),
+                    lambda layers: {"QKNormRoPEKVWriteFusionPass": 0}),
+    # Arcee: an ungated up_proj -> relu2 -> down_proj MLP: only q/k/v fuse, no SiLU·mul; the
+    # post-attention norm still moves into up_proj's GEMM
+    "ArceeForCausalLM": lambda layers: {
+    "SiluMulFusionPass": 0, "SmallMGemmSiluMulFusionPass": 0,
+    "HorizontalGemmFusionPass": layers},
     "Glm4ForCausalLM": lambda layers: {
     "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
     "RMSNormFusionPass": 1 + 2 * layers, "SmallMGemmAddRMSNormFusionPass": 0,
@@ -179,7 +252,8 @@ def moe_calls_per_step(llm: LLM, monkeypatch) -> int:
 
     calls = []
     real = moe.fused_moe_reference
-    monkeypatch.setattr(moe, "fused_moe_reference", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(moe, "fused_moe_reference",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
     one = SamplingParams(temperature=0.0, max_tokens=1)
     llm.generate([{"prompt_token_ids": [1, 2, 3]}], one, use_tqdm=False)
     return len(calls)
