@@ -6,6 +6,7 @@ expert; use_bias also biases the dense MLPs, the shared experts and the LM head.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -20,8 +21,12 @@ from compiled_llm.models.moe import MoeWeightMap, SparseMoeBlock
 from compiled_llm.models.moe_routing import grouped_topk
 
 
+@dataclasses.dataclass
 class Ernie4_5_MoeConfig(Ernie4_5Config):
-    """Ernie4_5Config with cfg.moe read from transformers' moe_* keys."""
+    """Ernie4_5Config with cfg.moe read from transformers' moe_* keys, and moe_norm_min (the
+    floor of the top-k weights' sum when they are renormalised)."""
+
+    moe_norm_min: float = 1e-12
 
     @classmethod
     def from_hf(cls, hf_config: dict[str, Any], **defaults: Any) -> Ernie4_5_MoeConfig:
@@ -40,7 +45,8 @@ class Ernie4_5_MoeConfig(Ernie4_5Config):
               "norm_topk_prob": True, "decoder_sparse_step": get("moe_layer_interval"),
               "mlp_only_layers": [i for i in range(layers) if not start <= i <= end],
               "shared_expert_intermediate_size": get("moe_intermediate_size") * shared}
-        return super().from_hf(hf, **defaults)
+        cfg = super().from_hf(hf, **defaults)
+        return dataclasses.replace(cfg, moe_norm_min=float(get("moe_norm_min")))
 
 
 class Ernie4_5_MoeBlock(SparseMoeBlock):
@@ -51,6 +57,7 @@ class Ernie4_5_MoeBlock(SparseMoeBlock):
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__(cfg)
+        self.norm_min = cfg.moe_norm_min
         self.gate = Float32Router(cfg.hidden_size, cfg.moe.num_experts, (1,))
         self.shared_expert_gate = None
         size = cfg.moe.shared_expert_intermediate_size
@@ -59,7 +66,7 @@ class Ernie4_5_MoeBlock(SparseMoeBlock):
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """router logits [T, E] -> (weights float32, expert ids) [T, K]."""
         return grouped_topk(router_logits, self.top_k, 1, 1, self.renormalize, "softmax",
-                            self.gate.e_score_correction_bias)
+                            self.gate.e_score_correction_bias, renorm_floor=self.norm_min)
 
     def shared_output(self, hidden: torch.Tensor) -> torch.Tensor:
         """shared_expert(x) [T, H], ungated."""
@@ -95,7 +102,7 @@ class Ernie4_5_MoeForCausalLM(MoeWeightMap, LlamaForCausalLM):
                    "tie_word_embeddings": True, "moe_intermediate_size": 1536, "moe_k": 6,
                    "moe_num_experts": 64, "moe_num_shared_experts": 2,
                    "moe_layer_start_index": 1, "moe_layer_end_index": -1,
-                   "moe_layer_interval": 1}
+                   "moe_layer_interval": 1, "moe_norm_min": 1e-12}
     # no window; use_bias for every bias; the moe_* keys (num_experts and
     # num_experts_per_tok their aliases) for the experts
     hf_unread = WINDOW_KEYS + ("num_local_experts", "norm_topk_prob",

@@ -106,8 +106,9 @@ class GroupedTopkMoeBlock(SparseMoeBlock):
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """router logits [T, E] -> (weights float32, expert ids) [T, K]."""
         groups, topk_group, scale = self.groups
+        # transformers' DeepSeek-V3, GLM-4.5 and dots.llm1 divide by the sum + 1e-20
         return grouped_topk(router_logits, self.top_k, groups, topk_group, self.renormalize,
-                            "sigmoid", self.gate.e_score_correction_bias, scale)
+                            "sigmoid", self.gate.e_score_correction_bias, scale, 1e-20)
 
     def shared_output(self, hidden: torch.Tensor) -> torch.Tensor:
         """shared_expert(x) [T, H], ungated."""

@@ -9,10 +9,12 @@ from __future__ import annotations
 import torch
 
 
-def _finish(weights: torch.Tensor, ids: torch.Tensor, renormalize: bool,
-            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+def _finish(weights: torch.Tensor, ids: torch.Tensor, renormalize: bool, scale: float,
+            eps: float = 0.0, floor: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    if renormalize:  # a saturated router's top-k may sum to 0: the model's guard, no NaN
+        total = weights.sum(dim=-1, keepdim=True)
+        total = total + eps if eps else total
+        weights = weights / (total.clamp(min=floor) if floor else total)
     if scale != 1.0:
         weights = weights * scale
     return weights, ids
@@ -52,9 +54,12 @@ def _group_scores(choice: torch.Tensor, num_groups: int, biased: bool) -> torch.
 def grouped_topk(router_logits: torch.Tensor, top_k: int, num_groups: int, topk_group: int,
                  renormalize: bool, scoring_func: str = "softmax",
                  correction_bias: torch.Tensor | None = None,
-                 routed_scaling_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                 routed_scaling_factor: float = 1.0, renorm_eps: float = 0.0,
+                 renorm_floor: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The top_k experts among the topk_group best of num_groups equal groups of experts.
-    With correction_bias, selection reads scores + bias and the weights the plain scores."""
+    With correction_bias, selection reads scores + bias and the weights the plain scores.
+    Renormalised, the weights are divided by max(sum + renorm_eps, renorm_floor) (DeepSeek-V3's
+    + 1e-20, ERNIE 4.5's moe_norm_min), as the models guard a top-k that sums to 0."""
     num_experts = router_logits.shape[-1]
     if num_experts % num_groups or not 1 <= topk_group <= num_groups:
         raise ValueError(f"grouped_topk: {num_experts} experts do not split into {num_groups} "
@@ -66,4 +71,5 @@ def grouped_topk(router_logits: torch.Tensor, top_k: int, num_groups: int, topk_
     group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best_groups, True)
     expert_mask = group_mask.repeat_interleave(num_experts // num_groups, dim=-1)  # [T, E]
     ids = choice.masked_fill(~expert_mask, float("-inf")).topk(top_k, dim=-1).indices
-    return _finish(scores.gather(1, ids), ids, renormalize, routed_scaling_factor)
+    return _finish(scores.gather(1, ids), ids, renormalize, routed_scaling_factor, renorm_eps,
+                   renorm_floor)

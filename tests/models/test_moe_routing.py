@@ -99,3 +99,25 @@ def test_routing_compiles_fullgraph_with_dynamic_tokens():
     for num_tokens in (2, 9):
         logits = torch.randn(num_tokens, NUM_EXPERTS)
         _assert_same(_by_token(*compiled(logits)), _by_token(*route(logits)))
+
+
+def test_saturated_top_k_is_guarded_as_the_models_guard_it():
+    """A router whose chosen scores underflow to 0 (a saturated sigmoid or softmax): the
+    renormalised weights divide by sum + 1e-20 (DeepSeek-V3, GLM-4.5) or by the sum floored at
+    moe_norm_min (ERNIE 4.5), not by 0: no NaN reaches the experts."""
+    logits = torch.full((2, NUM_EXPERTS), -200.0)
+    logits[1, :4] = torch.tensor([-100.0, -101.0, -102.0, -103.0])
+    plain, _ = grouped_topk(logits, 2, 1, 1, True, "sigmoid")
+    assert plain.isnan().any()  # the unguarded division this test is about
+    weights, _ = grouped_topk(logits, 2, 1, 1, True, "sigmoid", renorm_eps=1e-20)
+    scores = logits.sigmoid().topk(2, dim=-1).values
+    torch.testing.assert_close(weights, scores / (scores.sum(-1, keepdim=True) + 1e-20))
+    softmax_logits = torch.cat([torch.full((2, 1), 60.0), torch.zeros(2, NUM_EXPERTS - 1)], 1)
+    bias = torch.zeros(NUM_EXPERTS)
+    bias[1:3] = 5.0  # the bias picks two experts whose probabilities are ~1e-26
+    weights, ids = grouped_topk(softmax_logits, 2, 1, 1, True, "softmax", bias,
+                                renorm_floor=1e-12)
+    probs = softmax_logits.softmax(-1).gather(1, ids)
+    assert sorted(ids[0].tolist()) == [1, 2]
+    torch.testing.assert_close(weights, probs / 1e-12)
+    assert not weights.isnan().any()
