@@ -126,3 +126,38 @@ def fp8_reference(batch: PagedBatch, scales: torch.Tensor, scale: float,
     q, k, v = (x.float() for x in (batch.q, batch.k, batch.v))
     out = attention_forward(q, k, v, cache, batch.meta, scale, window, kv_scales=scales)
     return out, cache
+
+
+def dense_attention(batch: PagedBatch, q_lens: list[int], ctx_lens: list[int], window: int,
+                    scale: float, cap: float = 0.0,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Each sequence's queries over its whole context (cache rows, then this step's), causal
+    with the window, written out in float32: scores capped as cap * tanh(score / cap) where
+    cap > 0, each head's sink logit appended to its scores where sinks [Hq] are given."""
+    meta, outs, row = batch.meta, [], 0
+    block_size = batch.kv_cache.shape[2]
+    for index, (q_len, ctx) in enumerate(zip(q_lens, ctx_lens)):
+        total = ctx + q_len
+        blocks = meta.block_tables[index, : -(-total // block_size)].long()
+        keys = batch.kv_cache[0][blocks].flatten(0, 1)[:ctx].clone()  # [ctx, Hkv, D]
+        vals = batch.kv_cache[1][blocks].flatten(0, 1)[:ctx].clone()
+        keys = torch.cat([keys, batch.k[row:row + q_len]]).transpose(0, 1)  # [Hkv, L, D]
+        vals = torch.cat([vals, batch.v[row:row + q_len]]).transpose(0, 1)
+        query = batch.q[row:row + q_len].transpose(0, 1)  # [Hq, Tq, D]
+        group = query.shape[0] // keys.shape[0]
+        keys, vals = keys.repeat_interleave(group, 0), vals.repeat_interleave(group, 0)
+        scores = query @ keys.transpose(1, 2) * scale  # [Hq, Tq, L]
+        if cap > 0:
+            scores = cap * torch.tanh(scores / cap)
+        q_pos = torch.arange(ctx, total)[:, None]
+        k_pos = torch.arange(total)[None, :]
+        visible = (k_pos <= q_pos) & ((k_pos > q_pos - window) if window > 0 else True)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        if sinks is not None:
+            sink = sinks[:, None, None].expand(-1, q_len, 1)
+            probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+        else:
+            probs = scores.softmax(-1)
+        outs.append((probs @ vals).transpose(0, 1))
+        row += q_len
+    return torch.cat(outs)

@@ -313,46 +313,27 @@ def test_launch_order_only_where_the_batch_fills_the_device():
 
 
 @pytest.mark.parametrize("window", [-1, 6])
-def test_soft_capped_scores_match_the_reference(window):
-    # Gemma 2's attn_logit_softcapping through the op: all-decode (split decode kernel), mixed
-    # (decodes on the decode kernel, the rest on the prefill kernel), uncached (varlen)
-    for seed, (q_lens, ctx_lens) in enumerate([([1, 1, 1], [17, 80, 2]),
-                                               ([1, 9, 1, 20], [30, 4, 5, 0])]):
-        batch = make_batch(q_lens, ctx_lens, 4, 2, 32, pad_rows=2, seed=20 + seed)
-        outs = {}
-        for backend in ("torch", "triton"):
-            ctx = ForwardContext(batch.meta, [torch.nan_to_num(batch.kv_cache)], backend=backend)
-            with set_forward_context(ctx):
-                outs[backend] = attention(batch.q, batch.k, batch.v, 0, SCALE, window, True, 2.0)
-        rows = batch.meta.num_actual_tokens
-        _assert_close(outs["triton"], outs["torch"].float(), torch.float32, rows=rows)
-    meta = _uncached_meta([23, 1, 40])
-    q, k, v = torch.randn(64, 4, 32), torch.randn(64, 2, 32), torch.randn(64, 2, 32)
-    for backend in ("torch", "triton"):
-        with set_forward_context(ForwardContext(meta, [], backend=backend)):
-            outs[backend] = attention(q, k, v, 0, SCALE, window, True, 2.0)
-    _assert_close(outs["triton"], outs["torch"].float(), torch.float32, rows=64)
-
-
-@pytest.mark.parametrize("window", [-1, 6])
-def test_sinks_match_the_reference(window):
-    # GPT-OSS's per-head sink logits through the op: all-decode (split decode kernel, one split
-    # starts from the sinks), mixed (decode and prefill kernels), uncached (varlen)
-    sinks = torch.tensor([0.5, -1.0, 3.0, 8.0])
-    for seed, (q_lens, ctx_lens) in enumerate([([1, 1, 1], [17, 80, 2]),
-                                               ([1, 9, 1, 20], [30, 4, 5, 0])]):
-        batch = make_batch(q_lens, ctx_lens, 4, 2, 32, pad_rows=2, seed=30 + seed)
+@pytest.mark.parametrize("softcap,sinks,seed", [
+    (2.0, None, 20),  # Gemma 2's attn_logit_softcapping
+    (0.0, torch.tensor([0.5, -1.0, 3.0, 8.0]), 30),  # GPT-OSS's per-head sink logits
+])
+def test_score_options_match_the_reference(window, softcap, sinks, seed):
+    # through the op: all-decode (split decode kernel; with sinks one split starts from them),
+    # mixed (decodes on the decode kernel, the rest on the prefill kernel), uncached (varlen)
+    for offset, (q_lens, ctx_lens) in enumerate([([1, 1, 1], [17, 80, 2]),
+                                                 ([1, 9, 1, 20], [30, 4, 5, 0])]):
+        batch = make_batch(q_lens, ctx_lens, 4, 2, 32, pad_rows=2, seed=seed + offset)
         outs = {}
         for backend in ("torch", "triton"):
             ctx = ForwardContext(batch.meta, [torch.nan_to_num(batch.kv_cache)], backend=backend)
             with set_forward_context(ctx):
                 outs[backend] = attention(batch.q, batch.k, batch.v, 0, SCALE, window, True,
-                                          0.0, sinks)
+                                          softcap, sinks)
         rows = batch.meta.num_actual_tokens
         _assert_close(outs["triton"], outs["torch"].float(), torch.float32, rows=rows)
     meta = _uncached_meta([23, 1, 40])
     q, k, v = torch.randn(64, 4, 32), torch.randn(64, 2, 32), torch.randn(64, 2, 32)
     for backend in ("torch", "triton"):
         with set_forward_context(ForwardContext(meta, [], backend=backend)):
-            outs[backend] = attention(q, k, v, 0, SCALE, window, True, 0.0, sinks)
+            outs[backend] = attention(q, k, v, 0, SCALE, window, True, softcap, sinks)
     _assert_close(outs["triton"], outs["torch"].float(), torch.float32, rows=64)
