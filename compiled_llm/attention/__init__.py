@@ -30,9 +30,9 @@ _LAZY_BACKENDS = {"triton": "compiled_llm.attention.triton_backend"}
 def register_backend(name: str, forward) -> None:
     """Add an attention implementation selectable through ForwardContext.backend; forward
     has the reference's signature (q, k, v, kv_cache, metadata, scale, sliding_window, causal,
-    kv_scales, write_kv, softcap, sinks: the last two only where set); kv_cache is None when
-    the context holds no caches, kv_scales [2, Hkv] is given for FP8 caches only,
-    write_kv=False: this step's K/V are in the cache already."""
+    kv_scales, write_kv, softcap, sinks, alibi_slopes: the last three only where set);
+    kv_cache is None when the context holds no caches, kv_scales [2, Hkv] is given for FP8
+    caches only, write_kv=False: this step's K/V are in the cache already."""
     _BACKENDS[name] = forward
 
 
@@ -49,18 +49,20 @@ def get_backend(name: str):
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: float,
     sliding_window: int, causal: bool = True, softcap: float = 0.0,
-    sinks: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; also writes k/v into layer_idx's cache
     when the context holds caches (none: attention within each sequence's own tokens).
     softcap > 0: scores soft-capped, softcap * tanh(score / softcap) (Gemma 2); sinks [Hq]:
-    each head's learned sink logit joins its softmax as a key of value 0 (GPT-OSS)."""
-    return _attend(q, k, v, layer_idx, scale, sliding_window, causal, True, softcap, sinks)
+    each head's learned sink logit joins its softmax as a key of value 0 (GPT-OSS);
+    alibi_slopes [Hq] float32: slope_h * (key pos - query pos) joins each score (ALiBi)."""
+    return _attend(q, k, v, layer_idx, scale, sliding_window, causal, True, softcap, sinks,
+                   alibi_slopes)
 
 
 @attention.register_fake
 def _attention_fake(q, k, v, layer_idx, scale, sliding_window, causal=True, softcap=0.0,
-                    sinks=None):
+                    sinks=None, alibi_slopes=None):
     return torch.empty_like(q)
 
 
@@ -68,33 +70,37 @@ def _attention_fake(q, k, v, layer_idx, scale, sliding_window, causal=True, soft
 def attention_no_write(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, scale: float,
     sliding_window: int, causal: bool = True, softcap: float = 0.0,
-    sinks: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`attention` whose K/V write (and FP8 calibration) already ran: the fused
     qk_norm_rope_kv_write op put this step's rows into the cache. k/v are still read where the
     context holds no caches (pooling runs attend over them)."""
-    return _attend(q, k, v, layer_idx, scale, sliding_window, causal, False, softcap, sinks)
+    return _attend(q, k, v, layer_idx, scale, sliding_window, causal, False, softcap, sinks,
+                   alibi_slopes)
 
 
 @attention_no_write.register_fake
 def _attention_no_write_fake(q, k, v, layer_idx, scale, sliding_window, causal=True,
-                             softcap=0.0, sinks=None):
+                             softcap=0.0, sinks=None, alibi_slopes=None):
     return torch.empty_like(q)
 
 
-def score_options(softcap: float, sinks: torch.Tensor | None) -> dict:
-    """The backends' keyword arguments for softcap and sinks, each only where set: a
+def score_options(softcap: float, sinks: torch.Tensor | None,
+                  alibi_slopes: torch.Tensor | None = None) -> dict:
+    """The backends' keyword arguments for softcap, sinks and ALiBi, each only where set: a
     registered backend without them serves every model that does not use them."""
     return {**({"softcap": softcap} if softcap else {}),
-            **({"sinks": sinks} if sinks is not None else {})}
+            **({"sinks": sinks} if sinks is not None else {}),
+            **({"alibi_slopes": alibi_slopes} if alibi_slopes is not None else {})}
 
 
 def _attend(q, k, v, layer_idx: int, scale: float, sliding_window: int, causal: bool,
-            write_kv: bool, softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
+            write_kv: bool, softcap: float, sinks: torch.Tensor | None,
+            alibi_slopes: torch.Tensor | None) -> torch.Tensor:
     ctx = get_forward_context()
     forward = get_backend(ctx.backend)
     kv_cache = ctx.kv_caches[layer_idx] if ctx.kv_caches else None
-    extra = {"write_kv": write_kv, **score_options(softcap, sinks)}
+    extra = {"write_kv": write_kv, **score_options(softcap, sinks, alibi_slopes)}
     if kv_cache is None or not is_fp8(kv_cache.dtype):
         return forward(q, k, v, kv_cache, ctx.attn_metadata, scale, sliding_window, causal,
                        **extra)
@@ -118,7 +124,7 @@ def qk_norm_rope_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, layer_idx: int,
     scale: float, sliding_window: int, causal: bool = True, softcap: float = 0.0,
-    sinks: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """qk_norm_rope_kv_write's inputs -> attention's output [T, H, D]: q and k normed (where a
     weight is given) and rotated, k and v written into layer_idx's cache, then attended as
@@ -128,14 +134,15 @@ def qk_norm_rope_attention(
     fused = fused_decode_for(ctx, kv_cache, causal)
     if fused is not None:
         return fused(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache, ctx.attn_metadata,
-                     scale, sliding_window, **score_options(softcap, sinks))
+                     scale, sliding_window, **score_options(softcap, sinks, alibi_slopes))
     q_out, k_out = qk_norm_rope_kv_write(q, k, v, cos, sin, q_weight, k_weight, eps, layer_idx)
     return attention_no_write(q_out, k_out, v, layer_idx, scale, sliding_window, causal,
-                              softcap, sinks)
+                              softcap, sinks, alibi_slopes)
 
 
 @qk_norm_rope_attention.register_fake
 def _qk_norm_rope_attention_fake(q, k, v, cos, sin, q_weight, k_weight, eps, layer_idx, scale,
-                                 sliding_window, causal=True, softcap=0.0, sinks=None):
+                                 sliding_window, causal=True, softcap=0.0, sinks=None,
+                                 alibi_slopes=None):
     return q.new_empty(q.shape)
 

@@ -51,12 +51,24 @@ def _mask(q_len: int, kv_len: int, window: int, device: torch.device) -> torch.T
     return mask
 
 
+def alibi_bias(slopes: torch.Tensor | None, q_pos: torch.Tensor,
+               k_pos: torch.Tensor) -> torch.Tensor | None:
+    """ALiBi's score bias [..., Hq, L, S] in float32: slope_h * (k_pos - q_pos), from q_pos
+    [..., L, 1] and k_pos [..., 1, S] (a row's shift leaves its softmax as Bloom's
+    slope_h * k_pos leaves it); None without slopes."""
+    if slopes is None:
+        return None
+    return slopes.float().view(-1, 1, 1) * (k_pos - q_pos).float().unsqueeze(-3)
+
+
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-         scale: float, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+         scale: float, softcap: float = 0.0, sinks: torch.Tensor | None = None,
+         bias: torch.Tensor | None = None) -> torch.Tensor:
     """SDPA of q [..., Hq, L, D] over k/v [..., Hkv, S, D] (GQA), mask True where visible;
     softcap > 0: the scores soft-capped first; sinks [Hq]: each head's sink logit joins its
-    softmax as a key of value 0 (GPT-OSS). Both in float32, as transformers' eager paths."""
-    if softcap <= 0 and sinks is None:
+    softmax as a key of value 0 (GPT-OSS); bias [..., Hq, L, S] is added to the (capped)
+    scores (ALiBi). All in float32, as transformers' eager paths."""
+    if softcap <= 0 and sinks is None and bias is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                               enable_gqa=True)
     group = q.shape[-3] // k.shape[-3]
@@ -64,6 +76,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     scores = (q.float() @ k.float().transpose(-1, -2)) * scale  # [..., Hq, L, S]
     if softcap > 0:
         scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias
     v = v.float()
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -89,20 +103,24 @@ def attention_forward(
     write_kv: bool = True,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Write K/V into the cache, then attend each sequence's queries over its whole context;
     with kv_cache None, over the sequence's own k/v rows (causal=False: every row sees all).
     kv_scales [2, Hkv]: the cache is FP8, holding rows / scale. write_kv=False: they are in
     the cache already. softcap > 0: scores soft-capped, cap * tanh(score / cap) (Gemma 2);
-    sinks [Hq]: per-head sink logits in every softmax (GPT-OSS)."""
+    sinks [Hq]: per-head sink logits in every softmax (GPT-OSS); alibi_slopes [Hq]: ALiBi's
+    per-head slopes (Bloom, MPT)."""
     if kv_cache is None:
-        return attend_uncached(q, k, v, meta, scale, sliding_window, causal, softcap, sinks)
+        return attend_uncached(q, k, v, meta, scale, sliding_window, causal, softcap, sinks,
+                               alibi_slopes)
     if not causal:
         raise ValueError("non-causal attention runs without a KV cache only")
     if write_kv:
         write_kv_rows(k, v, kv_cache, meta, kv_scales)
     if meta.max_query_len == 1:
-        return _decode(q, kv_cache, meta, scale, sliding_window, kv_scales, softcap, sinks)
+        return _decode(q, kv_cache, meta, scale, sliding_window, kv_scales, softcap, sinks,
+                       alibi_slopes)
     out = torch.zeros_like(q)
     block_size = kv_cache.shape[2]
     query_starts, seq_lens = meta.query_start_loc_cpu.tolist(), meta.seq_lens_cpu.tolist()
@@ -112,15 +130,27 @@ def attention_forward(
         keys = _read(kv_cache, 0, blocks, kv_scales, q.dtype).flatten(0, 1)[:kv_len]  # [L, Hkv, D]
         vals = _read(kv_cache, 1, blocks, kv_scales, q.dtype).flatten(0, 1)[:kv_len]
         mask = _mask(end - start, kv_len, sliding_window, q.device)
+        bias = _chunk_alibi(alibi_slopes, end - start, kv_len, q.device)
         attended = sdpa(q[start:end].transpose(0, 1),  # [Hq, Tq, D]
-                        keys.transpose(0, 1), vals.transpose(0, 1), mask, scale, softcap, sinks)
+                        keys.transpose(0, 1), vals.transpose(0, 1), mask, scale, softcap, sinks,
+                        bias)
         out[start:end] = attended.transpose(0, 1)
     return out
 
 
+def _chunk_alibi(slopes: torch.Tensor | None, q_len: int, kv_len: int,
+                 device: torch.device) -> torch.Tensor | None:
+    """alibi_bias of a chunk's q_len queries, the last of a kv_len context."""
+    if slopes is None:
+        return None
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    return alibi_bias(slopes, q_pos, torch.arange(kv_len, device=device)[None, :])
+
+
 def _decode(q, kv_cache, meta: AttentionMetadata, scale: float, window: int,
             kv_scales: torch.Tensor | None, softcap: float = 0.0,
-            sinks: torch.Tensor | None = None) -> torch.Tensor:
+            sinks: torch.Tensor | None = None,
+            alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
     """All-decode batch in one SDPA call: gather each sequence's blocks, mask past its length."""
     num_seqs, block_size = meta.num_seqs, kv_cache.shape[2]
     num_blocks = -(-meta.max_seq_len // block_size)
@@ -133,16 +163,17 @@ def _decode(q, kv_cache, meta: AttentionMetadata, scale: float, window: int,
     if window > 0:
         mask &= pos >= lens - window
     out = torch.zeros_like(q)
+    bias = alibi_bias(alibi_slopes, (lens - 1)[:, None], pos[:, None])  # [B, Hq, 1, L]
     attended = sdpa(q[:num_seqs].unsqueeze(2),  # [B, Hq, 1, D]
                     keys.transpose(1, 2),  # [B, Hkv, L, D]
-                    vals.transpose(1, 2), mask[:, None, None, :], scale, softcap, sinks)
+                    vals.transpose(1, 2), mask[:, None, None, :], scale, softcap, sinks, bias)
     out[:num_seqs] = attended.squeeze(2)
     return out
 
 
 def attend_uncached(q, k, v, meta: AttentionMetadata, scale: float, window: int,
-                    causal: bool, softcap: float = 0.0,
-                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    causal: bool, softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                    alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
     """Each sequence's queries over its own k/v rows (no cache: every sequence is whole).
     Bidirectional batches go through padded_attention, a few SDPA calls, not one per sequence."""
     if window > 0 and not causal:
@@ -150,15 +181,16 @@ def attend_uncached(q, k, v, meta: AttentionMetadata, scale: float, window: int,
     out = torch.zeros_like(q)
     starts = meta.query_start_loc_cpu.tolist()
     if not causal:
-        if softcap or sinks is not None:
-            raise ValueError("soft-capped scores and attention sinks need causal attention")
+        if softcap or sinks is not None or alibi_slopes is not None:
+            raise ValueError("soft-capped scores, attention sinks and ALiBi need causal "
+                             "attention")
         padded_attention(q, k, v, starts, scale, out)
         return out
     for start, end in zip(starts, starts[1:]):
         attended = sdpa(q[start:end].transpose(0, 1),  # [Hq, L, D]
                         k[start:end].transpose(0, 1), v[start:end].transpose(0, 1),
                         _mask(end - start, end - start, window, q.device), scale, softcap,
-                        sinks)
+                        sinks, _chunk_alibi(alibi_slopes, end - start, end - start, q.device))
         out[start:end] = attended.transpose(0, 1)
     return out
 

@@ -105,11 +105,13 @@ def triton_attention(
     write_kv: bool = True,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,  # [Hq]
+    alibi_slopes: torch.Tensor | None = None,  # [Hq] float32
 ) -> torch.Tensor:
     """Write this step's K/V into the cache (unless write_kv is False), then attend; same
     contract as the reference."""
+    score = {"softcap": softcap, "sinks": sinks, "alibi_slopes": alibi_slopes}
     if kv_cache is None:
-        return _uncached(q, k, v, meta, scale, sliding_window, causal, softcap, sinks)
+        return _uncached(q, k, v, meta, scale, sliding_window, causal, **score)
     if not causal:
         raise ValueError("non-causal attention runs without a KV cache only")
     check_shapes(q, kv_cache, kv_scales is not None)
@@ -121,9 +123,9 @@ def triton_attention(
         num_seqs = meta.seq_lens.shape[0]
         decode_attention(q, kv_cache, meta.seq_lens, meta.block_tables, scale, sliding_window,
                          out, decode_config(head_dim, num_seqs), kv_scales=kv_scales,
-                         order=_order(meta, num_seqs), softcap=softcap, sinks=sinks)
+                         order=_order(meta, num_seqs), **score)
         return _zero_rows_past(out, num_seqs)
-    _mixed(q, kv_cache, meta, scale, sliding_window, out, kv_scales, softcap, sinks)
+    _mixed(q, kv_cache, meta, scale, sliding_window, out, kv_scales, **score)
     return _zero_rows_past(out, meta.num_actual_tokens)
 
 
@@ -143,33 +145,29 @@ def _zero_rows_past(out: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _mixed(q, kv_cache, meta: AttentionMetadata, scale: float, sliding_window: int,
-           out: torch.Tensor, kv_scales: torch.Tensor | None, softcap: float = 0.0,
-           sinks: torch.Tensor | None = None) -> None:
+           out: torch.Tensor, kv_scales: torch.Tensor | None, **score) -> None:
     """A batch with prompt chunks: its leading one-token sequences (the decodes) on the split
     decode kernel, the rest on the prefill kernel. The prefill kernel's tiles hold up to 128
     query rows, so a decode row in them wastes most of each tile while it reads the whole
-    context; decode rows dominate a serving step's KV reads."""
+    context; decode rows dominate a serving step's KV reads. score: softcap, sinks, ALiBi."""
     head_dim, decodes = q.shape[2], meta.num_leading_decodes if MIXED_DECODES else 0
     if decodes:
         decode_attention(q, kv_cache, meta.seq_lens[:decodes], meta.block_tables[:decodes],
                          scale, sliding_window, out, decode_config(head_dim, decodes),
-                         kv_scales=kv_scales, order=_order(meta, decodes), softcap=softcap,
-                         sinks=sinks)
+                         kv_scales=kv_scales, order=_order(meta, decodes), **score)
     if decodes < meta.seq_lens.shape[0]:
         prefill_attention(q, kv_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
                           meta.max_query_len, scale, sliding_window, out,
-                          prefill_config(head_dim), kv_scales, first_seq=decodes,
-                          softcap=softcap, sinks=sinks)
+                          prefill_config(head_dim), kv_scales, first_seq=decodes, **score)
 
 
 def _uncached(q, k, v, meta: AttentionMetadata, scale: float, sliding_window: int,
-              causal: bool, softcap: float = 0.0,
-              sinks: torch.Tensor | None = None) -> torch.Tensor:
+              causal: bool, **score) -> torch.Tensor:
     """Each sequence over its own k/v rows (pooling runs: nothing is cached)."""
     check_shapes(q, k.unsqueeze(0).unsqueeze(0))  # k's heads and dims stand in for a cache's
     out = torch.empty_like(q)
     varlen_attention(q, k, v, meta.query_start_loc, meta.max_query_len, scale, sliding_window,
-                     causal, out, prefill_config(q.shape[2]), softcap, sinks)
+                     causal, out, prefill_config(q.shape[2]), **score)
     return _zero_rows_past(out, meta.num_actual_tokens)
 
 
@@ -185,7 +183,8 @@ def triton_fused_write(q, k, v, cos, sin, q_weight, k_weight, eps: float,
 def triton_fused_decode(q, k, v, cos, sin, q_weight, k_weight, eps: float,
                         kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                         sliding_window: int, softcap: float = 0.0,
-                        sinks: torch.Tensor | None = None) -> torch.Tensor:
+                        sinks: torch.Tensor | None = None,
+                        alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
     """An all-decode step from raw q/k/v over a non-FP8 cache in one launch (and the merge
     where it splits); padded rows past the batch's sequences zeroed, as triton_attention
     leaves them."""
@@ -195,7 +194,8 @@ def triton_fused_decode(q, k, v, cos, sin, q_weight, k_weight, eps: float,
     decode_qk_norm_rope_attention(q, k, v, cos, sin, q_weight, k_weight, eps, kv_cache,
                                   meta.seq_lens, meta.block_tables, meta.slot_mapping, scale,
                                   sliding_window, out, decode_config(q.shape[2], num_seqs),
-                                  order=_order(meta, num_seqs), softcap=softcap, sinks=sinks)
+                                  order=_order(meta, num_seqs), softcap=softcap, sinks=sinks,
+                                  alibi_slopes=alibi_slopes)
     return _zero_rows_past(out, num_seqs)
 
 

@@ -129,11 +129,12 @@ def fp8_reference(batch: PagedBatch, scales: torch.Tensor, scale: float,
 
 
 def dense_attention(batch: PagedBatch, q_lens: list[int], ctx_lens: list[int], window: int,
-                    scale: float, cap: float = 0.0,
-                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    scale: float, cap: float = 0.0, sinks: torch.Tensor | None = None,
+                    slopes: torch.Tensor | None = None) -> torch.Tensor:
     """Each sequence's queries over its whole context (cache rows, then this step's), causal
     with the window, written out in float32: scores capped as cap * tanh(score / cap) where
-    cap > 0, each head's sink logit appended to its scores where sinks [Hq] are given."""
+    cap > 0, each head's sink logit appended to its scores where sinks [Hq] are given, Bloom's
+    ALiBi bias slope_h * key position added where slopes [Hq] are."""
     meta, outs, row = batch.meta, [], 0
     block_size = batch.kv_cache.shape[2]
     for index, (q_len, ctx) in enumerate(zip(q_lens, ctx_lens)):
@@ -151,6 +152,8 @@ def dense_attention(batch: PagedBatch, q_lens: list[int], ctx_lens: list[int], w
             scores = cap * torch.tanh(scores / cap)
         q_pos = torch.arange(ctx, total)[:, None]
         k_pos = torch.arange(total)[None, :]
+        if slopes is not None:  # absolute key positions, as Bloom writes it
+            scores = scores + slopes[:, None, None] * k_pos.float()
         visible = (k_pos <= q_pos) & ((k_pos > q_pos - window) if window > 0 else True)
         scores = scores.masked_fill(~visible, float("-inf"))
         if sinks is not None:

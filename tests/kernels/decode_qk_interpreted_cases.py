@@ -154,23 +154,27 @@ def test_soft_capped_one_launch_matches_the_reference_op(window):
     assert (uncapped[:rows] - ref[:rows]).abs().max() > 0.05
 
 
-def test_sinks_one_launch_matches_the_reference_op():
-    # GPT-OSS's sink logits in the one launch (split 0 starts from them), against the two-op
-    # reference through the op
+@pytest.mark.parametrize("option", ["sinks", "alibi_slopes"])
+def test_head_score_options_one_launch_match_the_reference_op(option):
+    # GPT-OSS's sink logits (split 0 starts from them) and ALiBi's slopes (the newest key, at
+    # the query's position, has no bias) in the one launch, against the two-op reference
     from compiled_llm.attention import attention, qk_norm_rope_attention
     from compiled_llm.attention.forward_context import ForwardContext, set_forward_context
     from compiled_llm.attention.qk_norm_rope import qk_norm_rope_ref
 
     batch, cos, sin, _, _ = _decode_inputs([17, 0, 40, 5], norms=False, pads=1, seed=5)
-    sinks = torch.linspace(-2.0, 6.0, batch.q.shape[1])
+    heads = batch.q.shape[1]
+    values = torch.linspace(-2.0, 6.0, heads) if option == "sinks" else \
+        2.0 ** -torch.arange(1.0, heads + 1)
+    extra = {option: values}
     ref_cache = batch.kv_cache.clone()
     q, k = qk_norm_rope_ref(batch.q, batch.k, cos, sin, None, None, 1e-6)
     with set_forward_context(ForwardContext(batch.meta, [ref_cache], backend="torch")):
-        ref = attention(q, k, batch.v, 0, 0.2, -1, True, 0.0, sinks)
+        ref = attention(q, k, batch.v, 0, 0.2, -1, True, 0.0, **extra)
         plain = attention(q, k, batch.v, 0, 0.2, -1)
     with set_forward_context(ForwardContext(batch.meta, [batch.kv_cache], backend="triton")):
         out = qk_norm_rope_attention(batch.q, batch.k, batch.v, cos, sin, None, None, 1e-6, 0,
-                                     0.2, -1, True, 0.0, sinks)
+                                     0.2, -1, True, 0.0, **extra)
     rows = 4  # the padded sequence (no keys) is the reference's NaN, the kernel's zeros
     torch.testing.assert_close(out[:rows], ref[:rows], rtol=1e-4, atol=1e-4)
     assert (plain[:rows] - ref[:rows]).abs().max() > 0.05

@@ -313,11 +313,12 @@ def test_launch_order_only_where_the_batch_fills_the_device():
 
 
 @pytest.mark.parametrize("window", [-1, 6])
-@pytest.mark.parametrize("softcap,sinks,seed", [
-    (2.0, None, 20),  # Gemma 2's attn_logit_softcapping
-    (0.0, torch.tensor([0.5, -1.0, 3.0, 8.0]), 30),  # GPT-OSS's per-head sink logits
+@pytest.mark.parametrize("softcap,sinks,slopes,seed", [
+    (2.0, None, None, 20),  # Gemma 2's attn_logit_softcapping
+    (0.0, torch.tensor([0.5, -1.0, 3.0, 8.0]), None, 30),  # GPT-OSS's per-head sink logits
+    (0.0, None, torch.tensor([0.5, 0.25, 0.125, 0.0625]), 40),  # ALiBi's slopes (Bloom)
 ])
-def test_score_options_match_the_reference(window, softcap, sinks, seed):
+def test_score_options_match_the_reference(window, softcap, sinks, slopes, seed):
     # through the op: all-decode (split decode kernel; with sinks one split starts from them),
     # mixed (decodes on the decode kernel, the rest on the prefill kernel), uncached (varlen)
     for offset, (q_lens, ctx_lens) in enumerate([([1, 1, 1], [17, 80, 2]),
@@ -328,12 +329,12 @@ def test_score_options_match_the_reference(window, softcap, sinks, seed):
             ctx = ForwardContext(batch.meta, [torch.nan_to_num(batch.kv_cache)], backend=backend)
             with set_forward_context(ctx):
                 outs[backend] = attention(batch.q, batch.k, batch.v, 0, SCALE, window, True,
-                                          softcap, sinks)
+                                          softcap, sinks, slopes)
         rows = batch.meta.num_actual_tokens
         _assert_close(outs["triton"], outs["torch"].float(), torch.float32, rows=rows)
     meta = _uncached_meta([23, 1, 40])
     q, k, v = torch.randn(64, 4, 32), torch.randn(64, 2, 32), torch.randn(64, 2, 32)
     for backend in ("torch", "triton"):
         with set_forward_context(ForwardContext(meta, [], backend=backend)):
-            outs[backend] = attention(q, k, v, 0, SCALE, window, True, softcap, sinks)
+            outs[backend] = attention(q, k, v, 0, SCALE, window, True, softcap, sinks, slopes)
     _assert_close(outs["triton"], outs["torch"].float(), torch.float32, rows=64)

@@ -17,20 +17,21 @@ SM90 = GPUTarget("cuda", 90, 32)
 
 def compile_decode(direct: bool, merge: bool, fp8: bool, window: bool, pdl: int = 0,
                    split_keys: int = 0, block_n: int = 64, order: bool = False,
-                   softcap: float = 0.0, sinks: bool = False):
+                   softcap: float = 0.0, sinks: bool = False, alibi: bool = False):
     """The split decode kernel as sm_90 code: Qwen-like GQA 7, head_dim 128, bf16 queries."""
     kv = "*fp8e4nv" if fp8 else "*bf16"
     signature = dict(q_ptr="*bf16", k_cache_ptr=kv, v_cache_ptr=kv, table_ptr="*i32",
                      seq_lens_ptr="*i32", order_ptr="*i32", out_ptr="*bf16",
                      part_acc_ptr="*fp32", part_ml_ptr="*fp32",
                      scales_ptr="*fp32" if fp8 else "*i32",
-                     counter_ptr="*i32", sinks_ptr="*bf16", qk_scale="fp32", window="i32",
-                     num_splits="i32",
+                     counter_ptr="*i32", sinks_ptr="*bf16", slopes_ptr="*fp32",
+                     qk_scale="fp32", window="i32", num_splits="i32",
                      **{f"stride_{s}": "i32" for s in ("qt", "qh", "ot", "oh", "cb", "cs", "ch",
                                                        "tb")})
     constants = dict(G=7, G_PAD=16, BLOCK_N=block_n, D=128, BS=16, HAS_WINDOW=window, DIRECT=direct,
                      PREC="tf32", FP8=fp8, MERGE=merge, S_PAD=1 if direct else 32,
-                     SPLIT_KEYS=split_keys, PDL=pdl, ORDER=order, SOFTCAP=softcap, SINKS=sinks)
+                     SPLIT_KEYS=split_keys, PDL=pdl, ORDER=order, SOFTCAP=softcap, SINKS=sinks,
+                     ALIBI=alibi)
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(decode._decode_split_kernel, signature, constants, {})
     return triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})
@@ -95,7 +96,7 @@ def test_decode_reduce_kernel_compiles_for_sm90(split_keys):
 
 
 def compile_decode_qk(direct: bool, norms: bool, pdl: int = 0, softcap: float = 0.0,
-                      sinks: bool = False):
+                      sinks: bool = False, alibi: bool = False):
     """The one-launch decode (QK-norm + RoPE + KV write, then the split) as sm_90 code."""
     from compiled_llm.attention.kernels import decode_qk
 
@@ -104,8 +105,8 @@ def compile_decode_qk(direct: bool, norms: bool, pdl: int = 0, softcap: float = 
                      slot_ptr="*i64", k_cache_ptr="*bf16", v_cache_ptr="*bf16",
                      table_ptr="*i32", seq_lens_ptr="*i32", order_ptr="*i32",
                      out_ptr="*bf16", part_acc_ptr="*fp32", part_ml_ptr="*fp32",
-                     counter_ptr="*i32", sinks_ptr="*bf16", qk_scale="fp32", window="i32",
-                     num_splits="i32",
+                     counter_ptr="*i32", sinks_ptr="*bf16", slopes_ptr="*fp32",
+                     qk_scale="fp32", window="i32", num_splits="i32",
                      **{f"stride_{s}": "i32" for s in ("qt", "qh", "kt", "kh", "vt", "vh", "cos",
                                                        "sin", "ot", "oh", "cb", "cs", "ch",
                                                        "tb")})
@@ -113,7 +114,7 @@ def compile_decode_qk(direct: bool, norms: bool, pdl: int = 0, softcap: float = 
                      DIRECT=direct, PREC="tf32", HAS_Q_NORM=norms, HAS_K_NORM=norms,
                      MERGE=not direct, S_PAD=1 if direct else 32,
                      SPLIT_KEYS=0 if direct else 256, PDL=pdl, ORDER=not norms,
-                     SOFTCAP=softcap, SINKS=sinks)
+                     SOFTCAP=softcap, SINKS=sinks, ALIBI=alibi)
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(decode_qk._decode_qk_split_kernel, signature, constants, {})
     return triton.compile(source, target=SM90, options={"num_warps": 4, "num_stages": 3})
@@ -145,13 +146,14 @@ def test_soft_capped_decode_kernels_compile_for_sm90():
     assert compile_decode_qk(False, False, softcap=cap).asm["cubin"]
 
 
-def test_decode_kernels_with_sinks_compile_for_sm90():
-    """GPT-OSS's sink logits in the split decode kernel and the one-launch decode: both compile,
-    the sinks read among their loads."""
+@pytest.mark.parametrize("option", ["sinks", "alibi"])
+def test_decode_kernels_with_head_score_options_compile_for_sm90(option):
+    """GPT-OSS's sink logits and ALiBi's slopes (Bloom, MPT) in the split decode kernel and
+    the one-launch decode: both compile, the per-head values read among their loads."""
     try:
-        split = compile_decode(False, True, False, True, sinks=True)
+        split = compile_decode(False, True, False, True, **{option: True})
     except (ImportError, KeyError) as err:
         pytest.skip(f"no sm_90 backend: {err}")
     plain = compile_decode(False, True, False, True)
     assert split.asm["ptx"].count("ld.global") > plain.asm["ptx"].count("ld.global")
-    assert compile_decode_qk(False, False, sinks=True).asm["cubin"]
+    assert compile_decode_qk(False, False, **{option: True}).asm["cubin"]

@@ -32,7 +32,7 @@ def test_uncached_causal_soft_caps_and_bidirectional_refuses():
     batch = make_batch([7, 12], [0, 0], 4, 2, 32, seed=4)
     with set_forward_context(ForwardContext(batch.meta, [], backend="torch")):
         out = attention(batch.q, batch.k, batch.v, 0, SCALE, -1, True, CAP)
-        with pytest.raises(ValueError, match="soft-capped scores and attention sinks need causal"):
+        with pytest.raises(ValueError, match="soft-capped scores, attention sinks and ALiBi"):
             attention(batch.q, batch.k, batch.v, 0, SCALE, -1, False, CAP)
     expected = dense_attention(batch, [7, 12], [0, 0], -1, SCALE, CAP)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=0)

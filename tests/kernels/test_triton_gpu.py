@@ -98,6 +98,24 @@ def test_sinks_mixed_and_decode_batches_match_reference(window):
         assert _rel_err(out, ref) < 1.5e-2
 
 
+def test_alibi_mixed_and_decode_batches_match_reference():
+    # Bloom's attention (16 heads of 64, ALiBi slopes 2^-0.5 .. 2^-8, no window) on the
+    # decode and prefill kernels over long contexts: the bias reaches thousands
+    from compiled_llm.attention.reference import attention_forward
+    from compiled_llm.attention.triton_backend import triton_attention
+
+    slopes = 2.0 ** -torch.arange(0.5, 8.5, 0.5, device="cuda")
+    mixed, decode = ([1, 1, 2048, 517, 1], [9000, 15, 6000, 0, 5000]), ([1] * 4, [9000, 1, 700, 64])
+    for q_lens, ctx in (mixed, decode):
+        batch = make_batch(q_lens, ctx, 16, 16, 64, dtype=torch.bfloat16, device="cuda", seed=6)
+        cache = torch.nan_to_num(batch.kv_cache)
+        ref = attention_forward(*(x.float() for x in (batch.q, batch.k, batch.v, cache)),
+                                batch.meta, 0.125, -1, alibi_slopes=slopes)
+        out = triton_attention(batch.q, batch.k, batch.v, cache, batch.meta, 0.125, -1,
+                               alibi_slopes=slopes)
+        assert _rel_err(out, ref) < 1.5e-2
+
+
 @pytest.mark.parametrize("window", [512, 4096])
 def test_sliding_window_prefill_and_decode(window):
     batch = make_batch([3000, 1, 700], [5000, 8000, 0], HQ, HKV, D, dtype=torch.bfloat16,

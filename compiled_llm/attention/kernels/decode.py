@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compiled_llm.attention.kernels.tile import attend_tile, kv_scale, softmax_start
+from compiled_llm.attention.kernels.tile import attend_tile, head_slopes, kv_scale, softmax_start
 from compiled_llm.gemm import pdl
 from compiled_llm.gemm.arrival import arrival_counters
 from compiled_llm.gemm.pdl import dependency_sync
@@ -145,14 +145,14 @@ def program_split(seq_lens_ptr, order_ptr, num_splits, window, BLOCK_N: tl.const
 @triton.jit
 def attend_keys(
     q, b, kvh, seq_len, start, end, k_cache_ptr, v_cache_ptr, table_ptr, scales_ptr, qk_scale,
-    window, stride_cb, stride_cs, stride_ch, stride_tb, sinks_ptr, split,
+    window, stride_cb, stride_cs, stride_ch, stride_tb, sinks_ptr, slopes_ptr, split,
     G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr, SOFTCAP: tl.constexpr = 0.0,
-    SINKS: tl.constexpr = False,
+    SINKS: tl.constexpr = False, ALIBI: tl.constexpr = False,
 ):
     """(acc [G_PAD, D], l, m): online softmax of q [G_PAD, D] (the query of position
     seq_len - 1) over cached keys [start, end) of KV head kvh; FP8 scales folded in. SINKS:
-    split 0 starts from the heads' sink logits (softmax_start)."""
+    split 0 starts from the heads' sink logits (softmax_start); ALIBI: the heads' slopes."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     table_row = table_ptr + b.to(tl.int64) * stride_tb
@@ -163,13 +163,15 @@ def attend_keys(
     # scalar-and-vector bool as a load mask)
     first = (offs_g < G) & (offs_g * 0 + split == 0)
     m_i, l_i = softmax_start(sinks_ptr, kvh * G + offs_g, first, G_PAD, SINKS)
+    slopes = head_slopes(slopes_ptr, kvh * G + offs_g, offs_g < G, G_PAD, ALIBI)
     acc = tl.zeros([G_PAD, D], tl.float32)
     q_pos = tl.full([G_PAD], 0, tl.int32) + seq_len - 1  # window: already in `start`
     qk_scale = qk_scale * kv_scale(scales_ptr, kvh, FP8)  # FP8: K's scale joins the scores
     for n0 in range(start, end, BLOCK_N):
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, end,
-                                    window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                                    BS, True, False, PREC, FP8=FP8, SOFTCAP=SOFTCAP)
+                                    window, qk_scale, slopes, stride_cb, stride_cs, offs_n,
+                                    offs_d, BS, True, False, PREC, FP8=FP8, SOFTCAP=SOFTCAP,
+                                    ALIBI=ALIBI)
     acc = acc * kv_scale(scales_ptr, tl.num_programs(1) + kvh, FP8)  # and V's the output
     return acc, l_i, m_i
 
@@ -210,13 +212,13 @@ def store_split(
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, order_ptr, out_ptr, part_acc_ptr,
-    part_ml_ptr, scales_ptr, counter_ptr, sinks_ptr, qk_scale, window, num_splits,
+    part_ml_ptr, scales_ptr, counter_ptr, sinks_ptr, slopes_ptr, qk_scale, window, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr, PREC: tl.constexpr,
     FP8: tl.constexpr = False, MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1,
     SPLIT_KEYS: tl.constexpr = 0, PDL: tl.constexpr = 0, ORDER: tl.constexpr = False,
-    SOFTCAP: tl.constexpr = 0.0, SINKS: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = 0.0, SINKS: tl.constexpr = False, ALIBI: tl.constexpr = False,
 ):
     """DIRECT (or one split used): that split writes the output. Otherwise partials; MERGE: the
     last of a (seq, KV head)'s used splits to arrive merges them (counter_ptr: zeroed int32
@@ -232,8 +234,9 @@ def _decode_split_kernel(
         q = tl.load(q_ptr + q_offs, mask=(offs_g < G)[:, None], other=0.0)  # [G_PAD, D]
         acc, l_i, m_i = attend_keys(q, b, kvh, seq_len, start, end, k_cache_ptr, v_cache_ptr,
                                     table_ptr, scales_ptr, qk_scale, window, stride_cb,
-                                    stride_cs, stride_ch, stride_tb, sinks_ptr, split, G, G_PAD,
-                                    BLOCK_N, D, BS, PREC, FP8, SOFTCAP, SINKS)
+                                    stride_cs, stride_ch, stride_tb, sinks_ptr, slopes_ptr,
+                                    split, G, G_PAD, BLOCK_N, D, BS, PREC, FP8, SOFTCAP, SINKS,
+                                    ALIBI)
         store_split(acc, l_i, m_i, b, kvh, split, used, out_ptr, part_acc_ptr, part_ml_ptr,
                     counter_ptr, num_splits, stride_ot, stride_oh, G, G_PAD, D, DIRECT, MERGE,
                     S_PAD)
@@ -350,10 +353,12 @@ def decode_attention(
     order: torch.Tensor | None = None,  # [B] int32: the sequences, longest context first
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,  # [Hq]: each head's sink logit (GPT-OSS)
+    alibi_slopes: torch.Tensor | None = None,  # [Hq] float32: ALiBi's slopes (Bloom, MPT)
 ) -> torch.Tensor:
     """One query per sequence over its paged context; no host sync, graph-capturable. order
     (a permutation of range(B)) only orders the programs' launch (program_seq); softcap > 0:
-    scores soft-capped; sinks: a logit per head in every softmax, as a key of value 0."""
+    scores soft-capped; sinks: a logit per head in every softmax, as a key of value 0;
+    alibi_slopes: ALiBi."""
     plan = plan_splits(q, kv_cache, seq_lens, block_tables, out, config, num_splits)
     num_seqs, head_dim, num_kv_heads = seq_lens.shape[0], q.shape[2], kv_cache.shape[3]
     group_size, padded = group_pad(q.shape[1], num_kv_heads)
@@ -362,13 +367,13 @@ def decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, seq_lens if order is None else order, out,
         plan.part_acc, plan.part_ml, seq_lens if kv_scales is None else kv_scales,
         seq_lens if plan.counters is None else plan.counters, q if sinks is None else sinks,
-        scale * LOG2E, sliding_window,
+        q if alibi_slopes is None else alibi_slopes, scale * LOG2E, sliding_window,
         plan.num_splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=group_size, G_PAD=padded, BLOCK_N=config.block_n, D=head_dim, BS=kv_cache.shape[2],
         HAS_WINDOW=sliding_window > 0, FP8=kv_scales is not None, SOFTCAP=softcap * LOG2E,
-        SINKS=sinks is not None, num_warps=config.num_warps, num_stages=config.num_stages,
-        **plan.launch_args(q, order),
+        SINKS=sinks is not None, ALIBI=alibi_slopes is not None, num_warps=config.num_warps,
+        num_stages=config.num_stages, **plan.launch_args(q, order),
     )
     merge_splits(plan, out, seq_lens, sliding_window)
     return out

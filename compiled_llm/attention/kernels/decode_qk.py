@@ -96,7 +96,7 @@ def _newest_key(acc, l_i, m_i, q1, q2, b, kvh, k_ptr, v_ptr, kw_ptr, slot_ptr, c
 def _decode_qk_split_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, eps, slot_ptr,
     k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, order_ptr, out_ptr, part_acc_ptr,
-    part_ml_ptr, counter_ptr, sinks_ptr, qk_scale, window, num_splits,
+    part_ml_ptr, counter_ptr, sinks_ptr, slopes_ptr, qk_scale, window, num_splits,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
     stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
@@ -104,7 +104,7 @@ def _decode_qk_split_kernel(
     PREC: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
     MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 1, SPLIT_KEYS: tl.constexpr = 0,
     PDL: tl.constexpr = 0, ORDER: tl.constexpr = False, SOFTCAP: tl.constexpr = 0.0,
-    SINKS: tl.constexpr = False,
+    SINKS: tl.constexpr = False, ALIBI: tl.constexpr = False,
 ):
     """Program (seq b, KV head, split): q heads from raw q (normed, rotated, rounded to the
     dtype as the fused write kernel stores them), the split's cached keys, and in the split
@@ -123,8 +123,8 @@ def _decode_qk_split_kernel(
         acc, l_i, m_i = attend_keys(q, b, kvh, seq_len, start, end - newest.to(tl.int32),
                                     k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr,
                                     qk_scale, window, stride_cb, stride_cs, stride_ch,
-                                    stride_tb, sinks_ptr, split, G, G_PAD, BLOCK_N, D, BS, PREC,
-                                    False, SOFTCAP, SINKS)
+                                    stride_tb, sinks_ptr, slopes_ptr, split, G, G_PAD, BLOCK_N,
+                                    D, BS, PREC, False, SOFTCAP, SINKS, ALIBI)
         if newest:
             acc, l_i, m_i = _newest_key(acc, l_i, m_i, q1, q2, b, kvh, k_ptr, v_ptr, kw_ptr,
                                         slot_ptr, cos1, sin1, cos2, sin2, eps, qk_scale,
@@ -147,12 +147,14 @@ def decode_qk_norm_rope_attention(
     order: torch.Tensor | None = None,  # [B] int32: the sequences, longest context first
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,  # [Hq]: each head's sink logit (GPT-OSS)
+    alibi_slopes: torch.Tensor | None = None,  # [Hq] float32: ALiBi's slopes
 ) -> torch.Tensor:
     """An all-decode batch (row b: sequence b's one new token) from raw q/k/v: the rotated k
     and v of rows b < B with seq_lens[b] > 0 written at slot_mapping[b] (negative: none), and
     decode attention of the normed, rotated q into out [T, Hq, D] (rows >= B left as they
     are). No host sync. order orders the programs' launch only (decode.program_seq); softcap
-    > 0: scores soft-capped; sinks: a logit per head in every softmax."""
+    > 0: scores soft-capped; sinks: a logit per head in every softmax; alibi_slopes: ALiBi
+    (the newest key sits at the query's position: no bias)."""
     if any(x.stride(-1) != 1 for x in (q, k, v, cos, sin)):
         raise ValueError("q, k, v, cos and sin must have a contiguous last dim")
     if kv_cache.dtype != q.dtype:
@@ -167,14 +169,14 @@ def decode_qk_norm_rope_attention(
         k if k_weight is None else k_weight, eps, slot_mapping, k_cache, v_cache, block_tables,
         seq_lens, seq_lens if order is None else order, out, plan.part_acc, plan.part_ml,
         seq_lens if plan.counters is None else plan.counters, q if sinks is None else sinks,
-        scale * LOG2E, sliding_window,
+        q if alibi_slopes is None else alibi_slopes, scale * LOG2E, sliding_window,
         plan.num_splits, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
         v.stride(1), cos.stride(0), sin.stride(0), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=group_size, G_PAD=padded, BLOCK_N=config.block_n, D=head_dim, BS=kv_cache.shape[2],
         HKV=num_kv_heads, HAS_WINDOW=sliding_window > 0, HAS_Q_NORM=q_weight is not None,
         HAS_K_NORM=k_weight is not None, SOFTCAP=softcap * LOG2E, SINKS=sinks is not None,
-        num_warps=config.num_warps,
+        ALIBI=alibi_slopes is not None, num_warps=config.num_warps,
         num_stages=config.num_stages, **plan.launch_args(q, order),
     )
     merge_splits(plan, out, seq_lens, sliding_window)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compiled_llm.attention.kernels.tile import attend_tile, kv_scale, softmax_start
+from compiled_llm.attention.kernels.tile import attend_tile, head_slopes, kv_scale, softmax_start
 
 LOG2E = 1.4426950408889634
 
@@ -60,12 +60,12 @@ def _visible_keys(first, last, seq_len, window, BLOCK_N: tl.constexpr, HAS_WINDO
 @triton.jit(do_not_specialize=["first_seq"])  # one compiled kernel whatever a step's offset
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, table_ptr, scales_ptr,
-    sinks_ptr, qk_scale, window, first_seq,
+    sinks_ptr, slopes_ptr, qk_scale, window, first_seq,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     G: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, BS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
     PAGED: tl.constexpr = True, CAUSAL: tl.constexpr = True, FP8: tl.constexpr = False,
-    SOFTCAP: tl.constexpr = 0.0, SINKS: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = 0.0, SINKS: tl.constexpr = False, ALIBI: tl.constexpr = False,
 ):
     # longest causal tiles first: better tail balance
     pid_q = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -98,20 +98,21 @@ def _prefill_kernel(
     k_base = k_cache_ptr + kvh * stride_ch + row0
     v_base = v_cache_ptr + kvh * stride_ch + row0
     m_i, l_i = softmax_start(sinks_ptr, head, row_ok, BLOCK_M, SINKS)
+    slopes = head_slopes(slopes_ptr, head, row_ok, BLOCK_M, ALIBI)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     qk_scale = qk_scale * kv_scale(scales_ptr, kvh, FP8)  # FP8: K's scale joins the scores
     for n0 in range(lo, full_lo, BLOCK_N):  # window's trailing edge
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
-                              window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8, SOFTCAP)
+                              window, qk_scale, slopes, stride_cb, stride_cs, offs_n, offs_d,
+                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8, SOFTCAP, ALIBI)
     for n0 in range(full_lo, full_hi, BLOCK_N):  # fully visible tiles
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
-                              window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                              BS, False, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8, SOFTCAP)
+                              window, qk_scale, slopes, stride_cb, stride_cs, offs_n, offs_d,
+                              BS, False, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8, SOFTCAP, ALIBI)
     for n0 in range(full_hi, hi, BLOCK_N):  # causal diagonal
         acc, l_i, m_i = attend_tile(acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len,
-                              window, qk_scale, stride_cb, stride_cs, offs_n, offs_d,
-                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8, SOFTCAP)
+                              window, qk_scale, slopes, stride_cb, stride_cs, offs_n, offs_d,
+                              BS, True, HAS_WINDOW, PREC, PAGED, CAUSAL, FP8, SOFTCAP, ALIBI)
     acc = acc * kv_scale(scales_ptr, tl.num_programs(2) + kvh, FP8)  # and V's the output
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_offs = row64[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
@@ -142,10 +143,11 @@ def prefill_attention(
     first_seq: int = 0,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,  # [Hq]: each head's sink logit (GPT-OSS)
+    alibi_slopes: torch.Tensor | None = None,  # [Hq] float32: ALiBi's slopes (Bloom, MPT)
 ) -> torch.Tensor:
     """Causal varlen attention of the queries of sequences first_seq.. over their cached
     context (the sequences before first_seq are left to the decode kernel); softcap > 0:
-    scores soft-capped; sinks: a logit per head in every softmax."""
+    scores soft-capped; sinks: a logit per head in every softmax; alibi_slopes: ALiBi."""
     num_seqs, num_q_heads, head_dim = seq_lens.shape[0] - first_seq, q.shape[1], q.shape[2]
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
     group_size = num_q_heads // num_kv_heads
@@ -155,14 +157,14 @@ def prefill_attention(
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
         seq_lens if kv_scales is None else kv_scales, q if sinks is None else sinks,
-        scale * LOG2E, sliding_window, first_seq,
+        q if alibi_slopes is None else alibi_slopes, scale * LOG2E, sliding_window, first_seq,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         G=group_size, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, D=head_dim,
         BS=block_size,
         HAS_WINDOW=sliding_window > 0, PREC="ieee" if q.dtype == torch.float32 else "tf32",
         FP8=kv_scales is not None, SOFTCAP=softcap * LOG2E, SINKS=sinks is not None,
-        num_warps=num_warps, num_stages=config.num_stages,
+        ALIBI=alibi_slopes is not None, num_warps=num_warps, num_stages=config.num_stages,
     )
     return out
 
@@ -180,12 +182,13 @@ def varlen_attention(
     config: PrefillConfig,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,  # [Hq]: each head's sink logit (GPT-OSS)
+    alibi_slopes: torch.Tensor | None = None,  # [Hq] float32: ALiBi's slopes (Bloom, MPT)
 ) -> torch.Tensor:
     """Varlen attention of each sequence's queries over its own k/v rows, no cache (causal, or
     not: every query sees the sequence's every key); softcap > 0: scores soft-capped; sinks:
-    a logit per head in every softmax."""
-    if sliding_window > 0 and not causal:
-        raise ValueError("a sliding window needs causal attention")
+    a logit per head in every softmax; alibi_slopes: ALiBi (causal only)."""
+    if (sliding_window > 0 or alibi_slopes is not None) and not causal:
+        raise ValueError("a sliding window and ALiBi need causal attention")
     if k.stride()[:2] != v.stride()[:2] or k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()  # one set of row strides serves both
     num_seqs = query_start_loc.shape[0] - 1
@@ -195,13 +198,14 @@ def varlen_attention(
     grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
     _prefill_kernel[grid](
         q, k, v, out, query_start_loc, query_start_loc, query_start_loc, query_start_loc,
-        q if sinks is None else sinks, scale * LOG2E, sliding_window, 0,
+        q if sinks is None else sinks, q if alibi_slopes is None else alibi_slopes,
+        scale * LOG2E, sliding_window, 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         0, k.stride(0), k.stride(1), 0,
         G=group_size, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, D=head_dim,
         BS=1, HAS_WINDOW=sliding_window > 0,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", PAGED=False, CAUSAL=causal,
-        SOFTCAP=softcap * LOG2E, SINKS=sinks is not None, num_warps=num_warps,
-        num_stages=config.num_stages,
+        SOFTCAP=softcap * LOG2E, SINKS=sinks is not None, ALIBI=alibi_slopes is not None,
+        num_warps=num_warps, num_stages=config.num_stages,
     )
     return out

@@ -1,8 +1,8 @@
 """The shared inner step of the paged attention kernels: one K/V tile of online softmax.
 K/V rows come through the block table (unpaged, pooling: at k_base + pos * stride_cs), scores
-live in the log2 domain (qk_scale folds in log2(e)), optionally soft-capped (Gemma 2), the
-running max starts finite (or at a head's sink logit, GPT-OSS) so rows with every key masked
-stay NaN-free, and FP8 tiles are converted to q's dtype as read."""
+live in the log2 domain (qk_scale folds in log2(e)), optionally soft-capped (Gemma 2) and
+ALiBi-biased (Bloom, MPT), the running max starts finite (or at a head's sink logit, GPT-OSS)
+so rows with every key masked stay NaN-free, and FP8 tiles are converted to q's dtype as read."""
 
 import triton
 import triton.language as tl
@@ -37,19 +37,30 @@ def softmax_start(sinks_ptr, head, use, ROWS: tl.constexpr, SINKS: tl.constexpr)
 
 
 @triton.jit
+def head_slopes(slopes_ptr, head, use, ROWS: tl.constexpr, ALIBI: tl.constexpr):
+    """ALiBi's slope of each row's query head [ROWS] in the log2 domain (0: not ALIBI or
+    not `use`)."""
+    if ALIBI:
+        slope = tl.load(slopes_ptr + head, mask=use, other=0.0).to(tl.float32)
+        return slope * 1.4426950408889634
+    return tl.zeros([ROWS], tl.float32)
+
+
+@triton.jit
 def attend_tile(
     acc, l_i, m_i, q, q_pos, k_base, v_base, table_row, n0, seq_len, window, qk_scale,
-    stride_cb, stride_cs, offs_n, offs_d,
+    slopes, stride_cb, stride_cs, offs_n, offs_d,
     BS: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
     PAGED: tl.constexpr = True, CAUSAL: tl.constexpr = True, FP8: tl.constexpr = False,
-    SOFTCAP: tl.constexpr = 0.0,
+    SOFTCAP: tl.constexpr = 0.0, ALIBI: tl.constexpr = False,
 ):
     """One online-softmax step of rows q [M, D] (at positions q_pos) over keys n0..n0+N-1 read
     through the block table (or, unpaged, at row stride stride_cs). MASKED: keys >= seq_len,
     (CAUSAL) after q_pos or (HAS_WINDOW) at or before q_pos - window are hidden; unmasked
     tiles must be fully visible and below seq_len. FP8: K/V are converted to q's dtype as
     read; their scales are the caller's (folded into qk_scale and the output). SOFTCAP > 0:
-    scores soft-capped, cap * tanh(score / cap), with the cap in the log2 domain too."""
+    scores soft-capped, cap * tanh(score / cap), with the cap in the log2 domain too. ALIBI:
+    slopes [M] (log2 domain, head_slopes) * (key pos - query pos) joins each score."""
     pos = n0 + offs_n  # [N] key positions
     valid = pos < seq_len
     if not PAGED:
@@ -69,6 +80,8 @@ def attend_tile(
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # [M, N], log2 domain
     if SOFTCAP > 0:
         s = SOFTCAP * soft_tanh(s / SOFTCAP)
+    if ALIBI:
+        s += slopes[:, None] * (pos[None, :] - q_pos[:, None]).to(tl.float32)
     if MASKED:
         vis = valid[None, :] & (q_pos[:, None] >= 0)  # [M, N]
         if CAUSAL:
