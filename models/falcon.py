@@ -2,7 +2,7 @@
 laid out per KV group as [q..., k, v] (multi_query: one group; the oldest layout: one group per
 head), RoPE on every dim, a gelu MLP (dense_h_to_4h, dense_4h_to_h), attention and MLP in
 parallel off one LayerNorm, off two (ln_attn, ln_mlp: new_decoder_architecture), or one after
-the other. ALiBi is refused by name (the attention op has none). Attention is the one opaque op."""
+the other; ALiBi in place of RoPE where `alibi` (Falcon-RW). Attention is the one opaque op."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from compiled_llm.attention import attention
+from compiled_llm.models.alibi import bloom_alibi_slopes
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
 from compiled_llm.models.layers import CausalLM, DenseMLP, LMHead
 from compiled_llm.models.rotary import RotaryEmbedding, apply_rotary
@@ -30,11 +31,12 @@ class FalconConfig(DecoderConfig):
     new_decoder_architecture: bool = False
     parallel_attn: bool = True
     two_norms: bool = False
+    alibi: bool = False
 
     @classmethod
     def from_hf(cls, hf_config: dict[str, Any], **defaults: Any) -> FalconConfig:
-        """The keys transformers' FalconConfig reads (n_embed too); ValueError naming alibi
-        and the layouts its FalconDecoderLayer cannot run."""
+        """The keys transformers' FalconConfig reads (n_embed too); ValueError naming the
+        layouts its FalconDecoderLayer cannot run."""
         # transformers' FalconConfig.attribute_map: the older spellings name the same keys
         hf_config = {**{new: hf_config[old] for old, new in _ALIASES.items() if old in hf_config},
                      **hf_config}
@@ -42,9 +44,6 @@ class FalconConfig(DecoderConfig):
         def get(key: str) -> Any:
             return hf_config.get(key, defaults.get(key))
 
-        if get("alibi"):
-            raise ValueError("alibi=True is not supported for FalconForCausalLM (the attention "
-                             "op has no ALiBi bias)")
         hidden, heads = get("n_embed") or get("hidden_size"), get("num_attention_heads")
         new_arch, parallel = bool(get("new_decoder_architecture")), bool(get("parallel_attn"))
         kv_heads, num_ln = get("num_kv_heads") or heads, get("num_ln_in_parallel_attn")
@@ -61,7 +60,7 @@ class FalconConfig(DecoderConfig):
             **{key: hf_config[key] for key in _ROPE_KEYS if key in hf_config}}, **defaults)
         return cls(**vars(base), layer_norm_epsilon=get("layer_norm_epsilon"),
                    new_decoder_architecture=new_arch, parallel_attn=parallel,
-                   two_norms=new_arch and num_ln in (None, 2))
+                   two_norms=new_arch and num_ln in (None, 2), alibi=bool(get("alibi")))
 
 
 _ALIASES = {"n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
@@ -100,6 +99,9 @@ class FalconAttention(nn.Module):
         qkv_size = (self.num_heads + 2 * self.num_kv_heads) * cfg.head_dim
         self.query_key_value = nn.Linear(cfg.hidden_size, qkv_size, bias=cfg.attention_bias)
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)
+        # transformers rounds the slopes to bf16 and scales the bias with q.k (None: RoPE)
+        slopes = bloom_alibi_slopes(self.num_heads).bfloat16().float() * self.scale
+        self.register_buffer("alibi_slopes", slopes if cfg.alibi else None, persistent=False)
 
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """hidden [T, hidden] -> [T, hidden]; writes this layer's K/V into the cache."""
@@ -107,8 +109,10 @@ class FalconAttention(nn.Module):
         qkv = self.query_key_value(hidden).view(-1, self.num_kv_heads, group, self.head_dim)
         q = qkv[:, :, :-2].flatten(1, 2)  # [T, Hkv, H/Hkv + 2, D] -> [T, H, D]
         k, v = qkv[:, :, -2], qkv[:, :, -1]  # [T, Hkv, D] each
-        q, k = apply_rotary(q, k, rope)
-        attn_out = attention(q, k, v, self.layer_idx, self.scale, -1)
+        if self.alibi_slopes is None:  # a config constant: ALiBi models have no RoPE
+            q, k = apply_rotary(q, k, rope)
+        attn_out = attention(q, k, v, self.layer_idx, self.scale, -1, True, 0.0, None,
+                             self.alibi_slopes)
         return self.dense(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
 

@@ -1,6 +1,7 @@
 """Router variants of MoE layers, router logits [T, E] -> (weights float32, ids int64) [T, K]:
 softmax top-k (Mixtral, Qwen-MoE), sigmoid scores with a selection-only correction bias
-(DeepSeek-V3's noaux_tc) and grouped top-k (DeepSeek-V2/V3: the best groups of experts first).
+(DeepSeek-V3's noaux_tc), grouped top-k (DeepSeek-V2/V3: the best groups of experts first),
+softmax top-k over its p-norm (DBRX) and PhiMoE's sparsemixer.
 Plain torch with static shapes, so Inductor compiles them inside the model graph.
 """
 
@@ -73,3 +74,29 @@ def grouped_topk(router_logits: torch.Tensor, top_k: int, num_groups: int, topk_
     ids = choice.masked_fill(~expert_mask, float("-inf")).topk(top_k, dim=-1).indices
     return _finish(scores.gather(1, ids), ids, renormalize, routed_scaling_factor, renorm_eps,
                    renorm_floor)
+
+
+def softmax_topk_pnorm(router_logits: torch.Tensor, top_k: int,
+                       p: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top_k of softmax(logits), divided by their p-norm unless p is None (DBRX's
+    moe_normalize_expert_weights: p = 1 renormalises to sum 1)."""
+    weights, ids = torch.topk(_scores(router_logits, "softmax"), top_k, dim=-1)
+    if p is None:
+        return weights, ids
+    return weights / torch.linalg.vector_norm(weights, ord=p, dim=-1, keepdim=True), ids
+
+
+def sparsemixer_top2(router_logits: torch.Tensor,
+                     jitter_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PhiMoE's sparsemixer at inference: the best expert, then the best other one; each
+    weighted by its softmax over the logits within 2 * jitter_eps (relative) of its own."""
+    scores = router_logits.float()
+
+    def pick(masked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        best, ids = masked.max(dim=-1, keepdim=True)
+        far = (best - scores) / scores.abs().clamp(min=best) > 2 * jitter_eps
+        return masked.masked_fill(far, float("-inf")).softmax(-1).gather(-1, ids), ids
+
+    first, first_ids = pick(scores)
+    second, second_ids = pick(scores.scatter(-1, first_ids, float("-inf")))
+    return torch.cat([first, second], -1), torch.cat([first_ids, second_ids], -1)

@@ -52,6 +52,43 @@ CONFIGS = {
     "olmoe": ("OlmoeConfig", {"pad_token_id": None, "clip_qkv": 0.5, "num_experts": 4,
                               "num_experts_per_tok": 2, "intermediate_size": 32,
                               "norm_topk_prob": True}),
+    # FlexOlmo: OLMo 2's post-norm layer (biased q/k/v/o here) with 4 experts top-2, renormalised
+    "flex_olmo": ("FlexOlmoConfig", {"pad_token_id": None, "num_experts": 4,
+                                     "num_experts_per_tok": 2, "intermediate_size": 32,
+                                     "norm_topk_prob": True, "attention_bias": True}),
+    # DBRX: one Wqkv clamped low enough to bite, bias-free LayerNorms, 4 experts top-2 whose
+    # weights are divided by their 2-norm; transformers 5 reads rope_parameters' base, not
+    # attn_config's
+    "dbrx": ("DbrxConfig", {"d_model": 64, "n_heads": 4, "n_layers": 2, "max_seq_len": 512,
+                            "attn_config": {"kv_n_heads": 2, "clip_qkv": 0.5,
+                                            "rope_theta": 1e4},
+                            "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4,
+                                           "moe_top_k": 2, "moe_normalize_expert_weights": 2.0},
+                            "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}),
+    # PhiMoE: biased LayerNorms, q/k/v/o and LM head, a window on every layer, sparsemixer over
+    # 4 experts (its jitter_eps high enough to keep a few logits), LongRoPE within its original
+    # length (short factors, cos and sin scaled by short_mscale)
+    "phimoe": ("PhimoeConfig", {
+        "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+        "attention_bias": True, "lm_head_bias": True, "sliding_window": 24,
+        "router_jitter_noise": 0.3, "max_position_embeddings": 1024, "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 512,
+            "short_factor": [1.0 + 0.2 * i for i in range(8)],
+            "long_factor": [2.0 + 0.5 * i for i in range(8)],
+            "short_mscale": 1.2, "long_mscale": 1.2}}),
+    # HunYuan MoE: per-head q/k norms after RoPE, biased q/k/v/o, 4 experts top-2 (a per-layer
+    # moe_topk list) and the ungated shared MLP, the NTK alpha rope
+    "hunyuan_v1_moe": ("HunYuanMoEV1Config", {
+        "head_dim": 16, "attention_bias": True, "num_experts": 4, "moe_topk": [2, 2],
+        "intermediate_size": 32, "pad_token_id": None,
+        "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 1000.0,
+                            "factor": 1.0}}),
+    # MiniMax-M2: q/k RMSNorms over the whole projection, RoPE on half of each head (the
+    # released checkpoints' rotary_dim), sigmoid top-2 of 4 experts (a correction bias added by
+    # test_moe_more_archs)
+    "minimax_m2": ("MiniMaxM2Config", {
+        "head_dim": 16, "rotary_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "intermediate_size": 32, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}),
     # GPT-OSS: sink logits, a window of 8 on its even layers, YaRN (transformers' default),
     # 4 experts top-2 with biases and the clamped SwiGLU (test_gpt_oss.py randomises biases)
     "gpt_oss": ("GptOssConfig", {"head_dim": 16, "num_local_experts": 4,
@@ -132,12 +169,25 @@ CONFIGS = {
                                          "pad_token_id": None}),
     # GPT-J: interleaved RoPE on half of each head, parallel attention and MLP off ln_1
     "gptj": ("GPTJConfig", {"rotary_dim": 8}),
+    # Bloom: ALiBi (16 heads: the slopes of a power of two; 12: the extra odd powers), the
+    # residual after each LayerNorm or before it; head_dim 16 (the Triton kernels')
+    "bloom": ("BloomConfig", {"num_attention_heads": 16, "hidden_size": 256}),
+    "bloom_post_ln": ("BloomConfig", {"num_attention_heads": 12, "hidden_size": 192,
+                                      "apply_residual_connection_post_layernorm": True}),
+    # MPT: ALiBi over 6 heads (MPT's slopes of a padded head count), clamped Wqkv, its own
+    # softmax scale
+    "mpt": ("MptConfig", {"d_model": 96, "n_heads": 6, "n_layers": 2, "max_seq_len": 512,
+                          "attn_config": {"clip_qkv": 0.6, "softmax_scale": 0.2}}),
     # Falcon-7B's layout: multi-query query_key_value, attention and MLP off one LayerNorm;
     # Falcon-40B's: [q..., k, v] per KV group, ln_attn / ln_mlp, biased; then serial, per head
     "falcon": ("FalconConfig", {"multi_query": True, "parallel_attn": True}),
     "falcon_new_arch": ("FalconConfig", {"new_decoder_architecture": True, "num_kv_heads": 2,
                                          "bias": True, "tie_word_embeddings": False}),
     "falcon_serial": ("FalconConfig", {"multi_query": False, "parallel_attn": False}),
+    # Falcon-RW's: ALiBi for RoPE (6 heads: Bloom's extra slopes), serial, per-head layout
+    "falcon_alibi": ("FalconConfig", {"alibi": True, "multi_query": False,
+                                      "parallel_attn": False, "bias": True,
+                                      "num_attention_heads": 6, "hidden_size": 96}),
     # GLM-4: interleaved RoPE on half of each head, biased q/k/v, one gate_up_proj; GLM-4-0414
     # norms each block's output too
     "glm": ("GlmConfig", {"head_dim": 16, "pad_token_id": None}),
@@ -188,6 +238,34 @@ CONFIGS = {
     "arcee": ("ArceeConfig", {}),
     # ERNIE 4.5: interleaved RoPE in float32, use_bias on every projection, a tied head
     "ernie4_5": ("Ernie4_5Config", {"head_dim": 16, "use_bias": True, "pad_token_id": None}),
+    # Nemotron: (1 + weight) LayerNorms, half of each head turned, biased q/k/v/o and relu2 MLP
+    "nemotron": ("NemotronConfig", {"attention_bias": True, "mlp_bias": True,
+                                    "pad_token_id": None}),
+    # Persimmon: one [H, 3, D] query_key_value, per-head q/k LayerNorms, half of each head
+    # turned, biased relu2 MLP (SMALL's num_key_value_heads is a key it never reads)
+    "persimmon": ("PersimmonConfig", {"pad_token_id": None}),
+    # VaultGemma: Gemma 2's (sliding then full layers, low caps, a query scale apart from
+    # head_dim) with two norms a layer; biased q/k/v/o
+    "vaultgemma": ("VaultGemmaConfig", {
+        "head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+        "attn_logit_softcapping": 2.0, "final_logit_softcapping": 5.0, "attention_bias": True}),
+    # Apertus: xIELU MLP (its scalars checkpoint tensors), per-head q/k norms, its default
+    # llama3 RoPE, biased q/k/v/o
+    "apertus": ("ApertusConfig", {"attention_bias": True, "pad_token_id": None}),
+    # Ministral 3: YaRN past an original length of 32, queries scaled by Llama 4's
+    # 1 + beta * log(1 + floor(position / 32)) after RoPE, a window of 24 on every layer
+    "ministral3": ("Ministral3Config", {
+        "head_dim": 16, "sliding_window": 24, "pad_token_id": None,
+        "max_position_embeddings": 128, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 32, "beta_fast": 32.0, "beta_slow": 1.0,
+            "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5}}),
+    # CWM: a window of 8 on layer 1 (layer_types as transformers derives them: every fourth
+    # layer full from the first), its default llama3 RoPE, a biased MLP
+    "cwm": ("CwmConfig", {"head_dim": 16, "sliding_window": 8, "mlp_bias": True,
+                          "pad_token_id": None, "bos_token_id": 1}),  # its bos must be an int
+    # Jais 2: LayerNorms, biased q/k/v/o and relu2 MLP (its defaults)
+    "jais2": ("Jais2Config", {"pad_token_id": None}),
     # DeepSeek-V2-Lite's shape: MLA without a q latent (q_proj), q/k heads of 16 + 8 rope dims
     # and v heads of 16 (padded to 32), biased latent projections, a dense first layer, then
     # softmax top-2 of 4 experts within the best of 2 groups, scaled, one shared expert
@@ -211,6 +289,36 @@ CONFIGS = {
             "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
             "original_max_position_embeddings": 32, "mscale": 0.8, "mscale_all_dim": 1.0,
             "beta_fast": 32, "beta_slow": 1}}),
+    # GLM-4.7-Flash's shape: DeepSeek-V3's MLA (q latent, interleaved RoPE, YaRN with
+    # mscale_all_dim) biased, v heads of 20 (padded to 32), dense layers where mlp_layer_types
+    # says (the middle one), 2 groups of 4 experts (1 kept), renormalised and scaled
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", {
+        "num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": 24,
+        "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 20,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 2,
+        "moe_intermediate_size": 32, "mlp_layer_types": ["sparse", "dense", "sparse"],
+        "n_group": 2, "topk_group": 1, "routed_scaling_factor": 1.8, "attention_bias": True,
+        "pad_token_id": None, "max_position_embeddings": 128, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 32, "mscale": 0.8, "mscale_all_dim": 1.0}}),
+    # K-EXAONE: EXAONE 4.0's attention (q/k norms; a window of 8 with RoPE on the first of
+    # every 2 layers, NoPE on the second) in pre-norm layers, two dense layers (
+    # first_k_dense_replace) then grouped sigmoid routing (2 groups, 1 kept), two shared experts
+    "exaone_moe": ("ExaoneMoeConfig", {
+        "num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8,
+        "sliding_window_pattern": 2, "first_k_dense_replace": 2, "num_experts": 8,
+        "num_experts_per_tok": 2, "num_shared_experts": 2, "moe_intermediate_size": 32,
+        "n_group": 2, "topk_group": 1, "routed_scaling_factor": 1.5, "pad_token_id": None}),
+    # MiniCPM3: MLA with a q latent and rotate-half RoPE (LongRoPE within its original length
+    # of 256, factor 2), scaled embeddings, residual branches and logits, biases, untied head
+    "minicpm3": ("MiniCPM3Config", {
+        "num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 24, "scale_emb": 3.0,
+        "scale_depth": 1.6, "dim_model_base": 16, "attention_bias": True, "mlp_bias": True,
+        "tie_word_embeddings": False, "pad_token_id": None, "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0,
+            "original_max_position_embeddings": 256,
+            "short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [2.0, 3.0, 4.0, 6.0]}}),
 }
 # not part of the transformers comparison sweep: a deeper model for compile tests
 EXTRA_CONFIGS = {
@@ -305,6 +413,12 @@ EXTRA_CONFIGS = {
         "moe_num_shared_experts": 0, "moe_layer_start_index": 0, "moe_layer_interval": 2,
         "tie_word_embeddings": False}),
 }
+# architectures whose own test files compare them with transformers on checkpoints with random
+# norms and biases (a stronger check than the sweep's): out of the sweep, for CI time
+EXTRA_CONFIGS.update({name: CONFIGS.pop(name) for name in (
+    "flex_olmo", "dbrx", "phimoe", "hunyuan_v1_moe", "minimax_m2", "bloom", "bloom_post_ln",
+    "mpt", "falcon_alibi", "nemotron", "persimmon", "vaultgemma", "apertus", "ministral3",
+    "cwm", "jais2", "glm4_moe_lite", "exaone_moe", "minicpm3")})
 
 
 @functools.cache

@@ -45,7 +45,6 @@ def test_falcon_new_architecture_with_one_layernorm_matches_transformers():
 
 
 @pytest.mark.parametrize(("key", "value", "match"), [
-    ("alibi", True, "alibi=True is not supported"),
     ("parallel_attn", False, "parallel_attn=False is not supported with new_decoder"),
     ("num_ln_in_parallel_attn", 3, "num_ln_in_parallel_attn 3 is not supported"),
     ("num_kv_heads", 3, "num_kv_heads 3 must divide"),

@@ -4,8 +4,8 @@ layers, partial rotary, Granite's scalars, SmolLM3's NoPE layers, OLMo 2's post-
 and GPT-2's learned positions, LayerNorms and ungated MLPs, GPT-NeoX's [H, 3, D] fused qkv and
 serial or parallel residuals, Phi's q/k LayerNorms, StableLM's per-head ones, GPTBigCode's
 one KV head, Cohere's and GPT-J's interleaved RoPE, GraniteMoe's experts, GPT-OSS's sinks and
-biased clamped-SwiGLU experts, grouped sigmoid routers), each gives transformers' greedy tokens,
-in float32."""
+biased clamped-SwiGLU experts, grouped sigmoid routers, ALiBi: Bloom, MPT, Falcon-RW), each
+gives transformers' greedy tokens, in float32."""
 
 from __future__ import annotations
 
@@ -38,7 +38,11 @@ def _drawn_router(key: str, value: torch.Tensor, gen: torch.Generator) -> torch.
                                   "olmoe", "gpt_oss", "ministral", "seed_oss", "helium",
                                   "arcee", "ernie4_5", "cohere2", "exaone4", "hunyuan",
                                   "glm4_moe", "dots1", "granitemoeshared", "ernie4_5_moe",
-                                  "deepseek_v2", "deepseek_v3"])
+                                  "deepseek_v2", "deepseek_v3", "bloom", "bloom_post_ln", "mpt",
+                                  "falcon_alibi", "flex_olmo", "dbrx", "phimoe",
+                                  "hunyuan_v1_moe", "minimax_m2", "nemotron", "persimmon",
+                                  "vaultgemma", "apertus", "ministral3", "cwm", "jais2",
+                                  "glm4_moe_lite", "minicpm3", "exaone_moe"])
 def test_compiled_with_cuda_graphs_matches_transformers(name, tmp_path):
     ckpt = edited_checkpoint(name, _drawn_router)
     # within 32 positions: LongRoPE's original length (transformers recomputes past it)

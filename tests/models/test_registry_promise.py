@@ -26,9 +26,15 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "SmolLM3ForCausalLM": "smollm3", "Olmo2ForCausalLM": "olmo2",
                "OlmoForCausalLM": "olmo", "Olmo3ForCausalLM": "olmo3",
                "OlmoeForCausalLM": "olmoe",
+               "FlexOlmoForCausalLM": "flex_olmo",
+               "DbrxForCausalLM": "dbrx",
+               "PhimoeForCausalLM": "phimoe",
+               "HunYuanMoEV1ForCausalLM": "hunyuan_v1_moe",
+               "MiniMaxM2ForCausalLM": "minimax_m2",
                "GptOssForCausalLM": "gpt_oss",
                "GPTNeoXForCausalLM": "gpt_neox", "PhiForCausalLM": "phi",
                "OPTForCausalLM": "opt", "GPT2LMHeadModel": "gpt2",
+               "BloomForCausalLM": "bloom_post_ln", "MptForCausalLM": "mpt",
                "Starcoder2ForCausalLM": "starcoder2", "StableLmForCausalLM": "stablelm",
                "GPTBigCodeForCausalLM": "gpt_bigcode",
                "CohereForCausalLM": "cohere", "GPTJForCausalLM": "gptj",
@@ -41,8 +47,17 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "GraniteMoeSharedForCausalLM": "granitemoeshared",
                "Glm4MoeForCausalLM": "glm4_moe", "Dots1ForCausalLM": "dots1",
                "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+               "Glm4MoeLiteForCausalLM": "glm4_moe_lite", "MiniCPM3ForCausalLM": "minicpm3",
+               "ExaoneMoeForCausalLM": "exaone_moe",
                "Ernie4_5_MoeForCausalLM": "ernie4_5_moe_plain",
                "FalconForCausalLM": "falcon", "GlmForCausalLM": "glm",
+               "NemotronForCausalLM": "nemotron",
+               "PersimmonForCausalLM": "persimmon",
+               "VaultGemmaForCausalLM": "vaultgemma",
+               "ApertusForCausalLM": "apertus",
+               "Ministral3ForCausalLM": "ministral3",
+               "CwmForCausalLM": "cwm",
+               "Jais2ForCausalLM": "jais2",
                "Glm4ForCausalLM": "glm4"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
 # run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too (the
@@ -72,6 +87,8 @@ OWN_LAYER_SHAPE = {
     "GptOssForCausalLM": lambda layers: {"SmallMGemmAddRMSNormFusionPass": 0},
     **dict.fromkeys(("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"),
                     lambda layers: GEMMA_SHAPE),
+    # VaultGemma: Gemma 1's pre-norm layer (Gemma's norms and gate) with Gemma 2's attention
+    "VaultGemmaForCausalLM": lambda layers: GEMMA_SHAPE,
     "GraniteForCausalLM": lambda layers: {
     "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
     # SmolLM3's NoPE layers (every second one here) have no RoPE to fuse with the KV write
@@ -82,6 +99,30 @@ OWN_LAYER_SHAPE = {
     **dict.fromkeys(("Olmo2ForCausalLM", "Olmo3ForCausalLM"), lambda layers: {
     "AddRMSNormFusionPass": 1, "RMSNormFusionPass": 4 * layers,
     "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0}),
+    # FlexOlmo: OLMo 2's layer (its norms likewise plain) over an all-sparse MoE: only q/k/v
+    # fuse horizontally, no dense SiLU·mul
+    "FlexOlmoForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 1, "RMSNormFusionPass": 4 * layers,
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # DBRX: LayerNorms, Wqkv one GEMM already, every layer sparse (no dense SiLU·mul); RoPE on
+    # every dim (after the clamp) fuses with the KV write
+    "DbrxForCausalLM": lambda layers: {
+    **NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": 0, "QKNormRoPEKVWriteFusionPass": layers},
+    # PhiMoE: the Llama body with biased LayerNorms, every layer sparse: its (biased) q/k/v
+    # fuse, and RoPE (every dim) with the KV write; no norm or dense SiLU·mul pattern
+    "PhimoeForCausalLM": lambda layers: {
+    **NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers,
+    "QKNormRoPEKVWriteFusionPass": layers},
+    # HunYuan MoE: HunYuan dense's q/k norms after RoPE (two more add + norms a layer, no
+    # fused RoPE + KV write); the MoE output (experts plus the shared MLP) is no single GEMM's
+    # and o_proj is biased (an addmm): no small-M add + norm epilogue nor prologue
+    "HunYuanMoEV1ForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 4 * layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # MiniMax-M2: RoPE on the leading half of each head (a split and a cat: no fused RoPE + KV
+    # write); its q/k norms over the whole projection are plain norms, two a layer
+    "MiniMaxM2ForCausalLM": lambda layers: {
+    "QKNormRoPEKVWriteFusionPass": 0, "RMSNormFusionPass": 1 + 2 * layers},
     # OLMo 1: the Llama body with non-parametric LayerNorms: q/k/v and gate/up fuse, SiLU·mul
     # (with its GEMM), RoPE (after the q/k/v clamp) with the KV write; no norm pattern
     "OlmoForCausalLM": lambda layers: {
@@ -94,6 +135,9 @@ OWN_LAYER_SHAPE = {
     # positions (no RoPE): only OPT's q/k/v fuse; GPT-2's c_attn is one GEMM already
     "OPTForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers},
     "GPT2LMHeadModel": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": 0},
+    # Bloom and MPT: LayerNorms, one fused qkv GEMM, a gelu MLP, ALiBi (no RoPE to fuse)
+    **dict.fromkeys(("BloomForCausalLM", "MptForCausalLM"), lambda layers: {
+        **NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": 0}),
     # GPT-NeoX and Phi: LayerNorms, an ungated gelu MLP, RoPE on part of each head (a split
     # and a cat the fused RoPE + KV write does not match): Phi's q/k/v fuse; NeoX's
     # query_key_value is one GEMM already
@@ -167,6 +211,24 @@ OWN_LAYER_SHAPE = {
     "DeepseekV3ForCausalLM": lambda layers: {
     "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
     "RMSNormFusionPass": 1 + 2 * layers, "SmallMAddRMSNormGemmFusionPass": 1},
+    # GLM-4.7-Flash: V3's MLA layer (q latent: two latent norms a layer) with V2's biases,
+    # so only the one dense layer's down_proj takes the add + norm epilogue, no norm a prologue
+    "Glm4MoeLiteForCausalLM": lambda layers: {
+    "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "RMSNormFusionPass": 1 + 2 * layers, "SmallMGemmAddRMSNormFusionPass": 1,
+    "SmallMAddRMSNormGemmFusionPass": 0},
+    # K-EXAONE: pre-norm Llama layers (a Llama layer's fusions) with EXAONE 4.0's attention:
+    # q/k norms fuse with RoPE + the KV write on the sliding layers (every second one here)
+    # and are two plain norms on the full NoPE ones
+    "ExaoneMoeForCausalLM": lambda layers: {
+    "RMSNormFusionPass": 1 + 2 * (layers // 2), "QKNormRoPEKVWriteFusionPass": layers // 2},
+    # MiniCPM3: MLA (two latent norms a layer, no q/k/v, no fused RoPE + KV write) in a dense
+    # layer biased everywhere (mlp_bias here): gate/up fuse but are an addmm, no small-M GEMM,
+    # and Granite's residual scale follows o_proj and down_proj: no small-M fusion at all
+    "MiniCPM3ForCausalLM": lambda layers: {
+    "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "RMSNormFusionPass": 1 + 2 * layers, "SmallMGemmSiluMulFusionPass": 0,
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
     # ERNIE 4.5 MoE: ERNIE 4.5's float32 interleaved RoPE (no fused RoPE + KV write)
     "Ernie4_5_MoeForCausalLM": lambda layers: {"QKNormRoPEKVWriteFusionPass": 0},
     # Falcon: LayerNorms, an ungated gelu MLP, query_key_value one GEMM already; RoPE on every
@@ -192,6 +254,32 @@ OWN_LAYER_SHAPE = {
     "ArceeForCausalLM": lambda layers: {
     "SiluMulFusionPass": 0, "SmallMGemmSiluMulFusionPass": 0,
     "HorizontalGemmFusionPass": layers},
+    # Nemotron: the Llama body with (1 + weight) LayerNorms, partial RoPE (a split and a cat)
+    # and an ungated relu2 MLP: only q/k/v fuse; no norm, SiLU·mul or fused RoPE + KV write
+    "NemotronForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers},
+    # Persimmon: GPT-NeoX's [H, 3, D] query_key_value (one GEMM already), LayerNorms (and
+    # per-head q/k LayerNorms), partial RoPE and an ungated relu2 MLP: no pattern of Llama's
+    "PersimmonForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": 0},
+    # Apertus: Arcee's ungated MLP (xIELU here) under Qwen3's attention (its q/k norms fuse
+    # with RoPE + the KV write); attention_bias (here) biases o_proj, an addmm, so only
+    # down_proj takes the add + norm epilogue and no norm reaches a GEMM's prologue (as Seed-OSS)
+    "ApertusForCausalLM": lambda layers: {
+    "SiluMulFusionPass": 0, "SmallMGemmSiluMulFusionPass": 0, "HorizontalGemmFusionPass": layers,
+    "SmallMGemmAddRMSNormFusionPass": layers, "SmallMAddRMSNormGemmFusionPass": 0},
+    # Ministral 3: the Llama layer, its queries scaled per position between RoPE and the KV
+    # write, so RoPE does not fuse with the write
+    "Ministral3ForCausalLM": lambda layers: {"QKNormRoPEKVWriteFusionPass": 0},
+    # CWM: the Llama layer; mlp_bias (here) makes gate/up and down_proj addmms, no small-M
+    # GEMMs: only o_proj takes the add + norm epilogue, and no norm reaches a GEMM's prologue
+    # (the gate/up norm's GEMM is biased, the next q/k/v norm follows down_proj)
+    "CwmForCausalLM": lambda layers: {
+    "SmallMGemmSiluMulFusionPass": 0, "SmallMGemmAddRMSNormFusionPass": layers,
+    "SmallMAddRMSNormGemmFusionPass": 0},
+    # Jais 2: StarCoder2's shape (LayerNorms on the Llama body, an ungated relu2 MLP): its
+    # q/k/v fuse, and RoPE (every dim) with the KV write; no norm or SiLU·mul pattern
+    "Jais2ForCausalLM": lambda layers: {
+    **NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers,
+    "QKNormRoPEKVWriteFusionPass": layers},
     "Glm4ForCausalLM": lambda layers: {
     "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
     "RMSNormFusionPass": 1 + 2 * layers, "SmallMGemmAddRMSNormFusionPass": 0,
