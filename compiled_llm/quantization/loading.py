@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from compiled_llm.quantization import formats  # noqa: F401 (registers the formats)
+from compiled_llm.quantization import formats, mxfp4  # noqa: F401 (registers the formats)
 from compiled_llm.quantization.registry import QUANT_FORMATS, QuantFormat
 
 

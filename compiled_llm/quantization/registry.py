@@ -22,6 +22,8 @@ class QuantFormat:
     # the quantization_config field that rules out MoE models' routed experts (None: this
     # format holds them, moe_fp8.py)
     moe_field: ClassVar[str | None] = "quant_method"
+    # a format dequantized as its tensors are read (tensor_stream), no module swapped (mxfp4.py)
+    dequantizes_at_load: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> QuantFormat:

@@ -155,7 +155,7 @@ def iter_tensors(files: list[Path], device: torch.device | None = None, index_of
 
 
 def load_weights(model: nn.Module, files: list[Path], device: torch.device | None = None,
-                 plan=None) -> None:
+                 plan=None, transform=None) -> None:
     """Copy checkpoint tensors (read onto `device` where it is CUDA) into model parameters;
     every parameter must be loaded whole. A tensor-parallel `plan` names the slice of each
     checkpoint tensor this rank reads (distributed/tensor_parallel.py).
@@ -163,12 +163,14 @@ def load_weights(model: nn.Module, files: list[Path], device: torch.device | Non
     `model.weight_name` maps a checkpoint name to a parameter name, to None (skip), or to a
     target with `.name` and `.select(param)` (the part of a stacked parameter it fills: one
     expert's gate rows of w13, say) and, optionally, `.prepare(tensor)` (the checkpoint tensor
-    reordered to fit it); the parts of a parameter must add up to all of it."""
+    reordered to fit it); the parts of a parameter must add up to all of it. `transform` maps
+    the stream of (name, tensor, path) first (a format dequantized at load)."""
     params = dict(model.named_parameters())  # tied weights appear once
     loaded: dict[str, int] = {}  # parameter name -> elements filled so far
     model.checkpoint_kv_scales = {}  # layer -> {0: K's scale, 1: V's}: FP8 KV caches read it
     index_of = None if plan is None else plan_index(model, plan)
-    for name, tensor, path in iter_tensors(files, device, index_of):
+    stream = iter_tensors(files, device, index_of)
+    for name, tensor, path in transform(stream) if transform else stream:
         if take_kv_scale(model.checkpoint_kv_scales, name, tensor):
             continue
         target = model.weight_name(name)
@@ -238,8 +240,8 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     pipeline stages, `tp`'s pipeline rank names the stage this rank builds (and, with several
     tensor-parallel ranks per stage, its shard of it), and only its layers are read.
     `model.load_seconds` times its phases: build (config and modules), read, prepare."""
-    from compiled_llm.quantization.fp8 import check_quantization, quantize_model
-    from compiled_llm.quantization.loading import detect_format, prepare_quantized
+    from compiled_llm.quantization.fp8 import quantize_model
+    from compiled_llm.quantization.loading import prepare_quantized
     from compiled_llm.quantization.w4a16 import prepare_tinygemm
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
     from compiled_llm.worker.shared_overlap import overlap_shared_experts, shared_overlap_enabled
@@ -247,9 +249,7 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     started = time.perf_counter()
     hf_config = load_hf_config(model_dir)
     model_cls, model_config = build_model_config(hf_config)
-    checkpoint_format = detect_format(hf_config, quantization)
-    if checkpoint_format is None:
-        check_quantization(quantization)
+    checkpoint_format, quantization, transform = _checkpoint_format(hf_config, quantization)
     files = checkpoint_files(Path(model_dir), load_format)
     plan, stage = None, None
     if pipeline_parallel_size > 1:
@@ -271,7 +271,7 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
         model.to(dtype=dtype)
     built = time.perf_counter()
     finalize = checkpoint_format and prepare_quantized(model, checkpoint_format, files)
-    load_weights(model, files, device, plan)
+    load_weights(model, files, device, plan, transform)
     read = _synchronized(device)
     if stage is not None:
         localize_kv_scales(model)
@@ -283,6 +283,22 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     model.load_seconds = {"build": built - started, "read": read - built,
                           "prepare": _synchronized(device) - read}
     return model.eval().requires_grad_(False)
+
+
+def _checkpoint_format(hf_config: dict[str, Any], quantization: str | None):
+    """(the checkpoint's format, whose linears are swapped, or None; the load-time
+    quantization; a transform of the tensor stream or None): a format dequantized as it is
+    read (MXFP4) loads as an unquantized checkpoint."""
+    from compiled_llm.quantization.fp8 import check_quantization
+    from compiled_llm.quantization.loading import detect_format
+
+    checkpoint_format = detect_format(hf_config, quantization)
+    if checkpoint_format is None:
+        check_quantization(quantization)
+        return None, quantization, None
+    if checkpoint_format.dequantizes_at_load:
+        return None, None, checkpoint_format.tensor_stream
+    return checkpoint_format, quantization, None
 
 
 @contextlib.contextmanager

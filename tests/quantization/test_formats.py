@@ -98,7 +98,7 @@ def test_unsupported_configs_name_format_and_field(config, message):
 
 
 def test_supported_configs_and_explicit_quantization():
-    assert set(QUANT_FORMATS) == {"fp8", "gptq", "awq", "compressed-tensors"}
+    assert set(QUANT_FORMATS) == {"fp8", "gptq", "awq", "compressed-tensors", "mxfp4"}
     for config in (*CONFIGS.values(), _ct(W4), _ct(FP8_W, TOKEN, "float-quantized")):
         assert detect_format({"quantization_config": config}, None) is not None
     assert detect_format({"quantization_config": CONFIGS["gptq"]}, "gptq").name == "gptq"
