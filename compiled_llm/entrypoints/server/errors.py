@@ -4,6 +4,7 @@ guard that answers 400 (headers not UTF-8), 401 (API key) and 413 (body size) be
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hmac
 import json
@@ -57,6 +58,23 @@ def from_value_error(exc: ValueError) -> OpenAIError:
     word = match.group(1) if match else None
     param = "prompt" if word == "prompt_token_ids" else word if word in _PARAMS else None
     return OpenAIError(400, msg, param=param, code="invalid_value")
+
+
+@contextlib.contextmanager
+def renamed_params(names: dict[str, str]):
+    """A 400 from the shared sampling fields or the engine (a grammar that does not compile,
+    too many logprobs) names the field as the endpoint's client sent it: `names` maps what
+    the engine calls a field to the endpoint's name."""
+    try:
+        yield
+    except (OpenAIError, ValueError) as exc:
+        err = exc if isinstance(exc, OpenAIError) else from_value_error(exc)
+        name = names.get(err.param)
+        if name is None:
+            raise
+        message = err.message.replace(err.param, name, 1) if err.param in err.message \
+            else f"{name}: {err.message}"
+        raise OpenAIError(err.status, message, param=name, code=err.code) from None
 
 
 def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -11,7 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from compiled_llm.entrypoints.chat_utils import with_reasoning_effort
-from compiled_llm.entrypoints.server.errors import OpenAIError
+from compiled_llm.entrypoints.server.errors import OpenAIError, renamed_params
 from compiled_llm.entrypoints.server.params import output_budget, sampling_params, truncated_prompt
 from compiled_llm.entrypoints.server.protocol import ChatCompletionRequest
 from compiled_llm.entrypoints.server.reply import ReplyFormat, reply_params
@@ -63,12 +63,13 @@ class ServingChat(Serving):
                                **self.budget_limits)
         reply = self.reply_format(plan, ids)
         reply.include_reasoning = req.include_reasoning
-        params = reply_params(sampling_params(req, budget, num_top, req.stream,
-                                             defaults=self.sampling_defaults), reply,
-                              self.engine.tokenizer, req.thinking_token_budget)
         rid, engine_id = request_ids("chatcmpl", req, raw)
-        stream = await self.start(engine_id, ids, params, plan, self.check_model(req.model),
-                                  priority=req.priority, cache_salt=req.cache_salt)
+        with renamed_params({"logprobs": "top_logprobs"}):  # the engine's name for the count
+            params = reply_params(sampling_params(req, budget, num_top, req.stream,
+                                                 defaults=self.sampling_defaults), reply,
+                                  self.engine.tokenizer, req.thinking_token_budget)
+            stream = await self.start(engine_id, ids, params, plan, self.check_model(req.model),
+                                      priority=req.priority, cache_salt=req.cache_salt)
         return stream, rid, ids, num_top, reply
 
     async def _answer(self, req: ChatCompletionRequest, raw: Request) -> dict:

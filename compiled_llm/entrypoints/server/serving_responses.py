@@ -6,7 +6,6 @@ GET /v1/responses/{id}."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from compiled_llm.entrypoints.chat_utils import with_reasoning_effort
-from compiled_llm.entrypoints.server.errors import OpenAIError, from_value_error
+from compiled_llm.entrypoints.server.errors import renamed_params
 from compiled_llm.entrypoints.server.params import output_budget, sampling_params
 from compiled_llm.entrypoints.server.protocol import ChatMessage
 from compiled_llm.entrypoints.server.protocol_responses import ResponsesRequest
@@ -112,7 +111,7 @@ class ServingResponses(Serving):
         num_top = (req.top_logprobs or 0) if wants_logprobs else None
         reply = self.reply_format(plan, ids)
         rid = f"resp_{uuid.uuid4().hex}"
-        with _responses_names():
+        with renamed_params(_RESPONSES_NAMES):
             params = sampling_params(req.model_copy(update={"response_format": fmt}), budget,
                                      num_top, req.stream,
                                      defaults=self.sampling_defaults)
@@ -171,19 +170,3 @@ def _status(finish_reason: str | None) -> str:
 # what the sampling fields and the engine call a field -> what /v1/responses calls it
 _RESPONSES_NAMES = {"response_format": "text.format", "structured_outputs": "text.format",
                     "logprobs": "top_logprobs", "max_tokens": "max_output_tokens"}
-
-
-@contextlib.contextmanager
-def _responses_names():
-    """A 400 from the shared sampling fields or the engine (a grammar that does not compile,
-    too many logprobs) names the field as this endpoint's client sent it."""
-    try:
-        yield
-    except (OpenAIError, ValueError) as exc:
-        err = exc if isinstance(exc, OpenAIError) else from_value_error(exc)
-        name = _RESPONSES_NAMES.get(err.param)
-        if name is None:
-            raise
-        message = err.message.replace(err.param, name, 1) if err.param in err.message \
-            else f"{name}: {err.message}"
-        raise OpenAIError(err.status, message, param=name, code=err.code) from None

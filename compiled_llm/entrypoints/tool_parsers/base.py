@@ -75,13 +75,15 @@ def final_arguments(call: ParsedCall) -> str:
 
 
 def extract(parse: ParseFn, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, tool calls) of a finished text: content None when blank; a text whose calls
-    do not all parse is all content, with no calls."""
+    """(content, tool calls) of a finished text: the text before the calls as the stream
+    sends it (its whitespace kept, as vLLM's parsers keep it), None when it is blank (the
+    newlines between a reasoning end and the first call); a text whose calls do not all parse
+    is all content, with no calls."""
     parsed = parse(text, True)
     if unparsed(parsed):
         return text or None, []
     calls = [tool_call(call.name, final_arguments(call)) for call in parsed.calls]
-    content = parsed.content.strip() if calls else parsed.content
+    content = parsed.content if not calls or parsed.content.strip() else None
     return content or None, calls
 
 

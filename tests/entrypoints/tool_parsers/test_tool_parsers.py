@@ -18,11 +18,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 WEATHER = ("get_weather", {"city": "Paris", "days": 3})
 TIME = ("get_time", {"zone": "CET"})
 
-# (parser, reply, expected content, expected calls)
+# (parser, reply, expected content (whitespace kept, as streamed), expected calls)
 CASES = [
     ("hermes", 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
                '"Paris", "days": 3}}\n</tool_call>\n<tool_call>\n{"name": "get_time", '
-               '"arguments": {"zone": "CET"}}\n</tool_call>', "Let me look.", [WEATHER, TIME]),
+               '"arguments": {"zone": "CET"}}\n</tool_call>', "Let me look.\n", [WEATHER, TIME]),
     ("hermes", '<tool_call>\n{"arguments": {"zone": "CET"}, "name": "get_time"}\n</tool_call>',
      None, [TIME]),
     ("hermes", "No tools needed: 2 < 3.", "No tools needed: 2 < 3.", []),
@@ -40,7 +40,8 @@ CASES = [
     ("qwen3_coder", "I will check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
                     "Paris\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n"
                     "</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=zone>\nCET\n"
-                    "</parameter>\n</function>\n</tool_call>", "I will check.", [WEATHER, TIME]),
+                    "</parameter>\n</function>\n</tool_call>", "I will check.\n",
+     [WEATHER, TIME]),
     ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\n3\n</parameter>\n"
                     "</function>\n</tool_call>", None, [("get_weather", {"city": "3"})]),
     ("pythonic", '[get_weather(city="Paris", days=3), get_time(zone=\'CET\')]', None,
@@ -85,7 +86,7 @@ def _stream(name: str, reply: str, size: int) -> tuple[str, dict[int, dict]]:
 @pytest.mark.parametrize(("name", "reply", "content", "calls"), CASES)
 def test_streamed_reply(name, reply, content, calls, size):
     got_content, got_calls = _stream(name, reply, size)
-    assert got_content.strip() == (content or "")
+    assert got_content == (content or "")  # the whole reply's content, byte for byte
     assert [(c["name"], json.loads(c["arguments"])) for c in got_calls.values()] == calls
 
 
