@@ -37,6 +37,10 @@ class BloomConfig(DecoderConfig):
         def get(key: str) -> Any:
             return hf.get(key, defaults.get(key))
 
+        if (get("pretraining_tp") or 1) > 1 and get("slow_but_exact"):
+            raise ValueError("slow_but_exact=True with pretraining_tp > 1 is not supported for "
+                             "BloomForCausalLM (transformers' sliced path drops the dense "
+                             "biases)")
         hidden, heads = get("hidden_size"), get("num_attention_heads")
         base = DecoderConfig.from_hf({
             "vocab_size": hf["vocab_size"], "hidden_size": hidden,

@@ -99,7 +99,8 @@ class FalconAttention(nn.Module):
         qkv_size = (self.num_heads + 2 * self.num_kv_heads) * cfg.head_dim
         self.query_key_value = nn.Linear(cfg.hidden_size, qkv_size, bias=cfg.attention_bias)
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)
-        # transformers rounds the slopes to bf16 and scales the bias with q.k (None: RoPE)
+        # transformers rounds the slopes to bf16 and scales the bias with q.k (None: RoPE);
+        # it also rounds each slope * key position to bf16, which the op computes exactly
         slopes = bloom_alibi_slopes(self.num_heads).bfloat16().float() * self.scale
         self.register_buffer("alibi_slopes", slopes if cfg.alibi else None, persistent=False)
 

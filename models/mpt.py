@@ -17,7 +17,8 @@ from compiled_llm.models.layers import CausalLM, DenseMLP, LMHead
 
 # attn_config entries transformers' MPT never reads, with the value its layers implement
 _FIXED_ATTN = {"attn_type": "multihead_attention", "qk_ln": False, "alibi": True,
-               "alibi_bias_max": 8, "prefix_lm": False}
+               "alibi_bias_max": 8, "prefix_lm": False, "rope": False,
+               "sliding_window_size": -1}
 _FIXED = {"expansion_ratio": 4, "no_bias": True, "logit_scale": None}
 
 

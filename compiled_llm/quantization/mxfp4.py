@@ -41,9 +41,11 @@ class Mxfp4Format(QuantFormat):
         """The checkpoint's (name, tensor, path) with each blocks / scales pair replaced by
         its dequantized tensor under the pair's name; ValueError for a half left unpaired."""
         pending: dict[str, tuple[str, torch.Tensor]] = {}
+        plain: set[str] = set()  # names stored unquantized: none may also come as a pair
         for name, tensor, path in stream:
             suffix = next((s for s in SUFFIXES if name.endswith(s)), None)
             if suffix is None:
+                _check_once(name, plain)
                 yield name, tensor, path
                 continue
             base = name.removesuffix(suffix)
@@ -54,11 +56,20 @@ class Mxfp4Format(QuantFormat):
             if other_suffix == suffix:
                 raise ValueError(f"mxfp4 checkpoint: {name!r} is stored twice")
             blocks, scales = (tensor, other) if suffix == "_blocks" else (other, tensor)
+            _check_once(base, plain)
             yield base, dequantize_mxfp4(blocks, scales, base), path
         if pending:
             base, (suffix, _) = next(iter(pending.items()))
             missing = SUFFIXES[suffix == "_blocks"]
             raise ValueError(f"mxfp4 checkpoint: {base + suffix!r} has no {base + missing!r}")
+
+
+def _check_once(name: str, seen: set[str]) -> None:
+    """ValueError for a tensor stored both unquantized and as an MXFP4 pair."""
+    if name in seen:
+        raise ValueError(f"mxfp4 checkpoint: {name!r} is stored both unquantized and as "
+                         f"{name + '_blocks'!r} / {name + '_scales'!r}")
+    seen.add(name)
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, name: str = "tensor",
@@ -67,11 +78,14 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, name: str = "te
     dtype: value 2j of a group is byte j's low nibble, 2j + 1 its high one, times
     2^(scale - 127); transposed as the unquantized expert tensor is stored ([E, in, out]).
     One expert at a time: a whole layer's float32 products would not fit beside the model."""
+    scale_types = (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8))
+    if blocks.dtype != torch.uint8 or scales.dtype not in scale_types:
+        raise ValueError(f"mxfp4 checkpoint: {name} has blocks of {blocks.dtype} and scales "
+                         f"of {scales.dtype}; expected uint8 blocks and uint8 (E8M0) scales")
     if blocks.dim() != 4 or blocks.shape[-1] != 16 or tuple(scales.shape) != blocks.shape[:-1]:
         raise ValueError(f"mxfp4 checkpoint: {name} has blocks {tuple(blocks.shape)} and "
                          f"scales {tuple(scales.shape)}; expected [E, R, G, 16] and [E, R, G]")
     lut = torch.tensor(FP4_VALUES, dtype=torch.float32, device=blocks.device)
-    blocks = blocks.view(torch.uint8)
     exponents = scales.view(torch.uint8).to(torch.int32) - 127
     experts, rows, groups, _ = blocks.shape
     out = torch.empty(experts, groups * 32, rows, dtype=dtype, device=blocks.device)

@@ -54,8 +54,17 @@ def test_bloom_model_checkpoint_without_prefix_equals_transformers():
     ("no_bias", False, "no_bias=False is not supported"),
     ("attn_config", {"qk_ln": True}, "attn_config.qk_ln=True is not supported"),
     ("attn_config", {"alibi_bias_max": 16}, "attn_config.alibi_bias_max=16 is not supported"),
+    ("attn_config", {"rope": True}, "attn_config.rope=True is not supported"),
+    ("attn_config", {"sliding_window_size": 16}, "sliding_window_size=16 is not supported"),
 ])
 def test_mpt_options_transformers_ignores_are_refused_by_name(key, value, match):
     hf = load_hf_config(make_checkpoint("mpt"))
     with pytest.raises(ValueError, match=match):
         build_model_config({**hf, key: value})
+
+
+def test_bloom_slow_but_exact_is_refused_by_name():
+    hf = load_hf_config(make_checkpoint("bloom"))
+    with pytest.raises(ValueError, match="slow_but_exact=True with pretraining_tp > 1"):
+        build_model_config({**hf, "pretraining_tp": 2, "slow_but_exact": True})
+    build_model_config({**hf, "pretraining_tp": 4})  # bloom-176b's: the exact path

@@ -67,9 +67,14 @@ def test_gpt_oss_mxfp4_checkpoint_equals_transformers(tmp_path):
     assert_matches_transformers(ckpt, hi=40)
 
 
+GATE_UP = "model.layers.0.mlp.experts.gate_up_proj"
+
+
 @pytest.mark.parametrize(("edit", "match"), [
     ("config", "quantization_config.group_size=64 is not understood"),
     ("unpaired", "gate_up_proj_blocks' has no '.*gate_up_proj_scales'"),
+    ("float scales", "scales of torch.float32; expected uint8 blocks and uint8"),
+    ("both", "gate_up_proj' is stored both unquantized and as"),
 ])
 def test_malformed_checkpoints_are_refused_by_name(tmp_path, edit, match):
     ckpt = mxfp4_checkpoint(tmp_path)
@@ -80,7 +85,12 @@ def test_malformed_checkpoints_are_refused_by_name(tmp_path, edit, match):
     else:
         path = next(ckpt.glob("*.safetensors"))
         tensors = load_file(path)
-        del tensors["model.layers.0.mlp.experts.gate_up_proj_scales"]
+        scales = tensors.pop(f"{GATE_UP}_scales")
+        if edit == "float scales":
+            tensors[f"{GATE_UP}_scales"] = scales.float()
+        if edit == "both":
+            tensors[f"{GATE_UP}_scales"] = scales
+            tensors[GATE_UP] = dequantize_mxfp4(tensors[f"{GATE_UP}_blocks"], scales)
         save_file(tensors, path, metadata={"format": "pt"})
     with pytest.raises(ValueError, match=match):
         LLM(str(ckpt), dtype="float32", enforce_eager=True)
