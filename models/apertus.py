@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from compiled_llm.models.arcee import ArceeDecoderLayer
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
-from compiled_llm.models.layers import DenseMLP
-from compiled_llm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+from compiled_llm.models.llama import LlamaForCausalLM, LlamaModel
 from compiled_llm.models.qwen3 import Qwen3Attention
 
 # transformers' names of the layer norms -> the Llama layer's
@@ -60,18 +60,16 @@ class XIELU(nn.Module):
                            (torch.expm1(torch.min(x, self.eps)) - x) * alpha_n + self.beta * x)
 
 
-class ApertusDecoderLayer(LlamaDecoderLayer):
-    """The Llama layer with Qwen3's attention and the ungated MLP (xIELU or hidden_act)."""
+class ApertusDecoderLayer(ArceeDecoderLayer):
+    """Arcee's layer (the ungated up_proj / down_proj MLP) with Qwen3's attention, its
+    activation xIELU where hidden_act says so."""
 
     attention_cls = Qwen3Attention
 
     def __init__(self, cfg: DecoderConfig, layer_idx: int) -> None:
         xielu = cfg.hidden_act == "xielu"
         super().__init__(dataclasses.replace(cfg, hidden_act="linear") if xielu else cfg,
-                         layer_idx)  # its gated MLP is replaced below
-        self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size,
-                            "linear" if xielu else cfg.hidden_act, names=("up_proj", "down_proj"),
-                            bias=False)
+                         layer_idx)
         if xielu:
             self.mlp.act_fn = XIELU()
 
