@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from compiled_llm.models.config import MOE_KEYS, DecoderConfig
-from compiled_llm.models.layers import Float32ScaleRMSNorm, GatedMLP
+from compiled_llm.models.layers import Float32ScaleRMSNorm, GatedMLP, SoftCappedLogits
 from compiled_llm.models.llama import LlamaAttention, LlamaForCausalLM
 from compiled_llm.models.rotary import RotaryEmbedding
 
@@ -153,7 +153,7 @@ class Gemma3Model(GemmaScaledModel):
         return {False: self.rotary_emb(positions), True: self.local_rotary_emb(positions)}
 
 
-class Gemma3ForCausalLM(LlamaForCausalLM):
+class Gemma3ForCausalLM(SoftCappedLogits, LlamaForCausalLM):
     """Gemma 3 for causal LM: the Llama contract over Gemma3Model, logits soft-capped where
     final_logit_softcapping is set. Pipeline parallelism is refused by name (its body is not
     LlamaModel's layer loop)."""
@@ -171,10 +171,3 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     def __init__(self, cfg: Gemma3Config, max_len: int | None = None) -> None:
         super().__init__(cfg, max_len)
         self.softcap = cfg.final_logit_softcapping
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> logits [N, vocab], soft-capped as transformers' Gemmas."""
-        logits = self.lm_head(hidden)
-        if not self.softcap:
-            return logits
-        return torch.tanh(logits / self.softcap) * self.softcap

@@ -36,7 +36,8 @@ class GPTJConfig(GPT2Config):
         rotary_dim = hf_config.get("rotary_dim", defaults.get("rotary_dim"))
         if (not isinstance(rotary_dim, int) or isinstance(rotary_dim, bool) or rotary_dim <= 0
                 or rotary_dim % 2 or rotary_dim > base.head_dim):
-            raise ValueError(f"rotary_dim {rotary_dim!r} is not supported for GPTJForCausalLM: "
+            arch = (hf_config.get("architectures") or ["GPTJForCausalLM"])[0]
+            raise ValueError(f"rotary_dim {rotary_dim!r} is not supported for {arch}: "
                              f"give an even number of dims up to head_dim {base.head_dim}")
         return dataclasses.replace(base, rotary_dim=rotary_dim)
 
@@ -66,10 +67,12 @@ class GPTJAttention(nn.Module):
 class GPTJBlock(nn.Module):
     """x + attn(ln_1(x)) + mlp(ln_1(x))."""
 
+    attention_cls = GPTJAttention
+
     def __init__(self, cfg: GPTJConfig, layer_idx: int) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_epsilon)
-        self.attn = GPTJAttention(cfg, layer_idx)
+        self.attn = self.attention_cls(cfg, layer_idx)
         self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act,
                             ("fc_in", "fc_out"))
 
@@ -82,10 +85,12 @@ class GPTJBlock(nn.Module):
 class GPTJModel(nn.Module):
     """wte, the blocks (h), ln_f, and the rotary table of the rotary dims."""
 
+    block_cls = GPTJBlock
+
     def __init__(self, cfg: GPTJConfig, max_len: int) -> None:
         super().__init__()
         self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.h = nn.ModuleList(GPTJBlock(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.h = nn.ModuleList(self.block_cls(cfg, i) for i in range(cfg.num_hidden_layers))
         self.ln_f = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_epsilon)
         self.rotary_emb = RotaryEmbedding(dataclasses.replace(cfg, head_dim=cfg.rotary_dim),
                                           max_len)
@@ -105,6 +110,7 @@ class GPTJForCausalLM(CausalLM):
     parallelism (no Llama layer loop) and LoRA (no o_proj, no gated MLP) are refused by name."""
 
     config_cls = GPTJConfig
+    body_cls = GPTJModel
     body_name = "transformer"
     supports_tensor_parallel = False
     # transformers' GPTJConfig defaults (RoPE base 10000, every head's first rotary_dim dims)
@@ -119,7 +125,7 @@ class GPTJForCausalLM(CausalLM):
     def __init__(self, cfg: GPTJConfig, max_len: int | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.transformer = GPTJModel(cfg, max_len or cfg.max_position_embeddings)
+        self.transformer = self.body_cls(cfg, max_len or cfg.max_position_embeddings)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.transformer.wte.weight

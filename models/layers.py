@@ -144,6 +144,20 @@ class DenseMLP(nn.Module):
         return down(self.act_fn(up(hidden)))
 
 
+class SoftCappedLogits:
+    """A CausalLM mixin: logits tanh soft-capped as tanh(logits / cap) * cap where the model's
+    `softcap` is set (Gemma 2-4, NanoChat), the plain head where it is None or 0."""
+
+    softcap: float | None = None
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab], soft-capped where set."""
+        logits = self.lm_head(hidden)
+        if not self.softcap:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap
+
+
 class CausalLM(nn.Module):
     """The model contract over a decoder body held at `body_name` (HF's base_model_prefix):
     forward(input_ids [T], positions [T]) -> its hidden [T, hidden]; compute_logits -> lm_head;

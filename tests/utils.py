@@ -412,13 +412,129 @@ EXTRA_CONFIGS = {
         **CONFIGS["ernie4_5_moe"][1], "num_hidden_layers": 3, "use_bias": False,
         "moe_num_shared_experts": 0, "moe_layer_start_index": 0, "moe_layer_interval": 2,
         "tie_word_embeddings": False}),
+    # GPT-Neo: a global layer, then a local one (a window of 8), scores unscaled, a tied head
+    "gpt_neo": ("GPTNeoConfig", {"attention_types": [[["global", "local"], 1]],
+                                 "window_size": 8}),
+    # CodeGen: qkv_proj in 4 blocks of (q, v, k), 2 heads a block; GPT-J's interleaved RoPE
+    # on half of each head, parallel attention and MLP off ln_1, a biased untied head
+    "codegen": ("CodeGenConfig", {"hidden_size": 128, "num_attention_heads": 8,
+                                  "rotary_dim": 8, "n_inner": 256}),
+    # NanoChat: weightless RMSNorms (one before the layers too), RoPE turned the other way,
+    # q/k normed after it, biased q/k/v/o (attention_bias), GQA, relu2 fc1 / fc2, capped logits
+    "nanochat": ("NanoChatConfig", {"attention_bias": True, "final_logit_softcapping": 2.0,
+                                    "pad_token_id": None}),
+    # Cohere 2 MoE: a dense first layer (48 wide, full attention with RoPE: force_rope), then
+    # a sliding layer and a full one (no RoPE), softmax top-2 of 4 experts plus a shared
+    # expert averaged in, bias-free LayerNorms, biased q/k/v/o; then sigmoid routing
+    # renormalised, the shared expert summed, RMSNorms, three sparse layers
+    "cohere2_moe": ("Cohere2MoeConfig", {
+        "head_dim": 16, "num_hidden_layers": 3, "first_k_dense_replace": 1,
+        "sliding_window": 8, "sliding_window_pattern": 2, "num_experts": 4,
+        "num_experts_per_tok": 2, "num_shared_experts": 1, "intermediate_size": 32,
+        "prefix_dense_intermediate_size": 48, "logit_scale": 0.5, "attention_bias": True,
+        "pad_token_id": None}),
+    "cohere2_moe_sigmoid": ("Cohere2MoeConfig", {
+        "head_dim": 16, "sliding_window": 8, "sliding_window_pattern": 2, "num_experts": 4,
+        "num_experts_per_tok": 2, "num_shared_experts": 1, "intermediate_size": 32,
+        "expert_selection_fn": "sigmoid", "norm_topk_prob": True,
+        "shared_expert_combination_strategy": "sum", "rms_norm_eps": 1e-5,
+        "pad_token_id": None}),
+    # Solar Open: biased q/k/v (o_proj never), grouped sigmoid routing (2 groups, 1 kept) over
+    # 8 experts with a correction bias (randomised by the test), scaled, a shared expert
+    "solar_open": ("SolarOpenConfig", {
+        "head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 1,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_group": 2, "topk_group": 1,
+        "routed_scaling_factor": 2.5, "attention_bias": True}),
+    # Youtu: DeepSeek-V3's MLA (a q latent, q/k heads of 16 + 8 rope dims, v heads of 16,
+    # interleaved RoPE, biased latent and o projections) in dense Llama layers, a tied head
+    "youtu": ("YoutuConfig", {
+        "num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "attention_bias": True}),
+    # Mellum: a sliding layer (a window of 8, its own default RoPE base) with a dense MLP,
+    # then a full one (linear RoPE) over softmax top-2 of 4 experts; q/k norms, biased q/k/v/o
+    "mellum": ("MellumConfig", {
+        "head_dim": 16, "sliding_window": 8, "layer_types": ["sliding_attention",
+                                                             "full_attention"],
+        "mlp_layer_types": ["dense", "sparse"], "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "attention_bias": True, "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}}),
 }
+# image-text-to-text checkpoints (served text-only): tiny vision towers beside a SMALL text
+# model (text_config); M-RoPE sections tiling head_dim 16's rotated half
+_MROPE = {"rope_type": "default", "mrope_section": [2, 3, 3]}
+_QWEN_VIT = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+             "out_hidden_size": 64}
+_PATCHES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+EXTRA_CONFIGS.update({
+    # Gemma 3 4B's shape of checkpoint: a SigLIP tower, sliding then full text layers
+    "gemma3_vl": ("Gemma3Config", {
+        "mm_tokens_per_image": 1, "vision_config": _PATCHES,
+        "text_config": {"head_dim": 16, "layer_types": ["sliding_attention", "full_attention"],
+                        "sliding_window": 16, "query_pre_attn_scalar": 16}}),
+    "qwen2_vl": ("Qwen2VLConfig", {
+        "vision_config": {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2},
+        "text_config": {"rope_parameters": {**_MROPE, "rope_theta": 1e6}}}),
+    "qwen2_5_vl": ("Qwen2_5_VLConfig", {
+        "vision_config": _QWEN_VIT, "text_config": {"rope_parameters": {**_MROPE,
+                                                                        "rope_theta": 1e6}}}),
+    # Qwen3-VL's interleaved M-RoPE; its MoE's experts stacked in two tensors a layer
+    "qwen3_vl": ("Qwen3VLConfig", {
+        "vision_config": {**_QWEN_VIT, "deepstack_visual_indexes": [0]},
+        "text_config": {"head_dim": 16, "rope_parameters": {
+            **_MROPE, "mrope_interleaved": True, "rope_theta": 5e5}}}),
+    "qwen3_vl_moe": ("Qwen3VLMoeConfig", {
+        "vision_config": {**_QWEN_VIT, "deepstack_visual_indexes": [0]},
+        "text_config": {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                        "moe_intermediate_size": 16, "rope_parameters": {
+                            **_MROPE, "mrope_interleaved": True, "rope_theta": 5e5}}}),
+    "mistral3": ("Mistral3Config", {
+        "vision_config": {**_PATCHES, "model_type": "pixtral", "head_dim": 16},
+        "text_config": {"model_type": "mistral", "head_dim": 16, "sliding_window": None}}),
+    # Llava over a Qwen2 text model (biased q/k/v)
+    "llava": ("LlavaConfig", {
+        "vision_config": {**_PATCHES, "model_type": "clip_vision_model", "projection_dim": 32},
+        "text_config": {"model_type": "qwen2"}}),
+})
 # architectures whose own test files compare them with transformers on checkpoints with random
 # norms and biases (a stronger check than the sweep's): out of the sweep, for CI time
 EXTRA_CONFIGS.update({name: CONFIGS.pop(name) for name in (
     "flex_olmo", "dbrx", "phimoe", "hunyuan_v1_moe", "minimax_m2", "bloom", "bloom_post_ln",
     "mpt", "falcon_alibi", "nemotron", "persimmon", "vaultgemma", "apertus", "ministral3",
     "cwm", "jais2", "glm4_moe_lite", "exaone_moe", "minicpm3")})
+# Gemma 4 (tests/models/test_gemma4.py): E2B's shape (sliding and wider full layers on
+# proportional RoPE, PLE, the last two layers reading layers 0 and 1's caches with double-wide
+# MLPs), and 26B-A4B's (full layers' keys as values on one KV head, a dense MLP beside experts)
+_GEMMA4 = {"head_dim": 16, "global_head_dim": 32, "sliding_window": 8,
+           "final_logit_softcapping": 30.0, "vocab_size_per_layer_input": 384,
+           "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                               "full_attention": {"rope_type": "proportional",
+                                                  "partial_rotary_factor": 0.25,
+                                                  "rope_theta": 1e6}}}
+EXTRA_CONFIGS.update({
+    "gemma4": ("Gemma4TextConfig", {
+        **_GEMMA4, "num_hidden_layers": 4, "layer_types": ["sliding_attention",
+                                                           "full_attention"] * 2,
+        "hidden_size_per_layer_input": 8, "num_kv_shared_layers": 2,
+        "use_double_wide_mlp": True}),
+    "gemma4_moe": ("Gemma4TextConfig", {
+        **_GEMMA4, "layer_types": ["sliding_attention", "full_attention"],
+        "hidden_size_per_layer_input": 0, "attention_k_eq_v": True,
+        "num_global_key_value_heads": 1, "enable_moe_block": True, "num_experts": 4,
+        "top_k_experts": 2, "moe_intermediate_size": 32}),
+})
+# Gemma 4 E2B's shape of image-text-to-text checkpoint: the gemma4 text model beside a tower
+EXTRA_CONFIGS["gemma4_vl"] = ("Gemma4Config", {
+    "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                      "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16},
+    "text_config": EXTRA_CONFIGS["gemma4"][1]})
+# (GPU only) Gemma 4 31B's head sizes: sliding layers' 256, full layers' 512 (keys as values)
+EXTRA_CONFIGS["gemma4_d512"] = ("Gemma4TextConfig", {
+    **_GEMMA4, "head_dim": 256, "global_head_dim": 512, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "layer_types": ["sliding_attention", "full_attention"],
+    "hidden_size_per_layer_input": 0, "attention_k_eq_v": True, "num_global_key_value_heads": 1})
 
 
 @functools.cache
@@ -448,16 +564,29 @@ def make_checkpoint(name: str, dtype: str = "float32") -> Path:
 
     cls_name, extra = {**CONFIGS, **EXTRA_CONFIGS}[name]
     tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir())
-    cfg = getattr(transformers, cls_name)(**{"vocab_size": len(tok), "eos_token_id":
-                                             tok.eos_token_id, "bos_token_id": None, **SMALL,
-                                             **extra})
+    text = {"vocab_size": len(tok), "eos_token_id": tok.eos_token_id, "bos_token_id": None,
+            **SMALL}
+    auto = transformers.AutoModelForCausalLM
+    if "vision_config" in extra:  # image-text-to-text: SMALL and the tokens size its text model
+        text, extra = {}, {**extra, "text_config": {**text, **extra.get("text_config", {})}}
+        auto = transformers.AutoModelForImageTextToText
+    cfg = getattr(transformers, cls_name)(**{**text, **extra})
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).to(getattr(torch, dtype))
+    model = auto.from_config(cfg).to(getattr(torch, dtype))
     out = Path(tempfile.mkdtemp(prefix=f"cllm-{name}-"))
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     return out
 
+
+
+def engine_config(name: str, drop: tuple[str, ...] = (), **changes):
+    """Our config of checkpoint `name`'s config.json less the keys in `drop`, with `changes`."""
+    from compiled_llm.worker.loader import build_model_config, load_hf_config
+
+    hf = {key: value for key, value in load_hf_config(make_checkpoint(name)).items()
+          if key not in drop}
+    return build_model_config({**hf, **changes})[1]
 
 def hf_model(model_dir: Path):
     """transformers' model of the checkpoint, in eval mode; soft-capped attention (Gemma 2) on
@@ -466,9 +595,11 @@ def hf_model(model_dir: Path):
 
     import transformers
 
-    capped = json.loads((Path(model_dir) / "config.json").read_text()).get(
-        "attn_logit_softcapping")
-    return transformers.AutoModelForCausalLM.from_pretrained(
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    capped = config.get("attn_logit_softcapping")
+    auto = (transformers.AutoModelForImageTextToText if "vision_config" in config
+            else transformers.AutoModelForCausalLM)  # an image-text-to-text model: its own
+    return auto.from_pretrained(
         model_dir, **({"attn_implementation": "eager"} if capped else {})).eval()
 
 

@@ -133,7 +133,8 @@ class ModelConfigView:
 
     @property
     def hf_text_config(self):
-        """The text model's config: hf_config itself for the text-only models served here."""
+        """The text model's config: hf_config itself for a text-only model, its text_config
+        for an image-text-to-text one (served on its text stack alone)."""
         return self.hf_config.get_text_config()
 
     @property

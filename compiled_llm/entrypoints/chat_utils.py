@@ -118,6 +118,9 @@ def render(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: 
     clash = sorted(set(extra) & _reserved(type(tokenizer)))
     if clash:
         raise ValueError(f"chat_template_kwargs.{clash[0]} is not a template variable")
+    if takes_parts(tokenizer, chat_template):
+        messages = [{**m, "content": [{"type": "text", "text": m["content"]}]}
+                    if isinstance(m.get("content"), str) else m for m in messages]
     try:
         with Deadline(timeout_s):
             text = tokenizer.apply_chat_template(
@@ -132,6 +135,31 @@ def render(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: 
         raise ValueError(f"messages: the chat template rendered {len(text)} characters, "
                          f"more than {max_chars}")
     return text
+
+
+_PROBE = "\u2063probe\u2063"
+_TAKES_PARTS: dict[str, bool] = {}  # template text -> whether it reads content as parts
+
+
+def takes_parts(tokenizer, chat_template: str | None = None) -> bool:
+    """Whether the template drops a string content and renders a list of text parts (a
+    multimodal model's, vLLM's "openai" content format): its messages then get their content
+    as one text part. Found once per template by rendering a probe message both ways."""
+    template = chat_template or getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        return False
+    if template not in _TAKES_PARTS:
+        def shows(content: Any) -> bool:
+            try:
+                with Deadline(2.0):
+                    return _PROBE in tokenizer.apply_chat_template(
+                        [{"role": "user", "content": content}], chat_template=template,
+                        tokenize=False, add_generation_prompt=True)
+            except (Exception, _Expired):  # a template that needs more than one message
+                return False
+
+        _TAKES_PARTS[template] = not shows(_PROBE) and shows([{"type": "text", "text": _PROBE}])
+    return _TAKES_PARTS[template]
 
 
 class _Expired(BaseException):

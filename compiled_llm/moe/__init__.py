@@ -2,7 +2,7 @@
 
 On CPU it runs the torch reference (reference.py); on CUDA a Triton grouped GEMM over tokens
 sorted and padded by expert (triton_moe.py, kernels/) that never waits on the host. Optional
-trailing arguments: per-expert biases and the activation (silu, or GPT-OSS's swigluoai).
+trailing arguments: per-expert biases, the activation (silu, swigluoai, gelu_tanh).
 """
 
 from __future__ import annotations
@@ -65,9 +65,10 @@ def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(hidden[t]) -> [T, H] in hidden's dtype,
     expert_e(x) = act(x W_gate^T + b_gate, x W_up^T + b_up) W_down^T + b_down with
     w13[e] = [W_gate; W_up], w13_bias[e] = [b_gate; b_up], w2_bias[e] = b_down (biases
-    optional, zero when None); act: "silu" silu(gate) * up, or "swigluoai" (GPT-OSS) with
-    swiglu_alpha and swiglu_limit (GatedActivation). The trailing arguments default to the
-    plain SiLU experts, so callers and stored graphs of the five-argument form stay valid.
+    optional, zero when None); act: "silu" silu(gate) * up, "gelu_tanh" gelu_tanh(gate) * up
+    (Gemma 4), or "swigluoai" (GPT-OSS) with swiglu_alpha and swiglu_limit (GatedActivation).
+    The trailing arguments default to the plain SiLU experts, so callers and stored graphs of
+    the five-argument form stay valid.
 
     An op, not a pattern pass: the dispatch is a data-dependent loop (which tokens reach which
     expert, and how many) that a fullgraph trace with a dynamic token count cannot hold without

@@ -1,5 +1,5 @@
 """The torch reference of the fused MoE op: a loop over the experts that received tokens, each
-one index_select, act(gate, up) (silu, or GPT-OSS's swigluoai; optional per-expert biases), down
+one index_select, act(gate, up) (silu, swigluoai, gelu_tanh; optional per-expert biases), down
 projection, routing weight and index_add into float32, experts in ascending order as HF's loop
 adds them. Block-FP8 weights are dequantized per expert, activations quantized as the kernel
 does. It reads per-expert counts on the host: right for the CPU, not for CUDA graphs."""
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 # (x [M, K]) -> (q [M, K], scale [M, K / group]): activation quantization per token and group
 ActQuant = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-ACTIVATIONS = ("silu", "swigluoai")
+ACTIVATIONS = ("silu", "swigluoai", "gelu_tanh")
 
 
 def check_activation(activation: str) -> None:
@@ -26,7 +26,8 @@ def check_activation(activation: str) -> None:
 
 class GatedActivation(NamedTuple):
     """The experts' act(gate, up): "silu": silu(gate) * up; "swigluoai" (GPT-OSS, vLLM's name):
-    gate clamped above and up to [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate)."""
+    gate clamped above and up to [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate);
+    "gelu_tanh" (Gemma 4): gelu(gate, approximate="tanh") * up."""
 
     name: str = "silu"
     alpha: float = 1.702
@@ -36,6 +37,8 @@ class GatedActivation(NamedTuple):
         """act(gate, up) in the inputs' dtype."""
         if self.name == "silu":
             return F.silu(gate) * up
+        if self.name == "gelu_tanh":
+            return F.gelu(gate, approximate="tanh") * up
         gate = gate.clamp(max=self.limit)
         up = up.clamp(-self.limit, self.limit)
         return (up + 1) * gate * torch.sigmoid(self.alpha * gate)

@@ -31,12 +31,21 @@ def kv_scale_key(name: str) -> tuple[int, tuple[int, ...]] | None:
     return layer, {"k_scale": (0,), "v_scale": (1,), "kv_scale": (0, 1)}[kind]
 
 
+def layer_kv_shapes(config) -> list[tuple[int, int]]:
+    """(KV heads, head dim) of each layer's cache: the config's kv_cache_shapes where it has
+    them (Gemma 4: wider global layers, 0 heads for a layer that reads another's cache), else
+    num_key_value_heads and head_dim on every layer."""
+    shapes = getattr(config, "kv_cache_shapes", None)
+    if shapes is not None:
+        return list(shapes)
+    return [(config.num_key_value_heads, config.head_dim)] * config.num_hidden_layers
+
+
 def allocate_caches(config, num_blocks: int, block_size: int, dtype: torch.dtype,
                     device: torch.device) -> list[torch.Tensor]:
     """One zeroed [2, blocks, block_size, KV heads, head dim] tensor per layer."""
-    shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-    return [torch.zeros(shape, dtype=dtype, device=device)
-            for _ in range(config.num_hidden_layers)]
+    return [torch.zeros((2, num_blocks, block_size, heads, dim), dtype=dtype, device=device)
+            for heads, dim in layer_kv_shapes(config)]
 
 
 def initial_scales(config, checkpoint: dict[int, dict[int, torch.Tensor]] | None,
@@ -45,6 +54,9 @@ def initial_scales(config, checkpoint: dict[int, dict[int, torch.Tensor]] | None
     (a scalar per layer, or one per KV head), else ones to be calibrated. A checkpoint with
     some scales but not all is a ValueError."""
     layers, heads = config.num_hidden_layers, config.num_key_value_heads
+    if len({shape for shape in layer_kv_shapes(config) if shape[0]}) > 1:
+        raise ValueError("kv_cache_dtype fp8 is not supported with layers of different KV "
+                         "cache shapes (Gemma 4's global layers)")
     scales = torch.ones(layers, 2, heads, dtype=torch.float32)
     if not checkpoint:
         return scales.to(device), True

@@ -24,6 +24,7 @@ from compiled_llm.distributed.pipeline_parallel import (
 )
 from compiled_llm.distributed.tensor_parallel import build_sharded, plan_index, read_index
 from compiled_llm.models import DecoderConfig, ModelRegistry
+from compiled_llm.models.multimodal import text_stack_config
 from compiled_llm.models.plugins import load_general_plugins
 from compiled_llm.worker.kv_cache import IGNORED_ATTENTION_SCALES, kv_scale_key
 
@@ -37,14 +38,15 @@ def load_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:
     """model_dir's config.json as a dict; ValueError naming the model when it is missing. A
     file transformers did not write (no transformers_version) has the keys it leaves out
     filled as its transformers class fills them (as vLLM reads it); one it wrote has them
-    all, and is read without importing transformers (an engine core never does)."""
+    all, and is read without importing transformers (an engine core never does). An
+    image-text-to-text checkpoint reads as its text model's config (models/multimodal.py)."""
     path = Path(model_dir) / "config.json"
     if not path.exists():
         raise ValueError(f"model: no config.json in {model_dir!s}")
     written = read_json(path)
-    if "transformers_version" in written:
-        return written
-    return {**_class_defaults(model_dir, written), **written}
+    if "transformers_version" not in written:
+        written = {**_class_defaults(model_dir, written), **written}
+    return text_stack_config(written, model_dir)
 
 
 def _class_defaults(model_dir: str | os.PathLike, written: dict[str, Any]) -> dict[str, Any]:
@@ -67,6 +69,8 @@ def build_model_config(hf_config: dict[str, Any]) -> tuple[type[nn.Module], Deco
     `hf_unread` the config.json keys its transformers class never reads (dropped here)."""
     load_general_plugins()
     model_cls = ModelRegistry.resolve_model_cls(hf_config.get("architectures") or [])
+    if hasattr(model_cls, "text_model_cls"):  # an image-text-to-text checkpoint's text stack
+        model_cls = model_cls.text_model_cls(hf_config, ModelRegistry.resolve_model_cls)
     config_cls = getattr(model_cls, "config_cls", DecoderConfig)
     return model_cls, config_cls.from_hf(read_keys(model_cls, hf_config),
                                          **model_cls.hf_defaults)

@@ -37,7 +37,7 @@ from compiled_llm.worker.graph_capture import (
     verify_sizes,
 )
 from compiled_llm.worker.input_batch import InputBatch, StepInputs
-from compiled_llm.worker.kv_cache import allocate_caches, initial_scales
+from compiled_llm.worker.kv_cache import allocate_caches, initial_scales, layer_kv_shapes
 from compiled_llm.worker.step_timer import StepTimer
 
 logger = logging.getLogger(__name__)
@@ -155,9 +155,8 @@ class ModelRunner:
     # ------------------------------------------------------------------ KV cache
     def kv_bytes_per_block(self) -> int:
         """Bytes one KV block takes over all layers (K and V)."""
-        config = self.model.config
-        elems = 2 * self.cache_cfg.block_size * config.num_key_value_heads * config.head_dim
-        return elems * config.num_hidden_layers * self.kv_dtype.itemsize
+        elems = sum(heads * dim for heads, dim in layer_kv_shapes(self.model.config))
+        return 2 * self.cache_cfg.block_size * elems * self.kv_dtype.itemsize
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """One [2, blocks, block_size, KV heads, head dim] tensor per layer, zeroed (FP8:

@@ -1,6 +1,6 @@
-"""The Triton fused MoE with per-expert biases and GPT-OSS's swigluoai activation against the
-torch reference, run by test_interpreter.py in a subprocess with TRITON_INTERPRET=1 (CPU
-tensors, small shapes). Not collected directly: see that file.
+"""The Triton fused MoE with per-expert biases, GPT-OSS's swigluoai and Gemma 4's gelu_tanh
+activations against the torch reference, run by test_interpreter.py in a subprocess with
+TRITON_INTERPRET=1 (CPU tensors, small shapes). Not collected directly: see that file.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ CASES = {  # name -> (biased, activation); limit 0.5 so that both clamps bite
     "swigluoai": (False, GatedActivation("swigluoai", 1.702, 0.5)),
     "swigluoai_bias": (True, GatedActivation("swigluoai", 1.702, 0.5)),
     "swigluoai_hf_limit": (True, GatedActivation("swigluoai")),
+    "gelu_tanh": (False, GatedActivation("gelu_tanh")),  # Gemma 4's experts
 }
 
 

@@ -1,5 +1,5 @@
 """Runs interpreted_cases.py (attention), moe_interpreted_cases.py (fused MoE),
-moe_bias_interpreted_cases.py (its biases and swigluoai),
+moe_bias_interpreted_cases.py (its biases, swigluoai and gelu_tanh),
 fp8_kv_interpreted_cases.py (FP8 KV cache), lora_interpreted_cases.py (LoRA shrink/expand),
 quant_interpreted_cases.py (W4A16 and block-FP8 GEMMs), w4a16_dequant_interpreted_cases.py,
 qk_norm_rope_interpreted_cases.py (the fused QK-norm + RoPE + KV write),

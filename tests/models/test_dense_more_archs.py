@@ -11,7 +11,12 @@ import torch
 from compiled_llm import LLM
 from compiled_llm.distributed.pipeline_parallel import check_pipeline
 from compiled_llm.worker.loader import build_model_config, load_hf_config
-from tests.utils import assert_matches_transformers, edited_checkpoint, make_checkpoint
+from tests.utils import (
+    assert_matches_transformers,
+    edited_checkpoint,
+    engine_config,
+    make_checkpoint,
+)
 
 NAMES = ["nemotron", "persimmon", "vaultgemma", "apertus", "ministral3", "cwm", "jais2"]
 
@@ -27,11 +32,7 @@ def test_random_norms_and_biases_match_transformers(name):
     assert_matches_transformers(edited_checkpoint(name, _random_norms_and_biases), hi=40)
 
 
-def _config(name: str, drop: tuple[str, ...] = (), **changes):
-    """Our config of checkpoint `name`'s config.json less the keys in `drop`, with `changes`."""
-    hf = {key: value for key, value in load_hf_config(make_checkpoint(name)).items()
-          if key not in drop}
-    return build_model_config({**hf, **changes})[1]
+_config = engine_config
 
 
 def test_nemotron_config_keys():

@@ -17,7 +17,7 @@ from compiled_llm import LLM
 from compiled_llm.distributed.pipeline_parallel import check_pipeline
 from compiled_llm.worker.loader import build_model_config, load_hf_config
 from tests.models.test_config_options import assert_matches_transformers
-from tests.utils import make_checkpoint, random_prompts
+from tests.utils import engine_config, make_checkpoint, random_prompts
 
 NAMES = ["ministral", "seed_oss", "helium", "arcee", "ernie4_5"]
 # with the biases the sweep's configs leave off (Helium's and Arcee's q/k/v and MLP), and YaRN
@@ -42,11 +42,7 @@ def _randomized(name: str, dest, edit=None):
     return out
 
 
-def _config(name: str, drop: tuple[str, ...] = (), **changes):
-    """Our config of checkpoint `name`'s config.json less the keys in `drop`, with `changes`."""
-    hf = {key: value for key, value in load_hf_config(make_checkpoint(name)).items()
-          if key not in drop}
-    return build_model_config({**hf, **changes})[1]
+_config = engine_config
 
 
 @pytest.mark.parametrize("name", RANDOMIZED)

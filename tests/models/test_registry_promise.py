@@ -15,6 +15,7 @@ import torch
 from compiled_llm import LLM, SamplingParams
 from compiled_llm.compile import counters
 from compiled_llm.models import ModelRegistry
+from compiled_llm.models.multimodal import CONDITIONAL_GENERATION
 from tests.utils import make_checkpoint, random_prompts
 
 ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
@@ -22,7 +23,8 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral",
                "Qwen2MoeForCausalLM": "qwen2_moe", "Phi3ForCausalLM": "phi3",
                "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
-               "Gemma3ForCausalLM": "gemma3", "GraniteForCausalLM": "granite",
+               "Gemma3ForCausalLM": "gemma3", "Gemma4ForCausalLM": "gemma4",
+               "GraniteForCausalLM": "granite",
                "SmolLM3ForCausalLM": "smollm3", "Olmo2ForCausalLM": "olmo2",
                "OlmoForCausalLM": "olmo", "Olmo3ForCausalLM": "olmo3",
                "OlmoeForCausalLM": "olmoe",
@@ -58,7 +60,11 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Ministral3ForCausalLM": "ministral3",
                "CwmForCausalLM": "cwm",
                "Jais2ForCausalLM": "jais2",
-               "Glm4ForCausalLM": "glm4"}
+               "Glm4ForCausalLM": "glm4",
+               "GPTNeoForCausalLM": "gpt_neo", "CodeGenForCausalLM": "codegen",
+               "NanoChatForCausalLM": "nanochat", "Cohere2MoeForCausalLM": "cohere2_moe",
+               "SolarOpenForCausalLM": "solar_open", "YoutuForCausalLM": "youtu",
+               "MellumForCausalLM": "mellum"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
 # run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too (the
 # gate/up SiLU·mul epilogue is opt-in: asked for here)
@@ -87,6 +93,17 @@ OWN_LAYER_SHAPE = {
     "GptOssForCausalLM": lambda layers: {"SmallMGemmAddRMSNormFusionPass": 0},
     **dict.fromkeys(("GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"),
                     lambda layers: GEMMA_SHAPE),
+    # Gemma 4 (E2B's shape, four layers, the last two reading the first two's caches): its
+    # weight-scaled float32 norms are RMSNorm's graph in float32 (where this test runs): five a
+    # layer, the shared layers' q_norm, the PLE projection's and the final norm are plain
+    # norms; one add + norm a layer; GELU MLPs; RoPE + the KV write fuse on the layers that
+    # write a cache, whose q/k/v fuse beside every gate/up; no small-M add + norm
+    "Gemma4ForCausalLM": lambda layers: {
+        "AddRMSNormFusionPass": layers, "RMSNormFusionPass": 5 * layers + layers // 2 + 2,
+        "SiluMulFusionPass": 0, "SmallMGemmSiluMulFusionPass": 0,
+        "QKNormRoPEKVWriteFusionPass": layers // 2,
+        "HorizontalGemmFusionPass": layers // 2 + layers,
+        "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
     # VaultGemma: Gemma 1's pre-norm layer (Gemma's norms and gate) with Gemma 2's attention
     "VaultGemmaForCausalLM": lambda layers: GEMMA_SHAPE,
     "GraniteForCausalLM": lambda layers: {
@@ -283,6 +300,40 @@ OWN_LAYER_SHAPE = {
     "Glm4ForCausalLM": lambda layers: {
     "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
     "RMSNormFusionPass": 1 + 2 * layers, "SmallMGemmAddRMSNormFusionPass": 0,
+    "SmallMAddRMSNormGemmFusionPass": 0},
+    # Cohere 2 MoE: Cohere 2's layer (LayerNorms here) over a dense first MLP and experts with
+    # a shared one: Cohere's fusions (q/k/v and every gate/up fuse, with their SiLU·mul)
+    "Cohere2MoeForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 0, "RMSNormFusionPass": 0, "QKNormRoPEKVWriteFusionPass": 0,
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # Youtu: DeepSeek-V3's MLA in dense Llama layers (no k_proj / v_proj: only gate/up fuse;
+    # no fused RoPE + KV write; two latent norms a layer, plain norms); attention_bias (here)
+    # biases o_proj, an addmm: only down_proj takes the add + norm epilogue, no norm a
+    # GEMM's prologue (as Seed-OSS)
+    "YoutuForCausalLM": lambda layers: {
+    "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "RMSNormFusionPass": 1 + 2 * layers, "SmallMGemmAddRMSNormFusionPass": layers,
+    "SmallMAddRMSNormGemmFusionPass": 0},
+    # (Solar Open: a Llama layer over GLM-4.5's MoE, every layer sparse: the defaults)
+    # Mellum: Qwen3-MoE's layer (a dense first layer here); attention_bias (here) biases
+    # o_proj, an addmm: only the dense layer's down_proj takes the add + norm epilogue, and no
+    # norm reaches a GEMM's prologue
+    "MellumForCausalLM": lambda layers: {
+    "SmallMGemmAddRMSNormFusionPass": 1, "SmallMAddRMSNormGemmFusionPass": 0},
+    # GPT-Neo: GPT-2's shape (LayerNorms, an ungated gelu_new MLP, learned positions) with
+    # q/k/v as three linears under attn: they fuse
+    "GPTNeoForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers},
+    # CodeGen: GPT-J's layer with qkv_proj one GEMM already (reordered at load)
+    "CodeGenForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": 0},
+    # NanoChat: weightless RMSNorms (a ones buffer: Llama's norm graph), one more on the
+    # embeddings (a second plain norm); q/k normed after RoPE (RoPE's closing add + each norm
+    # is an add + norm, two more a layer, and RoPE does not reach the KV write); an ungated
+    # relu2 MLP (only q/k/v fuse, no SiLU·mul); its biased o_proj (attention_bias here) is an
+    # addmm, so only fc2 takes the add + norm epilogue, and no norm reaches a GEMM's prologue
+    "NanoChatForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 4 * layers, "RMSNormFusionPass": 2, "SiluMulFusionPass": 0,
+    "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "SmallMGemmSiluMulFusionPass": 0, "SmallMGemmAddRMSNormFusionPass": layers,
     "SmallMAddRMSNormGemmFusionPass": 0}}
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
@@ -291,7 +342,12 @@ POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequence
 
 
 def test_every_registered_architecture_has_a_promise_case():
-    assert set(ARCH_CONFIG) | POOLING_ARCHS == set(ModelRegistry.get_supported_archs())
+    """An image-text-to-text architecture is served on its text models' classes: their cases
+    are its promise (tests/models/test_multimodal_text_only.py checks its checkpoints)."""
+    texts = {text for table, _ in CONDITIONAL_GENERATION.values() for text in table.values()}
+    assert texts <= set(ARCH_CONFIG)
+    assert set(ARCH_CONFIG) | POOLING_ARCHS | set(CONDITIONAL_GENERATION) == set(
+        ModelRegistry.get_supported_archs())
 
 
 @pytest.mark.parametrize("arch", sorted(ARCH_CONFIG))

@@ -1,8 +1,8 @@
 """The grouped GEMM of the fused MoE: one Triton kernel over the rows moe_align_block_size grouped
 by expert, each block of BLOCK_M rows times its expert's weight. Gated (w13): gate and up tiles in
-one pass, act(gate, up) (silu or swigluoai) in the epilogue; else (w2): each row's routing weight
-applied. Optional per-expert bias before either. Block FP8: each K-tile's dot scaled by its rows'
-and columns' block scales. Blocks past the rows in use return; another rank's expert stores 0."""
+one pass, act(gate, up) in the epilogue; else (w2): each row's routing weight applied. Optional
+per-expert bias before either. Block FP8: each K-tile's dot scaled by its rows' and columns'
+block scales. Blocks past the rows in use return; another rank's expert stores 0."""
 
 from __future__ import annotations
 
@@ -70,7 +70,11 @@ def _add_biases(acc, acc_up, ptrs, n_ok, up_offset, GATED: tl.constexpr):
 
 @triton.jit
 def _gated_act(gate, up, alpha, limit, ACTIVATION: tl.constexpr):
-    """act(gate, up) of float32 tiles: silu(gate) * up, or GPT-OSS's clamped (up + 1) * glu."""
+    """act(gate, up) of float32 tiles: silu(gate) * up, GPT-OSS's clamped (up + 1) * glu, or
+    gelu_tanh(gate) * up (Gemma 4): 0.5 * (1 + tanh(z)) is sigmoid(2z)."""
+    if ACTIVATION == "gelu_tanh":
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        return gate * tl.sigmoid(2.0 * inner) * up
     if ACTIVATION == "swigluoai":
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)

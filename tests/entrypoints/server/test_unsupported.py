@@ -65,6 +65,8 @@ def test_neutral_values_and_unknown_fields_are_accepted(server):
      "messages[0].content[1]"),
     ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
      "messages[0].content[1]"),
+    ({"type": "video_url", "video_url": {"url": "https://example.com/a.mp4"}},
+     "messages[0].content[1]"),
     ({"type": "text"}, "messages[0].content[1].text"),
 ])
 def test_non_text_content_parts_are_refused(server, part, param):
