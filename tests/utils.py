@@ -88,7 +88,9 @@ CONFIGS = {
     # test_moe_more_archs)
     "minimax_m2": ("MiniMaxM2Config", {
         "head_dim": 16, "rotary_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2,
-        "intermediate_size": 32, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}),
+        "intermediate_size": 32, "rope_parameters": {
+            # partial_rotary_factor as rotary_dim says: transformers 5.17 reads only the factor
+            "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}),
     # GPT-OSS: sink logits, a window of 8 on its even layers, YaRN (transformers' default),
     # 4 experts top-2 with biases and the clamped SwiGLU (test_gpt_oss.py randomises biases)
     "gpt_oss": ("GptOssConfig", {"head_dim": 16, "num_local_experts": 4,
@@ -316,7 +318,8 @@ CONFIGS = {
         "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 24, "scale_emb": 3.0,
         "scale_depth": 1.6, "dim_model_base": 16, "attention_bias": True, "mlp_bias": True,
         "tie_word_embeddings": False, "pad_token_id": None, "rope_parameters": {
-            "rope_type": "longrope", "rope_theta": 10000.0,
+            # factor stated (its default is max / original): transformers 5.17 needs it
+            "rope_type": "longrope", "rope_theta": 10000.0, "factor": 2.0,
             "original_max_position_embeddings": 256,
             "short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [2.0, 3.0, 4.0, 6.0]}}),
 }

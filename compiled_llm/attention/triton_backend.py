@@ -51,7 +51,11 @@ def prefill_config(head_dim: int) -> PrefillConfig:
         return PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
     if head_dim <= 128:
         return PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
-    return PrefillConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)
+    if head_dim <= 256:
+        return PrefillConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)
+    # Gemma 4's 512-wide heads: (64, 32) tiles in two stages asked 264 KiB of shared memory
+    # in float32 (the H200 has 227)
+    return PrefillConfig(block_m=32, block_n=16, num_warps=8, num_stages=2)
 
 
 def decode_config(head_dim: int, num_seqs: int = 1) -> DecodeConfig:
@@ -68,7 +72,7 @@ def decode_config(head_dim: int, num_seqs: int = 1) -> DecodeConfig:
         return DecodeConfig(block_n=128, **tiles)
     if head_dim <= 128:
         return DecodeConfig(block_n=64, **tiles)
-    return DecodeConfig(block_n=32, **{**tiles, "num_stages": 2})
+    return DecodeConfig(block_n=32 if head_dim <= 256 else 16, **{**tiles, "num_stages": 2})
 
 
 def check_shapes(q: torch.Tensor, kv_cache: torch.Tensor, fp8: bool = False) -> None:

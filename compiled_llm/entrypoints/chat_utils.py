@@ -109,16 +109,19 @@ def _reserved(tokenizer_cls: type) -> frozenset[str]:
 def render(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
            tools: list | None = None, template_kwargs: dict | None = None,
            chat_template: str | None = None, timeout_s: float = 2.0,
-           max_chars: int | None = None, continue_final_message: bool = False) -> str:
+           max_chars: int | None = None, continue_final_message: bool = False,
+           content_format: str = "auto") -> str:
     """The chat template (the tokenizer's, or chat_template) applied to messages, as text
-    (with continue_final_message, cut after the last message's content). ValueError when
+    (with continue_final_message, cut after the last message's content). content_format
+    "auto" (vLLM's) gives string contents as one text part to a template that reads parts
+    only; "string" and "openai" leave the contents as the caller made them. ValueError when
     the template fails, runs past timeout_s (it is interrupted: the calling thread is never
     held longer) or renders more than max_chars characters."""
     extra = dict(template_kwargs or {})
     clash = sorted(set(extra) & _reserved(type(tokenizer)))
     if clash:
         raise ValueError(f"chat_template_kwargs.{clash[0]} is not a template variable")
-    if takes_parts(tokenizer, chat_template):
+    if content_format == "auto" and takes_parts(tokenizer, chat_template):
         messages = [{**m, "content": [{"type": "text", "text": m["content"]}]}
                     if isinstance(m.get("content"), str) else m for m in messages]
     try:

@@ -135,9 +135,10 @@ class LLM(PoolingMixin):
         """Apply the chat template (the tokenizer's, or chat_template) to each conversation,
         then generate, as vLLM's LLM.chat: tools and chat_template_kwargs reach the template,
         continue_final_message continues the last message, add_special_tokens adds the
-        tokenizer's own (the template has them). chat_template_content_format "string" (and
-        "auto") gives the template each content as one string, "openai" as a list of text
-        parts. ValueError naming the message when one is malformed (content None is empty)."""
+        tokenizer's own (the template has them). chat_template_content_format "string"
+        gives the template each content as one string, "openai" as a list of text parts,
+        "auto" the parts where the template reads only parts (as vLLM's detection).
+        ValueError naming the message when one is malformed (content None is empty)."""
         check_runner(self.runner_type, "generate", "chat")
         if mm_processor_kwargs is not None:
             raise ValueError("mm_processor_kwargs: multimodal inputs are not supported: this "
@@ -269,7 +270,7 @@ class ChatOptions:
             conv = [{**msg, "content": _text_parts(orig)} for msg, orig in zip(conv, messages)]
         return render(tokenizer, conv, add_generation_prompt=self.add_generation_prompt,
                       tools=self.tools, template_kwargs=self.template_kwargs,
-                      chat_template=self.chat_template,
+                      chat_template=self.chat_template, content_format=self.content_format,
                       continue_final_message=self.continue_final_message)
 
 

@@ -97,8 +97,9 @@ class ServerConfig:
     """The chat template of chat requests that send none (default: the tokenizer's): a file
     path, or the template itself (a value holding {, } or a newline), as vLLM takes it."""
     chat_template_content_format: Literal["auto", "string", "openai"] = "auto"
-    """How a message's content reaches the chat template: a string (auto, string), or OpenAI's
-    list of text parts (openai), for templates that iterate over parts."""
+    """How a message's content reaches the chat template: a string (string), OpenAI's list of
+    text parts (openai), or (auto, vLLM's detection) parts where the template reads only
+    parts, else a string."""
     enable_prompt_tokens_details: bool = False
     """Put usage.prompt_tokens_details.cached_tokens (prompt tokens served from the prefix
     cache) in completion and chat responses, as vLLM's flag does."""

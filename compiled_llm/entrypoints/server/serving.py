@@ -97,7 +97,8 @@ class TokenServing:
             render, self.engine.tokenizer, convo, add_generation_prompt=add_generation_prompt,
             tools=tools, template_kwargs=kwargs, chat_template=chat_template,
             timeout_s=self.cfg.chat_template_timeout_s, max_chars=self.engine.max_prompt_bytes,
-            continue_final_message=continue_final_message)
+            continue_final_message=continue_final_message,
+            content_format=self.cfg.chat_template_content_format)
 
     async def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
                           kwargs: dict | None = None, tools: list | None = None,

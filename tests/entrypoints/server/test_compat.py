@@ -256,7 +256,8 @@ PARTS_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{% for p in m['conten
 
 def test_chat_template_content_format_openai_gives_the_template_text_parts():
     """--chat-template-content-format openai: a template that iterates over content parts
-    reads each message's text (as a string it would read none)."""
+    reads each message's text; auto (the default) finds that the template reads parts, as
+    vLLM's does; string gives it strings (it reads none)."""
     messages = [{"role": "user", "content": "hello there"}]
 
     def rendered(srv) -> str:
@@ -267,5 +268,7 @@ def test_chat_template_content_format_openai_gives_the_template_text_parts():
 
     with serving(chat_template=PARTS_TEMPLATE, chat_template_content_format="openai") as srv:
         assert rendered(srv).strip() == "<user>hello there"
-    with serving(chat_template=PARTS_TEMPLATE) as srv:  # auto: contents as strings
+    with serving(chat_template=PARTS_TEMPLATE) as srv:  # auto: detected
+        assert rendered(srv).strip() == "<user>hello there"
+    with serving(chat_template=PARTS_TEMPLATE, chat_template_content_format="string") as srv:
         assert "hello there" not in rendered(srv)
