@@ -69,16 +69,26 @@ def _tool_call(where: str, call: Any) -> dict[str, Any]:
     return {**call, "function": {**function, "arguments": arguments}}
 
 
+# OpenAI's and vLLM's non-text content parts: refused by name (multimodal input is not taken)
+MEDIA_PARTS = ("image_url", "input_image", "image", "image_embeds", "input_audio", "audio_url",
+               "audio", "video_url", "video", "file", "input_file")
+
+
 def _content_text(where: str, message: dict) -> str:
     content = message.get("content")
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(
-            isinstance(part, dict) and part.get("type") == "text"
-            and isinstance(part.get("text"), str) for part in content):
-        return join_text_parts(part["text"] for part in content)
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in MEDIA_PARTS:
+                raise ValueError(f"{where}.content[{j}]: {kind} content parts are not "
+                                 "supported (multimodal input: this is a text-only engine)")
+        if all(isinstance(part, dict) and part.get("type") == "text"
+               and isinstance(part.get("text"), str) for part in content):
+            return join_text_parts(part["text"] for part in content)
     raise ValueError(f"{where}.content must be a string, a list of text parts or None")
 
 
@@ -109,21 +119,15 @@ def _reserved(tokenizer_cls: type) -> frozenset[str]:
 def render(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
            tools: list | None = None, template_kwargs: dict | None = None,
            chat_template: str | None = None, timeout_s: float = 2.0,
-           max_chars: int | None = None, continue_final_message: bool = False,
-           content_format: str = "auto") -> str:
+           max_chars: int | None = None, continue_final_message: bool = False) -> str:
     """The chat template (the tokenizer's, or chat_template) applied to messages, as text
-    (with continue_final_message, cut after the last message's content). content_format
-    "auto" (vLLM's) gives string contents as one text part to a template that reads parts
-    only; "string" and "openai" leave the contents as the caller made them. ValueError when
+    (with continue_final_message, cut after the last message's content). ValueError when
     the template fails, runs past timeout_s (it is interrupted: the calling thread is never
     held longer) or renders more than max_chars characters."""
     extra = dict(template_kwargs or {})
     clash = sorted(set(extra) & _reserved(type(tokenizer)))
     if clash:
         raise ValueError(f"chat_template_kwargs.{clash[0]} is not a template variable")
-    if content_format == "auto" and takes_parts(tokenizer, chat_template):
-        messages = [{**m, "content": [{"type": "text", "text": m["content"]}]}
-                    if isinstance(m.get("content"), str) else m for m in messages]
     try:
         with Deadline(timeout_s):
             text = tokenizer.apply_chat_template(
@@ -142,6 +146,16 @@ def render(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: 
 
 _PROBE = "\u2063probe\u2063"
 _TAKES_PARTS: dict[str, bool] = {}  # template text -> whether it reads content as parts
+
+
+def resolved_format(tokenizer, chat_template: str | None, content_format: str) -> str:
+    """"openai" where contents reach the template as lists of text parts: asked for, or
+    content_format "auto" (vLLM's detection) and a template that reads only parts; else
+    "string"."""
+    if content_format == "openai" or (content_format == "auto"
+                                      and takes_parts(tokenizer, chat_template)):
+        return "openai"
+    return "string"
 
 
 def takes_parts(tokenizer, chat_template: str | None = None) -> bool:

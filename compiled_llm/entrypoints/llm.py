@@ -15,7 +15,7 @@ from compiled_llm.config import EngineArgs
 from compiled_llm.engine.inputs import PromptType
 from compiled_llm.engine.llm_engine import DEMO_MODEL, LLMEngine, resolve_device
 from compiled_llm.entrypoints.beam_search import BeamSearchOutput, beam_search
-from compiled_llm.entrypoints.chat_utils import conversation, render
+from compiled_llm.entrypoints.chat_utils import conversation, render, resolved_format
 from compiled_llm.entrypoints.llm_pooling import PoolingMixin, as_prompt_list, check_runner
 from compiled_llm.lora.request import LoRARequest
 from compiled_llm.output.outputs import RequestOutput
@@ -266,11 +266,11 @@ class ChatOptions:
         if tokenizer is None:
             raise ValueError("messages: chat needs a tokenizer")
         conv = conversation(messages)  # checks every message; contents as strings
-        if self.content_format == "openai":  # vLLM's: contents as lists of text parts
+        if resolved_format(tokenizer, self.chat_template, self.content_format) == "openai":
             conv = [{**msg, "content": _text_parts(orig)} for msg, orig in zip(conv, messages)]
         return render(tokenizer, conv, add_generation_prompt=self.add_generation_prompt,
                       tools=self.tools, template_kwargs=self.template_kwargs,
-                      chat_template=self.chat_template, content_format=self.content_format,
+                      chat_template=self.chat_template,
                       continue_final_message=self.continue_final_message)
 
 

@@ -74,8 +74,16 @@ def test_chat_content_format_string_or_openai_parts(llm):
     assert _prompt(llm, parts, chat_template=template,
                    chat_template_content_format="openai") == "[a][b]"
     assert _prompt(llm, chat_template=template, chat_template_content_format="openai") == "[hi]"
+    # auto on a template that reads only parts (vLLM's detection): each part its own
+    parts_only = "{% for m in messages %}{% for p in m['content'] %}[{{ p['text'] }}]{% endfor %}"
+    assert _prompt(llm, parts, chat_template=parts_only + "{% endfor %}") == "[a][b]"
+    assert _prompt(llm, chat_template=parts_only + "{% endfor %}") == "[hi]"
     with pytest.raises(ValueError, match="chat_template_content_format"):
         llm.chat(HI, ONE, use_tqdm=False, chat_template_content_format="xml")
+    image = [{"role": "user", "content": [{"type": "text", "text": "a"}, {
+        "type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content\[1\]: image_url content"):
+        llm.chat(image, ONE, use_tqdm=False)
 
 
 def test_chat_refuses_multimodal_processor_kwargs(llm):

@@ -221,6 +221,13 @@ class ChatMessage(BaseModel):
             return join_text_parts(p.part_text() or "" for p in self.content)
         return self.content or ""
 
+    def text_parts(self) -> list[dict[str, str]]:
+        """The content as OpenAI text parts, each its own (a string is one; none for an
+        empty or absent content)."""
+        if isinstance(self.content, list):
+            return [{"type": "text", "text": p.part_text() or ""} for p in self.content]
+        return [{"type": "text", "text": self.content}] if self.content else []
+
     def template_input(self) -> dict[str, Any]:
         """The message as a chat template reads it: role, content and the fields it set."""
         extra = self.model_dump(include={"name", "tool_calls", "tool_call_id"},

@@ -12,7 +12,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from compiled_llm.entrypoints.async_llm import AsyncLLM
-from compiled_llm.entrypoints.chat_utils import conversation, render
+from compiled_llm.entrypoints.chat_utils import conversation, render, resolved_format
 from compiled_llm.entrypoints.reasoning_parsers import get_reasoning_parser
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
@@ -90,15 +90,15 @@ class TokenServing:
                               param="chat_template", code="untrusted_chat_template")
         convo = conversation([history_message(i, m.template_input())
                               for i, m in enumerate(messages)])
-        if self.cfg.chat_template_content_format == "openai":  # contents as text parts
-            convo = [{**msg, "content": [{"type": "text", "text": msg["content"]}]
-                      if msg.get("content") else []} for msg in convo]
+        if resolved_format(self.engine.tokenizer, chat_template,
+                           self.cfg.chat_template_content_format) == "openai":
+            convo = [{**msg, "content": message.text_parts()}
+                     for msg, message in zip(convo, messages, strict=True)]
         return await asyncio.to_thread(
             render, self.engine.tokenizer, convo, add_generation_prompt=add_generation_prompt,
             tools=tools, template_kwargs=kwargs, chat_template=chat_template,
             timeout_s=self.cfg.chat_template_timeout_s, max_chars=self.engine.max_prompt_bytes,
-            continue_final_message=continue_final_message,
-            content_format=self.cfg.chat_template_content_format)
+            continue_final_message=continue_final_message)
 
     async def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
                           kwargs: dict | None = None, tools: list | None = None,

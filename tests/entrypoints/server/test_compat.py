@@ -270,5 +270,9 @@ def test_chat_template_content_format_openai_gives_the_template_text_parts():
         assert rendered(srv).strip() == "<user>hello there"
     with serving(chat_template=PARTS_TEMPLATE) as srv:  # auto: detected
         assert rendered(srv).strip() == "<user>hello there"
+        messages = [{"role": "user", "content": [{"type": "text", "text": "hello "},
+                                                 {"type": "text", "text": "there"}]}]
+        assert rendered(srv).strip() == "<user>hello there"  # each part its own, not joined
+        messages = [{"role": "user", "content": "hello there"}]
     with serving(chat_template=PARTS_TEMPLATE, chat_template_content_format="string") as srv:
         assert "hello there" not in rendered(srv)
