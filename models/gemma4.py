@@ -191,12 +191,13 @@ class Gemma4Model(nn.Module):
 class Gemma4ForCausalLM(Gemma3ForCausalLM):
     """Gemma 4 for causal LM: Gemma 3's contract (soft-capped logits) over Gemma4Model; the
     stacked experts load into FusedMoE, a KV-shared layer's K/V tensors (which some checkpoints
-    carry) are skipped. Tensor parallelism is refused (layers of different head shapes);
-    pipeline parallelism too (no Llama layer loop)."""
+    carry) are skipped. Tensor parallelism and LoRA are refused (layers of different head
+    shapes); pipeline parallelism too (no Llama layer loop)."""
 
     model_cls = Gemma4Model
     config_cls = Gemma4Config
     supports_tensor_parallel = False
+    supports_lora = False  # full layers' wider heads, shared and keys-as-values layers
     hf_defaults = {**Gemma3ForCausalLM.hf_defaults, "sliding_window": 512,
                    "num_key_value_heads": 4, "hidden_size_per_layer_input": 256,
                    "vocab_size_per_layer_input": 262144}

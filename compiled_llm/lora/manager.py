@@ -40,6 +40,8 @@ class LoRAManager:
     def __init__(self, model: nn.Module, settings: LoRASettings, max_tokens: int) -> None:
         if getattr(model.config, "moe", None) is not None:
             raise ValueError("enable_lora: mixture-of-experts models are not supported")
+        if not getattr(model, "supports_lora", True):  # layers of several projection shapes
+            raise ValueError(f"enable_lora: {type(model).__name__} takes no LoRA adapters")
         self.settings = settings
         self.shapes = lora_module_shapes(model.config)
         self.dtype = next(model.parameters()).dtype

@@ -103,3 +103,11 @@ def test_refused_by_name(changes, match):
 def test_fp8_kv_cache_refused_with_layers_of_different_shapes():
     with pytest.raises(ValueError, match="kv_cache_dtype fp8"):
         initial_scales(_config("gemma4"), None, torch.device("cpu"))
+
+
+def test_lora_refused_by_name():
+    from compiled_llm.lora.manager import LoRAManager, LoRASettings
+
+    model = Gemma4ForCausalLM(_config("gemma4"), 64)
+    with pytest.raises(ValueError, match="enable_lora: Gemma4ForCausalLM takes no LoRA"):
+        LoRAManager(model, LoRASettings(1, 8, 1), 16)
