@@ -15,7 +15,7 @@ from torch import nn
 from compiled_llm.models.config import MOE_KEYS, DecoderConfig
 from compiled_llm.models.layers import Float32ScaleRMSNorm, GatedMLP, SoftCappedLogits
 from compiled_llm.models.llama import LlamaAttention, LlamaForCausalLM
-from compiled_llm.models.rotary import RotaryEmbedding
+from compiled_llm.models.rotary import RotaryEmbedding, local_rotary_embedding
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -144,9 +144,7 @@ class Gemma3Model(GemmaScaledModel):
 
     def __init__(self, cfg: Gemma3Config, max_len: int) -> None:
         super().__init__(cfg, max_len)
-        local = dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta,
-                                    rope_scaling={"rope_type": "default"})
-        self.local_rotary_emb = RotaryEmbedding(local, max_len)
+        self.local_rotary_emb = local_rotary_embedding(cfg, max_len)
 
     def ropes(self, positions: torch.Tensor) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
         """The full layers' table (False) and the sliding layers' (True)."""

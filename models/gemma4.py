@@ -17,7 +17,7 @@ from compiled_llm.models.gemma4_config import Gemma4Config
 from compiled_llm.models.layers import ACTIVATIONS, Float32ScaleRMSNorm, GatedMLP
 from compiled_llm.models.moe import FusedMoE
 from compiled_llm.models.moe_routing import softmax_topk
-from compiled_llm.models.rotary import RotaryEmbedding, apply_rotary
+from compiled_llm.models.rotary import RotaryEmbedding, apply_rotary, local_rotary_embedding
 
 Rope = tuple[torch.Tensor, torch.Tensor]
 KV = dict[int, tuple[torch.Tensor, torch.Tensor]]  # producer layer -> its (k, v) [T, Hkv, D]
@@ -154,8 +154,7 @@ class Gemma4Model(nn.Module):
         self.norm = Float32ScaleRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(dataclasses.replace(
             cfg, head_dim=cfg.global_head_dim), max_len)
-        self.local_rotary_emb = RotaryEmbedding(dataclasses.replace(
-            cfg, rope_theta=cfg.local_rope_theta, rope_scaling={"rope_type": "default"}), max_len)
+        self.local_rotary_emb = local_rotary_embedding(cfg, max_len)
         if self.ple:
             packed = cfg.num_hidden_layers * self.ple  # every layer's input in one row
             self.embed_tokens_per_layer = nn.Embedding(cfg.vocab_size_per_layer_input, packed)

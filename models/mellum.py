@@ -14,7 +14,7 @@ from compiled_llm.models.config import DecoderConfig
 from compiled_llm.models.gemma3 import FULL, SLIDING, split_layer_rope
 from compiled_llm.models.moe import MoeWeightMap
 from compiled_llm.models.qwen3 import Qwen3ForCausalLM, Qwen3Model
-from compiled_llm.models.rotary import RotaryEmbedding
+from compiled_llm.models.rotary import local_rotary_embedding
 
 ARCH = "MellumForCausalLM"
 # transformers' MellumConfig rope_parameters when config.json has none
@@ -74,9 +74,7 @@ class MellumModel(Qwen3Model):
 
     def __init__(self, cfg: MellumConfig, max_len: int) -> None:
         super().__init__(cfg, max_len)
-        local = dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta,
-                                    rope_scaling={"rope_type": "default"})
-        self.local_rotary_emb = RotaryEmbedding(local, max_len)
+        self.local_rotary_emb = local_rotary_embedding(cfg, max_len)
         # the table follows layer_types (a sliding layer without a window keeps its own)
         self.sliding = [i in cfg.sliding_window_layers for i in range(cfg.num_hidden_layers)]
 

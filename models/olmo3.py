@@ -13,7 +13,7 @@ import torch
 from compiled_llm.models.config import MOE_KEYS, DecoderConfig
 from compiled_llm.models.gemma3 import FULL, SLIDING, split_layer_rope
 from compiled_llm.models.olmo2 import Olmo2ForCausalLM, Olmo2Model
-from compiled_llm.models.rotary import RotaryEmbedding
+from compiled_llm.models.rotary import local_rotary_embedding
 
 DEFAULT_THETA = 500000.0  # transformers' Olmo3Config.default_theta
 
@@ -44,9 +44,7 @@ class Olmo3Model(Olmo2Model):
 
     def __init__(self, cfg: Olmo3Config, max_len: int) -> None:
         super().__init__(cfg, max_len)
-        local = dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta,
-                                    rope_scaling={"rope_type": "default"})
-        self.local_rotary_emb = RotaryEmbedding(local, max_len)
+        self.local_rotary_emb = local_rotary_embedding(cfg, max_len)
         self.sliding = [i in cfg.sliding_window_layers for i in range(cfg.num_hidden_layers)]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ the config of partial-rotary decoders."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -206,3 +207,11 @@ class PartialRotaryConfig(DecoderConfig):
         base = super().from_hf(hf_config, **defaults)
         eps = hf_config.get("layer_norm_eps", defaults.get("layer_norm_eps", 1e-5))
         return replace(base, layer_norm_eps=eps)
+
+
+def local_rotary_embedding(cfg, max_len: int) -> RotaryEmbedding:
+    """The sliding layers' table: the default rope at cfg.local_rope_theta (Gemma 3 and 4,
+    OLMo 3, Mellum)."""
+    local = dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta,
+                                rope_scaling={"rope_type": "default"})
+    return RotaryEmbedding(local, max_len)
