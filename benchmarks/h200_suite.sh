@@ -180,6 +180,10 @@
 #                                         # Llama-3-8B nano-vllm default
 #     bash benchmarks/h200_suite.sh 84    # the quantized GPU tests, every packed kind (carry
 #                                         # .whl with compressed-tensors, loguru, psutil)
+#     bash benchmarks/h200_suite.sh 102   # the L2 weight prefetch: GPU tests, microbenchmark,
+#                                         # 8B batch 1 off / on / 0.75 (carry .whl)
+#     bash benchmarks/h200_suite.sh 103   # 8B batch 1 against gpt-fast, 0.6B on / off, an 8B
+#                                         # profile (carry .whl .peer)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -663,6 +667,37 @@ $MK
 $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --serve-only --serve-env X=1 X=1 --json $R/startup_serve.json
 $py -X importtime -c 'import compiled_llm.entrypoints.server.api_server as a; a._import_server_stack()' 2> $R/importtime_api_server.txt
 $py -X importtime -c 'import compiled_llm.entrypoints.server.api_server as a; a._import_server_stack()' 2> $R/importtime_api_server2.txt"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 102 ]; then  # one GPU (carry .whl): the L2 weight prefetch: its GPU tests,
+  # the microbenchmark, then Llama-3-8B batch 1 on the user path with it off, on (share 0.5)
+  # and at 0.75, ABCAB order, one process each
+  U="$py benchmarks/user_path.py --workload decode --json $R/user_path_decode.jsonl --model $CK/llama3-8b --skip-tokenizer-init"
+  ON='{"passes": {"enable_l2_weight_prefetch": true}}'
+  F75='{"passes": {"enable_l2_weight_prefetch": true, "l2_prefetch_fraction": 0.75}}'
+  mapfile -t a <<<"\
+timeout 120 $py -m pytest -q -p no:cacheprovider tests/kernels/test_l2_prefetch_gpu.py
+timeout 90 $py -m benchmarks.l2_prefetch --json $R/l2_prefetch.json
+$MK
+$U --label prefetch_off
+$U --label prefetch_0.5 --engine-args '$ON'
+$U --label prefetch_0.75 --engine-args '$F75'
+$U --label prefetch_off
+$U --label prefetch_0.5 --engine-args '$ON'"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 103 ]; then  # one GPU (carry .whl .peer; after 102 on a warm machine):
+  # issue 14's batch-1 targets with the prefetch: 8B against gpt-fast, 0.6B default and
+  # prefetch off (ABBA), an 8B batch-1 profile
+  U="$py benchmarks/user_path.py --workload decode --json $R/user_path_decode.jsonl --model $CK/qwen3-0.6b"
+  OFF='{"passes": {"enable_l2_weight_prefetch": false}}'
+  mapfile -t a <<<"\
+$MK
+timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$U --label default
+$U --label prefetch_off --engine-args '$OFF'
+$U --label prefetch_off --engine-args '$OFF'
+$U --label default
+$py -m benchmarks.profile_steps --model $CK/llama3-8b --workload decode --decode-tokens 128 --engine-args '{\"skip_tokenizer_init\": true}' --json $R/profile_decode_8b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 101 ]; then  # one GPU: the nano-vllm user path on Qwen3-0.6B, default and
   # tuned in ABBA order (one process each), then Llama-3-8B's default (with its tokenizer)

@@ -20,6 +20,7 @@ from compiled_llm.passes.base import GraphPass, source_hash
 from compiled_llm.passes.dump import GraphDump
 from compiled_llm.passes.duplicate_ops import DuplicateOpEliminationPass
 from compiled_llm.passes.horizontal_gemm import HorizontalGemmFusionPass
+from compiled_llm.passes.l2_weight_prefetch import L2WeightPrefetchPass
 from compiled_llm.passes.lower import FusedOpLoweringPass
 from compiled_llm.passes.noop import NoOpEliminationPass
 from compiled_llm.passes.qk_norm_rope import QKNormRoPEKVWriteFusionPass
@@ -48,8 +49,8 @@ PASSES: tuple[type[GraphPass], ...] = (
     SmallMGemmSiluMulFusionPass, SmallMGemmAddRMSNormFusionPass, SmallMAddRMSNormGemmFusionPass,
 )
 # run on the whole Dynamo graph before the split at attention (their ops go with attention);
-# each is built with the PassConfig
-PRE_SPLIT_PASSES: tuple[type[GraphPass], ...] = (QKNormRoPEKVWriteFusionPass,)
+# each is built with the PassConfig; the prefetch last, before the attention ops the first leaves
+PRE_SPLIT_PASSES: tuple[type[GraphPass], ...] = (QKNormRoPEKVWriteFusionPass, L2WeightPrefetchPass)
 
 
 class DeadCodeEliminationPass(GraphPass):
@@ -95,6 +96,12 @@ class PassConfig:
     enable_qk_norm_rope_kv_write: bool = True
     # ... on CPU too: there the op runs the reference eagerly, slower than Inductor's kernels
     qk_norm_rope_kv_write_on_cpu: bool = False
+    # pre-split: before each attention, an L2 prefetch of the o projection's weight (decode of
+    # up to 16 tokens on Hopper; elsewhere the op does nothing), at most this share of the L2;
+    # opt-in until measured on the GPU
+    enable_l2_weight_prefetch: bool = False
+    l2_prefetch_fraction: float = 0.5
+    l2_weight_prefetch_on_cpu: bool = False  # tests: the graph gets the op, which does nothing
     inline_fused_ops: bool = True  # tail: let Inductor generate the fused ops' kernels
     dump_dir: str | None = None
 

@@ -16,14 +16,24 @@ from torch.fx.passes.split_module import split_module
 
 SPLIT_OPS = ("compiled_llm::attention", "compiled_llm::attention_no_write",
              "compiled_llm::qk_norm_rope_kv_write", "compiled_llm::qk_norm_rope_attention")
+# ops that go with the split op after them (passes/l2_weight_prefetch.py): in a compiled piece
+# nothing would keep their place in the stream
+WITH_SPLIT_OPS = ("compiled_llm::l2_prefetch",)
+
+
+def _op_name(node: fx.Node) -> str | None:
+    schema = getattr(node.target, "_schema", None)
+    return schema.name if node.op == "call_function" and schema is not None else None
 
 
 def is_split_node(node: fx.Node) -> bool:
     """Whether node calls an op the graph is split at (attention, the fused QK-norm + RoPE +
     attention, and the fused K/V write that precedes attention_no_write)."""
-    target = node.target
-    name = getattr(target, "_schema", None)
-    return node.op == "call_function" and name is not None and name.name in SPLIT_OPS
+    return _op_name(node) in SPLIT_OPS
+
+
+def _goes_with_split(node: fx.Node) -> bool:
+    return _op_name(node) in WITH_SPLIT_OPS
 
 
 def _reads_split_node(node: fx.Node) -> bool:
@@ -43,12 +53,14 @@ class Piece:
 
 def split_graph(graph_module: fx.GraphModule) -> tuple[fx.GraphModule, list[Piece]]:
     """Partition graph_module so each run of split ops (attention, or the fused K/V write, its
-    getitems and attention_no_write) sits alone between compute pieces."""
+    getitems and attention_no_write; the prefetches before them) sits alone between compute
+    pieces."""
     partition, piece_id, in_split = {}, 0, False
     for node in graph_module.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        split_side = is_split_node(node) or (in_split and _reads_split_node(node))
+        split_side = (is_split_node(node) or _goes_with_split(node)
+                      or (in_split and _reads_split_node(node)))
         if split_side != in_split:
             piece_id, in_split = piece_id + 1, split_side
         partition[node] = piece_id

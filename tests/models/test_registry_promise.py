@@ -67,9 +67,10 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "MellumForCausalLM": "mellum"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
 # run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too (the
-# gate/up SiLU·mul epilogue is opt-in: asked for here)
+# gate/up SiLU·mul epilogue and the L2 weight prefetch, a no-op on CPU, are opt-in: asked for)
 ON_CPU = {"qk_norm_rope_kv_write_on_cpu": True, "small_m_gemm_on_cpu": True,
-          "enable_small_m_silu_mul": True}
+          "enable_small_m_silu_mul": True, "enable_l2_weight_prefetch": True,
+          "l2_weight_prefetch_on_cpu": True}
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 # checkpoints with q/k/v as one qkv_proj and gate/up as one gate_up_proj (4 matmuls a layer)
 PREFUSED = {"Phi3ForCausalLM"}
@@ -382,6 +383,7 @@ def test_compiles_matches_eager_and_fuses(arch, monkeypatch):
         # layer's qkv (not a biased qkv: an addmm, not a small-M GEMM)
         "SmallMAddRMSNormGemmFusionPass": len(dense) + (0 if cfg.attention_bias else sum(
             i < layers - 1 for i in dense)),
+        "L2WeightPrefetchPass": layers,  # the o projection's weight, before each attention
     }
     expected.update(OWN_LAYER_SHAPE.get(arch, lambda n: {})(layers))
     assert {name: counters.pass_matches[name] for name in expected} == expected
