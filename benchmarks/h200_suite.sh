@@ -180,8 +180,8 @@
 #                                         # Llama-3-8B nano-vllm default
 #     bash benchmarks/h200_suite.sh 84    # the quantized GPU tests, every packed kind (carry
 #                                         # .whl with compressed-tensors, loguru, psutil)
-#     bash benchmarks/h200_suite.sh 102   # the L2 weight prefetch: GPU tests, microbenchmark,
-#                                         # 8B batch 1 off / on / 0.75 (carry .whl)
+#     bash benchmarks/h200_suite.sh 102   # the L2 weight prefetch: 8B batch 1 against gpt-fast,
+#                                         # off / on, microbenchmark, GPU tests (.whl .peer)
 #     bash benchmarks/h200_suite.sh 103   # 8B batch 1 against gpt-fast, 0.6B on / off, an 8B
 #                                         # profile (carry .whl .peer)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
@@ -668,21 +668,20 @@ $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --serve-only --
 $py -X importtime -c 'import compiled_llm.entrypoints.server.api_server as a; a._import_server_stack()' 2> $R/importtime_api_server.txt
 $py -X importtime -c 'import compiled_llm.entrypoints.server.api_server as a; a._import_server_stack()' 2> $R/importtime_api_server2.txt"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 102 ]; then  # one GPU (carry .whl): the L2 weight prefetch: its GPU tests,
-  # the microbenchmark, then Llama-3-8B batch 1 on the user path with it off, on (share 0.5)
-  # and at 0.75, ABCAB order, one process each
+elif [ "$CALL" = 102 ]; then  # one GPU (carry .whl .peer): the L2 weight prefetch: Llama-3-8B
+  # batch 1 on the user path with it off and on, ABAB, one process each; against gpt-fast
+  # (ours at the tree's defaults); the microbenchmark; its GPU tests
   U="$py benchmarks/user_path.py --workload decode --json $R/user_path_decode.jsonl --model $CK/llama3-8b --skip-tokenizer-init"
-  ON='{"passes": {"enable_l2_weight_prefetch": true}}'
-  F75='{"passes": {"enable_l2_weight_prefetch": true, "l2_prefetch_fraction": 0.75}}'
+  OFF='{"passes": {"enable_l2_weight_prefetch": false}}' ON='{"passes": {"enable_l2_weight_prefetch": true}}'
   mapfile -t a <<<"\
-timeout 120 $py -m pytest -q -p no:cacheprovider tests/kernels/test_l2_prefetch_gpu.py
-timeout 90 $py -m benchmarks.l2_prefetch --json $R/l2_prefetch.json
 $MK
-$U --label prefetch_off
-$U --label prefetch_0.5 --engine-args '$ON'
-$U --label prefetch_0.75 --engine-args '$F75'
-$U --label prefetch_off
-$U --label prefetch_0.5 --engine-args '$ON'"
+$U --label prefetch_off --engine-args '$OFF'
+$U --label prefetch_on --engine-args '$ON'
+$U --label prefetch_off --engine-args '$OFF'
+$U --label prefetch_on --engine-args '$ON'
+timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
+timeout 60 $py -m benchmarks.l2_prefetch --idle-us 0 8 --fractions 0.5 0.75 --json $R/l2_prefetch.json
+timeout 120 $py -m pytest -q -p no:cacheprovider tests/kernels/test_l2_prefetch_gpu.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 103 ]; then  # one GPU (carry .whl .peer; after 102 on a warm machine):
   # issue 14's batch-1 targets with the prefetch: 8B against gpt-fast, 0.6B default and
