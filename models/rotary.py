@@ -4,7 +4,6 @@ the config of partial-rotary decoders."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -212,6 +211,6 @@ class PartialRotaryConfig(DecoderConfig):
 def local_rotary_embedding(cfg, max_len: int) -> RotaryEmbedding:
     """The sliding layers' table: the default rope at cfg.local_rope_theta (Gemma 3 and 4,
     OLMo 3, Mellum)."""
-    local = dataclasses.replace(cfg, rope_theta=cfg.local_rope_theta,
+    local = replace(cfg, rope_theta=cfg.local_rope_theta,
                                 rope_scaling={"rope_type": "default"})
     return RotaryEmbedding(local, max_len)

@@ -23,6 +23,14 @@ def val(node) -> torch.Tensor | None:
     return node.meta.get("val") if isinstance(node, Node) else None
 
 
+def example_tensor(node) -> torch.Tensor | None:
+    """A Dynamo graph node's example tensor (example_value, else val), if it carries one."""
+    if not isinstance(node, Node):
+        return None
+    value = node.meta.get("example_value", node.meta.get("val"))
+    return value if isinstance(value, torch.Tensor) else None
+
+
 def _fake_call(op, args: Sequence):
     values = [val(arg) if isinstance(arg, Node) else arg for arg in args]
     tensors = [value for value in values if isinstance(value, torch.Tensor)]

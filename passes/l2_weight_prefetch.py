@@ -12,6 +12,7 @@ import torch
 from torch.fx import Graph, Node
 
 from compiled_llm.passes.base import GraphPass
+from compiled_llm.passes.fx_utils import example_tensor
 
 # ops whose output is the attention output (a prefetch put between a fused K/V write and its
 # attention_no_write still goes with both: compile/split.py)
@@ -26,11 +27,6 @@ MIN_WEIGHT_BYTES = 1 << 20  # smaller weights are read in a kernel's latency any
 def _op_name(node) -> str | None:
     schema = getattr(getattr(node, "target", None), "_schema", None)
     return schema.name if isinstance(node, Node) and schema is not None else None
-
-
-def _example(node) -> torch.Tensor | None:
-    value = node.meta.get("example_value", node.meta.get("val")) if isinstance(node, Node) else None
-    return value if isinstance(value, torch.Tensor) else None
 
 
 def reader_of(attention: Node) -> Node | None:
@@ -51,7 +47,7 @@ def weights_of(reader: Node, devices: set[str], min_bytes: int) -> list[Node]:
     min_bytes on one of devices."""
     found = []
     for arg in [*reader.args, *reader.kwargs.values()]:
-        value = _example(arg)
+        value = example_tensor(arg)
         if value is None or arg.op != "placeholder":
             continue
         if (value.dim() >= 2 and value.device.type in devices
@@ -86,7 +82,7 @@ class L2WeightPrefetchPass(GraphPass):
         reader = reader_of(attention)
         weights = weights_of(reader, self.devices, self.min_bytes) if reader is not None else []
         hidden = attention.args[0]  # q: its rows are the step's tokens
-        if not weights or _example(hidden) is None:
+        if not weights or example_tensor(hidden) is None:
             return 0
         op = torch.ops.compiled_llm.l2_prefetch.default
         with graph.inserting_before(attention):

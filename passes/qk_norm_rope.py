@@ -13,6 +13,7 @@ import torch
 from torch.fx import Graph, Node
 
 from compiled_llm.passes.base import GraphPass
+from compiled_llm.passes.fx_utils import example_tensor
 
 # Why before the split: the fused op carries the layer index (which cache it writes) and reads
 # the step's slot mapping, so it goes with attention between the compiled pieces; inside a piece
@@ -35,13 +36,6 @@ class Norm(NamedTuple):
     weight: Node
     eps: float
     nodes: tuple[Node, ...]
-
-
-def _example(node) -> torch.Tensor | None:
-    if not isinstance(node, Node):
-        return None
-    value = node.meta.get("example_value", node.meta.get("val"))
-    return value if isinstance(value, torch.Tensor) else None
 
 
 def _call(node, target, nargs: int) -> bool:
@@ -82,7 +76,7 @@ def _halves(cat: Node) -> Node | None:
 
 def _one_row_per_token(table, heads: torch.Tensor) -> bool:
     """table is cos or sin [T, 1, D] for heads [T, H, D] (the op reads one row per token)."""
-    value = _example(table)
+    value = example_tensor(table)
     return (value is not None and value.dim() == 3 and value.shape[1] == 1
             and value.shape[2] == heads.shape[2] and heads.shape[2] % 2 == 0)
 
@@ -96,7 +90,7 @@ def match_rotation(node) -> Rotation | None:
         return None
     heads, cos_cast = lhs.args
     cat, sin_cast = rhs.args
-    heads_val = _example(heads)
+    heads_val = example_tensor(heads)
     if heads_val is None or heads_val.dim() != 3 or _halves(cat) is not heads:
         return None
     cos, sin = _cast_to(cos_cast, heads_val.dtype), _cast_to(sin_cast, heads_val.dtype)
@@ -112,8 +106,8 @@ def match_norm(node) -> Norm | None:
     if not _call(node, operator.mul, 2):
         return None
     weight, cast = node.args
-    value = _example(node)
-    weight_val = _example(weight)
+    value = example_tensor(node)
+    weight_val = example_tensor(weight)
     if value is None or weight_val is None or tuple(weight_val.shape) != (value.shape[-1],):
         return None
     scaled = _cast_to(cast, value.dtype)
@@ -171,7 +165,7 @@ class QKNormRoPEKVWriteFusionPass(GraphPass):
         q_norm, k_norm = match_norm(q_rot.heads), match_norm(k_rot.heads)
         if q_norm is not None and k_norm is not None and q_norm.eps != k_norm.eps:
             return 0
-        v_val = _example(node.args[2])
+        v_val = example_tensor(node.args[2])
         if v_val is None or v_val.dim() != 3 or v_val.device.type not in self.devices:
             return 0
         eps = next((n.eps for n in (q_norm, k_norm) if n is not None), 0.0)
