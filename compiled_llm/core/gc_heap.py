@@ -32,6 +32,13 @@ def freeze_startup_heap() -> bool:
     return True
 
 
+def thaw_heap() -> None:
+    """Undo freeze_startup_heap as the process winds down: left frozen, start-up's cycles
+    outlive the interpreter's teardown, and Triton's nanobind module prints a page of "leaked
+    instances" at exit (a clean shutdown that reads like a crash)."""
+    gc.unfreeze()
+
+
 def install_gc_debug() -> bool:
     """With $COMPILED_LLM_GC_DEBUG=1, log every collection of DEBUG_MIN_MS or more (generation,
     milliseconds, objects collected, time.monotonic() at its start) at WARNING; once per

@@ -19,6 +19,7 @@ import zmq
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.engine_output import EngineCoreOutput
+from compiled_llm.core.gc_heap import thaw_heap
 from compiled_llm.engine.core_prestart import client_addresses
 from compiled_llm.engine.core_proc import (
     ABORT,
@@ -97,6 +98,7 @@ def run_shared_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int
             core.shutdown()
         fronts.close()
         context.term()
+        thaw_heap()
 
 
 def _watch_parent(parent_pid: int) -> threading.Event:

@@ -18,7 +18,7 @@ import zmq
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.core.engine_output import EngineCoreOutput
-from compiled_llm.core.gc_heap import freeze_startup_heap
+from compiled_llm.core.gc_heap import freeze_startup_heap, thaw_heap
 from compiled_llm.engine.startup import format_age, process_age_s
 from compiled_llm.worker.spec import WorkerSpec
 
@@ -72,6 +72,7 @@ def run_engine_core(args: EngineArgs, spec: WorkerSpec, eos_token_ids: tuple[int
         inbox.close(linger=0)
         outbox.close(linger=2000)
         context.term()
+        thaw_heap()
 
 
 def build_core(args: EngineArgs, spec: WorkerSpec | None,

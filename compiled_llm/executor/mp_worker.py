@@ -14,7 +14,7 @@ import traceback
 import torch
 
 from compiled_llm.compat import forget_inherited_compile_pools
-from compiled_llm.core.gc_heap import freeze_startup_heap
+from compiled_llm.core.gc_heap import freeze_startup_heap, thaw_heap
 from compiled_llm.distributed.parallel_state import destroy_tp_group, init_tp_group
 from compiled_llm.worker.tp_follower import follow
 from compiled_llm.worker.worker import WorkerSpec, build_runner
@@ -52,6 +52,7 @@ def run_worker(args, spec: WorkerSpec, rank: int, init_method: str, status_fd: i
         sys.exit(1)
     runner.shutdown()
     destroy_tp_group()
+    thaw_heap()
 
 
 def main() -> None:
