@@ -16,6 +16,7 @@ bytecode_cache.enable()  # before torch is imported: a no-op where its bytecode 
 _PUBLIC = {
     "LLM": "compiled_llm.entrypoints.llm",
     "AsyncLLM": "compiled_llm.entrypoints.async_llm",
+    "AsyncLLMEngine": "compiled_llm.entrypoints.async_llm",
     "LLMEngine": "compiled_llm.engine.llm_engine",
     "EngineArgs": "compiled_llm.config",
     "SamplingParams": "compiled_llm.sampling_params",
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from compiled_llm.engine.arg_utils import AsyncEngineArgs
     from compiled_llm.engine.inputs import PromptType, TextPrompt, TokensPrompt
     from compiled_llm.engine.llm_engine import LLMEngine
-    from compiled_llm.entrypoints.async_llm import AsyncLLM
+    from compiled_llm.entrypoints.async_llm import AsyncLLM, AsyncLLMEngine
     from compiled_llm.entrypoints.llm import LLM
     from compiled_llm.lora.request import LoRARequest
     from compiled_llm.models import ModelRegistry
@@ -68,12 +69,12 @@ if TYPE_CHECKING:
         StructuredOutputsParams,
     )
 
-__all__ = ["LLM", "AsyncLLM", "LLMEngine", "EngineArgs", "AsyncEngineArgs", "SamplingParams",
-           "StructuredOutputsParams", "RequestOutputKind", "RequestOutput", "CompletionOutput",
-           "Logprob", "ModelRegistry", "LoRARequest", "TextPrompt", "TokensPrompt", "PromptType",
-           "PoolingParams", "PoolingOutput", "PoolingRequestOutput", "EmbeddingOutput",
-           "EmbeddingRequestOutput", "ClassificationOutput", "ClassificationRequestOutput",
-           "ScoringOutput", "ScoringRequestOutput"]
+__all__ = ["LLM", "AsyncLLM", "AsyncLLMEngine", "LLMEngine", "EngineArgs", "AsyncEngineArgs",
+           "SamplingParams", "StructuredOutputsParams", "RequestOutputKind", "RequestOutput",
+           "CompletionOutput", "Logprob", "ModelRegistry", "LoRARequest", "TextPrompt",
+           "TokensPrompt", "PromptType", "PoolingParams", "PoolingOutput", "PoolingRequestOutput",
+           "EmbeddingOutput", "EmbeddingRequestOutput", "ClassificationOutput",
+           "ClassificationRequestOutput", "ScoringOutput", "ScoringRequestOutput"]
 __version__ = "0.1.0"
 
 

@@ -386,3 +386,8 @@ def _check_extras(trace_headers: Mapping[str, str] | None, data_parallel_rank: i
                          "data-parallel rank (0)")
     if tokenization_kwargs is not None and not isinstance(tokenization_kwargs, dict):
         raise ValueError("tokenization_kwargs must be a dict of tokenizer arguments")
+
+
+# vLLM's name for the same engine (its V1 AsyncLLMEngine is AsyncLLM), so scripts that import
+# it switch by changing the import
+AsyncLLMEngine = AsyncLLM

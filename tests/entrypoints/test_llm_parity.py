@@ -163,6 +163,8 @@ def test_vllm_names_are_exported(llm):
         assert name in compiled_llm.__all__ and getattr(compiled_llm, name) is not None
     assert issubclass(compiled_llm.AsyncEngineArgs, compiled_llm.EngineArgs)
     assert hasattr(compiled_llm.AsyncLLM, "from_engine_args")
+    assert "AsyncLLMEngine" in compiled_llm.__all__  # vLLM's V1 alias of AsyncLLM
+    assert compiled_llm.AsyncLLMEngine is compiled_llm.AsyncLLM
     with pytest.raises(ValueError, match="start_engine_loop"):
         compiled_llm.AsyncLLM.from_engine_args(compiled_llm.EngineArgs(),
                                                start_engine_loop=False)
