@@ -96,7 +96,8 @@ class ParallelArgs(RunnerArgs):
 
 @dataclass
 class ParityArgs:
-    """vLLM's model-source and logging fields; EngineArgs inherits them."""
+    """vLLM's model-source and logging fields, and those it has that change nothing here or
+    are refused; EngineArgs inherits them."""
 
     trust_remote_code: bool = False
     """Accepted for vLLM compatibility; it changes nothing: compiled-llm runs only its
@@ -137,6 +138,19 @@ class ParityArgs:
     disable_custom_all_reduce: bool = False
     """vLLM's switch off of its custom all-reduce kernel. Accepted; it changes nothing:
     tensor parallelism here all-reduces through torch.distributed (NCCL) alone."""
+    data_parallel_size: int = 1
+    """vLLM's data-parallel engine replicas. Not supported: 1 is accepted, more is refused
+    (run several servers behind a load balancer instead)."""
+    structured_outputs_config: dict | None = None
+    """vLLM's structured-outputs settings, e.g. {"backend": "xgrammar"}: backend auto or
+    xgrammar (the one used here) is accepted; any other backend, or another key set off its
+    default, is refused."""
+    guided_decoding_backend: str | None = None
+    """vLLM's older spelling of structured_outputs_config's backend: auto or xgrammar."""
+    limit_mm_per_prompt: dict | None = None
+    """vLLM's most items of each modality per prompt, e.g. {"image": 0}: checked (modality ->
+    count >= 0) and accepted; the models here take text alone, so a multimodal input is
+    refused whatever it says."""
 
     def check_parity(self) -> None:
         """ValueError naming the first field set to something compiled-llm cannot do."""
@@ -156,6 +170,28 @@ class ParityArgs:
                              "CPU memory is not supported (give 0)")
         if not isinstance(self.swap_space, int | float) or self.swap_space < 0:
             raise ValueError(f"swap_space must be a number >= 0, got {self.swap_space!r}")
+        self._check_vllm_frontend()
+
+    def _check_vllm_frontend(self) -> None:
+        """ValueError naming data_parallel_size, the structured-outputs backend or
+        limit_mm_per_prompt for a value compiled-llm cannot follow."""
+        size = self.data_parallel_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"data_parallel_size must be an int >= 1, got {size!r}")
+        if size > 1:
+            raise ValueError(f"data_parallel_size {size}: data parallelism is not supported "
+                             "(one engine per server); give 1, or run several servers")
+        check_backend("guided_decoding_backend", self.guided_decoding_backend)
+        config = self.structured_outputs_config
+        if config is not None:
+            if not isinstance(config, dict):
+                raise ValueError(f"structured_outputs_config must be an object, got {config!r}")
+            check_backend("structured_outputs_config.backend", config.get("backend"))
+            for key, value in config.items():
+                if key != "backend" and value != _STRUCTURED_DEFAULTS.get(key, object()):
+                    raise ValueError(f"structured_outputs_config.{key}={value!r}: not supported "
+                                     "(only backend auto or xgrammar)")
+        check_mm_limits(self.limit_mm_per_prompt)
 
     def resolve_hub_ids(self) -> None:
         """model, tokenizer and a speculative draft given as Hugging Face Hub ids ("org/name")
@@ -193,6 +229,31 @@ class ParityArgs:
             path = hub_snapshot("speculative_config.model", draft, spec.get("revision"),
                                 self.download_dir, True, getattr(self, "load_format", "auto"))
             self.speculative_config = {**spec, "model": path, "revision": None}
+
+
+# vLLM's StructuredOutputsConfig defaults, accepted as given: they are xgrammar's behaviour here
+_STRUCTURED_DEFAULTS = {"disable_fallback": False, "disable_any_whitespace": False,
+                        "disable_additional_properties": False, "reasoning_parser": "",
+                        "enable_in_reasoning": False}
+STRUCTURED_BACKENDS = ("auto", "xgrammar")
+
+
+def check_backend(field: str, backend: object) -> None:
+    """ValueError naming field for a structured-outputs backend other than auto or xgrammar."""
+    if backend is not None and backend not in STRUCTURED_BACKENDS:
+        raise ValueError(f"{field}={backend!r}: not supported; structured outputs run on "
+                         "xgrammar here (give auto or xgrammar)")
+
+
+def check_mm_limits(limits: object) -> None:
+    """ValueError naming limit_mm_per_prompt unless it is None or modality -> count >= 0."""
+    if limits is None:
+        return
+    if not isinstance(limits, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for k, v in limits.items()):
+        raise ValueError(f"limit_mm_per_prompt must map each modality to a count >= 0, e.g. "
+                         f'{{"image": 0}}, got {limits!r}')
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

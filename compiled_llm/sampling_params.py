@@ -196,6 +196,10 @@ class SamplingParams:
                 raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}")
             # Greedy ignores truncation; resetting keeps batches from paying for it.
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        # vLLM's private state, not fields: the engine's processor adds its EOS ids and the
+        # bad_words' token sequences to its own copy (InputProcessor.process)
+        self._all_stop_token_ids: set[int] = set(self.stop_token_ids)
+        self._bad_words_token_ids: list[list[int]] | None = None
 
     def _verify_counts(self) -> None:
         if not _is_int(self.n) or self.n < 1:
@@ -295,6 +299,17 @@ class SamplingParams:
         return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
 
     @property
+    def all_stop_token_ids(self) -> set[int]:
+        """vLLM's: stop_token_ids, plus the model's EOS ids once the engine has taken the
+        request (min_tokens holds all of them back, ignore_eos or not)."""
+        return self._all_stop_token_ids
+
+    @property
+    def bad_words_token_ids(self) -> list[list[int]] | None:
+        """vLLM's: the token sequences bad_words ban, once the engine tokenized them."""
+        return self._bad_words_token_ids
+
+    @property
     def is_greedy(self) -> bool:
         """Whether the request takes the argmax token."""
         return self.sampling_type == SamplingType.GREEDY
@@ -332,9 +347,13 @@ class SamplingParams:
         """vLLM's: generation_config's eos_token_id (an id or a list) other than the primary
         eos_token_id become stop_token_ids, unless ignore_eos."""
         eos_ids = generation_config.get("eos_token_id")
+        extra = [] if eos_ids is None else [eos_ids] if isinstance(eos_ids, int) else eos_ids
+        primary = [] if eos_token_id is None else [eos_token_id]
+        # vLLM's: every EOS id is in all_stop_token_ids (min_tokens holds them back), even
+        # under ignore_eos
+        self._all_stop_token_ids.update([*extra, *primary])
         if eos_ids is None or self.ignore_eos:
             return
-        extra = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids)
         extra = [t for t in extra if t != eos_token_id]
         self.stop_token_ids = _normalise_stop_ids([*(self.stop_token_ids or []), *extra])
 
@@ -342,7 +361,7 @@ class SamplingParams:
         """Copy with fresh lists; processors and structured_outputs are shared (may hold state)."""
         procs = None if self.logits_processors is None else list(self.logits_processors)
         allowed = self.allowed_token_ids
-        return dataclasses.replace(
+        copy = dataclasses.replace(
             self,
             stop=list(self.stop or []),
             stop_token_ids=list(self.stop_token_ids or []),
@@ -352,6 +371,9 @@ class SamplingParams:
             bad_words=list(self.bad_words or []),
             extra_args=None if self.extra_args is None else dict(self.extra_args),
         )
+        copy._all_stop_token_ids |= self._all_stop_token_ids
+        copy._bad_words_token_ids = self._bad_words_token_ids
+        return copy
 
 
 @dataclass

@@ -108,7 +108,8 @@ class InputProcessor:
         self.check_params(params)
         text, ids = self.tokenize(prompt)
         ids = self._truncated(prompt, text, ids, params.truncate_prompt_tokens)
-        params = self._with_bad_words(self._with_whole_vocab(params))
+        params = self._with_bad_words(self._with_whole_vocab(params.clone()))
+        params._all_stop_token_ids.update(self.eos_token_ids)  # vLLM's all_stop_token_ids
         lora = self.loras.check(lora_request)
         salt = prompt_cache_salt(prompt)  # checked by tokenize
         children = [self._child(request_id, i, text, ids, params, priority, lora, salt)
@@ -161,21 +162,22 @@ class InputProcessor:
                 raise ValueError(f"extra_args must be picklable ({exc})") from None
 
     def _with_whole_vocab(self, params: SamplingParams) -> SamplingParams:
-        """params (cloned) with logprobs -1 (the whole vocabulary) as the vocabulary's size."""
+        """params (the engine's copy) with logprobs -1 (the whole vocabulary) as the
+        vocabulary's size."""
         if -1 not in (params.logprobs, params.prompt_logprobs):
             return params
-        params = params.clone()
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(params, name) == -1:
                 setattr(params, name, self.vocab_size)
         return params
 
     def _with_bad_words(self, params: SamplingParams) -> SamplingParams:
-        """params (cloned) with a processor banning its bad_words; params when it has none."""
+        """params (the engine's copy) with a processor banning its bad_words (their token
+        sequences in bad_words_token_ids, as vLLM's); params when it has none."""
         if not params.bad_words:
             return params
         sequences = bad_word_sequences(self.tokenizer, params.bad_words, self.vocab_size)
-        params = params.clone()
+        params._bad_words_token_ids = sequences
         params.logits_processors = [*(params.logits_processors or []),
                                     BadWordsProcessor(sequences)]
         return params

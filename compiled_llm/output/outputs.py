@@ -3,7 +3,7 @@ merge_deltas, which joins two DELTA outputs of one request (of one or several se
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -76,6 +76,8 @@ class RequestOutput:
     num_cached_tokens: int | None = None
     kv_transfer_params: dict[str, Any] | None = None  # vLLM's keyword: no KV transfer here
     error: str | None = None
+    # vLLM's keyword: where a prompt's images and the like sit; none in a text prompt
+    multi_modal_placeholders: dict[str, Any] = field(default_factory=dict)
 
     def add(self, next_output: RequestOutput, aggregate: bool) -> None:
         """vLLM's merge of a later output of the same request into this one: per completion

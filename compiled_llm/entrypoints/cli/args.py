@@ -24,6 +24,7 @@ ENGINE_ARG_ALIASES: dict[str, tuple[str, ...]] = {
     "tensor_parallel_size": ("-tp",),
     "pipeline_parallel_size": ("-pp",),
     "enable_expert_parallel": ("-ep",),
+    "data_parallel_size": ("-dp",),
 }
 
 
@@ -172,6 +173,8 @@ def flag_name(field_name: str) -> str:
 def _type_kwargs(cls: type, field: dataclasses.Field, hint: object) -> dict[str, Any]:
     """add_argument's type, nargs, choices or action for one field, from its type hint (or
     the parser in its metadata, for a hint no flag type spells, such as `int | str`)."""
+    if field.metadata.get("repeat"):  # given once per value (--middleware A --middleware B)
+        return {"type": str, "action": "append"}
     if "parse" in field.metadata:  # a dict field's objects merge (dotted keys)
         merge = {"metavar": "JSON", "action": JsonObjectAction} if split_optional(hint)[
             0] is dict else {}
@@ -235,8 +238,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parity = tuple(f.name for f in dataclasses.fields(ParityArgs))
     add_dataclass_args(parser, EngineArgs, aliases=ENGINE_ARG_ALIASES, exclude=parity,
                        title="engine options (EngineArgs)")
-    add_dataclass_args(parser, ParityArgs, title="vLLM's options that change nothing here, "
-                                                 "or are refused (ParityArgs)")
+    add_dataclass_args(parser, ParityArgs, aliases=ENGINE_ARG_ALIASES,
+                       title="vLLM's options that change nothing here, or are refused "
+                             "(ParityArgs)")
     add_config_flag(parser)
 
 

@@ -35,7 +35,8 @@ BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/poo
 HTTP_ONLY = ("model_name", "extra_model_names", "api_key", "max_body_bytes",
              "engine_iteration_timeout_s", "allowed_origins", "allowed_methods",
              "allowed_headers", "allow_credentials", "otlp_traces_endpoint",
-             "timeout_graceful_shutdown", "uvicorn_log_level")
+             "timeout_graceful_shutdown", "uvicorn_log_level", "enable_request_id_headers",
+             "middleware", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -37,8 +37,9 @@ LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 class ServeArgs:
     """Where `serve` listens and how it logs."""
 
-    host: str = "127.0.0.1"
-    """Address to listen on."""
+    host: str | None = None
+    """Address to listen on (default: every IPv4 interface, 0.0.0.0, as vLLM's; give
+    127.0.0.1 to accept local connections alone)."""
     port: int = 8000
     """Port to listen on."""
     served_model_name: list[str] | None = None
@@ -49,6 +50,9 @@ class ServeArgs:
     disable_log_requests: bool = False
     """vLLM's deprecated switch: requests are logged only with --enable-log-requests, and
     this turns that off."""
+    disable_frontend_multiprocessing: bool = False
+    """vLLM's: run the engine in the API server's process, as --no-engine-core-process does
+    (one API server)."""
     api_server_count: int | None = None
     """API-server processes in front of the one engine core process, all on host:port (the
     kernel spreads connections over them); each does its own HTTP, tokenization,
@@ -92,7 +96,8 @@ def take_model_tag(ns: argparse.Namespace) -> None:
 def run_serve(ns: argparse.Namespace) -> int:
     """Build the engine and serve until interrupted."""
     take_model_tag(ns)
-    args, opts = serving_defaults(engine_args(ns)), dataclass_from(ServeArgs, ns)
+    opts = dataclass_from(ServeArgs, ns)
+    args = in_process_core(serving_defaults(engine_args(ns)), opts)
     # until the servers install their own: a SIGTERM during start-up still runs the finally
     # below (the processes and directories started ahead are removed)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -113,6 +118,17 @@ def serving_defaults(args: EngineArgs) -> EngineArgs:
     graphs = args.max_cudagraph_capture_size or SERVE_MAX_NUM_BATCHED_TOKENS
     return replace(args, max_num_batched_tokens=SERVE_MAX_NUM_BATCHED_TOKENS,
                    max_cudagraph_capture_size=graphs)
+
+
+def in_process_core(args: EngineArgs, opts: ServeArgs) -> EngineArgs:
+    """args with the engine core in this process for --disable-frontend-multiprocessing;
+    ValueError when --engine-core-process asks for its own process too."""
+    if not opts.disable_frontend_multiprocessing:
+        return args
+    if args.engine_core_process:
+        raise ValueError("disable_frontend_multiprocessing runs the engine in the server's "
+                         "process; it contradicts --engine-core-process")
+    return replace(args, engine_core_process=False)
 
 
 def _exit_on_sigterm(signum, frame) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from compiled_llm.config import EngineArgs
 from compiled_llm.engine.core_multi import CoreEndpoint
 from compiled_llm.engine.startup import format_age, process_age_s
-from compiled_llm.entrypoints.server.server_config import ServerConfig
+from compiled_llm.entrypoints.server.server_config import ServerConfig, listen_host
 
 logger = logging.getLogger(__name__)
 PARENT_POLL_S = 1.0  # how often a server checks that its parent still runs
@@ -30,7 +30,7 @@ class ApiServerSpec:
     """What an API-server process needs from its parent."""
 
     args: EngineArgs
-    host: str
+    host: str | None
     port: int
     cfg: ServerConfig
     log_level: str
@@ -39,9 +39,11 @@ class ApiServerSpec:
     sys_path: list[str]
 
 
-def reuse_port_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port with SO_REUSEPORT: the kernel spreads new connections
-    over every listening socket of the group (one per API server)."""
+def reuse_port_socket(host: str | None, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (None: every IPv4 interface) with SO_REUSEPORT: the
+    kernel spreads new connections over every listening socket of the group (one per API
+    server)."""
+    host = listen_host(host)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

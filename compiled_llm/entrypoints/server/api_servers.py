@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from compiled_llm.config import EngineArgs
 from compiled_llm.engine import core_prestart
 from compiled_llm.entrypoints.server.api_server import ApiServerSpec, reuse_port_socket
-from compiled_llm.entrypoints.server.server_config import ServerConfig
+from compiled_llm.entrypoints.server.server_config import ServerConfig, listen_host
 
 logger = logging.getLogger(__name__)
 SUPERVISE_POLL_S = 0.2
@@ -67,7 +67,7 @@ def _stop_wait(proc: subprocess.Popen, seconds: float) -> None:
         proc.wait()
 
 
-def serve_many(args: EngineArgs, host: str, port: int, cfg: ServerConfig, log_level: str,
+def serve_many(args: EngineArgs, host: str | None, port: int, cfg: ServerConfig, log_level: str,
                count: int) -> int:
     """Serve with `count` API servers until SIGTERM or Ctrl-C (0), or until every server
     is gone (1). The core and the servers are those core_prestart started ahead where they
@@ -93,7 +93,8 @@ def serve_many(args: EngineArgs, host: str, port: int, cfg: ServerConfig, log_le
             _hand_spec(proc, ApiServerSpec(args, host, port, cfg, log_level, endpoint,
                                            os.getpid(), sys.path))
         logger.info("serving on %s:%d with %d API servers (pids %s), engine core pid %d",
-                    host, port, count, [p.pid for p in children.servers], children.core.pid)
+                    listen_host(host), port, count, [p.pid for p in children.servers],
+                    children.core.pid)
         return _supervise(children, stop)
     finally:
         children.stop(cfg.timeout_graceful_shutdown)

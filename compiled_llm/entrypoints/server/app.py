@@ -16,13 +16,13 @@ from compiled_llm.engine.llm_engine import DEMO_MODEL
 from compiled_llm.entrypoints.async_llm import AsyncLLM
 from compiled_llm.entrypoints.server.compat_routes import add_compat_routes
 from compiled_llm.entrypoints.server.errors import (
-    OPEN_PATHS,
     GuardMiddleware,
     OpenAIError,
     install_handlers,
 )
 from compiled_llm.entrypoints.server.lora_routes import ServedLoRAs, add_lora_routes
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
+from compiled_llm.entrypoints.server.middleware import install_middleware
 from compiled_llm.entrypoints.server.openapi import STREAM, errors, install_openapi, new_app
 from compiled_llm.entrypoints.server.protocol import (
     ChatCompletionRequest,
@@ -31,7 +31,7 @@ from compiled_llm.entrypoints.server.protocol import (
     ModelList,
 )
 from compiled_llm.entrypoints.server.protocol_responses import ResponsesRequest
-from compiled_llm.entrypoints.server.server_config import ServerConfig
+from compiled_llm.entrypoints.server.server_config import ServerConfig, listen_host
 from compiled_llm.entrypoints.server.serving_chat import ServingChat
 from compiled_llm.entrypoints.server.serving_completion import ServingCompletion
 from compiled_llm.entrypoints.server.serving_pooling import POOLING_PATHS, refuse_runner_paths
@@ -51,7 +51,7 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics,
     the API server processes of one engine share (stored responses live there)."""
     app = new_app(cfg.disable_fastapi_docs)
     install_handlers(app)
-    install_openapi(app, OPEN_PATHS, keyed=cfg.api_key is not None)
+    install_openapi(app, keyed=cfg.api_key is not None)
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
     if cfg.otlp_traces_endpoint is not None:
         app.add_middleware(TraceHeadersMiddleware)
@@ -59,6 +59,7 @@ def build_app(engine: AsyncLLM, cfg: ServerConfig, metrics: ServerMetrics,
     app.add_middleware(CORSMiddleware, allow_origins=cfg.allowed_origins,
                        allow_methods=cfg.allowed_methods, allow_headers=cfg.allowed_headers,
                        allow_credentials=cfg.allow_credentials)
+    install_middleware(app, cfg)
     metrics.bind(engine)
     set_chat_template(engine, cfg.chat_template)
     loras = ServedLoRAs(engine, cfg.model_name, cfg.lora_modules)
@@ -157,7 +158,7 @@ async def _counting(metrics: ServerMetrics, work):
         raise
 
 
-def serve(args: EngineArgs, host: str, port: int, cfg: ServerConfig,
+def serve(args: EngineArgs, host: str | None, port: int, cfg: ServerConfig,
           log_level: str = "info") -> None:
     """Build the engine and serve until interrupted (a pooling engine for runner pooling)."""
     import uvicorn
@@ -187,14 +188,18 @@ def build_server(args: EngineArgs,
     return engine, build_app(engine, cfg, metrics)
 
 
-def uvicorn_config(app: FastAPI, host: str, port: int, cfg: ServerConfig,
+def uvicorn_config(app: FastAPI, host: str | None, port: int, cfg: ServerConfig,
                    log_level: str = "info", **options):
-    """How uvicorn serves app: SIGTERM gives requests in flight timeout_graceful_shutdown
-    seconds, then cuts them off (uvicorn alone would wait for them forever); it logs at
-    cfg.uvicorn_log_level, else log_level. options go to uvicorn.Config as they are."""
+    """How uvicorn serves app on host (None: every IPv4 interface, vLLM's default): SIGTERM
+    gives requests in flight timeout_graceful_shutdown seconds, then cuts them off (uvicorn
+    alone would wait for them forever); it logs at cfg.uvicorn_log_level, else log_level;
+    HTTPS with cfg's ssl_* files. options go to uvicorn.Config as they are."""
     import uvicorn
 
-    return uvicorn.Config(app, host=host, port=port,
+    return uvicorn.Config(app, host=listen_host(host), port=port,
                           log_level=cfg.uvicorn_log_level or log_level,
                           timeout_keep_alive=30, root_path=cfg.root_path or "",
-                          timeout_graceful_shutdown=cfg.timeout_graceful_shutdown, **options)
+                          timeout_graceful_shutdown=cfg.timeout_graceful_shutdown,
+                          ssl_keyfile=cfg.ssl_keyfile, ssl_certfile=cfg.ssl_certfile,
+                          ssl_ca_certs=cfg.ssl_ca_certs, ssl_cert_reqs=cfg.ssl_cert_reqs,
+                          **options)

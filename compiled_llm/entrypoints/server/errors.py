@@ -1,6 +1,7 @@
 """OpenAI-style error objects: the exception the handlers raise, the FastAPI exception
 handlers that render every failure as `{"error": {message, type, param, code}}`, and the ASGI
-guard that answers 400 (headers not UTF-8), 401 (API key) and 413 (body size) before a route."""
+guard that answers 400 (headers not UTF-8), 401 (API key, under /v1) and 413 (body size)
+before a route."""
 
 from __future__ import annotations
 
@@ -116,10 +117,14 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _internal_error)
 
 
-# what a load balancer or a scraper reads without the key, and the docs pages a browser opens
-# (as vLLM leaves them open)
-OPEN_PATHS = frozenset({"/health", "/metrics", "/ping", "/version", "/openapi.json", "/docs",
-                        "/docs/oauth2-redirect", "/redoc"})
+# vLLM's rule: the key guards the OpenAI API under /v1 alone; /health, /metrics, /tokenize,
+# the docs pages and every other route are open (as vLLM's AuthenticationMiddleware has it)
+KEYED_PREFIX = "/v1"
+
+
+def needs_key(path: str) -> bool:
+    """Whether a route path (root_path removed) needs the API key: it is under /v1."""
+    return path.startswith(KEYED_PREFIX)
 
 
 def route_path(scope) -> str:
@@ -132,7 +137,7 @@ def route_path(scope) -> str:
 
 
 class GuardMiddleware:
-    """ASGI: every route but OPEN_PATHS needs `Authorization: Bearer <key>` for one of api_key
+    """ASGI: every route under /v1 needs `Authorization: Bearer <key>` for one of api_key
     when keys are (compared in constant time), headers must be UTF-8, and no body may exceed
     max_body_bytes (by Content-Length, or counted as it streams in)."""
 
@@ -163,9 +168,9 @@ class GuardMiddleware:
         await self.app(scope, receive, send)
 
     def _authorized(self, path: str, authorization: str) -> bool:
-        """Whether the request may reach path: an open path, no key set, or the right key
-        (compare_digest: the time taken says nothing about how much of a guess matched)."""
-        if self.expected is None or path in OPEN_PATHS:
+        """Whether the request may reach path: no key set, a path outside /v1, or the right
+        key (compare_digest: the time taken says nothing about how much of a guess matched)."""
+        if self.expected is None or not needs_key(path):
             return True
         given = authorization.encode()  # every key compared: the time says nothing of which
         return sum(hmac.compare_digest(given, key) for key in self.expected) > 0

@@ -31,9 +31,11 @@ def new_app(disable_docs: bool) -> FastAPI:
                    docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None)
 
 
-def install_openapi(app: FastAPI, open_paths: frozenset[str], keyed: bool) -> None:
+def install_openapi(app: FastAPI, keyed: bool) -> None:
     """Serve a spec without FastAPI's 422 validation responses (the app answers 400), errors
-    as JSON on every route, and, when keyed, the bearer key on all but open_paths."""
+    as JSON on every route, and, when keyed, the bearer key on the routes that need it."""
+    from compiled_llm.entrypoints.server.errors import needs_key
+
 
     def spec() -> dict:
         if app.openapi_schema is None:
@@ -46,7 +48,7 @@ def install_openapi(app: FastAPI, open_paths: frozenset[str], keyed: bool) -> No
                     _fix_responses(operation["responses"])
                     if len(operations) > 1:
                         operation["operationId"] = f"{operation['operationId']}_{method}"
-                    if keyed and path not in open_paths:
+                    if keyed and needs_key(path):
                         operation["security"] = [{"bearer": []}]
             components = schema.setdefault("components", {})
             for name in ("HTTPValidationError", "ValidationError"):

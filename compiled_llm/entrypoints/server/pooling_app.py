@@ -13,8 +13,9 @@ from fastapi.responses import PlainTextResponse, Response
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.entrypoints.async_pooling import AsyncPoolingLLM, PoolingTokens
-from compiled_llm.entrypoints.server.errors import OPEN_PATHS, GuardMiddleware, install_handlers
+from compiled_llm.entrypoints.server.errors import GuardMiddleware, install_handlers
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
+from compiled_llm.entrypoints.server.middleware import install_middleware
 from compiled_llm.entrypoints.server.openapi import errors, install_openapi, new_app
 from compiled_llm.entrypoints.server.protocol import ModelCard, ModelList
 from compiled_llm.entrypoints.server.server_config import ServerConfig
@@ -35,11 +36,12 @@ def build_pooling_app(engine: AsyncPoolingLLM, cfg: ServerConfig,
     metrics = ServerMetrics(cfg.model_name) if metrics is None else metrics
     app = new_app(cfg.disable_fastapi_docs)
     install_handlers(app)
-    install_openapi(app, OPEN_PATHS, keyed=cfg.api_key is not None)
+    install_openapi(app, keyed=cfg.api_key is not None)
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
     app.add_middleware(CORSMiddleware, allow_origins=cfg.allowed_origins,
                        allow_methods=cfg.allowed_methods, allow_headers=cfg.allowed_headers,
                        allow_credentials=cfg.allow_credentials)
+    install_middleware(app, cfg)
     tokens = TokenServing(PoolingTokens(engine), cfg)
     serving = ServingPooling(engine, cfg.model_name, metrics, cfg.model_names, tokens)
     add_pooling_routes(app, serving)

@@ -3,12 +3,18 @@ the CLI can build `serve`'s flags from it without loading the server."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
 UvicornLogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 # vLLM's rule: a value that opens as a file is a path; else, holding one of these, a template
 _JINJA_CHARS = "{}\n"
+
+
+def listen_host(host: str | None) -> str:
+    """The address a server binds: host, or every IPv4 interface for None (vLLM's default)."""
+    return "0.0.0.0" if host is None else host
 
 
 def load_chat_template(value: str) -> str:
@@ -30,9 +36,9 @@ class ServerConfig:
     model_name: str
     """The model name replies carry, and one a request's model may give; /v1/models lists it."""
     api_key: list[str] | None = None
-    """Require `Authorization: Bearer KEY` on every route but /health, /metrics, /ping,
-    /version and the docs pages, any of these keys (one string: that key; default: none, or
-    serve's VLLM_API_KEY)."""
+    """Require `Authorization: Bearer KEY`, any of these keys, on every route under /v1 (after
+    --root-path), as vLLM does; /tokenize, /health, /metrics and the other routes stay open
+    (one string: that key; default: none, or serve's VLLM_API_KEY)."""
     max_body_bytes: int = 16 << 20
     """Largest request body accepted, in bytes; larger bodies get 413."""
     max_completion_prompts: int = 1024
@@ -103,6 +109,23 @@ class ServerConfig:
     enable_prompt_tokens_details: bool = False
     """Put usage.prompt_tokens_details.cached_tokens (prompt tokens served from the prefix
     cache) in completion and chat responses, as vLLM's flag does."""
+    max_log_len: int | None = None
+    """The most prompt characters or token ids a request logged by --enable-log-requests
+    shows (default: all)."""
+    enable_request_id_headers: bool = False
+    """Answer every request with an X-Request-Id header: the request's own, else a new id."""
+    middleware: list[str] | None = field(default=None, metadata={"repeat": True})
+    """An ASGI middleware class or an `async def (request, call_next)` function added to the
+    app, by import path (package.module.name); give the flag once per middleware."""
+    ssl_keyfile: str | None = None
+    """The TLS private key file (with --ssl-certfile: the server speaks HTTPS)."""
+    ssl_certfile: str | None = None
+    """The TLS certificate file: the server speaks HTTPS."""
+    ssl_ca_certs: str | None = None
+    """The CA certificates file client certificates are checked against."""
+    ssl_cert_reqs: int = 0
+    """Whether a client certificate is required: 0 no, 1 optional, 2 required (Python's
+    ssl.CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED)."""
 
     def __post_init__(self) -> None:
         from compiled_llm.config_fields import check_choices
@@ -122,6 +145,23 @@ class ServerConfig:
             raise ValueError("api_key: give at least one key, none of them empty")
         if self.chat_template is not None:  # the text from here on, read once at start
             self.chat_template = load_chat_template(self.chat_template)
+        self._check_http()
+
+    def _check_http(self) -> None:
+        """ValueError naming max_log_len, middleware or an ssl_* field set wrong."""
+        if self.max_log_len is not None and self.max_log_len < 0:
+            raise ValueError(f"max_log_len must be >= 0, got {self.max_log_len}")
+        for path in self.middleware or ():
+            if "." not in path.strip("."):
+                raise ValueError(f"middleware: {path!r} is not an import path (module.name)")
+        if self.ssl_cert_reqs not in (0, 1, 2):
+            raise ValueError(f"ssl_cert_reqs must be 0, 1 or 2, got {self.ssl_cert_reqs}")
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ValueError("ssl_keyfile needs ssl_certfile")
+        for name in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"{name}: no such file {path!r}")
 
     @property
     def model_names(self) -> list[str]:

@@ -165,9 +165,9 @@ class Serving(TokenServing):
         tool grammar (plan's) that does not compile is a 400 on tools. priority and
         cache_salt are the request's (vLLM's fields), checked by the engine."""
         started_ns = time.time_ns()
-        if self.cfg.enable_log_requests:
+        if self.cfg.enable_log_requests:  # vLLM's: at most max_log_len ids shown
             logger.info("Received request %s: prompt_token_ids: %s, params: %s, lora_request: "
-                        "%s.", rid, ids, params, lora_request)
+                        "%s.", rid, ids[:self.cfg.max_log_len], params, lora_request)
         prompt = {"prompt_token_ids": ids}
         if cache_salt is not None:
             prompt["cache_salt"] = cache_salt

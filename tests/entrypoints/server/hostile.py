@@ -41,7 +41,9 @@ def hostile_requests(slow_properties: int) -> list[tuple[str, str, dict, dict]]:
          {**chat, "guided_json": _schema(slow_properties)}, {}),
         ("row3 100k choices", "/v1/completions",
          {**comp, "guided_choice": [f"choice {i}" for i in range(100_000)]}, {}),
-        ("row4 /tokenize 10 MB without the key", "/tokenize", {"prompt": BIG}, {"auth": ""}),
+        # the key guards /v1 alone (vLLM's rule): /tokenize is open
+        ("row4 /v1/completions 10 MB without the key", "/v1/completions",
+         {**comp, "prompt": BIG}, {"auth": ""}),
         ("row4 /tokenize 10 MB", "/tokenize", {"prompt": BIG}, {}),
         ("row5 template loop", "/v1/chat/completions", {**chat, "chat_template_kwargs": {
             "chat_template": "{% for i in range(10000) %}{% for j in range(10000) %}x"
@@ -62,7 +64,8 @@ def hostile_requests(slow_properties: int) -> list[tuple[str, str, dict, dict]]:
          {**comp, "structured_outputs": {"choice": "abc"}}, {}),
         ("row15 bools as ids", "/v1/completions", {**comp, "prompt": [True, 5]}, {}),
         ("row16 context too long", "/v1/completions", {**comp, "prompt": [5] * 5000}, {}),
-        ("row17 /detokenize without the key", "/detokenize", {"tokens": [1]}, {"auth": ""}),
+        ("row17 /v1/chat/completions without the key", "/v1/chat/completions", chat,
+         {"auth": ""}),
     ]
 
 

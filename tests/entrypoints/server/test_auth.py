@@ -1,5 +1,5 @@
-"""Auth and headers against the live server: every route but /health, /metrics, /ping,
-/version and the docs pages needs the key, which must match exactly (under a root path too);
+"""Auth and headers against the live server: every route under /v1 needs the key (vLLM's
+rule: /tokenize, /health and the rest are open), which must match exactly (under a root path too);
 a header that is not UTF-8 is a 400 on any route; CORS follows the allowed_* settings."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from tests.entrypoints.server.inprocess import serving
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 GUARDED = [("GET", "/v1/models", None),
-           ("POST", "/tokenize", {"prompt": "hi"}), ("POST", "/detokenize", {"tokens": [1]}),
            ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 1}),
            ("POST", "/v1/chat/completions",
             {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
            ("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 1})]
-OPEN = [("GET", "/health"), ("GET", "/metrics"), ("GET", "/ping"), ("POST", "/ping"),
-        ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/redoc")]
+OPEN = [("GET", "/health", None), ("GET", "/metrics", None), ("GET", "/ping", None),
+        ("POST", "/ping", None), ("GET", "/openapi.json", None), ("GET", "/docs", None),
+        ("GET", "/redoc", None), ("POST", "/tokenize", {"prompt": "hi"}),
+        ("POST", "/detokenize", {"tokens": [1]})]
 
 
 @pytest.mark.parametrize("method,path,body", GUARDED, ids=[p for _, p, _ in GUARDED])
@@ -29,9 +30,11 @@ def test_row17_every_guarded_route_needs_the_key(server, method, path, body):
     assert ok.status_code == 200, ok.text
 
 
-@pytest.mark.parametrize("method,path", OPEN, ids=[f"{m} {p}" for m, p in OPEN])
-def test_row17_health_metrics_ping_and_docs_are_open(server, method, path):
-    assert httpx.request(method, f"{server.url}{path}").status_code == 200
+@pytest.mark.parametrize("method,path,body", OPEN, ids=[f"{m} {p}" for m, p, _ in OPEN])
+def test_row17_routes_outside_v1_are_open(server, method, path, body):
+    """vLLM's AuthenticationMiddleware checks only {root_path}/v1 paths."""
+    r = httpx.request(method, f"{server.url}{path}", json=body, timeout=30)
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("value", [f"Bearer {API_KEY}x", f"Bearer {API_KEY[:-1]}",
@@ -86,6 +89,7 @@ def test_item5_open_paths_stay_open_under_a_root_path():
     """uvicorn puts --root-path in front of every path: /health is still /health."""
     with serving(api_key="k", root_path="/api") as srv:
         assert httpx.get(f"{srv.url}/health").status_code == 200
+        assert httpx.post(f"{srv.url}/tokenize", json={"prompt": "hi"}).status_code == 200
         assert httpx.get(f"{srv.url}/v1/models").status_code == 401
         ok = httpx.get(f"{srv.url}/v1/models", headers={"Authorization": "Bearer k"})
         assert ok.status_code == 200

@@ -17,6 +17,6 @@ def test_item6_a_hostile_request_among_healthy_streams_hurts_none():
         assert srv.idle(timeout=60)
     statuses = {name: status for name, status, _ in report.hostile}
     assert all(400 <= status < 500 for status in statuses.values()), statuses
-    assert statuses["row4 /tokenize 10 MB without the key"] == 401
+    assert statuses["row4 /v1/completions 10 MB without the key"] == 401
     assert not report.healthy_failed and report.healthy_done >= 4
     assert report.longest_wait_s < 15.0, report  # generous: the goal (< 1 s) is measured apart

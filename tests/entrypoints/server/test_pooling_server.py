@@ -125,7 +125,10 @@ def test_pooling_server_tokenizes_and_detokenizes(pooled):
     assert back.status_code == 200 and back.json()["prompt"] == TEXTS[1].lower()
     assert _post(pooled, "/detokenize", {"tokens": [-1]}).json()["error"]["param"] == "tokens"
     assert _post(pooled, "/tokenize", {"prompt": "x", "model": "other"}).status_code == 404
+    # the key guards /v1 alone, as vLLM's: /tokenize is open, /v1/embeddings is not
     keyless = httpx.post(f"{pooled.url}/tokenize", json={"prompt": "x"}, timeout=60)
+    assert keyless.status_code == 200, keyless.text
+    keyless = httpx.post(f"{pooled.url}/v1/embeddings", json={"input": "x"}, timeout=60)
     assert keyless.status_code == 401
 
 
