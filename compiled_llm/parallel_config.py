@@ -188,7 +188,7 @@ class ParityArgs:
                 raise ValueError(f"structured_outputs_config must be an object, got {config!r}")
             check_backend("structured_outputs_config.backend", config.get("backend"))
             for key, value in config.items():
-                if key != "backend" and value != _STRUCTURED_DEFAULTS.get(key, object()):
+                if key != "backend" and value not in _STRUCTURED_ACCEPTED.get(key, ()):
                     raise ValueError(f"structured_outputs_config.{key}={value!r}: not supported "
                                      "(only backend auto or xgrammar)")
         check_mm_limits(self.limit_mm_per_prompt)
@@ -231,10 +231,12 @@ class ParityArgs:
             self.speculative_config = {**spec, "model": path, "revision": None}
 
 
-# vLLM's StructuredOutputsConfig defaults, accepted as given: they are xgrammar's behaviour here
-_STRUCTURED_DEFAULTS = {"disable_fallback": False, "disable_any_whitespace": False,
-                        "disable_additional_properties": False, "reasoning_parser": "",
-                        "enable_in_reasoning": False}
+# vLLM's StructuredOutputsConfig keys and the values that describe what runs here: its
+# defaults; disable_any_whitespace True too (JSON is compact here unless a request asks for
+# any_whitespace) and disable_fallback either way (no other backend to fall back to)
+_STRUCTURED_ACCEPTED = {"disable_fallback": (False, True), "disable_any_whitespace": (False, True),
+                        "disable_additional_properties": (False,), "reasoning_parser": ("",),
+                        "enable_in_reasoning": (False,)}
 STRUCTURED_BACKENDS = ("auto", "xgrammar")
 
 

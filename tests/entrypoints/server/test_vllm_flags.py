@@ -88,7 +88,7 @@ def test_vllm_flags_parse():
 @pytest.mark.parametrize("kwargs, field", [
     ({"data_parallel_size": 2}, "data_parallel_size"),
     ({"structured_outputs_config": {"backend": "outlines"}}, "structured_outputs_config"),
-    ({"structured_outputs_config": {"disable_any_whitespace": True}},
+    ({"structured_outputs_config": {"disable_additional_properties": True}},
      "structured_outputs_config"),
     ({"guided_decoding_backend": "guidance"}, "guided_decoding_backend"),
     ({"guided_decoding_backend": "lm-format-enforcer"}, "guided_decoding_backend"),
@@ -102,7 +102,8 @@ def test_values_we_cannot_follow_are_refused_naming_the_flag(kwargs, field):
 
 
 def test_accepted_values_through_engine_args():
-    args = EngineArgs(structured_outputs_config={"backend": "auto", "disable_fallback": False},
+    args = EngineArgs(structured_outputs_config={"backend": "auto", "disable_fallback": True,
+                                                 "disable_any_whitespace": True},
                       guided_decoding_backend="xgrammar", limit_mm_per_prompt={"image": 0},
                       data_parallel_size=1)
     assert args.limit_mm_per_prompt == {"image": 0}
