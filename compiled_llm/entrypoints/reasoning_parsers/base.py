@@ -4,9 +4,19 @@ and the span's end token (which gates grammars and which a thinking budget force
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+from functools import partial
 from typing import ClassVar
 
 from compiled_llm.entrypoints.tool_parsers.base import holdback
+
+# chat templates' turn markers: a tag before the current turn's last one is an earlier turn's
+# (GLM-4.5 writes <think></think> into every past assistant turn, Qwen3 a tool loop's spans)
+TURN_MARKERS = ("<|im_start|>", "<|im_end|>", "<|assistant|>", "<|user|>", "<|observation|>",
+                "<|system|>", "<\uff5cAssistant\uff5c>", "<\uff5cUser\uff5c>",
+                "<|start_header_id|>", "<|eot_id|>")
+_markers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ReasoningParser:
@@ -24,11 +34,15 @@ class ReasoningParser:
 
     @classmethod
     def for_prompt(cls, prompt_ids: list[int], tokenizer) -> ReasoningParser:
-        """The parser for the reply to prompt_ids, its prompt_state read from them."""
+        """The parser for the reply to prompt_ids, its prompt_state read from the tags after
+        the last turn marker (the generation prompt's turn; as vLLM's parsers read it)."""
         start_id, end_id = cls.token_ids(tokenizer)
+        markers = turn_marker_ids(tokenizer)
         for token in reversed(prompt_ids):
             if token in (start_id, end_id):
                 return cls("open" if token == start_id else "closed")
+            if token in markers:
+                break
         return cls("none")
 
     @property
@@ -75,6 +89,19 @@ class DeepSeekR1ReasoningParser(ReasoningParser):
     template writes it)."""
 
     always_thinks = True
+
+
+def turn_marker_ids(tokenizer) -> frozenset[int]:
+    """The ids of TURN_MARKERS that are one token of tokenizer (cached while it lives)."""
+    try:
+        return _markers[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    ids = frozenset(i for i in map(partial(_single_token, tokenizer), TURN_MARKERS)
+                    if i is not None)
+    with contextlib.suppress(TypeError):  # a tokenizer that takes no weak reference
+        _markers[tokenizer] = ids
+    return ids
 
 
 def _single_token(tokenizer, text: str) -> int | None:

@@ -62,11 +62,20 @@ def test_reasoning_then_tool_call():
     assert message["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
 
 
+PAST = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>a</think>b<|im_end|>\n"
+NOW = "<|im_start|>user\nr<|im_end|>\n<|im_start|>assistant\n"
+
+
 @pytest.mark.parametrize(("prompt", "state"), [("a<think>b", "open"),
                                                ("<think>a</think>b", "closed"),
-                                               ("ab", "none"), ("</think><think>", "open")])
+                                               ("ab", "none"), ("</think><think>", "open"),
+                                               (PAST + NOW, "none"),
+                                               (PAST + NOW + "<think>\n", "open"),
+                                               (PAST + NOW + "<think>\n\n</think>\n\n",
+                                                "closed")])
 def test_prompt_state(prompt, state):
-    """The last tag token in the prompt decides (the tags are single tokens here)."""
+    """The last tag token of the current turn decides (the tags and turn markers are single
+    tokens here): an earlier assistant turn's closed span leaves this reply free to think."""
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(tool_checkpoint())
