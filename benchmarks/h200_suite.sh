@@ -182,6 +182,7 @@
 #                                         # .whl with compressed-tensors, loguru, psutil)
 #     bash benchmarks/h200_suite.sh 102   # the L2 weight prefetch: 8B batch 1 against gpt-fast,
 #                                         # off / on, microbenchmark, GPU tests (.whl .peer)
+#     bash benchmarks/h200_suite.sh 104   # call 102 reordered for a short device budget
 #     bash benchmarks/h200_suite.sh 103   # 8B batch 1 against gpt-fast, 0.6B on / off, an 8B
 #                                         # profile (carry .whl .peer)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
@@ -680,6 +681,21 @@ $U --label prefetch_on --engine-args '$ON'
 $U --label prefetch_off --engine-args '$OFF'
 $U --label prefetch_on --engine-args '$ON'
 timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
+timeout 60 $py -m benchmarks.l2_prefetch --idle-us 0 8 --fractions 0.5 0.75 --json $R/l2_prefetch.json
+timeout 120 $py -m pytest -q -p no:cacheprovider tests/kernels/test_l2_prefetch_gpu.py"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 104 ]; then  # one GPU (carry .whl .peer): call 102 for a short device
+  # budget: the 8B checkpoint, batch 1 on the user path prefetch on then off, against gpt-fast
+  # (ours at the tree's defaults), on and off again, then the microbenchmark and GPU tests
+  U="$py benchmarks/user_path.py --workload decode --json $R/user_path_decode.jsonl --model $CK/llama3-8b --skip-tokenizer-init"
+  OFF='{"passes": {"enable_l2_weight_prefetch": false}}' ON='{"passes": {"enable_l2_weight_prefetch": true}}'
+  mapfile -t a <<<"\
+$MK
+$U --label prefetch_on --engine-args '$ON'
+$U --label prefetch_off --engine-args '$OFF'
+timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
+$U --label prefetch_on --engine-args '$ON'
+$U --label prefetch_off --engine-args '$OFF'
 timeout 60 $py -m benchmarks.l2_prefetch --idle-us 0 8 --fractions 0.5 0.75 --json $R/l2_prefetch.json
 timeout 120 $py -m pytest -q -p no:cacheprovider tests/kernels/test_l2_prefetch_gpu.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
