@@ -214,15 +214,30 @@ class LLM(PoolingMixin):
         make_bar = use_tqdm if callable(use_tqdm) else tqdm
         bar = make_bar(total=len(ids), desc="Processed prompts", dynamic_ncols=True) \
             if use_tqdm else None
+        tokens = [0, 0]  # prompt and output tokens of the finished requests
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
                 if out.finished:
                     done[out.request_id] = out
                     if bar is not None:
-                        bar.update(1)
+                        _advance(bar, out, tokens)
         if bar is not None:
             bar.close()
         return [done[i] for i in ids]
+
+
+def _advance(bar: Any, out: Any, tokens: list[int]) -> None:
+    """One more request done on bar, with vLLM's postfix: input and output tokens a second
+    so far (a bar without tqdm's format_dict just counts)."""
+    outputs = getattr(out, "outputs", None)
+    if isinstance(outputs, list):
+        tokens[0] += len(out.prompt_token_ids or ()) * len(outputs)
+        tokens[1] += sum(len(getattr(o, "token_ids", ())) for o in outputs)
+    elapsed = getattr(bar, "format_dict", {}).get("elapsed")
+    if elapsed:
+        bar.postfix = (f"est. speed input: {tokens[0] / elapsed:.2f} toks/s, "
+                       f"output: {tokens[1] / elapsed:.2f} toks/s")
+    bar.update(1)
 
 
 CONTENT_FORMATS = ("auto", "string", "openai")

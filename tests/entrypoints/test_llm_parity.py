@@ -6,6 +6,7 @@ text-only engine refuses (and sampling_params that are no SamplingParams)."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 from tqdm import tqdm
@@ -116,6 +117,16 @@ def test_use_tqdm_takes_the_callable_that_makes_the_bar(llm):
     assert len(made) == 1 and made[0]["total"] == 2
     with pytest.raises(TypeError):  # the options after sampling_params are keyword-only
         llm.generate(["one"], ONE, True, None)
+
+
+def test_progress_bar_shows_vllm_token_speeds(llm):
+    import io
+
+    stream = io.StringIO()
+    llm.generate(["one", "two"], ONE, use_tqdm=lambda **kw: tqdm(**kw, file=stream))
+    assert "2/2" in stream.getvalue()
+    assert re.search(r"est\. speed input: [\d.]+ toks/s, output: [\d.]+ toks/s",
+                     stream.getvalue())
 
 
 def test_vllm_engine_values_that_change_nothing_here(tmp_path):
