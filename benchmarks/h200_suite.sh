@@ -669,33 +669,27 @@ $py -m benchmarks.startup --shape llama3-8b --checkpoint-dir $CK --serve-only --
 $py -X importtime -c 'import compiled_llm.entrypoints.server.api_server as a; a._import_server_stack()' 2> $R/importtime_api_server.txt
 $py -X importtime -c 'import compiled_llm.entrypoints.server.api_server as a; a._import_server_stack()' 2> $R/importtime_api_server2.txt"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 102 ]; then  # one GPU (carry .whl .peer): the L2 weight prefetch: Llama-3-8B
-  # batch 1 on the user path with it off and on, ABAB, one process each; against gpt-fast
-  # (ours at the tree's defaults); the microbenchmark; its GPU tests
+elif [ "$CALL" = 102 ] || [ "$CALL" = 104 ]; then  # one GPU (carry .whl .peer): the L2
+  # weight prefetch: Llama-3-8B batch 1 on the user path with it off and on, one process each;
+  # against gpt-fast (ours at the tree's defaults); the microbenchmark; its GPU tests. 102:
+  # the off/on pairs first (ABAB); 104, for a short device budget: a pair (on, off) before
+  # gpt-fast and one after it
   U="$py benchmarks/user_path.py --workload decode --json $R/user_path_decode.jsonl --model $CK/llama3-8b --skip-tokenizer-init"
   OFF='{"passes": {"enable_l2_weight_prefetch": false}}' ON='{"passes": {"enable_l2_weight_prefetch": true}}'
+  PAIR="$U --label prefetch_off --engine-args '$OFF'
+$U --label prefetch_on --engine-args '$ON'"
+  [ "$CALL" = 104 ] && PAIR="$U --label prefetch_on --engine-args '$ON'
+$U --label prefetch_off --engine-args '$OFF'"
+  GPTFAST="timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json"
+  FIRST="$PAIR
+$PAIR
+$GPTFAST"
+  [ "$CALL" = 104 ] && FIRST="$PAIR
+$GPTFAST
+$PAIR"
   mapfile -t a <<<"\
 $MK
-$U --label prefetch_off --engine-args '$OFF'
-$U --label prefetch_on --engine-args '$ON'
-$U --label prefetch_off --engine-args '$OFF'
-$U --label prefetch_on --engine-args '$ON'
-timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
-timeout 60 $py -m benchmarks.l2_prefetch --idle-us 0 8 --fractions 0.5 0.75 --json $R/l2_prefetch.json
-timeout 120 $py -m pytest -q -p no:cacheprovider tests/kernels/test_l2_prefetch_gpu.py"
-  stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 104 ]; then  # one GPU (carry .whl .peer): call 102 for a short device
-  # budget: the 8B checkpoint, batch 1 on the user path prefetch on then off, against gpt-fast
-  # (ours at the tree's defaults), on and off again, then the microbenchmark and GPU tests
-  U="$py benchmarks/user_path.py --workload decode --json $R/user_path_decode.jsonl --model $CK/llama3-8b --skip-tokenizer-init"
-  OFF='{"passes": {"enable_l2_weight_prefetch": false}}' ON='{"passes": {"enable_l2_weight_prefetch": true}}'
-  mapfile -t a <<<"\
-$MK
-$U --label prefetch_on --engine-args '$ON'
-$U --label prefetch_off --engine-args '$OFF'
-timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
-$U --label prefetch_on --engine-args '$ON'
-$U --label prefetch_off --engine-args '$OFF'
+$FIRST
 timeout 60 $py -m benchmarks.l2_prefetch --idle-us 0 8 --fractions 0.5 0.75 --json $R/l2_prefetch.json
 timeout 120 $py -m pytest -q -p no:cacheprovider tests/kernels/test_l2_prefetch_gpu.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"

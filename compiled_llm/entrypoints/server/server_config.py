@@ -110,8 +110,8 @@ class ServerConfig:
     """Put usage.prompt_tokens_details.cached_tokens (prompt tokens served from the prefix
     cache) in completion and chat responses, as vLLM's flag does."""
     max_log_len: int | None = None
-    """The most prompt characters or token ids a request logged by --enable-log-requests
-    shows (default: all)."""
+    """The most prompt token ids a request logged by --enable-log-requests shows (the log
+    prints ids, not text; default: all)."""
     enable_request_id_headers: bool = False
     """Answer every request with an X-Request-Id header: the request's own, else a new id."""
     middleware: list[str] | None = field(default=None, metadata={"repeat": True})
