@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -185,10 +186,14 @@ class LLMEngine:
                                     for child in children]
         self.core.add_requests(children)
 
-    def abort_request(self, request_id: str) -> RequestOutput | None:
+    def abort_request(self, request_id: str | Iterable[str]) -> RequestOutput | None:
         """Abort a request and its children. Returns its final output, finish_reason "abort"
         on each child still running (what vLLM's AsyncLLM yields last); None, and nothing
-        done, for an unknown or finished id."""
+        done, for an unknown or finished id. Several ids (vLLM v1's list) return None."""
+        if not isinstance(request_id, str):
+            for one in list(request_id):
+                self.abort_request(one)
+            return None
         children = self.parents.pop(request_id, [])
         if not children:
             return None
@@ -263,6 +268,12 @@ class LLMEngine:
     def get_stats(self) -> EngineStats:
         """The engine's load now: running and waiting requests, blocks, preemptions."""
         return self.core.get_stats()
+
+    def get_metrics(self) -> list:
+        """vLLM v1's LLMEngine.get_metrics: what LLM.get_metrics returns."""
+        from compiled_llm.engine.metrics import engine_metrics
+
+        return engine_metrics(self.get_stats())
 
     # the in-process core's parts, for tests and tools that reach inside (AttributeError
     # with the core in its own process)

@@ -4,6 +4,7 @@ apply_model and the profiler hooks are refused by name (this engine has none of 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from itertools import count
@@ -215,12 +216,19 @@ class LLM(PoolingMixin):
         bar = make_bar(total=len(ids), desc="Processed prompts", dynamic_ncols=True) \
             if use_tqdm else None
         tokens = [0, 0]  # prompt and output tokens of the finished requests
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                if out.finished:
-                    done[out.request_id] = out
-                    if bar is not None:
-                        _advance(bar, out, tokens)
+        try:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        if bar is not None:
+                            _advance(bar, out, tokens)
+        except BaseException:
+            # Ctrl-C (or a step that raised) leaves no request holding KV blocks, nor for
+            # the next call to finish first; the original error is the one raised
+            with contextlib.suppress(Exception):
+                self.engine.abort_request([i for i in ids if i not in done])
+            raise
         if bar is not None:
             bar.close()
         return [done[i] for i in ids]

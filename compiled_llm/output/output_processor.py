@@ -331,7 +331,8 @@ def timeline_of(children: list[RequestState]) -> RequestStateStats:
                  if child.first_token_latency is not None]
     stats = RequestStateStats(scheduled_ts=min(admitted, default=None),
                               arrival_time=min(child.arrival_time for child in children),
-                              first_token_latency=min(latencies, default=0.0))
+                              first_token_latency=min(latencies, default=0.0),
+                              queued_ts=min(child.queued_ts for child in children))
     if children[0].token_steps is None:
         return stats
     steps = stats.token_steps = sorted(step for child in children for step in child.token_steps)

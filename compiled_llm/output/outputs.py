@@ -52,6 +52,7 @@ class RequestStateStats:
     scheduled_ts: float | None = None
     arrival_time: float = 0.0  # vLLM's: time.time() when the request was added
     first_token_latency: float = 0.0  # vLLM's: seconds from arrival_time to the first token
+    queued_ts: float = 0.0  # vLLM's: time.monotonic() when the engine took it in
 
 
 @dataclass

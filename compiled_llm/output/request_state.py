@@ -41,6 +41,7 @@ class RequestState:
     scheduled_ts: float | None = None  # when the core first admitted it (time.monotonic())
     arrival_time: float = field(default_factory=time.time)  # vLLM's: add_request's time.time()
     first_token_latency: float | None = None  # seconds from arrival_time to its first token
+    queued_ts: float = field(default_factory=time.monotonic)  # vLLM's: when it was queued
 
     def __post_init__(self) -> None:
         if self.sampling_params.output_kind is RequestOutputKind.FINAL_ONLY:

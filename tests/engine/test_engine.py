@@ -139,6 +139,23 @@ def test_abort_frees_blocks(llm, prompts):
     assert eng.num_used_blocks == 0
 
 
+def test_abort_takes_a_list_of_ids(llm, prompts):
+    """vLLM v1's LLMEngine.abort_request takes a list of ids; an n > 1 request's children go
+    with their parent, and an unknown id is skipped."""
+    eng = llm.engine
+    eng.add_request("l1", prompts[0], GREEDY)
+    eng.add_request("l2", prompts[1], SamplingParams(n=2, seed=1, max_tokens=24))
+    eng.add_request("l3", prompts[2], SamplingParams(temperature=0.0, max_tokens=3))
+    eng.step()
+    assert eng.abort_request(["l1", "l2", "unknown"]) is None
+    finished = {}
+    while eng.has_unfinished_requests():
+        finished.update({o.request_id: o for o in eng.step() if o.finished})
+    assert set(finished) <= {"l3"} and eng.num_used_blocks == 0
+    names = {m.name for m in eng.get_metrics()}  # vLLM v1's LLMEngine.get_metrics
+    assert names == {m.name for m in llm.get_metrics()} and "vllm:num_requests_running" in names
+
+
 def test_step_stats_count_model_steps(llm):
     """Every step that runs the model is timed; empty steps and warm-up are not."""
     eng = llm.engine

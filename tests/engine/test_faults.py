@@ -69,6 +69,27 @@ def test_a_raising_logits_processor_fails_only_its_request(llm, prompts, baselin
     assert llm.engine.num_used_blocks == 0
 
 
+def test_an_interrupted_generate_leaves_no_request_behind(llm, prompts, baseline):
+    """Ctrl-C inside LLM.generate (here from a logits processor, once) aborts the call's
+    requests: no KV block stays held and the next call runs only its own."""
+    fired = []
+
+    def interrupt(output_ids, logits):
+        if len(output_ids) == 2 and not fired:
+            fired.append(1)
+            raise KeyboardInterrupt
+        return logits
+
+    params = [GREEDY] * 4
+    params[2] = SamplingParams(temperature=0.0, max_tokens=8, logits_processors=[interrupt])
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(prompts, params, use_tqdm=False)
+    eng = llm.engine
+    assert not eng.has_unfinished_requests() and eng.num_used_blocks == 0
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == baseline
+
+
 def test_a_raising_detokenizer_fails_only_its_request(llm, prompts, baseline):
     eng = llm.engine
     for i, p in enumerate(prompts):

@@ -1,5 +1,6 @@
 """Output objects as a vLLM script reads them: RequestOutput's fields in vLLM's order (with
-lora_request, encoder prompts, kv_transfer_params, add(), metrics' first_token_latency),
+lora_request, encoder prompts, kv_transfer_params, add(), metrics' first_token_latency and
+queued_ts),
 LLM.encode's data a tensor, LLMEngine exported with vLLM's add_request, and two AsyncLLM
 requests started at once with one id: one refused, none hung."""
 
@@ -59,6 +60,8 @@ def test_generate_outputs_have_vllms_fields():
     assert out.lora_request is None and out.encoder_prompt is None
     assert out.kv_transfer_params is None and out.outputs[0].lora_request is None
     assert out.metrics.first_token_latency > 0 and out.metrics.arrival_time > 0
+    # vLLM's queue time: scheduled_ts - queued_ts, both time.monotonic()
+    assert 0 < out.metrics.queued_ts <= out.metrics.scheduled_ts <= out.metrics.first_token_ts
 
 
 def test_llm_engine_add_request_takes_vllms_arguments():

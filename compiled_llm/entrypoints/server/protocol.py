@@ -249,6 +249,8 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: Count | None = None
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
+    # vLLM's: the tokenizer's special tokens (a BOS) on top of what the template writes
+    add_special_tokens: StrictBool = False
     echo: StrictBool = False  # vLLM: the reply starts with the last message, if it is its role
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None

@@ -103,12 +103,14 @@ class TokenServing:
     async def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
                           kwargs: dict | None = None, tools: list | None = None,
                           chat_template: str | None = None, *,
-                          continue_final_message: bool = False) -> list[int]:
-        """Token ids of the rendered chat (the template adds any special tokens itself)."""
+                          continue_final_message: bool = False,
+                          add_special_tokens: bool = False) -> list[int]:
+        """Token ids of the rendered chat (the template writes its special tokens; the
+        tokenizer's, a BOS, only with add_special_tokens, vLLM's field)."""
         text = await self.render_chat(messages, add_generation_prompt, kwargs, tools,
                                       chat_template,
                                       continue_final_message=continue_final_message)
-        return await self.encode(text, add_special_tokens=False, name="messages")
+        return await self.encode(text, add_special_tokens=add_special_tokens, name="messages")
 
 
 class Serving(TokenServing):

@@ -50,7 +50,8 @@ class ServingChat(Serving):
         kwargs = with_reasoning_effort(req.chat_template_kwargs, req.reasoning_effort)
         ids = await self.encode_chat(req.messages, req.add_generation_prompt, kwargs,
                                      plan.tools, req.chat_template,
-                                     continue_final_message=req.continue_final_message)
+                                     continue_final_message=req.continue_final_message,
+                                     add_special_tokens=req.add_special_tokens)
         ids = truncated_prompt(req, ids, self.max_model_len)
         # max_completion_tokens: 0 is a value (refused), not "unset"
         budget_param = "max_tokens" if req.max_completion_tokens is None else \

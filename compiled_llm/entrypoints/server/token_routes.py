@@ -38,10 +38,13 @@ def add_token_routes(app: FastAPI, serving: TokenServing) -> None:
         if (req.prompt is None) == (req.messages is None):
             raise OpenAIError(400, "give exactly one of prompt and messages", param="prompt")
         if req.messages is not None:
+            # vLLM's chat form defaults add_special_tokens to false: the template writes them
+            special = req.add_special_tokens and "add_special_tokens" in req.model_fields_set
             ids = await serving.encode_chat(req.messages, req.add_generation_prompt,
                                             req.chat_template_kwargs, req.tools,
                                             req.chat_template,
-                                            continue_final_message=req.continue_final_message)
+                                            continue_final_message=req.continue_final_message,
+                                            add_special_tokens=special)
         else:
             ids = await serving.encode(req.prompt, req.add_special_tokens)
         body = {"tokens": ids, "count": len(ids), "max_model_len": serving.max_model_len}

@@ -51,8 +51,6 @@ _CHAT: dict[str, tuple[tuple[Any, ...], str]] = {
     "function_call": ((None,), "function_call (deprecated) is not supported; use "
                                "tool_choice"),
     "documents": ((None, []), "documents for the chat template are not supported"),
-    "add_special_tokens": ((None, False), "add_special_tokens on chat is not supported (the "
-                                          "chat template adds them)"),
     "media_io_kwargs": ((None, {}), "multimodal inputs are not supported"),
     "return_prompt_text": ((None, False), "return_prompt_text is not supported; /tokenize "
                                           "with the messages gives the rendered prompt's ids"),

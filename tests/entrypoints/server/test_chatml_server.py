@@ -1,7 +1,8 @@
 """The ChatML-style test model served (tests/utils.make_chatml_checkpoint): an echoed text
 prompt shows as sent (no BOS the tokenizer added), streamed text skips special added tokens,
-a chat turn ends at the tokenizer's EOS, bad_words are never generated and
-truncate_prompt_tokens keeps a prompt's last tokens (vLLM's fields)."""
+a chat turn ends at the tokenizer's EOS, bad_words are never generated,
+truncate_prompt_tokens keeps a prompt's last tokens and add_special_tokens puts the BOS before
+a rendered chat (vLLM's fields)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,17 @@ def test_truncate_prompt_tokens_keeps_a_text_prompts_bos(srv):
     assert kept([text, text]) == [[BOS, *whole[-3:]]] * 2
     assert kept([whole]) == [whole[-4:]]
     assert kept(text, add_special_tokens=False) == [whole[-4:]]
+
+
+def test_chat_adds_the_tokenizers_bos_only_when_asked(srv):
+    """vLLM's add_special_tokens on chat and on /tokenize's messages: false by default (the
+    template writes its own tokens), true puts the tokenizer's BOS before the rendered chat."""
+    messages = [{"role": "user", "content": "hi"}]
+    plain = srv.post("/tokenize", {"messages": messages}).json()["tokens"]
+    added = srv.post("/tokenize", {"messages": messages, "add_special_tokens": True}).json()
+    assert plain[0] == IM_START and added["tokens"] == [BOS, *plain]
+    for special, ids in ((False, plain), (True, [BOS, *plain])):
+        body = srv.post("/v1/chat/completions", {
+            "messages": messages, "max_tokens": 1, "add_special_tokens": special,
+            "return_token_ids": True}).json()
+        assert body["prompt_token_ids"] == ids and body["usage"]["prompt_tokens"] == len(ids)

@@ -21,7 +21,7 @@ ASKING = {"use_beam_search": True, "length_penalty": 0.5, "early_stopping": True
           "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
           "web_search_options": {}, "store": True, "verbosity": "low",
           "functions": [{"name": "f", "parameters": {}}], "function_call": "auto",
-          "documents": [{"title": "t", "text": "x"}], "add_special_tokens": True,
+          "documents": [{"title": "t", "text": "x"}],
           "ec_transfer_params": {"x": 1}, "logprob_token_ids": [1, 2],
           "repetition_detection": {"max_pattern_size": 4}, "stream_interval": 4,
           "watermarking": True, "truncation_side": "right", "media_io_kwargs": {"image": {}},
@@ -34,7 +34,8 @@ def _post(server, path: str, body: dict) -> httpx.Response:
 
 
 HONOURED = ("priority", "cache_salt", "return_token_ids", "return_tokens_as_token_ids",
-            "spaces_between_special_tokens")  # once refused: test_vllm_request_fields.py
+            "spaces_between_special_tokens",
+            "add_special_tokens")  # once refused: test_vllm_request_fields.py
 
 
 def test_honoured_vllm_fields_are_no_longer_refused():
