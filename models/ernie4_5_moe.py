@@ -36,6 +36,7 @@ class Ernie4_5_MoeConfig(Ernie4_5Config):
             value = hf_config.get(key, hf_config.get(alias)) if alias else hf_config.get(key)
             return defaults.get(key) if value is None else value
 
+        _check_moe_ints(hf_config, defaults)
         layers = hf_config["num_hidden_layers"]
         start, end = get("moe_layer_start_index"), get("moe_layer_end_index")
         end = layers - 1 if end == -1 else end
@@ -47,6 +48,28 @@ class Ernie4_5_MoeConfig(Ernie4_5Config):
               "shared_expert_intermediate_size": get("moe_intermediate_size") * shared}
         cfg = super().from_hf(hf, **defaults)
         return dataclasses.replace(cfg, moe_norm_min=float(get("moe_norm_min")))
+
+
+# the moe_* keys transformers' text model reads as one int each: (the least each may be, the
+# alias its config's attribute_map gives it)
+_MOE_INTS = {"moe_num_experts": (1, "num_experts"), "moe_k": (1, "num_experts_per_tok"),
+             "moe_intermediate_size": (1, None), "moe_num_shared_experts": (0, None),
+             "moe_layer_interval": (1, None), "moe_layer_start_index": (None, None),
+             "moe_layer_end_index": (None, None)}
+
+
+def _check_moe_ints(hf_config: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """ValueError naming a moe_* key that is not one int within range: ERNIE 4.5 VL's
+    per-modality lists, an explicit null (transformers' model fails on it), no experts, or a
+    moe_layer_interval of 0 (transformers divides by it)."""
+    for key, (least, alias) in _MOE_INTS.items():
+        name = alias if key not in hf_config and alias in hf_config else key
+        value = hf_config.get(name, defaults.get(key))
+        if isinstance(value, bool) or not isinstance(value, int) or (
+                least is not None and value < least):
+            bound = "" if least is None else f" >= {least}"
+            raise ValueError(f"{name} {value!r} is not supported for Ernie4_5_MoeForCausalLM; "
+                             f"have one int{bound}")
 
 
 class Ernie4_5_MoeBlock(SparseMoeBlock):
