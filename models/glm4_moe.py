@@ -78,14 +78,18 @@ class Glm4MoeConfig(SharedExpertMoeConfig, GlmConfig):
 
 
 class Float32Router(nn.Linear):
-    """The router (`gate`): logits [T, E] in float32 from float32 copies of x and the weight,
-    as transformers computes them; holds the selection-only e_score_correction_bias ([E], or
-    ERNIE's [1, E])."""
+    """The router (`gate`): logits [T, E] in float32 from float32 x and weight, as transformers
+    computes them; holds the selection-only e_score_correction_bias ([E], ERNIE's [1, E], or
+    none where bias_rows is None). Weight and bias stay float32 in any model dtype
+    (`float32_params`, honoured by the loader's cast_model), as transformers keeps them."""
 
-    def __init__(self, hidden_size: int, num_experts: int, bias_rows: tuple[int, ...] = ()):
+    float32_params = ("weight", "e_score_correction_bias")
+
+    def __init__(self, hidden_size: int, num_experts: int,
+                 bias_rows: tuple[int, ...] | None = ()) -> None:
         super().__init__(hidden_size, num_experts, bias=False)
-        self.e_score_correction_bias = nn.Parameter(torch.zeros(*bias_rows, num_experts),
-                                                    requires_grad=False)
+        self.e_score_correction_bias = None if bias_rows is None else nn.Parameter(
+            torch.zeros(*bias_rows, num_experts), requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] -> float32 router logits [T, E]."""

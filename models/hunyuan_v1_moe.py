@@ -8,10 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from compiled_llm.models.config import WINDOW_KEYS, DecoderConfig
+from compiled_llm.models.glm4_moe import Float32Router
 from compiled_llm.models.hunyuan import HunYuanAttention, HunYuanConfig
 from compiled_llm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 from compiled_llm.models.moe import MoeWeightMap, SparseMoeBlock
@@ -44,20 +43,13 @@ class HunYuanMoeConfig(HunYuanConfig):
         return super().from_hf(hf, **defaults)
 
 
-class Float32Router(nn.Linear):
-    """The router in float32 (transformers keeps `wg` float32 whatever the model's dtype)."""
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [T, H] -> float32 logits [T, E]."""
-        return F.linear(hidden.float(), self.weight.float())
-
-
 class HunYuanMoeBlock(SparseMoeBlock):
     """SparseMoeBlock with a float32 router and the shared expert added ungated."""
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__(cfg)
-        self.gate = Float32Router(cfg.hidden_size, cfg.moe.num_experts, bias=False)
+        # transformers keeps `wg` float32 whatever the model's dtype: so does the loader
+        self.gate = Float32Router(cfg.hidden_size, cfg.moe.num_experts, bias_rows=None)
         self.shared_expert_gate = None
 
     def shared_output(self, hidden: torch.Tensor) -> torch.Tensor:

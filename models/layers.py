@@ -178,3 +178,21 @@ class CausalLM(nn.Module):
     def weight_name(cls, hf_name: str) -> str | None:
         """Our parameter name for a checkpoint tensor name (the identity), or None to skip."""
         return None if hf_name.endswith(cls.ignored_weights) else hf_name
+
+
+def param_dtype(module: nn.Module, name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype module's parameter `name` is held in within a `dtype` model: float32 where the
+    module lists it in `float32_params` (the routers transformers keeps in float32)."""
+    return torch.float32 if name in getattr(module, "float32_params", ()) else dtype
+
+
+def cast_model(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """model.to(dtype), then each module's `float32_params` back to float32, so the loader's
+    copy holds a checkpoint's float32 router exactly (not rounded to dtype first)."""
+    model.to(dtype=dtype)
+    for module in model.modules():
+        for name in getattr(module, "float32_params", ()):
+            param = module._parameters.get(name)
+            if param is not None and param.is_floating_point():
+                param.data = param.data.float()
+    return model

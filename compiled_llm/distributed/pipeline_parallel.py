@@ -23,6 +23,7 @@ from compiled_llm.distributed.tensor_parallel import (
     parameters_on_meta,
     shard_model,
 )
+from compiled_llm.models.layers import cast_model
 from compiled_llm.models.llama import LlamaModel
 
 logger = logging.getLogger(__name__)
@@ -178,7 +179,7 @@ def build_stage(model_cls: type[nn.Module], config, max_len: int, device: torch.
     cache keys on the stage."""
     with torch.device(device), parameters_on_meta():
         model = model_cls(config, max_len=max_len)
-    model.to(dtype=dtype)
+    cast_model(model, dtype)
     full = {name for name, _ in model.named_parameters()}
     _prune(model, stage)
     own = {name for name, _ in model.named_parameters()}

@@ -27,7 +27,7 @@ from compiled_llm.distributed.tp_layers import (
     reduced_class,
     vocab_parallel_class,
 )
-from compiled_llm.models.layers import Float32ScaleRMSNorm
+from compiled_llm.models.layers import Float32ScaleRMSNorm, cast_model, param_dtype
 
 
 @dataclass(frozen=True)
@@ -357,8 +357,9 @@ def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> N
             if param is None or not param.is_meta:
                 continue
             if id(param) not in made:
-                made[id(param)] = nn.Parameter(torch.empty(param.shape, dtype=dtype,
-                                                           device=device), requires_grad=False)
+                made[id(param)] = nn.Parameter(torch.empty(
+                    param.shape, dtype=param_dtype(module, name, dtype), device=device),
+                    requires_grad=False)
             module._parameters[name] = made[id(param)]
 
 
@@ -368,7 +369,7 @@ def build_sharded(model_cls: type[nn.Module], config, max_len: int, device: torc
     """This rank's shard of the model, parameters unloaded, and its load plan."""
     with torch.device(device), parameters_on_meta():
         model = model_cls(config, max_len=max_len)
-    model.to(dtype=dtype)
+    cast_model(model, dtype)
     plan = shard_model(model, tp, expert_parallel)
     materialize(model, device, dtype)
     return model, plan

@@ -24,6 +24,7 @@ from compiled_llm.distributed.pipeline_parallel import (
 )
 from compiled_llm.distributed.tensor_parallel import build_sharded, plan_index, read_index
 from compiled_llm.models import DecoderConfig, ModelRegistry
+from compiled_llm.models.layers import cast_model
 from compiled_llm.models.multimodal import text_stack_config
 from compiled_llm.models.plugins import load_general_plugins
 from compiled_llm.worker.kv_cache import IGNORED_ATTENTION_SCALES, kv_scale_key
@@ -272,7 +273,7 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     else:
         with torch.device(device), _default_dtype(dtype):  # no float32 copy first
             model = model_cls(model_config, max_len=max_len)
-        model.to(dtype=dtype)
+        cast_model(model, dtype)  # routers' float32_params stay float32
     built = time.perf_counter()
     finalize = checkpoint_format and prepare_quantized(model, checkpoint_format, files)
     load_weights(model, files, device, plan, transform)
