@@ -98,7 +98,7 @@ class PassConfig:
     qk_norm_rope_kv_write_on_cpu: bool = False
     # pre-split: before each attention, an L2 prefetch of the o projection's weight (decode of
     # up to 16 tokens on Hopper; elsewhere the op does nothing), at most this share of the L2;
-    # opt-in until measured on the GPU
+    # opt-in: 1% slower end to end on the H100 (docs/benchmarks.md, call 102)
     enable_l2_weight_prefetch: bool = False
     l2_prefetch_fraction: float = 0.5
     l2_weight_prefetch_on_cpu: bool = False  # tests: the graph gets the op, which does nothing
