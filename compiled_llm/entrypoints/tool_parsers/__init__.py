@@ -14,6 +14,15 @@ TOOL_PARSERS: dict[str, str] = {
     "mistral": "mistral:MistralToolParser",
     "qwen3_coder": "qwen3_coder:Qwen3CoderToolParser",
     "pythonic": "pythonic:PythonicToolParser",
+    "glm45": "glm4:Glm4ToolParser",
+    "glm47": "glm4:Glm4ToolParser",  # vLLM reads 4.5's and 4.7's layouts with one parser
+    "deepseek_v3": "deepseek:DeepSeekV3ToolParser",
+    "deepseek_v31": "deepseek:DeepSeekV31ToolParser",
+    "granite": "granite:GraniteToolParser",
+    "phi4_mini_json": "phi4_mini:Phi4MiniJsonToolParser",
+    "llama4_pythonic": "llama4_pythonic:Llama4PythonicToolParser",
+    "seed_oss": "seed_oss:SeedOssToolParser",
+    "minimax_m2": "minimax_m2:MinimaxM2ToolParser",
 }
 
 

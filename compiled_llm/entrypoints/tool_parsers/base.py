@@ -53,6 +53,18 @@ def before_marker(text: str, marker: str, final: bool) -> tuple[ParsedText, int]
     return ParsedText(text[:first]), first
 
 
+def as_written(read: Callable[[str, bool], ParsedCall | None], body: str) -> ParsedCall | None:
+    """A closed call block that does not parse read as if still open (what a streamer sent of
+    it), not complete; None where even that does not parse."""
+    try:
+        call = read(body, False)
+    except ValueError:
+        return None
+    if call is not None:
+        call.complete = False
+    return call
+
+
 def tool_call_id() -> str:
     """A fresh tool-call id, vLLM's style."""
     return f"chatcmpl-tool-{uuid.uuid4().hex}"

@@ -13,6 +13,7 @@ from compiled_llm.entrypoints.tool_parsers.base import (
     ParsedCall,
     ParsedText,
     ToolParser,
+    as_written,
     before_marker,
 )
 
@@ -26,17 +27,21 @@ class Qwen3CoderToolParser(ToolParser):
     """`<tool_call>\\n<function=f>\\n<parameter=x>\\n1\\n</parameter>\\n</function>\\n</tool_call>`."""
 
     name = "qwen3_coder"
+    start, end = START, END  # the block's tags (Seed-OSS writes the same calls in others)
 
     def parse(self, text: str, final: bool) -> ParsedText:
-        """Content before the first <tool_call>, then each block's call."""
-        parsed, first = before_marker(text, START, final)
+        """Content before the first block, then each block's call."""
+        parsed, first = before_marker(text, self.start, final)
         if first < 0:
             return parsed
-        for block in text[first:].split(START)[1:]:
-            body, closed, _ = block.partition(END)
+        for block in text[first:].split(self.start)[1:]:
+            body, closed, _ = block.partition(self.end)
             call = self._call(body, final or bool(closed))
             if call is None:
                 parsed.failed = final or bool(closed)
+                # a block closed without </function>: the call as far as it was streamed
+                salvaged = as_written(self._call, body) if closed else None
+                parsed.calls += [salvaged] if salvaged is not None else []
                 break
             parsed.calls.append(call)
             if not call.complete:

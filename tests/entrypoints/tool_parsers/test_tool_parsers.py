@@ -97,7 +97,19 @@ def test_unfinished_call_is_content(name):
              "llama3_json": '{"name": "get_weather", "parameters": {"city": "Pa',
              "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"ci',
              "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nPa",
-             "pythonic": '[get_weather(city="Pa'}[name]
+             "pythonic": '[get_weather(city="Pa',
+             "glm45": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Pa",
+             "glm47": "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Pa",
+             "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+                            'get_weather\n```json\n{"city": "Pa',
+             "deepseek_v31": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather"
+                             '<｜tool▁sep｜>{"city": "Pa',
+             "granite": '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Pa',
+             "phi4_mini_json": 'functools[{"name": "get_weather", "arguments": {"city": "Pa',
+             "llama4_pythonic": '<|python_start|>[get_weather(city="Pa',
+             "seed_oss": "<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nPa",
+             "minimax_m2": '<minimax:tool_call><invoke name="get_weather"><parameter '
+                           'name="city">Pa'}[name]
     assert get_tool_parser(name)(TOOLS).extract(reply) == (reply, [])
 
 
