@@ -8,11 +8,32 @@ from compiled_llm.entrypoints.reasoning_parsers.base import (
     Qwen3ReasoningParser,
     ReasoningParser,
 )
+from compiled_llm.entrypoints.reasoning_parsers.families import (
+    DeepSeekV3ReasoningParser,
+    Ernie45ReasoningParser,
+    GraniteReasoningParser,
+    HunyuanA13BReasoningParser,
+    MiniMaxM2AppendThinkReasoningParser,
+    MiniMaxM2ReasoningParser,
+    MistralReasoningParser,
+    Olmo3ReasoningParser,
+    SeedOssReasoningParser,
+)
 
+# vLLM's names (gpt-oss's harmony channels, vLLM's openai_gptoss, are not read here)
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "deepseek_r1": DeepSeekR1ReasoningParser,
-    "qwen3": Qwen3ReasoningParser,
+    "deepseek_v3": DeepSeekV3ReasoningParser,
+    "ernie45": Ernie45ReasoningParser,
     "glm45": Qwen3ReasoningParser,  # GLM-4.5 writes the same <think>...</think> span
+    "granite": GraniteReasoningParser,
+    "hunyuan_a13b": HunyuanA13BReasoningParser,
+    "minimax_m2": MiniMaxM2ReasoningParser,
+    "minimax_m2_append_think": MiniMaxM2AppendThinkReasoningParser,
+    "mistral": MistralReasoningParser,
+    "olmo3": Olmo3ReasoningParser,
+    "qwen3": Qwen3ReasoningParser,
+    "seed_oss": SeedOssReasoningParser,
 }
 
 

@@ -139,7 +139,14 @@ def reply_params(params: SamplingParams, reply: ReplyFormat, tokenizer,
                               "--reasoning-parser", param="thinking_token_budget")
         return params
     start_id, end_id = reasoning.token_ids(tokenizer)
-    if end_id is not None and reasoning.may_think and params.structured_outputs is not None:
+    if reasoning.keeps_special_tokens(tokenizer):
+        params.skip_special_tokens = False
+    if reasoning.may_think and params.structured_outputs is not None:
+        if end_id is None:  # no token to wait for: the grammar would forbid the thinking
+            raise OpenAIError(400, f"structured outputs and tool grammars start after the "
+                              f"thinking span's end, and {reasoning.end!r} is not one token of "
+                              "this tokenizer; turn thinking off to use them",
+                              param="response_format" if grammar is None else "tool_choice")
         params.structured_outputs = dataclasses.replace(params.structured_outputs,
                                                         reasoning_end_token_id=end_id)
     if thinking_token_budget is not None:

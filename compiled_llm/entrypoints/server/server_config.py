@@ -83,8 +83,10 @@ class ServerConfig:
     """How the model writes tool calls: hermes, llama3_json, mistral, qwen3_coder or
     pythonic."""
     reasoning_parser: str | None = None
-    """How the model marks its thinking (deepseek_r1, qwen3 or glm45): the span goes to
-    reasoning_content, and structured outputs and tool grammars start after it."""
+    """How the model marks its thinking (vLLM's names: deepseek_r1, deepseek_v3, ernie45,
+    glm45, granite, hunyuan_a13b, minimax_m2, minimax_m2_append_think, mistral, olmo3, qwen3,
+    seed_oss): the span goes to reasoning_content, and structured outputs and tool grammars
+    start after it."""
     response_role: str = "assistant"
     """The role of a chat reply that follows a generation prompt (without one, the reply
     continues the last message and takes its role)."""

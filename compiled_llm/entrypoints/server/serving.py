@@ -151,12 +151,15 @@ class Serving(TokenServing):
         return plan_tools(tools, tool_choice, parallel_tool_calls,
                           parser and get_tool_parser(parser), self.cfg.enable_auto_tool_choice)
 
-    def reply_format(self, plan: ToolPlan, prompt_ids: list[int]) -> ReplyFormat:
-        """How the replies to prompt_ids are read: plan, and the server's reasoning parser."""
+    def reply_format(self, plan: ToolPlan, prompt_ids: list[int],
+                     template_kwargs: dict | None = None) -> ReplyFormat:
+        """How the replies to prompt_ids (rendered with template_kwargs) are read: plan, and
+        the server's reasoning parser."""
         name = self.cfg.reasoning_parser
         if name is None:
             return ReplyFormat(plan)
-        parser = get_reasoning_parser(name).for_prompt(prompt_ids, self.engine.tokenizer)
+        parser = get_reasoning_parser(name).for_prompt(prompt_ids, self.engine.tokenizer,
+                                                       template_kwargs)
         return ReplyFormat(plan, parser, end_id=parser.token_ids(self.engine.tokenizer)[1])
 
     async def start(self, rid: str, ids: list[int], params: SamplingParams,

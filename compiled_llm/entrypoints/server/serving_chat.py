@@ -62,7 +62,7 @@ class ServingChat(Serving):
             raise OpenAIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         budget = output_budget(requested, len(ids), self.max_model_len, budget_param=budget_param,
                                **self.budget_limits)
-        reply = self.reply_format(plan, ids)
+        reply = self.reply_format(plan, ids, kwargs)
         reply.include_reasoning = req.include_reasoning
         rid, engine_id = request_ids("chatcmpl", req, raw)
         with renamed_params({"logprobs": "top_logprobs"}):  # the engine's name for the count

@@ -109,7 +109,7 @@ class ServingResponses(Serving):
                                **self.budget_limits)
         wants_logprobs = LOGPROBS_INCLUDE in (req.include or ()) or req.top_logprobs is not None
         num_top = (req.top_logprobs or 0) if wants_logprobs else None
-        reply = self.reply_format(plan, ids)
+        reply = self.reply_format(plan, ids, kwargs)
         rid = f"resp_{uuid.uuid4().hex}"
         with renamed_params(_RESPONSES_NAMES):
             params = sampling_params(req.model_copy(update={"response_format": fmt}), budget,
