@@ -14,7 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from compiled_llm.sample.structured_params import StructuredOutputsParams, check_text
+from compiled_llm.sample.structured_params import (
+    GuidedDecodingParams,  # noqa: F401  (vLLM <= 0.11's name, exported from here as vLLM's)
+    StructuredOutputsParams,
+    check_text,
+)
 
 if TYPE_CHECKING:  # for the LogitsProcessor alias only: this module stays free of torch
     import torch
@@ -178,6 +182,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     # Grammar-constrained decoding; a dict is converted to StructuredOutputsParams.
     structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: StructuredOutputsParams | dict | None = None  # vLLM <= 0.11's name of it
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # never generated: a word's last token is banned where the output ends with the rest
     bad_words: list[str] | None = None
@@ -269,12 +274,9 @@ class SamplingParams:
             if not isinstance(procs, (list, tuple)) or not all(callable(p) for p in procs):
                 raise ValueError(f"logits_processors must be a list of callables, got {procs!r}")
             self.logits_processors = list(procs)
-        structured = self.structured_outputs
-        if isinstance(structured, dict):
-            self.structured_outputs = StructuredOutputsParams.from_dict(structured)
-        elif structured is not None and not isinstance(structured, StructuredOutputsParams):
-            raise ValueError(
-                f"structured_outputs must be StructuredOutputsParams, got {structured!r}")
+        self.structured_outputs = StructuredOutputsParams.coerce(self.structured_outputs,
+                                                                 self.guided_decoding)
+        self.guided_decoding = None
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
 

@@ -25,6 +25,7 @@ from compiled_llm.engine.inputs import check_prompt_keys, truncated_text_ids, wi
 from compiled_llm.engine.llm_engine import EngineStats, LLMEngine
 from compiled_llm.entrypoints.async_info import AsyncInfoMixin
 from compiled_llm.entrypoints.async_lora import AsyncLoRAMixin
+from compiled_llm.entrypoints.async_pooling import AsyncRunnerMixin
 from compiled_llm.entrypoints.request_stream import (
     CumulativeStream,
     RequestObserver,
@@ -39,10 +40,10 @@ STEP_WAIT_S = 0.02  # longest the loop waits for a process core's outputs betwee
 IDLE_WAKE_S = 0.1  # an idle loop refreshes the engine's stats this often
 
 
-class AsyncLLM(AsyncLoRAMixin, AsyncInfoMixin):
+class AsyncLLM(AsyncLoRAMixin, AsyncInfoMixin, AsyncRunnerMixin):
     """An LLMEngine driven by a background thread; see the module docstring. The thread holds
     the engine until shutdown(). LoRA adapters: async_lora.py's calls; model_config,
-    get_model_config and get_tokenizer: async_info.py's."""
+    get_model_config and get_tokenizer: async_info.py's; a pooling model: async_pooling.py's."""
 
     _shut_down = False
 
@@ -109,7 +110,7 @@ class AsyncLLM(AsyncLoRAMixin, AsyncInfoMixin):
         or an unfinished request); 0.0 while it waits idle. Read from any thread."""
         return 0.0 if self._idle else max(0.0, time.monotonic() - self._beat)
 
-    async def encode(self, text: str, name: str = "prompt", **kwargs: Any) -> list[int]:
+    async def encode_text(self, text: str, name: str = "prompt", **kwargs: Any) -> list[int]:
         """Token ids of text, off the engine thread and the event loop; ValueError naming
         `name` for text that is not valid UTF-8 or is over max_prompt_bytes (checked before
         any tokenizer time is spent). kwargs go to tokenizer.encode."""
@@ -189,8 +190,8 @@ class AsyncLLM(AsyncLoRAMixin, AsyncInfoMixin):
         if not isinstance(text, str) or isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt
         kwargs = tokenization_kwargs or {}
-        ids = truncated_text_ids(self.tokenizer, text, await self.encode(text, **kwargs), keep,
-                                 self.engine.inputs.max_model_len,
+        ids = await self.encode_text(text, **kwargs)
+        ids = truncated_text_ids(self.tokenizer, text, ids, keep, self.engine.inputs.max_model_len,
                                  kwargs.get("add_special_tokens", True))
         return {**prompt, "prompt_token_ids": ids} if isinstance(prompt, dict) else \
             {"prompt": text, "prompt_token_ids": ids}

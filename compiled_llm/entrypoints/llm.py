@@ -141,6 +141,30 @@ class LLM(PoolingMixin):
         "auto" the parts where the template reads only parts (as vLLM's detection).
         ValueError naming the message when one is malformed (content None is empty)."""
         check_runner(self.runner_type, "generate", "chat")
+        prompts = self.preprocess_chat(
+            messages, None, chat_template, chat_template_content_format, add_generation_prompt,
+            continue_final_message, tools, chat_template_kwargs, mm_processor_kwargs,
+            add_special_tokens=add_special_tokens)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
+                             lora_request=lora_request)
+
+    def preprocess_chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        lora_request: LoRARequest | None = None,
+        chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+        *, add_special_tokens: bool = False,
+    ) -> list[dict[str, Any]]:
+        """vLLM's: chat's rendering without generating, one token prompt per conversation
+        ({"prompt_token_ids", and "prompt": the rendered text}) for generate or the other
+        methods; the arguments are chat's (lora_request is taken: adapters share the base
+        tokenizer). ValueError for mm_processor_kwargs and a malformed message, by name."""
         if mm_processor_kwargs is not None:
             raise ValueError("mm_processor_kwargs: multimodal inputs are not supported: this "
                              "is a text-only engine")
@@ -148,14 +172,15 @@ class LLM(PoolingMixin):
         options = ChatOptions(chat_template, chat_template_content_format,
                               add_generation_prompt, continue_final_message, tools,
                               chat_template_kwargs)
-        prompts = [options.render(self.engine.tokenizer, conv) for conv in convs]
+        tok = self.engine.tokenizer
+        if tok is None:
+            raise ValueError("messages: a chat is rendered by the tokenizer; this LLM has none")
+        prompts = [options.render(tok, conv) for conv in convs]
         for text in prompts:
             self.engine.inputs.check_text_prompt(text, "messages")
-        tok = self.engine.tokenizer
-        ids = [tok.encode(p, add_special_tokens=add_special_tokens) for p in prompts]
-        # each output's prompt is the rendered conversation, as vLLM's
-        return self.generate([{"prompt_token_ids": i, "prompt": p} for i, p in zip(ids, prompts)],
-                             sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
+        # each output's prompt is the rendered conversation, as vLLM's chat
+        return [{"prompt_token_ids": tok.encode(p, add_special_tokens=add_special_tokens),
+                 "prompt": p} for p in prompts]
 
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
                     lora_request: LoRARequest | Sequence[LoRARequest] | None = None,

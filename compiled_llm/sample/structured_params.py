@@ -1,10 +1,12 @@
-"""Structured outputs' parameters (``StructuredOutputsParams``, vLLM's), and the UTF-8 check
-every text field of a request passes. Pure Python, in sampling_params' layer (which re-exports
-both): the scheduler reads them without importing torch."""
+"""Structured outputs' parameters (``StructuredOutputsParams``, vLLM's, and vLLM <= 0.11's
+``GuidedDecodingParams`` / ``guided_decoding=``), and the UTF-8 check every text field of a
+request passes. Pure Python, in sampling_params' layer (which re-exports them): the scheduler
+reads them without importing torch."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -131,6 +133,24 @@ class StructuredOutputsParams:
         return self.kind, str(value), self.json_any_whitespace
 
     @classmethod
+    def coerce(cls, value: Any, guided: Any = None) -> StructuredOutputsParams | None:
+        """SamplingParams.structured_outputs from what it was given (params, a dict of fields
+        or None) and guided_decoding, vLLM <= 0.11's name of it (the same forms); ValueError
+        for anything else, and naming both when both are given."""
+        if guided is not None:
+            if value is not None:
+                raise ValueError("guided_decoding is the old name of structured_outputs: give "
+                                 "one of them, not both")
+            warnings.warn("SamplingParams(guided_decoding=...) is vLLM's old name of "
+                          "structured_outputs=...", DeprecationWarning, stacklevel=5)
+            value = guided
+        if isinstance(value, dict):
+            return cls.from_dict(value)
+        if value is not None and not isinstance(value, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be StructuredOutputsParams, got {value!r}")
+        return value
+
+    @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> StructuredOutputsParams:
         """Build from a dict of fields; ValueError on an unknown field."""
         if not isinstance(spec, dict):
@@ -140,6 +160,34 @@ class StructuredOutputsParams:
         if unknown:  # sorted by repr: the keys may be of any type
             raise ValueError(f"structured_outputs: unknown fields {unknown}")
         return cls(**spec)
+
+
+@dataclass(frozen=True)
+class GuidedDecodingParams(StructuredOutputsParams):
+    """vLLM <= 0.10's name of StructuredOutputsParams (0.11 kept it, deprecated; 0.12 dropped
+    it): the same fields, and its per-request backend (None, "auto" or "xgrammar", the one
+    backend here; others are refused by name)."""
+
+    backend: str | None = None
+
+    def __post_init__(self) -> None:
+        warnings.warn("GuidedDecodingParams is vLLM's old name of StructuredOutputsParams; "
+                      "use StructuredOutputsParams", DeprecationWarning, stacklevel=3)
+        if self.backend not in (None, "auto", "xgrammar"):
+            raise ValueError(f"guided_decoding.backend {self.backend!r} is not supported: "
+                             "xgrammar is the one structured-output backend (auto picks it)")
+        super().__post_init__()
+
+    @classmethod
+    def from_optional(cls, json: Any = None, regex: str | None = None,
+                      choice: list[str] | None = None, grammar: str | None = None,
+                      json_object: bool | None = None,
+                      **kwargs: Any) -> GuidedDecodingParams | None:
+        """vLLM's: None when no constraint is given, else the params."""
+        if all(v is None for v in (json, regex, choice, grammar, json_object)):
+            return None
+        return cls(json=json, regex=regex, choice=choice, grammar=grammar,
+                   json_object=json_object, **kwargs)
 
 
 def _is_token_id(value: Any) -> bool:

@@ -290,3 +290,14 @@ def test_model_config_and_tokenizer_as_vllms_async_llm(engine):
     assert config is engine.model_config is engine.engine.model_config
     assert config.get_vocab_size() == hf.vocab_size and config.max_model_len > 0
     assert config.dtype == torch.float32 and tokenizer is engine.tokenizer
+
+
+def test_encode_is_vllms_pooling_call_and_refused_on_a_generative_model(engine):
+    from compiled_llm.pooling_params import PoolingParams
+
+    async def main():
+        return [o async for o in engine.encode("The quick", PoolingParams(), "e0")]
+
+    with pytest.raises(ValueError, match="runner='pooling'"):
+        asyncio.run(main())
+    assert asyncio.run(engine.encode_text("The quick")) == engine.tokenizer.encode("The quick")

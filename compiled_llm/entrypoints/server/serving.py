@@ -67,7 +67,7 @@ class TokenServing:
                      name: str = "prompt") -> list[int]:
         """Token ids of text, on the tokenizer's thread; a 400 naming `name` for text over
         the engine's max_prompt_bytes (before tokenizing) or not valid UTF-8."""
-        return await self.engine.encode(text, name, add_special_tokens=add_special_tokens)
+        return await self.engine.encode_text(text, name, add_special_tokens=add_special_tokens)
 
     async def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
                           kwargs: dict | None = None, tools: list | None = None,
