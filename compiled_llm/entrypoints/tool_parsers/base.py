@@ -6,6 +6,8 @@ serves every format."""
 
 from __future__ import annotations
 
+import ast
+import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +34,19 @@ class ParsedText:
 
 
 ParseFn = Callable[[str, bool], ParsedText]
+
+
+def loose_value(text: str) -> Any:
+    """text read as JSON, else as a Python literal (True, None, single quotes: models write
+    them), else text itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
 
 
 def holdback(text: str, *markers: str) -> str:
@@ -113,6 +128,17 @@ class ToolParser:
     def parse(self, text: str, final: bool) -> ParsedText:
         """Content and calls in text; not final, a partial marker or call is held back."""
         raise NotImplementedError
+
+    def param_type(self, function: str, key: str, default: Any = None) -> Any:
+        """The schema type of function's parameter key (a name or a list of names; default
+        where the request's tools do not say)."""
+        schema = self.functions.get(function, {}).get("parameters") or {}
+        return (schema.get("properties") or {}).get(key, {}).get("type", default)
+
+    def is_string_param(self, function: str, key: str) -> bool:
+        """Whether the schema lets function's parameter key be a string (kept as written)."""
+        kind = self.param_type(function, key)
+        return kind == "string" or (isinstance(kind, list) and "string" in kind)
 
     def extract(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """(content, OpenAI tool calls) of a finished text."""

@@ -4,7 +4,6 @@ each value typed by the tool's parameter schema. Arguments stream one pair at a 
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from typing import Any
@@ -15,6 +14,7 @@ from compiled_llm.entrypoints.tool_parsers.base import (
     ToolParser,
     as_written,
     before_marker,
+    loose_value,
 )
 
 START, END = "<tool_call>", "</tool_call>"
@@ -78,16 +78,4 @@ class Glm4ToolParser(ToolParser):
     def _typed(self, function: str, key: str, raw: str) -> Any:
         """raw as is for a string parameter; else read as JSON (or a Python literal), raw
         when neither parses (vLLM's reading)."""
-        schema = self.functions.get(function, {}).get("parameters") or {}
-        kind = (schema.get("properties") or {}).get(key, {}).get("type")
-        if kind == "string" or (isinstance(kind, list) and "string" in kind):
-            return raw
-        value = raw.strip()
-        try:
-            return json.loads(value)
-        except ValueError:
-            pass
-        try:  # Python literals (True, None, single quotes) models sometimes write
-            return ast.literal_eval(value)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            return value
+        return raw if self.is_string_param(function, key) else loose_value(raw.strip())

@@ -68,8 +68,7 @@ class MinimaxM2ToolParser(ToolParser):
     def _typed(self, function: str, key: str, raw: str) -> Any:
         """raw as the schema's types say: a string stays a string, "null" is null, other
         types are read as JSON (raw when that fails)."""
-        schema = self.functions.get(function, {}).get("parameters") or {}
-        kind = (schema.get("properties") or {}).get(key, {}).get("type", "string")
+        kind = self.param_type(function, key, default="string")
         kinds = kind if isinstance(kind, list) else [kind]
         if raw.lower() in ("null", "none"):
             return None

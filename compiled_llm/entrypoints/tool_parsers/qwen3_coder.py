@@ -4,7 +4,6 @@ string, other types are read as JSON). Arguments stream one parameter at a time.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from typing import Any
@@ -15,6 +14,7 @@ from compiled_llm.entrypoints.tool_parsers.base import (
     ToolParser,
     as_written,
     before_marker,
+    loose_value,
 )
 
 START, END = "<tool_call>", "</tool_call>"
@@ -67,15 +67,4 @@ class Qwen3CoderToolParser(ToolParser):
         """raw (one leading and trailing newline dropped) as the schema's type says."""
         value = raw[1:] if raw.startswith("\n") else raw
         value = value[:-1] if value.endswith("\n") else value
-        schema = self.functions.get(function, {}).get("parameters") or {}
-        kind = (schema.get("properties") or {}).get(key, {}).get("type")
-        if kind == "string" or (isinstance(kind, list) and "string" in kind):
-            return value
-        try:
-            return json.loads(value)
-        except ValueError:
-            pass
-        try:  # Python literals (True, None, single quotes) models sometimes write
-            return ast.literal_eval(value)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            return value
+        return value if self.is_string_param(function, key) else loose_value(value)
