@@ -185,6 +185,8 @@
 #     bash benchmarks/h200_suite.sh 104   # call 102 reordered for a short device budget
 #     bash benchmarks/h200_suite.sh 103   # 8B batch 1 against gpt-fast, 0.6B on / off, an 8B
 #                                         # profile (carry .whl .peer)
+#     bash benchmarks/h200_suite.sh 105   # issue 13's served targets on main: offline, served
+#                                         # twice, the nano-vllm user path (carry .whl)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -692,6 +694,19 @@ $MK
 $FIRST
 timeout 60 $py -m benchmarks.l2_prefetch --idle-us 0 8 --fractions 0.5 0.75 --json $R/l2_prefetch.json
 timeout 120 $py -m pytest -q -p no:cacheprovider tests/kernels/test_l2_prefetch_gpu.py"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 105 ]; then  # one GPU (carry .whl): issue 13's served targets on main:
+  # Qwen3-0.6B offline, then served twice at serve's defaults (slow steps logged with their
+  # device time), then the nano-vllm user path (default, tuned)
+  Q=$CK/qwen3-0.6b CLI="$py -m compiled_llm.entrypoints.cli" LOGS=COMPILED_LLM_STEP_DEBUG=12
+  U="$py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_nano.jsonl --model $Q"
+  mapfile -t a <<<"\
+$py -c 'import benchmarks.common as c; c.shape_checkpoint(\"qwen3-0.6b\", \"$CK\", tokenizer=True)'
+$CLI bench throughput --model $Q --num-prompts 1024 --input-len 512 --output-len 256 --output-json $R/throughput_default.json
+$(served default1 $LOGS)
+$(served default2 $LOGS)
+$U --label default
+$U --label tuned --preset tuned"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 103 ]; then  # one GPU (carry .whl .peer; after 102 on a warm machine):
   # issue 14's batch-1 targets with the prefetch: 8B against gpt-fast, 0.6B default and
