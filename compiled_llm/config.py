@@ -351,7 +351,8 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
         if max_len > model_max_len:
             raise ValueError(
                 f"max_model_len {max_len} exceeds the model's maximum length {model_max_len} "
-                "(max_position_embeddings, times a linear or dynamic rope scaling factor)"
+                "(max_position_embeddings, times a linear or dynamic rope scaling factor; "
+                "attention_chunk_size where chunked attention layers are)"
             )
         mode = PERFORMANCE_MODES[self.performance_mode]
         tokens = self.max_num_batched_tokens

@@ -175,7 +175,22 @@ def model_len_bounds(hf_config: dict) -> tuple[int, int]:
     scales = kind in ("linear", "dynamic", "yarn") and "gemma3" not in str(
         hf_config.get("model_type", ""))
     limit = int(trained * float(factor or 1.0)) if scales else trained
-    return limit, {"dynamic": trained, "longrope": min(limit, original or trained)}.get(kind, limit)
+    default = {"dynamic": trained, "longrope": min(limit, original or trained)}.get(kind, limit)
+    chunk = _attention_chunk(hf_config)  # served within one chunk: the limit, and the default
+    return (limit, default) if chunk is None else (min(limit, chunk), min(default, chunk))
+
+
+def _attention_chunk(hf_config: dict) -> int | None:
+    """Llama 4's attention_chunk_size where it has chunked_attention layers (layer_types, else
+    its RoPE layers), else None: within one chunk chunked attention is plain causal attention,
+    and the attention op has no chunked mask."""
+    chunk = hf_config.get("attention_chunk_size")
+    if not isinstance(chunk, int) or isinstance(chunk, bool):
+        return None
+    layer_types = hf_config.get("layer_types")
+    if layer_types:
+        return chunk if "chunked_attention" in layer_types else None
+    return chunk if hf_config.get("model_type") == "llama4_text" else None
 
 
 def triton_takes_head_dim(head_dim: int) -> bool:

@@ -76,6 +76,11 @@ ModelRegistry = _ModelRegistry({
     "SolarOpenForCausalLM": "compiled_llm.models.solar_open:SolarOpenForCausalLM",
     "YoutuForCausalLM": "compiled_llm.models.youtu:YoutuForCausalLM",
     "MellumForCausalLM": "compiled_llm.models.mellum:MellumForCausalLM",
+    "HyperCLOVAXForCausalLM": "compiled_llm.models.hyperclovax:HyperCLOVAXForCausalLM",
+    "HYV3ForCausalLM": "compiled_llm.models.hy_v3:HYV3ForCausalLM",
+    "GraniteSWAForCausalLM": "compiled_llm.models.granite_swa:GraniteSWAForCausalLM",
+    "AfmoeForCausalLM": "compiled_llm.models.afmoe:AfmoeForCausalLM",
+    "MiMoV2FlashForCausalLM": "compiled_llm.models.mimo_v2_flash:MiMoV2FlashForCausalLM",
     "FalconForCausalLM": "compiled_llm.models.falcon:FalconForCausalLM",
     "GlmForCausalLM": "compiled_llm.models.glm:GlmForCausalLM",
     "Glm4ForCausalLM": "compiled_llm.models.glm:Glm4ForCausalLM",
@@ -135,12 +140,14 @@ ModelRegistry = _ModelRegistry({
     "Ministral3ForCausalLM": "compiled_llm.models.ministral3:Ministral3ForCausalLM",
     "CwmForCausalLM": "compiled_llm.models.cwm:CwmForCausalLM",
     "Jais2ForCausalLM": "compiled_llm.models.jais2:Jais2ForCausalLM",
+    "Llama4ForCausalLM": "compiled_llm.models.llama4:Llama4ForCausalLM",
     # image-text-to-text checkpoints served text-only: their text_config's model picks the
     # class (models/multimodal.py; Gemma 4's maps on there)
     **dict.fromkeys(("Gemma3ForConditionalGeneration", "Qwen2VLForConditionalGeneration",
                      "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
                      "Qwen3VLMoeForConditionalGeneration", "Mistral3ForConditionalGeneration",
-                     "LlavaForConditionalGeneration", "Gemma4ForConditionalGeneration"),
+                     "LlavaForConditionalGeneration", "Gemma4ForConditionalGeneration",
+                     "Llama4ForConditionalGeneration"),
                     "compiled_llm.models.multimodal:ConditionalGeneration"),
     # pooling models (runner="pooling"): embeddings and classifiers
     "BertModel": "compiled_llm.models.bert:BertModel",

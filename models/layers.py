@@ -19,6 +19,7 @@ SIBLINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "self_attn": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
     "attn": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),  # GPT-J's (GPT-2's c_attn: no match)
     "mlp": ("gate_up_proj", ("gate_proj", "up_proj")),
+    "feed_forward": ("gate_up_proj", ("gate_proj", "up_proj")),  # Llama 4's dense MLPs
     "shared_expert": ("gate_up_proj", ("gate_proj", "up_proj")),  # MoE blocks (Qwen2-MoE)
 }
 

@@ -30,6 +30,7 @@ CONDITIONAL_GENERATION: dict[str, tuple[dict[str, str], bool]] = {
          "ministral3": "Ministral3ForCausalLM"}, True),
     "LlavaForConditionalGeneration": (LLAVA_TEXTS, False),
     "Gemma4ForConditionalGeneration": ({"gemma4_text": "Gemma4ForCausalLM"}, True),
+    "Llama4ForConditionalGeneration": ({"llama4_text": "Llama4ForCausalLM"}, False),
 }
 # config.json keys outside the text model: they stay out of a legacy flat config's text view
 NOT_TEXT = ("architectures", "model_type", "text_config", "vision_config", "audio_config",

@@ -463,6 +463,29 @@ EXTRA_CONFIGS = {
         "moe_intermediate_size": 32, "attention_bias": True, "rope_parameters": {
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}}),
+    # (tests/models/test_granite_hy_archs.py) HyperCLOVA X: Granite's scalars away from 1
+    # (logits multiplied), post_norm1 / 2 after each block, head_dim 32, biased q/k/v/o; then
+    # without the post-norms, attention_multiplier left to its default, a tied head
+    "hyperclovax": ("HyperCLOVAXConfig", {
+        "head_dim": 32, "embedding_multiplier": 3.0, "attention_multiplier": 0.3,
+        "residual_multiplier": 0.5, "logits_scaling": 0.7, "attention_bias": True,
+        "pad_token_id": None}),
+    "hyperclovax_plain": ("HyperCLOVAXConfig", {
+        "use_post_norm": False, "residual_multiplier": 0.5, "tie_word_embeddings": True,
+        "pad_token_id": None}),
+    # Hy3: a sparse layer (sigmoid top-2 of 4 experts, a correction bias randomised by the
+    # test, two experts' worth of shared MLP) then a dense one; q/k norms, biased q/k/v/o
+    "hy_v3": ("HYV3Config", {
+        "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "num_shared_experts": 2,
+        "moe_intermediate_size": 32, "router_scaling_factor": 2.5,
+        "mlp_layer_types": ["sparse", "dense"], "attention_bias": True}),
+    # Granite SWA: Granite's scalars, sinks (randomised by the test), sliding layers (a window
+    # of 8) around a full one, RoPE bases 1e4 / none / 100 per layer
+    "granite_swa": ("GraniteSWAConfig", {
+        "num_hidden_layers": 3, "embedding_multiplier": 3.0, "attention_multiplier": 0.2,
+        "residual_multiplier": 0.5, "logits_scaling": 2.0, "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "layer_rope_theta": [1e4, 0, 100.0], "bos_token_id": None, "pad_token_id": None}),
 }
 # image-text-to-text checkpoints (served text-only): tiny vision towers beside a SMALL text
 # model (text_config); M-RoPE sections tiling head_dim 16's rotated half
@@ -538,6 +561,43 @@ EXTRA_CONFIGS["gemma4_d512"] = ("Gemma4TextConfig", {
     **_GEMMA4, "head_dim": 256, "global_head_dim": 512, "num_attention_heads": 2,
     "num_key_value_heads": 1, "layer_types": ["sliding_attention", "full_attention"],
     "hidden_size_per_layer_input": 0, "attention_k_eq_v": True, "num_global_key_value_heads": 1})
+# Llama 4 (tests/models/test_llama4.py): a dense RoPE layer (llama3 rope on interleaved pairs,
+# q/k norms, chunked within one chunk), then a NoPE MoE layer (a query temperature that bites
+# within the prompts; 4 experts top-2 scaling their inputs, a shared expert); and its
+# image-text-to-text checkpoint's shape (a tiny vision tower beside that text model)
+_LLAMA4 = {"head_dim": 16, "intermediate_size": 48, "intermediate_size_mlp": 128,
+           "num_local_experts": 4, "num_experts_per_tok": 2, "interleave_moe_layer_step": 2,
+           "no_rope_layers": [1, 0], "attention_chunk_size": 512, "floor_scale": 4,
+           "attn_scale": 0.5, "rope_parameters": {
+               "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
+EXTRA_CONFIGS["llama4"] = ("Llama4TextConfig", _LLAMA4)
+EXTRA_CONFIGS["llama4_vl"] = ("Llama4Config", {
+    "vision_config": {**_PATCHES, "vision_output_dim": 32, "projector_input_dim": 32,
+                      "projector_output_dim": 32}, "text_config": _LLAMA4})
+# AFMoE (Arcee Trinity; tests/models/test_afmoe.py): a dense first layer, then sigmoid-routed
+# experts with a shared one; sliding layers with RoPE around a full NoPE one; gated attention
+# output, biased q/k/v/o, muP's embedding scale
+EXTRA_CONFIGS["afmoe"] = ("AfmoeConfig", {
+    "num_hidden_layers": 3, "head_dim": 16, "sliding_window": 8, "num_dense_layers": 1,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "num_experts": 4, "num_experts_per_tok": 2, "num_shared_experts": 1,
+    "moe_intermediate_size": 32, "route_scale": 2.5, "mup_enabled": True,
+    "attention_bias": True})
+# MiMo-V2-Flash (tests/models/test_mimo_v2_flash.py): full layers around a sliding one (twice
+# the KV heads, sinks, its own RoPE base and rotary share), 24-wide q/k and 16-wide v heads
+# (a 32-wide cache), a dense first MLP, then experts in two groups under a float32 router
+EXTRA_CONFIGS["mimo_v2_flash"] = ("MiMoV2FlashConfig", {
+    "num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 24, "v_head_dim": 16,
+    "sliding_window": 8, "layer_types": ["full_attention", "sliding_attention",
+                                         "full_attention"],
+    "mlp_layer_types": ["dense", "sparse", "sparse"], "n_routed_experts": 8, "n_group": 2,
+    "topk_group": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "routed_scaling_factor": 2.0, "attention_bias": True, "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6,
+                           "partial_rotary_factor": 0.334},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                              "partial_rotary_factor": 0.5}}})
 
 
 @functools.cache

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.gpu,
 def _drawn_router(key: str, value: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
     """A router weight transformers left at zeros (5.17 does for ERNIE 4.5 MoE) drawn: with
     every expert's score equal, top-k ties break one way on the CPU, another on CUDA."""
-    if key.endswith("mlp.gate.weight") and not value.any():
+    if key.endswith(("mlp.gate.weight", "mlp.router.gate.weight")) and not value.any():
         return torch.randn(value.shape, generator=gen) * 0.1
     return None
 
@@ -46,10 +46,13 @@ def _drawn_router(key: str, value: torch.Tensor, gen: torch.Generator) -> torch.
                                   "glm4_moe_lite", "minicpm3", "exaone_moe",
                                   "gemma4", "gemma4_moe", "gemma4_d512", "gpt_neo", "codegen",
                                   "nanochat", "cohere2_moe", "cohere2_moe_sigmoid",
-                                  "solar_open", "youtu", "mellum",
+                                  "solar_open", "youtu", "mellum", "afmoe",
+                                  "mimo_v2_flash", "hyperclovax",
+                                  "hyperclovax_plain", "hy_v3", "granite_swa", "llama4",
                                   # image-text-to-text checkpoints' text stacks
                                   "gemma3_vl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
-                                  "qwen3_vl_moe", "mistral3", "llava", "gemma4_vl"])
+                                  "qwen3_vl_moe", "mistral3", "llava", "gemma4_vl",
+                                  "llama4_vl"])
 def test_compiled_with_cuda_graphs_matches_transformers(name, tmp_path):
     ckpt = edited_checkpoint(name, _drawn_router)
     # within 32 positions: LongRoPE's original length (transformers recomputes past it)

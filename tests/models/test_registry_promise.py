@@ -64,7 +64,11 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "GPTNeoForCausalLM": "gpt_neo", "CodeGenForCausalLM": "codegen",
                "NanoChatForCausalLM": "nanochat", "Cohere2MoeForCausalLM": "cohere2_moe",
                "SolarOpenForCausalLM": "solar_open", "YoutuForCausalLM": "youtu",
-               "MellumForCausalLM": "mellum"}
+               "HyperCLOVAXForCausalLM": "hyperclovax", "HYV3ForCausalLM": "hy_v3",
+               "GraniteSWAForCausalLM": "granite_swa",
+               "MellumForCausalLM": "mellum", "Llama4ForCausalLM": "llama4",
+               "AfmoeForCausalLM": "afmoe",
+               "MiMoV2FlashForCausalLM": "mimo_v2_flash"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
 # run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too (the
 # gate/up SiLU·mul epilogue and the L2 weight prefetch, a no-op on CPU, are opt-in: asked for)
@@ -267,6 +271,9 @@ OWN_LAYER_SHAPE = {
     # float32-scaled norms are RMSNorm's graph in float32, where this test runs
     **dict.fromkeys(("HeliumForCausalLM", "Ernie4_5ForCausalLM"),
                     lambda layers: {"QKNormRoPEKVWriteFusionPass": 0}),
+    # Llama 4: float32 RoPE on interleaved pairs, its weightless q/k norms after it, and NoPE
+    # layers' queries scaled per position: no fused RoPE + KV write
+    "Llama4ForCausalLM": lambda layers: {"QKNormRoPEKVWriteFusionPass": 0},
     # Arcee: an ungated up_proj -> relu2 -> down_proj MLP: only q/k/v fuse, no SiLU·mul; the
     # post-attention norm still moves into up_proj's GEMM
     "ArceeForCausalLM": lambda layers: {
@@ -321,6 +328,41 @@ OWN_LAYER_SHAPE = {
     # norm reaches a GEMM's prologue
     "MellumForCausalLM": lambda layers: {
     "SmallMGemmAddRMSNormFusionPass": 1, "SmallMAddRMSNormGemmFusionPass": 0},
+    # HyperCLOVA X: post_norm1 / 2 on each block's output are plain norms (two a layer), and
+    # residual_multiplier follows them: no GEMM output meets an add + norm, no small-M fusion
+    "HyperCLOVAXForCausalLM": lambda layers: {
+    "RMSNormFusionPass": 1 + 2 * layers, "SmallMGemmAddRMSNormFusionPass": 0,
+    "SmallMAddRMSNormGemmFusionPass": 0},
+    # Hy3 (dots.llm1's layer: a sparse layer, then a dense one): attention_bias (here) biases
+    # o_proj, an addmm: only the dense down_proj takes the add + norm epilogue, no norm a
+    # GEMM's prologue
+    "HYV3ForCausalLM": lambda layers: {
+    "SmallMGemmAddRMSNormFusionPass": 1, "SmallMAddRMSNormGemmFusionPass": 0},
+    # Granite SWA (three layers: RoPE, NoPE, RoPE): RoPE rides in the fused attention op, so
+    # the two middle pieces (an MLP, then the next layer's q/k/v) are one compiled piece whose
+    # fusions count once; RoPE + the KV write fuse on its two RoPE layers; Granite's residual
+    # scale after o_proj and down_proj: no small-M add + norm
+    "GraniteSWAForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 2 * (layers - 1), "SiluMulFusionPass": layers - 1,
+    "HorizontalGemmFusionPass": 2 * (layers - 1), "SmallMGemmSiluMulFusionPass": layers - 1,
+    "QKNormRoPEKVWriteFusionPass": 2, "SmallMGemmAddRMSNormFusionPass": 0,
+    "SmallMAddRMSNormGemmFusionPass": 0},
+    # AFMoE (three layers: dense, then two sparse): its norms scale in float32 after the
+    # product (RMSNorm's graph in float32, where this test runs), not the per-head norm the fused
+    # RoPE + KV write takes: RoPE + the write fuse on the two sliding layers, each q/k norm is a
+    # plain norm, as are the first input norm, every post-attention norm and the dense
+    # post-MLP norm; the add + norms are the later input norms, every pre-MLP norm, the final
+    # norm and the sparse layers' post-MLP norms (experts + shared expert), whose shared
+    # down_proj takes the small-M add + norm epilogue. o_proj reads the gated attention output
+    # (no prefetch) and is biased (attention_bias here): no norm reaches a GEMM's prologue
+    "AfmoeForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 3 * layers - 1, "RMSNormFusionPass": 2 + 3 * layers,
+    "QKNormRoPEKVWriteFusionPass": 2, "SmallMGemmAddRMSNormFusionPass": layers - 1,
+    "SmallMAddRMSNormGemmFusionPass": 0, "L2WeightPrefetchPass": 0},
+    # MiMo-V2-Flash: the Llama layer (GLM-4.5's experts, no shared one), RoPE on the leading
+    # dims of each head (a split and a cat), q/k/v zero-padded to the cache's head dim: no
+    # fused RoPE + KV write
+    "MiMoV2FlashForCausalLM": lambda layers: {"QKNormRoPEKVWriteFusionPass": 0},
     # GPT-Neo: GPT-2's shape (LayerNorms, an ungated gelu_new MLP, learned positions) with
     # q/k/v as three linears under attn: they fuse
     "GPTNeoForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers},
