@@ -119,11 +119,14 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
 
 class ReasoningGate:
     """A matcher that leaves every token allowed until end_token_id (the end of a thinking
-    span) is accepted, then hands each step to the grammar's matcher: structured outputs
-    apply to the reply after the thinking. Never terminated while the span is open."""
+    span: one token, or a sequence of them accepted in a row) is accepted, then hands each
+    step to the grammar's matcher: structured outputs apply to the reply after the thinking.
+    Never terminated while the span is open."""
 
-    def __init__(self, matcher, end_token_id: int) -> None:
+    def __init__(self, matcher, end_token_id: int | tuple[int, ...]) -> None:
         self.matcher, self.end_token_id = matcher, end_token_id
+        self.end = (end_token_id,) if isinstance(end_token_id, int) else tuple(end_token_id)
+        self.recent: tuple[int, ...] = ()  # the span's last tokens, as many as the end has
         self.open = True
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
@@ -137,7 +140,8 @@ class ReasoningGate:
     def accept_token(self, token: int) -> bool:
         """Every token while the span lasts (its end token closes it); then the grammar's."""
         if self.open:
-            self.open = token != self.end_token_id
+            self.recent = (*self.recent, token)[-len(self.end):]
+            self.open = self.recent != self.end
             return True
         return self.matcher.accept_token(token)
 

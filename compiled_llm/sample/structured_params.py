@@ -47,9 +47,10 @@ class StructuredOutputsParams:
     json_object: bool | None = None
     structural_tag: str | dict | None = None
     any_whitespace: bool = False
-    reasoning_end_token_id: int | None = None
+    reasoning_end_token_id: int | tuple[int, ...] | None = None
     """When set, the reply starts in a thinking span: nothing is constrained until this token
-    (the span's end) is generated, and the grammar applies from the token after it."""
+    (or this token sequence: the span's end) is generated, and the grammar applies from the
+    token after it."""
     disable_any_whitespace: bool = False
     """vLLM's: JSON without whitespace between tokens (wins over any_whitespace)."""
     disable_additional_properties: bool = False
@@ -97,9 +98,13 @@ class StructuredOutputsParams:
             raise ValueError(f"structured_outputs.whitespace_pattern must be a string or None, "
                              f"got {self.whitespace_pattern!r}")
         end_id = self.reasoning_end_token_id
-        if end_id is not None and not _is_token_id(end_id):
-            raise ValueError(f"structured_outputs.reasoning_end_token_id must be a token id, "
-                             f"got {end_id!r}")
+        if isinstance(end_id, list):
+            end_id = tuple(end_id)
+            object.__setattr__(self, "reasoning_end_token_id", end_id)
+        ids = end_id if isinstance(end_id, tuple) else (end_id,)
+        if end_id is not None and not (ids and all(map(_is_token_id, ids))):
+            raise ValueError(f"structured_outputs.reasoning_end_token_id must be a token id "
+                             f"or a non-empty sequence of them, got {end_id!r}")
 
     def _check_choice(self) -> None:
         # a bare string is a sequence of characters: refused, never split into choices

@@ -54,3 +54,30 @@ def test_budget_counts_from_the_start_tag():
     assert torch.equal(budget([1, 3, 4], logits), logits)  # ended on its own
     with pytest.raises(ValueError, match="thinking_token_budget"):
         ThinkingBudget(-1, 3, None, True)
+
+
+def _force(ids: tuple[int, ...], at: int):
+    """A logits processor that forces ids as the reply's tokens at..at+len(ids)-1."""
+    def force(output_ids, logits):
+        step = len(output_ids) - at
+        if 0 <= step < len(ids):
+            keep = logits[ids[step]].clone()
+            logits.fill_(float("-inf"))
+            logits[ids[step]] = keep
+        return logits
+    return force
+
+
+def test_grammar_waits_for_an_end_token_sequence(llm):
+    """An end of several tokens (gpt-oss's <|channel|>final<|message|>) opens the grammar
+    only once all of them came in a row: the first alone does not."""
+    end = (11, 12)
+    params = SamplingParams(
+        n=3, temperature=1.0, seed=7, max_tokens=60,
+        structured_outputs=StructuredOutputsParams(json=SCHEMA, reasoning_end_token_id=list(end)),
+        logits_processors=[_force((11,), 1), _force(end, 3)])
+    [out] = llm.generate([[5, 6, 7]], params)
+    for completion in out.outputs:
+        assert tuple(completion.token_ids[3:5]) == end
+        text = llm.get_tokenizer().decode(completion.token_ids[5:], skip_special_tokens=True)
+        jsonschema.validate(json.loads(text), SCHEMA)

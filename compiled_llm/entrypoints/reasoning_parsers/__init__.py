@@ -11,6 +11,7 @@ from compiled_llm.entrypoints.reasoning_parsers.base import (
 from compiled_llm.entrypoints.reasoning_parsers.families import (
     DeepSeekV3ReasoningParser,
     Ernie45ReasoningParser,
+    GptOssReasoningParser,
     GraniteReasoningParser,
     HunyuanA13BReasoningParser,
     MiniMaxM2AppendThinkReasoningParser,
@@ -20,7 +21,7 @@ from compiled_llm.entrypoints.reasoning_parsers.families import (
     SeedOssReasoningParser,
 )
 
-# vLLM's names (gpt-oss's harmony channels, vLLM's openai_gptoss, are not read here)
+# vLLM's names
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "deepseek_r1": DeepSeekR1ReasoningParser,
     "deepseek_v3": DeepSeekV3ReasoningParser,
@@ -32,6 +33,7 @@ REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "minimax_m2_append_think": MiniMaxM2AppendThinkReasoningParser,
     "mistral": MistralReasoningParser,
     "olmo3": Olmo3ReasoningParser,
+    "openai_gptoss": GptOssReasoningParser,
     "qwen3": Qwen3ReasoningParser,
     "seed_oss": SeedOssReasoningParser,
 }

@@ -35,6 +35,9 @@ class ReasoningParser:
     content unless one of them is true (DeepSeek-V3.1's `thinking`, as vLLM reads it)."""
     skip_special_tokens: ClassVar[bool] = True
     """False where the tags are special tokens (they must stay in the reply's text)."""
+    end_is_token_sequence: ClassVar[bool] = False
+    """True where an end tag of several tokens is always written as the same tokens (special
+    tokens around a word: gpt-oss's), so grammars may wait for that token sequence."""
 
     def __init__(self, prompt_state: str = "none", thinking: bool = True) -> None:
         self.prompt_state, self.thinking = prompt_state, thinking
@@ -98,6 +101,15 @@ class ReasoningParser:
         return not cls.skip_special_tokens or any(
             i is not None and (i in special or getattr(added.get(i), "special", False))
             for i in cls.token_ids(tokenizer))
+
+    @classmethod
+    def end_ids(cls, tokenizer) -> int | tuple[int, ...] | None:
+        """The end tag as one token id, or as its token sequence where the family writes it
+        so (end_is_token_sequence); None where neither marks it."""
+        end_id = cls.token_ids(tokenizer)[1]
+        if end_id is not None or not cls.end_is_token_sequence:
+            return end_id
+        return tuple(tokenizer.encode(cls.end, add_special_tokens=False)) or None
 
     @classmethod
     def token_ids(cls, tokenizer) -> tuple[int | None, int | None]:

@@ -1,6 +1,7 @@
 """The reasoning parsers of further model families, by vLLM's names: DeepSeek-V3.1 (thinking
 only when asked), Granite's sentence markers, Mistral's [THINK] control tokens, Seed-OSS,
-MiniMax-M2, ERNIE 4.5 and Hunyuan-A13B (their answer wrappers stripped) and OLMo 3."""
+MiniMax-M2, ERNIE 4.5 and Hunyuan-A13B (their answer wrappers stripped), OLMo 3 and gpt-oss's
+harmony channels."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ from typing import ClassVar
 
 from compiled_llm.entrypoints.reasoning_parsers.base import ReasoningParser
 from compiled_llm.entrypoints.tool_parsers.base import holdback
+from compiled_llm.entrypoints.tool_parsers.harmony import (
+    MESSAGE,
+    START,
+    harmony_messages,
+    join_bodies,
+)
 
 
 class DeepSeekV3ReasoningParser(ReasoningParser):
@@ -128,3 +135,35 @@ class Olmo3ReasoningParser(ReasoningParser):
     having written <think>."""
 
     always_thinks = True
+
+
+class GptOssReasoningParser(ReasoningParser):
+    """gpt-oss (vLLM's openai_gptoss): harmony channels, read from the reply's messages. The
+    analysis channel is reasoning; the final channel and preambles are content, several
+    messages joined by newlines (as vLLM's); tool calls (messages to functions.NAME) stay in
+    the content in their harmony form only where the `openai` tool parser reads them
+    (keep_calls). Grammars start after the end sequence, whose tokens are the model's own."""
+
+    start, end = "<|channel|>analysis<|message|>", "<|channel|>final<|message|>"
+    skip_special_tokens = False
+    end_is_token_sequence = True
+
+    def __init__(self, prompt_state: str = "none", thinking: bool = True) -> None:
+        super().__init__(prompt_state, thinking)
+        self.keep_calls = False
+
+    @classmethod
+    def for_prompt(cls, prompt_ids: list[int], tokenizer,
+                   template_kwargs: dict | None = None) -> GptOssReasoningParser:
+        """Every reply may think: earlier turns' channels say nothing about this one."""
+        return cls()
+
+    def split(self, text: str, final: bool) -> tuple[str | None, str]:
+        """(the analysis bodies or None, the visible bodies and any kept calls)."""
+        messages = harmony_messages(text, final)
+        reasoning = join_bodies([m for m in messages if m.channel == "analysis"])
+        content = join_bodies([m for m in messages if m.visible])
+        if self.keep_calls:
+            content += "".join(f"{START}{m.header}{MESSAGE}{m.body}" for m in messages
+                               if m.function is not None)
+        return reasoning or None, content

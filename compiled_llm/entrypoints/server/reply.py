@@ -26,8 +26,9 @@ class ReplyFormat:
     include_reasoning: bool = True
     """vLLM's include_reasoning: false drops the thinking span from the reply (it is still
     split off, never shown as content)."""
-    end_id: int | None = None
-    """The thinking span's end tag as one token (None: not one token; no span is counted)."""
+    end_id: int | tuple[int, ...] | None = None
+    """The thinking span's end tag as one token, or as its fixed token sequence (None:
+    neither; no span is counted)."""
 
     def reasoning_tokens(self, text: str, token_ids: list[int]) -> int | None:
         """How many of a finished reply's token_ids (whose text is text) are thinking; None
@@ -110,13 +111,17 @@ class ReplyStreamer:
 
 
 def reasoning_token_count(reasoning: str | None, token_ids: list[int],
-                          end_id: int | None) -> int:
+                          end_id: int | tuple[int, ...] | None) -> int:
     """How many of the reply's tokens are thinking: up to and including the end tag's token
-    (all of them while the span is open); 0 without a span or where the end tag is not one
-    token (no token boundary to count to)."""
+    or token sequence (all of them while the span is open); 0 without a span or where the
+    end tag has no fixed tokens (no token boundary to count to)."""
     if reasoning is None or end_id is None:
         return 0
-    return token_ids.index(end_id) + 1 if end_id in token_ids else len(token_ids)
+    end = (end_id,) if isinstance(end_id, int) else end_id
+    for at in range(len(token_ids) - len(end) + 1):
+        if tuple(token_ids[at:at + len(end)]) == end:
+            return at + len(end)
+    return len(token_ids)
 
 
 def reply_params(params: SamplingParams, reply: ReplyFormat, tokenizer,
@@ -142,13 +147,14 @@ def reply_params(params: SamplingParams, reply: ReplyFormat, tokenizer,
     if reasoning.keeps_special_tokens(tokenizer):
         params.skip_special_tokens = False
     if reasoning.may_think and params.structured_outputs is not None:
-        if end_id is None:  # no token to wait for: the grammar would forbid the thinking
+        gate_end = reasoning.end_ids(tokenizer)  # a token sequence where the family's is fixed
+        if gate_end is None:  # no token to wait for: the grammar would forbid the thinking
             raise OpenAIError(400, f"structured outputs and tool grammars start after the "
                               f"thinking span's end, and {reasoning.end!r} is not one token of "
                               "this tokenizer; turn thinking off to use them",
                               param="response_format" if grammar is None else "tool_choice")
         params.structured_outputs = dataclasses.replace(params.structured_outputs,
-                                                        reasoning_end_token_id=end_id)
+                                                        reasoning_end_token_id=gate_end)
     if thinking_token_budget is not None:
         params.logits_processors = [*(params.logits_processors or []),
                                     _budget(thinking_token_budget, reasoning, start_id, end_id)]

@@ -80,13 +80,15 @@ class ServerConfig:
     """Let the model decide whether to call tools (tool_choice "auto", the default when a
     request has tools); its reply is read by --tool-call-parser."""
     tool_call_parser: str | None = None
-    """How the model writes tool calls: hermes, llama3_json, mistral, qwen3_coder or
-    pythonic."""
+    """How the model writes tool calls, by vLLM's parser names (hermes, llama3_json,
+    mistral, qwen3_coder, pythonic, openai ...; an unknown name is refused with the list
+    of known ones)."""
     reasoning_parser: str | None = None
     """How the model marks its thinking (vLLM's names: deepseek_r1, deepseek_v3, ernie45,
-    glm45, granite, hunyuan_a13b, minimax_m2, minimax_m2_append_think, mistral, olmo3, qwen3,
-    seed_oss): the span goes to reasoning_content, and structured outputs and tool grammars
-    start after it."""
+    glm45, granite, hunyuan_a13b, minimax_m2, minimax_m2_append_think, mistral, olmo3,
+    openai_gptoss, qwen3, seed_oss): the span goes to reasoning_content, and structured
+    outputs and tool grammars start after it. A gpt-oss model takes openai_gptoss unless
+    another is named."""
     response_role: str = "assistant"
     """The role of a chat reply that follows a generation prompt (without one, the reply
     continues the last message and takes its role)."""

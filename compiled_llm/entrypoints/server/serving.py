@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from compiled_llm.entrypoints.async_llm import AsyncLLM
 from compiled_llm.entrypoints.chat_utils import conversation, render, resolved_format
 from compiled_llm.entrypoints.reasoning_parsers import get_reasoning_parser
+from compiled_llm.entrypoints.reasoning_parsers.families import GptOssReasoningParser
 from compiled_llm.entrypoints.server.errors import OpenAIError
 from compiled_llm.entrypoints.server.metrics import ServerMetrics
 from compiled_llm.entrypoints.server.protocol import ChatMessage
@@ -23,6 +24,7 @@ from compiled_llm.entrypoints.server.tool_calls import ToolPlan, history_message
 from compiled_llm.entrypoints.server.tracing import request_tracer
 from compiled_llm.entrypoints.server.unsupported import refuse_non_text_parts
 from compiled_llm.entrypoints.tool_parsers import get_tool_parser
+from compiled_llm.entrypoints.tool_parsers.harmony import HarmonyToolParser
 from compiled_llm.output.outputs import RequestOutput
 from compiled_llm.parallel_config import hub_id_of
 from compiled_llm.sampling_params import SamplingParams
@@ -31,6 +33,13 @@ if TYPE_CHECKING:
     from compiled_llm.entrypoints.async_pooling import PoolingTokens
 
 logger = logging.getLogger(__name__)
+
+
+def harmony_default(engine) -> str | None:
+    """"openai_gptoss" for a gpt-oss model (vLLM reads its harmony channels whatever the
+    flags say), else None: no reasoning parser unless --reasoning-parser names one."""
+    config = getattr(getattr(engine, "model_config", None), "hf_config", None)
+    return "openai_gptoss" if getattr(config, "model_type", None) == "gpt_oss" else None
 
 
 class TokenServing:
@@ -155,12 +164,14 @@ class Serving(TokenServing):
                      template_kwargs: dict | None = None) -> ReplyFormat:
         """How the replies to prompt_ids (rendered with template_kwargs) are read: plan, and
         the server's reasoning parser."""
-        name = self.cfg.reasoning_parser
+        name = self.cfg.reasoning_parser or harmony_default(self.engine)
         if name is None:
             return ReplyFormat(plan)
         parser = get_reasoning_parser(name).for_prompt(prompt_ids, self.engine.tokenizer,
                                                        template_kwargs)
-        return ReplyFormat(plan, parser, end_id=parser.token_ids(self.engine.tokenizer)[1])
+        if isinstance(parser, GptOssReasoningParser):  # the calls go to the harmony parser
+            parser.keep_calls = isinstance(plan.parser, HarmonyToolParser)
+        return ReplyFormat(plan, parser, end_id=parser.end_ids(self.engine.tokenizer))
 
     async def start(self, rid: str, ids: list[int], params: SamplingParams,
                     plan: ToolPlan | None = None, lora_request=None, *, priority: int = 0,

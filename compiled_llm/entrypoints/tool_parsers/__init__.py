@@ -23,6 +23,26 @@ TOOL_PARSERS: dict[str, str] = {
     "llama4_pythonic": "llama4_pythonic:Llama4PythonicToolParser",
     "seed_oss": "seed_oss:SeedOssToolParser",
     "minimax_m2": "minimax_m2:MinimaxM2ToolParser",
+    "openai": "harmony:HarmonyToolParser",  # gpt-oss's harmony calls
+    # vLLM's other names for formats above (the same parser class there)
+    "llama4_json": "llama3_json:Llama3JsonToolParser",
+    "qwen3_xml": "qwen3_coder:Qwen3CoderToolParser",
+    "mimo": "qwen3_coder:Qwen3CoderToolParser",
+    # more of vLLM's families
+    "gemma4": "gemma4:Gemma4ToolParser",
+    "apertus": "apertus:ApertusToolParser",
+    "hy_v3": "hy_v3:HYV3ToolParser",
+    "hunyuan_a13b": "hunyuan_a13b:HunyuanA13BToolParser",
+    "ernie45": "ernie45:Ernie45ToolParser",
+    "olmo3": "olmo3:Olmo3ToolParser",
+    "kimi_k2": "kimi_k2:KimiK2ToolParser",
+    "longcat": "longcat:LongcatFlashToolParser",
+    "internlm": "internlm:Internlm2ToolParser",
+    "jamba": "jamba:JambaToolParser",
+    "xlam": "xlam:XLAMToolParser",
+    "granite4": "granite4:Granite4ToolParser",
+    "granite-20b-fc": "granite_20b_fc:Granite20bFCToolParser",
+    "step3": "step3:Step3ToolParser",
 }
 
 

@@ -109,7 +109,12 @@ def test_unfinished_call_is_content(name):
              "llama4_pythonic": '<|python_start|>[get_weather(city="Pa',
              "seed_oss": "<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nPa",
              "minimax_m2": '<minimax:tool_call><invoke name="get_weather"><parameter '
-                           'name="city">Pa'}[name]
+                           'name="city">Pa',
+             "openai": '<|channel|>commentary to=functions.get_weather <|constrain|>json'
+                       '<|message|>{"city": "Pa'}.get(name)
+    if reply is None:  # the families test_vllm_name_parsers covers (imported late: it uses ours)
+        from tests.entrypoints.tool_parsers.test_vllm_name_parsers import UNFINISHED
+        reply = UNFINISHED[name]
     assert get_tool_parser(name)(TOOLS).extract(reply) == (reply, [])
 
 
