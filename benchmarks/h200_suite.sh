@@ -187,6 +187,8 @@
 #                                         # profile (carry .whl .peer)
 #     bash benchmarks/h200_suite.sh 105   # issue 13's served targets on main: offline, served
 #                                         # twice, the nano-vllm user path (carry .whl)
+#     bash benchmarks/h200_suite.sh 106   # the new architectures' GPU tests, the harmony
+#                                         # parsers; on an H200, 8B batch 1 against gpt-fast
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -707,6 +709,16 @@ $(served default1 $LOGS)
 $(served default2 $LOGS)
 $U --label default
 $U --label tuned --preset tuned"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 106 ]; then  # one GPU (carry .whl .peer): the session's new architectures
+  # against transformers on CUDA, the harmony parsers and the token-sequence grammar gate; on an
+  # H200, issue 14's 8B batch 1 against gpt-fast
+  NEW="afmoe or mimo_v2_flash or hyperclovax or hy_v3 or granite_swa or llama4"
+  mapfile -t a <<<"\
+timeout 240 $py -m pytest -q -p no:cacheprovider tests/models/test_new_archs_gpu.py -k '$NEW'
+timeout 120 $py -m pytest -q -p no:cacheprovider tests/sample/test_thinking.py tests/entrypoints/reasoning_parsers/test_harmony.py
+nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0; $MK
+nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0; timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 103 ]; then  # one GPU (carry .whl .peer; after 102 on a warm machine):
   # issue 14's batch-1 targets with the prefetch: 8B against gpt-fast, 0.6B default and

@@ -129,7 +129,7 @@ class MiMoV2FlashAttention(nn.Module):
     def __init__(self, cfg: MiMoV2FlashConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx, self.sliding_window = layer_idx, cfg.layer_window(layer_idx)
-        self.sliding = self.sliding_window > 0
+        self.sliding = int(self.sliding_window > 0)  # an index: Dynamo (torch 2.11) takes no bool
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.kv_heads(layer_idx)
         self.qk_dim, self.v_dim, self.head_dim = cfg.qk_head_dim, cfg.v_head_dim, cfg.head_dim
         self.scale, self.value_scale = cfg.qk_head_dim**-0.5, cfg.value_scale

@@ -56,16 +56,20 @@ def test_budget_counts_from_the_start_tag():
         ThinkingBudget(-1, 3, None, True)
 
 
-def _force(ids: tuple[int, ...], at: int):
-    """A logits processor that forces ids as the reply's tokens at..at+len(ids)-1."""
-    def force(output_ids, logits):
-        step = len(output_ids) - at
-        if 0 <= step < len(ids):
-            keep = logits[ids[step]].clone()
+class _Force:
+    """A logits processor that forces ids as the reply's tokens at..at+len(ids)-1 (a class:
+    a CUDA engine's core runs in its own process, so processors are pickled)."""
+
+    def __init__(self, ids: tuple[int, ...], at: int) -> None:
+        self.ids, self.at = ids, at
+
+    def __call__(self, output_ids, logits):
+        step = len(output_ids) - self.at
+        if 0 <= step < len(self.ids):
+            keep = logits[self.ids[step]].clone()
             logits.fill_(float("-inf"))
-            logits[ids[step]] = keep
+            logits[self.ids[step]] = keep
         return logits
-    return force
 
 
 def test_grammar_waits_for_an_end_token_sequence(llm):
@@ -75,7 +79,7 @@ def test_grammar_waits_for_an_end_token_sequence(llm):
     params = SamplingParams(
         n=3, temperature=1.0, seed=7, max_tokens=60,
         structured_outputs=StructuredOutputsParams(json=SCHEMA, reasoning_end_token_id=list(end)),
-        logits_processors=[_force((11,), 1), _force(end, 3)])
+        logits_processors=[_Force((11,), 1), _Force(end, 3)])
     [out] = llm.generate([[5, 6, 7]], params)
     for completion in out.outputs:
         assert tuple(completion.token_ids[3:5]) == end
