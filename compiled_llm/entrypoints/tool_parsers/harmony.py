@@ -69,28 +69,50 @@ def harmony_messages(text: str, final: bool) -> list[HarmonyMessage]:
         if started and mark < 0:
             break  # the header is still being written (or never was: nothing to show)
         ends = [at for at in (text.find(end, pos) for end in (*ENDS, START)) if at >= 0]
-        if mark < 0 or (ends and min(ends) < mark):
+        if mark < 0 or (ends and min(ends) < mark) or (not started and _plain(text, pos)):
             pos = _headerless(text, pos, final, messages)
             continue
         pos = _message(text, pos, mark, final, messages)
     return messages
 
 
+def _plain(text: str, pos: int) -> bool:
+    """Whether text at pos is plain text before a later <|channel|> (not a header's start,
+    which is the channel itself or a recipient written first)."""
+    channel = text.find(CHANNEL, pos)
+    return channel > pos and not text[pos:channel].lstrip().startswith("to=")
+
+
+def _header_start(text: str) -> bool:
+    """Whether text may be a header being written: a marker, or a recipient (to=) first."""
+    stripped = text.lstrip()
+    return text.startswith("<") or stripped.startswith("to=") or "to=".startswith(stripped)
+
+
+def _boundaries(text: str, pos: int) -> list[tuple[int, str]]:
+    """Where text after pos may stop being one message: an end marker (consumed), the next
+    message's start, or a <|channel|> after plain text (each the next message's first
+    character)."""
+    found = [(at, end) for end in (*ENDS, START) if (at := text.find(end, pos)) >= 0]
+    plain = [(text.find(CHANNEL, pos), CHANNEL)] if _plain(text, pos) else []
+    return found + plain
+
+
 def _headerless(text: str, pos: int, final: bool, messages: list[HarmonyMessage]) -> int:
     """Text with no header before its end (plain text, or a header still open): a bodyless
     plain message up to the next end marker; where it runs to the text's end and may still
     become a header, nothing yet."""
-    ends = [(at, end) for end in (*ENDS, START) if (at := text.find(end, pos)) >= 0]
+    ends = _boundaries(text, pos)
     if not ends:
         if final and not text.startswith(CHANNEL, pos):
             messages.append(HarmonyMessage("", text[pos:], closed=True))
-        elif not text.startswith((CHANNEL, "<"), pos) and MESSAGE not in text[pos:]:
+        elif not _header_start(text[pos:]) and MESSAGE not in text[pos:]:
             messages.append(HarmonyMessage("", holdback(text[pos:], CHANNEL, *ENDS, START)))
         return len(text)
     at, end = min(ends)
     if at > pos:
         messages.append(HarmonyMessage("", text[pos:at], closed=True))
-    return at if end == START else at + len(end)
+    return at if end in (START, CHANNEL) else at + len(end)
 
 
 def _message(text: str, pos: int, mark: int, final: bool,

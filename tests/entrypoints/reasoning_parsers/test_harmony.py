@@ -33,6 +33,8 @@ CASES = [
     (f"{ANALYSIS}Look it up.{NEXT}<|channel|>commentary<|message|>Checking.{NEXT}{CALL}",
      "Look it up.", "Checking."),
     ("plain text, no channels", None, "plain text, no channels"),
+    ("tea, then<|channel|>final<|message|>The answer.", None, "tea, then\nThe answer."),
+    (" to=functions.get_weather<|channel|>commentary json<|message|>{}", None, ""),
 ]
 
 
@@ -81,6 +83,14 @@ def test_streamed_call_adds_up(chunk):
     deltas += streamer.feed("", True)[1]
     assert deltas[0]["function"]["name"] == "get_weather"
     assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Paris"}'
+
+
+def test_recipient_first_in_the_reply_is_a_call():
+    """After the prompt's `<|start|>assistant` the reply may name the recipient first."""
+    reply = " to=functions.lookup<|channel|>commentary json<|message|>{\"q\": 1}"
+    rest = _parser(keep_calls=True).split(reply, True)[1]
+    assert HarmonyToolParser().extract(rest)[1][0]["function"] == {
+        "name": "lookup", "arguments": '{"q": 1}'}
 
 
 def test_recipient_before_the_channel_and_other_recipients():
