@@ -11,6 +11,7 @@ from compiled_llm.entrypoints.reasoning_parsers.base import (
 from compiled_llm.entrypoints.reasoning_parsers.families import (
     DeepSeekV3ReasoningParser,
     Ernie45ReasoningParser,
+    Gemma4ReasoningParser,
     GptOssReasoningParser,
     GraniteReasoningParser,
     HunyuanA13BReasoningParser,
@@ -26,6 +27,7 @@ REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "deepseek_r1": DeepSeekR1ReasoningParser,
     "deepseek_v3": DeepSeekV3ReasoningParser,
     "ernie45": Ernie45ReasoningParser,
+    "gemma4": Gemma4ReasoningParser,
     "glm45": Qwen3ReasoningParser,  # GLM-4.5 writes the same <think>...</think> span
     "granite": GraniteReasoningParser,
     "hunyuan_a13b": HunyuanA13BReasoningParser,

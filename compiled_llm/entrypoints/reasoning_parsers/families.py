@@ -1,13 +1,17 @@
 """The reasoning parsers of further model families, by vLLM's names: DeepSeek-V3.1 (thinking
 only when asked), Granite's sentence markers, Mistral's [THINK] control tokens, Seed-OSS,
-MiniMax-M2, ERNIE 4.5 and Hunyuan-A13B (their answer wrappers stripped), OLMo 3 and gpt-oss's
-harmony channels."""
+MiniMax-M2, ERNIE 4.5 and Hunyuan-A13B (their answer wrappers stripped), OLMo 3, gpt-oss's
+harmony channels and Gemma 4's thought channel."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from compiled_llm.entrypoints.reasoning_parsers.base import ReasoningParser
+from compiled_llm.entrypoints.reasoning_parsers.base import (
+    ReasoningParser,
+    _single_token,
+    prompt_state,
+)
 from compiled_llm.entrypoints.tool_parsers.base import holdback
 from compiled_llm.entrypoints.tool_parsers.harmony import (
     MESSAGE,
@@ -167,3 +171,61 @@ class GptOssReasoningParser(ReasoningParser):
             content += "".join(f"{START}{m.header}{MESSAGE}{m.body}" for m in messages
                                if m.function is not None)
         return reasoning or None, content
+
+
+class Gemma4ReasoningParser(ReasoningParser):
+    """Gemma 4: thinks in a channel, `<|channel>thought\\n...<channel|>` (special tokens, kept
+    in the text); the "thought\\n" label is not reasoning (as vLLM's gemma4). The prompt's
+    state is read from the current turn, where a finished tool exchange (<tool_response|>)
+    also starts afresh and a call (<|tool_call>) has ended the thinking. A reply that opens
+    with the channel always thinks; grammars wait for <channel|> only where the template
+    asked for thinking (its <|think|> in the prompt) or opened the channel."""
+
+    start, end = "<|channel>", "<channel|>"
+    label = "thought\n"
+    skip_special_tokens = False
+    boundaries: ClassVar[tuple[str, ...]] = ("<|turn>", "<tool_response|>")
+
+    def __init__(self, prompt_state: str = "none", thinking: bool = True,
+                 asked: bool = True) -> None:
+        super().__init__(prompt_state, thinking)
+        self.asked = asked
+
+    @classmethod
+    def for_prompt(cls, prompt_ids: list[int], tokenizer,
+                   template_kwargs: dict | None = None) -> Gemma4ReasoningParser:
+        """The parser for the reply to prompt_ids: its state from the current turn's last
+        channel tag, and whether the prompt holds <|think|> (the template's thinking switch;
+        a tokenizer without it asks always)."""
+        start_id, end_id = cls.token_ids(tokenizer)
+        if None in (start_id, end_id):  # not Gemma 4's tokenizer: the text's tags decide
+            return cls(prompt_state(cls, prompt_ids, tokenizer))
+        bounds = {_single_token(tokenizer, marker) for marker in cls.boundaries}
+        ended = {end_id, _single_token(tokenizer, "<|tool_call>")} - {None}
+        state = "none"
+        for token in reversed(prompt_ids):
+            if token == start_id or token in ended:
+                state = "open" if token == start_id else "closed"
+                break
+            if token in bounds:
+                break
+        think_id = _single_token(tokenizer, "<|think|>")
+        return cls(state, asked=think_id is None or think_id in prompt_ids)
+
+    @property
+    def may_think(self) -> bool:
+        """Whether grammars wait for the channel's end: the template asked for thinking or
+        opened the channel (a reply never asked to think is constrained from its start)."""
+        return super().may_think and (self.asked or self.prompt_state == "open")
+
+    def split(self, text: str, final: bool) -> tuple[str | None, str]:
+        """The base split, the channel's "thought\\n" label dropped from the reasoning (held
+        back while the open span may still become it)."""
+        reasoning, content = super().split(text, final)
+        if reasoning is None:
+            return None, content
+        if reasoning.startswith(self.label):
+            return reasoning[len(self.label):], content
+        if not final and self.end not in text and self.label.startswith(reasoning):
+            return "", content  # may still become the label
+        return reasoning, content

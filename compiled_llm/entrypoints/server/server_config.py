@@ -85,7 +85,7 @@ class ServerConfig:
     of known ones)."""
     reasoning_parser: str | None = None
     """How the model marks its thinking (vLLM's names: deepseek_r1, deepseek_v3, ernie45,
-    glm45, granite, hunyuan_a13b, minimax_m2, minimax_m2_append_think, mistral, olmo3,
+    gemma4, glm45, granite, hunyuan_a13b, minimax_m2, minimax_m2_append_think, mistral, olmo3,
     openai_gptoss, qwen3, seed_oss): the span goes to reasoning_content, and structured
     outputs and tool grammars start after it. A gpt-oss model takes openai_gptoss unless
     another is named."""

@@ -22,17 +22,18 @@ FENCE, FENCE_END = "```json", "```"
 _DECODER = json.JSONDecoder()
 
 
-def json_arguments(raw: str, closed: bool, end_marker: str) -> tuple[str, bool]:
+def json_arguments(raw: str, closed: bool) -> tuple[str, bool]:
     """(the JSON object's text so far, whether it is whole) from a call's raw arguments; not
-    closed, a partial end_marker and trailing whitespace are held back. ValueError when the
-    text is not a JSON object (a closed call's only, or one whose object ended)."""
+    closed, trailing whitespace is held back (the caller holds back partial markers).
+    ValueError when the text is not a JSON object (a closed call's only, or one whose object
+    ended)."""
     text = raw.lstrip()
     try:
         value, end = _DECODER.raw_decode(text)
     except json.JSONDecodeError:
         if closed:
             raise ValueError("the tool call's arguments are not JSON") from None
-        return ("" if not text.startswith("{") else holdback(text, end_marker).rstrip()), False
+        return ("" if not text.startswith("{") else text.rstrip()), False
     if not isinstance(value, dict):
         if closed:
             raise ValueError("the tool call's arguments must be a JSON object")
@@ -52,7 +53,10 @@ class DeepSeekV3ToolParser(ToolParser):
         parsed, first = before_marker(text, CALLS_BEGIN, final)
         if first < 0:
             return parsed
-        region = text[first + len(CALLS_BEGIN):].partition(CALLS_END)[0]
+        region, done, _ = text[first + len(CALLS_BEGIN):].partition(CALLS_END)
+        # while open, a partial marker is not yet a call's text: a body's arguments that do
+        # not parse stream as written, so text that a later marker cuts off must not go out
+        region = region if done or final else holdback(region, CALLS_END, CALL_BEGIN, CALL_END)
         for part in region.split(CALL_BEGIN)[1:]:
             body, closed, _ = part.partition(CALL_END)
             try:
@@ -83,7 +87,7 @@ class DeepSeekV3ToolParser(ToolParser):
                 raise ValueError("DeepSeek V3 arguments come in a ```json fence")
             return _named(name, "", False)
         raw = raw[len(FENCE):]
-        arguments, whole = json_arguments(raw, closed, "\n" + FENCE_END + CALL_END)
+        arguments, whole = json_arguments(raw, closed)
         if closed:
             tail = raw.lstrip()[len(arguments):].strip()
             if tail != FENCE_END:
@@ -105,7 +109,7 @@ class DeepSeekV31ToolParser(DeepSeekV3ToolParser):
             if closed:
                 raise ValueError("a DeepSeek tool call without <｜tool▁sep｜>")
             return None
-        arguments, whole = json_arguments(raw, closed, CALL_END)
+        arguments, whole = json_arguments(raw, closed)
         if closed and raw.strip()[len(arguments):]:
             raise ValueError("text after a DeepSeek call's arguments")
         return _named(name, arguments, closed and whole)

@@ -1,8 +1,8 @@
 """Gemma 4 calls: <|tool_call>call:NAME{key:VALUE,...}<tool_call|>, keys bare, strings between
 <|"|> marks, numbers, true/false/null, nested {...} and [...] written the same way. The
 arguments stream one top-level member at a time. A thinking channel (<|channel>...<channel|>)
-is left in the content, which stays a prefix of the text (vLLM's engine reads it as
-reasoning)."""
+is left in the content, which stays a prefix of the text; --reasoning-parser gemma4 splits it
+off before this parser reads the rest."""
 
 from __future__ import annotations
 

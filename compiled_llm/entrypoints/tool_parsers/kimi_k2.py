@@ -34,8 +34,9 @@ class KimiK2ToolParser(ToolParser):
         if first < 0:
             return parsed
         region, done, _ = text[first + len(SECTION):].partition(SECTION_END)
-        # while open, a partial marker is not yet a call's text
-        region = region if done or final else holdback(region, SECTION_END, CALL)
+        # while open, a partial marker is not yet a call's text (arguments that do not parse
+        # stream as written, so text a later marker cuts off must not go out)
+        region = region if done or final else holdback(region, SECTION_END, CALL, CALL_END)
         for part in region.split(CALL)[1:]:
             body, closed, _ = part.partition(CALL_END)
             try:
@@ -67,7 +68,7 @@ class KimiK2ToolParser(ToolParser):
             raise ValueError("a Kimi K2 call needs a function name")
         if closed and not raw.strip():
             return ParsedCall(name, "{}", complete=True)
-        arguments, whole = json_arguments(raw, closed, CALL_END)
+        arguments, whole = json_arguments(raw, closed)
         if closed and raw.strip()[len(arguments):]:
             raise ValueError("text after a Kimi K2 call's arguments")
         return ParsedCall(name, arguments, complete=closed and whole)

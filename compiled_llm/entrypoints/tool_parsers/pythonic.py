@@ -34,7 +34,9 @@ class PythonicToolParser(ToolParser):
             try:
                 parsed.calls.append(_call(item) if complete else _partial(item))
             except (ValueError, SyntaxError, MemoryError, RecursionError):
-                return ParsedText(failed=final)
+                # the calls before stay: a streamer already sent them, as written
+                parsed.failed = final
+                return parsed
             if parsed.calls[-1] is None:
                 parsed.calls.pop()
                 break
