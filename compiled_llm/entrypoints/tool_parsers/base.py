@@ -80,6 +80,55 @@ def as_written(read: Callable[[str, bool], ParsedCall | None], body: str) -> Par
     return call
 
 
+def read_blocks(parts: list[str], end: str, read: Callable[[str, bool], ParsedCall | None],
+                parsed: ParsedText) -> bool:
+    """Each call block's text (after its start marker; `end` closes it) read into
+    parsed.calls up to the first that is not complete: one that does not parse goes in as
+    written (not complete) and marks parsed failed; one whose call has not begun (None)
+    stops the reading. Whether every block gave a complete call."""
+    for part in parts:
+        body, closed, _ = part.partition(end)
+        try:
+            call = read(body, bool(closed))
+        except ValueError:
+            parsed.failed = True
+            call = as_written(read, body)
+        if call is None:
+            return False
+        parsed.calls.append(call)
+        if not call.complete:
+            return False
+    return True
+
+
+def tagged_calls(text: str, final: bool, start: str, end: str,
+                 read: Callable[[str, bool], ParsedCall | None]) -> ParsedText:
+    """Content before the first `start`, then each start..end block's call (read_blocks);
+    final, a block that gave no complete call fails the parse."""
+    parsed, first = before_marker(text, start, final)
+    if first >= 0:
+        whole = read_blocks(text[first:].split(start)[1:], end, read, parsed)
+        parsed.failed |= final and not whole
+    return parsed
+
+
+def section_calls(text: str, final: bool, markers: tuple[str, str, str, str],
+                  read: Callable[[str, bool], ParsedCall | None]
+                  ) -> tuple[ParsedText, bool | None]:
+    """Content before the section, then each call block in it (read_blocks); markers are
+    (section start, section end, call start, call end). While the section is open a partial
+    marker is held back: arguments that do not parse stream as written, so text a later
+    marker cuts off must not go out. Also whether the section closed (None: none began)."""
+    section, section_end, call, call_end = markers
+    parsed, first = before_marker(text, section, final)
+    if first < 0:
+        return parsed, None
+    region, done, _ = text[first + len(section):].partition(section_end)
+    region = region if done or final else holdback(region, section_end, call, call_end)
+    read_blocks(region.split(call)[1:], call_end, read, parsed)
+    return parsed, bool(done)
+
+
 def tool_call_id() -> str:
     """A fresh tool-call id, vLLM's style."""
     return f"chatcmpl-tool-{uuid.uuid4().hex}"

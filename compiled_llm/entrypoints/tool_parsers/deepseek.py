@@ -11,13 +11,12 @@ from compiled_llm.entrypoints.tool_parsers.base import (
     ParsedCall,
     ParsedText,
     ToolParser,
-    as_written,
-    before_marker,
-    holdback,
+    section_calls,
 )
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+MARKERS = (CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END)  # section, then call: start, end
 FENCE, FENCE_END = "```json", "```"
 _DECODER = json.JSONDecoder()
 
@@ -50,26 +49,9 @@ class DeepSeekV3ToolParser(ToolParser):
 
     def parse(self, text: str, final: bool) -> ParsedText:
         """Content before <｜tool▁calls▁begin｜>, then each call block's call."""
-        parsed, first = before_marker(text, CALLS_BEGIN, final)
-        if first < 0:
-            return parsed
-        region, done, _ = text[first + len(CALLS_BEGIN):].partition(CALLS_END)
-        # while open, a partial marker is not yet a call's text: a body's arguments that do
-        # not parse stream as written, so text that a later marker cuts off must not go out
-        region = region if done or final else holdback(region, CALLS_END, CALL_BEGIN, CALL_END)
-        for part in region.split(CALL_BEGIN)[1:]:
-            body, closed, _ = part.partition(CALL_END)
-            try:
-                call = self._call(body, bool(closed))
-            except ValueError:
-                parsed.failed = True
-                call = as_written(self._call, body)
-            if call is None:
-                break
-            parsed.calls.append(call)
-            if not call.complete:
-                break
-        parsed.failed |= final and not parsed.calls
+        parsed, done = section_calls(text, final, MARKERS, self._call)
+        if done is not None:
+            parsed.failed |= final and not parsed.calls
         return parsed
 
     def _call(self, body: str, closed: bool) -> ParsedCall | None:

@@ -14,8 +14,7 @@ from compiled_llm.entrypoints.tool_parsers.base import (
     ParsedCall,
     ParsedText,
     ToolParser,
-    as_written,
-    before_marker,
+    tagged_calls,
 )
 
 START, END, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
@@ -36,26 +35,7 @@ class Gemma4ToolParser(ToolParser):
 
     def parse(self, text: str, final: bool) -> ParsedText:
         """Content before the first block, then each block's call."""
-        parsed, first = before_marker(text, START, final)
-        if first < 0:
-            return parsed
-        for block in text[first:].split(START)[1:]:
-            body, closed, _ = block.partition(END)
-            try:
-                call = self._call(body, bool(closed))
-            except ValueError:
-                parsed.failed = True
-                call = as_written(self._call, body)
-                parsed.calls += [call] if call is not None else []
-                break
-            if call is None:
-                parsed.failed = final
-                break
-            parsed.calls.append(call)
-            if not call.complete:
-                parsed.failed = final
-                break
-        return parsed
+        return tagged_calls(text, final, START, END, self._call)
 
     def _call(self, body: str, closed: bool) -> ParsedCall | None:
         """One block's call (None until its name and "{" are written); ValueError for a

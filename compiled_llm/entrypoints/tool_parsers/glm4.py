@@ -12,9 +12,8 @@ from compiled_llm.entrypoints.tool_parsers.base import (
     ParsedCall,
     ParsedText,
     ToolParser,
-    as_written,
-    before_marker,
     loose_value,
+    tagged_calls,
 )
 
 START, END = "<tool_call>", "</tool_call>"
@@ -33,25 +32,7 @@ class Glm4ToolParser(ToolParser):
 
     def parse(self, text: str, final: bool) -> ParsedText:
         """Content before the first <tool_call>, then each block's call."""
-        parsed, first = before_marker(text, START, final)
-        if first < 0:
-            return parsed
-        for block in text[first:].split(START)[1:]:
-            body, closed, _ = block.partition(END)
-            try:
-                call = self._call(body, bool(closed))
-            except ValueError:
-                parsed.failed = True
-                call = as_written(self._call, body)
-                parsed.calls += [call] if call is not None else []
-                break
-            if call is None:
-                parsed.failed = final
-                break
-            parsed.calls.append(call)
-            if not call.complete:
-                break
-        return parsed
+        return tagged_calls(text, final, START, END, self._call)
 
     def _call(self, body: str, closed: bool) -> ParsedCall | None:
         """The call in one block's body; None until its name is complete; ValueError for a

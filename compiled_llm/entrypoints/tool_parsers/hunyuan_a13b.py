@@ -5,7 +5,7 @@ before the block."""
 from __future__ import annotations
 
 from compiled_llm.entrypoints.tool_parsers.base import ParsedText, ToolParser, holdback
-from compiled_llm.entrypoints.tool_parsers.json_scan import scan_calls, skip_ws
+from compiled_llm.entrypoints.tool_parsers.json_scan import list_calls, skip_ws
 
 START, END = "<tool_calls>", "</tool_calls>"
 THINK, THINK_END = "<think>", "</think>"
@@ -26,15 +26,9 @@ class HunyuanA13BToolParser(ToolParser):
         if pos >= len(text) or text[pos] != "[":
             parsed.failed = final
             return parsed
-        try:
-            parsed.calls, end = scan_calls(text, pos + 1, final, closer="]",
-                                           argument_keys=("arguments",))
-        except ValueError:
-            parsed.failed = final
-            return parsed
+        end = list_calls(parsed, text, pos, final)
         # the block must hold only the list, and close
-        parsed.failed = final and (end is None or not parsed.calls
-                                   or not text.startswith(END, skip_ws(text, end)))
+        parsed.failed |= final and end is not None and not text.startswith(END, skip_ws(text, end))
         return parsed
 
     @staticmethod

@@ -12,9 +12,9 @@ from compiled_llm.entrypoints.tool_parsers.base import (
     ParsedCall,
     ParsedText,
     ToolParser,
-    as_written,
     before_marker,
     loose_value,
+    read_blocks,
 )
 
 CALLS, CALL, CALL_END, SEP = "<tool_calls>", "<tool_call>", "</tool_call>", "<tool_sep>"
@@ -47,21 +47,8 @@ class HYV3ToolParser(ToolParser):
         parsed, first = before_marker(text, CALLS, final)
         if first < 0:
             return parsed
-        for block in text[first:].split(CALL)[1:]:
-            body, closed, _ = block.partition(CALL_END)
-            try:
-                call = self._call(body, bool(closed))
-            except ValueError:
-                parsed.failed = True
-                call = as_written(self._call, body)
-                parsed.calls += [call] if call is not None else []
-                break
-            if call is None or not call.complete:
-                parsed.calls += [call] if call is not None else []
-                parsed.failed = final
-                break
-            parsed.calls.append(call)
-        parsed.failed |= final and not parsed.calls
+        whole = read_blocks(text[first:].split(CALL)[1:], CALL_END, self._call, parsed)
+        parsed.failed |= final and (not whole or not parsed.calls)
         return parsed
 
     def _call(self, body: str, closed: bool) -> ParsedCall | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 
-from compiled_llm.entrypoints.tool_parsers.base import ParsedCall
+from compiled_llm.entrypoints.tool_parsers.base import ParsedCall, ParsedText
 
 _DECODER = json.JSONDecoder()
 _WS = re.compile(r"\s*")
@@ -140,3 +140,17 @@ def _scan_calls(text: str, pos: int, final: bool, separator: str, closer: str | 
     if final and closer is not None:
         raise ValueError(f"tool calls not closed by {closer!r}")
     return calls, None
+
+
+def list_calls(parsed: ParsedText, text: str, pos: int, final: bool) -> int | None:
+    """The JSON list of {"name", "arguments"} calls at text[pos] ("[") into parsed.calls;
+    where the list ends (None while it is open or where it does not parse). Final, a list
+    that is open, empty or broken marks parsed failed."""
+    try:
+        parsed.calls, end = scan_calls(text, pos + 1, final, closer="]",
+                                       argument_keys=("arguments",))
+    except ValueError:
+        parsed.failed = final
+        return None
+    parsed.failed = final and (end is None or not parsed.calls)
+    return end

@@ -10,14 +10,13 @@ from compiled_llm.entrypoints.tool_parsers.base import (
     ParsedCall,
     ParsedText,
     ToolParser,
-    as_written,
-    before_marker,
-    holdback,
+    section_calls,
 )
 from compiled_llm.entrypoints.tool_parsers.deepseek import json_arguments
 
 SECTION, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL, CALL_END, ARGS = "<|tool_call_begin|>", "<|tool_call_end|>", "<|tool_call_argument_begin|>"
+MARKERS = (SECTION, SECTION_END, CALL, CALL_END)  # section, then call: start, end
 _HEADER = re.compile(r"\s*(.+):\d+\s*", re.DOTALL)
 
 
@@ -30,26 +29,9 @@ class KimiK2ToolParser(ToolParser):
 
     def parse(self, text: str, final: bool) -> ParsedText:
         """Content before the section, then each call block's call."""
-        parsed, first = before_marker(text, SECTION, final)
-        if first < 0:
-            return parsed
-        region, done, _ = text[first + len(SECTION):].partition(SECTION_END)
-        # while open, a partial marker is not yet a call's text (arguments that do not parse
-        # stream as written, so text a later marker cuts off must not go out)
-        region = region if done or final else holdback(region, SECTION_END, CALL, CALL_END)
-        for part in region.split(CALL)[1:]:
-            body, closed, _ = part.partition(CALL_END)
-            try:
-                call = self._call(body, bool(closed))
-            except ValueError:
-                parsed.failed = True
-                call = as_written(self._call, body)
-            if call is None:
-                break
-            parsed.calls.append(call)
-            if not call.complete:
-                break
-        parsed.failed |= final and (not parsed.calls or not parsed.calls[-1].complete)
+        parsed, done = section_calls(text, final, MARKERS, self._call)
+        if done is not None:
+            parsed.failed |= final and (not parsed.calls or not parsed.calls[-1].complete)
         return parsed
 
     def _call(self, body: str, closed: bool) -> ParsedCall | None:

@@ -13,12 +13,12 @@ from compiled_llm.entrypoints.tool_parsers.base import (
     ParsedCall,
     ParsedText,
     ToolParser,
-    as_written,
-    before_marker,
+    section_calls,
 )
 
 CALLS, CALLS_END = "<｜tool_calls_begin｜>", "<｜tool_calls_end｜>"
 CALL, CALL_END, SEP = "<｜tool_call_begin｜>", "<｜tool_call_end｜>", "<｜tool_sep｜>"
+MARKERS = (CALLS, CALLS_END, CALL, CALL_END)  # section, then call: start, end
 _INVOKE = re.compile(r'\s*<steptml:invoke name="([^"]+)">')
 _PARAMETER = re.compile(r'\s*<steptml:parameter name="([^"]+)">([^<]*)</steptml:parameter>')
 _INVOKE_END = re.compile(r"\s*(</steptml:invoke>)?\s*")
@@ -35,23 +35,9 @@ class Step3ToolParser(ToolParser):
     def parse(self, text: str, final: bool) -> ParsedText:
         """Content before <｜tool_calls_begin｜>, then each call block's call (the calls
         must end with <｜tool_calls_end｜>, as vLLM reads them)."""
-        parsed, first = before_marker(text, CALLS, final)
-        if first < 0:
-            return parsed
-        region, done, _ = text[first + len(CALLS):].partition(CALLS_END)
-        for part in region.split(CALL)[1:]:
-            body, closed, _ = part.partition(CALL_END)
-            try:
-                call = self._call(body, bool(closed))
-            except ValueError:
-                parsed.failed = True
-                call = as_written(self._call, body)
-            if call is None:
-                break
-            parsed.calls.append(call)
-            if not call.complete:
-                break
-        parsed.failed |= final and (not done or not parsed.calls
+        parsed, done = section_calls(text, final, MARKERS, self._call)
+        if done is not None:
+            parsed.failed |= final and (not done or not parsed.calls
                                     or not parsed.calls[-1].complete)
         return parsed
 

@@ -5,7 +5,7 @@ fence or tag (the layouts vLLM's parser looks for, read the same way streamed or
 from __future__ import annotations
 
 from compiled_llm.entrypoints.tool_parsers.base import ParsedText, ToolParser, holdback
-from compiled_llm.entrypoints.tool_parsers.json_scan import scan_calls, skip_ws
+from compiled_llm.entrypoints.tool_parsers.json_scan import list_calls, skip_ws
 
 FENCE, TAG, BOT = "```", "<tool_call>", "[TOOL_CALLS]"
 
@@ -40,11 +40,5 @@ class XLAMToolParser(ToolParser):
 
 def _calls(parsed: ParsedText, text: str, pos: int, final: bool) -> ParsedText:
     """The list's calls at text[pos] ("[") into parsed (text after the list ignored)."""
-    try:
-        parsed.calls, end = scan_calls(text, pos + 1, final, closer="]",
-                                       argument_keys=("arguments",))
-    except ValueError:
-        parsed.failed = final
-        return parsed
-    parsed.failed = final and (end is None or not parsed.calls)
+    list_calls(parsed, text, pos, final)
     return parsed
