@@ -111,12 +111,11 @@ _COMMON_DEFAULTS = {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim"
 
 class DeepseekV3ForCausalLM(Glm4MoeForCausalLM):
     """DeepSeek-V3 for causal LM; the multi-token-prediction layer (index num_hidden_layers)
-    is skipped. MLA's projections fit no tensor-parallel split of the engine's: refused by
-    name; LoRA is refused for MoE models."""
+    is skipped. Tensor parallelism splits MLA by heads (MlaAttention.shard_for_tp), the
+    experts as Qwen2-MoE's (routers replicated, float32); LoRA is refused for MoE models."""
 
     model_cls = DeepseekV3Model
     config_cls = DeepseekConfig
-    supports_tensor_parallel = False
     hf_defaults = {**_COMMON_DEFAULTS, "n_routed_experts": 256, "n_shared_experts": 1,
                    "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4,
                    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True,

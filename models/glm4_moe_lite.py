@@ -46,8 +46,8 @@ class Glm4MoeLiteConfig(DeepseekConfig):
 
 class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):
     """GLM-4.7-Flash for causal LM: DeepSeek-V3's model under GLM-4.7-Flash's config; the
-    multi-token-prediction layer (index num_hidden_layers) is skipped. Tensor parallelism is
-    refused by name (MLA's projections), LoRA for MoE models."""
+    multi-token-prediction layer (index num_hidden_layers) is skipped. Tensor parallelism as
+    DeepSeek-V3's (MLA by heads); LoRA is refused for MoE models."""
 
     config_cls = Glm4MoeLiteConfig
     # transformers' Glm4MoeLiteConfig defaults

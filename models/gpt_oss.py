@@ -67,6 +67,13 @@ class GptOssAttention(LlamaAttention):
                              0.0, self.sinks)
         return self.o_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: Llama's split by heads (o_proj's bias added once, after the
+        all-reduce), each rank keeping its query heads' sinks."""
+        first, count = sharder.query_heads()
+        sharder.attention(prefix, self)
+        sharder.keep(prefix, self, "sinks", (count,), dim=0, start=first, size=count)
+
 
 class GptOssMoE(nn.Module):
     """router (biased) -> softmax over the top-k logits -> experts with biases and swigluoai."""
@@ -85,6 +92,31 @@ class GptOssMoE(nn.Module):
         # softmax over the top-k logits = softmax over all, renormalised over the top k
         topk_weights, topk_ids = softmax_topk(self.router(hidden), self.top_k, True)
         return self.experts(hidden, topk_weights, topk_ids)
+
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: the router replicated, the block's output all-reduced; each
+        expert's intermediate rows [start, start + size) (w13's gate and up rows and bias, the
+        checkpoint's interleaved columns [2 * start, 2 * (start + size)); w2's columns) with
+        w2's bias added once; or, under expert parallelism, whole experts and their biases."""
+        experts, at = self.experts, f"{prefix}.experts"
+        sharder.reduce(self)
+        if sharder.expert_parallel:  # the stacked checkpoint tensors' expert rows
+            first, count = sharder.whole_experts(experts)
+            for name, param in list(experts.named_parameters()):
+                sharder.keep(at, experts, name, (count, *param.shape[1:]), dim=0, start=first,
+                             size=count)
+            return
+        start, size = sharder.split(experts.intermediate_size, "intermediate_size")
+        num, hidden = experts.num_experts, experts.w13_weight.shape[2]
+        # checkpoint gate_up_proj [E, H, 2I], gate_up_proj_bias [E, 2I], down_proj [E, I, H]
+        sharder.keep(at, experts, "w13_weight", (num, 2 * size, hidden), dim=2,
+                     start=2 * start, size=2 * size)
+        sharder.keep(at, experts, "w13_bias", (num, 2 * size), dim=1, start=2 * start,
+                     size=2 * size)
+        sharder.keep(at, experts, "w2_weight", (num, hidden, size), dim=1, start=start,
+                     size=size)
+        sharder.add_once(at, "w2_bias")
+        experts.intermediate_size = size
 
 
 class GptOssDecoderLayer(LlamaDecoderLayer):
@@ -137,12 +169,11 @@ EXPERT_TENSORS = {"gate_up_proj": ("w13_weight", True, True),
 
 class GptOssForCausalLM(LlamaForCausalLM):
     """GPT-OSS for causal LM: the Llama contract over GptOssModel (pipeline parallelism as
-    Llama's). Tensor parallelism is refused by name (the stacked expert tensors are not in the
-    tensor-parallel plan); LoRA is refused for MoE models."""
+    Llama's; tensor and expert parallelism through its modules' shard_for_tp). LoRA is refused
+    for MoE models."""
 
     model_cls = GptOssModel
     config_cls = GptOssConfig
-    supports_tensor_parallel = False
     # transformers' GptOssConfig defaults (config.json may leave any of them out)
     hf_defaults = {"rope_theta": 150000.0, "sliding_window": 128, "attention_bias": True,
                    "head_dim": 64, "num_local_experts": 128, "num_experts_per_tok": 4,

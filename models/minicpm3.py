@@ -73,12 +73,12 @@ class MiniCPM3Model(GraniteModel, MlaModel):
 
 
 class MiniCPM3ForCausalLM(GraniteForCausalLM):
-    """MiniCPM3 for causal LM (logits / logits_scaling, Granite's). MLA's projections fit no
-    tensor-parallel split of the engine's (refused by name) nor LoRA's Llama targets."""
+    """MiniCPM3 for causal LM (logits / logits_scaling, Granite's). Tensor parallelism splits
+    MLA by heads (MlaAttention.shard_for_tp); MLA's projections fit none of LoRA's Llama
+    targets."""
 
     model_cls = MiniCPM3Model
     config_cls = MiniCPM3Config
-    supports_tensor_parallel = False
     # transformers' MiniCPM3Config defaults (openbmb/MiniCPM3-4B's)
     hf_defaults = {"kv_lora_rank": 256, "q_lora_rank": 768, "qk_nope_head_dim": 64,
                    "qk_rope_head_dim": 32, "v_head_dim": None, "scale_emb": 12,

@@ -126,6 +126,20 @@ class MlaAttention(nn.Module):
         out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
         return self.o_proj(out[..., : self.v_dim].reshape(-1, self.num_heads * self.v_dim))
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism by heads (vLLM's split): q_proj / q_b_proj and kv_b_proj keep
+        this rank's heads' rows, o_proj their columns (its bias added once, after the
+        all-reduce); q_a_proj, kv_a_proj_with_mqa and their norms (the latents every head
+        reads) are replicated. The cache holds this rank's heads' K and V."""
+        first, count = sharder.query_heads()
+        qk_dim, kv_dim = self.nope_dim + self.rope_dim, self.nope_dim + self.v_dim
+        q_name = "q_b_proj" if self.q_lora else "q_proj"
+        sharder.column(f"{prefix}.{q_name}", getattr(self, q_name), first * qk_dim,
+                       count * qk_dim)
+        sharder.column(f"{prefix}.kv_b_proj", self.kv_b_proj, first * kv_dim, count * kv_dim)
+        sharder.row(f"{prefix}.o_proj", self.o_proj, first * self.v_dim, count * self.v_dim)
+        self.num_heads = count
+
 
 class MlaModel(LlamaModel):
     """The Llama body whose rotary table spans qk_rope_head_dim alone."""

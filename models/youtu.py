@@ -24,12 +24,11 @@ class YoutuModel(MlaModel):
 
 class YoutuForCausalLM(LlamaForCausalLM):
     """Youtu for causal LM: the Llama contract over YoutuModel (pipeline parallelism as
-    Llama's). MLA's projections fit no tensor-parallel split of the engine's: refused by name;
-    LoRA by the q/k/v_proj it lacks."""
+    Llama's; tensor parallelism splits MLA by heads, MlaAttention.shard_for_tp). LoRA is
+    refused by the q/k/v_proj it lacks."""
 
     model_cls = YoutuModel
     config_cls = MlaConfig
-    supports_tensor_parallel = False
     # transformers' YoutuConfig defaults (config.json may leave any of them out)
     hf_defaults = {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
                    "qk_rope_head_dim": 64, "v_head_dim": 128, "rms_norm_eps": 1e-6,

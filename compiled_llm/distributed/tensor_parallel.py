@@ -1,8 +1,8 @@
 """The tensor-parallel transform (gpt-fast's tp.py shape, from outside the model): on a model
-built with meta parameters, q/k/v and gate/up (or a fused qkv_proj / gate_up_proj: each part's
-rows) are sharded by rows, o/down by columns (outputs all-reduced), each expert's intermediate
-dim too (the MoE block all-reduced), embedding and LM head by vocab; KV heads are replicated when
-fewer than ranks. Its plan names the slices of each checkpoint tensor a rank reads."""
+built with meta parameters, q/k/v and gate/up (fused: each part's rows) are sharded by rows,
+o/down by columns (outputs all-reduced), each expert's intermediate dim too (the MoE block
+all-reduced), embedding and LM head by vocab; a module with shard_for_tp(sharder, prefix)
+shards itself. The plan names the slices of each checkpoint tensor a rank reads."""
 
 from __future__ import annotations
 
@@ -20,6 +20,13 @@ from compiled_llm.distributed.expert_parallel import (
     shard_experts,
 )
 from compiled_llm.distributed.parallel_state import TPGroup
+from compiled_llm.distributed.shards import (  # noqa: F401 (read_index: the loader's)
+    FusedShard,
+    PaddedShard,
+    Shard,
+    ZeroShard,
+    read_index,
+)
 from compiled_llm.distributed.tp_layers import (
     HeadsParallelRMSNorm,
     ParallelLMHead,
@@ -28,63 +35,6 @@ from compiled_llm.distributed.tp_layers import (
     vocab_parallel_class,
 )
 from compiled_llm.models.layers import Float32ScaleRMSNorm, cast_model, param_dtype
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Rows [start, start + size) along `dim` of a checkpoint tensor (its own coordinates)."""
-
-    dim: int
-    start: int
-    size: int
-
-    def index(self) -> tuple[slice, ...]:
-        """The index that reads this shard (safetensors get_slice or a tensor)."""
-        return (slice(None),) * self.dim + (slice(self.start, self.start + self.size),)
-
-
-@dataclass(frozen=True)
-class FusedShard:
-    """A rank's rows of each part of a fused checkpoint tensor (q, k, v of qkv_proj; gate, up of
-    gate_up_proj), read part by part and concatenated along dim 0 in that order."""
-
-    parts: tuple[Shard, ...]
-
-    def index(self) -> list[tuple[slice, ...]]:
-        """One index per part (read_index concatenates what they read)."""
-        return [part.index() for part in self.parts]
-
-
-@dataclass(frozen=True)
-class PaddedIndex:
-    """Rows `index` (along dim 0) of a tensor, then zero rows up to `rows` in all."""
-
-    index: tuple[slice, ...]
-    rows: int
-
-
-@dataclass(frozen=True)
-class PaddedShard(Shard):
-    """A Shard of dim 0 past the tensor's end (`available` of its rows exist): the rest read as
-    zeros (the last ranks' rows of a vocabulary the ranks cannot split evenly)."""
-
-    available: int = 0
-
-    def index(self) -> PaddedIndex:
-        """Read the available rows, then pad."""
-        return PaddedIndex((slice(self.start, self.start + self.available),), self.size)
-
-
-def read_index(source, index) -> torch.Tensor:
-    """source[index] (a tensor or a safetensors slice); a FusedShard's list of indices reads
-    each part and concatenates them along dim 0; a PaddedIndex pads with zero rows."""
-    if isinstance(index, list):
-        return torch.cat([source[part] for part in index])
-    if isinstance(index, PaddedIndex):
-        rows = source[index.index]
-        pad = rows.new_zeros((index.rows - rows.shape[0], *rows.shape[1:]))
-        return torch.cat([rows, pad])
-    return source[index]
 
 
 @dataclass(frozen=True)
@@ -183,6 +133,35 @@ class _Sharder:
         linear.__class__ = RowParallelLinear
         linear.group_name = self.tp.group_name
 
+    def query_heads(self) -> tuple[int, int]:
+        """(first, count) of this rank's query heads."""
+        return self.tp.rank * self.heads.num_heads, self.heads.num_heads
+
+    def keep(self, prefix: str, module: nn.Module, name: str, shape: tuple[int, ...], *,
+             dim: int, start: int, size: int) -> None:
+        """Resize module's parameter `name` to `shape` (this rank's part); the loader reads
+        rows [start, start + size) along `dim` of its checkpoint tensor (that tensor's own
+        coordinates: a stacked, transposed one's differ from the parameter's)."""
+        _resize(module, name, shape)
+        self.plan[f"{prefix}.{name}"] = Shard(dim, start, size)
+
+    def whole_experts(self, experts: nn.Module) -> tuple[int, int]:
+        """Expert parallelism: keep experts [first, first + count) whole (w13 / w2 resized,
+        routing ids mapped to them); returns (first, count)."""
+        shard_experts(experts, self.tp.rank, self.tp.world_size)
+        return self.tp.rank * experts.num_experts, experts.num_experts
+
+    def add_once(self, prefix: str, name: str) -> None:
+        """A bias added to each rank's partial sums before their all-reduce: whole on rank 0,
+        zeros on the others, so the sum holds it once."""
+        if self.tp.rank:
+            self.plan[f"{prefix}.{name}"] = ZeroShard()
+
+    def reduce(self, block: nn.Module) -> None:
+        """All-reduce the block's output (the sum of parts that each hold a slice)."""
+        block.__class__ = reduced_class(type(block))
+        block.group_name = self.tp.group_name
+
     def attention(self, prefix: str, attn: nn.Module) -> None:
         """Per-rank query heads and KV heads on q/k/v (by rows; a fused qkv_proj's q, k and v
         rows each) and o_proj (by columns); q/k norms over the whole projections too."""
@@ -252,8 +231,7 @@ class _Sharder:
             self.expert_slices(prefix, experts)
         if block.shared_expert is not None:
             self.mlp(f"{prefix}.shared_expert", block.shared_expert, reduce=False)
-        block.__class__ = reduced_class(type(block))
-        block.group_name = self.tp.group_name
+        self.reduce(block)
 
     def expert_slices(self, prefix: str, experts: nn.Module) -> None:
         """Every expert's intermediate rows [start, start + size) of w13 (gate and up) and
@@ -325,11 +303,17 @@ def shard_model(model: nn.Module, tp: TPGroup, expert_parallel: bool = False) ->
     """Shard a decoder built under parameters_on_meta for this rank (in place); returns the
     plan: parameter name -> the Shard of its checkpoint tensors. ValueError (naming
     tensor_parallel_size) for a size the ranks cannot split. expert_parallel: whole experts
-    per rank (distributed/expert_parallel.py)."""
-    sharder = _Sharder(model, tp, expert_parallel)
+    per rank (distributed/expert_parallel.py). A module with shard_for_tp(sharder, prefix)
+    shards itself (and what it holds) through the _Sharder's primitives."""
+    sharder, hooked = _Sharder(model, tp, expert_parallel), []
     for name, module in list(model.named_modules()):
+        if any(name.startswith(f"{prefix}.") for prefix in hooked):
+            continue  # inside a module that sharded itself
         leaf = name.rpartition(".")[2]
-        if hasattr(module, "o_proj") and (hasattr(module, "qkv_proj") or all(
+        if hasattr(module, "shard_for_tp"):
+            module.shard_for_tp(sharder, name)
+            hooked.append(name)
+        elif hasattr(module, "o_proj") and (hasattr(module, "qkv_proj") or all(
                 hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj"))):
             sharder.attention(name, module)
         elif hasattr(module, "experts") and hasattr(module, "shared_expert"):
