@@ -352,7 +352,8 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
             raise ValueError(
                 f"max_model_len {max_len} exceeds the model's maximum length {model_max_len} "
                 "(max_position_embeddings, times a linear or dynamic rope scaling factor; "
-                "attention_chunk_size where chunked attention layers are)"
+                "attention_chunk_size where chunked attention layers are; index_topk where "
+                "DeepSeek sparse attention is)"
             )
         mode = PERFORMANCE_MODES[self.performance_mode]
         tokens = self.max_num_batched_tokens

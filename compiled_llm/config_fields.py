@@ -176,8 +176,9 @@ def model_len_bounds(hf_config: dict) -> tuple[int, int]:
         hf_config.get("model_type", ""))
     limit = int(trained * float(factor or 1.0)) if scales else trained
     default = {"dynamic": trained, "longrope": min(limit, original or trained)}.get(kind, limit)
-    chunk = _attention_chunk(hf_config)  # served within one chunk: the limit, and the default
-    return (limit, default) if chunk is None else (min(limit, chunk), min(default, chunk))
+    # served within one chunk, or within index_topk tokens: the limit, and the default
+    caps = [cap for cap in (_attention_chunk(hf_config), _index_topk(hf_config)) if cap]
+    return (min(limit, *caps), min(default, *caps)) if caps else (limit, default)
 
 
 def _attention_chunk(hf_config: dict) -> int | None:
@@ -191,6 +192,20 @@ def _attention_chunk(hf_config: dict) -> int | None:
     if layer_types:
         return chunk if "chunked_attention" in layer_types else None
     return chunk if hf_config.get("model_type") == "llama4_text" else None
+
+
+# transformers' model types with DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5)
+_DSA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")
+
+
+def _index_topk(hf_config: dict) -> int | None:
+    """DeepSeek Sparse Attention's index_topk (transformers' default 2048 where config.json
+    leaves it out), else None: within index_topk tokens its indexer picks every causally
+    visible key (plain causal attention), and the attention op has no sparse mask."""
+    if hf_config.get("model_type") not in _DSA_MODEL_TYPES:
+        return None
+    topk = hf_config.get("index_topk", 2048)
+    return topk if isinstance(topk, int) and not isinstance(topk, bool) and topk > 0 else None
 
 
 def triton_takes_head_dim(head_dim: int) -> bool:

@@ -201,6 +201,8 @@ class Llama4ForCausalLM(LlamaForCausalLM):
     model_cls = Llama4TextModel
     config_cls = Llama4Config
     supports_tensor_parallel = False
+    # stacked experts are [E, in, out] whatever the shapes (a text stack takes them from here)
+    stacked_experts_transposed = True
     # transformers' Llama4TextConfig defaults (config.json may leave any of them out)
     hf_defaults = {"intermediate_size": 8192, "intermediate_size_mlp": 16384, "head_dim": 128,
                    "num_local_experts": 16, "num_experts_per_tok": 1,

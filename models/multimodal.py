@@ -31,6 +31,9 @@ CONDITIONAL_GENERATION: dict[str, tuple[dict[str, str], bool]] = {
     "LlavaForConditionalGeneration": (LLAVA_TEXTS, False),
     "Gemma4ForConditionalGeneration": ({"gemma4_text": "Gemma4ForCausalLM"}, True),
     "Llama4ForConditionalGeneration": ({"llama4_text": "Llama4ForCausalLM"}, False),
+    "AriaForConditionalGeneration": ({"aria_text": "AriaTextForCausalLM"}, False),
+    # Emu3's image tokens are ids of the text vocabulary: text-only, it is its LM alone
+    "Emu3ForConditionalGeneration": ({"emu3_text_model": "Emu3ForCausalLM"}, False),
 }
 # config.json keys outside the text model: they stay out of a legacy flat config's text view
 NOT_TEXT = ("architectures", "model_type", "text_config", "vision_config", "audio_config",
@@ -40,10 +43,12 @@ SHARED = ("dtype", "torch_dtype", "quantization_config", "transformers_version",
           "bos_token_id", "eos_token_id", "pad_token_id")
 # tensors of the vision (or audio) side, under an optional `model.` prefix: skipped
 NOT_LANGUAGE = ("vision_tower.", "visual.", "multi_modal_projector.", "vision_model.",
-                "embed_vision.", "audio_tower.", "embed_audio.")
-# the language model's prefixes: transformers 5's, 4.x's (Llava-style) -> ours
+                "embed_vision.", "audio_tower.", "embed_audio.", "vqmodel.")
+# the language model's prefixes: transformers 5's, 4.x's (Llava-style) -> ours; Emu3's
+# text_model likewise
 PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
-            ("language_model.lm_head.", "lm_head."))
+            ("language_model.lm_head.", "lm_head."), ("model.text_model.", "model."),
+            ("text_model.model.", "model."), ("text_model.lm_head.", "lm_head."))
 
 
 def text_stack_config(hf_config: dict[str, Any], model_dir: str | Path) -> dict[str, Any]:
@@ -167,7 +172,10 @@ class TextStack:
             return None
         prefix, _, proj = name.rpartition(".experts.")
         moe = self.config.moe
-        if moe is not None and proj in ("gate_up_proj", "down_proj"):
+        # a text class that maps its stacked experts itself (Aria: transposed, whatever the
+        # shapes) is not told apart by shape here
+        if (moe is not None and proj in ("gate_up_proj", "down_proj")
+                and not getattr(self, "stacked_experts_transposed", False)):
             experts, inter, hidden = moe.num_experts, moe.moe_intermediate_size, \
                 self.config.hidden_size
             if proj == "gate_up_proj":

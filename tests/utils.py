@@ -598,6 +598,58 @@ EXTRA_CONFIGS["mimo_v2_flash"] = ("MiMoV2FlashConfig", {
                            "partial_rotary_factor": 0.334},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
                               "partial_rotary_factor": 0.5}}})
+# DeepSeek Sparse Attention (tests/models/test_deepseek_v32.py), served within index_topk (96,
+# under YaRN's 128 positions): DeepSeek-V3.2 as the deepseek_v3 case (q latent, YaRN with
+# mscale_all_dim, a dense first layer, 2 groups of 4 experts); GLM-5 biased, 20-wide v heads,
+# a dense middle layer, one group, its middle layer's indexer shared
+_DSA = {"num_hidden_layers": 3, "num_key_value_heads": 4, "q_lora_rank": 24,
+        "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+        "moe_intermediate_size": 32, "first_k_dense_replace": 1, "n_group": 2,
+        "topk_group": 1, "routed_scaling_factor": 2.5, "pad_token_id": None,
+        "max_position_embeddings": 128, "index_topk": 96, "index_head_dim": 16,
+        "index_n_heads": 2, "rope_parameters": CONFIGS["deepseek_v3"][1]["rope_parameters"]}
+EXTRA_CONFIGS["deepseek_v32"] = ("DeepseekV32Config", _DSA)
+# LongCat-Flash (tests/models/test_longcat_flash.py): two decoder layers of two MLA
+# attentions each (q latent, LoRA-rank scaling, YaRN with mscale_all_dim), 16-wide v heads
+# (a 32-wide cache), a shortcut MoE of 4 experts and 2 zero experts, top-3, scaled
+EXTRA_CONFIGS["longcat_flash"] = ("LongcatFlashConfig", {
+    "num_layers": 2, "num_hidden_layers": 4, "num_key_value_heads": 4, "q_lora_rank": 24,
+    "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "head_dim": 8,
+    "v_head_dim": 16, "n_routed_experts": 4, "zero_expert_num": 2, "moe_topk": 3,
+    "expert_ffn_hidden_size": 32, "routed_scaling_factor": 1.5, "pad_token_id": None,
+    "max_position_embeddings": 128,
+    "rope_parameters": CONFIGS["deepseek_v3"][1]["rope_parameters"]})
+EXTRA_CONFIGS["glm_moe_dsa"] = ("GlmMoeDsaConfig", {
+    **_DSA, "v_head_dim": 20, "mlp_layer_types": ["sparse", "dense", "sparse"], "n_group": 1,
+    "attention_bias": True, "indexer_types": ["full", "shared", "full"],
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}})
+
+# Aria's text model (tests/models/test_aria_emu3.py): every layer 4 routed experts (top 2)
+# beside 2 shared ones, hidden 64 = 2 * intermediate 32 (the stacked experts' [E, in, out]
+# shape is square: only their layout tells the transposition); the options variant biases
+# attention and the shared MLP under a GELU; Emu3's text model (bos / pad ids inside the
+# vocabulary); and their image-text-to-text checkpoints (tiny towers beside those)
+_ARIA = {"intermediate_size": 32, "moe_num_experts": 4, "moe_topk": 2,
+         "moe_num_shared_experts": 2, "pad_token_id": 0}
+_EMU3 = {"bos_token_id": 0, "pad_token_id": 0}
+EXTRA_CONFIGS.update({
+    "aria_text": ("AriaTextConfig", _ARIA),
+    "aria_text_options": ("AriaTextConfig", {
+        **_ARIA, "moe_num_shared_experts": 1, "attention_bias": True, "mlp_bias": True,
+        "hidden_act": "gelu_pytorch_tanh", "rope_parameters": {"rope_type": "default",
+                                                               "rope_theta": 5e5}}),
+    "aria_vl": ("AriaConfig", {"vision_config": _PATCHES, "text_config": _ARIA,
+                               "projector_patch_to_query_dict": {4: 4}}),
+    "emu3": ("Emu3TextConfig", _EMU3),
+    "emu3_vl": ("Emu3Config", {
+        "text_config": _EMU3, "vq_config": {
+            "codebook_size": 16, "embed_dim": 4, "latent_channels": 4, "base_channels": 32,
+            "channel_multiplier": [1], "num_res_blocks": 1, "attn_resolutions": [],
+            "temporal_downsample_factor": 1, "hidden_size": 16},
+        "vocabulary_map": {"<image>": 380, "<|extra_200|>": 381,
+                           "<|visual token 000000|>": 382, "<|visual token 000001|>": 383}}),
+})
 
 
 @functools.cache
@@ -620,6 +672,17 @@ def tokenizer_dir() -> Path:
     return out
 
 
+# config classes whose model no transformers Auto class builds or loads (Emu3's text model:
+# AutoModelForCausalLM maps the composite Emu3Config alone) -> that model's class
+NO_AUTO_CLASS = {"Emu3TextConfig": "Emu3ForCausalLM"}
+
+
+def _image_text(config: dict) -> bool:
+    """Whether a config (extras or config.json) is an image-text-to-text model's: a vision
+    tower's, or Emu3's VQ-VAE's."""
+    return "vision_config" in config or "vq_config" in config
+
+
 @functools.cache
 def make_checkpoint(name: str, dtype: str = "float32") -> Path:
     """Save a tiny random model of config `name` with the test tokenizer; returns its dir."""
@@ -630,12 +693,16 @@ def make_checkpoint(name: str, dtype: str = "float32") -> Path:
     text = {"vocab_size": len(tok), "eos_token_id": tok.eos_token_id, "bos_token_id": None,
             **SMALL}
     auto = transformers.AutoModelForCausalLM
-    if "vision_config" in extra:  # image-text-to-text: SMALL and the tokens size its text model
+    if _image_text(extra):  # image-text-to-text: SMALL and the tokens size its text model
         text, extra = {}, {**extra, "text_config": {**text, **extra.get("text_config", {})}}
         auto = transformers.AutoModelForImageTextToText
     cfg = getattr(transformers, cls_name)(**{**text, **extra})
     torch.manual_seed(0)
-    model = auto.from_config(cfg).to(getattr(torch, dtype))
+    if cls_name in NO_AUTO_CLASS:  # a config no Auto class maps: its model class builds it
+        model = getattr(transformers, NO_AUTO_CLASS[cls_name])._from_config(cfg)
+    else:
+        model = auto.from_config(cfg)
+    model = model.to(getattr(torch, dtype))
     out = Path(tempfile.mkdtemp(prefix=f"cllm-{name}-"))
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
@@ -660,8 +727,11 @@ def hf_model(model_dir: Path):
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
     capped = config.get("attn_logit_softcapping")
-    auto = (transformers.AutoModelForImageTextToText if "vision_config" in config
+    auto = (transformers.AutoModelForImageTextToText if _image_text(config)
             else transformers.AutoModelForCausalLM)  # an image-text-to-text model: its own
+    arch = (config.get("architectures") or [None])[0]
+    if arch in NO_AUTO_CLASS.values():
+        auto = getattr(transformers, arch)
     return auto.from_pretrained(
         model_dir, **({"attn_implementation": "eager"} if capped else {})).eval()
 

@@ -26,7 +26,9 @@ ARCHS = {"gemma3_vl": "Gemma3ForConditionalGeneration",
          "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
          "mistral3": "Mistral3ForConditionalGeneration",
          "llava": "LlavaForConditionalGeneration",
-         "gemma4_vl": "Gemma4ForConditionalGeneration"}
+         "gemma4_vl": "Gemma4ForConditionalGeneration",
+         "aria_vl": "AriaForConditionalGeneration",
+         "emu3_vl": "Emu3ForConditionalGeneration"}
 
 
 def _random_norms(key: str, value: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:

@@ -50,6 +50,7 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Glm4MoeForCausalLM": "glm4_moe", "Dots1ForCausalLM": "dots1",
                "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
                "Glm4MoeLiteForCausalLM": "glm4_moe_lite", "MiniCPM3ForCausalLM": "minicpm3",
+               "DeepseekV32ForCausalLM": "deepseek_v32", "GlmMoeDsaForCausalLM": "glm_moe_dsa",
                "ExaoneMoeForCausalLM": "exaone_moe",
                "Ernie4_5_MoeForCausalLM": "ernie4_5_moe_plain",
                "FalconForCausalLM": "falcon", "GlmForCausalLM": "glm",
@@ -68,7 +69,9 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "GraniteSWAForCausalLM": "granite_swa",
                "MellumForCausalLM": "mellum", "Llama4ForCausalLM": "llama4",
                "AfmoeForCausalLM": "afmoe",
-               "MiMoV2FlashForCausalLM": "mimo_v2_flash"}
+               "MiMoV2FlashForCausalLM": "mimo_v2_flash",
+               "LongcatFlashForCausalLM": "longcat_flash",
+               "AriaTextForCausalLM": "aria_text", "Emu3ForCausalLM": "emu3"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
 # run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too (the
 # gate/up SiLU·mul epilogue and the L2 weight prefetch, a no-op on CPU, are opt-in: asked for)
@@ -239,6 +242,15 @@ OWN_LAYER_SHAPE = {
     "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
     "RMSNormFusionPass": 1 + 2 * layers, "SmallMGemmAddRMSNormFusionPass": 1,
     "SmallMAddRMSNormGemmFusionPass": 0},
+    # DeepSeek-V3.2 and GLM-5 (within index_topk: V3's MLA, the indexer skipped): V3's case,
+    # and GLM-4.7-Flash's biased one
+    "DeepseekV32ForCausalLM": lambda layers: {
+    "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "RMSNormFusionPass": 1 + 2 * layers, "SmallMAddRMSNormGemmFusionPass": 1},
+    "GlmMoeDsaForCausalLM": lambda layers: {
+    "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "RMSNormFusionPass": 1 + 2 * layers, "SmallMGemmAddRMSNormFusionPass": 1,
+    "SmallMAddRMSNormGemmFusionPass": 0},
     # K-EXAONE: pre-norm Llama layers (a Llama layer's fusions) with EXAONE 4.0's attention:
     # q/k norms fuse with RoPE + the KV write on the sliding layers (every second one here)
     # and are two plain norms on the full NoPE ones
@@ -363,6 +375,17 @@ OWN_LAYER_SHAPE = {
     # dims of each head (a split and a cat), q/k/v zero-padded to the cache's head dim: no
     # fused RoPE + KV write
     "MiMoV2FlashForCausalLM": lambda layers: {"QKNormRoPEKVWriteFusionPass": 0},
+    # LongCat-Flash (layers counts attentions, two a decoder layer; the middle pieces of the
+    # two decoder layers are alike and compile once): DeepSeek-V3's MLA (plain latent norms,
+    # no fused RoPE + KV write, the input norm feeding two GEMMs); each piece after an
+    # attention has two add + norms and its o_proj's epilogue, and each dense MLP's down_proj
+    # its own; the dense mlps.0 / mlps.1 are no SIBLINGS parent (no gate/up fusion); the
+    # post-attention norm also feeds the MoE router: no norm a GEMM's prologue
+    "LongcatFlashForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 6, "RMSNormFusionPass": 7, "SiluMulFusionPass": 3,
+    "HorizontalGemmFusionPass": 0, "QKNormRoPEKVWriteFusionPass": 0,
+    "SmallMGemmSiluMulFusionPass": 0, "SmallMGemmAddRMSNormFusionPass": 6,
+    "SmallMAddRMSNormGemmFusionPass": 0},
     # GPT-Neo: GPT-2's shape (LayerNorms, an ungated gelu_new MLP, learned positions) with
     # q/k/v as three linears under attn: they fuse
     "GPTNeoForCausalLM": lambda layers: {**NO_LLAMA_PATTERNS, "HorizontalGemmFusionPass": layers},
