@@ -44,7 +44,7 @@ AWQ_KNOWN = frozenset({
 # block FP8 (DeepSeek-V3, Qwen3-FP8, transformers' FineGrainedFP8Config); `dequantize` is
 # transformers' own loading option
 FP8_KNOWN = frozenset({"quant_method", "fmt", "activation_scheme", "weight_block_size",
-                       "ignored_layers", "modules_to_not_convert", "dequantize"})
+                       "ignored_layers", "modules_to_not_convert", "dequantize", "scale_fmt"})
 # per-tensor FP8 (AutoFP8, llm-compressor's `fp8` export, vLLM's fp8 without blocks); AutoFP8
 # writes kv_cache_scheme "static" beside its self_attn.k_scale / v_scale tensors, which the
 # loader reads for any format (worker/kv_cache.py)
@@ -181,6 +181,9 @@ class BlockFp8Format(QuantFormat):
                 "weight_block_size", (cls.block,))
         require(fmt, config, "fmt", ("e4m3",), "e4m3")
         require(fmt, config, "activation_scheme", ("dynamic",), "dynamic")
+        # ue8m0 (DeepSeek-V3.2): the block scales are powers of two, stored as
+        # float8_e8m0fnu (or float32); either reads into the float32 spec exactly
+        require(fmt, config, "scale_fmt", ("float", "ue8m0", None), "float")
         return fmt
 
     def tensor_specs(self, in_features: int, out_features: int) -> TensorSpecs:

@@ -92,6 +92,17 @@ def block_fp8(weight: torch.Tensor) -> tuple[dict, torch.Tensor]:
     return {"weight": q, "weight_scale_inv": scale}, q.float() * full
 
 
+def block_fp8_ue8m0(weight: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """block_fp8 with each block's scale rounded up to a power of two and stored as
+    float8_e8m0fnu (scale_fmt "ue8m0", as DeepSeek-V3.2 and transformers write it)."""
+    stored, _ = block_fp8(weight)
+    scale = torch.exp2(torch.ceil(torch.log2(stored["weight_scale_inv"])))
+    n = weight.shape[0]
+    full = scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
+    q = (weight / full).to(torch.float8_e4m3fn)
+    return {"weight": q, "weight_scale_inv": scale.to(torch.float8_e8m0fnu)}, q.float() * full
+
+
 BLOCK_FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                     "weight_block_size": [128, 128]}
 _GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False,
@@ -107,12 +118,13 @@ CONFIGS = {
     "awq": {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True,
             "version": "gemm"},
     "fp8_block": BLOCK_FP8_CONFIG,
+    "fp8_block_ue8m0": {**BLOCK_FP8_CONFIG, "scale_fmt": "ue8m0"},
 }
 PACKERS = {"gptq": lambda w: gptq(w, False), "gptq_act_order": lambda w: gptq(w, True),
            "gptq_asym_v2": lambda w: gptq(w, True, sym=False, v2=True),
            "gptq_asym": lambda w: gptq(w, False, sym=False),
            "gptq_channel": lambda w: gptq(w, False, group=-1),
-           "awq": awq, "fp8_block": block_fp8}
+           "awq": awq, "fp8_block": block_fp8, "fp8_block_ue8m0": block_fp8_ue8m0}
 
 
 def base_model(dtype=torch.float32):

@@ -17,7 +17,7 @@ W8A8 = ("fp8_block", "ct_FP8_DYNAMIC", "ct_FP8", "ct_W8A8")
 # 128x128 FP8 blocks: refused before, read as their publishers write them now
 MORE_WEIGHT_ONLY = ("gptq_asym", "gptq_asym_v2", "gptq_channel", "ct_W4A16_ASYM",
                     "ct_W4A16_CHANNEL", "ct_act_order")
-MORE_W8A8 = ("ct_FP8_BLOCK",)
+MORE_W8A8 = ("ct_FP8_BLOCK", "fp8_block_ue8m0")
 NEW_TOKENS = 8
 W8A8_ATOL = 0.05  # activation quantization error in logprobs of O(1) values
 

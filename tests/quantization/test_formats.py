@@ -59,7 +59,6 @@ REFUSED = [
     # fields no publisher writes: refused by name, never ignored
     ({**CONFIGS["gptq"], "mystery": 1}, r"gptq checkpoint: quantization_config.mystery=1 is not"),
     ({**CONFIGS["awq"], "zero_points": 1}, r"awq .*quantization_config.zero_points=1"),
-    ({**BLOCK_FP8_CONFIG, "scale_fmt": "ue8m0"}, r"fp8 .*quantization_config.scale_fmt"),
     (_ct({**W4, "observer_x": 1}), r"compressed-tensors .*weights.observer_x=1"),
     ({**_ct(W4), "extra": 1}, r"compressed-tensors .*quantization_config.extra=1"),
     (_ct(W4, output_activations_x=1), r"compressed-tensors .*group_0.output_activations_x"),
@@ -69,6 +68,7 @@ REFUSED = [
     ({"quant_method": "fp8", "activation_scheme": "static", "fmt": "e5m2"}, r"fp8 .*fmt='e5m2'"),
     ({**BLOCK_FP8_CONFIG, "weight_block_size": [64, 64]}, r"fp8 .*weight_block_size=\(64, 64\)"),
     ({**BLOCK_FP8_CONFIG, "activation_scheme": "static"}, r"fp8 .*activation_scheme='static'"),
+    ({**BLOCK_FP8_CONFIG, "scale_fmt": "e4m3"}, r"fp8 .*scale_fmt='e4m3'"),
     (_ct({**W4, "type": "float"}), r"compressed-tensors .*weights.type='float'"),
     (_ct({**W4, "strategy": "channel", "actorder": "group", "group_size": None}),
      r"compressed-tensors .*weights.actorder='group'"),
