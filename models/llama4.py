@@ -14,7 +14,12 @@ from torch import nn
 
 from compiled_llm.models.config import MOE_KEYS, DecoderConfig, MoeConfig
 from compiled_llm.models.layers import GatedMLP, RMSNorm
-from compiled_llm.models.llama import LlamaAttention, LlamaForCausalLM, LlamaModel
+from compiled_llm.models.llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaModel,
+)
 from compiled_llm.models.moe import FusedMoE
 from compiled_llm.models.rotary import RotaryEmbedding, apply_rotary_interleaved
 
@@ -146,27 +151,22 @@ class Llama4TextMoe(nn.Module):
         return self.shared_expert(hidden) + routed
 
 
-class Llama4TextDecoderLayer(nn.Module):
-    """Pre-norm layer (fused add + norm as Llama's) whose feed_forward is Llama4TextMoe on
-    the config's MoE layers, else a GatedMLP of intermediate_size_mlp."""
+class Llama4TextDecoderLayer(LlamaDecoderLayer):
+    """Llama's pre-norm layer (its forward) whose MLP, under transformers' name feed_forward,
+    is Llama4TextMoe on the config's MoE layers, else a GatedMLP of intermediate_size_mlp."""
 
     def __init__(self, cfg: Llama4Config, layer_idx: int) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # the MLP is built here, not by Llama's moe_or_dense_mlp
         self.self_attn = Llama4TextAttention(cfg, layer_idx)
         self.feed_forward = (Llama4TextMoe(cfg) if cfg.moe.is_sparse(layer_idx)
                              else GatedMLP(cfg.hidden_size, cfg.intermediate_size))
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, hidden, residual, rope):
-        """(hidden, residual) -> (feed_forward output, residual stream without it)."""
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, rope)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.feed_forward(hidden), residual
+    @property
+    def mlp(self) -> nn.Module:
+        """feed_forward, under the name Llama's forward calls."""
+        return self.feed_forward
 
 
 class Llama4TextModel(LlamaModel):
