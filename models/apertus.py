@@ -82,12 +82,11 @@ class ApertusModel(LlamaModel):
 
 class ApertusForCausalLM(LlamaForCausalLM):
     """Apertus for causal LM: the Llama contract over ApertusModel (pipeline parallelism as
-    Llama's). Tensor parallelism (its MLP has no gate_proj to shard beside up_proj) is refused
-    by name, and LoRA by the gate_proj it lacks."""
+    Llama's; tensor parallelism as Llama's, its up_proj split by rows). LoRA is refused
+    by the gate_proj it lacks."""
 
     model_cls = ApertusModel
     config_cls = ApertusConfig
-    supports_tensor_parallel = False
     # transformers' ApertusConfig defaults (config.json may leave any of them out)
     hf_defaults = {"hidden_act": "xielu", "rms_norm_eps": 1e-5, "max_position_embeddings": 65536,
                    "attention_bias": False, "tie_word_embeddings": False,

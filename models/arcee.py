@@ -25,11 +25,10 @@ class ArceeModel(LlamaModel):
 
 class ArceeForCausalLM(LlamaForCausalLM):
     """Arcee for causal LM: the Llama contract over ArceeModel (pipeline parallelism as
-    Llama's). Tensor parallelism (its MLP has no gate_proj to shard beside up_proj) is refused
-    by name, and LoRA by the gate_proj it lacks."""
+    Llama's; tensor parallelism as Llama's, its up_proj split by rows). LoRA is refused
+    by the gate_proj it lacks."""
 
     model_cls = ArceeModel
-    supports_tensor_parallel = False
     # transformers' ArceeConfig defaults (config.json may leave any of them out)
     hf_defaults = {"hidden_act": "relu2", "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
                    "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False}

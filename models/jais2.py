@@ -48,12 +48,11 @@ class Jais2Model(LlamaModel):
 
 class Jais2ForCausalLM(LlamaForCausalLM):
     """Jais 2 for causal LM: the Llama contract over Jais2Model (pipeline parallelism as
-    Llama's). Tensor parallelism (its MLP has no gate_proj to shard beside up_proj) is refused
-    by name, and LoRA by the gate_proj it lacks."""
+    Llama's; tensor parallelism as Llama's, its up_proj split by rows). LoRA is refused
+    by the gate_proj it lacks."""
 
     model_cls = Jais2Model
     config_cls = Jais2Config
-    supports_tensor_parallel = False
     # transformers' Jais2Config defaults (config.json may leave any of them out)
     hf_defaults = {"hidden_act": "relu2", "layer_norm_eps": 1e-5, "max_position_embeddings": 8192,
                    "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False}

@@ -94,12 +94,11 @@ class NemotronModel(LlamaModel):
 
 class NemotronForCausalLM(LlamaForCausalLM):
     """Nemotron for causal LM: the Llama contract over NemotronModel (pipeline parallelism as
-    Llama's). Tensor parallelism (its MLP has no gate_proj to shard beside up_proj) is refused
-    by name, and LoRA by the gate_proj it lacks."""
+    Llama's; tensor parallelism as Llama's, its up_proj split by rows). LoRA is refused
+    by the gate_proj it lacks."""
 
     model_cls = NemotronModel
     config_cls = NemotronConfig
-    supports_tensor_parallel = False
     # transformers' NemotronConfig defaults (config.json may leave any of them out)
     hf_defaults = {"hidden_act": "relu2", "norm_eps": 1e-5, "max_position_embeddings": 4096,
                    "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False}

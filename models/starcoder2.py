@@ -55,13 +55,12 @@ class Starcoder2Model(LlamaModel):
 
 class Starcoder2ForCausalLM(LlamaForCausalLM):
     """StarCoder2 for causal LM: the Llama contract over Starcoder2Model (pipeline parallelism
-    as Llama's); the head tied to the embedding unless tie_word_embeddings is false. Tensor
-    parallelism (its MLP is not gate/up/down_proj) is refused by name, and LoRA by the
+    as Llama's, tensor parallelism too: c_fc by rows, c_proj by columns); the head tied to
+    the embedding unless tie_word_embeddings is false. LoRA is refused by the
     gate/up/down_proj module it lacks."""
 
     model_cls = Starcoder2Model
     config_cls = Starcoder2Config
-    supports_tensor_parallel = False
     # transformers' Starcoder2Config defaults (config.json may leave any of them out)
     hf_defaults = {"hidden_act": "gelu_pytorch_tanh", "norm_epsilon": 1e-5, "use_bias": True,
                    "max_position_embeddings": 4096, "sliding_window": None,

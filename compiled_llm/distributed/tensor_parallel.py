@@ -221,6 +221,15 @@ class _Sharder:
         if not reduce:
             mlp.down_proj.__class__ = nn.Linear  # partial sums: the block reduces them
 
+    def ungated_mlp(self, prefix: str, mlp: nn.Module) -> None:
+        """An ungated MLP (up, act, down under the checkpoint's names: up_proj / down_proj,
+        c_fc / c_proj): up by rows, down by columns, its output all-reduced; the activation is
+        elementwise, so each rank's slice of the intermediate is whole."""
+        up, down = getattr(mlp, mlp.up_name), getattr(mlp, mlp.down_name)
+        start, size = self.split(up.out_features, "intermediate_size")
+        self.column(f"{prefix}.{mlp.up_name}", up, start, size)
+        self.row(f"{prefix}.{mlp.down_name}", down, start, size)
+
     def moe(self, prefix: str, block: nn.Module) -> None:
         """Each expert's intermediate rows (w13 gate and up, w2 columns), the shared expert's
         too; the block's output (their sum) is all-reduced once."""
@@ -318,6 +327,8 @@ def shard_model(model: nn.Module, tp: TPGroup, expert_parallel: bool = False) ->
             sharder.attention(name, module)
         elif hasattr(module, "experts") and hasattr(module, "shared_expert"):
             sharder.moe(name, module)
+        elif leaf == "mlp" and hasattr(module, "up_name"):  # ungated (models/layers.DenseMLP)
+            sharder.ungated_mlp(name, module)
         elif leaf == "mlp" and hasattr(module, "down_proj"):
             sharder.mlp(name, module)
     sharder.vocab()

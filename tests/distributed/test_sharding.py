@@ -52,6 +52,25 @@ def test_llama_rank_holds_its_slices(rank):
     assert model.config.tensor_parallel == f"rank {rank} of 2"  # in the compile cache key
 
 
+@pytest.mark.parametrize("name", ["arcee", "nemotron", "jais2", "apertus", "starcoder2"])
+def test_ungated_mlp_rank_holds_its_up_rows_and_down_columns(name):
+    """An ungated MLP (up, act, down under its checkpoint's names): up's rows and bias by
+    this rank's half, down's columns; down's bias whole (added once, after the all-reduce)."""
+    for rank in (0, 1):
+        model, full = _load(name, rank)
+        mlp = model.model.layers[1].mlp
+        up, down = getattr(mlp, mlp.up_name), getattr(mlp, mlp.down_name)
+        prefix, rows = "model.layers.1.mlp", up.out_features
+        assert rows * 2 == full[f"{prefix}.{mlp.up_name}.weight"].shape[0]
+        part = slice(rank * rows, (rank + 1) * rows)
+        assert torch.equal(up.weight, full[f"{prefix}.{mlp.up_name}.weight"][part])
+        assert torch.equal(down.weight, full[f"{prefix}.{mlp.down_name}.weight"][:, part])
+        if up.bias is not None:
+            assert torch.equal(up.bias, full[f"{prefix}.{mlp.up_name}.bias"][part])
+            assert torch.equal(down.bias, full[f"{prefix}.{mlp.down_name}.bias"])
+        assert type(down).__name__ == "RowParallelLinear"
+
+
 def test_one_kv_head_is_replicated_on_every_rank():
     (zero, full), (one, _) = _load("llama_kv1", 0), _load("llama_kv1", 1)
     k_full = full["model.layers.1.self_attn.k_proj.weight"]

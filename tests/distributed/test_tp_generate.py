@@ -20,7 +20,8 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=6)
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "phi3",
          "gemma", "gemma2", "gemma3", "olmo2", "cohere", "cohere_plain", "stablelm_serial",
          "granite", "smollm3", "glm", "glm4", "olmo", "olmo3", "llama_odd_vocab",
-         "granite_odd_vocab"]  # (the odd vocabularies: the last rank's rows padded)
+         "granite_odd_vocab",  # (the odd vocabularies: the last rank's rows padded)
+         "starcoder2", "apertus", "jais2"]  # ungated MLPs (c_fc / c_proj; up_proj / down_proj)
 LAYERS = 2  # tests/utils.py SMALL
 
 

@@ -86,8 +86,7 @@ def test_stablelm_lora_matches_peft_merged(name):
     assert got == merged_greedy(base, adapter, prompts, 6)
 
 
-@pytest.mark.parametrize(("name", "arch"), [("starcoder2", "Starcoder2ForCausalLM"),
-                                            ("stablelm", "StableLmForCausalLM"),
+@pytest.mark.parametrize(("name", "arch"), [("stablelm", "StableLmForCausalLM"),
                                             ("gpt_bigcode", "GPTBigCodeForCausalLM")])
 def test_tensor_parallelism_refused_by_name(name, arch):
     with pytest.raises(ValueError, match=f"tensor_parallel_size 2: {arch}"):
