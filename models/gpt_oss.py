@@ -101,10 +101,7 @@ class GptOssMoE(nn.Module):
         experts, at = self.experts, f"{prefix}.experts"
         sharder.reduce(self)
         if sharder.expert_parallel:  # the stacked checkpoint tensors' expert rows
-            first, count = sharder.whole_experts(experts)
-            for name, param in list(experts.named_parameters()):
-                sharder.keep(at, experts, name, (count, *param.shape[1:]), dim=0, start=first,
-                             size=count)
+            sharder.whole_experts(at, experts)
             return
         start, size = sharder.split(experts.intermediate_size, "intermediate_size")
         num, hidden = experts.num_experts, experts.w13_weight.shape[2]

@@ -150,6 +150,22 @@ class Llama4TextMoe(nn.Module):
         routed = routed.view(-1, self.top_k, self.hidden_size).sum(1)  # [T, H]
         return self.shared_expert(hidden) + routed
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: the shared and routed experts split by intermediate rows (the
+        stacked gate_up_proj [E, H, 2I]'s gate and up columns, down_proj [E, I, H]'s rows), the
+        sum all-reduced; under expert parallelism, whole experts."""
+        experts, at = self.experts, f"{prefix}.experts"
+        sharder.mlp(f"{prefix}.shared_expert", self.shared_expert, reduce=False)
+        sharder.reduce(self)
+        if sharder.expert_parallel:
+            return sharder.whole_experts(at, experts)
+        full, (num, _, hidden) = experts.intermediate_size, experts.w13_weight.shape
+        start, size = sharder.split(full, "intermediate_size")
+        sharder.keep_parts(at, experts, "w13_weight", (num, 2 * size, hidden), dim=2,
+                           parts=[(start, size), (full + start, size)])
+        sharder.keep(at, experts, "w2_weight", (num, hidden, size), dim=1, start=start, size=size)
+        experts.intermediate_size = size
+
 
 class Llama4TextDecoderLayer(LlamaDecoderLayer):
     """Llama's pre-norm layer (its forward) whose MLP, under transformers' name feed_forward,
@@ -180,8 +196,7 @@ class Llama4TextModel(LlamaModel):
 
 
 class TransposedExperts(NamedTuple):
-    """transformers' stacked experts ([E, H, 2I] gate_up_proj, [E, I, H] down_proj) filling
-    our whole w13 [E, 2I, H] or w2 [E, H, I], transposed."""
+    """Stacked experts (gate_up_proj [E, H, 2I], down_proj [E, I, H]) as w13 / w2, transposed."""
 
     name: str
 
@@ -195,12 +210,12 @@ class TransposedExperts(NamedTuple):
 
 
 class Llama4ForCausalLM(LlamaForCausalLM):
-    """Llama 4 text for causal LM. Tensor parallelism and LoRA are refused (MoE); a model
-    longer than attention_chunk_size is refused where chunked layers are."""
+    """Llama 4 text for causal LM (tensor and expert parallelism: its MoE blocks shard
+    themselves). LoRA is refused (MoE); a model longer than attention_chunk_size is refused
+    where chunked layers are."""
 
     model_cls = Llama4TextModel
     config_cls = Llama4Config
-    supports_tensor_parallel = False
     # stacked experts are [E, in, out] whatever the shapes (a text stack takes them from here)
     stacked_experts_transposed = True
     # transformers' Llama4TextConfig defaults (config.json may leave any of them out)

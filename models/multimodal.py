@@ -186,9 +186,10 @@ class TextStack:
 
     @classmethod
     def check_tensor_parallel(cls, config, size: int) -> None:
-        """ValueError for mixture-of-experts text models: their stacked experts have no
-        shard plan yet; else the text class's own check."""
-        if config.moe is not None:
+        """ValueError for mixture-of-experts text models whose stacked experts this class
+        reads (no shard plan for them yet; Llama 4's own class reads and shards its); else the
+        text class's own check."""
+        if config.moe is not None and not getattr(cls, "stacked_experts_transposed", False):
             raise ValueError(f"tensor_parallel_size {size}: {config.architecture} is not "
                              "sharded yet (run it with 1)")
         getattr(super(), "check_tensor_parallel", lambda *args: None)(config, size)

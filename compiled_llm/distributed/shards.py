@@ -26,7 +26,8 @@ class Shard:
 @dataclass(frozen=True)
 class FusedShard:
     """A rank's rows of each part of a fused checkpoint tensor (q, k, v of qkv_proj; gate, up of
-    gate_up_proj), read part by part and concatenated along dim 0 in that order."""
+    gate_up_proj; a stacked [E, H, 2I] gate_up_proj's along dim 2), read part by part and
+    concatenated along the parts' (one) dim in that order."""
 
     parts: tuple[Shard, ...]
 
@@ -72,10 +73,10 @@ class ZeroShard:
 
 def read_index(source, index) -> torch.Tensor:
     """source[index] (a tensor or a safetensors slice); a FusedShard's list of indices reads
-    each part and concatenates them along dim 0; a PaddedIndex pads with zero rows; a
+    each part and concatenates them along the dim they slice; a PaddedIndex pads with zero rows; a
     ZeroIndex reads zeros of the whole tensor's shape."""
     if isinstance(index, list):
-        return torch.cat([source[part] for part in index])
+        return torch.cat([source[part] for part in index], dim=len(index[0]) - 1)
     if isinstance(index, PaddedIndex):
         rows = source[index.index]
         pad = rows.new_zeros((index.rows - rows.shape[0], *rows.shape[1:]))

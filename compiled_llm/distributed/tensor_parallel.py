@@ -145,11 +145,22 @@ class _Sharder:
         _resize(module, name, shape)
         self.plan[f"{prefix}.{name}"] = Shard(dim, start, size)
 
-    def whole_experts(self, experts: nn.Module) -> tuple[int, int]:
-        """Expert parallelism: keep experts [first, first + count) whole (w13 / w2 resized,
-        routing ids mapped to them); returns (first, count)."""
+    def keep_parts(self, prefix: str, module: nn.Module, name: str, shape: tuple[int, ...], *,
+                   dim: int, parts: list[tuple[int, int]]) -> None:
+        """keep() of several (start, size) runs along `dim` of the checkpoint tensor, read in
+        order and concatenated there (a stacked gate_up_proj's gate and up columns)."""
+        _resize(module, name, shape)
+        self.plan[f"{prefix}.{name}"] = FusedShard(tuple(Shard(dim, start, size)
+                                                         for start, size in parts))
+
+    def whole_experts(self, prefix: str, experts: nn.Module) -> None:
+        """Expert parallelism over stacked checkpoint tensors ([E, ...] each): keep experts
+        [first, first + count) whole (every parameter resized, routing ids mapped to them)."""
+        first = self.tp.rank * (experts.num_experts // self.tp.world_size)
         shard_experts(experts, self.tp.rank, self.tp.world_size)
-        return self.tp.rank * experts.num_experts, experts.num_experts
+        for name, param in list(experts.named_parameters()):
+            self.keep(prefix, experts, name, (experts.num_experts, *param.shape[1:]), dim=0,
+                      start=first, size=experts.num_experts)
 
     def add_once(self, prefix: str, name: str) -> None:
         """A bias added to each rank's partial sums before their all-reduce: whole on rank 0,
@@ -329,7 +340,7 @@ def shard_model(model: nn.Module, tp: TPGroup, expert_parallel: bool = False) ->
             sharder.moe(name, module)
         elif leaf == "mlp" and hasattr(module, "up_name"):  # ungated (models/layers.DenseMLP)
             sharder.ungated_mlp(name, module)
-        elif leaf == "mlp" and hasattr(module, "down_proj"):
+        elif leaf in ("mlp", "feed_forward") and hasattr(module, "down_proj"):
             sharder.mlp(name, module)
     sharder.vocab()
     if expert_parallel:

@@ -1,5 +1,6 @@
 """Tensor parallelism of GPT-OSS (sinks per head, biased attention, stacked biased experts whose
-down bias is added once) and of DeepSeek's MLA (split by heads, latents replicated): each rank's
+down bias is added once), of Llama 4 (stacked experts, gate and up halves) and of DeepSeek's
+MLA (split by heads, latents replicated): each rank's
 parameters are its slices of the checkpoint tensors (one process, no collective), and over gloo
 in two processes TP=2 gives TP=1's greedy tokens and prompt logprobs."""
 
@@ -84,6 +85,25 @@ def test_gpt_oss_expert_parallel_holds_whole_experts_with_their_biases():
     assert experts.dispatcher.expert_start == 2
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_llama4_rank_holds_its_expert_columns(rank):
+    """Of the stacked gate_up_proj [E, H, 2I], this rank's gate columns then its up columns;
+    of down_proj [E, I, H], its rows; the shared expert and the dense MLP by rows too."""
+    model, full = _load("llama4", rank)
+    moe, at = model.model.layers[1].feed_forward, "model.layers.1.feed_forward"
+    gate, up = full[f"{at}.experts.gate_up_proj"].chunk(2, -1)  # I = 48: 24 a rank
+    assert torch.equal(moe.experts.w13_weight.transpose(1, 2),
+                       torch.cat([_part(gate, 2, rank, 24), _part(up, 2, rank, 24)], -1))
+    assert torch.equal(moe.experts.w2_weight,
+                       _part(full[f"{at}.experts.down_proj"], 1, rank, 24).transpose(1, 2))
+    assert torch.equal(moe.shared_expert.down_proj.weight,
+                       _part(full[f"{at}.shared_expert.down_proj.weight"], 1, rank, 24))
+    assert torch.equal(moe.router.weight, full[f"{at}.router.weight"])
+    dense = model.model.layers[0].feed_forward
+    assert torch.equal(dense.down_proj.weight,
+                       _part(full["model.layers.0.feed_forward.down_proj.weight"], 1, rank, 64))
+
+
 @pytest.mark.parametrize("name", ["deepseek_v2", "deepseek_v3"])
 def test_mla_rank_holds_its_heads(name):
     """Rank 1 of 2: heads 2 and 3 of q (q_b_proj or q_proj), kv_b_proj and o_proj; the latent
@@ -138,7 +158,8 @@ def _assert_equal(runs: list, atol: float) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt_oss", "gpt_oss_ep", "deepseek_v3", "deepseek_v2",
-                                  "glm4_moe_lite", "minicpm3", "youtu"])
+                                  "glm4_moe_lite", "minicpm3", "youtu", "llama4", "llama4_ep",
+                                  "llama4_vl"])
 def test_tp2_equals_tp1(name):
     _assert_equal(_tp1_and_tp2(name, enforce_eager=True, kv_cache_memory_bytes=4 << 20), 1e-4)
 

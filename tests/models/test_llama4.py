@@ -15,7 +15,6 @@ import torch
 
 from compiled_llm import LLM, SamplingParams
 from compiled_llm.config import EngineArgs, model_len_bounds
-from compiled_llm.models.llama4 import Llama4ForCausalLM
 from compiled_llm.worker.loader import build_model_config, load_hf_config
 from tests.utils import (
     assert_matches_transformers,
@@ -97,6 +96,3 @@ def test_refused_by_name(changes, field):
     with pytest.raises(ValueError, match=field):
         engine_config("llama4", **changes)
 
-
-def test_no_tensor_parallel():
-    assert Llama4ForCausalLM.supports_tensor_parallel is False
