@@ -194,8 +194,8 @@ def _attention_chunk(hf_config: dict) -> int | None:
     return chunk if hf_config.get("model_type") == "llama4_text" else None
 
 
-# transformers' model types with DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5)
-_DSA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")
+# transformers' model types with DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5, A.X-K2)
+_DSA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa", "axk2")
 
 
 def _index_topk(hf_config: dict) -> int | None:

@@ -82,6 +82,9 @@ ModelRegistry = _ModelRegistry({
     "AfmoeForCausalLM": "compiled_llm.models.afmoe:AfmoeForCausalLM",
     "MiMoV2FlashForCausalLM": "compiled_llm.models.mimo_v2_flash:MiMoV2FlashForCausalLM",
     "LongcatFlashForCausalLM": "compiled_llm.models.longcat_flash:LongcatFlashForCausalLM",
+    "LagunaForCausalLM": "compiled_llm.models.laguna:LagunaForCausalLM",
+    "GraniteMoeSWAForCausalLM": "compiled_llm.models.granitemoe_swa:GraniteMoeSWAForCausalLM",
+    "HrmTextForCausalLM": "compiled_llm.models.hrm_text:HrmTextForCausalLM",
     "FalconForCausalLM": "compiled_llm.models.falcon:FalconForCausalLM",
     "GlmForCausalLM": "compiled_llm.models.glm:GlmForCausalLM",
     "Glm4ForCausalLM": "compiled_llm.models.glm:Glm4ForCausalLM",
@@ -94,6 +97,9 @@ ModelRegistry = _ModelRegistry({
     "DeepseekV3ForCausalLM": "compiled_llm.models.deepseek:DeepseekV3ForCausalLM",
     "DeepseekV32ForCausalLM": "compiled_llm.models.deepseek_v32:DeepseekV32ForCausalLM",
     "GlmMoeDsaForCausalLM": "compiled_llm.models.deepseek_v32:GlmMoeDsaForCausalLM",
+    "AXK1ForCausalLM": "compiled_llm.models.axk1:AXK1ForCausalLM",
+    "AXK2ForCausalLM": "compiled_llm.models.axk2:AXK2ForCausalLM",
+    "BitNetForCausalLM": "compiled_llm.models.bitnet:BitNetForCausalLM",
     "Glm4MoeLiteForCausalLM": "compiled_llm.models.glm4_moe_lite:Glm4MoeLiteForCausalLM",
     "MiniCPM3ForCausalLM": "compiled_llm.models.minicpm3:MiniCPM3ForCausalLM",
     "ExaoneMoeForCausalLM": "compiled_llm.models.exaone_moe:ExaoneMoeForCausalLM",
@@ -146,6 +152,9 @@ ModelRegistry = _ModelRegistry({
     "Llama4ForCausalLM": "compiled_llm.models.llama4:Llama4ForCausalLM",
     "AriaTextForCausalLM": "compiled_llm.models.aria:AriaTextForCausalLM",
     "Emu3ForCausalLM": "compiled_llm.models.emu3:Emu3ForCausalLM",
+    "DiffLlamaForCausalLM": "compiled_llm.models.diffllama:DiffLlamaForCausalLM",
+    "JetMoeForCausalLM": "compiled_llm.models.jetmoe:JetMoeForCausalLM",
+    "CohereCompassForCausalLM": "compiled_llm.models.cohere_compass:CohereCompassForCausalLM",
     # image-text-to-text checkpoints served text-only: their text_config's model picks the
     # class (models/multimodal.py; Gemma 4's maps on there)
     **dict.fromkeys(("Gemma3ForConditionalGeneration", "Qwen2VLForConditionalGeneration",
@@ -153,7 +162,7 @@ ModelRegistry = _ModelRegistry({
                      "Qwen3VLMoeForConditionalGeneration", "Mistral3ForConditionalGeneration",
                      "LlavaForConditionalGeneration", "Gemma4ForConditionalGeneration",
                      "Llama4ForConditionalGeneration", "AriaForConditionalGeneration",
-                     "Emu3ForConditionalGeneration"),
+                     "Emu3ForConditionalGeneration", "CohereCompassForConditionalGeneration"),
                     "compiled_llm.models.multimodal:ConditionalGeneration"),
     # pooling models (runner="pooling"): embeddings and classifiers
     "BertModel": "compiled_llm.models.bert:BertModel",

@@ -7,6 +7,8 @@ Module names mirror HF's, so the weight map is the identity. forward takes a fla
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -107,6 +109,20 @@ class LlamaModel(nn.Module):
             hidden, residual = layer(hidden, residual, rope)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+
+class LayersOfSlots:
+    """Mixin before a LlamaModel subclass whose decoder layers each hold several attention
+    calls (cfg.num_hidden_layers counts the cache slots, cfg.num_layers the layers): the
+    Llama loop over cfg.num_layers layers, under its own forward, as a pipeline stage's split
+    of the slots would not fit (refused by name)."""
+
+    def __init__(self, cfg, max_len: int) -> None:
+        super().__init__(dataclasses.replace(cfg, num_hidden_layers=cfg.num_layers), max_len)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions [T] -> final hidden states [T, hidden]."""
+        return LlamaModel.forward(self, input_ids, positions)
 
 
 class LlamaForCausalLM(CausalLM):

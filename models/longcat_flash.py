@@ -16,7 +16,7 @@ from torch import nn
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS
 from compiled_llm.models.glm4_moe import Float32Router
 from compiled_llm.models.layers import GatedMLP, RMSNorm
-from compiled_llm.models.llama import LlamaForCausalLM
+from compiled_llm.models.llama import LayersOfSlots, LlamaForCausalLM
 from compiled_llm.models.mla import MlaAttention, MlaConfig, MlaModel
 from compiled_llm.models.moe import FusedMoE, MoeWeightMap
 from compiled_llm.models.moe_routing import grouped_topk
@@ -199,23 +199,10 @@ class LongcatFlashDecoderLayer(nn.Module):
         return self.mlps[1](hidden), residual + shortcut
 
 
-class LongcatFlashModel(MlaModel):
-    """The Llama body over num_layers LongCat layers; its own forward (the Llama loop), as a
-    pipeline stage's renumbering of one self_attn a layer does not fit (refused by name)."""
+class LongcatFlashModel(LayersOfSlots, MlaModel):
+    """The Llama body over num_layers LongCat layers (two MLA attentions each)."""
 
     layer_cls = LongcatFlashDecoderLayer
-
-    def __init__(self, cfg: LongcatFlashConfig, max_len: int) -> None:
-        super().__init__(dataclasses.replace(cfg, num_hidden_layers=cfg.num_layers), max_len)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions [T] -> final hidden states [T, hidden]."""
-        hidden, residual = self.embed_tokens(input_ids), None  # [T, hidden]
-        rope = self.rotary_emb(positions)
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, rope)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
 
 
 class LongcatFlashForCausalLM(MoeWeightMap, LlamaForCausalLM):

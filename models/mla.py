@@ -111,7 +111,14 @@ class MlaAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """hidden [T, hidden] -> [T, hidden]; writes this layer's padded K/V into the cache."""
-        q_nope, q_pe = self.query(hidden).split([self.nope_dim, self.rope_dim], -1)
+        out = self.attend(self.query(hidden), hidden, rope)  # [T, H, v_head_dim]
+        return self.o_proj(out.reshape(-1, self.num_heads * self.v_dim))
+
+    def attend(self, q: torch.Tensor, hidden: torch.Tensor,
+               rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """q [T, H, qk_head_dim] and hidden [T, hidden] (K/V's source) -> the attention output
+        [T, H, v_head_dim]; writes this layer's padded K/V into the cache."""
+        q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], -1)
         latent, k_pe = self.kv_a_proj_with_mqa(hidden).split([self.kv_lora_rank, self.rope_dim],
                                                              -1)
         kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(-1, self.num_heads,
@@ -124,7 +131,7 @@ class MlaAttention(nn.Module):
         q, k = F.pad(q, (0, pad)), F.pad(k, (0, pad))
         v = F.pad(v, (0, self.head_dim - self.v_dim))
         out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
-        return self.o_proj(out[..., : self.v_dim].reshape(-1, self.num_heads * self.v_dim))
+        return out[..., : self.v_dim]
 
     def shard_for_tp(self, sharder, prefix: str) -> None:
         """Tensor parallelism by heads (vLLM's split): q_proj / q_b_proj and kv_b_proj keep
@@ -132,8 +139,10 @@ class MlaAttention(nn.Module):
         all-reduce); q_a_proj, kv_a_proj_with_mqa and their norms (the latents every head
         reads) are replicated. The cache holds this rank's heads' K and V."""
         first, count = sharder.query_heads()
-        qk_dim, kv_dim = self.nope_dim + self.rope_dim, self.nope_dim + self.v_dim
         q_name = "q_b_proj" if self.q_lora else "q_proj"
+        # a head's q rows (qk_head_dim; more where q_b_proj makes more per head: A.X-K2's gate)
+        qk_dim = getattr(self, q_name).out_features // self.num_heads
+        kv_dim = self.nope_dim + self.v_dim
         sharder.column(f"{prefix}.{q_name}", getattr(self, q_name), first * qk_dim,
                        count * qk_dim)
         sharder.column(f"{prefix}.kv_b_proj", self.kv_b_proj, first * kv_dim, count * kv_dim)

@@ -34,6 +34,9 @@ CONDITIONAL_GENERATION: dict[str, tuple[dict[str, str], bool]] = {
     "AriaForConditionalGeneration": ({"aria_text": "AriaTextForCausalLM"}, False),
     # Emu3's image tokens are ids of the text vocabulary: text-only, it is its LM alone
     "Emu3ForConditionalGeneration": ({"emu3_text_model": "Emu3ForCausalLM"}, False),
+    # Cohere Compass: its text_config's per-layer-type M-RoPE is read by the text class
+    "CohereCompassForConditionalGeneration": (
+        {"cohere_compass_text": "CohereCompassForCausalLM"}, False),
 }
 # config.json keys outside the text model: they stay out of a legacy flat config's text view
 NOT_TEXT = ("architectures", "model_type", "text_config", "vision_config", "audio_config",

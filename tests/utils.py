@@ -624,6 +624,16 @@ EXTRA_CONFIGS["glm_moe_dsa"] = ("GlmMoeDsaConfig", {
     **_DSA, "v_head_dim": 20, "mlp_layer_types": ["sparse", "dense", "sparse"], "n_group": 1,
     "attention_bias": True, "indexer_types": ["full", "shared", "full"],
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}})
+# tests/models/test_axk_bitnet.py: A.X-K1 as the deepseek_v3 case with 8 experts (its MoE
+# layers' outputs normed); A.X-K2 as the deepseek_v32 case (grouped routing, gated norms of
+# rank 8, q_b_proj making queries and output gates); BitNet: Llama's shape with sub-norms, relu2
+_AXK = {key: value for key, value in _DSA.items()
+        if key not in ("index_topk", "index_head_dim", "index_n_heads")}
+EXTRA_CONFIGS.update({
+    "axk1": ("AXK1Config", _AXK),
+    "axk2": ("AXK2Config", {**_DSA, "gated_norm_rank": 8}),
+    "bitnet": ("BitNetConfig", {}),
+})
 
 # Aria's text model (tests/models/test_aria_emu3.py): every layer 4 routed experts (top 2)
 # beside 2 shared ones, hidden 64 = 2 * intermediate 32 (the stacked experts' [E, in, out]
@@ -649,6 +659,61 @@ EXTRA_CONFIGS.update({
             "temporal_downsample_factor": 1, "hidden_size": 16},
         "vocabulary_map": {"<image>": 380, "<|extra_200|>": 381,
                            "<|visual token 000000|>": 382, "<|visual token 000001|>": 383}}),
+})
+# tests/models/test_laguna_granite_hrm.py. Laguna: sliding layers (window 8, every dim turned)
+# around a full one (half of each head turned, its own base), 2 query heads on the middle
+# layer, softplus-gated heads, biased q/k/v/o, a dense first MLP, then sigmoid-routed experts
+# (soft-capped logits, scaled) beside a shared one. GraniteMoeSWA: Granite SWA's attention over
+# GraniteMoeShared's experts. HRM-Text: 2 layers a stack, run 2 x (1 + 1) times, biased
+EXTRA_CONFIGS.update({
+    "laguna": ("LagunaConfig", {
+        "num_hidden_layers": 3, "head_dim": 16, "num_attention_heads_per_layer": [4, 2, 4],
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "sliding_window": 8, "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 24,
+        "moe_routed_scaling_factor": 2.5, "moe_router_logit_softcapping": 4.0,
+        "attention_bias": True}),
+    "granitemoe_swa": ("GraniteMoeSWAConfig", {
+        "num_hidden_layers": 3, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "intermediate_size": 48, "shared_intermediate_size": 24,
+        "embedding_multiplier": 3.0, "attention_multiplier": 0.2, "residual_multiplier": 0.5,
+        "logits_scaling": 2.0, "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "layer_rope_theta": [1e4, 0, 100.0], "bos_token_id": None, "pad_token_id": None}),
+    "hrm_text": ("HrmTextConfig", {
+        "head_dim": 16, "H_cycles": 2, "L_cycles": 1, "attention_bias": True,
+        "mlp_bias": True}),
+})
+
+# (tests/models/test_diffllama_jetmoe_compass.py) DiffLlama: differential attention (two maps
+# over the halves of 4 q / 2 KV heads), biased q/k/v/o; JetMoE: 4 attention experts (q and o
+# projections, top-2 a token over 2 shared KV heads of 16) and 4 MLP experts, a final norm eps
+# apart from the layers' fixed 1e-6; Cohere Compass' text stack: a sliding layer (default rope,
+# M-RoPE sections) then a full one (linear rope, its own base), Cohere's parallel layer; its
+# _linear variant (a linear-rope sliding layer, a NoPE full one) where transformers 5.17's
+# permuted default-rope frequencies cannot differ (the GPU test's)
+_COMPASS_TEXT = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8,
+                 "logit_scale": 0.5, "attention_bias": True, "pad_token_id": None,
+                 "rope_parameters": {
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                           "mrope_section": [2, 3, 3]},
+                     "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                        "rope_theta": 1e6, "mrope_section": [2, 3, 3]}}}
+_COMPASS_VIT = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                "out_hidden_size": 64}
+EXTRA_CONFIGS.update({
+    "diffllama": ("DiffLlamaConfig", {"attention_bias": True}),
+    "jetmoe": ("JetMoeConfig", {"kv_channels": 16, "num_local_experts": 4,
+                                "num_experts_per_tok": 2, "intermediate_size": 32,
+                                "rms_norm_eps": 1e-5}),
+    "cohere_compass_text": ("CohereCompassTextConfig", _COMPASS_TEXT),
+    "cohere_compass": ("CohereCompassConfig", {"vision_config": _COMPASS_VIT,
+                                               "text_config": _COMPASS_TEXT}),
+    "cohere_compass_linear": ("CohereCompassConfig", {
+        "vision_config": _COMPASS_VIT, "text_config": {**_COMPASS_TEXT, "rope_parameters": {
+            "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4,
+                                  "mrope_section": [2, 3, 3]},
+            "full_attention": None}}}),
 })
 
 
@@ -790,6 +855,16 @@ def assert_matches_transformers(ckpt: Path, new_tokens: int = 16, hi: int = 50,
         expected = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
         got = torch.tensor([d[t].logprob for d, t in zip(out.prompt_logprobs[1:], prompt[1:])])
         torch.testing.assert_close(got, expected, atol=atol, rtol=atol)
+
+
+def random_norms_and_correction_bias(key: str, value: torch.Tensor, gen: torch.Generator):
+    """An edited_checkpoint edit: norm weights around 1 and routers' correction biases around
+    0, random (transformers saves ones and zeros, under which a misplaced one never shows)."""
+    if key.endswith("e_score_correction_bias"):
+        return torch.randn(value.shape, generator=gen) * 0.05
+    if key.endswith("norm.weight"):
+        return 1.0 + torch.randn(value.shape, generator=gen) * 0.2
+    return None
 
 
 def random_prompts(n: int, vocab: int, lo: int = 3, hi: int = 60, seed: int = 0):

@@ -199,8 +199,23 @@ def load_weights(model: nn.Module, files: list[Path], device: torch.device | Non
         loaded[ours] = loaded.get(ours, 0) + dest.numel()
     missing = sorted(name for name, param in params.items()
                      if loaded.get(name, 0) != param.numel())
+    missing = _zero_absent(model, params, loaded, missing)
     if missing:
         raise ValueError(f"checkpoint is missing tensors: {missing[:8]}")
+
+
+def _zero_absent(model: nn.Module, params: dict[str, nn.Parameter], loaded: dict[str, int],
+                 missing: list[str]) -> list[str]:
+    """Zero the wholly absent parameters the model class allows to be (names ending in one of
+    its `zero_when_absent`: a router's correction bias some releases leave out, which
+    transformers then initialises to zeros); the rest of `missing`."""
+    optional = tuple(getattr(model, "zero_when_absent", ()))
+    absent = [name for name in missing if optional and name.endswith(optional)
+              and not loaded.get(name)]
+    with torch.no_grad():
+        for name in absent:
+            params[name].zero_()
+    return [name for name in missing if name not in absent]
 
 
 def take_kv_scale(scales: dict[int, dict[int, torch.Tensor]], name: str,

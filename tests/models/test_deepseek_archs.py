@@ -22,6 +22,7 @@ from tests.utils import (
     assert_matches_transformers,
     edited_checkpoint,
     make_checkpoint,
+    random_norms_and_correction_bias,
 )
 
 # V2 with greedy routing over every expert, a q latent and no biases; V3 with rotate-half
@@ -36,17 +37,11 @@ EXTRA_CONFIGS.setdefault("deepseek_v3_rotate_half", ("DeepseekV3Config", {
 NAMES = ["deepseek_v2", "deepseek_v2_greedy", "deepseek_v3", "deepseek_v3_rotate_half"]
 
 
-def _random_norms_and_bias(key: str, value: torch.Tensor, gen: torch.Generator):
-    if key.endswith("e_score_correction_bias"):
-        return torch.randn(value.shape, generator=gen) * 0.05
-    if key.endswith("norm.weight"):
-        return 1.0 + torch.randn(value.shape, generator=gen) * 0.2
-    return None
 
 
 def randomised(name: str) -> Path:
     """make_checkpoint(name) with random norm weights and correction biases, in a new dir."""
-    return edited_checkpoint(name, _random_norms_and_bias)
+    return edited_checkpoint(name, random_norms_and_correction_bias)
 
 
 @pytest.mark.parametrize("name", NAMES)

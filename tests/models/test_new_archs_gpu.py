@@ -44,19 +44,24 @@ def _drawn_router(key: str, value: torch.Tensor, gen: torch.Generator) -> torch.
                                   "hunyuan_v1_moe", "minimax_m2", "nemotron", "persimmon",
                                   "vaultgemma", "apertus", "ministral3", "cwm", "jais2",
                                   "glm4_moe_lite", "minicpm3", "exaone_moe",
-                                  "deepseek_v32", "glm_moe_dsa",
+                                  "deepseek_v32", "glm_moe_dsa", "axk1", "axk2", "bitnet",
                                   "gemma4", "gemma4_moe", "gemma4_d512", "gpt_neo", "codegen",
                                   "nanochat", "cohere2_moe", "cohere2_moe_sigmoid",
                                   "solar_open", "youtu", "mellum", "afmoe",
                                   "mimo_v2_flash", "longcat_flash", "hyperclovax",
                                   "hyperclovax_plain", "hy_v3", "granite_swa", "llama4",
                                   "aria_text", "aria_text_options", "emu3",
+                                  "laguna", "granitemoe_swa", "hrm_text",
                                   # image-text-to-text checkpoints' text stacks
                                   "gemma3_vl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
                                   "qwen3_vl_moe", "mistral3", "llava", "gemma4_vl",
                                   # (aria_vl is CPU-only: transformers 5.17 cannot build an
                                   # AriaConfig from a dict vision_config; its text is aria_text)
-                                  "llama4_vl", "emu3_vl"])
+                                  "llama4_vl", "emu3_vl",
+                                  "diffllama", "jetmoe",
+                                  # (transformers 5.17 permutes the default M-RoPE's
+                                  # frequencies on text: a linear-rope Compass agrees)
+                                  "cohere_compass_linear"])
 def test_compiled_with_cuda_graphs_matches_transformers(name, tmp_path):
     ckpt = edited_checkpoint(name, _drawn_router)
     # within 32 positions: LongRoPE's original length (transformers recomputes past it)

@@ -51,6 +51,8 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
                "Glm4MoeLiteForCausalLM": "glm4_moe_lite", "MiniCPM3ForCausalLM": "minicpm3",
                "DeepseekV32ForCausalLM": "deepseek_v32", "GlmMoeDsaForCausalLM": "glm_moe_dsa",
+               "AXK1ForCausalLM": "axk1", "AXK2ForCausalLM": "axk2",
+               "BitNetForCausalLM": "bitnet",
                "ExaoneMoeForCausalLM": "exaone_moe",
                "Ernie4_5_MoeForCausalLM": "ernie4_5_moe_plain",
                "FalconForCausalLM": "falcon", "GlmForCausalLM": "glm",
@@ -71,7 +73,11 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "AfmoeForCausalLM": "afmoe",
                "MiMoV2FlashForCausalLM": "mimo_v2_flash",
                "LongcatFlashForCausalLM": "longcat_flash",
-               "AriaTextForCausalLM": "aria_text", "Emu3ForCausalLM": "emu3"}
+               "LagunaForCausalLM": "laguna", "GraniteMoeSWAForCausalLM": "granitemoe_swa",
+               "HrmTextForCausalLM": "hrm_text",
+               "AriaTextForCausalLM": "aria_text", "Emu3ForCausalLM": "emu3",
+               "DiffLlamaForCausalLM": "diffllama", "JetMoeForCausalLM": "jetmoe",
+               "CohereCompassForCausalLM": "cohere_compass_text"}
 # the fused RoPE + KV write and the small-M GEMM ops are for CUDA by default; on CPU their ops
 # run the reference (the models' arithmetic, eagerly), so the promise holds on CPU too (the
 # gate/up SiLU·mul epilogue and the L2 weight prefetch, a no-op on CPU, are opt-in: asked for)
@@ -251,6 +257,24 @@ OWN_LAYER_SHAPE = {
     "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
     "RMSNormFusionPass": 1 + 2 * layers, "SmallMGemmAddRMSNormFusionPass": 1,
     "SmallMAddRMSNormGemmFusionPass": 0},
+    # A.X-K1: V3's case, and each MoE layer's (all but the first here) post_mlp_layernorm
+    # norms the sum of experts and shared expert: one more add + norm, its add the shared
+    # expert's down_proj epilogue
+    "AXK1ForCausalLM": lambda layers: {
+    "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "RMSNormFusionPass": 1 + 2 * layers, "SmallMAddRMSNormGemmFusionPass": 1,
+    "AddRMSNormFusionPass": 3 * layers - 1, "SmallMGemmAddRMSNormFusionPass": 2 * layers},
+    # A.X-K2: V3.2's case; o_proj reads the gated attention output (no weight prefetch before
+    # attention); the gated norms' gate MLPs (silu, no mul) fuse nothing
+    "AXK2ForCausalLM": lambda layers: {
+    "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "RMSNormFusionPass": 1 + 2 * layers, "SmallMAddRMSNormGemmFusionPass": 1,
+    "L2WeightPrefetchPass": 0},
+    # BitNet: the Llama layer with plain sub-norms before o_proj (no weight prefetch before
+    # attention) and down_proj, two a layer; a relu2 gate (no SiLU·mul)
+    "BitNetForCausalLM": lambda layers: {
+    "RMSNormFusionPass": 1 + 2 * layers, "SiluMulFusionPass": 0,
+    "SmallMGemmSiluMulFusionPass": 0, "L2WeightPrefetchPass": 0},
     # K-EXAONE: pre-norm Llama layers (a Llama layer's fusions) with EXAONE 4.0's attention:
     # q/k norms fuse with RoPE + the KV write on the sliding layers (every second one here)
     # and are two plain norms on the full NoPE ones
@@ -371,6 +395,36 @@ OWN_LAYER_SHAPE = {
     "AddRMSNormFusionPass": 3 * layers - 1, "RMSNormFusionPass": 2 + 3 * layers,
     "QKNormRoPEKVWriteFusionPass": 2, "SmallMGemmAddRMSNormFusionPass": layers - 1,
     "SmallMAddRMSNormGemmFusionPass": 0, "L2WeightPrefetchPass": 0},
+    # Laguna (sliding dense, full sparse, sliding sparse; attention_bias here): RoPE + the KV
+    # write fuse with the q/k norms on the sliding layers (every dim turned); the full layer
+    # turns half of each head (a split and a cat), so its q/k norms are plain norms beside the
+    # first input norm; biased o_proj (an addmm) reading the gated output: no prefetch, only
+    # the dense down_proj takes the add + norm epilogue, and no norm reaches a GEMM's prologue
+    "LagunaForCausalLM": lambda layers: {
+    "QKNormRoPEKVWriteFusionPass": layers - 1, "RMSNormFusionPass": 3,
+    "SmallMGemmAddRMSNormFusionPass": 1, "SmallMAddRMSNormGemmFusionPass": 0,
+    "L2WeightPrefetchPass": 0},
+    # GraniteMoeSWA (three sparse layers: RoPE, NoPE, RoPE): Granite SWA's pieces (the two
+    # middle ones compile once, so their fusions count once; RoPE + the KV write fuse on the
+    # two RoPE layers) over GraniteMoeShared's layer (its shared MLP's gate_up_proj one GEMM
+    # already: only q/k/v fuse); Granite's residual scale: no small-M add + norm
+    "GraniteMoeSWAForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 2 * (layers - 1), "SiluMulFusionPass": layers - 1,
+    "HorizontalGemmFusionPass": layers - 1, "SmallMGemmSiluMulFusionPass": layers - 1,
+    "QKNormRoPEKVWriteFusionPass": 2, "SmallMGemmAddRMSNormFusionPass": 0,
+    "SmallMAddRMSNormGemmFusionPass": 0},
+    # HRM-Text (layers counts KV slots: 2 layers a stack run 2 x (1 + 1) times, 8 attentions):
+    # pieces alike compile once: the first (z_L_init + z_H -> add + norm), one within a stack
+    # (two add + norms), the L -> H and H -> L hand-overs (three each: post-attention, the
+    # stack's final norm, the next input norm) and the last (two): 11 add + norms, 4 MLPs;
+    # RoPE + the KV write fuse on every attention; gqkv_proj and gate_up_proj are one GEMM
+    # already, every linear is biased here (addmm: no small-M GEMM), o_proj reads the gated
+    # output (no prefetch)
+    "HrmTextForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 11, "RMSNormFusionPass": 0, "SiluMulFusionPass": 4,
+    "HorizontalGemmFusionPass": 0, "SmallMGemmSiluMulFusionPass": 0,
+    "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0,
+    "L2WeightPrefetchPass": 0},
     # MiMo-V2-Flash: the Llama layer (GLM-4.5's experts, no shared one), RoPE on the leading
     # dims of each head (a split and a cat), q/k/v zero-padded to the cache's head dim: no
     # fused RoPE + KV write
@@ -400,6 +454,27 @@ OWN_LAYER_SHAPE = {
     "AddRMSNormFusionPass": 4 * layers, "RMSNormFusionPass": 2, "SiluMulFusionPass": 0,
     "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
     "SmallMGemmSiluMulFusionPass": 0, "SmallMGemmAddRMSNormFusionPass": layers,
+    "SmallMAddRMSNormGemmFusionPass": 0},
+    # DiffLlama (layers counts attention maps, two a decoder layer): the Llama layer's norms,
+    # q/k/v and gate/up per decoder layer; each map's q/k halves are cut and doubled after
+    # RoPE (no fused RoPE + KV write), no o projection follows an attention directly (no
+    # prefetch); its biased o_proj (attention_bias here) is an addmm: only down_proj takes
+    # the add + norm epilogue, and no norm reaches a GEMM's prologue
+    "DiffLlamaForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": layers, "SiluMulFusionPass": layers // 2,
+    "HorizontalGemmFusionPass": layers, "QKNormRoPEKVWriteFusionPass": 0,
+    "SmallMGemmSiluMulFusionPass": layers // 2, "SmallMGemmAddRMSNormFusionPass": layers // 2,
+    "SmallMAddRMSNormGemmFusionPass": 0, "L2WeightPrefetchPass": 0},
+    # JetMoE: one kv_proj GEMM and expert-stacked query projections (nothing to fuse
+    # horizontally), every MLP routed (no dense SiLU·mul); the MoA's and the MoE's outputs are
+    # sums over experts plus a bias, no GEMM's output meets a norm; no o_proj to prefetch
+    "JetMoeForCausalLM": lambda layers: {
+    "HorizontalGemmFusionPass": 0, "SmallMGemmAddRMSNormFusionPass": 0,
+    "L2WeightPrefetchPass": 0},
+    # Cohere Compass: Cohere's LayerNorm layer (no norm pattern) with rotate-half RoPE on every
+    # layer here, which fuses with the KV write
+    "CohereCompassForCausalLM": lambda layers: {
+    "AddRMSNormFusionPass": 0, "RMSNormFusionPass": 0, "SmallMGemmAddRMSNormFusionPass": 0,
     "SmallMAddRMSNormGemmFusionPass": 0}}
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
