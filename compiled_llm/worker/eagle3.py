@@ -38,6 +38,13 @@ def aux_layer_ids(config: dict, num_layers: int) -> list[int]:
     return ids
 
 
+def decoder_layers(model: nn.Module) -> int:
+    """How many decoder layers the target has: model.layers' length (LongCat-Flash's and
+    DiffLlama's num_hidden_layers count their KV-cache slots, two a layer)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return len(layers) if isinstance(layers, nn.ModuleList) else model.config.num_hidden_layers
+
+
 def tap_target(args: EngineArgs, model: nn.Module, sched: SchedulerConfig, dtype: torch.dtype,
                device: torch.device) -> AuxHiddenStates | None:
     """When args ask for EAGLE-3: tap the target layers its head reads (ids from the head's
@@ -47,8 +54,7 @@ def tap_target(args: EngineArgs, model: nn.Module, sched: SchedulerConfig, dtype
     if cfg is None or cfg.method != "eagle3":
         return None
     try:
-        ids = aux_layer_ids(read_config(cfg.model, model.config),
-                            model.config.num_hidden_layers)
+        ids = aux_layer_ids(read_config(cfg.model, model.config), decoder_layers(model))
     except ValueError:
         return None  # load_eagle3 raises it again, after checks that name a better fix
     rows = step_tokens(args.compile_config(), sched.max_num_seqs, sched.max_num_batched_tokens)
@@ -74,7 +80,7 @@ def load_eagle3(model_dir: str, target: nn.Module, dtype: torch.dtype, device: t
     if not isinstance(draft_vocab, int) or not 0 < draft_vocab <= cfg.vocab_size:
         raise ValueError(f"{_FIELD}: draft_vocab_size must be an integer in 1..{cfg.vocab_size}"
                          f", got {draft_vocab!r}")
-    ids = aux_layer_ids(config, target.config.num_hidden_layers)
+    ids = aux_layer_ids(config, decoder_layers(target))
     own = {name for name in ("embed_tokens", "lm_head") if f"{name}.weight" in tensors}
     if "lm_head" not in own and draft_vocab != cfg.vocab_size:
         raise ValueError(f"{_FIELD}: the EAGLE-3 checkpoint lacks lm_head.weight (its "

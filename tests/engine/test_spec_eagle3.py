@@ -232,3 +232,18 @@ def test_eagle3_cuda_graphs_greedy_equal(ckpt, prompts):
         assert counters.full_graph_replays > replays
         _check_aux_states(llm, ckpt, prompt + out[0].outputs[0].token_ids[:1], 1)
         assert llm.engine.num_used_blocks == 0
+
+
+def test_default_aux_layers_count_decoder_layers_not_cache_slots():
+    """LongCat-Flash's num_hidden_layers counts two attentions a layer: vLLM's default taps
+    (2, L // 2, L - 3) take L from the decoder layers themselves."""
+    from compiled_llm.worker.eagle3 import aux_layer_ids, decoder_layers
+    from compiled_llm.worker.loader import load_model
+    from tests.utils import make_checkpoint
+
+    model = load_model(make_checkpoint("longcat_flash"), torch.float32, torch.device("cpu"), 64)
+    layers = len(model.model.layers)
+    assert model.config.num_hidden_layers == 2 * layers
+    assert decoder_layers(model) == layers
+    with pytest.raises(ValueError, match="name layers the target's"):
+        aux_layer_ids({}, decoder_layers(model))  # too few layers for vLLM's default taps
