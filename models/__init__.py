@@ -108,6 +108,7 @@ ModelRegistry = _ModelRegistry({
     "Gemma2ForCausalLM": "compiled_llm.models.gemma2:Gemma2ForCausalLM",
     "Gemma3ForCausalLM": "compiled_llm.models.gemma3:Gemma3ForCausalLM",
     "Gemma4ForCausalLM": "compiled_llm.models.gemma4:Gemma4ForCausalLM",
+    "Gemma3nForCausalLM": "compiled_llm.models.gemma3n:Gemma3nForCausalLM",
     "GptOssForCausalLM": "compiled_llm.models.gpt_oss:GptOssForCausalLM",
     "GPTNeoXForCausalLM": "compiled_llm.models.gpt_neox:GPTNeoXForCausalLM",
     "GraniteForCausalLM": "compiled_llm.models.granite:GraniteForCausalLM",
@@ -162,7 +163,8 @@ ModelRegistry = _ModelRegistry({
                      "Qwen3VLMoeForConditionalGeneration", "Mistral3ForConditionalGeneration",
                      "LlavaForConditionalGeneration", "Gemma4ForConditionalGeneration",
                      "Llama4ForConditionalGeneration", "AriaForConditionalGeneration",
-                     "Emu3ForConditionalGeneration", "CohereCompassForConditionalGeneration"),
+                     "Emu3ForConditionalGeneration", "CohereCompassForConditionalGeneration",
+                     "Gemma3nForConditionalGeneration"),
                     "compiled_llm.models.multimodal:ConditionalGeneration"),
     # pooling models (runner="pooling"): embeddings and classifiers
     "BertModel": "compiled_llm.models.bert:BertModel",

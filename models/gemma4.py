@@ -143,14 +143,15 @@ class Gemma4Model(nn.Module):
     """The embedding scaled by sqrt(hidden_size), the per-layer inputs (PLE), the layers on
     their type's rotary table, the final norm."""
 
+    layer_cls: type[nn.Module] = Gemma4DecoderLayer  # Gemma 3n's AltUp layer reuses the rest
+
     def __init__(self, cfg: Gemma4Config, max_len: int) -> None:
         super().__init__()
         self.num_layers, self.ple = cfg.num_hidden_layers, cfg.hidden_size_per_layer_input
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         # sqrt(hidden_size) rounded to the weights' dtype first, as transformers' Gemmas do
         self.register_buffer("embed_scale", torch.tensor(cfg.hidden_size**0.5), persistent=False)
-        self.layers = nn.ModuleList(Gemma4DecoderLayer(cfg, i)
-                                    for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_cls(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = Float32ScaleRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(dataclasses.replace(
             cfg, head_dim=cfg.global_head_dim), max_len)

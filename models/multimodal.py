@@ -30,6 +30,8 @@ CONDITIONAL_GENERATION: dict[str, tuple[dict[str, str], bool]] = {
          "ministral3": "Ministral3ForCausalLM"}, True),
     "LlavaForConditionalGeneration": (LLAVA_TEXTS, False),
     "Gemma4ForConditionalGeneration": ({"gemma4_text": "Gemma4ForCausalLM"}, True),
+    # Gemma 3n: its vision / audio token ids have embedders of their own, kept (hard tokens)
+    "Gemma3nForConditionalGeneration": ({"gemma3n_text": "Gemma3nForCausalLM"}, True),
     "Llama4ForConditionalGeneration": ({"llama4_text": "Llama4ForCausalLM"}, False),
     "AriaForConditionalGeneration": ({"aria_text": "AriaTextForCausalLM"}, False),
     # Emu3's image tokens are ids of the text vocabulary: text-only, it is its LM alone
@@ -83,6 +85,9 @@ def text_stack_config(hf_config: dict[str, Any], model_dir: str | Path) -> dict[
     _text_only_rope(text)
     if model_type == "gemma3_text":  # Gemma3ForConditionalGeneration never soft-caps logits
         text["final_logit_softcapping"] = None
+    if model_type == "gemma3n_text":  # the vision / audio ids' embedders (text-only served)
+        text["hard_token_embedders"] = {"embed_vision": hf_config.get("vision_config"),
+                                        "embed_audio": hf_config.get("audio_config")}
     if model_type == "qwen3_vl_moe_text":  # its router renormalises the top-k, unasked
         text["norm_topk_prob"] = True
     return text
@@ -171,6 +176,9 @@ class TextStack:
     def weight_name(self, hf_name: str):
         """Our parameter (or part) for a checkpoint tensor, None to skip."""
         name = language_model_name(hf_name)
+        own = hf_name.removeprefix("model.")
+        if name is None and own.startswith(getattr(self, "text_side_modules", ())):
+            name = f"model.{own}"  # a text class's own use of a multimodal module (Gemma 3n)
         if name is None:
             return None
         prefix, _, proj = name.rpartition(".experts.")

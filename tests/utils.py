@@ -561,6 +561,29 @@ EXTRA_CONFIGS["gemma4_d512"] = ("Gemma4TextConfig", {
     **_GEMMA4, "head_dim": 256, "global_head_dim": 512, "num_attention_heads": 2,
     "num_key_value_heads": 1, "layer_types": ["sliding_attention", "full_attention"],
     "hidden_size_per_layer_input": 0, "attention_k_eq_v": True, "num_global_key_value_heads": 1})
+# Gemma 3n (tests/models/test_gemma3n.py): E2B's shape at 4 layers: AltUp on 4 streams (the
+# active one not the 0th), Laurel, PLE, the last two layers reading layers 0 and 1's caches,
+# per-layer MLP widths, activation sparsity on three layers (one KV-shared)
+EXTRA_CONFIGS["gemma3n"] = ("Gemma3nTextConfig", {
+    "num_hidden_layers": 4, "head_dim": 16, "sliding_window": 8,
+    "layer_types": ["sliding_attention", "full_attention"] * 2, "num_kv_shared_layers": 2,
+    "intermediate_size": [128, 96, 128, 64], "activation_sparsity_pattern": [0.95, 0.5, 0.0, 0.9],
+    "altup_num_inputs": 4, "altup_active_idx": 1, "laurel_rank": 8,
+    "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 384,
+    "final_logit_softcapping": 30.0})
+# Gemma 3n's image-audio-text checkpoint (built with its timm vision tower stubbed): a 2-layer
+# gemma3n text model whose ids from 256 are vision / audio ids (their own embedders) and miss
+# the per-layer table, beside a 1-layer audio tower
+EXTRA_CONFIGS["gemma3n_vl"] = ("Gemma3nConfig", {
+    "vision_config": {"hidden_size": 32, "vocab_size": 64, "vocab_offset": 256},
+    "audio_config": {"hidden_size": 32, "conf_num_hidden_layers": 1,
+                     "conf_num_attention_heads": 2, "sscp_conv_channel_size": [8, 8],
+                     "vocab_size": 64, "vocab_offset": 320},
+    "text_config": {**EXTRA_CONFIGS["gemma3n"][1], "num_hidden_layers": 2,
+                    "num_kv_shared_layers": 0,
+                    "layer_types": ["sliding_attention", "full_attention"],
+                    "intermediate_size": 128, "activation_sparsity_pattern": [0.95, 0.0],
+                    "vocab_size_per_layer_input": 256}})
 # Llama 4 (tests/models/test_llama4.py): a dense RoPE layer (llama3 rope on interleaved pairs,
 # q/k norms, chunked within one chunk), then a NoPE MoE layer (a query temperature that bites
 # within the prompts; 4 experts top-2 scaling their inputs, a shared expert); and its

@@ -24,6 +24,7 @@ ARCH_CONFIG = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen2MoeForCausalLM": "qwen2_moe", "Phi3ForCausalLM": "phi3",
                "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
                "Gemma3ForCausalLM": "gemma3", "Gemma4ForCausalLM": "gemma4",
+               "Gemma3nForCausalLM": "gemma3n",
                "GraniteForCausalLM": "granite",
                "SmolLM3ForCausalLM": "smollm3", "Olmo2ForCausalLM": "olmo2",
                "OlmoForCausalLM": "olmo", "Olmo3ForCausalLM": "olmo3",
@@ -114,6 +115,16 @@ OWN_LAYER_SHAPE = {
     # write a cache, whose q/k/v fuse beside every gate/up; no small-M add + norm
     "Gemma4ForCausalLM": lambda layers: {
         "AddRMSNormFusionPass": layers, "RMSNormFusionPass": 5 * layers + layers // 2 + 2,
+        "SiluMulFusionPass": 0, "SmallMGemmSiluMulFusionPass": 0,
+        "QKNormRoPEKVWriteFusionPass": layers // 2,
+        "HorizontalGemmFusionPass": layers // 2 + layers,
+        "SmallMGemmAddRMSNormFusionPass": 0, "SmallMAddRMSNormGemmFusionPass": 0},
+    # Gemma 3n (four layers, the last two reading the first two's caches): Gemma 4's norms
+    # plus Laurel's and AltUp's router norm (predict, correct): eight plain norms a layer, the
+    # shared layers' q_norm, the PLE projection's and the final norm; one add + norm a layer
+    # (measured); GELU MLPs; RoPE + the KV write on the layers that write a cache
+    "Gemma3nForCausalLM": lambda layers: {
+        "AddRMSNormFusionPass": layers, "RMSNormFusionPass": 8 * layers + layers // 2 + 2,
         "SiluMulFusionPass": 0, "SmallMGemmSiluMulFusionPass": 0,
         "QKNormRoPEKVWriteFusionPass": layers // 2,
         "HorizontalGemmFusionPass": layers // 2 + layers,
