@@ -67,13 +67,6 @@ class GptOssAttention(LlamaAttention):
                              0.0, self.sinks)
         return self.o_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
-    def shard_for_tp(self, sharder, prefix: str) -> None:
-        """Tensor parallelism: Llama's split by heads (o_proj's bias added once, after the
-        all-reduce), each rank keeping its query heads' sinks."""
-        first, count = sharder.query_heads()
-        sharder.attention(prefix, self)
-        sharder.keep(prefix, self, "sinks", (count,), dim=0, start=first, size=count)
-
 
 class GptOssMoE(nn.Module):
     """router (biased) -> softmax over the top-k logits -> experts with biases and swigluoai."""

@@ -117,12 +117,10 @@ class GraniteSWAModel(GraniteModel):
 
 class GraniteSWAForCausalLM(GraniteForCausalLM):
     """Granite SWA for causal LM: Granite's contract (logits / logits_scaling) over
-    GraniteSWAModel. Tensor parallelism is refused by name (the per-head sinks are not in
-    its plan)."""
+    GraniteSWAModel; tensor parallelism as Granite's, each rank with its heads' sinks."""
 
     model_cls = GraniteSWAModel
     config_cls = GraniteSWAConfig
-    supports_tensor_parallel = False
     # transformers' GraniteSWAConfig defaults
     hf_defaults = {"sliding_window": 128, "tie_word_embeddings": True, "rms_norm_eps": 1e-5,
                    "max_position_embeddings": 8192, "num_key_value_heads": 4}

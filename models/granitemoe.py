@@ -40,12 +40,12 @@ class GraniteMoeModel(GraniteModel):
 
 
 class GraniteMoeForCausalLM(MoeWeightMap, GraniteForCausalLM):
-    """GraniteMoe for causal LM: Granite's contract over GraniteMoeModel. Tensor parallelism is
-    refused by name (each rank would read its rows of every expert from one stacked checkpoint
-    tensor, a slice the tensor-parallel plan does not make); LoRA is refused for MoE models."""
+    """GraniteMoe for causal LM: Granite's contract over GraniteMoeModel. Tensor parallelism
+    reads each rank's rows of every expert from the stacked checkpoint tensors (expert
+    parallelism its whole experts); LoRA is refused for MoE models."""
 
     model_cls = GraniteMoeModel
-    supports_tensor_parallel = False
+    stacked_expert_tensors = True  # [E, 2I, H] and [E, H, I] checkpoint tensors: w13 / w2's
     hf_defaults = {"norm_topk_prob": True}  # softmax over the top-k logits
     # transformers' GraniteMoe reads num_local_experts and intermediate_size (per expert) alone
     # of the MoE keys; no window, no dense MLP, o_proj biased as q/k/v

@@ -34,7 +34,7 @@ class GraniteMoeSWAModel(GraniteSWAModel):
 
 class GraniteMoeSWAForCausalLM(GraniteMoeSharedForCausalLM):
     """GraniteMoeSWA for causal LM: GraniteMoeShared's contract and weight names (tensor
-    parallelism refused by name, as GraniteMoe's) over GraniteMoeSWAModel."""
+    parallelism as its, with Granite SWA's sinks) over GraniteMoeSWAModel."""
 
     model_cls = GraniteMoeSWAModel
     config_cls = GraniteMoeSWAConfig

@@ -69,8 +69,8 @@ class GraniteMoeSharedModel(GraniteMoeModel):
 
 
 class GraniteMoeSharedForCausalLM(GraniteMoeForCausalLM):
-    """GraniteMoeShared for causal LM: GraniteMoe's contract (tensor parallelism refused by
-    name as GraniteMoe's) over GraniteMoeSharedModel."""
+    """GraniteMoeShared for causal LM: GraniteMoe's contract (tensor parallelism as
+    GraniteMoe's, the shared MLP split as a dense one) over GraniteMoeSharedModel."""
 
     model_cls = GraniteMoeSharedModel
     config_cls = GraniteMoeSharedConfig

@@ -20,13 +20,7 @@ from compiled_llm.distributed.expert_parallel import (
     shard_experts,
 )
 from compiled_llm.distributed.parallel_state import TPGroup
-from compiled_llm.distributed.shards import (  # noqa: F401 (read_index: the loader's)
-    FusedShard,
-    PaddedShard,
-    Shard,
-    ZeroShard,
-    read_index,
-)
+from compiled_llm.distributed.shards import FusedShard, PaddedShard, Shard, ZeroShard
 from compiled_llm.distributed.tp_layers import (
     HeadsParallelRMSNorm,
     ParallelLMHead,
@@ -175,7 +169,8 @@ class _Sharder:
 
     def attention(self, prefix: str, attn: nn.Module) -> None:
         """Per-rank query heads and KV heads on q/k/v (by rows; a fused qkv_proj's q, k and v
-        rows each) and o_proj (by columns); q/k norms over the whole projections too."""
+        rows each) and o_proj (by columns); q/k norms over the whole projections and a
+        per-head `sinks` parameter too."""
         heads, dim = self.heads, self.head_dim
         q_start, q_size = self.tp.rank * heads.num_heads * dim, heads.num_heads * dim
         kv_start, kv_size = heads.first_kv_head * dim, heads.num_kv_heads * dim
@@ -193,6 +188,9 @@ class _Sharder:
                            q_size)
         self.spanning_norm(f"{prefix}.k_norm", getattr(attn, "k_norm", None), kv_full, kv_start,
                            kv_size)
+        if isinstance(getattr(attn, "sinks", None), nn.Parameter):  # a logit per query head
+            self.keep(prefix, attn, "sinks", (heads.num_heads,), dim=0,
+                      start=self.tp.rank * heads.num_heads, size=heads.num_heads)
         attn.num_heads, attn.num_kv_heads = heads.num_heads, heads.num_kv_heads
 
     def spanning_norm(self, prefix: str, norm: nn.Module | None, full: int, start: int,
@@ -243,27 +241,32 @@ class _Sharder:
 
     def moe(self, prefix: str, block: nn.Module) -> None:
         """Each expert's intermediate rows (w13 gate and up, w2 columns), the shared expert's
-        too; the block's output (their sum) is all-reduced once."""
-        experts = block.experts
-        if self.expert_parallel:  # whole experts per rank: checkpoint tensors read whole
+        too; the block's output (their sum) is all-reduced once. A model whose checkpoint
+        stacks the experts as w13 / w2 (stacked_expert_tensors) has them read by slices."""
+        experts, stacked = block.experts, getattr(self.model, "stacked_expert_tensors", False)
+        if self.expert_parallel and stacked:
+            self.whole_experts(f"{prefix}.experts", experts)
+        elif self.expert_parallel:  # whole experts per rank: checkpoint tensors read whole
             shard_experts(experts, self.tp.rank, self.tp.world_size)
         else:
-            self.expert_slices(prefix, experts)
+            self.expert_slices(prefix, experts, stacked)
         if block.shared_expert is not None:
             self.mlp(f"{prefix}.shared_expert", block.shared_expert, reduce=False)
         self.reduce(block)
 
-    def expert_slices(self, prefix: str, experts: nn.Module) -> None:
+    def expert_slices(self, prefix: str, experts: nn.Module, stacked: bool = False) -> None:
         """Every expert's intermediate rows [start, start + size) of w13 (gate and up) and
-        columns of w2."""
-        start, size = self.split(experts.intermediate_size, "moe_intermediate_size")
-        num, hidden = experts.num_experts, experts.w13_weight.shape[2]
+        columns of w2, from per-expert checkpoint tensors ([I, H] gate / up, [H, I] down) or
+        stacked ones ([E, 2I, H] gate rows then up rows, [E, H, I])."""
+        full, (num, _, hidden) = experts.intermediate_size, experts.w13_weight.shape
+        start, size = self.split(full, "moe_intermediate_size")
         _resize(experts, "w13_weight", (num, 2 * size, hidden))
         _resize(experts, "w2_weight", (num, hidden, size))
         experts.intermediate_size = size
-        # checkpoint gate/up tensors [I, H] and down tensors [H, I], per expert
-        self.plan[f"{prefix}.experts.w13_weight"] = Shard(0, start, size)
-        self.plan[f"{prefix}.experts.w2_weight"] = Shard(1, start, size)
+        self.plan[f"{prefix}.experts.w13_weight"] = FusedShard((
+            Shard(1, start, size), Shard(1, full + start, size))) if stacked else Shard(
+            0, start, size)
+        self.plan[f"{prefix}.experts.w2_weight"] = Shard(1 + stacked, start, size)
 
     def vocab(self) -> None:
         """Embedding and LM head by vocab rows (a tied head shares the sharded table); a

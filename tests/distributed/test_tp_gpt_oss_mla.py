@@ -1,6 +1,7 @@
 """Tensor parallelism of GPT-OSS (sinks per head, biased attention, stacked biased experts whose
-down bias is added once), of Llama 4 (stacked experts, gate and up halves) and of DeepSeek's
-MLA (split by heads, latents replicated): each rank's
+down bias is added once), of Llama 4 and the Granite MoEs (stacked experts, gate and up
+halves; Granite SWA's sinks) and of DeepSeek's MLA (split by heads, latents replicated): each
+rank's
 parameters are its slices of the checkpoint tensors (one process, no collective), and over gloo
 in two processes TP=2 gives TP=1's greedy tokens and prompt logprobs."""
 
@@ -159,7 +160,8 @@ def _assert_equal(runs: list, atol: float) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt_oss", "gpt_oss_ep", "deepseek_v3", "deepseek_v2",
                                   "glm4_moe_lite", "minicpm3", "youtu", "llama4", "llama4_ep",
-                                  "llama4_vl"])
+                                  "llama4_vl", "granitemoeshared", "granitemoeshared_ep",
+                                  "granite_swa", "granitemoe_swa"])
 def test_tp2_equals_tp1(name):
     _assert_equal(_tp1_and_tp2(name, enforce_eager=True, kv_cache_memory_bytes=4 << 20), 1e-4)
 

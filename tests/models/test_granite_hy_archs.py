@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compiled_llm.models.granite_swa import GraniteSWAForCausalLM
 from compiled_llm.worker.loader import build_model_config, load_hf_config
 from tests.utils import (
     assert_matches_transformers,
@@ -62,10 +61,6 @@ def test_hy_v3_weight_names():
             "gate.e_score_correction_bias", "gate.e_score_correction_bias", "gate.weight",
             "shared_expert.up_proj.weight", "experts.w13_weight", "experts.w2_weight")]
 
-
-def test_granite_swa_is_not_sharded():
-    """Its per-head sinks are not in the tensor-parallel plan: refused by name."""
-    assert GraniteSWAForCausalLM.supports_tensor_parallel is False
 
 
 @pytest.mark.parametrize("name, changes, match", [

@@ -30,8 +30,7 @@ def test_interleaved_rotary_equals_transformers_rotate_every_two():
     torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize(("name", "arch"), [("gptj", "GPTJForCausalLM"),
-                                            ("granitemoe", "GraniteMoeForCausalLM")])
+@pytest.mark.parametrize(("name", "arch"), [("gptj", "GPTJForCausalLM")])
 def test_tensor_parallelism_is_refused_by_name(name, arch):
     with pytest.raises(ValueError, match=f"tensor_parallel_size 2: {arch} is not sharded yet"):
         LLM(str(make_checkpoint(name)), dtype="float32", enforce_eager=True,

@@ -135,7 +135,6 @@ def test_options_refused_by_name(name, change, match):
 
 
 @pytest.mark.parametrize(("name", "match"), [
-    ("granitemoeshared", "GraniteMoeSharedForCausalLM is not sharded"),
     ("ernie4_5_moe", "Ernie4_5_MoeForCausalLM with use_bias")])
 def test_tensor_parallel_refused_by_name(name, match):
     with pytest.raises(ValueError, match=match):
