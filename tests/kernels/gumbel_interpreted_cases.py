@@ -32,13 +32,14 @@ def total_variation(first: torch.Tensor, second: torch.Tensor) -> float:
 def test_draws_follow_the_tempered_softmax():
     gen = torch.Generator().manual_seed(0)
     row = torch.randn(VOCAB, generator=gen) * 2
-    rows = 2000
+    rows = 1000
     logits = row.expand(rows, VOCAB).contiguous().to(DEVICE)
     tokens = gumbel_sample(logits, torch.full((rows,), 0.7, device=DEVICE), seed=1234)
     observed = frequencies(tokens.cpu(), VOCAB)
-    assert total_variation(observed, torch.softmax(row.double() / 0.7, -1)) < 0.06
+    # 0.07: above the 99.9th percentile (0.066) of 1,000 exact draws' distance
+    assert total_variation(observed, torch.softmax(row.double() / 0.7, -1)) < 0.07
     # the bound has power: the untempered distribution is far from these draws
-    assert total_variation(observed, torch.softmax(row.double(), -1)) > 0.08
+    assert total_variation(observed, torch.softmax(row.double(), -1)) > 0.1
 
 
 def test_greedy_rows_masks_and_parts():
