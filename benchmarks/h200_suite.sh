@@ -710,16 +710,11 @@ $(served default2 $LOGS)
 $U --label default
 $U --label tuned --preset tuned"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 108 ]; then  # one GPU (carry .whl .peer): Gemma 3n on CUDA; on an H200,
-  # issue 14's 8B batch 1 against gpt-fast
-  mapfile -t a <<<"\
-timeout 200 $py -m pytest -q -p no:cacheprovider tests/models/test_new_archs_gpu.py -k 'gemma3n or gemma4'
-nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0; $MK
-nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0; timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json"
-  stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 107 ]; then  # one GPU (carry .whl .peer): this stop's nine architectures
-  # against transformers on CUDA; on an H200, issue 14's 8B batch 1 against gpt-fast
+elif [ "$CALL" = 107 ] || [ "$CALL" = 108 ]; then  # one GPU (carry .whl .peer): new
+  # architectures against transformers on CUDA (107: this stop's nine; 108: Gemma 3n and 4);
+  # on an H200, issue 14's 8B batch 1 against gpt-fast
   NEW="laguna or granitemoe_swa or hrm_text or axk1 or axk2 or bitnet or diffllama or jetmoe or cohere_compass_linear"
+  [ "$CALL" = 108 ] && NEW="gemma3n or gemma4"
   mapfile -t a <<<"\
 timeout 300 $py -m pytest -q -p no:cacheprovider tests/models/test_new_archs_gpu.py -k '$NEW'
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0; $MK

@@ -189,8 +189,8 @@ class _Sharder:
         self.spanning_norm(f"{prefix}.k_norm", getattr(attn, "k_norm", None), kv_full, kv_start,
                            kv_size)
         if isinstance(getattr(attn, "sinks", None), nn.Parameter):  # a logit per query head
-            self.keep(prefix, attn, "sinks", (heads.num_heads,), dim=0,
-                      start=self.tp.rank * heads.num_heads, size=heads.num_heads)
+            first, count = self.query_heads()
+            self.keep(prefix, attn, "sinks", (count,), dim=0, start=first, size=count)
         attn.num_heads, attn.num_kv_heads = heads.num_heads, heads.num_kv_heads
 
     def spanning_norm(self, prefix: str, norm: nn.Module | None, full: int, start: int,
