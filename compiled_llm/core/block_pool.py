@@ -7,7 +7,7 @@ hit until it is evicted, least recently freed first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 NULL_BLOCK = 0
 
@@ -25,17 +25,38 @@ class KVBlock:
         self.next: KVBlock | None = None
 
 
-class FreeBlockQueue:
-    """Doubly linked list of free blocks: pop from the head (least recently freed), append at
-    the tail, remove from the middle (a prefix hit on a free cached block), all O(1)."""
+class LazyBlocks(Sequence):
+    """Blocks 0..count-1 by id, each KVBlock made on first access: a pool of a million blocks
+    (a small model's CPU budget) costs nothing until its blocks are used."""
 
-    def __init__(self, blocks: Iterable[KVBlock]) -> None:
+    def __init__(self, count: int) -> None:
+        self._made: list[KVBlock | None] = [None] * count
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        block = self._made[index]
+        if block is None:
+            block = self._made[index] = KVBlock(range(len(self))[index])
+        return block
+
+
+class FreeBlockQueue:
+    """Free blocks: the never-used ones first (in id order, taken by a counter), then a doubly
+    linked list of freed ones: pop from the head (least recently freed), append at the tail,
+    remove from the middle (a prefix hit on a free cached block), all O(1)."""
+
+    def __init__(self, blocks: Sequence[KVBlock], fresh: range) -> None:
+        """fresh: the ids of `blocks` never handed out, all free."""
+        self._blocks, self._fresh = blocks, iter(fresh)
+        self._num_fresh = len(fresh)
         self._head = KVBlock(-1)  # sentinels
         self._tail = KVBlock(-1)
         self._head.next, self._tail.prev = self._tail, self._head
-        self.num_free = 0
-        for block in blocks:
-            self.append(block)
+        self.num_free = self._num_fresh
 
     def append(self, block: KVBlock) -> None:
         """Put block at the tail: it becomes the most recently freed."""
@@ -54,7 +75,12 @@ class FreeBlockQueue:
         self.num_free -= 1
 
     def popleft(self) -> KVBlock:
-        """Take the least recently freed block; RuntimeError when none is free."""
+        """Take a never-used block, else the least recently freed; RuntimeError when none is
+        free."""
+        if self._num_fresh:
+            self._num_fresh -= 1
+            self.num_free -= 1
+            return self._blocks[next(self._fresh)]
         first = self._head.next
         if first is self._tail or first is None:
             raise RuntimeError("no free blocks")
@@ -62,6 +88,8 @@ class FreeBlockQueue:
         return first
 
     def __iter__(self):
+        fresh_start = len(self._blocks) - self._num_fresh
+        yield from self._blocks[fresh_start:]
         node = self._head.next
         while node is not self._tail and node is not None:
             yield node
@@ -75,8 +103,8 @@ class BlockPool:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (one is the null block), got {num_blocks}")
         self.num_blocks = num_blocks
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks[1:])
+        self.blocks = LazyBlocks(num_blocks)
+        self.free_queue = FreeBlockQueue(self.blocks, range(1, num_blocks))
         self.cached: dict[bytes, KVBlock] = {}
         self.num_evictions = 0
 
