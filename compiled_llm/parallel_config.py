@@ -59,11 +59,15 @@ class ParallelArgs(RunnerArgs):
 
     def check_parallel_combinations(self) -> None:
         """ValueError naming tensor_parallel_size or pipeline_parallel_size with a feature
-        that does not run over several ranks yet (LoRA, speculative decoding, quantization)."""
+        that does not run over several ranks yet (LoRA, speculative decoding; quantization
+        over pipeline stages)."""
         if self.world_size == 1:
             return
         field = self.parallel_field
-        for name in ("enable_lora", "speculative_config", "quantization"):
+        # quantization="fp8" quantizes each tensor-parallel shard (not a pipeline's stages)
+        names = ("enable_lora", "speculative_config") + (
+            ("quantization",) if self.pipeline_parallel_size > 1 else ())
+        for name in names:
             if getattr(self, name, None):
                 raise ValueError(f"{field} {self.world_size} with {name}: not supported "
                                  f"together yet; use {field} 1")

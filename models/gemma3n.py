@@ -72,7 +72,9 @@ class Gemma3nAltUp(nn.Module):
         """[A, T, hidden] -> predictions [A, T, hidden]: stream i + sum_j c[i, j] stream j."""
         modalities = self.modalities(hidden[self.active])
         coefs = self.prediction_coefs(modalities).view(-1, self.streams, self.streams)  # [T,A,A]
-        mixed = torch.matmul(hidden.permute(1, 2, 0), coefs.transpose(1, 2))  # [T, hidden, A]
+        # bmm, not matmul: torch 2.11's matmul of two 3-D tensors asks for concrete sizes,
+        # which an unbacked T (the compiled graph's token count) has not
+        mixed = torch.bmm(hidden.permute(1, 2, 0), coefs.transpose(1, 2))  # [T, hidden, A]
         return (mixed.permute(2, 0, 1) + hidden).type_as(hidden)
 
     def correct(self, predictions: torch.Tensor, activated: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 import weakref
+from pathlib import Path
 
 import torch
 
@@ -24,10 +26,11 @@ from compiled_llm.config import EngineArgs
 from compiled_llm.core.scheduler import SchedulerOutput
 from compiled_llm.distributed.parallel_state import destroy_tp_group, init_tp_group
 from compiled_llm.distributed.pipeline_parallel import check_pipeline
+from compiled_llm.distributed.quant_shards import check_quantized_tp
 from compiled_llm.distributed.tensor_parallel import check_shardable
 from compiled_llm.executor.mp_worker import rank_spec, run_worker
 from compiled_llm.executor.uniproc_executor import UniProcExecutor
-from compiled_llm.worker.loader import build_model_config, load_hf_config
+from compiled_llm.worker.loader import build_model_config, checkpoint_files, load_hf_config
 from compiled_llm.worker.model_runner import LaunchedStep, StepResult
 from compiled_llm.worker.worker import WorkerSpec
 
@@ -45,7 +48,9 @@ def _free_port() -> int:
 class _Rank:
     """One follower's process and the read end of its status pipe. On CPU it is forked (no
     second interpreter start); on CUDA, where a fork cannot inherit the device, it is a new
-    interpreter taking its arguments pickled on stdin."""
+    interpreter taking its arguments pickled on stdin. A fork must not inherit garbage: a
+    dropped engine's gloo process group, collected in the child, joins threads that exist only
+    in the parent and hangs the rank, so the executor collects before it forks."""
 
     def __init__(self, args: EngineArgs, spec: WorkerSpec, rank: int, init_method: str) -> None:
         read_fd, write_fd = os.pipe()
@@ -107,9 +112,9 @@ def _kind(args: EngineArgs) -> str:
 def _check_model(args: EngineArgs, model_dir: str) -> None:
     """ValueError naming the field when the model cannot be split over the ranks."""
     hf_config = load_hf_config(model_dir)
-    if hf_config.get("quantization_config") is not None:  # checked again as each rank loads
-        raise ValueError(f"{args.parallel_field} {args.world_size} with a quantized checkpoint "
-                         "is not supported yet")
+    if args.pipeline_parallel_size > 1 and hf_config.get("quantization_config") is not None:
+        raise ValueError(f"pipeline_parallel_size {args.pipeline_parallel_size} with a "
+                         "quantized checkpoint is not supported yet")
     model_cls, config = build_model_config(hf_config)
     if args.pipeline_parallel_size > 1:
         check_pipeline(model_cls, config, args.pipeline_parallel_size)
@@ -121,6 +126,10 @@ def _check_model(args: EngineArgs, model_dir: str) -> None:
         getattr(model_cls, "check_tensor_parallel", lambda *args: None)(
             config, args.tensor_parallel_size)
         check_shardable(config, args.tensor_parallel_size, args.enable_expert_parallel)
+        # a quantized checkpoint's packing, groups and blocks (distributed/quant_shards.py)
+        check_quantized_tp(model_cls, config, hf_config,
+                           lambda: checkpoint_files(Path(model_dir), args.load_format),
+                           args.tensor_parallel_size, args.quantization)
 
 
 def _shutdown_at_exit(executor: MultiprocExecutor):
@@ -155,6 +164,8 @@ class MultiprocExecutor(UniProcExecutor):
         self.worker = None
         _check_model(args, spec.model_dir)
         init_method = f"tcp://127.0.0.1:{_free_port()}"
+        if spec.device.type == "cpu":  # the ranks are forked: see _Rank
+            gc.collect()
         self.procs = [self.rank_cls(args, spec, rank, init_method) for rank in range(1, world)]
         self._at_exit = _shutdown_at_exit(self)
         try:

@@ -261,8 +261,8 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     pipeline stages, `tp`'s pipeline rank names the stage this rank builds (and, with several
     tensor-parallel ranks per stage, its shard of it), and only its layers are read.
     `model.load_seconds` times its phases: build (config and modules), read, prepare."""
+    from compiled_llm.distributed.quant_shards import quantize_row_parallel
     from compiled_llm.quantization.fp8 import quantize_model
-    from compiled_llm.quantization.loading import prepare_quantized
     from compiled_llm.quantization.w4a16 import prepare_tinygemm
     from compiled_llm.worker.fuse_weights import fuse_sibling_weights
     from compiled_llm.worker.shared_overlap import overlap_shared_experts, shared_overlap_enabled
@@ -276,9 +276,8 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     if pipeline_parallel_size > 1:
         stage = rank_stage(tp.pipeline_rank, pipeline_parallel_size,
                            model_config.num_hidden_layers, tp.rank, tp.world_size)
-    if tp is not None and checkpoint_format:
-        field = "tensor" if stage is None else "pipeline"
-        raise ValueError(f"{field}_parallel_size > 1 with a quantized checkpoint "
+    if stage is not None and checkpoint_format:
+        raise ValueError("pipeline_parallel_size > 1 with a quantized checkpoint "
                          f"({checkpoint_format.name}) is not supported yet")
     if stage is not None:
         model, plan = build_stage(model_cls, model_config, max_len, device, dtype, stage, tp,
@@ -291,11 +290,13 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
             model = model_cls(model_config, max_len=max_len)
         cast_model(model, dtype)  # routers' float32_params stay float32
     built = time.perf_counter()
-    finalize = checkpoint_format and prepare_quantized(model, checkpoint_format, files)
+    finalize = _prepare_checkpoint(model, checkpoint_format, files, plan, tp, hf_config)
     load_weights(model, files, device, plan, transform)
     read = _synchronized(device)
     if stage is not None:
         localize_kv_scales(model)
+    if plan is not None and quantization and not finalize:
+        quantize_row_parallel(model, tp)  # o_proj / down_proj: FP8 shards, all-reduced
     model = finalize() if finalize else quantize_model(model, quantization)
     fuse_sibling_weights(model)
     prepare_tinygemm(model)  # after the fusion: one packed tinygemm weight per fused weight
@@ -304,6 +305,21 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     model.load_seconds = {"build": built - started, "read": read - built,
                           "prepare": _synchronized(device) - read}
     return model.eval().requires_grad_(False)
+
+
+def _prepare_checkpoint(model: nn.Module, checkpoint_format, files: list[Path], plan, tp,
+                        hf_config: dict[str, Any]):
+    """Swap a quantized checkpoint's linears before loading (on a tensor-parallel shard, with
+    the plan rewritten for each stored tensor: distributed/quant_shards.py); the step that
+    converts them afterwards, or None without a checkpoint format."""
+    from compiled_llm.distributed.quant_shards import act_order, prepare_sharded
+    from compiled_llm.quantization.loading import prepare_quantized
+
+    if not checkpoint_format:
+        return None
+    if plan is None:
+        return prepare_quantized(model, checkpoint_format, files)
+    return prepare_sharded(model, checkpoint_format, files, plan, tp, act_order(hf_config))
 
 
 def _checkpoint_format(hf_config: dict[str, Any], quantization: str | None):

@@ -20,6 +20,9 @@ from tests.utils import tokenizer_dir
 GROUP = 128
 LLAMA = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512)
+# wide enough for tensor_parallel_size 2: each rank's o_proj / down_proj inputs are whole
+# 128-groups and its k / v rows whole 128-row FP8 blocks (tests/distributed/test_tp_quantized.py)
+TP_LLAMA = dict(LLAMA, hidden_size=256, intermediate_size=512, head_dim=128)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble j of a word holds column 8c + AWQ_ORDER[j]
 
 
@@ -127,13 +130,13 @@ PACKERS = {"gptq": lambda w: gptq(w, False), "gptq_act_order": lambda w: gptq(w,
            "awq": awq, "fp8_block": block_fp8, "fp8_block_ue8m0": block_fp8_ue8m0}
 
 
-def base_model(dtype=torch.float32):
-    """The tiny random Llama (seeded) and its tokenizer."""
+def base_model(dtype=torch.float32, wide: bool = False):
+    """The tiny random Llama (seeded; `wide`: TP_LLAMA's sizes) and its tokenizer."""
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir())
     cfg = transformers.LlamaConfig(vocab_size=len(tok), eos_token_id=tok.eos_token_id,
-                                   bos_token_id=None, **LLAMA)
+                                   bos_token_id=None, **(TP_LLAMA if wide else LLAMA))
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(cfg).to(dtype).eval(), tok
 
@@ -157,13 +160,14 @@ def _save(model, tok, tensors: dict | None = None, qconfig: dict | None = None) 
 
 
 @functools.cache
-def packed_pair(kind: str) -> tuple[Path, Path]:
-    """(quantized checkpoint, float32 checkpoint of its dequantized weights) for `kind`."""
+def packed_pair(kind: str, wide: bool = False) -> tuple[Path, Path]:
+    """(quantized checkpoint, float32 checkpoint of its dequantized weights) for `kind`, of
+    the TP_LLAMA model where `wide`."""
     if kind.startswith("ct_"):
-        return compressed_tensors_pair(kind[3:])
+        return compressed_tensors_pair(kind[3:], wide)
     if kind.startswith("fp8_tensor_"):
-        return fp8_tensor_pair(kind == "fp8_tensor_static")
-    model, tok = base_model()
+        return fp8_tensor_pair(kind == "fp8_tensor_static", wide)
+    model, tok = base_model(wide=wide)
     tensors = dict(model.state_dict())
     for name, linear in _linears(model):
         stored, deq = PACKERS[kind](linear.weight.detach().float())
@@ -207,12 +211,12 @@ def _input_ranges(model, linears) -> dict[str, tuple[float, float]]:
     return ranges
 
 
-def fp8_tensor_pair(static: bool) -> tuple[Path, Path]:
+def fp8_tensor_pair(static: bool, wide: bool = False) -> tuple[Path, Path]:
     """quant_method fp8 without weight_block_size, as AutoFP8 writes it: per-tensor e4m3
     weights and, static, scalar scales with input_scale = amax / 448 from a calibration pass
     and self_attn k_scale / v_scale (kv_cache_scheme static); dynamic, [1] weight scales.
     FP8_TENSOR_IGNORED stay in float32. Next to its dequantized twin."""
-    model, tok = base_model()
+    model, tok = base_model(wide=wide)
     linears = [(n, m) for n, m in _linears(model) if n not in FP8_TENSOR_IGNORED]
     ranges = _input_ranges(model, linears) if static else {}
     amax = {name: max(-low, high) for name, (low, high) in ranges.items()}
@@ -233,7 +237,7 @@ def fp8_tensor_pair(static: bool) -> tuple[Path, Path]:
                 tensors[f"model.layers.{layer}.self_attn.{name}"] = torch.tensor(0.05)
     return _save(model, tok, tensors, qconfig), _save(model, tok)
 
-def compressed_tensors_pair(preset: str) -> tuple[Path, Path]:
+def compressed_tensors_pair(preset: str, wide: bool = False) -> tuple[Path, Path]:
     """A compressed-tensors checkpoint of `preset` (W4A16, W4A16_ASYM, W4A16_CHANNEL: per
     channel, FP8_DYNAMIC, FP8, FP8_BLOCK, W8A8, W8A8_STATIC / W8A8_STATIC_ASYM: INT8 with static
     per-tensor activations) made by the library (weights calibrated min/max, static input
@@ -242,10 +246,10 @@ def compressed_tensors_pair(preset: str) -> tuple[Path, Path]:
     from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
 
-    model, tok = base_model()
+    model, tok = base_model(wide=wide)
     reference = {}
     if preset == "act_order":  # hand-made: the library no longer writes it
-        return ct_act_order_pair()
+        return ct_act_order_pair(wide)
     ranges = _input_ranges(model, _linears(model)) if "STATIC" in preset else {}
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": _scheme(preset)},
                                                         ignore=["lm_head"]))
@@ -260,7 +264,7 @@ def compressed_tensors_pair(preset: str) -> tuple[Path, Path]:
     compressor.compress_model(model)
     quantized = _save(model, tok)
     compressor.update_config(str(quantized))
-    plain, _ = base_model()
+    plain, _ = base_model(wide=wide)
     for name, mod in _linears(plain):
         mod.weight.data.copy_(reference[name])
     return quantized, _save(plain, tok)
@@ -316,13 +320,13 @@ def _calibrate(mod, input_range: tuple[float, float] | None = None) -> None:
         mod.input_scale.data.fill_(0.01)  # activations here are O(1): 448 * 0.01 covers them
 
 
-def ct_act_order_pair() -> tuple[Path, Path]:
+def ct_act_order_pair(wide: bool = False) -> tuple[Path, Path]:
     """compressed-tensors W4A16 with activation order `group`, as its library wrote it before
     removing it (weight_g_idx [K] beside weight_packed [N, K/8] in input order, weight_scale
     [N, groups]): the GPTQ act-order packer's values, repacked along K."""
     from compiled_llm.quantization.packing import pack_int4, unpack_int4
 
-    model, tok = base_model()
+    model, tok = base_model(wide=wide)
     tensors = dict(model.state_dict())
     for name, linear in _linears(model):
         stored, deq = gptq(linear.weight.detach().float(), True)
