@@ -14,6 +14,7 @@ from torch import nn
 from compiled_llm.attention import attention
 from compiled_llm.models.alibi import bloom_alibi_slopes
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
+from compiled_llm.models.fused_heads import shard_grouped_qkv
 from compiled_llm.models.layers import CausalLM, DenseMLP, LMHead
 
 _ALIASES = {"n_embed": "hidden_size", "n_layer": "num_hidden_layers",
@@ -74,6 +75,11 @@ class BloomAttention(nn.Module):
                              self.alibi_slopes)
         return self.dense(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: this rank's heads' [3, D] rows of query_key_value (one
+        contiguous run) and their ALiBi slopes, dense by columns."""
+        shard_grouped_qkv(sharder, prefix, self, "query_key_value", "dense")
+
 
 class BloomBlock(nn.Module):
     """ln -> attention + residual -> ln -> MLP + residual, the residual being each LayerNorm's
@@ -121,13 +127,12 @@ class BloomModel(nn.Module):
 
 class BloomForCausalLM(CausalLM):
     """Bloom for causal LM: forward(input_ids [T], positions [T]) -> hidden [T, hidden], the
-    head tied to word_embeddings. Tensor parallelism (a per-head fused query_key_value and
-    per-head slopes), pipeline parallelism (no Llama layer loop) and LoRA (no q/k/v_proj) are
-    refused by name."""
+    head tied to word_embeddings; tensor parallelism by heads. Pipeline parallelism (no Llama
+    layer loop) and LoRA (no q/k/v_proj) are refused by name."""
 
     config_cls = BloomConfig
     body_name = "transformer"
-    supports_tensor_parallel = False
+    embed_name = "transformer.word_embeddings"  # split by vocab rows under tensor parallelism
     # transformers' BloomConfig defaults
     hf_defaults = {"vocab_size": 250880, "hidden_size": 64, "num_hidden_layers": 2,
                    "num_attention_heads": 8, "layer_norm_epsilon": 1e-5,

@@ -87,10 +87,12 @@ class CodeGenModel(GPTJModel):
 
 class CodeGenForCausalLM(GPTJForCausalLM):
     """CodeGen for causal LM: GPT-J's contract (a biased lm_head, untied unless
-    tie_word_embeddings); tensor and pipeline parallelism and LoRA refused by name as GPT-J's."""
+    tie_word_embeddings); tensor parallelism (qkv_proj's rows reordered from 4 blocks as a
+    whole), pipeline parallelism and LoRA refused by name."""
 
     config_cls = CodeGenConfig
     body_cls = CodeGenModel
+    supports_tensor_parallel = False
     # transformers' CodeGenConfig defaults (its n_ctx is never read)
     hf_defaults = {**GPTJForCausalLM.hf_defaults, "n_ctx": 2048}
     hf_unread = (*GPTJForCausalLM.hf_unread, "n_ctx")

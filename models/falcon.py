@@ -15,6 +15,7 @@ from torch import nn
 from compiled_llm.attention import attention
 from compiled_llm.models.alibi import bloom_alibi_slopes
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
+from compiled_llm.models.fused_heads import shard_grouped_qkv
 from compiled_llm.models.layers import CausalLM, DenseMLP, LMHead
 from compiled_llm.models.rotary import RotaryEmbedding, apply_rotary
 
@@ -116,6 +117,12 @@ class FalconAttention(nn.Module):
                              self.alibi_slopes)
         return self.dense(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: this rank's KV groups of query_key_value whole, or, with fewer
+        groups than ranks (multi_query), its q heads' rows and its group's k and v (replicated);
+        the ALiBi slopes of its heads; dense by columns."""
+        shard_grouped_qkv(sharder, prefix, self, "query_key_value", "dense")
+
 
 class FalconDecoderLayer(nn.Module):
     """x + attn(ln(x)) + mlp(ln(x)) off one input_layernorm (parallel_attn), or off ln_attn
@@ -167,13 +174,13 @@ class FalconModel(nn.Module):
 
 class FalconForCausalLM(CausalLM):
     """Falcon for causal LM: forward(input_ids [T], positions [T]) -> hidden [T, hidden], the
-    head tied to word_embeddings unless tie_word_embeddings is false. Tensor parallelism (a
-    grouped query_key_value), pipeline parallelism (no Llama layer loop) and LoRA (no q/k/v_proj)
-    are refused by name."""
+    head tied to word_embeddings unless tie_word_embeddings is false; tensor parallelism by
+    heads (a KV group shared by several ranks replicated). Pipeline parallelism (no Llama layer
+    loop) and LoRA (no q/k/v_proj) are refused by name."""
 
     config_cls = FalconConfig
     body_name = "transformer"
-    supports_tensor_parallel = False
+    embed_name = "transformer.word_embeddings"  # split by vocab rows under tensor parallelism
     # transformers' FalconConfig defaults
     hf_defaults = {"num_hidden_layers": 32, "num_attention_heads": 71, "layer_norm_epsilon": 1e-5,
                    "num_kv_heads": None, "alibi": False, "new_decoder_architecture": False,

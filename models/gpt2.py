@@ -14,6 +14,7 @@ from torch import nn
 
 from compiled_llm.attention import attention
 from compiled_llm.models.config import HIDDEN_ACTS, DecoderConfig
+from compiled_llm.models.fused_heads import shard_stacked_qkv, transpose_weights
 from compiled_llm.models.layers import CausalLM, DenseMLP, LMHead
 
 CONV1D_WEIGHTS = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
@@ -96,11 +97,18 @@ class GPT2Attention(nn.Module):
         attn_out = attention(q, k, v, self.layer_idx, self.scale, -1)  # [T, H, D]
         return self.c_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism (called by the block's): this rank's heads' rows of each third
+        of c_attn, c_proj by columns."""
+        shard_stacked_qkv(sharder, prefix, self, "c_attn", "c_proj")
+        self.embed_dim = self.num_heads * self.head_dim  # this rank's q width
+
 
 class GPT2Block(nn.Module):
     """ln_1, attention, residual add; ln_2, MLP, residual add."""
 
     attention_cls = GPT2Attention
+    conv1d_weights = True  # the checkpoint's linears are Conv1D ([in, out])
 
     def __init__(self, cfg: GPT2Config, layer_idx: int) -> None:
         super().__init__()
@@ -114,6 +122,15 @@ class GPT2Block(nn.Module):
         """hidden [T, hidden] -> [T, hidden]."""
         hidden = hidden + self.attn(self.ln_1(hidden))
         return hidden + self.mlp(self.ln_2(hidden))
+
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: the attention by heads (its own hook), mlp.c_fc by rows and
+        mlp.c_proj by columns; Conv1D weights read in the checkpoint's transposed coordinates."""
+        self.attn.shard_for_tp(sharder, f"{prefix}.attn")
+        sharder.ungated_mlp(f"{prefix}.mlp", self.mlp)
+        if self.conv1d_weights:  # GPT-2's own checkpoints (not GPT-Neo's, GPTBigCode's)
+            transpose_weights(sharder, [f"{prefix}.{name}" for name in (
+                "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")])
 
 
 class GPT2Model(nn.Module):
@@ -138,13 +155,14 @@ class GPT2Model(nn.Module):
 
 class GPT2LMHeadModel(CausalLM):
     """GPT-2 for causal LM: forward(input_ids [T], positions [T]) -> hidden [T, hidden]; the LM
-    head is tied to wte unless tie_word_embeddings is false. Tensor and pipeline parallelism
-    and LoRA adapters are refused by name (the layers are not the Llama family's)."""
+    head is tied to wte unless tie_word_embeddings is false; tensor parallelism by heads.
+    Pipeline parallelism and LoRA adapters are refused by name (the layers are not the Llama
+    family's)."""
 
     config_cls = GPT2Config
     body_cls = GPT2Model
     body_name = "transformer"
-    supports_tensor_parallel = False
+    embed_name = "transformer.wte"  # split by vocab rows under tensor parallelism
     # transformers' GPT2Config defaults (config.json may leave any of them out); its
     # reorder_and_upcast_attn only upcasts the eager path's scores to float32, as the attention
     # op computes them anyway, so it changes nothing here

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from compiled_llm.attention import attention
+from compiled_llm.models.fused_heads import shard_grouped_qkv
 from compiled_llm.models.gpt2 import (
     Conv1DWeight,
     GPT2Attention,
@@ -60,11 +61,19 @@ class GPTBigCodeAttention(GPT2Attention):
         attn_out = attention(q, k, v, self.layer_idx, self.scale, -1)  # [T, H, D]
         return self.c_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism (called by the block's): c_attn as one KV group [q..., k, v]
+        (multi_query: this rank's q rows, k and v replicated) or per head [H, 3, D] (this
+        rank's heads' rows), c_proj by columns."""
+        shard_grouped_qkv(sharder, prefix, self, "c_attn", "c_proj")
+        self.embed_dim = self.num_heads * self.head_dim  # this rank's q width
+
 
 class GPTBigCodeBlock(GPT2Block):
     """GPT-2's block over GPTBigCode's attention."""
 
     attention_cls = GPTBigCodeAttention
+    conv1d_weights = False  # nn.Linear weights
 
 
 class GPTBigCodeModel(GPT2Model):
@@ -75,8 +84,9 @@ class GPTBigCodeModel(GPT2Model):
 
 class GPTBigCodeForCausalLM(GPT2LMHeadModel):
     """GPTBigCode for causal LM: forward(input_ids [T], positions [T]) -> hidden [T, hidden];
-    the head tied to wte unless tie_word_embeddings is false. Tensor and pipeline parallelism
-    (not the Llama family's layers) are refused by name, and LoRA by the module it lacks."""
+    the head tied to wte unless tie_word_embeddings is false; tensor parallelism by heads (the
+    one KV head replicated). Pipeline parallelism (not the Llama family's layers) is refused by
+    name, and LoRA by the module it lacks."""
 
     config_cls = GPTBigCodeConfig
     body_cls = GPTBigCodeModel

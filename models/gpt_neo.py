@@ -14,6 +14,7 @@ from torch import nn
 
 from compiled_llm.attention import attention
 from compiled_llm.models.config import HIDDEN_ACTS, DecoderConfig
+from compiled_llm.models.fused_heads import shard_split_attention
 from compiled_llm.models.gpt2 import GPT2Block, GPT2Config, GPT2LMHeadModel, GPT2Model
 
 # the causal masks older checkpoints saved under attn.attention (bias, masked_bias)
@@ -102,11 +103,17 @@ class GPTNeoAttention(nn.Module):
         attn_out = attention(q, k, v, self.layer_idx, 1.0, self.sliding_window)  # [T, H, D]
         return self.out_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism (called by the block's): q/k/v_proj by this rank's heads' rows,
+        out_proj by their columns."""
+        shard_split_attention(sharder, prefix, self, "out_proj")
+
 
 class GPTNeoBlock(GPT2Block):
     """GPT-2's block (ln_1, attention, ln_2, c_fc / c_proj MLP) around GPTNeoAttention."""
 
     attention_cls = GPTNeoAttention
+    conv1d_weights = False  # nn.Linear weights
 
 
 class GPTNeoModel(GPT2Model):
@@ -117,9 +124,9 @@ class GPTNeoModel(GPT2Model):
 
 class GPTNeoForCausalLM(GPT2LMHeadModel):
     """GPT-Neo for causal LM: GPT-2's contract (a bias-free head tied to wte unless
-    tie_word_embeddings is false); tensor and pipeline parallelism and LoRA refused by name
-    as GPT-2's. Checkpoint names attn.attention.* load as attn.* (so q/k/v sit under `attn`,
-    where the load-time q/k/v fusion looks)."""
+    tie_word_embeddings is false), tensor parallelism by heads; pipeline parallelism and LoRA
+    refused by name as GPT-2's. Checkpoint names attn.attention.* load as attn.* (so q/k/v sit
+    under `attn`, where the load-time q/k/v fusion looks)."""
 
     config_cls = GPTNeoConfig
     body_cls = GPTNeoModel

@@ -15,6 +15,7 @@ from torch import nn
 from compiled_llm.attention import attention
 from compiled_llm.config_fields import hf_rope_dict
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS
+from compiled_llm.models.fused_heads import shard_grouped_qkv
 from compiled_llm.models.layers import CausalLM, DenseMLP, LMHead
 from compiled_llm.models.rotary import PartialRotaryConfig, RotaryEmbedding, apply_partial_rotary
 
@@ -68,6 +69,11 @@ class GPTNeoXAttention(nn.Module):
         attn_out = attention(q, k, v, self.layer_idx, self.scale, -1)
         return self.dense(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: this rank's heads' [3, D] rows of query_key_value (one
+        contiguous run), dense by columns (its bias added once, after the all-reduce)."""
+        shard_grouped_qkv(sharder, prefix, self, "query_key_value", "dense")
+
 
 class GPTNeoXLayer(nn.Module):
     """x + attn(ln1(x)) + mlp(ln2(x)) with use_parallel_residual, else the attention's
@@ -113,13 +119,13 @@ class GPTNeoXModel(nn.Module):
 
 class GPTNeoXForCausalLM(CausalLM):
     """GPT-NeoX for causal LM: forward(input_ids [T], positions [T]) -> hidden [T, hidden].
-    Checkpoints name the head embed_out (transformers 5: lm_head). Tensor parallelism (one
-    fused [H, 3, D] projection), pipeline parallelism (no Llama layer loop) and LoRA (no
-    q/k/v_proj) are refused by name."""
+    Checkpoints name the head embed_out (transformers 5: lm_head). Tensor parallelism by
+    heads; pipeline parallelism (no Llama layer loop) and LoRA (no q/k/v_proj) are refused by
+    name."""
 
     config_cls = GPTNeoXConfig
     body_name = "gpt_neox"
-    supports_tensor_parallel = False
+    embed_name = "gpt_neox.embed_in"  # the table tensor parallelism splits by vocab rows
     hf_defaults = {"attention_bias": True, "hidden_act": "gelu", "layer_norm_eps": 1e-5,
                    "max_position_embeddings": 2048, "tie_word_embeddings": False}
     # transformers' GPT-NeoX never reads these: no grouped-query heads, no window, the MLP

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from compiled_llm.attention import attention
+from compiled_llm.models.fused_heads import shard_split_attention
 from compiled_llm.models.gpt2 import IGNORED_WEIGHTS, GPT2Config
 from compiled_llm.models.layers import CausalLM, DenseMLP
 from compiled_llm.models.rotary import (
@@ -63,6 +64,10 @@ class GPTJAttention(nn.Module):
         attn_out = attention(q, k, v, self.layer_idx, self.scale, -1)
         return self.out_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: q/k/v_proj by this rank's heads' rows, out_proj by columns."""
+        shard_split_attention(sharder, prefix, self, "out_proj")
+
 
 class GPTJBlock(nn.Module):
     """x + attn(ln_1(x)) + mlp(ln_1(x))."""
@@ -106,13 +111,14 @@ class GPTJModel(nn.Module):
 
 class GPTJForCausalLM(CausalLM):
     """GPT-J for causal LM: forward(input_ids [T], positions [T]) -> hidden [T, hidden], a
-    biased lm_head (its weight wte's where tie_word_embeddings). Tensor parallelism, pipeline
-    parallelism (no Llama layer loop) and LoRA (no o_proj, no gated MLP) are refused by name."""
+    biased lm_head (its weight wte's where tie_word_embeddings); tensor parallelism by heads.
+    Pipeline parallelism (no Llama layer loop) and LoRA (no o_proj, no gated MLP) are refused
+    by name."""
 
     config_cls = GPTJConfig
     body_cls = GPTJModel
     body_name = "transformer"
-    supports_tensor_parallel = False
+    embed_name = "transformer.wte"  # split by vocab rows under tensor parallelism
     # transformers' GPTJConfig defaults (RoPE base 10000, every head's first rotary_dim dims)
     hf_defaults = {"n_positions": 2048, "n_embd": 4096, "n_layer": 28, "n_head": 16,
                    "rotary_dim": 64, "n_inner": None, "activation_function": "gelu_new",

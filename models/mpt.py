@@ -13,6 +13,7 @@ from torch import nn
 from compiled_llm.attention import attention
 from compiled_llm.models.alibi import mpt_alibi_slopes
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
+from compiled_llm.models.fused_heads import shard_stacked_qkv
 from compiled_llm.models.layers import CausalLM, DenseMLP, LMHead
 
 # attn_config entries transformers' MPT never reads, with the value its layers implement
@@ -104,6 +105,12 @@ class MptBlock(nn.Module):
         hidden = hidden + self.attn(self.norm_1(hidden))
         return hidden + self.ffn(self.norm_2(hidden))
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: this rank's heads' rows of each third of Wqkv and their ALiBi
+        slopes, out_proj by columns; ffn's up_proj by rows, down_proj by columns."""
+        shard_stacked_qkv(sharder, f"{prefix}.attn", self.attn, "Wqkv", "out_proj")
+        sharder.ungated_mlp(f"{prefix}.ffn", self.ffn)
+
 
 class MptModel(nn.Module):
     """wte, the blocks, norm_f (no position embedding: ALiBi)."""
@@ -124,12 +131,12 @@ class MptModel(nn.Module):
 
 class MptForCausalLM(CausalLM):
     """MPT for causal LM: forward(input_ids [T], positions [T]) -> hidden [T, hidden], the head
-    tied to wte. Tensor parallelism (per-head slopes), pipeline parallelism (no Llama layer
-    loop) and LoRA (no q/k/v_proj) are refused by name."""
+    tied to wte; tensor parallelism by heads. Pipeline parallelism (no Llama layer loop) and
+    LoRA (no q/k/v_proj) are refused by name."""
 
     config_cls = MptConfig
     body_name = "transformer"
-    supports_tensor_parallel = False
+    embed_name = "transformer.wte"  # split by vocab rows under tensor parallelism
     # transformers' MptConfig defaults
     hf_defaults = {"d_model": 2048, "n_heads": 16, "n_layers": 24, "max_seq_len": 2048,
                    "vocab_size": 50368, "layer_norm_epsilon": 1e-5, "expansion_ratio": 4,

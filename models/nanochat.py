@@ -101,13 +101,12 @@ class NanoChatModel(LlamaModel):
 
 class NanoChatForCausalLM(SoftCappedLogits, LlamaForCausalLM):
     """NanoChat for causal LM: the Llama contract over NanoChatModel, logits soft-capped where
-    final_logit_softcapping is set. Tensor parallelism (no gate_proj beside fc1) and pipeline
-    parallelism (its body norms the embeddings first) are refused by name, and LoRA by the
-    gate_proj it lacks."""
+    final_logit_softcapping is set; tensor parallelism as Llama's (fc1 / fc2 as an ungated MLP).
+    Pipeline parallelism (its body norms the embeddings first) is refused by name, and LoRA by
+    the gate_proj it lacks."""
 
     model_cls = NanoChatModel
     config_cls = NanoChatConfig
-    supports_tensor_parallel = False
     # transformers' NanoChatConfig defaults (config.json may leave any of them out)
     hf_defaults = {"hidden_act": "relu2", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048,
                    "attention_bias": False, "final_logit_softcapping": 15.0,

@@ -14,6 +14,7 @@ from torch import nn
 
 from compiled_llm.attention import attention
 from compiled_llm.models.config import HIDDEN_ACTS, DecoderConfig
+from compiled_llm.models.fused_heads import shard_split_attention
 from compiled_llm.models.layers import ACTIVATIONS, CausalLM, LMHead
 
 POSITION_OFFSET = 2  # OPT's learned table keeps two rows before position 0 (fairseq's padding)
@@ -106,6 +107,14 @@ class OPTDecoderLayer(nn.Module):
         hidden = self.self_attn_layer_norm(hidden + self.self_attn(hidden))
         return self.final_layer_norm(hidden + self.fc2(self.activation_fn(self.fc1(hidden))))
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: q/k/v_proj by this rank's heads' rows, out_proj by their
+        columns; fc1 by rows, fc2 by columns (each output all-reduced, its bias added once)."""
+        shard_split_attention(sharder, f"{prefix}.self_attn", self.self_attn, "out_proj")
+        start, size = sharder.split(self.fc1.out_features, "ffn_dim")
+        sharder.column(f"{prefix}.fc1", self.fc1, start, size)
+        sharder.row(f"{prefix}.fc2", self.fc2, start, size)
+
 
 class OPTDecoder(nn.Module):
     """Token and learned position embeddings, the layers, the final norm (pre-norm models)
@@ -149,12 +158,12 @@ class OPTModel(nn.Module):
 
 class OPTForCausalLM(CausalLM):
     """OPT for causal LM: forward(input_ids [T], positions [T]) -> hidden [T, D]; the LM head
-    (tied to embed_tokens unless tie_word_embeddings is false) reads word_embed_proj_dim.
-    Tensor and pipeline parallelism and LoRA adapters are refused by name (the layers are
-    not the Llama family's)."""
+    (tied to embed_tokens unless tie_word_embeddings is false) reads word_embed_proj_dim;
+    tensor parallelism by heads. Pipeline parallelism and LoRA adapters are refused by name
+    (the layers are not the Llama family's)."""
 
     config_cls = OPTConfig
-    supports_tensor_parallel = False
+    embed_name = "model.decoder.embed_tokens"  # split by vocab rows under tensor parallelism
     # transformers' OPTConfig defaults (config.json may leave any of them out)
     hf_defaults = {"ffn_dim": 3072, "num_hidden_layers": 12, "max_position_embeddings": 2048,
                    "do_layer_norm_before": True, "_remove_final_layer_norm": False,

@@ -14,6 +14,7 @@ from torch import nn
 
 from compiled_llm.attention import attention
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS
+from compiled_llm.models.fused_heads import shard_grouped_qkv
 from compiled_llm.models.layers import DenseMLP, LayerNorm
 from compiled_llm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 from compiled_llm.models.rotary import PartialRotaryConfig, apply_partial_rotary
@@ -69,6 +70,11 @@ class PersimmonAttention(nn.Module):
         attn_out = attention(q, k, v, self.layer_idx, self.scale, -1)
         return self.dense(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: this rank's heads' [3, D] rows of query_key_value (one
+        contiguous run), dense by columns; the per-head q/k LayerNorms stay whole."""
+        shard_grouped_qkv(sharder, prefix, self, "query_key_value", "dense")
+
 
 class PersimmonDecoderLayer(LlamaDecoderLayer):
     """The Llama layer's residual stream with LayerNorms, Persimmon's attention and the biased
@@ -103,12 +109,10 @@ class PersimmonModel(LlamaModel):
 
 class PersimmonForCausalLM(LlamaForCausalLM):
     """Persimmon for causal LM: the Llama contract over PersimmonModel (pipeline parallelism
-    as Llama's). Tensor parallelism (one fused [H, 3, D] projection) is refused by name, and
-    LoRA by the q_proj it lacks."""
+    as Llama's), tensor parallelism by heads; LoRA is refused by the q_proj it lacks."""
 
     model_cls = PersimmonModel
     config_cls = PersimmonConfig
-    supports_tensor_parallel = False
     # transformers' PersimmonConfig defaults (config.json may leave any of them out)
     hf_defaults = {"hidden_act": "relu2", "layer_norm_eps": 1e-5, "qk_layernorm": True,
                    "max_position_embeddings": 16384, "tie_word_embeddings": False}

@@ -15,6 +15,7 @@ from torch import nn
 from compiled_llm.attention import attention
 from compiled_llm.config_fields import hf_rope_dict
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS
+from compiled_llm.models.fused_heads import shard_split_attention
 from compiled_llm.models.layers import CausalLM, DenseMLP
 from compiled_llm.models.rotary import PartialRotaryConfig, RotaryEmbedding, apply_partial_rotary
 
@@ -70,6 +71,11 @@ class PhiAttention(nn.Module):
         attn_out = attention(q, k, v, self.layer_idx, self.scale, -1)
         return self.dense(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: q_proj by this rank's heads' rows, k/v_proj by the KV heads
+        they read, dense by columns; the per-head q/k LayerNorms stay whole."""
+        shard_split_attention(sharder, prefix, self, "dense")
+
 
 class PhiDecoderLayer(nn.Module):
     """x + attn(ln(x)) + mlp(ln(x)): one input_layernorm, attention and MLP in parallel."""
@@ -108,11 +114,11 @@ class PhiModel(nn.Module):
 
 class PhiForCausalLM(CausalLM):
     """Phi for causal LM: forward(input_ids [T], positions [T]) -> hidden [T, hidden], a
-    biased lm_head (its weight the embedding's where tie_word_embeddings). Tensor and pipeline
-    parallelism are refused by name, and LoRA (no o_proj, no gated MLP) by the module it lacks."""
+    biased lm_head (its weight the embedding's where tie_word_embeddings); tensor parallelism
+    by heads. Pipeline parallelism is refused by name, and LoRA (no o_proj, no gated MLP) by
+    the module it lacks."""
 
     config_cls = PhiConfig
-    supports_tensor_parallel = False
     hf_defaults = {"hidden_act": "gelu_new", "layer_norm_eps": 1e-5,
                    "max_position_embeddings": 2048, "tie_word_embeddings": False}
     # transformers' Phi never reads these: biases everywhere, no window

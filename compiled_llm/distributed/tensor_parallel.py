@@ -269,10 +269,11 @@ class _Sharder:
         self.plan[f"{prefix}.experts.w2_weight"] = Shard(1 + stacked, start, size)
 
     def vocab(self) -> None:
-        """Embedding and LM head by vocab rows (a tied head shares the sharded table); a
-        pipeline stage's missing ends (None) are skipped."""
+        """Embedding (at the model's embed_name, else model.embed_tokens) and LM head by vocab
+        rows (a tied head shares the sharded table); a pipeline stage's missing ends skipped."""
         model, tp = self.model, self.tp
-        embed, head = model.model.embed_tokens, model.lm_head
+        owner, _, leaf = getattr(model, "embed_name", "model.embed_tokens").rpartition(".")
+        embed, head = getattr(model.get_submodule(owner), leaf), model.lm_head
         if embed is None and head is None:
             return
         full = embed.num_embeddings if embed is not None else head.out_features
@@ -282,7 +283,7 @@ class _Sharder:
         tied = embed is not None and head is not None and head.weight is embed.weight
         if embed is not None:
             _resize(embed, "weight", (size, embed.embedding_dim))
-            self.plan["model.embed_tokens.weight"] = shard
+            self.plan[f"{owner}.{leaf}.weight"] = shard
             embed.num_embeddings = size
             embed.__class__ = vocab_parallel_class(type(embed))
             embed.group_name, embed.vocab_start = tp.group_name, start

@@ -1,7 +1,7 @@
 """The tensor-parallel transform and shard-by-shard loading, in one process (no collective
 runs): each rank's parameters are exactly its slices of the checkpoint tensors (a fused
-qkv_proj / gate_up_proj's rows part by part), no parameter is full-size where it is sharded,
-and one KV head is replicated."""
+qkv_proj / gate_up_proj's rows part by part; a per-head query_key_value's heads; GPT-2's
+Conv1D columns), no parameter is full-size where it is sharded, and one KV head is replicated."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.distributed.tensor_parallel import check_shardable, head_layout
 from compiled_llm.distributed.tp_layers import HeadsParallelRMSNorm
+from compiled_llm.models.alibi import bloom_alibi_slopes
 from compiled_llm.worker.loader import build_model_config, load_hf_config, load_model
 from tests.utils import make_checkpoint
 
@@ -131,3 +132,47 @@ def test_head_layout_and_refusals():
     config = build_model_config(load_hf_config(make_checkpoint("llama")))[1]
     with pytest.raises(ValueError, match="tensor_parallel_size 8 must divide"):
         check_shardable(config, 8)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_classic_fused_query_key_value_keeps_its_heads_rows(rank):
+    """GPT-NeoX's query_key_value ([H, 3, D] rows): this rank's heads' q, k and v rows (one
+    run), dense's columns; Falcon's multi-query [q..., k, v]: its q heads' rows, the one k and
+    v replicated; GPT-2's Conv1D c_attn ([in, 3 * hidden]): its heads' columns of each third;
+    Bloom: its heads' ALiBi slopes."""
+    model, full = _load("gpt_neox", rank)
+    attn, heads = model.gpt_neox.layers[0].attention, slice(2 * rank, 2 * rank + 2)
+    prefix = "gpt_neox.layers.0.attention"
+    qkv = full[f"{prefix}.query_key_value.weight"].view(4, 3 * 16, 64)  # 4 heads of 16
+    assert torch.equal(attn.query_key_value.weight, qkv[heads].flatten(0, 1))
+    assert torch.equal(attn.dense.weight, full[f"{prefix}.dense.weight"][:, _cols(rank)])
+    assert attn.num_heads == 2
+    model, full = _load("falcon", rank)
+    qkv = full["transformer.h.0.self_attention.query_key_value.weight"]  # [(4 + 2) * 16, 64]
+    assert torch.equal(model.transformer.h[0].self_attention.query_key_value.weight,
+                       torch.cat([qkv[_cols(rank)], qkv[64:]]))
+    model, full = _load("gpt2", rank)
+    c_attn = full["transformer.h.0.attn.c_attn.weight"]  # Conv1D [64, 3 * 64]
+    assert torch.equal(model.transformer.h[0].attn.c_attn.weight, torch.cat(
+        [third[:, _cols(rank)] for third in c_attn.split(64, 1)], 1).t())
+    model, _ = _load("bloom_post_ln", rank)
+    assert torch.equal(model.transformer.h[0].self_attention.alibi_slopes,
+                       bloom_alibi_slopes(12)[6 * rank:6 * rank + 6])
+
+
+def _cols(rank: int) -> slice:
+    return slice(32 * rank, 32 * rank + 32)  # 2 of 4 heads of 16
+
+
+def test_falcon_kv_group_over_two_ranks_is_replicated():
+    """Falcon-40B's layout, 2 KV groups [q, q, k, v] over 4 ranks: each rank holds its q head
+    and its group's k and v."""
+    ckpt = make_checkpoint("falcon_new_arch")
+    qkv = load_file(next(ckpt.glob("*.safetensors")))[
+        "transformer.h.1.self_attention.query_key_value.weight"].view(2, 4, 16, 64)
+    for rank in range(4):
+        model = load_model(ckpt, torch.float32, torch.device("cpu"), 128, tp=_rank(rank, 4))
+        attn = model.transformer.h[1].self_attention
+        group = qkv[rank // 2]  # [q, q, k, v] rows of 16
+        assert torch.equal(attn.query_key_value.weight, group[[rank % 2, 2, 3]].flatten(0, 1))
+        assert (attn.num_heads, attn.num_kv_heads) == (1, 1)

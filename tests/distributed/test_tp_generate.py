@@ -21,7 +21,13 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_mo
          "gemma", "gemma2", "gemma3", "olmo2", "cohere", "cohere_plain", "stablelm_serial",
          "granite", "smollm3", "glm", "glm4", "olmo", "olmo3", "llama_odd_vocab",
          "granite_odd_vocab",  # (the odd vocabularies: the last rank's rows padded)
-         "starcoder2", "apertus", "jais2"]  # ungated MLPs (c_fc / c_proj; up_proj / down_proj)
+         "starcoder2", "apertus", "jais2",  # ungated MLPs (c_fc / c_proj; up_proj / down_proj)
+         # the classic decoders: per-head fused query_key_value ([H, 3, D]: ALiBi slopes per
+         # rank on Bloom), q | k | v stacks (MPT's Wqkv, GPT-2's Conv1D c_attn), Falcon's and
+         # GPTBigCode's multi-query (K/V replicated) and grouped layouts, other output names
+         "gpt_neox", "persimmon", "bloom_post_ln", "mpt", "gpt2", "falcon", "falcon_new_arch",
+         "falcon_alibi", "opt", "gptj", "phi", "nanochat", "gpt_neo", "gpt_bigcode",
+         "gpt_bigcode_mha"]
 LAYERS = 2  # tests/utils.py SMALL
 
 

@@ -86,8 +86,7 @@ def test_stablelm_lora_matches_peft_merged(name):
     assert got == merged_greedy(base, adapter, prompts, 6)
 
 
-@pytest.mark.parametrize(("name", "arch"), [("stablelm", "StableLmForCausalLM"),
-                                            ("gpt_bigcode", "GPTBigCodeForCausalLM")])
+@pytest.mark.parametrize(("name", "arch"), [("stablelm", "StableLmForCausalLM")])
 def test_tensor_parallelism_refused_by_name(name, arch):
     with pytest.raises(ValueError, match=f"tensor_parallel_size 2: {arch}"):
         LLM(str(make_checkpoint(name)), dtype="float32", enforce_eager=True,

@@ -70,10 +70,6 @@ def test_falcon_parallelism_and_lora_are_refused_by_name():
     model_cls, cfg = build_model_config(load_hf_config(ckpt))
     with pytest.raises(ValueError, match="pipeline_parallel_size 2: FalconForCausalLM"):
         check_pipeline(model_cls, cfg, 2)
-    with pytest.raises(ValueError, match="tensor_parallel_size 2: FalconForCausalLM is not "
-                                         "sharded yet"):
-        LLM(str(ckpt), dtype="float32", enforce_eager=True, engine_core_process=False,
-            tensor_parallel_size=2)
     for name, arch in (("falcon", "FalconForCausalLM"), ("glm", "GlmForCausalLM")):
         with pytest.raises(ValueError, match=f"enable_lora: {arch} has no module"):
             LLM(str(make_checkpoint(name)), enable_lora=True, enforce_eager=True)

@@ -9,7 +9,6 @@ import dataclasses
 import pytest
 import torch
 
-from compiled_llm import LLM
 from compiled_llm.models.rotary import RotaryEmbedding, apply_rotary_interleaved
 from compiled_llm.worker.loader import build_model_config, load_hf_config
 from tests.utils import make_checkpoint
@@ -28,13 +27,6 @@ def test_interleaved_rotary_equals_transformers_rotate_every_two():
     sin, cos = create_sinusoidal_positions(64, cfg.head_dim)[None, :5].chunk(2, dim=-1)
     want = apply_rotary_pos_emb(q[None], sin, cos)[0]  # [1, T, H, D] -> [T, H, D]
     torch.testing.assert_close(got, want)
-
-
-@pytest.mark.parametrize(("name", "arch"), [("gptj", "GPTJForCausalLM")])
-def test_tensor_parallelism_is_refused_by_name(name, arch):
-    with pytest.raises(ValueError, match=f"tensor_parallel_size 2: {arch} is not sharded yet"):
-        LLM(str(make_checkpoint(name)), dtype="float32", enforce_eager=True,
-            engine_core_process=False, tensor_parallel_size=2)
 
 
 def test_gptj_pipeline_parallelism_and_options_are_refused_by_name():

@@ -66,11 +66,9 @@ def test_phi2_config_matches_transformers(tmp_path):
 
 @pytest.mark.parametrize(("name", "arch"), [("gpt_neox", "GPTNeoXForCausalLM"),
                                             ("phi", "PhiForCausalLM")])
-def test_parallelism_and_lora_are_refused_by_name(name, arch):
+def test_pipeline_parallelism_and_lora_are_refused_by_name(name, arch):
+    """(Tensor parallelism splits them by heads: tests/distributed/test_tp_generate.py.)"""
     ckpt = make_checkpoint(name)
-    with pytest.raises(ValueError, match=f"tensor_parallel_size 2: {arch}"):
-        LLM(str(ckpt), dtype="float32", enforce_eager=True, engine_core_process=False,
-            tensor_parallel_size=2)
     model_cls, cfg = build_model_config(load_hf_config(ckpt))
     with pytest.raises(ValueError, match=f"pipeline_parallel_size 2: {arch}"):
         check_pipeline(model_cls, cfg, 2)
