@@ -712,13 +712,14 @@ $U --label tuned --preset tuned"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 107 ] || [ "$CALL" = 108 ]; then  # one GPU (carry .whl .peer): new
   # architectures against transformers on CUDA (107: this stop's nine; 108: Gemma 3n and 4);
-  # on an H200, issue 14's 8B batch 1 against gpt-fast
+  # on an H200, issue 14's 8B batch 1 against gpt-fast (108: then 8B nano-vllm, defaults)
   NEW="laguna or granitemoe_swa or hrm_text or axk1 or axk2 or bitnet or diffllama or jetmoe or cohere_compass_linear"
   [ "$CALL" = 108 ] && NEW="gemma3n or gemma4"
   mapfile -t a <<<"\
 timeout 300 $py -m pytest -q -p no:cacheprovider tests/models/test_new_archs_gpu.py -k '$NEW'
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0; $MK
-nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0; timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json"
+nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0; timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
+nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0; [ "$CALL" = 108 ] || exit 0; $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)' && timeout 200 $py benchmarks/user_path.py --workload nano-vllm --json $R/user_path_nano.jsonl --model $CK/llama3-8b --label default"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 106 ]; then  # one GPU (carry .whl .peer): the session's new architectures
   # against transformers on CUDA, the harmony parsers and the token-sequence grammar gate; on an
