@@ -19,6 +19,7 @@ from compiled_llm.models.llama import (
     LlamaForCausalLM,
     LlamaModel,
 )
+from compiled_llm.models.tp_helpers import split_rms_norm
 
 
 @dataclasses.dataclass
@@ -56,6 +57,14 @@ class BitNetAttention(LlamaAttention):
         out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
         return self.o_proj(self.attn_sub_norm(out.flatten(1)))  # [T, H*D] normed
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism by heads; attn_sub_norm keeps this rank's heads' weights, its
+        mean square summed over the ranks."""
+        first, count = sharder.query_heads()
+        sharder.attention(prefix, self)
+        split_rms_norm(sharder, self, "attn_sub_norm", prefix, first * self.head_dim,
+                       count * self.head_dim)
+
 
 class BitNetMLP(GatedMLP):
     """GatedMLP whose act(gate) * up is normed (ffn_sub_norm) before down_proj."""
@@ -68,6 +77,13 @@ class BitNetMLP(GatedMLP):
         """hidden [T, hidden] -> [T, hidden]."""
         product = self.act_fn(self.gate_proj(hidden)) * self.up_proj(hidden)
         return self.down_proj(self.ffn_sub_norm(product))
+
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism by intermediate rows; ffn_sub_norm keeps this rank's weights,
+        its mean square summed over the ranks."""
+        start, size = sharder.split(self.down_proj.in_features, "intermediate_size")
+        sharder.mlp(prefix, self)
+        split_rms_norm(sharder, self, "ffn_sub_norm", prefix, start, size)
 
 
 class BitNetDecoderLayer(LlamaDecoderLayer):
@@ -87,10 +103,9 @@ class BitNetModel(LlamaModel):
 
 
 class BitNetForCausalLM(LlamaForCausalLM):
-    """BitNet b1.58 for causal LM, float checkpoints; tensor parallelism refused (the
-    sub-norms span what it would split)."""
+    """BitNet b1.58 for causal LM, float checkpoints (tensor parallel: the sub-norms over
+    what it splits sum their mean squares over the ranks)."""
 
-    supports_tensor_parallel = False
     model_cls = BitNetModel
     config_cls = BitNetConfig
     # transformers' BitNetConfig defaults

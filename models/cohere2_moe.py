@@ -146,12 +146,11 @@ class Cohere2MoeModel(Cohere2Model):
 
 class Cohere2MoeForCausalLM(MoeWeightMap, Cohere2ForCausalLM):
     """Cohere 2 MoE for causal LM: Cohere's contract (logits times logit_scale) over
-    Cohere2MoeModel; pipeline parallelism as Llama's. Tensor parallelism is refused by name
-    (stacked checkpoint experts, as GraniteMoe's); LoRA is refused for MoE models."""
+    Cohere2MoeModel; pipeline parallelism as Llama's, tensor parallelism as the sharder's
+    (per-expert checkpoint tensors, as released); LoRA is refused for MoE models."""
 
     model_cls = Cohere2MoeModel
     config_cls = Cohere2MoeConfig
-    supports_tensor_parallel = False
     # transformers' Cohere2MoeConfig defaults (config.json may leave any of them out)
     hf_defaults = {**Cohere2ForCausalLM.hf_defaults, "head_dim": 128, "num_experts": 8,
                    "num_experts_per_tok": 2, "num_shared_experts": 0, "norm_topk_prob": True,
@@ -166,3 +165,10 @@ class Cohere2MoeForCausalLM(MoeWeightMap, Cohere2ForCausalLM):
     renamed_modules = {".mlp.shared_experts.": ".mlp.shared_expert.",
                        ".mlp.experts.gate_up_proj": ".mlp.experts.w13_weight",
                        ".mlp.experts.down_proj": ".mlp.experts.w2_weight"}
+
+    @staticmethod
+    def check_tensor_parallel(config: Cohere2MoeConfig, world: int) -> None:
+        """ValueError naming tensor_parallel_size unless it divides the dense layers' MLP."""
+        if config.moe.mlp_only_layers and config.dense_intermediate_size % world:
+            raise ValueError(f"tensor_parallel_size {world} must divide "
+                             f"prefix_dense_intermediate_size {config.dense_intermediate_size}")

@@ -91,6 +91,18 @@ class DbrxAttention(LlamaAttention):
         attn_out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
         return self.out_proj(attn_out.flatten(1))
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: Wqkv keeps this rank's q rows, then its KV heads' k and v rows
+        (the clamp is elementwise), out_proj their columns."""
+        (first, count), heads, dim = sharder.query_heads(), sharder.heads, self.head_dim
+        kv_start, kv_size = heads.first_kv_head * dim, heads.num_kv_heads * dim
+        sharder.fused_column(f"{prefix}.Wqkv", self.Wqkv, [
+            (0, first * dim, count * dim), (self.sizes[0], kv_start, kv_size),
+            (self.sizes[0] + self.sizes[1], kv_start, kv_size)])
+        sharder.row(f"{prefix}.out_proj", self.out_proj, first * dim, count * dim)
+        self.num_heads, self.num_kv_heads = count, heads.num_kv_heads
+        self.sizes = [count * dim, kv_size, kv_size]
+
 
 class DbrxRouter(nn.Module):
     """The router: `layer`, a linear to E logits (jitter is training-only)."""
@@ -118,6 +130,25 @@ class DbrxFFN(nn.Module):
         """hidden [T, H] -> [T, H]."""
         topk_weights, topk_ids = softmax_topk_pnorm(self.router(hidden), self.top_k, self.p)
         return self.experts(hidden, topk_weights, topk_ids)
+
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism: every expert's intermediate rows [start, start + size) of the
+        checkpoint's [E * I, H] stacks (w1 / v1 into w13, w2), or whole experts under expert
+        parallelism; the router replicated, the block's output all-reduced."""
+        experts, at = self.experts, f"{prefix}.experts"
+        full, (num, _, hidden) = experts.intermediate_size, experts.w13_weight.shape
+        if sharder.expert_parallel:  # whole experts: one run of the stacks' rows
+            sharder.whole_experts(at, experts)
+            num = experts.num_experts
+            size, parts = full, [(sharder.tp.rank * num * full, num * full)]
+        else:
+            start, size = sharder.split(full, "ffn_config.ffn_hidden_size")
+            parts = [(expert * full + start, size) for expert in range(num)]
+        sharder.keep_parts(at, experts, "w13_weight", (num, 2 * size, hidden), dim=0,
+                           parts=parts)
+        sharder.keep_parts(at, experts, "w2_weight", (num, hidden, size), dim=0, parts=parts)
+        experts.intermediate_size = size
+        sharder.reduce(self)
 
 
 class DbrxNormAttentionNorm(nn.Module):
@@ -190,14 +221,13 @@ EXPERT_STACKS = {"w1": ("w13_weight", 0), "v1": ("w13_weight", 1), "w2": ("w2_we
 
 
 class DbrxForCausalLM(CausalLM):
-    """DBRX for causal LM: the contract over DbrxModel at `transformer`. Tensor parallelism is
-    refused by name (Wqkv, out_proj and the stacked experts are not in the tensor-parallel
-    plan), pipeline parallelism too (its body is not LlamaModel's layer loop); LoRA is refused
-    for MoE models."""
+    """DBRX for causal LM: the contract over DbrxModel at `transformer` (tensor parallel by
+    its attention's and FFN's shard_for_tp). Pipeline parallelism is refused (its body is not
+    LlamaModel's layer loop); LoRA is refused for MoE models."""
 
     body_name = "transformer"
+    embed_name = "transformer.wte"  # split by vocab rows under tensor parallelism
     config_cls = DbrxConfig
-    supports_tensor_parallel = False
     hf_defaults: dict = {}
     hf_unread: tuple[str, ...] = ()
 
@@ -212,6 +242,6 @@ class DbrxForCausalLM(CausalLM):
         prefix, _, stack = hf_name.rpartition(".ffn.experts.mlp.")
         if prefix and stack in EXPERT_STACKS:
             param, part = EXPERT_STACKS[stack]
-            return StackedExperts(f"{prefix}.ffn.experts.{param}", part,
-                                  self.config.moe.num_experts)
+            experts = self.get_submodule(f"{prefix}.ffn.experts")  # (this rank's, under EP)
+            return StackedExperts(f"{prefix}.ffn.experts.{param}", part, experts.num_experts)
         return super().weight_name(hf_name)

@@ -82,6 +82,22 @@ class DiffLlamaAttention(LlamaAttention):
         normed = F.rms_norm(diff, diff.shape[-1:], eps=self.eps) * (1 - self.lambda_init)
         return self.o_proj(normed.flatten(1))  # [T, H/2 * 2D] -> [T, hidden]
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism by head pairs: q, k and v keep this rank's share of each half
+        of their heads (so each map pairs them locally as on one rank), o_proj the columns of
+        its query heads' pairs (2D each)."""
+        dim, half_q, half_kv = self.head_dim, self.num_heads // 2, self.num_kv_heads // 2
+        first, count = sharder.split(half_q, "num_attention_heads / 2")
+        kv_first, kv_count = sharder.split(half_kv, "num_key_value_heads / 2")
+        sharder.fused_column(f"{prefix}.q_proj", self.q_proj, [
+            (0, first * dim, count * dim), (half_q * dim, first * dim, count * dim)])
+        for name in ("k_proj", "v_proj"):
+            sharder.fused_column(f"{prefix}.{name}", getattr(self, name), [
+                (0, kv_first * dim, kv_count * dim), (half_kv * dim, kv_first * dim,
+                                                      kv_count * dim)])
+        sharder.row(f"{prefix}.o_proj", self.o_proj, 2 * first * dim, 2 * count * dim)
+        self.num_heads, self.num_kv_heads = 2 * count, 2 * kv_count
+
 
 class DiffLlamaDecoderLayer(LlamaDecoderLayer):
     """The Llama layer over differential attention."""
@@ -96,14 +112,23 @@ class DiffLlamaModel(LayersOfSlots, LlamaModel):
 
 
 class DiffLlamaForCausalLM(LlamaForCausalLM):
-    """DiffLlama for causal LM: the Llama contract over DiffLlamaModel. Tensor parallelism
-    (the maps pair head halves), pipeline parallelism (two cache layers a layer) and LoRA
-    are refused by name."""
+    """DiffLlama for causal LM: the Llama contract over DiffLlamaModel (tensor parallel by
+    head pairs). Pipeline parallelism (two cache layers a layer) and LoRA are refused by
+    name."""
 
     model_cls = DiffLlamaModel
     config_cls = DiffLlamaConfig
-    supports_tensor_parallel = False
     supports_lora = False
+
+    @staticmethod
+    def check_tensor_parallel(config: DiffLlamaConfig, world: int) -> None:
+        """ValueError naming tensor_parallel_size unless it divides each half of the query
+        and of the KV heads (the maps' pairs stay on one rank; no KV head replicated)."""
+        for name, heads in (("num_attention_heads", config.num_attention_heads),
+                            ("num_key_value_heads", config.num_key_value_heads)):
+            if heads // 2 % world:
+                raise ValueError(f"tensor_parallel_size {world} must divide half of {name} "
+                                 f"{heads} for DiffLlamaForCausalLM (the maps' halves)")
     hf_defaults = {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048,
                    "tie_word_embeddings": False, "attention_bias": False}
     # transformers' DiffLlama: no window, no experts, o_proj biased as q/k/v, the MLP never

@@ -20,7 +20,9 @@ from compiled_llm.models.gemma4 import (
     Rope,
     unit_rms_norm,
 )
+from compiled_llm.models.gemma4_tp import shard_sparse_mlp
 from compiled_llm.models.layers import ACTIVATIONS, Float32ScaleRMSNorm
+from compiled_llm.models.tp_helpers import RowSum
 
 
 def rescaled(hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -113,15 +115,22 @@ class Gemma3nMLP(nn.Module):
         if self.std_multiplier is not None:
             self.register_buffer("cutoff_stds", torch.tensor(self.std_multiplier),
                                  persistent=False)
+            self.width, self.gate_sum = inter, RowSum()  # all-reduced under TP: gemma4_tp.py
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, hidden] -> [T, hidden]."""
         gate = self.gate_proj(hidden)
-        if self.std_multiplier is not None:
-            std = torch.std(gate, dim=-1, keepdim=True, correction=0)
-            cutoff = gate.mean(-1, keepdim=True) + std * self.cutoff_stds.to(gate.dtype)
+        if self.std_multiplier is not None:  # the whole row's mean and (population) std,
+            gate_f32 = gate.float()  # accumulated in float32 and cast, as torch.mean / std do
+            mean = self.gate_sum(gate_f32) / self.width
+            std = torch.sqrt(self.gate_sum((gate_f32 - mean).pow(2)) / self.width)
+            cutoff = mean.to(gate.dtype) + std.to(gate.dtype) * self.cutoff_stds.to(gate.dtype)
             gate = torch.relu(gate - cutoff)
         return self.down_proj(self.act_fn(gate) * self.up_proj(hidden))
+
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism by intermediate rows, the gate's sums all-reduced."""
+        shard_sparse_mlp(self, sharder, prefix)
 
 
 class Gemma3nDecoderLayer(nn.Module):

@@ -14,6 +14,7 @@ from torch import nn
 from compiled_llm.attention import attention, attention_no_write
 from compiled_llm.models.gemma3 import Gemma3ForCausalLM
 from compiled_llm.models.gemma4_config import Gemma4Config
+from compiled_llm.models.gemma4_tp import check_tensor_parallel, shard_attention, shard_layer
 from compiled_llm.models.layers import ACTIVATIONS, Float32ScaleRMSNorm, GatedMLP
 from compiled_llm.models.moe import FusedMoE
 from compiled_llm.models.moe_routing import softmax_topk
@@ -68,6 +69,10 @@ class Gemma4Attention(nn.Module):
         shared_kv[self.layer_idx] = (k, v)
         out = attention(q, k, v, self.layer_idx, 1.0, self.sliding_window)
         return self.o_proj(out.flatten(1))  # [T, H*D] -> [T, hidden]
+
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism by heads in this layer's shape (models/gemma4_tp.py)."""
+        shard_attention(self, sharder, prefix)
 
 
 class Gemma4Router(nn.Module):
@@ -138,6 +143,10 @@ class Gemma4DecoderLayer(nn.Module):
             hidden = hidden + self.post_per_layer_input_norm(self.per_layer_projection(gated))
         return hidden * self.layer_scalar
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism of attention, MLP and experts (models/gemma4_tp.py)."""
+        shard_layer(self, sharder, prefix)
+
 
 class Gemma4Model(nn.Module):
     """The embedding scaled by sqrt(hidden_size), the per-layer inputs (PLE), the layers on
@@ -191,12 +200,13 @@ class Gemma4Model(nn.Module):
 class Gemma4ForCausalLM(Gemma3ForCausalLM):
     """Gemma 4 for causal LM: Gemma 3's contract (soft-capped logits) over Gemma4Model; the
     stacked experts load into FusedMoE, a KV-shared layer's K/V tensors (which some checkpoints
-    carry) are skipped. Tensor parallelism and LoRA are refused (layers of different head
-    shapes); pipeline parallelism too (no Llama layer loop)."""
+    carry) are skipped. Tensor parallelism shards each layer in its own head shape
+    (models/gemma4_tp.py); LoRA and pipeline parallelism are refused (layers of different head
+    shapes; no Llama layer loop)."""
 
     model_cls = Gemma4Model
     config_cls = Gemma4Config
-    supports_tensor_parallel = False
+    check_tensor_parallel = staticmethod(check_tensor_parallel)
     supports_lora = False  # full layers' wider heads, shared and keys-as-values layers
     hf_defaults = {**Gemma3ForCausalLM.hf_defaults, "sliding_window": 512,
                    "num_key_value_heads": 4, "hidden_size_per_layer_input": 256,

@@ -129,6 +129,21 @@ class LagunaAttention(LlamaAttention):
             return self.o_proj((attn_out * gate.unsqueeze(-1)).flatten(1))  # [T, H*D]
         return self.o_proj(attn_out.flatten(1) * gate)
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Tensor parallelism by this layer's own query heads (q_proj's and g_proj's rows,
+        o_proj's columns) over the sharder's KV heads (k_proj / v_proj rows); the per-head
+        q/k norms whole."""
+        dim, heads = self.head_dim, sharder.heads
+        first, count = sharder.split(self.num_heads, "num_attention_heads_per_layer")
+        sharder.column(f"{prefix}.q_proj", self.q_proj, first * dim, count * dim)
+        for name in ("k_proj", "v_proj"):
+            sharder.column(f"{prefix}.{name}", getattr(self, name), heads.first_kv_head * dim,
+                           heads.num_kv_heads * dim)
+        gate = 1 if self.gate_per_head else dim  # g_proj rows a head
+        sharder.column(f"{prefix}.g_proj", self.g_proj, first * gate, count * gate)
+        sharder.row(f"{prefix}.o_proj", self.o_proj, first * dim, count * dim)
+        self.num_heads, self.num_kv_heads = count, heads.num_kv_heads
+
 
 class LagunaMoE(SparseMoeBlock):
     """Router logits (float32, tanh soft-capped where set) -> sigmoid scores; the top-k of
@@ -195,19 +210,27 @@ class LagunaModel(nn.Module):
 
 
 class LagunaForCausalLM(MoeWeightMap, LlamaForCausalLM):
-    """Laguna for causal LM: the Llama contract over LagunaModel. Tensor parallelism is
-    refused by name (g_proj and the per-layer head counts are not in its plan), pipeline
-    parallelism too (its body is not LlamaModel's layer loop); LoRA is refused for MoE models.
-    Loads transformers' names and the checkpoints' (shared_expert, the bias under experts)."""
+    """Laguna for causal LM: the Llama contract over LagunaModel (tensor parallel by each
+    layer's heads). Pipeline parallelism is refused (its body is not LlamaModel's layer loop);
+    LoRA is refused for MoE models. Loads transformers' names and the checkpoints'
+    (shared_expert, the bias under experts; per-expert tensors, as sharded)."""
 
     model_cls = LagunaModel
     config_cls = LagunaConfig
-    supports_tensor_parallel = False
     renamed_modules = {".mlp.shared_experts.": ".mlp.shared_expert.",
                        ".mlp.experts.e_score_correction_bias": ".mlp.e_score_correction_bias",
                        ".mlp.gate.e_score_correction_bias": ".mlp.e_score_correction_bias",
                        ".mlp.experts.gate_up_proj": ".mlp.experts.w13_weight",
                        ".mlp.experts.down_proj": ".mlp.experts.w2_weight"}
+
+    @staticmethod
+    def check_tensor_parallel(config: LagunaConfig, world: int) -> None:
+        """ValueError naming tensor_parallel_size unless it divides every layer's heads."""
+        for heads in config.heads_per_layer:
+            if heads % world:
+                raise ValueError(f"tensor_parallel_size {world} must divide "
+                                 f"num_attention_heads_per_layer {heads}")
+
     # transformers' LagunaConfig defaults (config.json may leave any of them out)
     hf_defaults = {"head_dim": 128, "sliding_window": 512, "rms_norm_eps": 1e-6,
                    "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,

@@ -726,6 +726,8 @@ _COMPASS_VIT = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_hea
                 "out_hidden_size": 64}
 EXTRA_CONFIGS.update({
     "diffllama": ("DiffLlamaConfig", {"attention_bias": True}),
+    # (tests/distributed/test_tp_more_archs.py) 4 KV heads: each map's 2 split over 2 ranks
+    "diffllama_kv4": ("DiffLlamaConfig", {"attention_bias": True, "num_key_value_heads": 4}),
     "jetmoe": ("JetMoeConfig", {"kv_channels": 16, "num_local_experts": 4,
                                 "num_experts_per_tok": 2, "intermediate_size": 32,
                                 "rms_norm_eps": 1e-5}),

@@ -139,12 +139,15 @@ def test_cohere2_moe_refused_by_name(changes, match):
 
 
 def test_cohere2_moe_parallelism():
-    """Tensor parallelism refused by name (stacked experts), LoRA for MoE models; pipeline
-    stages split Cohere's layer loop."""
+    """Tensor parallelism refused by name where the dense layers' MLP cannot split (its
+    runs: tests/distributed/test_tp_more_archs.py), LoRA for MoE models; pipeline stages split
+    Cohere's layer loop."""
+    from compiled_llm.models.cohere2_moe import Cohere2MoeForCausalLM
+
     ckpt = make_checkpoint("cohere2_moe")
-    with pytest.raises(ValueError, match="tensor_parallel_size 2: Cohere2MoeForCausalLM"):
-        LLM(str(ckpt), dtype="float32", enforce_eager=True, engine_core_process=False,
-            tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="size 2 must divide prefix_dense_intermediate_size 49"):
+        Cohere2MoeForCausalLM.check_tensor_parallel(
+            _config("cohere2_moe", prefix_dense_intermediate_size=49), 2)
     with pytest.raises(ValueError, match="enable_lora: mixture-of-experts"):
         LLM(str(ckpt), enable_lora=True, enforce_eager=True)
     check_pipeline(*build_model_config(load_hf_config(ckpt)), 2)

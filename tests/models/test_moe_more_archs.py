@@ -77,7 +77,6 @@ def test_dbrx_config_keys():
 
 
 @pytest.mark.parametrize(("name", "match"), [
-    ("dbrx", "tensor_parallel_size 2: DbrxForCausalLM is not sharded"),
     ("minimax_m2", "tensor_parallel_size 2: MiniMaxM2ForCausalLM's q_norm")])
 def test_tensor_parallel_refused_by_name(name, match):
     with pytest.raises(ValueError, match=match):
