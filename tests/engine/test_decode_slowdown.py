@@ -36,8 +36,10 @@ def test_the_engine_learns_a_cap_from_its_steps(ckpt):
     learns a token's cost there and the scheduler gets a cap (the tokens stay the same).
     Step by step: on the CPU an async launch runs the forward, so the time between two
     landings is the next step's (on a GPU the launch returns at once)."""
-    first, second = ([{"prompt_token_ids": p} for p in random_prompts(8, 300, 400, 401, seed)]
-                     for seed in (0, 1))  # not the same: no prefix-cache hits the second time
+    # not the same: no prefix-cache hits the second time; 16 prompts give several steps of
+    # decodes beside big chunks (one alone could time under a decode step on a loaded machine)
+    first, second = ([{"prompt_token_ids": p} for p in random_prompts(16, 300, 400, 401, seed)]
+                     for seed in (0, 1))
     llm = _llm(ckpt, max_num_batched_tokens=1500, max_decode_slowdown=2.0)
     llm.generate(first, GREEDY, use_tqdm=False)
     baseline = _tokens(_llm(ckpt, max_num_batched_tokens=1500).generate(second, GREEDY,
