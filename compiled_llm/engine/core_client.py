@@ -7,6 +7,7 @@ later call raises EngineDeadError instead of hanging."""
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import os
 import pickle
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import weakref
 
 import zmq
@@ -122,12 +124,12 @@ class CoreClient:
     # ------------------------------------------------------------------ requests
     def add_requests(self, reqs: list[Request]) -> None:
         """Send validated child requests; ValueError if one cannot cross to the process."""
-        try:
-            frame = pickle.dumps([_portable(req) for req in reqs])
+        try:  # each request its own pickle: one that fails to load fails alone in the core
+            blobs = [(req.request_id, _dumps_for_core(_portable(req))) for req in reqs]
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             raise ValueError("sampling_params: logits_processors must be picklable to run in "
                              f"the engine core process ({exc})") from None
-        self._send(ADD, frame)
+        self._send(ADD, blobs)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Abort these requests in the core (nothing to do once the core is gone)."""
@@ -341,6 +343,25 @@ def _stop_core(process: subprocess.Popen, to_core, from_core, context: zmq.Conte
 def _wait(process: subprocess.Popen, seconds: float) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(seconds)
+
+
+class _CorePickler(pickle.Pickler):
+    """pickle.Pickler refusing functions and classes of __main__: pickled by reference, they
+    would not load in the engine core process (its __main__ is another module)."""
+
+    def reducer_override(self, obj):
+        """PicklingError for a __main__ function or class; else the default reduction."""
+        if isinstance(obj, type | types.FunctionType) and obj.__module__ == "__main__":
+            raise pickle.PicklingError(f"{obj.__qualname__} is defined in __main__, which the "
+                                       "engine core process cannot import; define it in a "
+                                       "module")
+        return NotImplemented
+
+
+def _dumps_for_core(req: Request) -> bytes:
+    buffer = io.BytesIO()
+    _CorePickler(buffer, pickle.HIGHEST_PROTOCOL).dump(req)
+    return buffer.getvalue()
 
 
 def _portable(req: Request) -> Request:

@@ -146,19 +146,33 @@ def stats_wire(core) -> tuple:
             list(stats.spec_accepted_per_pos))
 
 
-def add_requests(core, payload: bytes, send: Callable[[bytes], None]) -> list[str]:
-    """Add the pickled requests to the core; the ids of those added. One it refuses gets its
-    error output sent (send(frame))."""
+def add_requests(core, payload: list[tuple[str, bytes]],
+                 send: Callable[[bytes], None]) -> list[str]:
+    """Add the requests, each (request id, its own pickle), to the core; the ids of those
+    added. One that does not unpickle here (a logits processor this process cannot import) or
+    that the core refuses gets its error output sent (send(frame)); the others go on."""
     added = []
-    for req in pickle.loads(payload):
+    for request_id, blob in payload:
         try:
+            req = _loads_request(blob)
             core.add_request(req)
         except ValueError as exc:  # checked by the front end first; refused here anyway
-            out = EngineCoreOutput(req.request_id, [], finish_reason="error", error=str(exc))
+            out = EngineCoreOutput(request_id, [], finish_reason="error", error=str(exc))
             send(pack(OUTPUTS, ([out.to_wire()], stats_wire(core), time.monotonic())))
             continue
-        added.append(req.request_id)
+        added.append(request_id)
     return added
+
+
+def _loads_request(blob: bytes):
+    """One request as the front end pickled it; ValueError naming logits_processors where
+    it does not load in this process."""
+    try:
+        return pickle.loads(blob)
+    except Exception as exc:
+        raise ValueError(f"sampling_params: logits_processors do not load in the engine core "
+                         f"process ({type(exc).__name__}: {exc}); define them in a module "
+                         "it can import") from None
 
 
 def _handle(core, kind: str, payload, outbox) -> bool:

@@ -202,3 +202,42 @@ def test_a_core_process_shutdown_prints_no_leak_report():
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "leaked" not in done.stderr, done.stderr[-3000:]
+
+
+def _fails_to_load():
+    raise ModuleNotFoundError("no module named 'users_script'")
+
+
+class _LoadsNowhere:
+    """A logits processor that pickles but does not load in another process (as one whose
+    module the core cannot import)."""
+
+    def __call__(self, output_ids, logits):
+        return logits
+
+    def __reduce__(self):
+        return _fails_to_load, ()
+
+
+def test_a_logits_processor_the_core_cannot_load_fails_only_its_request():
+    """A processor from the user's __main__ is refused by the front end, naming the field; one
+    that pickles but does not load in the core fails its own request alone; the core serves on
+    and holds no block."""
+    def from_main(output_ids, logits):
+        return logits
+
+    from_main.__module__ = "__main__"
+    with LLM(**vars(engine_args(engine_core_process=True))) as llm:
+        with pytest.raises(ValueError, match="logits_processors.*__main__"):
+            llm.generate(PROMPTS[0], SamplingParams(max_tokens=3,
+                                                    logits_processors=[from_main]))
+        params = [GREEDY] * 3
+        params[1] = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                   logits_processors=[_LoadsNowhere()])
+        outs = llm.generate(PROMPTS[:3], params, use_tqdm=False)
+        assert outs[1].outputs[0].finish_reason == "error"
+        assert "logits_processors do not load" in outs[1].error
+        assert [len(outs[i].outputs[0].token_ids) for i in (0, 2)] == [12, 12]
+        again = llm.generate(PROMPTS[0], GREEDY, use_tqdm=False)
+        assert again[0].outputs[0].token_ids == outs[0].outputs[0].token_ids
+        assert llm.engine.num_used_blocks == 0
