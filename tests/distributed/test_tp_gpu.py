@@ -1,8 +1,9 @@
 """Tensor and pipeline parallelism on CUDA: TP=2 over NCCL (one GPU per rank) gives TP=1's
 greedy tokens, with the fused all-reduce + RMSNorm on symmetric-memory one-shot all-reduce and
-on NCCL alone, and with expert parallelism; PP=2 (3 layers split 2 + 1) gives PP=1's; both
-with CUDA graphs captured on every rank (full, piecewise, both); the mp executor at one rank
-equals the uniprocess one; two stages on one GPU are refused."""
+on NCCL alone, with expert parallelism, and for the families that shard themselves; PP=2 (3
+layers split 2 + 1) gives PP=1's; both with CUDA graphs captured on every rank (full,
+piecewise, both); the mp executor at one rank equals the uniprocess one; two stages on one GPU
+are refused."""
 
 from __future__ import annotations
 
@@ -50,6 +51,15 @@ def test_mp_executor_at_one_rank_equals_uniprocess():
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
 def test_tp2_on_two_gpus_equals_tp1(arch, symm_mem, monkeypatch):
     monkeypatch.setenv("COMPILED_LLM_SYMM_MEM_ALLREDUCE", symm_mem)  # the workers inherit it
+    assert _greedy(arch=arch, tensor_parallel_size=2) == _greedy(arch=arch)
+
+
+@two_gpus
+@pytest.mark.parametrize("arch", ["gpt_neox", "falcon", "gpt2", "bloom_post_ln", "gemma4",
+                                  "gemma3n", "dbrx", "bitnet"])
+def test_tp2_fused_attention_and_own_shapes_on_two_gpus_equal_tp1(arch):
+    """The families that shard themselves (fused query_key_value / c_attn layouts, per-layer
+    head shapes, summed statistics, stacked experts) over NCCL, compiled with CUDA graphs."""
     assert _greedy(arch=arch, tensor_parallel_size=2) == _greedy(arch=arch)
 
 
