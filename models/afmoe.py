@@ -14,6 +14,7 @@ from torch import nn
 
 from compiled_llm.attention import attention
 from compiled_llm.models.config import MOE_KEYS, DecoderConfig
+from compiled_llm.models.heads_tp import shard_heads
 from compiled_llm.models.layers import Float32ScaleRMSNorm, GatedMLP
 from compiled_llm.models.llama import LlamaAttention, LlamaForCausalLM
 from compiled_llm.models.moe import MoeWeightMap, SparseMoeBlock
@@ -114,6 +115,10 @@ class AfmoeAttention(LlamaAttention):
         gated = attn_out.flatten(1) * torch.sigmoid(self.gate_proj(hidden))  # [T, H*D]
         return self.o_proj(gated)
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """This rank's heads: q/k/v rows, gate_proj's rows with them, o_proj's columns."""
+        shard_heads(sharder, prefix, self, self.head_dim, self.head_dim, gates=("gate_proj",))
+
 
 class AfmoeMoE(SparseMoeBlock):
     """The router's logits (in the model's dtype) -> sigmoid scores; the top-k of scores +
@@ -184,13 +189,12 @@ class AfmoeModel(nn.Module):
 
 
 class AfmoeForCausalLM(MoeWeightMap, LlamaForCausalLM):
-    """AFMoE for causal LM: the Llama contract over AfmoeModel. Tensor parallelism is refused
-    by name (the attention gate is not in the tensor-parallel plan), pipeline parallelism too
-    (its body is not LlamaModel's layer loop); LoRA is refused for MoE models."""
+    """AFMoE for causal LM: the Llama contract over AfmoeModel. Tensor parallelism splits the
+    attention gate's rows with the heads; pipeline parallelism is refused by name (its body is
+    not LlamaModel's layer loop); LoRA is refused for MoE models."""
 
     model_cls = AfmoeModel
     config_cls = AfmoeConfig
-    supports_tensor_parallel = False
     renamed_modules = {".mlp.router.gate.": ".mlp.gate.",
                        ".mlp.shared_experts.": ".mlp.shared_expert.",
                        ".mlp.experts.gate_up_proj": ".mlp.experts.w13_weight",

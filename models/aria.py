@@ -15,7 +15,7 @@ from torch import nn
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig, MoeConfig
 from compiled_llm.models.layers import GatedMLP, RMSNorm
 from compiled_llm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
-from compiled_llm.models.llama4 import TransposedExperts
+from compiled_llm.models.llama4 import Llama4TextMoe, TransposedExperts
 from compiled_llm.models.moe import SparseMoeBlock
 
 # the checkpoint's stacked expert tensors (as transformers 5.17 and 5.25 save them: fc1 / fc2;
@@ -66,6 +66,14 @@ class AriaTextMoELayer(SparseMoeBlock):
         """shared_expert(x) [T, H], ungated."""
         return self.shared_expert(hidden)
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Llama 4's split (its expert stacks are laid out as these): intermediate rows of
+        every expert and of the shared MLP, the block's sum all-reduced, so the shared MLP's
+        down_proj bias is held by one rank."""
+        Llama4TextMoe.shard_for_tp(self, sharder, prefix)
+        if self.shared_expert.down_proj.bias is not None:
+            sharder.add_once(f"{prefix}.shared_expert.down_proj", "bias")
+
 
 class AriaTextDecoderLayer(LlamaDecoderLayer):
     """The Llama layer over an AriaTextMoELayer (built once: not the Llama layer's MLP first)."""
@@ -85,12 +93,11 @@ class AriaTextModel(LlamaModel):
 
 
 class AriaTextForCausalLM(LlamaForCausalLM):
-    """Aria's text model for causal LM. Tensor parallelism is refused by name (the ungated
-    shared experts are not in the shard plan), LoRA too (MoE)."""
+    """Aria's text model for causal LM; tensor and expert parallelism through its MoE blocks'
+    shard_for_tp. LoRA is refused by name (MoE)."""
 
     model_cls = AriaTextModel
     config_cls = AriaTextConfig
-    supports_tensor_parallel = False
     # transformers' AriaTextConfig defaults (config.json may leave them out)
     hf_defaults = {"moe_num_experts": 8, "moe_topk": 2, "moe_num_shared_experts": 2}
     # keys transformers' Aria never reads: no window, Qwen/Mixtral expert spellings, o_proj

@@ -45,7 +45,10 @@ class QKVBlocks(NamedTuple):
         return param
 
     def prepare(self, tensor: torch.Tensor) -> torch.Tensor:
-        """[4 * (q, v, k), E] rows -> [q, k, v] rows, each [E, E] its blocks' heads in order."""
+        """[4 * (q, v, k), E] rows -> [q, k, v] rows, each [E, E] its blocks' heads in order;
+        a tensor-parallel rank's rows (fewer) come read in that order already."""
+        if tensor.shape[0] != 3 * tensor.shape[1]:
+            return tensor
         blocks = tensor.view(MP_NUM, 3, -1, tensor.shape[-1])  # [4, (q, v, k), E/4, E]
         return blocks[:, [0, 2, 1]].transpose(0, 1).reshape(tensor.shape)  # [(q, k, v)*E, E]
 
@@ -72,6 +75,24 @@ class CodeGenAttention(nn.Module):
         attn_out = attention(q, k, v, self.layer_idx, self.scale, -1)
         return self.out_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """This rank's heads: their rows of qkv_proj from each checkpoint block they fall in,
+        q's (block by block), then k's, then v's (the order prepare gives a whole tensor);
+        out_proj by their columns."""
+        first, count = sharder.query_heads()
+        dim, per_block = self.head_dim, self.num_heads // MP_NUM
+        parts = []
+        for part in (0, 2, 1):  # q, k, v of each block's (q, v, k) rows
+            for block in range(MP_NUM):
+                low = max(first, block * per_block)
+                high = min(first + count, (block + 1) * per_block)
+                if low < high:
+                    parts.append(((3 * block + part) * per_block * dim,
+                                  (low - block * per_block) * dim, (high - low) * dim))
+        sharder.fused_column(f"{prefix}.qkv_proj", self.qkv_proj, parts)
+        sharder.row(f"{prefix}.out_proj", self.out_proj, first * dim, count * dim)
+        self.num_heads, self.embed_dim = count, count * dim
+
 
 class CodeGenBlock(GPTJBlock):
     """GPT-J's parallel block around CodeGenAttention."""
@@ -87,12 +108,11 @@ class CodeGenModel(GPTJModel):
 
 class CodeGenForCausalLM(GPTJForCausalLM):
     """CodeGen for causal LM: GPT-J's contract (a biased lm_head, untied unless
-    tie_word_embeddings); tensor parallelism (qkv_proj's rows reordered from 4 blocks as a
-    whole), pipeline parallelism and LoRA refused by name."""
+    tie_word_embeddings); tensor parallelism by heads (each rank's qkv_proj rows read block by
+    block); pipeline parallelism and LoRA refused by name."""
 
     config_cls = CodeGenConfig
     body_cls = CodeGenModel
-    supports_tensor_parallel = False
     # transformers' CodeGenConfig defaults (its n_ctx is never read)
     hf_defaults = {**GPTJForCausalLM.hf_defaults, "n_ctx": 2048}
     hf_unread = (*GPTJForCausalLM.hf_unread, "n_ctx")

@@ -75,6 +75,7 @@ class JetMoeMoA(nn.Module):
         self.input_linear = ParallelExperts(experts, cfg.hidden_size, width)
         self.output_linear = ParallelExperts(experts, width, cfg.hidden_size)
         self.bias = nn.Parameter(torch.zeros(cfg.hidden_size))
+        self.output_sum = nn.Identity()  # a module: tensor parallelism all-reduces its output
 
     def map(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """hidden [T, hidden] -> (queries of the token's top-k experts [T, K, Hkv*D], their
@@ -93,8 +94,8 @@ class JetMoeMoA(nn.Module):
         gates = picked.to(out.dtype) * weights.unsqueeze(-1)
         per_expert = (gates.unsqueeze(-1) * out.unsqueeze(2)).sum(1)  # [T, E, Hkv*D]
         # a GEMM per expert over every token (a batched one over T would be data-dependent)
-        return sum(F.linear(per_expert[:, e], self.output_linear.weight[e])
-                   for e in range(experts)) + self.bias
+        return self.output_sum(sum(F.linear(per_expert[:, e], self.output_linear.weight[e])
+                                   for e in range(experts))) + self.bias
 
 
 class JetMoeAttention(nn.Module):
@@ -123,6 +124,23 @@ class JetMoeAttention(nn.Module):
         out = out.view(-1, self.num_kv_heads, self.top_k, self.head_dim).transpose(1, 2)
         return self.experts.reduce(out.flatten(2), weights, ids)  # [T, K, Hkv*D] in
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """This rank's KV heads (and the K query heads a token reads each with): their rows
+        of kv_proj (k's, then v's) and of every expert's query projection, their columns of
+        every output projection, whose sum is all-reduced before the bias."""
+        first, count = sharder.split(self.num_kv_heads, "num_key_value_heads")
+        dim, moa = self.head_dim, self.experts
+        start, size, full = first * dim, count * dim, self.num_kv_heads * dim
+        sharder.fused_column(f"{prefix}.kv_proj", self.kv_proj, [(0, start, size),
+                                                                 (full, start, size)])
+        experts, _, hidden = moa.input_linear.weight.shape
+        sharder.keep(f"{prefix}.experts.input_linear", moa.input_linear, "weight",
+                     (experts, size, hidden), dim=1, start=start, size=size)
+        sharder.keep(f"{prefix}.experts.output_linear", moa.output_linear, "weight",
+                     (experts, hidden, size), dim=2, start=start, size=size)
+        sharder.reduce(moa.output_sum)
+        self.num_kv_heads = count
+
 
 class JetMoeMoE(SparseMoeBlock):
     """The MLP experts: softmax over the top-k router logits, SiLU-gated experts, a bias."""
@@ -134,6 +152,11 @@ class JetMoeMoE(SparseMoeBlock):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] -> [T, H]."""
         return super().forward(hidden) + self.bias
+
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """The sharder's MoE block (all-reduced), its bias held by one rank."""
+        sharder.moe(prefix, self)
+        sharder.add_once(prefix, "bias")
 
 
 class JetMoeDecoderLayer(LlamaDecoderLayer):
@@ -157,12 +180,12 @@ class JetMoeModel(LlamaModel):
 class JetMoeForCausalLM(MoeWeightMap, LlamaForCausalLM):
     """JetMoE for causal LM: the Llama contract over JetMoeModel, checkpoint names mapped
     (self_attention -> self_attn, the stacked MLP experts and router onto the fused MoE's).
-    Tensor parallelism (the MoA's stacked projections have no shard plan) is refused by name;
-    LoRA is refused for MoE models."""
+    Tensor parallelism splits the KV heads (each rank every attention expert's share of them)
+    and the MLP experts' rows; LoRA is refused for MoE models."""
 
     model_cls = JetMoeModel
     config_cls = JetMoeConfig
-    supports_tensor_parallel = False
+    stacked_expert_tensors = True  # [E, 2I, H] and [E, H, I] checkpoint tensors: w13 / w2's
     renamed_modules = {".self_attention.": ".self_attn.",
                        ".mlp.input_linear.weight": ".mlp.experts.w13_weight",
                        ".mlp.output_linear.weight": ".mlp.experts.w2_weight",
@@ -177,3 +200,11 @@ class JetMoeForCausalLM(MoeWeightMap, LlamaForCausalLM):
         "num_local_experts", "num_experts_per_tok")) + (
         "attention_bias", "qkv_bias", "o_proj_bias", "mlp_bias", "hidden_act",
         "num_attention_heads")
+
+    @staticmethod
+    def check_tensor_parallel(config: JetMoeConfig, world: int) -> None:
+        """ValueError naming tensor_parallel_size unless it divides num_key_value_heads (a
+        token's K query heads per KV head stay on its rank)."""
+        if config.num_key_value_heads % world:
+            raise ValueError(f"tensor_parallel_size {world} must divide num_key_value_heads "
+                             f"{config.num_key_value_heads}")

@@ -114,7 +114,8 @@ class LongcatFlashMoE(nn.Module):
     """Softmax top-k of real and zero experts (chosen by scores + correction bias, weighed by
     the plain scores times routed_scaling_factor). The real picks go through the fused
     experts; a zero expert's pick adds weight * input, computed densely (its slot in the
-    expert op gets weight 0 on a real expert, spread over them as transformers does)."""
+    expert op gets weight 0 on a real expert, spread over them as transformers does). Under
+    tensor parallelism one rank alone adds the zero experts' term to the all-reduced sum."""
 
     def __init__(self, cfg: LongcatFlashConfig) -> None:
         super().__init__()
@@ -123,6 +124,7 @@ class LongcatFlashMoE(nn.Module):
         self.router = LongcatFlashRouter(cfg)
         self.experts = FusedMoE(cfg.moe.num_experts, cfg.hidden_size,
                                 cfg.moe.moe_intermediate_size)
+        self.shared_expert, self.adds_zero_experts = None, True
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] -> [T, H]."""
@@ -136,7 +138,13 @@ class LongcatFlashMoE(nn.Module):
         spread = (ids - self.num_experts) * self.num_experts // self.zero_experts
         out = self.experts(hidden, weights.masked_fill(zero, 0.0),
                            torch.where(zero, spread, ids))
-        return out + (hidden * identity).to(out.dtype)
+        return out + (hidden * identity).to(out.dtype) if self.adds_zero_experts else out
+
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """The sharder's MoE block (expert rows or whole experts, the output all-reduced);
+        the zero experts' term on rank 0 alone, so the sum holds it once."""
+        sharder.moe(prefix, self)
+        self.adds_zero_experts = sharder.tp.rank == 0
 
 
 class LongcatFlashMLA(MlaAttention):
@@ -198,6 +206,13 @@ class LongcatFlashDecoderLayer(nn.Module):
         # add (the small-M GEMM's add + norm epilogue); transformers adds it last
         return self.mlps[1](hidden), residual + shortcut
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """Both attentions by heads, both MLPs by intermediate rows, the shortcut MoE."""
+        for i in (0, 1):
+            self.self_attn[i].shard_for_tp(sharder, f"{prefix}.self_attn.{i}")
+            sharder.mlp(f"{prefix}.mlps.{i}", self.mlps[i])
+        self.mlp.shard_for_tp(sharder, f"{prefix}.mlp")
+
 
 class LongcatFlashModel(LayersOfSlots, MlaModel):
     """The Llama body over num_layers LongCat layers (two MLA attentions each)."""
@@ -208,12 +223,11 @@ class LongcatFlashModel(LayersOfSlots, MlaModel):
 class LongcatFlashForCausalLM(MoeWeightMap, LlamaForCausalLM):
     """LongCat-Flash for causal LM. The multi-token-prediction tensors (model.mtp) are
     skipped, as are gate/up rows transformers 5.17 stacks for the zero experts (never read).
-    MLA's projections fit no tensor-parallel split (refused by name), nor does its two
-    attentions a layer a pipeline stage (refused by name); LoRA is refused for MoE models."""
+    Tensor parallelism splits MLA by heads; its two attentions a layer fit no pipeline stage
+    (refused by name); LoRA is refused for MoE models."""
 
     model_cls = LongcatFlashModel
     config_cls = LongcatFlashConfig
-    supports_tensor_parallel = False
     # transformers' LongcatFlashConfig defaults (the keys read through defaults)
     hf_defaults = {"num_layers": 28, "ffn_hidden_size": 12288, "q_lora_rank": 1536,
                    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,

@@ -17,10 +17,12 @@ from torch import nn
 from compiled_llm.attention import attention
 from compiled_llm.models.config import MOE_KEYS, WINDOW_KEYS, DecoderConfig
 from compiled_llm.models.glm4_moe import GroupedTopkMoeBlock, SharedExpertMoeDecoderLayer
+from compiled_llm.models.heads_tp import shard_heads
 from compiled_llm.models.layers import RMSNorm
 from compiled_llm.models.llama import LlamaForCausalLM, LlamaModel
 from compiled_llm.models.moe import MoeWeightMap
 from compiled_llm.models.rotary import RotaryEmbedding, apply_partial_rotary
+from compiled_llm.models.tp_helpers import check_heads
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 ARCH = "MiMoV2FlashForCausalLM"
@@ -59,7 +61,7 @@ def _layer_rope(hf: dict[str, Any], kind: str, qk_dim: int) -> tuple[float, int]
 class MiMoV2FlashConfig(DecoderConfig):
     """DecoderConfig plus the q/k and v head dims (head_dim is the padded cache dim), the
     value scale, each layer type's RoPE (theta, rotary dims), and the router's grouping;
-    num_key_value_heads is the full layers' (sliding layers have twice as many)."""
+    num_key_value_heads is the full layers' (sliding layers': twice it, a TP rank's own)."""
 
     qk_head_dim: int = 192
     v_head_dim: int = 128
@@ -68,6 +70,7 @@ class MiMoV2FlashConfig(DecoderConfig):
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    sliding_kv_heads: int = 0
 
     @classmethod
     def from_hf(cls, hf_config: dict[str, Any], **defaults: Any) -> MiMoV2FlashConfig:
@@ -112,8 +115,9 @@ class MiMoV2FlashConfig(DecoderConfig):
             routed_scaling_factor=float(hf.get("routed_scaling_factor") or 1.0))
 
     def kv_heads(self, layer_idx: int) -> int:
-        """The layer's KV heads: twice num_key_value_heads on a sliding layer."""
-        return self.num_key_value_heads * (2 if self.layer_window(layer_idx) > 0 else 1)
+        """The layer's KV heads: twice num_key_value_heads on a sliding layer (a rank's own)."""
+        sliding = self.sliding_kv_heads or 2 * self.num_key_value_heads
+        return sliding if self.layer_window(layer_idx) > 0 else self.num_key_value_heads
 
     @property
     def kv_cache_shapes(self) -> tuple[tuple[int, int], ...]:
@@ -155,6 +159,13 @@ class MiMoV2FlashAttention(nn.Module):
         attn_out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window, True,
                              0.0, self.sinks)
         return self.o_proj(attn_out[..., : self.v_dim].flatten(1))  # [T, H*Dv] -> [T, hidden]
+
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """This rank's heads in their own widths; a sliding layer's KV heads to the config."""
+        kv_count = shard_heads(sharder, prefix, self, self.qk_dim, self.v_dim)[1]
+        if self.sliding:
+            config = sharder.model.config
+            sharder.model.config = dataclasses.replace(config, sliding_kv_heads=kv_count)
 
 
 class MiMoV2FlashDecoderLayer(SharedExpertMoeDecoderLayer):
@@ -205,14 +216,12 @@ _MTP = re.compile(r"^model\.mtp\.")
 
 
 class MiMoV2FlashForCausalLM(MoeWeightMap, LlamaForCausalLM):
-    """MiMo-V2-Flash for causal LM: the Llama contract over MiMoV2FlashModel. The checkpoint's
-    multi-token-prediction tensors (model.mtp.*) are skipped. Tensor parallelism is refused by
-    name (per-layer KV heads and sinks are not in the tensor-parallel plan), pipeline
-    parallelism too (its body's own loop); LoRA is refused for MoE models."""
+    """MiMo-V2-Flash for causal LM: the Llama contract over MiMoV2FlashModel; model.mtp.*
+    tensors skipped. Tensor parallelism splits each layer's own KV heads; pipeline parallelism
+    is refused by name (its body's own loop), LoRA too (a MoE model)."""
 
     model_cls = MiMoV2FlashModel
     config_cls = MiMoV2FlashConfig
-    supports_tensor_parallel = False
     renamed_modules = {"self_attn.attention_sink_bias": "self_attn.sinks",
                        ".mlp.experts.gate_up_proj": ".mlp.experts.w13_weight",
                        ".mlp.experts.down_proj": ".mlp.experts.w2_weight"}
@@ -234,3 +243,8 @@ class MiMoV2FlashForCausalLM(MoeWeightMap, LlamaForCausalLM):
     def weight_name(cls, hf_name: str):
         """MoeWeightMap's target; None for the multi-token-prediction tensors."""
         return None if _MTP.match(hf_name) else super().weight_name(hf_name)
+
+    @staticmethod
+    def check_tensor_parallel(config: MiMoV2FlashConfig, world: int) -> None:
+        """ValueError naming tensor_parallel_size unless it splits the sliding layers' KV heads."""
+        check_heads(world, 2 * config.num_key_value_heads, "the sliding layers' KV heads")

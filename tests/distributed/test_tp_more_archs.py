@@ -26,8 +26,15 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=6, prompt_logprobs=1)
 # laguna: per-layer query heads (2 on the middle layer) and their g_proj gates, per-expert
 # tensors beside a shared expert; cohere2_moe: Cohere's parallel layer, a dense first layer
 # (48 wide), experts and a shared expert averaged in (summed, sigmoid-routed in the other)
+# mimo_v2_flash: the full layers' one KV head replicated, the sliding layers' two split (their
+# sinks too), 24-wide q/k and 16-wide v heads; afmoe: the attention gate's rows with the heads,
+# a biased o_proj, ungated shared experts; longcat_flash: two MLA attentions and MLPs a layer,
+# zero experts added on one rank; jetmoe: every attention expert's share of the KV heads, its
+# biases added once; aria_text_options: Aria's transposed expert stacks, a biased shared MLP;
+# codegen: qkv_proj's rows read from its 4 (q, v, k) blocks
 ARCHS = ["gemma4", "gemma4_moe", "gemma3n", "gemma4_vl", "gemma3n_vl", "dbrx", "bitnet",
-         "diffllama_kv4", "laguna", "cohere2_moe", "cohere2_moe_sigmoid"]
+         "diffllama_kv4", "laguna", "cohere2_moe", "cohere2_moe_sigmoid", "mimo_v2_flash",
+         "afmoe", "longcat_flash", "jetmoe", "aria_text_options", "codegen"]
 
 
 def _run(ckpt, tp: int, **options):
@@ -49,10 +56,12 @@ def test_tp2_equals_tp1(arch):
     _assert_equal(make_checkpoint(arch))
 
 
-@pytest.mark.parametrize("arch", ["gemma4_moe", "dbrx"])
+@pytest.mark.parametrize("arch", ["gemma4_moe", "dbrx", "longcat_flash", "jetmoe",
+                                  "aria_text"])
 def test_tp2_expert_parallel_equals_tp1(arch):
     """Whole experts per rank: Gemma 4's stacked [E, ...] tensors, DBRX's [E * I, H] stacks
-    read as one run of rows."""
+    read as one run of rows, LongCat's zero experts' picks spread over real ones, JetMoE's
+    stacked [E, 2I, H], Aria's transposed [E, H, 2I]."""
     _assert_equal(make_checkpoint(arch), enable_expert_parallel=True)
 
 
@@ -66,13 +75,16 @@ def _assert_equal(ckpt, **options) -> None:
 
 def test_unsplittable_sizes_refused_by_name():
     """Before any rank starts: Gemma 4's full layers' KV heads, Gemma 3n's per-layer MLP
-    widths, Laguna's per-layer query heads, DiffLlama's halves of its KV heads."""
+    widths, Laguna's per-layer query heads, DiffLlama's halves of its KV heads, MiMo-V2-Flash's
+    sliding layers' KV heads, JetMoE's KV heads (each with its K query heads)."""
     from dataclasses import replace
 
     from compiled_llm.models.diffllama import DiffLlamaForCausalLM
     from compiled_llm.models.gemma3n import Gemma3nForCausalLM
     from compiled_llm.models.gemma4 import Gemma4ForCausalLM
+    from compiled_llm.models.jetmoe import JetMoeForCausalLM
     from compiled_llm.models.laguna import LagunaForCausalLM
+    from compiled_llm.models.mimo_v2_flash import MiMoV2FlashForCausalLM
     from tests.utils import engine_config
 
     for cls, cfg, world, match in (
@@ -83,6 +95,11 @@ def test_unsplittable_sizes_refused_by_name():
             (LagunaForCausalLM, engine_config("laguna"), 4,
              "size 4 must divide num_attention_heads_per_layer 2"),
             (DiffLlamaForCausalLM, engine_config("diffllama"), 2,
-             "size 2 must divide half of num_key_value_heads 2")):
+             "size 2 must divide half of num_key_value_heads 2"),
+            (MiMoV2FlashForCausalLM, replace(engine_config("mimo_v2_flash"),
+                                             num_key_value_heads=3), 4,
+             "size 4 must divide the sliding layers' KV heads 6"),
+            (JetMoeForCausalLM, engine_config("jetmoe"), 4,
+             "size 4 must divide num_key_value_heads 2")):
         with pytest.raises(ValueError, match=match):
             cls.check_tensor_parallel(cfg, world)

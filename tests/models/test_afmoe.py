@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compiled_llm import LLM
 from compiled_llm.distributed.pipeline_parallel import check_pipeline
 from compiled_llm.worker.loader import build_model_config, load_hf_config, load_model
 from tests.utils import assert_matches_transformers, edited_checkpoint, make_checkpoint
@@ -75,9 +74,8 @@ def test_refuses_what_it_cannot_follow(change, field):
         build_model_config(hf)
 
 
-def test_tensor_and_pipeline_parallel_are_refused_by_name():
-    with pytest.raises(ValueError, match="size 2: AfmoeForCausalLM is not sharded"):
-        LLM(str(make_checkpoint("afmoe")), tensor_parallel_size=2, dtype="float32")
+def test_pipeline_parallel_is_refused_by_name():
+    """(tensor parallelism: tests/distributed/test_tp_more_archs.py)"""
     model_cls, cfg = build_model_config(load_hf_config(make_checkpoint("afmoe")))
     with pytest.raises(ValueError, match="pipeline_parallel_size 2: AfmoeForCausalLM"):
         check_pipeline(model_cls, cfg, 2)

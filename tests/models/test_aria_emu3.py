@@ -15,7 +15,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from compiled_llm import LLM
 from compiled_llm.worker.loader import build_model_config, load_hf_config, load_model
 from tests.utils import assert_matches_transformers, edited_checkpoint, hf_model, make_checkpoint
 
@@ -94,8 +93,3 @@ def test_refused_by_name(change, match):
     with pytest.raises(ValueError, match=match):
         build_model_config({**hf, **change})
 
-
-def test_tensor_parallel_refused_by_name():
-    with pytest.raises(ValueError, match="AriaTextForCausalLM is not sharded"):
-        LLM(str(make_checkpoint("aria_text")), dtype="float32", enforce_eager=True,
-            engine_core_process=False, tensor_parallel_size=2)

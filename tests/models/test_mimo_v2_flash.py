@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compiled_llm import LLM
 from compiled_llm.distributed.pipeline_parallel import check_pipeline
 from compiled_llm.worker.kv_cache import layer_kv_shapes
 from compiled_llm.worker.loader import build_model_config, load_hf_config, load_model
@@ -90,9 +89,8 @@ def test_refuses_what_it_cannot_follow(change, field):
         build_model_config(hf)
 
 
-def test_tensor_and_pipeline_parallel_are_refused_by_name():
-    with pytest.raises(ValueError, match="size 2: MiMoV2FlashForCausalLM is not sharded"):
-        LLM(str(make_checkpoint("mimo_v2_flash")), tensor_parallel_size=2, dtype="float32")
+def test_pipeline_parallel_is_refused_by_name():
+    """(tensor parallelism: tests/distributed/test_tp_more_archs.py)"""
     model_cls, cfg = build_model_config(load_hf_config(make_checkpoint("mimo_v2_flash")))
     with pytest.raises(ValueError, match="pipeline_parallel_size 2: MiMoV2FlashForCausalLM"):
         check_pipeline(model_cls, cfg, 2)
