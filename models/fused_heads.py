@@ -57,16 +57,9 @@ def shard_stacked_qkv(sharder, prefix: str, attn: nn.Module, qkv: str, out: str)
 
 
 def shard_split_attention(sharder, prefix: str, attn: nn.Module, out: str) -> None:
-    """Separate q/k/v_proj (this rank's query heads and the KV heads they read, by rows) and
-    an output projection named `out` (OPT's and GPT-J's out_proj, Phi's dense) by columns."""
-    heads, dim = sharder.heads, sharder.head_dim
-    first, count = sharder.query_heads()
-    sharder.column(f"{prefix}.q_proj", attn.q_proj, first * dim, count * dim)
-    for name in ("k_proj", "v_proj"):
-        sharder.column(f"{prefix}.{name}", getattr(attn, name), heads.first_kv_head * dim,
-                       heads.num_kv_heads * dim)
-    sharder.row(f"{prefix}.{out}", getattr(attn, out), first * dim, count * dim)
-    keep_heads(sharder, attn)
+    """Separate q/k/v_proj and an output projection named `out` (OPT's and GPT-J's out_proj,
+    Phi's dense): the sharder's own attention split under that output name."""
+    sharder.attention(prefix, attn, out)
 
 
 def transpose_weights(sharder, names: list[str]) -> None:

@@ -167,14 +167,15 @@ class _Sharder:
         block.__class__ = reduced_class(type(block))
         block.group_name = self.tp.group_name
 
-    def attention(self, prefix: str, attn: nn.Module) -> None:
+    def attention(self, prefix: str, attn: nn.Module, out: str = "o_proj") -> None:
         """Per-rank query heads and KV heads on q/k/v (by rows; a fused qkv_proj's q, k and v
-        rows each) and o_proj (by columns); q/k norms over the whole projections and a
-        per-head `sinks` parameter too."""
+        rows each) and the output projection `out` (by columns); q/k norms over the whole
+        projections and a per-head `sinks` parameter too."""
         heads, dim = self.heads, self.head_dim
         q_start, q_size = self.tp.rank * heads.num_heads * dim, heads.num_heads * dim
         kv_start, kv_size = heads.first_kv_head * dim, heads.num_kv_heads * dim
-        q_full, kv_full = attn.num_heads * dim, attn.num_kv_heads * dim
+        q_full = attn.num_heads * dim
+        kv_full = getattr(attn, "num_kv_heads", attn.num_heads) * dim  # none: multi-head
         if hasattr(attn, "qkv_proj"):  # one linear: all q rows, then k's, then v's
             self.fused_column(f"{prefix}.qkv_proj", attn.qkv_proj, [
                 (0, q_start, q_size), (q_full, kv_start, kv_size),
@@ -183,7 +184,7 @@ class _Sharder:
             self.column(f"{prefix}.q_proj", attn.q_proj, q_start, q_size)
             for name in ("k_proj", "v_proj"):
                 self.column(f"{prefix}.{name}", getattr(attn, name), kv_start, kv_size)
-        self.row(f"{prefix}.o_proj", attn.o_proj, q_start, q_size)
+        self.row(f"{prefix}.{out}", getattr(attn, out), q_start, q_size)
         self.spanning_norm(f"{prefix}.q_norm", getattr(attn, "q_norm", None), q_full, q_start,
                            q_size)
         self.spanning_norm(f"{prefix}.k_norm", getattr(attn, "k_norm", None), kv_full, kv_start,
