@@ -710,6 +710,14 @@ $(served default2 $LOGS)
 $U --label default
 $U --label tuned --preset tuned"
   stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 109 ]; then  # one GPU (carry .whl .peer), an H200 only (else nothing runs):
+  # issue 14's 8B batch 1 against gpt-fast, then where its step's device time goes
+  H2="nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0;"
+  mapfile -t a <<<"\
+$H2 $MK && $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
+$H2 timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
+$H2 timeout 150 $py -m benchmarks.profile_steps --model $CK/llama3-8b --workload decode --decode-tokens 128 --json $R/profile_decode_llama3-8b.json"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 107 ] || [ "$CALL" = 108 ]; then  # one GPU (carry .whl .peer): new
   # architectures against transformers on CUDA (107: this stop's nine; 108: Gemma 3n and 4);
   # on an H200, issue 14's 8B batch 1 against gpt-fast (108: then 8B nano-vllm, defaults)
