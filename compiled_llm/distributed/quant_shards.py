@@ -1,8 +1,8 @@
 """Tensor parallelism over quantized checkpoints: the TP plan's slice of a linear's `.weight`
 becomes a slice of each tensor the format stores, in that tensor's own layout (packed, grouped
 or block dims; scales of one value read whole; act order's split inputs in padded groups),
-row-parallel quantized linears all-reduce; `quantization="fp8"` quantizes each rank's shards.
-Checked on meta models before ranks start."""
+row-parallel quantized linears all-reduce; `quantization="fp8"` quantizes each rank's shards;
+block-FP8 experts read their 128-blocks' scales. Checked on meta models before ranks start."""
 
 from __future__ import annotations
 
@@ -129,6 +129,26 @@ def shard_stored(model: nn.Module, plan: dict, fmt: QuantFormat,
             plan[f"{prefix}.bias"] = ZeroShard()
 
 
+def shard_expert_scales(model: nn.Module, plan: dict, tp: TPGroup) -> None:
+    """Block-FP8 experts read the rows / columns of their block scales that cover the
+    intermediate features their weights' plan slices (whole 128-blocks: checked)."""
+    from compiled_llm.quantization.moe_fp8 import SCALE_SUFFIX, Fp8FusedMoE
+
+    for name, experts in model.named_modules():
+        if not isinstance(experts, Fp8FusedMoE):
+            continue
+        for param in ("w13_weight", "w2_weight"):
+            shard = plan.get(f"{name}.{param}")
+            if shard is None:
+                continue
+            parts = shard.parts if isinstance(shard, FusedShard) else (shard,)
+            where = f"tensor_parallel_size {tp.world_size}: {name}.{param}{SCALE_SUFFIX}"
+            pieces = tuple(_translate(part, (part.dim, BLOCK[0]), False, -1, where)
+                           for part in parts)
+            plan[f"{name}.{param}{SCALE_SUFFIX}"] = FusedShard(pieces) if isinstance(
+                shard, FusedShard) else pieces[0]
+
+
 GROUPED = {"qzeros", "scales", "weight_scale", "weight_zero_point"}  # [.., K/g, ..] tensors
 
 
@@ -199,6 +219,7 @@ def prepare_sharded(model: nn.Module, fmt: QuantFormat, files: list[Path], plan:
                          f"linear): {error}") from None
     linears = [name for name, module in model.named_modules() if hasattr(module, "fmt")]
     shard_stored(model, plan, fmt, stored, tp, linears)
+    shard_expert_scales(model, plan, tp)
     split = _act_order_rows(model, plan, linears, stored) if act_order else []
 
     def sharded_finalize() -> nn.Module:
@@ -258,8 +279,28 @@ def act_order(hf_config: dict) -> bool:
     return bool(config.get("desc_act")) or any(o in ("group", "dynamic") for o in orders)
 
 
+def _check_quantized_moe(config, fmt: QuantFormat | None, what: str, world: int,
+                         expert_parallel: bool) -> None:
+    """Block-FP8 experts (stored so, or quantization="fp8") split by their intermediate
+    features in whole 128-blocks; ValueError naming the field for any other case."""
+    from compiled_llm.quantization.moe_fp8 import check_block_shape
+
+    if expert_parallel:
+        raise ValueError(f"enable_expert_parallel with a {what} is not supported yet (tensor "
+                         "parallelism alone splits each expert's intermediate features)")
+    if fmt is not None and not isinstance(fmt, BlockFp8Format):
+        raise ValueError(f"tensor_parallel_size {world}: a mixture-of-experts model with a "
+                         f"{what} is not sharded yet (run it with tensor_parallel_size 1)")
+    try:
+        check_block_shape(config.hidden_size, config.moe.moe_intermediate_size // world)
+    except ValueError as error:
+        raise ValueError(f"tensor_parallel_size {world} (a rank's share of each expert): "
+                         f"{error}") from None
+
+
 def check_quantized_tp(model_cls: type[nn.Module], config, hf_config: dict, files_of,
-                       world: int, quantization: str | None) -> None:
+                       world: int, quantization: str | None,
+                       expert_parallel: bool = False) -> None:
     """ValueError naming tensor_parallel_size, before any rank starts, where `world` ranks
     cannot split the quantized checkpoint (or `quantization`): every rank's shard is planned
     on a meta model. `files_of()` lists the checkpoint files."""
@@ -268,10 +309,9 @@ def check_quantized_tp(model_cls: type[nn.Module], config, hf_config: dict, file
     if fmt is None and quantization is None:
         return
     if getattr(config, "moe", None) is not None:
-        raise ValueError(f"tensor_parallel_size {world}: a mixture-of-experts model with a "
-                         f"{what} is not sharded yet (run it with tensor_parallel_size 1)")
+        _check_quantized_moe(config, fmt, what, world, expert_parallel)
     if fmt is None:
-        return  # fp8 at load: per-row scales of each shard, any split
+        return  # fp8 at load: per-row scales of each shard, any split (experts: checked)
     if fmt.dequantizes_at_load:
         raise ValueError(f"tensor_parallel_size {world} with a {what} is not supported yet")
     files = files_of()

@@ -129,7 +129,8 @@ def _check_model(args: EngineArgs, model_dir: str) -> None:
         # a quantized checkpoint's packing, groups and blocks (distributed/quant_shards.py)
         check_quantized_tp(model_cls, config, hf_config,
                            lambda: checkpoint_files(Path(model_dir), args.load_format),
-                           args.tensor_parallel_size, args.quantization)
+                           args.tensor_parallel_size, args.quantization,
+                           args.enable_expert_parallel)
 
 
 def _shutdown_at_exit(executor: MultiprocExecutor):

@@ -13,7 +13,7 @@ import torch
 from compiled_llm import LLM, SamplingParams
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.worker.loader import load_model
-from tests.quantization.packers import packed_pair
+from tests.quantization.packers import fp8_moe_pair, packed_pair
 from tests.utils import make_checkpoint, random_prompts
 
 pytestmark = pytest.mark.slow
@@ -116,6 +116,52 @@ def test_tp2_fp8_at_load_quantizes_each_shard():
     assert 1e-3 < error < 0.3
 
 
+def test_tp2_block_fp8_experts_equal_tp1():
+    """A block-FP8 Qwen3-MoE checkpoint: each rank's experts keep their 128-block rows of
+    gate / up and columns of down with those blocks' scales, so TP=2 gives TP=1's tokens."""
+    quantized, _ = fp8_moe_pair(wide=True)
+    tokens, logprobs = _run(quantized, 1)
+    tp_tokens, tp_logprobs = _run(quantized, 2)
+    assert tp_tokens == tokens
+    torch.testing.assert_close(tp_logprobs, logprobs, atol=1e-3, rtol=0)
+
+
+def test_tp2_fp8_at_load_quantizes_each_ranks_experts():
+    """quantization="fp8" on an unquantized MoE checkpoint: each rank quantizes its own
+    experts' slices in 128-blocks (the blocks one rank makes); the attention's row-parallel
+    linears scale activations over their own columns, so logprobs are close, not equal."""
+    _, reference = fp8_moe_pair(wide=True)
+    _, logprobs = _run(reference, 1, quantization="fp8")
+    _, tp_logprobs = _run(reference, 2, quantization="fp8")
+    torch.testing.assert_close(tp_logprobs, logprobs, atol=0.05, rtol=0)
+    _, tp_plain = _run(reference, 2)
+    assert (tp_plain - tp_logprobs).abs().max().item() > 1e-3  # the ranks did quantize
+
+
+def test_each_rank_holds_its_experts_blocks():
+    """In one process: rank r's FP8 experts are rows r of each expert's gate and up blocks
+    and columns r of its down blocks, scales included."""
+    from compiled_llm.quantization.moe_fp8 import Fp8FusedMoE
+
+    quantized, _ = fp8_moe_pair(wide=True)
+    whole = load_model(quantized, torch.float32, CPU, 64)
+    full = next(m for m in whole.modules() if isinstance(m, Fp8FusedMoE))
+    inter = full.intermediate_size // 2
+    for rank in (0, 1):
+        shard = load_model(quantized, torch.float32, CPU, 64,
+                           tp=TPGroup(rank, 2, "unused", None, None))
+        mine = next(m for m in shard.modules() if isinstance(m, Fp8FusedMoE))
+        rows = [*range(rank * inter, (rank + 1) * inter),
+                *range(2 * inter + rank * inter, 2 * inter + (rank + 1) * inter)]
+        assert torch.equal(mine.w13_weight.float(), full.w13_weight.float()[:, rows])
+        assert torch.equal(mine.w13_weight_scale_inv, full.w13_weight_scale_inv[:, [
+            r // 128 for r in rows[::128]]])
+        cols = slice(rank * inter, (rank + 1) * inter)
+        assert torch.equal(mine.w2_weight.float(), full.w2_weight.float()[:, :, cols])
+        assert torch.equal(mine.w2_weight_scale_inv, full.w2_weight_scale_inv[
+            :, :, rank * inter // 128:(rank + 1) * inter // 128])
+
+
 @pytest.mark.parametrize(("kind", "message"), [
     ("gptq", r"tensor_parallel_size 2 .*model\.layers\.0\.self_attn\.o_proj: gptq checkpoint: "
              "in_features=64 is not a multiple of quantization_config group_size=128"),
@@ -126,3 +172,16 @@ def test_splits_the_format_cannot_follow_are_refused_before_ranks_start(kind, me
     quantized, _ = packed_pair(kind, wide=kind == "gptq_act_order")
     with pytest.raises(ValueError, match=message):
         LLM(str(quantized), tensor_parallel_size=2, **BASE)
+
+
+@pytest.mark.parametrize(("wide", "kwargs", "message"), [
+    (False, {}, r"tensor_parallel_size 2 \(a rank's share of each expert\): block-FP8 experts "
+                "need moe_intermediate_size a multiple of 128, got 64"),
+    (True, {"enable_expert_parallel": True}, "enable_expert_parallel with a fp8 checkpoint"),
+])
+def test_expert_splits_fp8_blocks_cannot_follow_are_refused(wide, kwargs, message):
+    """Block-FP8 experts split only at 128-blocks of their intermediate features, and not by
+    whole experts yet: refused with the field named, before any worker starts."""
+    quantized, _ = fp8_moe_pair(wide=wide)
+    with pytest.raises(ValueError, match=message):
+        LLM(str(quantized), tensor_parallel_size=2, **BASE, **kwargs)

@@ -350,21 +350,25 @@ QWEN3_MOE = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=1
                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                  num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
                  max_position_embeddings=512)
+# each rank's experts, k / v rows and o_proj inputs whole 128-blocks at tensor_parallel_size 2
+QWEN3_MOE_TP = dict(QWEN3_MOE, hidden_size=256, head_dim=128, moe_intermediate_size=256,
+                    intermediate_size=512)
 # what Qwen3-MoE-FP8 checkpoints store in block FP8: attention and every expert's projections;
 # the routers (mlp.gate), norms, embeddings and the LM head stay in the model's dtype
 _FP8_MOE_LINEAR = re.compile(r"(self_attn\.[qkvo]_proj|experts\.\d+\.(gate|up|down)_proj)\.weight$")
 
 
 @functools.cache
-def fp8_moe_pair() -> tuple[Path, Path]:
+def fp8_moe_pair(wide: bool = False) -> tuple[Path, Path]:
     """(block-FP8 Qwen3-MoE checkpoint in the published per-expert layout, float32 checkpoint
-    of its dequantized weights), both from one tiny random transformers model."""
+    of its dequantized weights), both from one tiny random transformers model (`wide`: of
+    QWEN3_MOE_TP's sizes)."""
     import transformers
     from safetensors.torch import load_file, save_file
 
     tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir())
     cfg = transformers.Qwen3MoeConfig(vocab_size=len(tok), eos_token_id=tok.eos_token_id,
-                                      bos_token_id=None, **QWEN3_MOE)
+                                      bos_token_id=None, **(QWEN3_MOE_TP if wide else QWEN3_MOE))
     torch.manual_seed(0)
     reference = _save(transformers.AutoModelForCausalLM.from_config(cfg).eval(), tok)
     plain = load_file(str(reference / "model.safetensors"))
