@@ -6,6 +6,7 @@ all-to-all dispatcher (tokens sent only where their experts are) implements the 
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Protocol
 
 import torch
@@ -58,9 +59,10 @@ class AllReduceDispatcher:
 DISPATCHERS: dict[str, type] = {"allreduce": AllReduceDispatcher}
 
 
-class ExpertParallelMoE(FusedMoE):
-    """FusedMoE holding experts [expert_start, expert_start + num_local) of the layer's
-    num_experts; routing ids stay global until the dispatcher maps them."""
+class ExpertParallel:
+    """Mixin for an experts module of the fused-MoE contract holding experts [expert_start,
+    expert_start + num_local) of the layer's; routing ids stay global until the dispatcher
+    maps them."""
 
     dispatcher: MoeDispatcher
 
@@ -69,6 +71,32 @@ class ExpertParallelMoE(FusedMoE):
         """Dispatch, this rank's experts, combine."""
         local = self.dispatcher.dispatch(hidden, topk_weights, topk_ids)
         return self.dispatcher.combine(super().forward(*local))
+
+
+class ExpertParallelMoE(ExpertParallel, FusedMoE):
+    """FusedMoE holding one rank's whole experts."""
+
+
+@functools.cache
+def expert_parallel_class(cls: type[nn.Module]) -> type[nn.Module]:
+    """cls with ExpertParallel's forward (one class per experts type)."""
+    return type(f"ExpertParallel{cls.__name__}", (ExpertParallel, cls), {})
+
+
+def expert_parallel_names(model: nn.Module) -> dict[str, MoeDispatcher]:
+    """Each expert-parallel experts module's name and dispatcher."""
+    return {name: module.dispatcher for name, module in model.named_modules()
+            if isinstance(module, ExpertParallel)}
+
+
+def keep_dispatchers(model: nn.Module, dispatchers: dict[str, MoeDispatcher]) -> None:
+    """Experts a load-time swap replaced (block-FP8 ones over the same local experts) get
+    their expert-parallel dispatch back."""
+    for name, dispatcher in dispatchers.items():
+        module = model.get_submodule(name)
+        if not isinstance(module, ExpertParallel):
+            module.__class__ = expert_parallel_class(type(module))
+            module.dispatcher = dispatcher
 
 
 def check_expert_parallel(config, world: int) -> None:
@@ -98,18 +126,16 @@ def shard_experts(experts: FusedMoE, rank: int, world: int) -> None:
 def local_weight_names(model: nn.Module) -> None:
     """Map checkpoint expert tensors to this rank's local experts and skip the others'
     (an instance-level weight_name over the model class's)."""
-    dispatchers = {f"{name}.{param}": module.dispatcher
-                   for name, module in model.named_modules()
-                   if isinstance(module, ExpertParallelMoE)
-                   for param in ("w13_weight", "w2_weight")}
+    dispatchers = expert_parallel_names(model)  # by module: its weights, scales, biases
     global_name = model.weight_name
 
     def weight_name(hf_name: str) -> str | ExpertWeight | None:
         target = global_name(hf_name)
-        if not isinstance(target, ExpertWeight) or target.name not in dispatchers:
+        owner = target.name.rpartition(".")[0] if isinstance(target, ExpertWeight) else None
+        if owner not in dispatchers:
             return target
-        local = target.expert - dispatchers[target.name].expert_start
-        if not 0 <= local < dispatchers[target.name].num_local:
+        local = target.expert - dispatchers[owner].expert_start
+        if not 0 <= local < dispatchers[owner].num_local:
             return None  # another rank's expert
         return target._replace(expert=local)
 

@@ -7,13 +7,14 @@ block-FP8 experts read their 128-blocks' scales. Checked on meta models before r
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from compiled_llm.distributed.expert_parallel import expert_parallel_names
 from compiled_llm.distributed.parallel_state import TPGroup
 from compiled_llm.distributed.shards import FusedShard, Shard, ZeroShard
 from compiled_llm.distributed.tensor_parallel import parameters_on_meta, shard_model
@@ -129,9 +130,11 @@ def shard_stored(model: nn.Module, plan: dict, fmt: QuantFormat,
             plan[f"{prefix}.bias"] = ZeroShard()
 
 
-def shard_expert_scales(model: nn.Module, plan: dict, tp: TPGroup) -> None:
+def shard_expert_scales(model: nn.Module, plan: dict, tp: TPGroup,
+                        whole: Collection[str] = ()) -> None:
     """Block-FP8 experts read the rows / columns of their block scales that cover the
-    intermediate features their weights' plan slices (whole 128-blocks: checked)."""
+    intermediate features their weights' plan slices (whole 128-blocks: checked); those
+    named in `whole` (expert parallel) read their scales' experts as their weights'."""
     from compiled_llm.quantization.moe_fp8 import SCALE_SUFFIX, Fp8FusedMoE
 
     for name, experts in model.named_modules():
@@ -139,7 +142,9 @@ def shard_expert_scales(model: nn.Module, plan: dict, tp: TPGroup) -> None:
             continue
         for param in ("w13_weight", "w2_weight"):
             shard = plan.get(f"{name}.{param}")
-            if shard is None:
+            if shard is None or name in whole:  # per-expert tensors: local_weight_names
+                if shard is not None:
+                    plan[f"{name}.{param}{SCALE_SUFFIX}"] = shard  # stacked: experts on dim 0
                 continue
             parts = shard.parts if isinstance(shard, FusedShard) else (shard,)
             where = f"tensor_parallel_size {tp.world_size}: {name}.{param}{SCALE_SUFFIX}"
@@ -212,6 +217,7 @@ def prepare_sharded(model: nn.Module, fmt: QuantFormat, files: list[Path], plan:
             if type(module) is RowParallelLinear and f"{name}.{fmt.marker}" in stored}
     for name in rows:  # a plain linear for prepare_quantized to swap
         model.get_submodule(name).__class__ = nn.Linear
+    whole_experts = expert_parallel_names(model)
     try:
         finalize = prepare_quantized(model, fmt, files)
     except ValueError as error:  # a rank's share of inputs in partial groups or blocks
@@ -219,7 +225,7 @@ def prepare_sharded(model: nn.Module, fmt: QuantFormat, files: list[Path], plan:
                          f"linear): {error}") from None
     linears = [name for name, module in model.named_modules() if hasattr(module, "fmt")]
     shard_stored(model, plan, fmt, stored, tp, linears)
-    shard_expert_scales(model, plan, tp)
+    shard_expert_scales(model, plan, tp, whole_experts)
     split = _act_order_rows(model, plan, linears, stored) if act_order else []
 
     def sharded_finalize() -> nn.Module:
@@ -285,14 +291,12 @@ def _check_quantized_moe(config, fmt: QuantFormat | None, what: str, world: int,
     features in whole 128-blocks; ValueError naming the field for any other case."""
     from compiled_llm.quantization.moe_fp8 import check_block_shape
 
-    if expert_parallel:
-        raise ValueError(f"enable_expert_parallel with a {what} is not supported yet (tensor "
-                         "parallelism alone splits each expert's intermediate features)")
     if fmt is not None and not isinstance(fmt, BlockFp8Format):
         raise ValueError(f"tensor_parallel_size {world}: a mixture-of-experts model with a "
                          f"{what} is not sharded yet (run it with tensor_parallel_size 1)")
+    share = 1 if expert_parallel else world  # whole experts, or intermediate features split
     try:
-        check_block_shape(config.hidden_size, config.moe.moe_intermediate_size // world)
+        check_block_shape(config.hidden_size, config.moe.moe_intermediate_size // share)
     except ValueError as error:
         raise ValueError(f"tensor_parallel_size {world} (a rank's share of each expert): "
                          f"{error}") from None
@@ -319,5 +323,5 @@ def check_quantized_tp(model_cls: type[nn.Module], config, hf_config: dict, file
         tp = TPGroup(rank, world, "check", None, None)  # no collective runs
         with parameters_on_meta():
             model = model_cls(config, max_len=16)
-        plan = shard_model(model, tp)
+        plan = shard_model(model, tp, expert_parallel)
         prepare_sharded(model, fmt, files, plan, tp, act_order(hf_config))

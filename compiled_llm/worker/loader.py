@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from compiled_llm.config import model_len_bounds
+from compiled_llm.distributed.expert_parallel import expert_parallel_names, keep_dispatchers
 from compiled_llm.distributed.pipeline_parallel import (
     build_stage,
     localize_kv_scales,
@@ -290,6 +291,7 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
             model = model_cls(model_config, max_len=max_len)
         cast_model(model, dtype)  # routers' float32_params stay float32
     built = time.perf_counter()
+    dispatchers = expert_parallel_names(model)  # experts the formats may swap keep them
     finalize = _prepare_checkpoint(model, checkpoint_format, files, plan, tp, hf_config)
     load_weights(model, files, device, plan, transform)
     read = _synchronized(device)
@@ -298,6 +300,7 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     if plan is not None and quantization and not finalize:
         quantize_row_parallel(model, tp)  # o_proj / down_proj: FP8 shards, all-reduced
     model = finalize() if finalize else quantize_model(model, quantization)
+    keep_dispatchers(model, dispatchers)
     fuse_sibling_weights(model)
     prepare_tinygemm(model)  # after the fusion: one packed tinygemm weight per fused weight
     if device.type == "cuda" and shared_overlap_enabled():  # routed experts on a side stream

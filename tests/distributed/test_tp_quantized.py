@@ -177,11 +177,37 @@ def test_splits_the_format_cannot_follow_are_refused_before_ranks_start(kind, me
 @pytest.mark.parametrize(("wide", "kwargs", "message"), [
     (False, {}, r"tensor_parallel_size 2 \(a rank's share of each expert\): block-FP8 experts "
                 "need moe_intermediate_size a multiple of 128, got 64"),
-    (True, {"enable_expert_parallel": True}, "enable_expert_parallel with a fp8 checkpoint"),
 ])
 def test_expert_splits_fp8_blocks_cannot_follow_are_refused(wide, kwargs, message):
-    """Block-FP8 experts split only at 128-blocks of their intermediate features, and not by
-    whole experts yet: refused with the field named, before any worker starts."""
+    """Block-FP8 experts split only at 128-blocks of their intermediate features: refused
+    with the field named, before any worker starts."""
     quantized, _ = fp8_moe_pair(wide=wide)
     with pytest.raises(ValueError, match=message):
         LLM(str(quantized), tensor_parallel_size=2, **BASE, **kwargs)
+
+
+def test_expert_parallel_block_fp8_experts_equal_tp1():
+    """enable_expert_parallel over a block-FP8 checkpoint: each rank's whole experts keep
+    their weights and scales (and the dispatch the format's swap would drop): TP=1's tokens."""
+    quantized, _ = fp8_moe_pair(wide=True)
+    tokens, logprobs = _run(quantized, 1)
+    ep_tokens, ep_logprobs = _run(quantized, 2, enable_expert_parallel=True)
+    assert ep_tokens == tokens
+    torch.testing.assert_close(ep_logprobs, logprobs, atol=1e-3, rtol=0)
+
+
+def test_expert_parallel_fp8_at_load_keeps_each_ranks_experts():
+    """quantization="fp8" with enable_expert_parallel: rank r's experts are quantized in
+    place of its bf16 ones, still dispatched (in one process: no collective runs)."""
+    from compiled_llm.distributed.expert_parallel import ExpertParallel
+    from compiled_llm.quantization.moe_fp8 import Fp8FusedMoE
+
+    _, reference = fp8_moe_pair(wide=True)
+    whole = load_model(reference, torch.float32, CPU, 64, quantization="fp8")
+    full = next(m for m in whole.modules() if isinstance(m, Fp8FusedMoE))
+    shard = load_model(reference, torch.float32, CPU, 64, quantization="fp8",
+                       tp=TPGroup(1, 2, "unused", None, None), expert_parallel=True)
+    mine = next(m for m in shard.modules() if isinstance(m, Fp8FusedMoE))
+    assert isinstance(mine, ExpertParallel) and mine.dispatcher.expert_start == 2
+    assert torch.equal(mine.w13_weight.float(), full.w13_weight.float()[2:])
+    assert torch.equal(mine.w2_weight_scale_inv, full.w2_weight_scale_inv[2:])
