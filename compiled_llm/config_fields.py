@@ -160,9 +160,9 @@ def model_len_bounds(hf_config: dict) -> tuple[int, int]:
     """(limit, default) of max_model_len for an HF config, derived as vLLM does: the smallest
     length key (2048 when there is none), times the rope scaling factor for linear and dynamic
     scaling (yarn: its original length times the factor; not Gemma 3's, already scaled).
-    Dynamic NTK's base and LongRoPE's factors change past the trained (original) length, so
-    above it every position (HF: every prompt) differs: the default stays there and only an
-    explicit value goes past it."""
+    Dynamic NTK's base changes past the trained (original) length, so above it every
+    position differs: its default stays there and only an explicit value goes past it.
+    LongRoPE's default is its whole length (a longer prompt reads its own long rows)."""
     lengths = [hf_config[key] for key in _LENGTH_KEYS if isinstance(hf_config.get(key), int)]
     trained = min(lengths, default=2048)
     scaling = hf_rope_dict(hf_config)
@@ -175,7 +175,7 @@ def model_len_bounds(hf_config: dict) -> tuple[int, int]:
     scales = kind in ("linear", "dynamic", "yarn") and "gemma3" not in str(
         hf_config.get("model_type", ""))
     limit = int(trained * float(factor or 1.0)) if scales else trained
-    default = {"dynamic": trained, "longrope": min(limit, original or trained)}.get(kind, limit)
+    default = trained if kind == "dynamic" else limit
     # served within one chunk, or within index_topk tokens: the limit, and the default
     caps = [cap for cap in (_attention_chunk(hf_config), _index_topk(hf_config)) if cap]
     return (min(limit, *caps), min(default, *caps)) if caps else (limit, default)

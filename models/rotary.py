@@ -98,8 +98,9 @@ class RotaryEmbedding(nn.Module):
     """Rotate-half RoPE with a precomputed float32 cos/sin table indexed by position.
 
     LongRoPE's rows from original_max_position_embeddings on use long_factor, as HF's decode
-    does past that length (HF also rotates a whole longer prompt with it: max_model_len's
-    default stays at that length, config.model_len_bounds)."""
+    does past that length; rows [long_rows_start, 2 * long_rows_start) use it from position 0,
+    read by a request whose prompt is longer than that (HF rotates such a prompt, and all that
+    follows it, with long_factor): the input batch offsets its positions (Request.long_rope)."""
 
     def __init__(self, cfg: DecoderConfig, max_len: int) -> None:
         super().__init__()
@@ -108,10 +109,13 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
         positions = torch.arange(max(max_len, original_len), dtype=torch.float32)
         freqs = torch.outer(positions, _scaled_inv_freq(inv_freq, scaling, theta))
+        self.long_rows_start = 0  # no long rows: positions are read as they are
         if scaling.get("rope_type") == "longrope":
             start = scaling["original_max_position_embeddings"]
-            long_inv_freq = _scaled_inv_freq(inv_freq, scaling, theta, long=True)
-            freqs[start:] = torch.outer(positions[start:], long_inv_freq)
+            long_freqs = torch.outer(positions, _scaled_inv_freq(inv_freq, scaling, theta,
+                                                                 long=True))
+            freqs[start:] = long_freqs[start:]
+            freqs, self.long_rows_start = torch.cat([freqs, long_freqs]), len(positions)
         cos_sin = torch.cat([freqs.cos(), freqs.sin()], -1) * _attention_factor(scaling)
         self.register_buffer("cos_sin", cos_sin, persistent=False)
 
@@ -214,3 +218,11 @@ def local_rotary_embedding(cfg, max_len: int) -> RotaryEmbedding:
     local = replace(cfg, rope_theta=cfg.local_rope_theta,
                                 rope_scaling={"rope_type": "default"})
     return RotaryEmbedding(local, max_len)
+
+
+def long_rope_after(cfg: DecoderConfig | None) -> int | None:
+    """LongRoPE's original_max_position_embeddings: a prompt longer than it is rotated with
+    long_factor from its first token (HF's rule); None for any other RoPE."""
+    scaling = getattr(cfg, "rope_scaling", None) or {}
+    return scaling.get("original_max_position_embeddings") if scaling.get(
+        "rope_type") == "longrope" else None

@@ -76,9 +76,10 @@ class KVCacheManager:
         # an adapter changes every block's KV: its id joins the hash; a cache_salt joins the
         # first block's (and so every later one's, through the chain)
         lora = req.lora_request
+        keys = (() if lora is None else (lora.lora_int_id,)) + (
+            ("long_rope",) if req.long_rope else ())  # RoPE's long rows: other K/V
         extend_block_hashes(self._digest, req.block_hashes, req.all_token_ids, self.block_size,
-                            () if lora is None else (lora.lora_int_id,), num_tokens,
-                            req.cache_salt)
+                            keys, num_tokens, req.cache_salt)
 
     def get_computed_blocks(self, req: Request) -> list[int]:
         """Cached blocks matching req's leading full blocks (no references taken). Capped so

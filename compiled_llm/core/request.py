@@ -77,6 +77,9 @@ class Request:
     # vLLM's cache_salt: mixed into the first block's hash, so that only requests with the
     # same salt share prefix-cache blocks (None: no salt)
     cache_salt: str | None = None
+    # LongRoPE: the prompt is longer than the original length, so every position reads the
+    # long-factor RoPE rows (its K/V differ from a shorter prompt's: it joins the block hash)
+    long_rope: bool = False
     # speculative decoding: draft tokens proposed for the next step (never in all_token_ids
     # and never hashed; the scheduler trims them to what fits and verifies them in one step)
     spec_token_ids: list[int] = field(default_factory=list)

@@ -19,6 +19,7 @@ from compiled_llm.engine.inputs import (
     truncated_text_ids,
 )
 from compiled_llm.lora.registry import LoRARegistry
+from compiled_llm.models.rotary import long_rope_after
 from compiled_llm.sample.bad_words import BadWordsProcessor, bad_word_sequences
 from compiled_llm.sample.grammar_compiler import GrammarManager
 from compiled_llm.sampling_params import (
@@ -60,6 +61,7 @@ class InputProcessor:
         self.request_id_prefix = ""
         self._grammars_lock = threading.Lock()  # the first grammar may come from any thread
         self.loras = LoRARegistry(args.enable_lora, args.max_lora_rank, model_config)
+        self.long_rope_after = long_rope_after(model_config)
 
     def check_text_prompt(self, text: str, name: str = "prompt") -> None:
         """ValueError unless text is valid UTF-8 of at most max_prompt_bytes bytes; called
@@ -146,7 +148,7 @@ class InputProcessor:
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and (self.vocab_size if value == -1 else value) > limit:
-                raise ValueError(f"{name} must be <= {self.max_logprobs} (max_logprobs; -1 "
+                raise ValueError(f"{name} must be <= {limit} (max_logprobs; -1 "
                                  f"asks for the whole vocabulary), got {value}")
         for name, ids in (("stop_token_ids", params.stop_token_ids),
                           ("logit_bias", params.logit_bias or ()),
@@ -205,9 +207,10 @@ class InputProcessor:
                 child_params.prompt_logprobs = None
         child_id = self.request_id_prefix + (
             request_id if params.n == 1 else f"{index}_{request_id}")
+        long_rope = self.long_rope_after is not None and len(ids) > self.long_rope_after
         return Request(child_id, list(ids), child_params, self.eos_token_ids, text,
                        priority=priority, parent_id=request_id, lora_request=lora,
-                       cache_salt=salt)
+                       cache_salt=salt, long_rope=long_rope)
 
     def _check_priority(self, priority: int) -> None:
         if not isinstance(priority, int) or isinstance(priority, bool):

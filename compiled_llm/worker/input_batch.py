@@ -98,6 +98,8 @@ class InputBatch:
         self._event = torch.cuda.Event() if device.type == "cuda" else None
         self._in_flight = False
         self._views: dict[tuple[int, int], Views] = {}
+        # LongRoPE's long rows start here in the model's table (0: none, positions as they are)
+        self.long_rows_start = 0
 
     def prepare(self, sched: SchedulerOutput) -> StepInputs:
         """Fill the buffers from the scheduled requests (padded to the dispatched graph) and
@@ -149,6 +151,8 @@ class InputBatch:
         host = views.host(self)
         _fill_tokens(host, reqs, starts, counts, query_starts, rows, self.block_size,
                      self.table.host, pending)
+        if self.long_rows_start:
+            _offset_long_rope(host["pos"], reqs, counts, self.long_rows_start)
         self._check_ids(host["ids"][:num_tokens], query_starts, pending)
         _fill_seqs(host, query_starts, ends, rows, num_tokens, pad_len)
         self._fill_sample_and_entries(layout, query_starts[1:][sample], entries)
@@ -320,6 +324,15 @@ def _fill_tokens(host: dict, reqs: list[Request], starts: np.ndarray, counts: li
     ids[num_tokens:] = 0
     pos[num_tokens:] = 0
     slots[num_tokens:] = 0
+
+
+def _offset_long_rope(pos: np.ndarray, reqs: list[Request], counts: list[int],
+                      long_rows_start: int) -> None:
+    """The tokens of requests whose prompts passed LongRoPE's original length read the
+    table's long rows (slots were made from the plain positions already)."""
+    long = np.fromiter((req.long_rope for req in reqs), bool, len(reqs))
+    if long.any():
+        pos[:sum(counts)] += long_rows_start * np.repeat(long, counts)
 
 
 def _known(reqs: list[Request]) -> np.ndarray:

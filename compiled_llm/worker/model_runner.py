@@ -149,8 +149,11 @@ class ModelRunner:
         graphs = max(self.compile_cfg.cudagraph_batch_sizes or [0])
         seqs = max(max_num_seqs, graphs, -(-max_num_batched_tokens // self.max_model_len))
         tokens = step_tokens(self.compile_cfg, max_num_seqs, max_num_batched_tokens)
-        return InputBatch(tokens, seqs, self.max_blocks_per_seq, self.cache_cfg.block_size,
-                          self.device, self.dispatcher, self.model.config.vocab_size)
+        batch = InputBatch(tokens, seqs, self.max_blocks_per_seq, self.cache_cfg.block_size,
+                           self.device, self.dispatcher, self.model.config.vocab_size)
+        batch.long_rows_start = max((getattr(module, "long_rows_start", 0)
+                                     for module in self.model.modules()), default=0)
+        return batch
 
     # ------------------------------------------------------------------ KV cache
     def kv_bytes_per_block(self) -> int:

@@ -112,6 +112,9 @@ def test_whole_vocab_logprobs_need_max_logprobs(ckpt, llm):
         out = wide.generate([PROMPT], params, use_tqdm=False)[0].outputs[0]
         vocab = wide.get_tokenizer().vocab_size
         assert all(len(step) >= vocab - 1 for step in out.logprobs)
+        with pytest.raises(ValueError, match=r"logprobs must be <= [1-9]\d* \(max_logprobs"):
+            wide.generate([PROMPT], SamplingParams(max_tokens=2, logprobs=10**6),
+                          use_tqdm=False)  # the limit is the vocabulary's size, not -1
 
 
 def test_tiny_temperatures_are_raised_to_vllms_floor():

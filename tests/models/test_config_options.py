@@ -75,24 +75,54 @@ def test_matches_transformers(name, tmp_path):
 
 def test_longrope_matches_transformers_across_its_original_length():
     ckpt = make_checkpoint("llama_longrope")
-    # the default stays within short_factor's length: past it HF rotates a whole longer prompt
-    # with long_factor, which no per-position table can follow
-    assert model_len_bounds(load_hf_config(ckpt)) == (512, 32)
+    assert model_len_bounds(load_hf_config(ckpt)) == (512, 512)  # vLLM's default: the whole
     # prompts within the original length generating past it: HF's decode switches to
     # long_factor at position 32, as the table's rows do
     prompts = random_prompts(3, 300, lo=20, hi=32, seed=3)
     assert_matches_transformers(ckpt, prompts, new_tokens=12, max_model_len=128)
+    # prompts longer than it: HF rotates the whole prompt (and what follows) with long_factor,
+    # as the table's long rows do for such a request
+    assert_matches_transformers(ckpt, random_prompts(3, 300, lo=33, hi=60, seed=4),
+                                new_tokens=8, max_model_len=128)
+
+
+def _greedy_logprobs(llm, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [(o.outputs[0].token_ids, [step[t].logprob for step, t in zip(
+        o.outputs[0].logprobs, o.outputs[0].token_ids, strict=True)]) for o in outs]
+
+
+def test_longrope_prompts_either_side_of_the_original_length_share_no_blocks():
+    """A prompt past the original length holds K/V of the long rows: a shorter prompt with
+    the same leading tokens must not reuse its blocks, nor the reverse (prefix caching on),
+    so each gives what an engine without a prefix cache gives."""
+    ckpt = make_checkpoint("llama_longrope")
+    long_prompt = random_prompts(1, 300, lo=48, hi=49, seed=6)[0]
+    short_prompt = long_prompt[:30]
+    kwargs = dict(max_model_len=128, enforce_eager=True, dtype="float32")
+    plain = LLM(str(ckpt), enable_prefix_caching=False, **kwargs)
+    expected = _greedy_logprobs(plain, [short_prompt, long_prompt])
+    plain.shutdown()
+    llm = LLM(str(ckpt), **kwargs)
+    runs = [_greedy_logprobs(llm, [short_prompt])[0], _greedy_logprobs(llm, [long_prompt])[0],
+            *_greedy_logprobs(llm, [long_prompt, short_prompt])[::-1]]
+    for (tokens, logprobs), (want_tokens, want) in zip(runs, expected * 2, strict=True):
+        assert tokens == want_tokens
+        assert logprobs == pytest.approx(want, abs=1e-5)
+    assert llm.engine.num_used_blocks == 0
 
 
 def test_phi3_partial_rotary_longrope_matches_transformers():
-    """Phi-4 mini's config shape: 3/4 of each head turned by LongRoPE, the rest passed. Within
-    the original length (transformers' Phi-3 recomputes the whole sequence with long_factor
-    once it crosses that length, which no per-position table follows; the default
-    max_model_len stays within it)."""
+    """Phi-4 mini's config shape: 3/4 of each head turned by LongRoPE, the rest passed; prompts
+    within the original length (decoding past it) and longer than it (long_factor from their
+    first token, as transformers' Phi-3 rotates them)."""
     ckpt = make_checkpoint("phi3_longrope_partial")
-    assert model_len_bounds(load_hf_config(ckpt)) == (512, 32)
+    assert model_len_bounds(load_hf_config(ckpt)) == (512, 512)
     prompts = random_prompts(3, 300, lo=8, hi=20, seed=3)
-    assert_matches_transformers(ckpt, prompts, new_tokens=12)
+    assert_matches_transformers(ckpt, prompts, new_tokens=16, max_model_len=128)
+    assert_matches_transformers(ckpt, random_prompts(2, 300, lo=40, hi=60, seed=5),
+                                new_tokens=8, max_model_len=128)
 
 
 def _gemma3_4x(cfg: dict) -> None:  # the config.json transformers 4.x wrote for Gemma 3
