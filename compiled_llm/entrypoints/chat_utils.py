@@ -125,14 +125,18 @@ def render(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: 
     the template fails, runs past timeout_s (it is interrupted: the calling thread is never
     held longer) or renders more than max_chars characters."""
     extra = dict(template_kwargs or {})
+    documents = extra.pop("documents", None)  # the template's RAG documents (vLLM's field)
+    if documents is not None and not isinstance(documents, list):
+        raise ValueError(f"documents must be a list of dicts, got {type(documents).__name__}")
     clash = sorted(set(extra) & _reserved(type(tokenizer)))
     if clash:
-        raise ValueError(f"chat_template_kwargs.{clash[0]} is not a template variable")
+        raise ValueError(f"chat_template_kwargs.{clash[0]}: an argument of the template call "
+                         "that a request cannot set")
     try:
         with Deadline(timeout_s):
             text = tokenizer.apply_chat_template(
                 messages, tools=tools, chat_template=chat_template, tokenize=False,
-                add_generation_prompt=add_generation_prompt,
+                add_generation_prompt=add_generation_prompt, documents=documents,
                 continue_final_message=continue_final_message, **extra)
     except (TimeoutError, _Expired):  # _Expired: it fired as the render was returning
         raise ValueError(f"messages: the chat template ran past {timeout_s:g} s") from None

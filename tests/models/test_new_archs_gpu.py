@@ -76,3 +76,20 @@ def test_compiled_with_cuda_graphs_matches_transformers(name, tmp_path):
                             use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == hf_greedy(ckpt, prompts[:k], 12)
     llm.shutdown()
+
+
+@pytest.mark.parametrize("name", ["phi3_longrope_partial", "llama_longrope"])
+def test_longrope_prompts_past_the_original_length_on_cuda(name, tmp_path):
+    """Prompts longer than LongRoPE's original length (32) read the long-factor rows from
+    their first token under CUDA graphs, batched with shorter ones: transformers' tokens."""
+    ckpt = edited_checkpoint(name, _drawn_router)
+    prompts = [*random_prompts(2, 300, lo=40, hi=60, seed=7),
+               *random_prompts(2, 300, lo=20, hi=30, seed=8)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    llm = LLM(str(ckpt), dtype="float32", gpu_memory_utilization=0.1, max_num_seqs=8,
+              max_model_len=128, compile_cache_dir=str(tmp_path))
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(ckpt, [p], 12)[0]
+                                                      for p in prompts]
+    assert llm.engine.num_used_blocks == 0
+    llm.shutdown()

@@ -87,10 +87,13 @@ class TokenServing:
         a template sent with the request unless trust_request_chat_template is set.
         continue_final_message: the text ends inside the last message (as vLLM and HF)."""
         refuse_non_text_parts(messages)
+        kwargs = dict(kwargs or {})  # vLLM updates the template call with them: they win
+        add_generation_prompt = kwargs.pop("add_generation_prompt", add_generation_prompt)
+        continue_final_message = kwargs.pop("continue_final_message", continue_final_message)
+        tools = kwargs.pop("tools", tools)
         if continue_final_message and add_generation_prompt:
             raise OpenAIError(400, "continue_final_message and add_generation_prompt cannot "
                               "both be true", param="continue_final_message")
-        kwargs = dict(kwargs or {})
         chat_template = chat_template if chat_template is not None else kwargs.pop(
             "chat_template", None)
         if chat_template is not None and not self.cfg.trust_request_chat_template:

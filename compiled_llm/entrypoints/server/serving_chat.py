@@ -29,6 +29,12 @@ from compiled_llm.entrypoints.server.streaming import (
 from compiled_llm.output.outputs import CompletionOutput, RequestOutput
 
 
+def with_documents(kwargs: dict | None, req: ChatCompletionRequest) -> dict | None:
+    """Template kwargs with the request's `documents` (vLLM's field, for RAG templates)
+    unless chat_template_kwargs set them (those win, as vLLM updates with them)."""
+    documents = (req.model_extra or {}).get("documents")
+    return kwargs if documents is None else {"documents": documents, **(kwargs or {})}
+
 class ServingChat(Serving):
     """The /v1/chat/completions handler."""
 
@@ -47,7 +53,8 @@ class ServingChat(Serving):
         """(stream, id, prompt length, top logprobs, reply format): the chat rendered with
         its tools, tokenized, admitted."""
         plan = self.tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls)
-        kwargs = with_reasoning_effort(req.chat_template_kwargs, req.reasoning_effort)
+        kwargs = with_documents(with_reasoning_effort(req.chat_template_kwargs,
+                                                      req.reasoning_effort), req)
         ids = await self.encode_chat(req.messages, req.add_generation_prompt, kwargs,
                                      plan.tools, req.chat_template,
                                      continue_final_message=req.continue_final_message,
@@ -58,7 +65,7 @@ class ServingChat(Serving):
             "max_completion_tokens"
         requested = getattr(req, budget_param)
         num_top = (req.top_logprobs or 0) if req.logprobs else None
-        if req.top_logprobs is not None and not req.logprobs:
+        if req.top_logprobs not in (None, 0) and not req.logprobs:  # vLLM's: 0 asks nothing
             raise OpenAIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         budget = output_budget(requested, len(ids), self.max_model_len, budget_param=budget_param,
                                **self.budget_limits)

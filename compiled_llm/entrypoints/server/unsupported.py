@@ -13,7 +13,7 @@ from compiled_llm.entrypoints.server.protocol import TEXT_PART_KEYS
 logger = logging.getLogger(__name__)
 _BEAM = "beam search is not supported"
 # vLLM's fields kept in model_extra and read there (params.py): honoured, not ignored
-_READ_EXTRA = frozenset({"truncate_prompt_tokens", "bad_words"})
+_READ_EXTRA = frozenset({"truncate_prompt_tokens", "bad_words", "documents"})
 
 # field -> (values that ask for nothing, why the field is refused)
 _BOTH: dict[str, tuple[tuple[Any, ...], str]] = {
@@ -50,7 +50,6 @@ _CHAT: dict[str, tuple[tuple[Any, ...], str]] = {
     "functions": ((None, []), "functions (deprecated) is not supported; use tools"),
     "function_call": ((None,), "function_call (deprecated) is not supported; use "
                                "tool_choice"),
-    "documents": ((None, []), "documents for the chat template are not supported"),
     "media_io_kwargs": ((None, {}), "multimodal inputs are not supported"),
     "return_prompt_text": ((None, False), "return_prompt_text is not supported; /tokenize "
                                           "with the messages gives the rendered prompt's ids"),

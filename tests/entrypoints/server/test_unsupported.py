@@ -21,7 +21,6 @@ ASKING = {"use_beam_search": True, "length_penalty": 0.5, "early_stopping": True
           "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
           "web_search_options": {}, "store": True, "verbosity": "low",
           "functions": [{"name": "f", "parameters": {}}], "function_call": "auto",
-          "documents": [{"title": "t", "text": "x"}],
           "ec_transfer_params": {"x": 1}, "logprob_token_ids": [1, 2],
           "repetition_detection": {"max_pattern_size": 4}, "stream_interval": 4,
           "watermarking": True, "truncation_side": "right", "media_io_kwargs": {"image": {}},
