@@ -77,6 +77,16 @@ class HrmTextAttention(nn.Module):
         self.gqkv_proj = nn.Linear(cfg.hidden_size, 4 * width, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(width, cfg.hidden_size, bias=cfg.attention_bias)
 
+    def shard_for_tp(self, sharder, prefix: str) -> None:
+        """This rank's heads of each of gqkv_proj's gate, q, k and v parts; o_proj's columns."""
+        first, count = sharder.query_heads()
+        width, start, size = self.num_heads * self.head_dim, first * self.head_dim, \
+            count * self.head_dim
+        sharder.fused_column(f"{prefix}.gqkv_proj", self.gqkv_proj,
+                             [(part * width, start, size) for part in range(4)])
+        sharder.row(f"{prefix}.o_proj", self.o_proj, start, size)
+        self.num_heads = count
+
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 slot: int) -> torch.Tensor:
         """hidden [T, hidden] -> [T, hidden]; writes K/V into cache slot `slot`."""
@@ -167,14 +177,13 @@ class HrmTextModel(nn.Module):
 
 
 class HrmTextForCausalLM(LlamaForCausalLM):
-    """HRM-Text for causal LM: the Llama contract over HrmTextModel. Tensor parallelism, LoRA
-    and pipeline parallelism are refused by name (the fused gqkv_proj is in no plan; the
-    stacks are no layer loop). Loads the checkpoints' fused attn.gqkv_proj and
-    mlp.gate_up_proj, and transformers' split names (biases among them) into their parts."""
+    """HRM-Text for causal LM: the Llama contract over HrmTextModel. LoRA and pipeline
+    parallelism are refused by name (the stacks are no layer loop). Loads the checkpoints'
+    fused attn.gqkv_proj and mlp.gate_up_proj, and transformers' split names (biases among
+    them) into their parts; under tensor parallelism either reads each part's rows."""
 
     model_cls = HrmTextModel
     config_cls = HrmTextConfig
-    supports_tensor_parallel = False
     supports_lora = False
     hf_defaults = {"head_dim": 128, "H_cycles": 2, "L_cycles": 3, "rms_norm_eps": 1e-6,
                    "initializer_range": 0.02, "max_position_embeddings": 2048}

@@ -1,13 +1,14 @@
 """What a tensor-parallel rank reads of each checkpoint tensor: a Shard (rows along one dim), a
 FusedShard (rows of each part of a fused tensor), a PaddedShard (rows past the end read as
-zeros) or a ZeroShard (zeros: a bias the ranks' partial sums must add only once), and
-read_index, which reads any of them from a tensor or a safetensors slice."""
+zeros) or a ZeroShard (zeros: a bias the ranks' partial sums must add only once); read_index,
+which reads any of them from a tensor or a safetensors slice; plan_index, the loader's view."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,16 @@ class FusedShard:
     concatenated along the parts' (one) dim in that order."""
 
     parts: tuple[Shard, ...]
+    offsets: tuple[int, ...] = ()  # each part's first row in the fused tensor, where known
 
     def index(self) -> list[tuple[slice, ...]]:
         """One index per part (read_index concatenates what they read)."""
         return [part.index() for part in self.parts]
+
+    def part(self, which: int) -> Shard:
+        """Part `which` in the coordinates of a checkpoint that stores it as its own tensor."""
+        shard = self.parts[which]
+        return Shard(shard.dim, shard.start - self.offsets[which], shard.size)
 
 
 @dataclass(frozen=True)
@@ -84,3 +91,18 @@ def read_index(source, index) -> torch.Tensor:
     if isinstance(index, ZeroIndex):
         return torch.zeros_like(source[:])
     return source[index]
+
+
+def plan_index(model: nn.Module, plan: dict[str, Shard | FusedShard]):
+    """index_of(checkpoint name) for the loader: the slice this rank reads (a list of slices
+    for a fused tensor's parts, read by read_index), or None (whole)."""
+
+    def index_of(hf_name: str) -> tuple[slice, ...] | list[tuple[slice, ...]] | None:
+        target = model.weight_name(hf_name)
+        ours = target if target is None or isinstance(target, str) else target.name
+        shard = plan.get(ours) if ours is not None else None
+        if isinstance(shard, FusedShard) and shard.offsets and hasattr(target, "part"):
+            shard = shard.part(target.part)  # a fused parameter's part stored on its own
+        return None if shard is None else shard.index()
+
+    return index_of

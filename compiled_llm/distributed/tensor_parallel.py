@@ -110,7 +110,8 @@ class _Sharder:
                      parts: list[tuple[int, int, int]]) -> None:
         """Keep, of each part (offset, start, size) of a fused linear's output rows, rows
         [offset + start, offset + start + size), in part order (and the bias's)."""
-        shard = FusedShard(tuple(Shard(0, offset + start, size) for offset, start, size in parts))
+        shard = FusedShard(tuple(Shard(0, offset + start, size) for offset, start, size in parts),
+                           tuple(offset for offset, _, _ in parts))
         size = sum(part.size for part in shard.parts)
         _resize(linear, "weight", (size, linear.in_features))
         self.plan[f"{prefix}.weight"] = shard
@@ -384,16 +385,3 @@ def build_sharded(model_cls: type[nn.Module], config, max_len: int, device: torc
     plan = shard_model(model, tp, expert_parallel)
     materialize(model, device, dtype)
     return model, plan
-
-
-def plan_index(model: nn.Module, plan: dict[str, Shard | FusedShard]):
-    """index_of(checkpoint name) for the loader: the slice this rank reads (a list of slices
-    for a fused tensor's parts, read by read_index), or None (whole)."""
-
-    def index_of(hf_name: str) -> tuple[slice, ...] | list[tuple[slice, ...]] | None:
-        target = model.weight_name(hf_name)
-        ours = target if target is None or isinstance(target, str) else target.name
-        shard = plan.get(ours) if ours is not None else None
-        return None if shard is None else shard.index()
-
-    return index_of

@@ -23,8 +23,8 @@ from compiled_llm.distributed.pipeline_parallel import (
     localize_kv_scales,
     rank_stage,
 )
-from compiled_llm.distributed.shards import read_index
-from compiled_llm.distributed.tensor_parallel import build_sharded, plan_index
+from compiled_llm.distributed.shards import plan_index, read_index
+from compiled_llm.distributed.tensor_parallel import build_sharded
 from compiled_llm.models import DecoderConfig, ModelRegistry
 from compiled_llm.models.layers import cast_model
 from compiled_llm.models.multimodal import text_stack_config

@@ -31,10 +31,11 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=6, prompt_logprobs=1)
 # a biased o_proj, ungated shared experts; longcat_flash: two MLA attentions and MLPs a layer,
 # zero experts added on one rank; jetmoe: every attention expert's share of the KV heads, its
 # biases added once; aria_text_options: Aria's transposed expert stacks, a biased shared MLP;
-# codegen: qkv_proj's rows read from its 4 (q, v, k) blocks
+# codegen: qkv_proj's rows read from its 4 (q, v, k) blocks; hrm_text: transformers' split
+# gate / q / k / v and gate / up tensors, each read as its part of the fused parameters
 ARCHS = ["gemma4", "gemma4_moe", "gemma3n", "gemma4_vl", "gemma3n_vl", "dbrx", "bitnet",
          "diffllama_kv4", "laguna", "cohere2_moe", "cohere2_moe_sigmoid", "mimo_v2_flash",
-         "afmoe", "longcat_flash", "jetmoe", "aria_text_options", "codegen"]
+         "afmoe", "longcat_flash", "jetmoe", "aria_text_options", "codegen", "hrm_text"]
 
 
 def _run(ckpt, tp: int, **options):
