@@ -7,7 +7,7 @@ head (Phi-4 mini: 3/4), as in transformers' Phi3Model."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -27,6 +27,10 @@ from compiled_llm.models.rotary import apply_rotary, check_partial_rotary
 class Phi3Config(DecoderConfig):
     """DecoderConfig whose rotary table covers rotary_dim = head_dim * partial_rotary_factor
     dims (every rope type: transformers' Phi-3 reads the factor for each)."""
+
+    # a sequence reaching LongRoPE's original length is recomputed with the long factors
+    # (transformers' Phi-3 drops its cache there): the engine does the same
+    long_rope_recompute: ClassVar[bool] = True
 
     @property
     def rotary_dim(self) -> int:

@@ -7,7 +7,7 @@ projections w1, w2 and w3, as Mixtral's do."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -22,6 +22,8 @@ from compiled_llm.models.moe_routing import sparsemixer_top2
 @dataclasses.dataclass
 class PhimoeConfig(DecoderConfig):
     """DecoderConfig plus sparsemixer's router_jitter_noise and the LM head's bias."""
+
+    long_rope_recompute: ClassVar[bool] = True  # as Phi-3's (models/phi3.py)
 
     router_jitter_noise: float = 0.01
     lm_head_bias: bool = False

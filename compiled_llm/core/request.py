@@ -80,6 +80,9 @@ class Request:
     # LongRoPE: the prompt is longer than the original length, so every position reads the
     # long-factor RoPE rows (its K/V differ from a shorter prompt's: it joins the block hash)
     long_rope: bool = False
+    # Phi-3's rule (transformers recomputes the cache there): the position at which a shorter
+    # prompt's request turns long_rope and recomputes its K/V (None: it never does)
+    long_rope_at: int | None = None
     # speculative decoding: draft tokens proposed for the next step (never in all_token_ids
     # and never hashed; the scheduler trims them to what fits and verifies them in one step)
     spec_token_ids: list[int] = field(default_factory=list)

@@ -104,6 +104,9 @@ class Scheduler:
                 continue
             if req.num_pending and self._nothing_to_compute(req):  # (hot: test the field first)
                 continue
+            if req.long_rope_at is not None and req.num_computed_tokens >= req.long_rope_at:
+                self._recompute_long_rope(req, out)
+                continue
             num_new = self._num_new_tokens(req, budget)
             prompt = req.num_tokens - req.num_computed_tokens > 1  # a prompt's (or recompute's)
             if prompt:
@@ -188,13 +191,24 @@ class Scheduler:
 
     def preempt(self, req: Request) -> None:
         """Free req's blocks (cached ones stay reusable) and requeue it, to be recomputed."""
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._requeue(req)
+
+    def _requeue(self, req: Request) -> None:
         self.running.remove(req)
         self.kv.free(req)
         req.num_computed_tokens = 0
-        req.num_preemptions += 1
-        self.num_preemptions += 1
         req.status = RequestStatus.PREEMPTED
         self.waiting.requeue(req)
+
+    def _recompute_long_rope(self, req: Request, out: SchedulerOutput) -> None:
+        """Its next position is LongRoPE's first long one: the whole sequence is recomputed
+        with the long rows (transformers' Phi-3 drops its cache there), in a later step."""
+        self._requeue(req)
+        req.long_rope, req.long_rope_at, req.block_hashes = True, None, []
+        out.preempted_req_ids.add(req.request_id)  # its table row is released
+        out.num_preempted += 1
 
     def _nothing_to_compute(self, req: Request) -> bool:
         """Whether a running request has no token to compute this step (never, here)."""

@@ -62,6 +62,7 @@ class InputProcessor:
         self._grammars_lock = threading.Lock()  # the first grammar may come from any thread
         self.loras = LoRARegistry(args.enable_lora, args.max_lora_rank, model_config)
         self.long_rope_after = long_rope_after(model_config)
+        self.long_rope_recompute = getattr(model_config, "long_rope_recompute", False)
 
     def check_text_prompt(self, text: str, name: str = "prompt") -> None:
         """ValueError unless text is valid UTF-8 of at most max_prompt_bytes bytes; called
@@ -207,10 +208,13 @@ class InputProcessor:
                 child_params.prompt_logprobs = None
         child_id = self.request_id_prefix + (
             request_id if params.n == 1 else f"{index}_{request_id}")
-        long_rope = self.long_rope_after is not None and len(ids) > self.long_rope_after
+        after = self.long_rope_after
+        long_rope = after is not None and len(ids) > after
+        switch_at = after if after is not None and not long_rope and self.long_rope_recompute \
+            else None
         return Request(child_id, list(ids), child_params, self.eos_token_ids, text,
                        priority=priority, parent_id=request_id, lora_request=lora,
-                       cache_salt=salt, long_rope=long_rope)
+                       cache_salt=salt, long_rope=long_rope, long_rope_at=switch_at)
 
     def _check_priority(self, priority: int) -> None:
         if not isinstance(priority, int) or isinstance(priority, bool):
