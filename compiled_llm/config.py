@@ -326,6 +326,7 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
         check_speculative(self)  # ValueError naming the speculative_config field at fault
         self.check_parallel()
         self.check_parallel_combinations()
+        self.cache_config()  # block_size, gpu_memory_utilization: refused before a core starts
         if self.max_decode_slowdown and not 1 < self.max_decode_slowdown < math.inf:
             raise ValueError(f"max_decode_slowdown must be > 1 and finite (or 0: none), got "
                              f"{self.max_decode_slowdown}")

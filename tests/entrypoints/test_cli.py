@@ -229,13 +229,14 @@ def test_config_file_flags_come_first_and_the_command_line_wins(tmp_path):
 
     path = tmp_path / "serve.yaml"
     path.write_text("port: 9001\nmax_num_seqs: 3\nenable-prefix-caching: false\n"
-                    "served-model-name: [a, b]\n"
+                    "served-model-name: [a, b]\nmiddleware: [mod.first, mod.second]\n"
                     "speculative-config: {method: ngram, num_speculative_tokens: 2}\n")
     argv = ["serve", "--model", "m", "--config", str(path), "--max-num-seqs", "5"]
     ns = build_parser().parse_args(expand_config(argv, str(path)))
     args = engine_args(ns)
     assert (ns.port, args.max_num_seqs, args.enable_prefix_caching) == (9001, 5, False)
     assert ns.served_model_name == ["a", "b"] and args.model == "m"
+    assert ns.middleware == ["mod.first", "mod.second"]  # a repeated flag, once per value
     assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 2}
 
 
@@ -300,7 +301,7 @@ def test_bench_throughput_end_to_end(tmp_path):
     """Through `python -m compiled_llm.entrypoints.cli`, on the demo model (no --model)."""
     out = tmp_path / "throughput.json"
     cmd = [sys.executable, "-m", "compiled_llm.entrypoints.cli", "bench", "throughput",
-           "--num-prompts", "4", "--input-len", "8", "--output-len", "4", *FAST,
+           "--num-prompts", "4", "--input-len", "8", "--output-len", "4", "--n", "2", *FAST,
            "--output-json", str(out)]
     res = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
                          text=True, timeout=300)
@@ -308,7 +309,7 @@ def test_bench_throughput_end_to_end(tmp_path):
     assert "requests/s" in res.stdout and "output tokens/s" in res.stdout
     result = json.loads(out.read_text())
     assert result["num_requests"] == 4
-    assert result["total_output_tokens"] == 16 and result["total_num_tokens"] == 48
+    assert result["total_output_tokens"] == 32 and result["total_num_tokens"] == 64  # n=2
     assert result["requests_per_second"] > 0 and result["tokens_per_second"] > 0
 
 
@@ -373,3 +374,12 @@ def test_serve_defaults_to_2048_token_steps_with_graphs_up_to_them():
     for kept in (EngineArgs(max_num_batched_tokens=8192), EngineArgs(performance_mode="throughput"),
                  EngineArgs(enable_chunked_prefill=False)):
         assert serving_defaults(kept) == kept
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization must be in"),
+    (["--block-size", "12"], "block_size must be a power of two")])
+def test_cache_settings_are_refused_before_a_core_starts(argv, match):
+    """Checked as the engine args are built (serve's front end), not in the core's start."""
+    with pytest.raises(ValueError, match=match):
+        _parse(argv)

@@ -36,6 +36,8 @@ class LatencyArgs:
     """Prompt length in tokens."""
     output_len: int = 128
     """Tokens generated for each prompt (EOS is ignored)."""
+    n: int = 1
+    """Sequences generated for each prompt (SamplingParams.n)."""
     num_iters_warmup: int = 10
     """Batches run before timing starts."""
     num_iters: int = 30
@@ -45,7 +47,7 @@ class LatencyArgs:
     """Also write the latencies to this JSON file."""
 
     def __post_init__(self) -> None:
-        check_minimums(self, {"batch_size": 1, "input_len": 1, "output_len": 1,
+        check_minimums(self, {"batch_size": 1, "input_len": 1, "output_len": 1, "n": 1,
                                "num_iters_warmup": 0, "num_iters": 1})
 
 
@@ -66,13 +68,15 @@ class ThroughputArgs:
     """Tokens generated for each prompt (random); EOS is ignored in both datasets."""
     temperature: float | None = None
     """Sampling temperature (default: the dataset's, 1.0 random, 0.6 nano-vllm)."""
+    n: int = 1
+    """Sequences generated for each prompt (SamplingParams.n; each one's tokens count)."""
     output_json: str | None = None
     """Also write the figures to this JSON file."""
 
     def __post_init__(self) -> None:
         check_choices(self)
         check_minimums(self, {"num_prompts": 1, "input_len": 1, "output_len": 1,
-                              "temperature": 0.0})
+                              "temperature": 0.0, "n": 1})
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -115,24 +119,26 @@ def nano_vllm_requests(vocab: int, count: int = 256, seed: int = 0):
              rng.randint(100, 1024)) for _ in range(count)]
 
 
-def nano_vllm_workload(llm, count: int = 256, temperature: float = 0.6, seed: int = 0):
+def nano_vllm_workload(llm, count: int = 256, temperature: float = 0.6, seed: int = 0,
+                       n: int = 1):
     """(prompts, one SamplingParams per prompt) of the nano-vllm workload: ignore_eos, each
-    request its own output length."""
+    request its own output length (n sequences each)."""
     from compiled_llm import SamplingParams
 
     reqs = nano_vllm_requests(llm.get_tokenizer().vocab_size, count, seed)
     return ([{"prompt_token_ids": ids} for ids, _ in reqs],
-            [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=n)
-             for _, n in reqs])
+            [SamplingParams(n=n, temperature=temperature, ignore_eos=True, max_tokens=length)
+             for _, length in reqs])
 
 
 def _setup(ns: argparse.Namespace, count: int, input_len: int, output_len: int,
-           temperature: float = 1.0):
-    """(LLM, prompts, params): `count` random prompts of input_len token ids."""
+           temperature: float = 1.0, n: int = 1):
+    """(LLM, prompts, params): `count` random prompts of input_len token ids, n sequences
+    each."""
     from compiled_llm import SamplingParams
 
     llm = _engine(ns)
-    params = SamplingParams(temperature=temperature, top_p=1.0, ignore_eos=True,
+    params = SamplingParams(n=n, temperature=temperature, top_p=1.0, ignore_eos=True,
                             max_tokens=output_len)
     return llm, _random_prompts(llm, ns.seed, count, input_len), params
 
@@ -151,7 +157,8 @@ def _write_json(path: str | None, result: dict) -> None:
 def run_latency(ns: argparse.Namespace) -> int:
     """Warm up, time num_iters batches, print the average and percentiles in seconds."""
     opts = dataclass_from(LatencyArgs, ns)
-    llm, prompts, params = _setup(ns, opts.batch_size, opts.input_len, opts.output_len)
+    llm, prompts, params = _setup(ns, opts.batch_size, opts.input_len, opts.output_len,
+                                  n=opts.n)
     for _ in range(opts.num_iters_warmup):
         llm.generate(prompts, params, use_tqdm=False)
     latencies = [_timed_generate(llm, prompts, params)[0] for _ in range(opts.num_iters)]
@@ -169,9 +176,11 @@ def _throughput_workload(ns: argparse.Namespace, opts: ThroughputArgs):
     if opts.dataset_name == "nano-vllm":
         llm = _engine(ns)
         temperature = 0.6 if opts.temperature is None else opts.temperature
-        return (llm, *nano_vllm_workload(llm, opts.num_prompts or 256, temperature, ns.seed))
+        return (llm, *nano_vllm_workload(llm, opts.num_prompts or 256, temperature, ns.seed,
+                                         opts.n))
     temperature = 1.0 if opts.temperature is None else opts.temperature
-    return _setup(ns, opts.num_prompts or 1000, opts.input_len, opts.output_len, temperature)
+    return _setup(ns, opts.num_prompts or 1000, opts.input_len, opts.output_len, temperature,
+                  opts.n)
 
 
 def run_throughput(ns: argparse.Namespace) -> int:
@@ -185,7 +194,7 @@ def run_throughput(ns: argparse.Namespace) -> int:
     llm.generate({"prompt_token_ids": [0] * 16}, SamplingParams(max_tokens=4, ignore_eos=True),
                  use_tqdm=False)
     elapsed, outputs = _timed_generate(llm, prompts, params)
-    output_tokens = sum(len(out.outputs[0].token_ids) for out in outputs)
+    output_tokens = sum(len(seq.token_ids) for out in outputs for seq in out.outputs)
     prompt_tokens = sum(len(out.prompt_token_ids) for out in outputs)
     total_tokens = output_tokens + prompt_tokens
     result = {"dataset_name": opts.dataset_name, "elapsed_time": elapsed,

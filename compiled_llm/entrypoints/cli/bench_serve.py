@@ -33,6 +33,9 @@ class ServeBenchArgs:
     endpoint: Endpoint = "/v1/completions"
     """The API to stream from. /v1/completions gets the prompts as token ids; the chat one
     gets them as text, decoded with --tokenizer."""
+    backend: Literal["vllm", "openai", "openai-chat"] | None = None
+    """vLLM's name for the API: vllm and openai stream /v1/completions, openai-chat
+    /v1/chat/completions (it sets --endpoint)."""
     model: str | None = None
     """The model name to send (default: the server's first model in /v1/models)."""
     tokenizer: str | None = None
@@ -69,9 +72,23 @@ class ServeBenchArgs:
     result_filename: str | None = None
     """File name of the JSON result (default: one made of the rate, concurrency and time);
     giving it saves the result too."""
+    percentile_metrics: str = "ttft,tpot,itl"
+    """Comma-separated metrics (of ttft, tpot, itl, e2el) whose percentiles are reported."""
+    metric_percentiles: str = "99"
+    """Comma-separated percentiles (0-100) of those metrics, as p<q>_<metric>_ms keys."""
 
     def __post_init__(self) -> None:
         check_choices(self)
+        if self.backend is not None:
+            self.endpoint = ("/v1/chat/completions" if self.backend == "openai-chat"
+                             else "/v1/completions")
+        metrics, quantiles = self.metrics(), self.percentiles()
+        if not metrics or set(metrics) - set(METRICS):
+            raise ValueError(f"percentile_metrics must name some of {METRICS}, got "
+                             f"{self.percentile_metrics!r}")
+        if not quantiles or not all(0 <= q <= 100 for q in quantiles):
+            raise ValueError(f"metric_percentiles must be numbers in [0, 100], got "
+                             f"{self.metric_percentiles!r}")
         check_minimums(self, {"random_input_len": 1, "random_output_len": 1, "num_prompts": 1,
                               "max_concurrency": 1, "num_client_processes": 1,
                               "random_range_ratio": 0.0, "ready_check_timeout_sec": 0})
@@ -79,6 +96,22 @@ class ServeBenchArgs:
             raise ValueError(f"random_range_ratio must be < 1, got {self.random_range_ratio}")
         if not self.request_rate > 0:
             raise ValueError(f"request_rate must be > 0, got {self.request_rate}")
+
+
+    def metrics(self) -> list[str]:
+        """The metrics whose percentiles are reported."""
+        return [name.strip() for name in self.percentile_metrics.split(",") if name.strip()]
+
+    def percentiles(self) -> list[float]:
+        """The percentiles reported (ValueError naming the field for a non-number)."""
+        try:
+            return [float(q) for q in self.metric_percentiles.split(",") if q.strip()]
+        except ValueError:
+            raise ValueError(f"metric_percentiles must be numbers in [0, 100], got "
+                             f"{self.metric_percentiles!r}") from None
+
+
+METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
 def add_parser(kinds: argparse._SubParsersAction) -> None:
@@ -123,11 +156,11 @@ def request_bodies(data: list[tuple[list[int], int]], model: str, chat: bool,
              "max_completion_tokens": n} for ids, n in data]
 
 
-def summarize(records: list, duration: float) -> dict:
+def summarize(records: list, duration: float, percentiles: tuple[float, ...] = ()) -> dict:
     """vLLM's result keys: counts, throughputs, {mean,median,std,p99}_{ttft,tpot,itl,e2el}_ms
-    over the successful requests, and per-request lists over all of them; `starts` (send
-    times on the machine's monotonic clock, as time.monotonic() and the server's logs read it)
-    places each request's gaps in time."""
+    and p<q> of `percentiles` over the successful requests, and per-request lists over all of
+    them; `starts` (send times on the machine's monotonic clock, as time.monotonic() and the
+    server's logs read it) places each request's gaps in time."""
     ok = [r for r in records if r.ok]
     inputs, outputs = sum(r.prompt_len for r in ok), sum(r.output_tokens for r in ok)
     result = {"duration": duration, "completed": len(ok), "failed": len(records) - len(ok),
@@ -145,6 +178,8 @@ def summarize(records: list, duration: float) -> dict:
                  percentile(ms, 99)) if ms else (float("nan"),) * 4
         result.update({f"{stat}_{name}_ms": value
                        for stat, value in zip(("mean", "median", "std", "p99"), stats)})
+        result.update({f"p{q:g}_{name}_ms": percentile(ms, q) if ms else float("nan")
+                       for q in percentiles})
     result.update(input_lens=[r.prompt_len for r in records],
                   output_lens=[r.output_tokens for r in records],
                   ttfts=[r.ttft for r in records], itls=[r.itl for r in records],
@@ -155,11 +190,13 @@ def summarize(records: list, duration: float) -> dict:
 
 _SECTIONS = (("Time to First Token", "ttft", "TTFT"),
              ("Time per Output Token (excl. 1st token)", "tpot", "TPOT"),
-             ("Inter-token Latency", "itl", "ITL"))
+             ("Inter-token Latency", "itl", "ITL"), ("End-to-end Latency", "e2el", "E2EL"))
 
 
-def print_report(result: dict, max_concurrency: int | None) -> None:
-    """The result as vLLM prints it."""
+def print_report(result: dict, max_concurrency: int | None,
+                 metrics: tuple[str, ...] = ("ttft", "tpot", "itl"),
+                 percentiles: tuple[float, ...] = (99,)) -> None:
+    """The result as vLLM prints it: mean, median and each percentile of each metric."""
     def row(label: str, value) -> None:
         print(f"{label:<40} {value:<10.2f}" if isinstance(value, float) else
               f"{label:<40} {value:<10}")
@@ -177,10 +214,10 @@ def print_report(result: dict, max_concurrency: int | None) -> None:
                        ("Output token throughput (tok/s):", "output_throughput"),
                        ("Total token throughput (tok/s):", "total_token_throughput")):
         row(label, result[key])
-    for title, key, short in _SECTIONS:
+    for title, key, short in (section for section in _SECTIONS if section[1] in metrics):
         print(f"{title:-^50}")
-        for stat in ("mean", "median", "p99"):
-            row(f"{stat.capitalize() if stat != 'p99' else 'P99'} {short} (ms):",
+        for stat in ("mean", "median", *(f"p{q:g}" for q in percentiles)):
+            row(f"{stat.capitalize() if stat[0] != 'p' else stat.upper()} {short} (ms):",
                 result[f"{stat}_{key}_ms"])
     print("=" * 50)
 
@@ -227,7 +264,7 @@ def load_tokenizer(path: str | None):
 
 def run_load(base_url: str, endpoint: str, bodies: list[dict], processes: int = 1,
              concurrency: int | None = None, rate: float = float("inf"),
-             seed: int = 0) -> dict:
+             seed: int = 0, percentiles: tuple[float, ...] = ()) -> dict:
     """Stream every body to base_url + endpoint from `processes` client processes (at most
     `concurrency` in flight, Poisson arrivals at `rate`); summarize() of the records."""
     from compiled_llm.entrypoints.cli import serve_client
@@ -235,7 +272,7 @@ def run_load(base_url: str, endpoint: str, bodies: list[dict], processes: int = 
     shares = serve_client.split(bodies, processes, concurrency, rate, seed,
                                 url=base_url + endpoint, headers=_headers(),
                                 chat=endpoint == "/v1/chat/completions")
-    return summarize(*serve_client.run_clients(shares))
+    return summarize(*serve_client.run_clients(shares), percentiles)
 
 
 def run_bench_serve(ns: argparse.Namespace) -> int:
@@ -255,9 +292,10 @@ def run_bench_serve(ns: argparse.Namespace) -> int:
         raise ValueError(f"the test request failed: {test['errors'][0]}")
     print(f"Traffic request rate: {opts.request_rate}, maximum concurrency: "
           f"{opts.max_concurrency}, {opts.num_client_processes} client process(es)")
+    percentiles = tuple(opts.percentiles())
     result = run_load(base_url, opts.endpoint, bodies, opts.num_client_processes,
-                      opts.max_concurrency, opts.request_rate, opts.seed)
-    print_report(result, opts.max_concurrency)
+                      opts.max_concurrency, opts.request_rate, opts.seed, percentiles)
+    print_report(result, opts.max_concurrency, tuple(opts.metrics()), percentiles)
     if opts.save_result or opts.result_filename:
         save_result(opts, model, result)
     return 0
@@ -270,8 +308,9 @@ def save_result(opts: ServeBenchArgs, model: str, result: dict) -> Path:
                                     f"{opts.max_concurrency}-{stamp}.json")
     path = Path(opts.result_dir or ".") / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    config = {"date": stamp, "backend": "openai", "endpoint_type": "openai",
-              "model_id": model, **asdict(opts)}
+    config = {"date": stamp, "endpoint_type": "openai", **asdict(opts),
+              "backend": opts.backend or "openai",
+              "model_id": model}
     if config["request_rate"] == float("inf"):  # JSON has no infinity: vLLM writes "inf"
         config["request_rate"] = "inf"
     path.write_text(json.dumps({**config, **result}, indent=2) + "\n")

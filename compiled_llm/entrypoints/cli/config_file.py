@@ -4,6 +4,7 @@ the command line (so the command line's own flags win), as vLLM's --config file 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,8 @@ def config_path(argv: list[str]) -> str | None:
 
 def yaml_flags(path: str) -> list[str]:
     """The command-line flags of a YAML mapping: `key: value` is --key VALUE, true --key,
-    false --no-key, a list --key A B, a mapping --key JSON. ValueError naming the file."""
+    false --no-key, a list --key A B (a repeated flag's: --key A --key B), a mapping --key
+    JSON. ValueError naming the file."""
     import yaml
 
     try:
@@ -48,10 +50,20 @@ def yaml_flags(path: str) -> list[str]:
     return [arg for key, value in loaded.items() for arg in _flag(str(key), value)]
 
 
+def _repeated() -> frozenset[str]:
+    """Flags given once per value (--middleware A --middleware B), by field name."""
+    from compiled_llm.entrypoints.server.server_config import ServerConfig
+
+    return frozenset(field.name for field in dataclasses.fields(ServerConfig)
+                     if field.metadata.get("repeat"))
+
+
 def _flag(key: str, value: Any) -> list[str]:
     name = "--" + key.lstrip("-")
     if isinstance(value, bool):
         return [name] if value else ["--no-" + key.lstrip("-")]
+    if isinstance(value, list) and key.lstrip("-").replace("-", "_") in _repeated():
+        return [arg for v in value for arg in (name, str(v))]
     if isinstance(value, list):
         return [name, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)]
     if isinstance(value, dict):

@@ -78,11 +78,18 @@ def test_bench_serve_reports_consistent_figures(server, tmp_path, capsys):
     assert result["mean_ttft_ms"] <= result["mean_e2el_ms"]
 
 
-def test_bench_serve_chat_endpoint(server, tmp_path):
-    """Chat gets the prompts as text: the input tokens are the server's count after its
-    template, the outputs exactly as asked."""
-    result = _bench(server, tmp_path, "--endpoint", "/v1/chat/completions",
-                    "--request-rate", "50")
+def test_bench_serve_chat_endpoint(server, tmp_path, capsys):
+    """Chat gets the prompts as text (vLLM's --backend openai-chat picks its endpoint): the
+    input tokens are the server's count after its template, the outputs exactly as asked;
+    --percentile-metrics / --metric-percentiles pick the report's rows and p<q> keys."""
+    result = _bench(server, tmp_path, "--backend", "openai-chat", "--request-rate", "50",
+                    "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,90")
+    assert result["endpoint"] == "/v1/chat/completions" and result["backend"] == "openai-chat"
+    printed = capsys.readouterr().out
+    assert "P90 E2EL (ms):" in printed and "P50 TTFT (ms):" in printed
+    assert "ITL (ms)" not in printed
+    assert result["p50_ttft_ms"] <= result["p90_ttft_ms"]
+    assert result["p50_e2el_ms"] <= result["p90_e2el_ms"]
     assert result["completed"] == NUM_PROMPTS
     assert result["output_lens"] == [OUTPUT_LEN] * NUM_PROMPTS
     assert all(0 <= len(itl) <= OUTPUT_LEN - 1 for itl in result["itls"])
@@ -135,7 +142,10 @@ def test_nano_vllm_workload():
 
 @pytest.mark.parametrize("bad", [{"num_prompts": 0}, {"random_range_ratio": 1.0},
                                  {"request_rate": 0.0}, {"max_concurrency": 0},
-                                 {"num_client_processes": 0}, {"endpoint": "/v1/embeddings"}])
+                                 {"num_client_processes": 0}, {"endpoint": "/v1/embeddings"},
+                                 {"backend": "tgi"}, {"percentile_metrics": "ttft,goodput"},
+                                 {"metric_percentiles": "99,101"},
+                                 {"metric_percentiles": "p99"}])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         ServeBenchArgs(**bad)
