@@ -141,10 +141,10 @@ def shard_expert_scales(model: nn.Module, plan: dict, tp: TPGroup,
         if not isinstance(experts, Fp8FusedMoE):
             continue
         for param in ("w13_weight", "w2_weight"):
-            shard = plan.get(f"{name}.{param}")
-            if shard is None or name in whole:  # per-expert tensors: local_weight_names
-                if shard is not None:
-                    plan[f"{name}.{param}{SCALE_SUFFIX}"] = shard  # stacked: experts on dim 0
+            shard = plan.get(f"{name}.{param}")  # None: per-expert tensors, read whole
+            if shard is not None and name in whole:  # stacked: the same experts on dim 0
+                plan[f"{name}.{param}{SCALE_SUFFIX}"] = shard
+            if shard is None or name in whole:
                 continue
             parts = shard.parts if isinstance(shard, FusedShard) else (shard,)
             where = f"tensor_parallel_size {tp.world_size}: {name}.{param}{SCALE_SUFFIX}"

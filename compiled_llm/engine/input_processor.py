@@ -208,10 +208,8 @@ class InputProcessor:
                 child_params.prompt_logprobs = None
         child_id = self.request_id_prefix + (
             request_id if params.n == 1 else f"{index}_{request_id}")
-        after = self.long_rope_after
-        long_rope = after is not None and len(ids) > after
-        switch_at = after if after is not None and not long_rope and self.long_rope_recompute \
-            else None
+        long_rope = self.long_rope_after is not None and len(ids) > self.long_rope_after
+        switch_at = None if long_rope or not self.long_rope_recompute else self.long_rope_after
         return Request(child_id, list(ids), child_params, self.eos_token_ids, text,
                        priority=priority, parent_id=request_id, lora_request=lora,
                        cache_salt=salt, long_rope=long_rope, long_rope_at=switch_at)
