@@ -83,6 +83,9 @@ class Request:
     # Phi-3's rule (transformers recomputes the cache there): the position at which a shorter
     # prompt's request turns long_rope and recomputes its K/V (None: it never does)
     long_rope_at: int | None = None
+    # vLLM's primary EOS: the tokenizer's, first of eos_token_ids, finishing with stop_reason
+    # None; without a tokenizer EOS every EOS id is a stop token reported by its id
+    tokenizer_eos: bool = True
     # speculative decoding: draft tokens proposed for the next step (never in all_token_ids
     # and never hashed; the scheduler trims them to what fits and verifies them in one step)
     spec_token_ids: list[int] = field(default_factory=list)

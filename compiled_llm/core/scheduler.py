@@ -262,10 +262,10 @@ class Scheduler:
         params, num_output = req.sampling_params, req.num_output_tokens
         if num_output >= params.min_tokens:
             if not params.ignore_eos and token in req.eos_token_ids:
-                # vLLM: the primary EOS (first) has no stop_reason; the model's other EOS ids
-                # are stop tokens, reported by id
-                return RequestStatus.FINISHED_STOPPED, (
-                    None if token == req.eos_token_ids[0] else token)
+                # vLLM: the primary EOS (the tokenizer's, first) has no stop_reason; the
+                # model's other EOS ids are stop tokens, reported by id
+                primary = req.tokenizer_eos and token == req.eos_token_ids[0]
+                return RequestStatus.FINISHED_STOPPED, None if primary else token
             if token in params.stop_token_ids:
                 return RequestStatus.FINISHED_STOPPED, token
         if params.max_tokens is not None and num_output >= params.max_tokens:

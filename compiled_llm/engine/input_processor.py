@@ -49,6 +49,7 @@ class InputProcessor:
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...],
                  max_model_len: int, args: EngineArgs, model_config=None) -> None:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.has_tokenizer_eos = getattr(tokenizer, "eos_token_id", None) is not None
         self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
         self.scheduling_policy = args.scheduling_policy
         self.max_logprobs, self.max_n = args.max_logprobs, args.max_n_sequences
@@ -212,7 +213,8 @@ class InputProcessor:
         switch_at = None if long_rope or not self.long_rope_recompute else self.long_rope_after
         return Request(child_id, list(ids), child_params, self.eos_token_ids, text,
                        priority=priority, parent_id=request_id, lora_request=lora,
-                       cache_salt=salt, long_rope=long_rope, long_rope_at=switch_at)
+                       cache_salt=salt, long_rope=long_rope, long_rope_at=switch_at,
+                       tokenizer_eos=self.has_tokenizer_eos)
 
     def _check_priority(self, priority: int) -> None:
         if not isinstance(priority, int) or isinstance(priority, bool):

@@ -1,7 +1,7 @@
 """Sampling semantics as vLLM defines them, through LLM.generate: no stop string ends a request
 within min_tokens, nor an EOS (ignore_eos too); the model's other EOS ids stop with their id as
-stop_reason; detokenize=False leaves logprobs' decoded tokens unset; DELTA outputs carry the
-prompt logprobs once a sequence."""
+stop_reason, and so do all of them without a tokenizer; detokenize=False leaves logprobs'
+decoded tokens unset; DELTA outputs carry the prompt logprobs once a sequence."""
 
 from __future__ import annotations
 
@@ -76,6 +76,21 @@ def test_other_eos_ids_report_their_id(ckpt, tmp_path):
         assert (out.finish_reason, out.stop_reason) == ("stop", second)
         assert len(out.token_ids) <= 2
         assert len(_greedy(llm).token_ids) == 12  # ignore_eos ignores every EOS id
+
+
+def test_without_a_tokenizer_every_eos_id_reports_its_id(ckpt, tmp_path):
+    # vLLM: with no tokenizer EOS, the config's EOS ids are all stop tokens (stop_reason: id)
+    model = tmp_path / "model"
+    shutil.copytree(ckpt, model)
+    with LLM(model=str(model), enforce_eager=True, dtype="float32") as plain:
+        first = _greedy(plain).token_ids[1]
+        ids = plain.get_tokenizer().encode(PROMPT)
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [first, 3]}))
+    with LLM(model=str(model), enforce_eager=True, dtype="float32",
+             skip_tokenizer_init=True) as llm:
+        params = SamplingParams(temperature=0.0, max_tokens=12, detokenize=False)
+        out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0].outputs[0]
+        assert (out.finish_reason, out.stop_reason) == ("stop", first)
 
 
 def test_no_decoded_tokens_without_detokenize(llm):
