@@ -164,7 +164,7 @@ def model_len_bounds(hf_config: dict) -> tuple[int, int]:
     position differs: its default stays there and only an explicit value goes past it.
     LongRoPE's default is its whole length (a longer prompt reads its own long rows)."""
     lengths = [hf_config[key] for key in _LENGTH_KEYS if isinstance(hf_config.get(key), int)]
-    trained = min(lengths, default=2048)
+    trained = min(lengths, default=2048) - _position_offset(hf_config)
     scaling = hf_rope_dict(hf_config)
     kind, factor = scaling["rope_type"], scaling.get("factor")
     original = scaling.get("original_max_position_embeddings")
@@ -179,6 +179,14 @@ def model_len_bounds(hf_config: dict) -> tuple[int, int]:
     # served within one chunk, or within index_topk tokens: the limit, and the default
     caps = [cap for cap in (_attention_chunk(hf_config), _index_topk(hf_config)) if cap]
     return (min(limit, *caps), min(default, *caps)) if caps else (limit, default)
+
+
+def _position_offset(hf_config: dict) -> int:
+    """Rows of the position table before position 0: RoBERTa's start after the padding id."""
+    if hf_config.get("model_type") not in ("roberta", "xlm-roberta"):
+        return 0
+    pad = hf_config.get("pad_token_id")
+    return (1 if pad is None else int(pad)) + 1
 
 
 def _attention_chunk(hf_config: dict) -> int | None:

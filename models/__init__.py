@@ -169,6 +169,12 @@ ModelRegistry = _ModelRegistry({
     # pooling models (runner="pooling"): embeddings and classifiers
     "BertModel": "compiled_llm.models.bert:BertModel",
     "BertForSequenceClassification": "compiled_llm.models.bert:BertForSequenceClassification",
+    "RobertaModel": "compiled_llm.models.roberta:RobertaModel",
+    "XLMRobertaModel": "compiled_llm.models.roberta:RobertaModel",
+    "RobertaForSequenceClassification":
+        "compiled_llm.models.roberta:RobertaForSequenceClassification",
+    "XLMRobertaForSequenceClassification":
+        "compiled_llm.models.roberta:RobertaForSequenceClassification",
     "LlamaForSequenceClassification":
         "compiled_llm.models.llama_cls:LlamaForSequenceClassification",
     "Qwen2ForSequenceClassification":

@@ -489,6 +489,8 @@ OWN_LAYER_SHAPE = {
     "SmallMAddRMSNormGemmFusionPass": 0}}
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
+                 "RobertaModel", "XLMRobertaModel", "RobertaForSequenceClassification",
+                 "XLMRobertaForSequenceClassification",
                  "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
                  "MistralForSequenceClassification"}
 
