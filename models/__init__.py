@@ -183,6 +183,10 @@ ModelRegistry = _ModelRegistry({
         "compiled_llm.models.llama_cls:Qwen3ForSequenceClassification",
     "MistralForSequenceClassification":
         "compiled_llm.models.llama_cls:MistralForSequenceClassification",
+    "LlamaModel": "compiled_llm.models.llama_cls:LlamaEmbeddingModel",
+    "MistralModel": "compiled_llm.models.llama_cls:MistralEmbeddingModel",
+    "Qwen2Model": "compiled_llm.models.llama_cls:Qwen2EmbeddingModel",
+    "Qwen3Model": "compiled_llm.models.llama_cls:Qwen3EmbeddingModel",
 })
 
 __all__ = ["DecoderConfig", "ModelRegistry"]

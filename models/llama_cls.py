@@ -1,5 +1,6 @@
-"""Llama-family decoders with a classification head (HF's *ForSequenceClassification): the
-decoder's last-token hidden state through `score` (a bias-free linear) gives the logits.
+"""Llama-family decoders for pooling: with a classification head (HF's
+*ForSequenceClassification: the last token's hidden state through `score`, a bias-free linear)
+and bare (HF's LlamaModel / MistralModel / Qwen2Model / Qwen3Model: embedding checkpoints).
 
 Pooling runs only: the checkpoint has no lm_head, and attention stays causal.
 """
@@ -74,6 +75,50 @@ class MistralForSequenceClassification(LlamaForSequenceClassification):
 class Qwen3ForSequenceClassification(LlamaForSequenceClassification):
     """Qwen3's classifier (e.g. rerankers fine-tuned with a score head): Qwen3's decoder, with
     q/k norms, under Qwen3ForCausalLM's config defaults."""
+
+    model_cls = Qwen3ForCausalLM.model_cls
+    hf_defaults = Qwen3ForCausalLM.hf_defaults
+    hf_unread = Qwen3ForCausalLM.hf_unread
+
+
+class LlamaEmbeddingModel(LlamaForCausalLM):
+    """HF's bare decoder (e5-mistral-style embedding checkpoints): its hidden states, pooled at
+    the last token; the checkpoint's names lack the body's prefix and it has no lm_head."""
+
+    is_pooling_model = True
+    default_pooling_type = "LAST"
+
+    def __init__(self, cfg: DecoderConfig, max_len: int | None = None) -> None:
+        super().__init__(cfg, max_len)
+        del self.lm_head
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A bare decoder generates nothing."""
+        raise ValueError("an embedding model has no language-model head; use embed")
+
+    @classmethod
+    def weight_name(cls, hf_name: str) -> str | None:
+        """The checkpoint's name under the body (names saved with the prefix kept as they are)."""
+        prefix = f"{cls.body_name}."
+        return super().weight_name(hf_name if hf_name.startswith(prefix) else prefix + hf_name)
+
+
+class MistralEmbeddingModel(LlamaEmbeddingModel):
+    """Mistral's bare decoder under MistralForCausalLM's config defaults."""
+
+    hf_defaults = MistralForCausalLM.hf_defaults
+    hf_unread = MistralForCausalLM.hf_unread
+
+
+class Qwen2EmbeddingModel(LlamaEmbeddingModel):
+    """Qwen2's bare decoder under Qwen2ForCausalLM's config defaults (biased q/k/v)."""
+
+    hf_defaults = Qwen2ForCausalLM.hf_defaults
+    hf_unread = Qwen2ForCausalLM.hf_unread
+
+
+class Qwen3EmbeddingModel(LlamaEmbeddingModel):
+    """Qwen3's bare decoder (q/k norms) under Qwen3ForCausalLM's config defaults."""
 
     model_cls = Qwen3ForCausalLM.model_cls
     hf_defaults = Qwen3ForCausalLM.hf_defaults

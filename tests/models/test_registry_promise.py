@@ -490,7 +490,8 @@ OWN_LAYER_SHAPE = {
 # pooling-only architectures: their compiled-against-eager cases are in tests/entrypoints/pooling
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
                  "RobertaModel", "XLMRobertaModel", "RobertaForSequenceClassification",
-                 "XLMRobertaForSequenceClassification",
+                 "XLMRobertaForSequenceClassification", "LlamaModel", "MistralModel",
+                 "Qwen2Model", "Qwen3Model",
                  "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
                  "MistralForSequenceClassification"}
 

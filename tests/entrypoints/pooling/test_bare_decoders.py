@@ -1,0 +1,72 @@
+"""Bare decoders saved as HF's LlamaModel / MistralModel / Qwen2Model / Qwen3Model (embedding
+checkpoints such as e5-mistral): served for pooling by default, their last-token states equal
+transformers', normalised by default, no lm_head."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiled_llm import LLM
+from compiled_llm.pooling_params import PoolingParams
+from tests.utils import SMALL, random_prompts, tokenizer_dir
+
+
+@functools.cache
+def bare(kind: str) -> Path:
+    """A tiny random bare decoder of `kind`, saved as transformers saves AutoModel's."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir())
+    config_cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+                  "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[kind]
+    cfg = config_cls(vocab_size=len(tok), eos_token_id=tok.eos_token_id, **SMALL)
+    torch.manual_seed(3)
+    model = transformers.AutoModel.from_config(cfg)
+    out = Path(tempfile.mkdtemp(prefix=f"cllm-bare-{kind}-"))
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3"])
+def test_bare_decoder_embeds_as_transformers(kind):
+    import transformers
+
+    ckpt = bare(kind)
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(3, 300, lo=3, hi=30, seed=2)]
+    llm = LLM(str(ckpt), enforce_eager=True, dtype="float32")
+    assert llm.runner_type == "pooling"
+    raw = llm.embed(prompts, PoolingParams(normalize=False))
+    unit = llm.embed(prompts)
+    hf = transformers.AutoModel.from_pretrained(ckpt).eval()
+    for prompt, out, normed in zip(prompts, raw, unit):
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt["prompt_token_ids"]])).last_hidden_state[0, -1]
+        torch.testing.assert_close(torch.tensor(out.outputs.embedding), ref, atol=1e-4,
+                                   rtol=1e-4)
+        torch.testing.assert_close(torch.tensor(normed.outputs.embedding),
+                                   ref / ref.norm(), atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="runner"):
+        llm.generate(prompts[0])
+    llm.shutdown()
+
+
+def test_compiled_bare_decoder_matches_eager(monkeypatch):
+    from compiled_llm.compile import counters
+
+    ckpt = bare("qwen3")
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(3, 300, lo=3, hi=30, seed=4)]
+    with LLM(str(ckpt), enforce_eager=True, dtype="float32") as eager:
+        ref = torch.tensor([o.outputs.embedding for o in eager.embed(prompts)])
+    counters.reset()
+    monkeypatch.setenv("COMPILED_LLM_DISABLE_CACHE", "1")
+    with LLM(str(ckpt), compile_mode="backend", dtype="float32") as llm:
+        ours = torch.tensor([o.outputs.embedding for o in llm.embed(prompts)])
+    assert counters.graph_breaks == 0 and counters.recompiles == 0
+    assert counters.pieces == 2 + 1  # split at its 2 attentions
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
