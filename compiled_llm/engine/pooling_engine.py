@@ -25,6 +25,7 @@ from compiled_llm.pooling_params import PoolerConfig, PoolingParams
 from compiled_llm.worker.loader import load_hf_config, load_model, read_json, resolve_dtype
 from compiled_llm.worker.pooler import resolve_pooler
 from compiled_llm.worker.pooling_runner import HostRows, PoolingRunner
+from compiled_llm.worker.st_dense import st_projector
 
 logger = logging.getLogger(__name__)
 Tokens = tuple[list[int], list[int] | None]  # (token ids, token types or None)
@@ -138,7 +139,8 @@ class PoolingEngine:
                                      PoolerConfig.from_value(args.pooler_config))
         self.runner = PoolingRunner(model, self.device, self.dtype, pooling_compile_config(args),
                                     args.attention_backend_for(self.device.type,
-                                                              model.config.head_dim))
+                                                              model.config.head_dim),
+                                    st_projector(model_dir, self.device))
         self.inputs = InputProcessor(self.tokenizer, model.config.vocab_size, (),
                                      self.max_model_len, args)
         # Matryoshka models (config.json, as vLLM reads it): the sizes dimensions may take
@@ -169,11 +171,17 @@ class PoolingEngine:
         """KV blocks held: always 0 (pooling keeps no KV cache)."""
         return sum(t.numel() for t in self.runner.kv_caches)
 
+    @property
+    def embedding_size(self) -> int:
+        """An embedding's length: the last Dense module's outputs, else the hidden size."""
+        projector = self.runner.projector
+        return projector[-2].out_features if projector else self.model_config.hidden_size
+
     def check_dimensions(self, dimensions: int | None) -> None:
         """ValueError naming dimensions unless the model is Matryoshka and allows it."""
         if dimensions is None:
             return
-        hidden = self.model_config.hidden_size
+        hidden = self.embedding_size
         if not self.is_matryoshka:
             raise ValueError("dimensions: this model does not support Matryoshka embeddings "
                              "(no matryoshka_dimensions in its config.json)")

@@ -24,8 +24,10 @@ class PoolingRunner:
     cached between or within steps)."""
 
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype,
-                 compile_cfg: CompileConfig, attn_backend: str = "torch") -> None:
+                 compile_cfg: CompileConfig, attn_backend: str = "torch",
+                 projector: nn.Module | None = None) -> None:
         self.model, self.device, self.dtype = model, device, dtype
+        self.projector = projector  # sentence-transformers' Dense modules (st_dense.py)
         self.attn_backend = attn_backend
         self.kv_caches: list[torch.Tensor] = []
         if compile_cfg.mode == "none":
@@ -81,6 +83,8 @@ class PoolingRunner:
         """embed's forward and head launched, the copy to the host under way; the caller
         prepares the next step before it waits on rows()."""
         pooled = self.pooled(input_ids, pooling_type)
+        if self.projector is not None:
+            pooled = self.projector(pooled)
         return HostRows(embedding_groups(pooled, normalize, dimensions), len(input_ids))
 
     def embed(self, input_ids: list[list[int]], pooling_type: str, normalize: list[bool],
@@ -105,7 +109,7 @@ class PoolingRunner:
     def shutdown(self) -> None:
         """Drop the compiled forward and the weights (idempotent)."""
         release = getattr(self.forward_fn, "release", None)
-        self.forward_fn = self.model = None
+        self.forward_fn = self.model = self.projector = None
         if release is not None:
             release()
         if self.device.type == "cuda":

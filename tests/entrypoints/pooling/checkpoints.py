@@ -59,9 +59,10 @@ def decoder_classifier(kind: str, num_labels: int = 3) -> Path:
 
 
 @functools.cache
-def st_bert(pooling_mode: str) -> Path:
+def st_bert(pooling_mode: str, dense: tuple[int, ...] = (), extra: str = "") -> Path:
     """A tiny random BERT saved by the installed sentence-transformers (its own config format)
-    with a Pooling module of `pooling_mode` and a Normalize module."""
+    with a Pooling module of `pooling_mode`, a Dense module (tanh) to each size in `dense`, a
+    module of sentence_transformers.models named `extra` and a Normalize module."""
     import transformers
     from sentence_transformers import SentenceTransformer, models
 
@@ -74,7 +75,12 @@ def st_bert(pooling_mode: str) -> Path:
     transformers.BertModel(cfg, add_pooling_layer=False).save_pretrained(raw)
     tok.save_pretrained(raw)
     modules = [models.Transformer(str(raw), max_seq_length=100),
-               models.Pooling(64, pooling_mode=pooling_mode), models.Normalize()]
+               models.Pooling(64, pooling_mode=pooling_mode)]
+    for size_in, size_out in zip((64, *dense), dense):
+        modules.append(models.Dense(size_in, size_out, activation_function=torch.nn.Tanh()))
+    if extra:
+        modules.append(getattr(models, extra)((64, *dense)[-1]))
+    modules.append(models.Normalize())
     out = Path(tempfile.mkdtemp(prefix=f"cllm-st-{pooling_mode}-"))
     SentenceTransformer(modules=modules, device="cpu").save(str(out))
     return out

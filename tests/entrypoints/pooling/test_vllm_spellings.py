@@ -1,7 +1,7 @@
 """What a vLLM user's pooling code passes, taken as vLLM takes it: a model saved by the installed
-sentence-transformers (its pooling_mode config), PoolingParams' softmax/activation/task
-spellings, LLM.reward and encode's pooling_task, compiled_llm.inputs, and bad prompt types as
-ValueErrors naming the argument."""
+sentence-transformers (its pooling_mode config, its Dense modules), PoolingParams'
+softmax/activation/task spellings, LLM.reward and encode's pooling_task, compiled_llm.inputs,
+and bad prompt types as ValueErrors naming the argument."""
 
 from __future__ import annotations
 
@@ -30,6 +30,25 @@ def test_sentence_transformers_pooling_mode_matches_its_encode(mode):
     ours = torch.tensor([o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)])
     llm.shutdown()
     torch.testing.assert_close(ours, ref.float(), atol=1e-5, rtol=1e-5)
+
+
+def test_sentence_transformers_dense_modules_run_before_normalize():
+    """LaBSE-style Dense projections (tanh) after the pooling: they were skipped silently."""
+    from sentence_transformers import SentenceTransformer
+
+    model = st_bert("cls", dense=(48, 32))
+    ref = SentenceTransformer(str(model), device="cpu").encode(TEXTS, convert_to_tensor=True)
+    llm = LLM(str(model), enforce_eager=True, dtype="float32")
+    outs = llm.embed(TEXTS, use_tqdm=False)
+    ours = torch.tensor([o.outputs.embedding for o in outs])
+    torch.testing.assert_close(ours, ref.float(), atol=1e-5, rtol=1e-5)
+    assert outs[0].outputs.hidden_size == 32
+    llm.shutdown()
+
+
+def test_sentence_transformers_modules_not_implemented_are_refused():
+    with pytest.raises(ValueError, match="LayerNorm.*not supported"):
+        LLM(str(st_bert("mean", extra="LayerNorm")), enforce_eager=True, dtype="float32")
 
 
 def test_sentence_transformers_pooling_mode_spellings(tmp_path):
