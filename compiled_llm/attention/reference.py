@@ -176,15 +176,13 @@ def attend_uncached(q, k, v, meta: AttentionMetadata, scale: float, window: int,
                     alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
     """Each sequence's queries over its own k/v rows (no cache: every sequence is whole).
     Bidirectional batches go through padded_attention, a few SDPA calls, not one per sequence."""
-    if window > 0 and not causal:
-        raise ValueError("a sliding window needs causal attention")
     out = torch.zeros_like(q)
     starts = meta.query_start_loc_cpu.tolist()
     if not causal:
         if softcap or sinks is not None or alibi_slopes is not None:
             raise ValueError("soft-capped scores, attention sinks and ALiBi need causal "
                              "attention")
-        padded_attention(q, k, v, starts, scale, out)
+        padded_attention(q, k, v, starts, scale, out, window)
         return out
     for start, end in zip(starts, starts[1:]):
         attended = sdpa(q[start:end].transpose(0, 1),  # [Hq, L, D]
@@ -193,6 +191,15 @@ def attend_uncached(q, k, v, meta: AttentionMetadata, scale: float, window: int,
                         sinks, _chunk_alibi(alibi_slopes, end - start, end - start, q.device))
         out[start:end] = attended.transpose(0, 1)
     return out
+
+
+def _window_mask(valid: torch.Tensor, offsets: torch.Tensor, window: int) -> torch.Tensor:
+    """[B, 1, L or 1, L] keys each query sees: valid ones, within window of it where set."""
+    mask = valid[:, None, None, :]
+    if window <= 0:
+        return mask
+    near = (offsets[:, None] - offsets[None, :]).abs() < window  # [L, L]
+    return mask & near[None, None]
 
 
 def length_groups(lens: list[int], slack: float = 1.25) -> list[list[int]]:
@@ -208,10 +215,11 @@ def length_groups(lens: list[int], slack: float = 1.25) -> list[list[int]]:
     return groups
 
 
-def padded_attention(q, k, v, starts: list[int], scale: float, out: torch.Tensor) -> None:
+def padded_attention(q, k, v, starts: list[int], scale: float, out: torch.Tensor,
+                     window: int = 0) -> None:
     """Bidirectional attention of each sequence (rows starts[i]:starts[i+1]) into `out`, one
     SDPA call per length group: rows gathered into [B, H, L, D] with the padded keys masked
-    (padded queries are computed and dropped)."""
+    (padded queries are computed and dropped); window > 0: keys window or more away hidden."""
     lens = [end - start for start, end in zip(starts, starts[1:])]
     for group in length_groups(lens):
         longest = max(lens[i] for i in group)
@@ -223,7 +231,7 @@ def padded_attention(q, k, v, starts: list[int], scale: float, out: torch.Tensor
             q[rows].transpose(1, 2),  # [B, Hq, L, D]
             k[rows].transpose(1, 2),
             v[rows].transpose(1, 2),
-            attn_mask=valid[:, None, None, :],
+            attn_mask=_window_mask(valid, offsets, window),
             scale=scale,
             enable_gqa=True,
         )

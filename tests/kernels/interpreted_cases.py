@@ -294,12 +294,38 @@ def attention_forward_reference_rows(q, k, v, lens):
     return (scores.softmax(-1) @ vh).transpose(0, 1)
 
 
-def test_uncached_refuses_window_without_causal():
-    lens = [5]
-    q = torch.randn(5, 2, 16)
-    with set_forward_context(ForwardContext(_uncached_meta(lens), [], backend="triton")), \
-            pytest.raises(ValueError, match="sliding window"):
-        attention(q, q, q, 0, SCALE, 4, False)
+@pytest.mark.parametrize("window", [3, 20])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_uncached_bidirectional_window(window, dtype):
+    # encoders with local layers (ModernBERT, EmbeddingGemma): keys less than window away,
+    # on both sides; both backends against a dense float32 reference per sequence
+    lens = [23, 1, 70, 7]
+    g = torch.Generator().manual_seed(window)
+    total = sum(lens)
+    q, k, v = (torch.randn(total, heads, 32, generator=g).to(dtype) for heads in (4, 2, 2))
+    meta = _uncached_meta(lens)
+    for backend in ("torch", "triton"):
+        with set_forward_context(ForwardContext(meta, [], backend=backend)):
+            out = attention(q, k, v, 0, SCALE, window, False)
+        start = 0
+        for n in lens:
+            ref = _dense_window_rows(q[start:start + n], k[start:start + n],
+                                     v[start:start + n], window)
+            torch.testing.assert_close(out[start:start + n].float(), ref,
+                                       atol=tolerance(dtype), rtol=0)
+            start += n
+
+
+def _dense_window_rows(q, k, v, window):
+    """One sequence's bidirectional attention over keys less than window away, in float32."""
+    n = q.shape[0]
+    qh, kh, vh = (t.float().transpose(0, 1) for t in (q, k, v))
+    kh = kh.repeat_interleave(qh.shape[0] // kh.shape[0], 0)
+    vh = vh.repeat_interleave(qh.shape[0] // vh.shape[0], 0)
+    pos = torch.arange(n)
+    far = (pos[:, None] - pos[None, :]).abs() >= window
+    scores = ((qh @ kh.transpose(1, 2)) * SCALE).masked_fill(far, float("-inf"))
+    return (scores.softmax(-1) @ vh).transpose(0, 1)
 
 
 def test_launch_order_only_where_the_batch_fills_the_device():

@@ -49,11 +49,15 @@ def _key_ranges(first, last, window, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.const
 def _visible_keys(first, last, seq_len, window, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
                   CAUSAL: tl.constexpr):
     """(lo, full_lo, full_hi, hi) as _key_ranges, causal; else every key of the sequence:
-    whole tiles, then the masked tail."""
+    whole tiles, then the masked tail; bidirectional with a window: keys within window of
+    some query of the tile, every tile masked."""
     if CAUSAL:
         lo, full_lo, full_hi = _key_ranges(first, last, window, BLOCK_N, HAS_WINDOW)
         return lo, full_lo, full_hi, last + 1
     lo = first * 0
+    if HAS_WINDOW:
+        lo = (tl.maximum(first - window + 1, 0) // BLOCK_N) * BLOCK_N
+        return lo, lo, lo, tl.minimum(last + window, seq_len)
     return lo, lo, (seq_len // BLOCK_N) * BLOCK_N, seq_len + lo
 
 
@@ -185,10 +189,11 @@ def varlen_attention(
     alibi_slopes: torch.Tensor | None = None,  # [Hq] float32: ALiBi's slopes (Bloom, MPT)
 ) -> torch.Tensor:
     """Varlen attention of each sequence's queries over its own k/v rows, no cache (causal, or
-    not: every query sees the sequence's every key); softcap > 0: scores soft-capped; sinks:
-    a logit per head in every softmax; alibi_slopes: ALiBi (causal only)."""
-    if (sliding_window > 0 or alibi_slopes is not None) and not causal:
-        raise ValueError("a sliding window and ALiBi need causal attention")
+    not: every query sees the sequence's every key, or with sliding_window those less than
+    it away); softcap > 0: scores soft-capped; sinks: a logit per head in every softmax;
+    alibi_slopes: ALiBi (causal only)."""
+    if alibi_slopes is not None and not causal:
+        raise ValueError("ALiBi needs causal attention")
     if k.stride()[:2] != v.stride()[:2] or k.stride(-1) != 1 or v.stride(-1) != 1:
         k, v = k.contiguous(), v.contiguous()  # one set of row strides serves both
     num_seqs = query_start_loc.shape[0] - 1

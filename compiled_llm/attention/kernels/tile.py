@@ -56,7 +56,8 @@ def attend_tile(
 ):
     """One online-softmax step of rows q [M, D] (at positions q_pos) over keys n0..n0+N-1 read
     through the block table (or, unpaged, at row stride stride_cs). MASKED: keys >= seq_len,
-    (CAUSAL) after q_pos or (HAS_WINDOW) at or before q_pos - window are hidden; unmasked
+    (CAUSAL) after q_pos or (HAS_WINDOW) at or before q_pos - window (and, not CAUSAL, at or
+    after q_pos + window) are hidden; unmasked
     tiles must be fully visible and below seq_len. FP8: K/V are converted to q's dtype as
     read; their scales are the caller's (folded into qk_scale and the output). SOFTCAP > 0:
     scores soft-capped, cap * tanh(score / cap), with the cap in the log2 domain too. ALIBI:
@@ -88,6 +89,8 @@ def attend_tile(
             vis = vis & (pos[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
             vis = vis & (pos[None, :] > q_pos[:, None] - window)
+            if not CAUSAL:  # bidirectional: as far after as before
+                vis = vis & (pos[None, :] < q_pos[:, None] + window)
         s = tl.where(vis, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))  # m_i starts finite: fully masked rows stay NaN-free
     alpha = tl.exp2(m_i - m_new)
