@@ -187,6 +187,7 @@ ModelRegistry = _ModelRegistry({
     "MistralModel": "compiled_llm.models.llama_cls:MistralEmbeddingModel",
     "Qwen2Model": "compiled_llm.models.llama_cls:Qwen2EmbeddingModel",
     "Qwen3Model": "compiled_llm.models.llama_cls:Qwen3EmbeddingModel",
+    "Gemma3TextModel": "compiled_llm.models.llama_cls:Gemma3EmbeddingModel",
 })
 
 __all__ = ["DecoderConfig", "ModelRegistry"]

@@ -51,6 +51,24 @@ class Gemma3Config(DecoderConfig):
             final_logit_softcapping=hf.get("final_logit_softcapping"))
 
 
+@dataclasses.dataclass
+class Gemma3EmbeddingConfig(Gemma3Config):
+    """Gemma3Config that takes use_bidirectional_attention (EmbeddingGemma's encoder: every
+    key visible, the sliding layers' within sliding_window on either side)."""
+
+    bidirectional: bool = False
+
+    @classmethod
+    def from_hf(cls, hf_config: dict[str, Any], **defaults: Any) -> Gemma3EmbeddingConfig:
+        """Gemma3Config.from_hf, with use_bidirectional_attention read."""
+        hf = dict(hf_config)
+        bidirectional = bool(hf.pop("use_bidirectional_attention", False))
+        if bidirectional and hf.get("sliding_window"):
+            # transformers' reading: config.json's window spans both sides, |q - k| < w // 2 + 1
+            hf["sliding_window"] = hf["sliding_window"] // 2 + 1
+        return dataclasses.replace(super().from_hf(hf, **defaults), bidirectional=bidirectional)
+
+
 def split_layer_rope(hf: dict[str, Any], defaults: dict[str, Any]) -> float:
     """Leave the full-attention layers' rope in hf (rope_parameters, as one dict) and return
     the sliding layers' base; their rope must be the default one."""
@@ -77,6 +95,7 @@ class Gemma3Attention(LlamaAttention):
     def __init__(self, cfg: Gemma3Config, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.scale = cfg.query_pre_attn_scalar**-0.5
+        self.causal = not getattr(cfg, "bidirectional", False)
         self.q_norm = gemma_rms_norm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = gemma_rms_norm(cfg.head_dim, cfg.rms_norm_eps)
 

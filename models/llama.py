@@ -29,6 +29,7 @@ class LlamaAttention(nn.Module):
         self.head_dim = cfg.head_dim
         self.scale = cfg.head_dim**-0.5
         self.sliding_window = cfg.layer_window(layer_idx)
+        self.causal = True  # False: an encoder's bidirectional attention (no KV cache)
         q_size, kv_size = self.num_heads * cfg.head_dim, self.num_kv_heads * cfg.head_dim
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(cfg.hidden_size, q_size, bias=bias)
@@ -56,7 +57,8 @@ class LlamaAttention(nn.Module):
         """hidden [T, hidden] -> [T, hidden]; writes this layer's K/V into the cache."""
         q, k, v = self.qkv(hidden)
         q, k = self.rotate(*self.qk_norm(q, k), rope)
-        attn_out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window)
+        attn_out = attention(q, k, v, self.layer_idx, self.scale, self.sliding_window,
+                             self.causal)
         return self.o_proj(attn_out.flatten(1))  # [T, H*D] -> [T, hidden]
 
 

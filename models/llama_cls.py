@@ -1,8 +1,7 @@
-"""Llama-family decoders for pooling: with a classification head (HF's
-*ForSequenceClassification: the last token's hidden state through `score`, a bias-free linear)
-and bare (HF's LlamaModel / MistralModel / Qwen2Model / Qwen3Model: embedding checkpoints).
-
-Pooling runs only: the checkpoint has no lm_head, and attention stays causal.
+"""Decoders for pooling: with a classification head (HF's *ForSequenceClassification: the last
+token's hidden state through `score`, a bias-free linear) and bare (HF's LlamaModel /
+MistralModel / Qwen2Model / Qwen3Model / Gemma3TextModel: embedding checkpoints). Pooling
+runs only: no lm_head; attention is causal but for Gemma 3's use_bidirectional_attention.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import torch
 from torch import nn
 
 from compiled_llm.models.config import DecoderConfig
+from compiled_llm.models.gemma3 import Gemma3EmbeddingConfig, Gemma3ForCausalLM
 from compiled_llm.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
 from compiled_llm.models.qwen3 import Qwen3ForCausalLM
 
@@ -81,9 +81,11 @@ class Qwen3ForSequenceClassification(LlamaForSequenceClassification):
     hf_unread = Qwen3ForCausalLM.hf_unread
 
 
-class LlamaEmbeddingModel(LlamaForCausalLM):
-    """HF's bare decoder (e5-mistral-style embedding checkpoints): its hidden states, pooled at
-    the last token; the checkpoint's names lack the body's prefix and it has no lm_head."""
+class BareDecoderEmbedding:
+    """Mixin over a *ForCausalLM for HF's bare decoder (e5-mistral-style embedding
+    checkpoints): its hidden states, pooled at the last token unless the directory's
+    sentence-transformers files say otherwise; the checkpoint's names lack the body's prefix
+    and it has no lm_head."""
 
     is_pooling_model = True
     default_pooling_type = "LAST"
@@ -101,6 +103,17 @@ class LlamaEmbeddingModel(LlamaForCausalLM):
         """The checkpoint's name under the body (names saved with the prefix kept as they are)."""
         prefix = f"{cls.body_name}."
         return super().weight_name(hf_name if hf_name.startswith(prefix) else prefix + hf_name)
+
+
+class LlamaEmbeddingModel(BareDecoderEmbedding, LlamaForCausalLM):
+    """Llama's bare decoder."""
+
+
+class Gemma3EmbeddingModel(BareDecoderEmbedding, Gemma3ForCausalLM):
+    """Gemma 3's bare decoder (Gemma3TextModel: EmbeddingGemma), bidirectional where its
+    config sets use_bidirectional_attention."""
+
+    config_cls = Gemma3EmbeddingConfig
 
 
 class MistralEmbeddingModel(LlamaEmbeddingModel):

@@ -491,7 +491,7 @@ OWN_LAYER_SHAPE = {
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
                  "RobertaModel", "XLMRobertaModel", "RobertaForSequenceClassification",
                  "XLMRobertaForSequenceClassification", "LlamaModel", "MistralModel",
-                 "Qwen2Model", "Qwen3Model",
+                 "Qwen2Model", "Qwen3Model", "Gemma3TextModel",
                  "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
                  "MistralForSequenceClassification"}
 

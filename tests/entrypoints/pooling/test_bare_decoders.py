@@ -70,3 +70,41 @@ def test_compiled_bare_decoder_matches_eager(monkeypatch):
     assert counters.graph_breaks == 0 and counters.recompiles == 0
     assert counters.pieces == 2 + 1  # split at its 2 attentions
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
+@functools.cache
+def embedding_gemma() -> Path:
+    """A tiny random bidirectional Gemma3TextModel (EmbeddingGemma's shape of config) with
+    sliding layers of a 4-token window, so the window shows on the test's prompts."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir())
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        use_bidirectional_attention=True, max_position_embeddings=256, query_pre_attn_scalar=16)
+    torch.manual_seed(5)
+    model = transformers.Gemma3TextModel(cfg)
+    out = Path(tempfile.mkdtemp(prefix="cllm-embgemma-"))
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("enforce_eager", [True, False])
+def test_bidirectional_gemma3_embeds_as_transformers(enforce_eager):
+    import transformers
+
+    ckpt = embedding_gemma()
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(3, 300, lo=3, hi=30, seed=8)]
+    llm = LLM(str(ckpt), enforce_eager=enforce_eager, dtype="float32",
+              pooler_config={"pooling_type": "MEAN", "normalize": False})
+    outs = llm.embed(prompts)
+    hf = transformers.AutoModel.from_pretrained(ckpt).eval()
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt["prompt_token_ids"]])).last_hidden_state[0].mean(0)
+        torch.testing.assert_close(torch.tensor(out.outputs.embedding), ref, atol=1e-4,
+                                   rtol=1e-4)
+    llm.shutdown()
