@@ -18,12 +18,8 @@ from pathlib import Path
 
 from benchmarks.common import print_table
 from benchmarks.serve import add_args, serving, stop
-from compiled_llm.entrypoints.cli.bench_serve import (
-    load_tokenizer,
-    random_requests,
-    request_bodies,
-    run_load,
-)
+from compiled_llm.entrypoints.cli.bench_datasets import random_requests
+from compiled_llm.entrypoints.cli.bench_serve import load_tokenizer, request_bodies, run_load
 
 
 def schema(items: int) -> dict:

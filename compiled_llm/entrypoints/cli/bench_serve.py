@@ -1,13 +1,13 @@
-"""`compiled-llm bench serve`, shaped like vLLM's `vllm bench serve`: a random dataset streamed
-to a running OpenAI-compatible server at a request rate and concurrency, reported with vLLM's
-metric names and JSON keys (throughputs; TTFT, TPOT, ITL, E2EL mean, median, p99)."""
+"""`compiled-llm bench serve`, shaped like vLLM's `vllm bench serve`: a random, ShareGPT or
+custom dataset streamed to a running OpenAI-compatible server at a request rate and
+concurrency, reported with vLLM's metric names and JSON keys (throughputs; TTFT, TPOT, ITL,
+E2EL mean, median, p99)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -16,12 +16,18 @@ from typing import Literal
 
 from compiled_llm.config import check_choices, check_minimums
 from compiled_llm.entrypoints.cli.args import HelpFormatter, add_dataclass_args, dataclass_from
+from compiled_llm.entrypoints.cli.bench_datasets import (
+    DatasetFileArgs,
+    random_requests,
+    read_dataset,
+    sample_dataset,
+)
 
 Endpoint = Literal["/v1/completions", "/v1/chat/completions"]
 
 
 @dataclass
-class ServeBenchArgs:
+class ServeBenchArgs(DatasetFileArgs):
     """`bench serve`: where the server is, what to send it, and where the result goes."""
 
     base_url: str | None = None
@@ -31,17 +37,20 @@ class ServeBenchArgs:
     port: int = 8000
     """The server's port, when --base-url is not given."""
     endpoint: Endpoint = "/v1/completions"
-    """The API to stream from. /v1/completions gets the prompts as token ids; the chat one
-    gets them as text, decoded with --tokenizer."""
+    """The API to stream from. /v1/completions gets random prompts as token ids and a file
+    dataset's as text; the chat one gets them as text (random ones decoded with --tokenizer)."""
     backend: Literal["vllm", "openai", "openai-chat"] | None = None
     """vLLM's name for the API: vllm and openai stream /v1/completions, openai-chat
     /v1/chat/completions (it sets --endpoint)."""
     model: str | None = None
     """The model name to send (default: the server's first model in /v1/models)."""
     tokenizer: str | None = None
-    """Local tokenizer directory the prompt ids are drawn from (default: --model)."""
-    dataset_name: Literal["random"] = "random"
-    """random: prompts of uniform random token ids."""
+    """Local tokenizer directory the prompt ids are drawn from and a file dataset's texts
+    counted with (default: --model)."""
+    dataset_name: Literal["random", "sharegpt", "custom"] = "random"
+    """random: prompts of uniform random token ids. sharegpt: a ShareGPT JSON file's first
+    turns (--dataset-path), each asking for its reply's token count. custom: a JSON-lines
+    file's "prompt"s (--dataset-path), each asking for --custom-output-len tokens."""
     random_input_len: int = 1024
     """Prompt length in tokens."""
     random_output_len: int = 128
@@ -96,7 +105,7 @@ class ServeBenchArgs:
             raise ValueError(f"random_range_ratio must be < 1, got {self.random_range_ratio}")
         if not self.request_rate > 0:
             raise ValueError(f"request_rate must be > 0, got {self.request_rate}")
-
+        self.check_dataset_file(self.dataset_name)
 
     def metrics(self) -> list[str]:
         """The metrics whose percentiles are reported."""
@@ -117,7 +126,7 @@ METRICS = ("ttft", "tpot", "itl", "e2el")
 def add_parser(kinds: argparse._SubParsersAction) -> None:
     """Register `bench serve` (a client: it takes no engine flags)."""
     parser = kinds.add_parser("serve", formatter_class=HelpFormatter,
-                              help="stream a random dataset to a running server, as vLLM's")
+                              help="stream a dataset to a running server, as vLLM's")
     add_dataclass_args(parser, ServeBenchArgs, title="bench serve options")
     parser.set_defaults(func=run_bench_serve)
 
@@ -131,29 +140,35 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def random_requests(num: int, input_len: int, output_len: int, ratio: float, vocab: int,
-                    seed: int) -> list[tuple[list[int], int]]:
-    """(prompt token ids, max_tokens) per request: ids uniform in [1, vocab), lengths uniform
-    in [len * (1 - ratio), len * (1 + ratio)], at least 1."""
-    rng = random.Random(seed)
-
-    def length(n: int) -> int:
-        return max(1, rng.randint(int(n * (1 - ratio)), int(n * (1 + ratio))))
-
-    return [([rng.randrange(1, vocab) for _ in range(length(input_len))], length(output_len))
-            for _ in range(num)]
-
-
-def request_bodies(data: list[tuple[list[int], int]], model: str, chat: bool,
+def request_bodies(data: list[tuple[list[int] | str, int]], model: str, chat: bool,
                    tokenizer=None, **fields) -> list[dict]:
     """Streamed request bodies (usage in the last event), with `fields` (None ones left out)
-    in each: completions get the ids as the prompt; chat gets them decoded, as one message."""
+    in each: completions get the prompt as it is (ids or text); chat gets it as text (ids
+    decoded), as one message."""
     common = {"model": model, "stream": True, "stream_options": {"include_usage": True},
               **{k: v for k, v in fields.items() if v is not None}}
     if not chat:
-        return [{**common, "prompt": ids, "max_tokens": n} for ids, n in data]
-    return [{**common, "messages": [{"role": "user", "content": tokenizer.decode(ids)}],
-             "max_completion_tokens": n} for ids, n in data]
+        return [{**common, "prompt": prompt, "max_tokens": n} for prompt, n in data]
+
+    def text(prompt: list[int] | str) -> str:
+        return prompt if isinstance(prompt, str) else tokenizer.decode(prompt)
+
+    return [{**common, "messages": [{"role": "user", "content": text(prompt)}],
+             "max_completion_tokens": n} for prompt, n in data]
+
+
+def serve_requests(opts: ServeBenchArgs, entries: list | None,
+                   tokenizer) -> list[tuple[list[int] | str, int]]:
+    """(prompt, max_tokens) per request: random token ids, or the texts sampled from a file
+    dataset's entries (read_dataset's; custom ones bare for the chat endpoint)."""
+    if entries is None:
+        return random_requests(opts.num_prompts, opts.random_input_len,
+                               opts.random_output_len, opts.random_range_ratio,
+                               len(tokenizer), opts.seed)
+    chat = opts.endpoint == "/v1/chat/completions"
+    return [(req.prompt, req.output_len) for req in sample_dataset(
+        opts.dataset_name, entries, tokenizer, opts.num_prompts, opts.seed, opts,
+        template=not chat)]
 
 
 def summarize(records: list, duration: float, percentiles: tuple[float, ...] = ()) -> dict:
@@ -279,13 +294,13 @@ def run_bench_serve(ns: argparse.Namespace) -> int:
     """Send one request untimed (as vLLM's test run: a bad setup fails fast), then time
     the whole dataset; print the report and save it as JSON if asked."""
     opts = dataclass_from(ServeBenchArgs, ns)
+    entries = read_dataset(opts.dataset_name, opts)  # a bad file fails before the wait
     base_url = (opts.base_url or f"http://{opts.host}:{opts.port}").rstrip("/")
     wait_ready(base_url, opts.ready_check_timeout_sec)
     model = opts.model or served_model(base_url)
     tokenizer = load_tokenizer(opts.tokenizer or model)
-    data = random_requests(opts.num_prompts, opts.random_input_len, opts.random_output_len,
-                           opts.random_range_ratio, len(tokenizer), opts.seed)
-    bodies = request_bodies(data, model, opts.endpoint == "/v1/chat/completions", tokenizer,
+    bodies = request_bodies(serve_requests(opts, entries, tokenizer), model,
+                            opts.endpoint == "/v1/chat/completions", tokenizer,
                             temperature=opts.temperature, ignore_eos=opts.ignore_eos or None)
     test = run_load(base_url, opts.endpoint, bodies[:1])
     if not test["completed"]:

@@ -25,7 +25,7 @@ class RequestRecord:
     """One request as the client saw it; times in seconds from its send."""
 
     prompt_len: int = 0
-    """Prompt tokens: the server's usage count, else the ids sent."""
+    """Prompt tokens: the server's usage count, else the ids sent (0 for text)."""
     output_tokens: int = 0
     """Generated tokens, from the usage of the last event."""
     start: float = 0.0
@@ -116,7 +116,9 @@ async def _read_stream(response: httpx.Response, rec: RequestRecord, chat: bool)
 async def send_one(client: httpx.AsyncClient, url: str, body: dict,
                    chat: bool = False) -> RequestRecord:
     """Send one streamed request and time its events."""
-    rec = RequestRecord(prompt_len=len(body.get("prompt", ())), start=time.perf_counter())
+    prompt = body.get("prompt", ())
+    rec = RequestRecord(prompt_len=len(prompt) if isinstance(prompt, list) else 0,
+                        start=time.perf_counter())
     try:
         async with client.stream("POST", url, json=body) as response:
             if response.status_code != 200:

@@ -1,7 +1,7 @@
 """`compiled-llm bench serve` against the live `compiled-llm serve` of the tiny test model (the
 shared server fixture, which wants an API key) from two client processes: vLLM's report lines
-and JSON keys, figures that agree with each other and with the workload; the request split and
-the random and nano-vllm workloads on their own."""
+and JSON keys, figures that agree with each other and with the workload, ShareGPT and custom
+files; the request split and the random and nano-vllm workloads on their own."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from compiled_llm.entrypoints.cli.bench import (
     nano_vllm_requests,
     nano_vllm_workload,
 )
-from compiled_llm.entrypoints.cli.bench_serve import ServeBenchArgs, random_requests
+from compiled_llm.entrypoints.cli.bench_datasets import random_requests
+from compiled_llm.entrypoints.cli.bench_serve import ServeBenchArgs
 from compiled_llm.entrypoints.cli.main import main
 from compiled_llm.entrypoints.cli.serve_client import split
 from tests.entrypoints.server.conftest import API_KEY
@@ -94,6 +95,49 @@ def test_bench_serve_chat_endpoint(server, tmp_path, capsys):
     assert result["output_lens"] == [OUTPUT_LEN] * NUM_PROMPTS
     assert all(0 <= len(itl) <= OUTPUT_LEN - 1 for itl in result["itls"])
     assert all(n > 0 for n in result["input_lens"])
+
+
+def test_bench_serve_sharegpt_file(server, tmp_path):
+    """vLLM's ShareGPT file: the first turns sent as text, each asking for its reply's token
+    count (--ignore-eos: exactly that many come back); too-short and one-turn conversations
+    left out."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(server.model)
+    texts = [("The quick brown fox jumps over the lazy dog.", "Permission is hereby granted."),
+             ("Permission is hereby granted, free of charge,", "THE SOFTWARE IS PROVIDED AS IS"),
+             ("to any person obtaining a copy of this software.", "The lazy dog sleeps on."),
+             ("WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED.", "quick brown fox jumps")]
+    convs = [[{"from": "human", "value": q}, {"from": "gpt", "value": a}] for q, a in texts]
+    convs += [[{"from": "human", "value": "Hi"}, {"from": "gpt", "value": texts[0][1]}],
+              [{"from": "human", "value": texts[0][0]}]]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps([{"conversations": c} for c in convs]))
+    out = tmp_path / "sharegpt-result.json"
+    assert main(["bench", "serve", "--base-url", server.url, "--dataset-name", "sharegpt",
+                 "--dataset-path", str(path), "--num-prompts", "4", "--no-oversample",
+                 "--ignore-eos", "--result-filename", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] == 4 and result["failed"] == 0
+    counts = [(len(tok(q).input_ids), len(tok(a).input_ids)) for q, a in texts]
+    assert min(c for pair in counts for c in pair) >= 4  # all four pass the filters
+    assert sorted(zip(result["input_lens"], result["output_lens"])) == sorted(counts)
+    assert result["dataset_name"] == "sharegpt"
+
+
+def test_bench_serve_custom_file_on_the_chat_endpoint(server, tmp_path):
+    """Custom JSON lines: the chat endpoint gets each prompt bare (the server templates it),
+    --custom-output-len tokens each, oversampled to --num-prompts."""
+    path = tmp_path / "custom.jsonl"
+    path.write_text('{"prompt": "The quick brown fox"}\n{"prompt": "jumps over the dog"}\n')
+    out = tmp_path / "custom-result.json"
+    assert main(["bench", "serve", "--base-url", server.url, "--backend", "openai-chat",
+                 "--dataset-name", "custom", "--dataset-path", str(path), "--num-prompts", "3",
+                 "--custom-output-len", "3", "--ignore-eos", "--result-filename",
+                 str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] == 3 and result["output_lens"] == [3, 3, 3]
+    assert all(n > 4 for n in result["input_lens"])
 
 
 def test_a_failed_test_request_stops_the_run(server, capsys):

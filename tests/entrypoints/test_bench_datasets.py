@@ -1,0 +1,164 @@
+"""The bench commands' dataset files, without a server or an engine: ShareGPT's length
+filters, seeded shuffling and oversampling, custom JSON lines with the chat template, bad files
+and flags refused naming the flag."""
+
+from __future__ import annotations
+
+import json
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from compiled_llm.entrypoints.cli.bench_datasets import (
+    DatasetFileArgs,
+    is_valid_sequence,
+    read_custom,
+    read_dataset,
+    read_sharegpt,
+    sample_dataset,
+)
+from compiled_llm.entrypoints.cli.main import main
+from tests.utils import tokenizer_dir
+
+
+class WordTokenizer:
+    """One token per word, so that the lengths under test are plain to read."""
+
+    chat_template = "<user> ... <assistant>"
+
+    def __call__(self, text: str):
+        return SimpleNamespace(input_ids=text.split())
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        assert add_generation_prompt and not tokenize
+        return f"<user> {messages[0]['content']} <assistant>"
+
+
+def words(n: int, word: str = "w") -> str:
+    return " ".join([word] * n)
+
+
+def conversation(prompt_len: int, reply_len: int, tag: str = "w") -> dict:
+    return {"conversations": [{"from": "human", "value": words(prompt_len, tag)},
+                              {"from": "gpt", "value": words(reply_len, tag)}]}
+
+
+def write_sharegpt(tmp_path, entries: list) -> str:
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(entries))
+    return str(path)
+
+
+def sample(path: str, num: int, name: str = "sharegpt", seed: int = 0, **opts):
+    args = DatasetFileArgs(dataset_path=path, **opts)
+    entries = read_dataset(name, args)
+    return sample_dataset(name, entries, WordTokenizer(), num, seed, args)
+
+
+# (prompt words, reply words) -> kept by vLLM's filter with the reply's own length
+FILTER_CASES = [((3, 10), False), ((4, 3), False), ((4, 4), True), ((1025, 4), False),
+                ((1024, 4), True), ((1000, 1049), False), ((1000, 1048), True)]
+
+
+def test_sharegpt_keeps_what_vllm_keeps(tmp_path):
+    entries = [conversation(p, r) for (p, r), _ in FILTER_CASES]
+    entries += [{"conversations": [{"from": "human", "value": words(8)}]},  # one turn
+                {"id": "no conversations"}, "not an object"]
+    path = write_sharegpt(tmp_path, entries)
+    reqs = sample(path, 20, disable_shuffle=True, oversample=False)
+    assert [(r.prompt_len, r.output_len) for r in reqs] == [
+        lens for lens, kept in FILTER_CASES if kept]
+    assert reqs[0].prompt == words(4)
+    # a fixed output length skips the reply's minimum, not the prompt's nor the total's
+    fixed = sample(path, 20, disable_shuffle=True, oversample=False, sharegpt_output_len=2)
+    assert [(r.prompt_len, r.output_len) for r in fixed] == [
+        (4, 2), (4, 2), (1024, 2), (1000, 2), (1000, 2)]
+    assert is_valid_sequence(4, 2, fixed_output=True) and not is_valid_sequence(4, 2)
+
+
+def test_sharegpt_shuffles_with_the_seed_and_oversamples(tmp_path):
+    entries = [conversation(4 + k, 4, tag=f"t{k}") for k in range(10)]
+    path = write_sharegpt(tmp_path, entries)
+    first = [r.prompt_len for r in sample(path, 4, seed=1)]
+    order = list(range(10))
+    random.Random(1).shuffle(order)
+    assert first == [4 + k for k in order[:4]]  # the seeded shuffle's first four
+    assert first == [r.prompt_len for r in sample(path, 4, seed=1)]
+    assert first != [r.prompt_len for r in sample(path, 4, seed=2)]
+    many = sample(path, 25, seed=1)
+    assert len(many) == 25 and sorted(r.prompt_len for r in many[:10]) == list(range(4, 14))
+    assert {r.prompt_len for r in many[10:]} <= set(range(4, 14))
+    assert len(sample(path, 25, seed=1, oversample=False)) == 10
+
+
+def test_custom_prompts_in_the_chat_template(tmp_path):
+    path = tmp_path / "custom.jsonl"
+    path.write_text('{"prompt": "one two"}\n\n{"prompt": "three", "extra": 1}\n')
+    assert read_custom(str(path)) == ["one two", "three"]
+    reqs = sample(str(path), 2, name="custom", disable_shuffle=True)
+    assert [(r.prompt, r.prompt_len, r.output_len) for r in reqs] == [
+        ("<user> one two <assistant>", 4, 256), ("<user> three <assistant>", 3, 256)]
+    bare = sample(str(path), 3, name="custom", disable_shuffle=True, skip_chat_template=True,
+                  custom_output_len=7)
+    assert [(r.prompt, r.output_len) for r in bare[:2]] == [("one two", 7), ("three", 7)]
+    assert len(bare) == 3 and bare[2] in bare[:2]  # oversampled
+
+
+def test_custom_with_the_test_tokenizer(tmp_path):
+    """The real tiny tokenizer's chat template and counts; the chat endpoint's prompts bare."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir())
+    path = tmp_path / "custom.jsonl"
+    path.write_text('{"prompt": "The quick brown fox"}\n')
+    args = DatasetFileArgs(dataset_path=str(path))
+    entries = read_dataset("custom", args)
+    [req] = sample_dataset("custom", entries, tok, 1, 0, args)
+    assert req.prompt == "<user>The quick brown fox\n<assistant>"
+    assert req.prompt_len == len(tok(req.prompt).input_ids) > 0
+    [bare] = sample_dataset("custom", entries, tok, 1, 0, args, template=False,
+                            output_len=9)
+    assert (bare.prompt, bare.output_len) == ("The quick brown fox", 9)
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="--skip-chat-template"):
+        sample_dataset("custom", entries, tok, 1, 0, args)
+
+
+@pytest.mark.parametrize("name, text, match", [
+    ("sharegpt", "{not json", "not JSON"),
+    ("sharegpt", '{"conversations": []}', "JSON list"),
+    ("sharegpt", json.dumps([conversation(4, 4)["conversations"][:1]]), "two turns"),
+    ("sharegpt", json.dumps([{"conversations": [{"value": 1}, {"value": "x"}]}]), "two turns"),
+    ("custom", '{"prompt": "a"}\n{"text": "b"}\n', "line 2"),
+    ("custom", "[1]\n", "line 1"),
+    ("custom", "\n\n", "no prompt"),
+    ("custom", '{"prompt": "a"\n', "line 1 is not JSON")])
+def test_bad_dataset_files_are_refused(tmp_path, name, text, match):
+    path = tmp_path / "data"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"--dataset-path {path}: .*{match}"):
+        read_dataset(name, DatasetFileArgs(dataset_path=str(path)))
+
+
+def test_unreadable_and_filtered_out_files_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="--dataset-path .*cannot read"):
+        read_sharegpt(str(tmp_path))  # a directory
+    with pytest.raises(ValueError, match="--dataset-path .*cannot read"):
+        read_custom(str(tmp_path / "missing.jsonl"))
+    path = write_sharegpt(tmp_path, [conversation(2, 8), conversation(2000, 8)])
+    with pytest.raises(ValueError, match="--dataset-path .*length filters"):
+        sample(path, 4)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--dataset-name", "sharegpt"], "pass --dataset-path"),
+    (["--dataset-name", "custom"], "pass --dataset-path"),
+    (["--dataset-path", "x.json"], "--dataset-path is for"),
+    (["--dataset-name", "custom", "--dataset-path", "/no/such.jsonl"], "cannot read"),
+    (["--sharegpt-output-len", "0"], "sharegpt_output_len")])
+def test_bench_serve_refuses_bad_flags(capsys, argv, match):
+    """Refused before any server is waited for (port 1 has none)."""
+    assert main(["bench", "serve", "--port", "1", "--ready-check-timeout-sec", "0",
+                 *argv]) == 2
+    assert match in capsys.readouterr().err
