@@ -162,3 +162,13 @@ def test_bench_serve_refuses_bad_flags(capsys, argv, match):
     assert main(["bench", "serve", "--port", "1", "--ready-check-timeout-sec", "0",
                  *argv]) == 2
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--dataset-name", "sharegpt"], "pass --dataset-path"),
+    (["--dataset-name", "nano-vllm", "--dataset-path", "x.json"], "--dataset-path is for"),
+    (["--dataset-name", "sharegpt", "--dataset-path", "/no/such.json"], "cannot read")])
+def test_bench_throughput_refuses_bad_dataset_flags(capsys, argv, match):
+    """Refused before the engine is built."""
+    assert main(["bench", "throughput", "--device", "cpu", *argv]) == 2
+    assert match in capsys.readouterr().err

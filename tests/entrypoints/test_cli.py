@@ -313,6 +313,46 @@ def test_bench_throughput_end_to_end(tmp_path):
     assert result["requests_per_second"] > 0 and result["tokens_per_second"] > 0
 
 
+def test_bench_throughput_on_dataset_files(tmp_path):
+    """sharegpt: each reply's token count generated for its prompt (--output-len overrides
+    them, as vLLM's); custom: --custom-output-len tokens for each chat-templated prompt."""
+    from transformers import AutoTokenizer
+
+    from tests.utils import make_checkpoint
+
+    model = make_checkpoint("llama")
+    tok = AutoTokenizer.from_pretrained(model)
+    texts = [("The quick brown fox jumps over the lazy dog.", "Permission is hereby granted."),
+             ("Permission is hereby granted, free of charge,", "THE SOFTWARE IS PROVIDED AS IS")]
+    sharegpt, custom = tmp_path / "sharegpt.json", tmp_path / "custom.jsonl"
+    sharegpt.write_text(json.dumps([{"conversations": [{"from": "human", "value": q},
+                                                       {"from": "gpt", "value": a}]}
+                                    for q, a in texts]))
+    custom.write_text("".join(json.dumps({"prompt": q}) + "\n" for q, _ in texts))
+
+    def run(*argv: str) -> dict:
+        out = tmp_path / "throughput.json"
+        assert main(["bench", "throughput", "--model", str(model), *FAST, *argv,
+                     "--output-json", str(out)]) == 0
+        return json.loads(out.read_text())
+
+    counts = [(len(tok(q).input_ids), len(tok(a).input_ids)) for q, a in texts]
+    result = run("--dataset-name", "sharegpt", "--dataset-path", str(sharegpt),
+                 "--num-prompts", "5", "--no-oversample")
+    assert (result["dataset_name"], result["num_requests"]) == ("sharegpt", 2)
+    assert result["total_output_tokens"] == sum(n for _, n in counts)
+    assert result["total_num_tokens"] == sum(p + n for p, n in counts)
+    result = run("--dataset-name", "sharegpt", "--dataset-path", str(sharegpt),
+                 "--num-prompts", "3", "--output-len", "5")
+    assert (result["num_requests"], result["total_output_tokens"]) == (3, 15)
+    result = run("--dataset-name", "custom", "--dataset-path", str(custom),
+                 "--num-prompts", "2", "--custom-output-len", "4")
+    assert (result["num_requests"], result["total_output_tokens"]) == (2, 8)
+    templated = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                         add_generation_prompt=True) for q, _ in texts]
+    assert result["total_num_tokens"] == 8 + sum(len(tok(t).input_ids) for t in templated)
+
+
 def test_bench_latency_end_to_end(tmp_path, capsys):
     out = tmp_path / "latency.json"
     assert main(["bench", "latency", "--batch-size", "2", "--input-len", "8",

@@ -1,6 +1,7 @@
 """`compiled-llm bench latency|throughput|serve`, as vLLM's `vllm bench`: latency and throughput
 time the user's path (LLM.generate, detokenizing, on the engine the shared flags build, their
-defaults EngineArgs'); serve (bench_serve.py) streams to a running server."""
+defaults EngineArgs'; throughput on random, nano-vllm, ShareGPT or custom prompts); serve
+(bench_serve.py) streams to a running server."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ from compiled_llm.entrypoints.cli.args import (
     add_engine_args,
     dataclass_from,
     engine_args,
+)
+from compiled_llm.entrypoints.cli.bench_datasets import (
+    DatasetFileArgs,
+    read_dataset,
+    sample_dataset,
 )
 from compiled_llm.entrypoints.cli.bench_serve import percentile
 
@@ -52,20 +58,23 @@ class LatencyArgs:
 
 
 @dataclass
-class ThroughputArgs:
+class ThroughputArgs(DatasetFileArgs):
     """`bench throughput`: every prompt submitted at once, timed until the last finishes."""
 
-    dataset_name: Literal["random", "nano-vllm"] = "random"
+    dataset_name: Literal["random", "nano-vllm", "sharegpt", "custom"] = "random"
     """random: --num-prompts prompts of --input-len random token ids, --output-len tokens
     each, temperature 1.0 (vLLM's bench throughput). nano-vllm: nano-vllm's bench workload,
     256 prompts, prompt and output lengths each uniform in [100, 1024], temperature 0.6
-    (--input-len and --output-len do not apply)."""
+    (--input-len and --output-len do not apply). sharegpt, custom: the texts of
+    --dataset-path, sampled as `bench serve` samples them, temperature 1.0."""
     num_prompts: int | None = None
-    """Prompts to generate for (default: 1000 random, 256 nano-vllm)."""
+    """Prompts to generate for (default: 1000; 256 nano-vllm)."""
     input_len: int = 128
     """Prompt length in tokens (random)."""
-    output_len: int = 128
-    """Tokens generated for each prompt (random); EOS is ignored in both datasets."""
+    output_len: int | None = None
+    """Tokens generated for each prompt (default: 128 random; sharegpt's replies' counts or
+    --sharegpt-output-len, --custom-output-len: given, it overrides them, as vLLM's); EOS is
+    ignored in every dataset."""
     temperature: float | None = None
     """Sampling temperature (default: the dataset's, 1.0 random, 0.6 nano-vllm)."""
     n: int = 1
@@ -77,6 +86,7 @@ class ThroughputArgs:
         check_choices(self)
         check_minimums(self, {"num_prompts": 1, "input_len": 1, "output_len": 1,
                               "temperature": 0.0, "n": 1})
+        self.check_dataset_file(self.dataset_name)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -171,16 +181,32 @@ def run_latency(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _throughput_workload(ns: argparse.Namespace, opts: ThroughputArgs):
-    """(LLM, prompts, params) of the chosen dataset."""
+def file_workload(llm, opts: ThroughputArgs, entries: list, seed: int = 0,
+                  temperature: float = 1.0):
+    """(text prompts, one SamplingParams per prompt) sampled from a file dataset's entries
+    (read_dataset's) with the LLM's tokenizer: each its own output length, EOS ignored."""
+    from compiled_llm import SamplingParams
+
+    reqs = sample_dataset(opts.dataset_name, entries, llm.get_tokenizer(),
+                          opts.num_prompts or 1000, seed, opts, output_len=opts.output_len)
+    return ([req.prompt for req in reqs],
+            [SamplingParams(n=opts.n, temperature=temperature, top_p=1.0, ignore_eos=True,
+                            max_tokens=req.output_len) for req in reqs])
+
+
+def _throughput_workload(ns: argparse.Namespace, opts: ThroughputArgs, entries: list | None):
+    """(LLM, prompts, params) of the chosen dataset (entries: a file dataset's)."""
     if opts.dataset_name == "nano-vllm":
         llm = _engine(ns)
         temperature = 0.6 if opts.temperature is None else opts.temperature
         return (llm, *nano_vllm_workload(llm, opts.num_prompts or 256, temperature, ns.seed,
                                          opts.n))
     temperature = 1.0 if opts.temperature is None else opts.temperature
-    return _setup(ns, opts.num_prompts or 1000, opts.input_len, opts.output_len, temperature,
-                  opts.n)
+    if entries is not None:
+        llm = _engine(ns)
+        return (llm, *file_workload(llm, opts, entries, ns.seed, temperature))
+    return _setup(ns, opts.num_prompts or 1000, opts.input_len, opts.output_len or 128,
+                  temperature, opts.n)
 
 
 def run_throughput(ns: argparse.Namespace) -> int:
@@ -188,7 +214,8 @@ def run_throughput(ns: argparse.Namespace) -> int:
     from compiled_llm import SamplingParams
 
     opts = dataclass_from(ThroughputArgs, ns)
-    llm, prompts, params = _throughput_workload(ns, opts)
+    entries = read_dataset(opts.dataset_name, opts)  # a bad file fails before the engine
+    llm, prompts, params = _throughput_workload(ns, opts, entries)
     # one untimed request first: the first step pays one-off costs (a prompt of zeros shares
     # no prefix with the random ones)
     llm.generate({"prompt_token_ids": [0] * 16}, SamplingParams(max_tokens=4, ignore_eos=True),

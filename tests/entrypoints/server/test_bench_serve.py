@@ -181,7 +181,7 @@ def test_nano_vllm_workload():
     assert [p.max_tokens for p in params] == [n for _, n in reqs]
     assert {(p.temperature, p.ignore_eos) for p in params} == {(0.6, True)}
     with pytest.raises(ValueError, match="dataset_name"):
-        ThroughputArgs(dataset_name="sharegpt")
+        ThroughputArgs(dataset_name="sonnet")
 
 
 @pytest.mark.parametrize("bad", [{"num_prompts": 0}, {"random_range_ratio": 1.0},
