@@ -1,11 +1,12 @@
-"""The bench commands' dataset files, without a server or an engine: ShareGPT's length
-filters, seeded shuffling and oversampling, custom JSON lines with the chat template, bad files
-and flags refused naming the flag."""
+"""The bench commands' dataset files and arrivals, without a server or an engine: ShareGPT's
+length filters, seeded shuffling and oversampling, custom JSON lines with the chat template,
+bad files and flags refused naming the flag, and gamma arrival statistics."""
 
 from __future__ import annotations
 
 import json
 import random
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +20,7 @@ from compiled_llm.entrypoints.cli.bench_datasets import (
     sample_dataset,
 )
 from compiled_llm.entrypoints.cli.main import main
+from compiled_llm.entrypoints.cli.serve_client import arrival_gap, split
 from tests.utils import tokenizer_dir
 
 
@@ -156,6 +158,8 @@ def test_unreadable_and_filtered_out_files_are_refused(tmp_path):
     (["--dataset-name", "custom"], "pass --dataset-path"),
     (["--dataset-path", "x.json"], "--dataset-path is for"),
     (["--dataset-name", "custom", "--dataset-path", "/no/such.jsonl"], "cannot read"),
+    (["--burstiness", "0"], "--burstiness must be > 0"),
+    (["--burstiness", "-1.5"], "--burstiness must be > 0"),
     (["--sharegpt-output-len", "0"], "sharegpt_output_len")])
 def test_bench_serve_refuses_bad_flags(capsys, argv, match):
     """Refused before any server is waited for (port 1 has none)."""
@@ -172,3 +176,20 @@ def test_bench_throughput_refuses_bad_dataset_flags(capsys, argv, match):
     """Refused before the engine is built."""
     assert main(["bench", "throughput", "--device", "cpu", *argv]) == 2
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
+def test_arrival_gaps_are_gamma_with_mean_one_over_rate(burstiness):
+    """vLLM's arrivals: mean 1/rate whatever the burstiness, squared coefficient of variation
+    1/burstiness (1: exponential gaps, a Poisson process)."""
+    rng, rate = random.Random(3), 20.0
+    gaps = [arrival_gap(rng, rate, burstiness) for _ in range(40_000)]
+    mean = statistics.fmean(gaps)
+    assert mean == pytest.approx(1 / rate, rel=0.03)
+    assert statistics.pvariance(gaps) / mean**2 == pytest.approx(1 / burstiness, rel=0.08)
+    assert arrival_gap(rng, float("inf"), burstiness) == 0.0
+
+
+def test_split_gives_every_share_the_burstiness():
+    shares = split([{}] * 4, 2, None, 8.0, 0, url="u", burstiness=0.5)
+    assert [(s.rate, s.burstiness) for s in shares] == [(4.0, 0.5), (4.0, 0.5)]

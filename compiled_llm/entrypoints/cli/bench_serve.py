@@ -1,7 +1,7 @@
 """`compiled-llm bench serve`, shaped like vLLM's `vllm bench serve`: a random, ShareGPT or
-custom dataset streamed to a running OpenAI-compatible server at a request rate and
-concurrency, reported with vLLM's metric names and JSON keys (throughputs; TTFT, TPOT, ITL,
-E2EL mean, median, p99)."""
+custom dataset streamed to a running OpenAI-compatible server at a request rate (Poisson or
+gamma arrivals) and concurrency, reported with vLLM's metric names and JSON keys (throughputs;
+TTFT, TPOT, ITL, E2EL mean, median, p99)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,9 @@ class ServeBenchArgs(DatasetFileArgs):
     """At most this many requests in flight (default: no limit)."""
     request_rate: float = float("inf")
     """Requests per second, arriving as a Poisson process (inf: all at once)."""
+    burstiness: float = 1.0
+    """Shape of the gamma-distributed gaps between arrivals at --request-rate (mean 1/rate):
+    1 is a Poisson process, lower is burstier, higher more uniform."""
     seed: int = 0
     """Seeds the dataset and the arrival times."""
     ignore_eos: bool = False
@@ -105,6 +108,8 @@ class ServeBenchArgs(DatasetFileArgs):
             raise ValueError(f"random_range_ratio must be < 1, got {self.random_range_ratio}")
         if not self.request_rate > 0:
             raise ValueError(f"request_rate must be > 0, got {self.request_rate}")
+        if not self.burstiness > 0:
+            raise ValueError(f"--burstiness must be > 0, got {self.burstiness}")
         self.check_dataset_file(self.dataset_name)
 
     def metrics(self) -> list[str]:
@@ -279,14 +284,16 @@ def load_tokenizer(path: str | None):
 
 def run_load(base_url: str, endpoint: str, bodies: list[dict], processes: int = 1,
              concurrency: int | None = None, rate: float = float("inf"),
-             seed: int = 0, percentiles: tuple[float, ...] = ()) -> dict:
+             seed: int = 0, percentiles: tuple[float, ...] = (),
+             burstiness: float = 1.0) -> dict:
     """Stream every body to base_url + endpoint from `processes` client processes (at most
-    `concurrency` in flight, Poisson arrivals at `rate`); summarize() of the records."""
+    `concurrency` in flight, gamma arrivals of shape `burstiness` at `rate`); summarize() of
+    the records."""
     from compiled_llm.entrypoints.cli import serve_client
 
     shares = serve_client.split(bodies, processes, concurrency, rate, seed,
                                 url=base_url + endpoint, headers=_headers(),
-                                chat=endpoint == "/v1/chat/completions")
+                                chat=endpoint == "/v1/chat/completions", burstiness=burstiness)
     return summarize(*serve_client.run_clients(shares), percentiles)
 
 
@@ -307,9 +314,12 @@ def run_bench_serve(ns: argparse.Namespace) -> int:
         raise ValueError(f"the test request failed: {test['errors'][0]}")
     print(f"Traffic request rate: {opts.request_rate}, maximum concurrency: "
           f"{opts.max_concurrency}, {opts.num_client_processes} client process(es)")
+    print(f"Burstiness factor: {opts.burstiness} "
+          f"({'Poisson process' if opts.burstiness == 1 else 'Gamma distribution'})")
     percentiles = tuple(opts.percentiles())
     result = run_load(base_url, opts.endpoint, bodies, opts.num_client_processes,
-                      opts.max_concurrency, opts.request_rate, opts.seed, percentiles)
+                      opts.max_concurrency, opts.request_rate, opts.seed, percentiles,
+                      opts.burstiness)
     print_report(result, opts.max_concurrency, tuple(opts.metrics()), percentiles)
     if opts.save_result or opts.result_filename:
         save_result(opts, model, result)

@@ -56,9 +56,11 @@ class ClientShare:
     concurrency: int | None = None
     """At most this many in flight (None: all at once)."""
     rate: float = float("inf")
-    """Poisson arrivals at this many requests/s (inf: no waits)."""
+    """Arrivals at this many requests/s on average (inf: no waits)."""
     seed: int = 0
     """Seeds the arrival times."""
+    burstiness: float = 1.0
+    """Shape of the gamma-distributed gaps between arrivals (1: a Poisson process)."""
     headers: dict = field(default_factory=dict)
     """Sent with every request (authorization)."""
 
@@ -134,6 +136,14 @@ async def send_one(client: httpx.AsyncClient, url: str, body: dict,
     return rec
 
 
+def arrival_gap(rng: random.Random, rate: float, burstiness: float = 1.0) -> float:
+    """Seconds to the next arrival, as vLLM draws them: gamma-distributed with shape
+    `burstiness` and mean 1/rate (shape 1 is exponential: a Poisson process); 0 at rate inf."""
+    if rate == float("inf"):
+        return 0.0
+    return rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+
+
 async def run_share(share: ClientShare) -> tuple[list[RequestRecord], float, float]:
     """Send a share's requests; (their records in order, perf_counter at start, at end)."""
     rng = random.Random(share.seed)
@@ -149,7 +159,7 @@ async def run_share(share: ClientShare) -> tuple[list[RequestRecord], float, flo
         for body in share.bodies:
             tasks.append(asyncio.create_task(limited(body)))
             if share.rate != float("inf"):
-                await asyncio.sleep(rng.expovariate(share.rate))
+                await asyncio.sleep(arrival_gap(rng, share.rate, share.burstiness))
         records = await asyncio.gather(*tasks)
     return list(records), start, time.perf_counter()
 
@@ -157,7 +167,8 @@ async def run_share(share: ClientShare) -> tuple[list[RequestRecord], float, flo
 def split(bodies: list[dict], processes: int, concurrency: int | None, rate: float,
           seed: int, **share_kw) -> list[ClientShare]:
     """The requests dealt round-robin over at most `processes` shares, each with its part of
-    the concurrency and of the rate (independent Poisson streams add up to one of the sum)."""
+    the concurrency and of the rate (independent Poisson streams add up to one of the sum;
+    gamma ones of --burstiness other than 1 merge into a stream closer to Poisson)."""
     count = min(processes, len(bodies), concurrency or len(bodies))
     shares = []
     for k in range(count):

@@ -1,7 +1,8 @@
 """`compiled-llm bench serve` against the live `compiled-llm serve` of the tiny test model (the
 shared server fixture, which wants an API key) from two client processes: vLLM's report lines
 and JSON keys, figures that agree with each other and with the workload, ShareGPT and custom
-files; the request split and the random and nano-vllm workloads on their own."""
+files with gamma arrivals; the request split and the random and nano-vllm workloads
+on their own."""
 
 from __future__ import annotations
 
@@ -97,10 +98,10 @@ def test_bench_serve_chat_endpoint(server, tmp_path, capsys):
     assert all(n > 0 for n in result["input_lens"])
 
 
-def test_bench_serve_sharegpt_file(server, tmp_path):
+def test_bench_serve_sharegpt_file(server, tmp_path, capsys):
     """vLLM's ShareGPT file: the first turns sent as text, each asking for its reply's token
     count (--ignore-eos: exactly that many come back); too-short and one-turn conversations
-    left out."""
+    left out; bursty arrivals at a rate."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(server.model)
@@ -116,13 +117,16 @@ def test_bench_serve_sharegpt_file(server, tmp_path):
     out = tmp_path / "sharegpt-result.json"
     assert main(["bench", "serve", "--base-url", server.url, "--dataset-name", "sharegpt",
                  "--dataset-path", str(path), "--num-prompts", "4", "--no-oversample",
-                 "--ignore-eos", "--result-filename", str(out)]) == 0
+                 "--ignore-eos", "--request-rate", "100", "--burstiness", "0.5",
+                 "--result-filename", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Burstiness factor: 0.5 (Gamma distribution)" in printed
     result = json.loads(out.read_text())
     assert result["completed"] == 4 and result["failed"] == 0
     counts = [(len(tok(q).input_ids), len(tok(a).input_ids)) for q, a in texts]
     assert min(c for pair in counts for c in pair) >= 4  # all four pass the filters
     assert sorted(zip(result["input_lens"], result["output_lens"])) == sorted(counts)
-    assert result["dataset_name"] == "sharegpt"
+    assert result["dataset_name"] == "sharegpt" and result["burstiness"] == 0.5
 
 
 def test_bench_serve_custom_file_on_the_chat_endpoint(server, tmp_path):
