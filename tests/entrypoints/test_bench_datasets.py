@@ -1,6 +1,6 @@
 """The bench commands' dataset files and arrivals, without a server or an engine: ShareGPT's
 length filters, seeded shuffling and oversampling, custom JSON lines with the chat template,
-bad files and flags refused naming the flag, and gamma arrival statistics."""
+bad files and flags refused naming the flag, gamma arrival statistics, and goodput."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ from compiled_llm.entrypoints.cli.bench_datasets import (
     read_sharegpt,
     sample_dataset,
 )
+from compiled_llm.entrypoints.cli.bench_goodput import good_requests, parse_goodput
+from compiled_llm.entrypoints.cli.bench_serve import ServeBenchArgs, print_report, summarize
 from compiled_llm.entrypoints.cli.main import main
-from compiled_llm.entrypoints.cli.serve_client import arrival_gap, split
+from compiled_llm.entrypoints.cli.serve_client import RequestRecord, arrival_gap, split
 from tests.utils import tokenizer_dir
 
 
@@ -160,6 +162,10 @@ def test_unreadable_and_filtered_out_files_are_refused(tmp_path):
     (["--dataset-name", "custom", "--dataset-path", "/no/such.jsonl"], "cannot read"),
     (["--burstiness", "0"], "--burstiness must be > 0"),
     (["--burstiness", "-1.5"], "--burstiness must be > 0"),
+    (["--goodput", "ttft:100", "itl:5"], "--goodput: the key"),
+    (["--goodput", "ttft:0"], "--goodput: ttft's value must be a positive"),
+    (["--goodput", "e2el:-3"], "--goodput: e2el's value"),
+    (["--goodput", "tpot"], "--goodput takes KEY:VALUE"),
     (["--sharegpt-output-len", "0"], "sharegpt_output_len")])
 def test_bench_serve_refuses_bad_flags(capsys, argv, match):
     """Refused before any server is waited for (port 1 has none)."""
@@ -193,3 +199,31 @@ def test_arrival_gaps_are_gamma_with_mean_one_over_rate(burstiness):
 def test_split_gives_every_share_the_burstiness():
     shares = split([{}] * 4, 2, None, 8.0, 0, url="u", burstiness=0.5)
     assert [(s.rate, s.burstiness) for s in shares] == [(4.0, 0.5), (4.0, 0.5)]
+
+
+def record(ttft: float, latency: float, tokens: int, ok: bool = True) -> RequestRecord:
+    return RequestRecord(prompt_len=3, output_tokens=tokens, ttft=ttft, latency=latency,
+                         ok=ok, itl=[0.01] * max(tokens - 1, 0))
+
+
+def test_goodput_counts_requests_within_every_slo(capsys):
+    records = [record(0.05, 0.50, 10),   # tpot 50 ms
+               record(0.20, 0.40, 5),    # ttft 200 ms, tpot 50 ms
+               record(0.05, 1.05, 11),   # tpot 100 ms, e2el 1050 ms
+               record(0.30, 0.30, 1),    # one token: tpot 0
+               record(0.01, 0.02, 2, ok=False)]
+    assert parse_goodput(["ttft:100", "tpot:60.5"]) == {"ttft": 100.0, "tpot": 60.5}
+    assert good_requests(records, {"ttft": 100}) == 2
+    assert good_requests(records, {"tpot": 50}) == 3
+    assert good_requests(records, {"ttft": 250, "tpot": 60}) == 2
+    assert good_requests(records, {"e2el": 1000}) == 3
+    assert good_requests(records, {"ttft": 1000, "tpot": 1000, "e2el": 2000}) == 4
+    result = summarize(records, 2.0, slos={"ttft": 100})
+    assert result["request_goodput"] == 1.0 and result["request_throughput"] == 2.0
+    print_report(result, None)
+    assert "Request goodput (req/s):                 1.00" in capsys.readouterr().out
+    plain = summarize(records, 2.0)
+    assert plain["request_goodput"] is None
+    print_report(plain, None)
+    assert "goodput" not in capsys.readouterr().out
+    assert ServeBenchArgs(goodput=["e2el:5"]).slos() == {"e2el": 5.0}

@@ -1,7 +1,7 @@
 """`compiled-llm bench serve`, shaped like vLLM's `vllm bench serve`: a random, ShareGPT or
 custom dataset streamed to a running OpenAI-compatible server at a request rate (Poisson or
-gamma arrivals) and concurrency, reported with vLLM's metric names and JSON keys (throughputs;
-TTFT, TPOT, ITL, E2EL mean, median, p99)."""
+gamma arrivals) and concurrency, reported with vLLM's metric names and JSON keys (throughputs,
+goodput; TTFT, TPOT, ITL, E2EL mean, median, p99)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from compiled_llm.entrypoints.cli.bench_datasets import (
     read_dataset,
     sample_dataset,
 )
+from compiled_llm.entrypoints.cli.bench_goodput import good_requests, parse_goodput
 
 Endpoint = Literal["/v1/completions", "/v1/chat/completions"]
 
@@ -88,6 +89,9 @@ class ServeBenchArgs(DatasetFileArgs):
     """Comma-separated metrics (of ttft, tpot, itl, e2el) whose percentiles are reported."""
     metric_percentiles: str = "99"
     """Comma-separated percentiles (0-100) of those metrics, as p<q>_<metric>_ms keys."""
+    goodput: list[str] | None = None
+    """Service level objectives as KEY:VALUE pairs in ms (keys ttft, tpot, e2el), e.g.
+    ttft:500 tpot:50: request_goodput is the requests/s that meet all of them."""
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -111,6 +115,7 @@ class ServeBenchArgs(DatasetFileArgs):
         if not self.burstiness > 0:
             raise ValueError(f"--burstiness must be > 0, got {self.burstiness}")
         self.check_dataset_file(self.dataset_name)
+        self.slos()
 
     def metrics(self) -> list[str]:
         """The metrics whose percentiles are reported."""
@@ -123,6 +128,10 @@ class ServeBenchArgs(DatasetFileArgs):
         except ValueError:
             raise ValueError(f"metric_percentiles must be numbers in [0, 100], got "
                              f"{self.metric_percentiles!r}") from None
+
+    def slos(self) -> dict[str, float]:
+        """--goodput as {metric: SLO in ms} (ValueError naming the flag for a bad pair)."""
+        return parse_goodput(self.goodput or [])
 
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -176,16 +185,19 @@ def serve_requests(opts: ServeBenchArgs, entries: list | None,
         template=not chat)]
 
 
-def summarize(records: list, duration: float, percentiles: tuple[float, ...] = ()) -> dict:
-    """vLLM's result keys: counts, throughputs, {mean,median,std,p99}_{ttft,tpot,itl,e2el}_ms
-    and p<q> of `percentiles` over the successful requests, and per-request lists over all of
-    them; `starts` (send times on the machine's monotonic clock, as time.monotonic() and the
-    server's logs read it) places each request's gaps in time."""
+def summarize(records: list, duration: float, percentiles: tuple[float, ...] = (),
+              slos: dict[str, float] | None = None) -> dict:
+    """vLLM's result keys: counts, throughputs, request_goodput (None without slos),
+    {mean,median,std,p99}_{ttft,tpot,itl,e2el}_ms and p<q> of `percentiles` over the
+    successful requests, and per-request lists over all of them; `starts` (send times on the
+    machine's monotonic clock, as time.monotonic() and the server's logs read it) places each
+    request's gaps in time."""
     ok = [r for r in records if r.ok]
     inputs, outputs = sum(r.prompt_len for r in ok), sum(r.output_tokens for r in ok)
     result = {"duration": duration, "completed": len(ok), "failed": len(records) - len(ok),
               "total_input_tokens": inputs, "total_output_tokens": outputs,
               "request_throughput": len(ok) / duration,
+              "request_goodput": good_requests(ok, slos) / duration if slos else None,
               "output_throughput": outputs / duration,
               "total_token_throughput": (inputs + outputs) / duration}
     samples = {"ttft": [r.ttft for r in ok], "itl": [x for r in ok for x in r.itl],
@@ -231,9 +243,11 @@ def print_report(result: dict, max_concurrency: int | None,
                        ("Total input tokens:", "total_input_tokens"),
                        ("Total generated tokens:", "total_output_tokens"),
                        ("Request throughput (req/s):", "request_throughput"),
+                       ("Request goodput (req/s):", "request_goodput"),
                        ("Output token throughput (tok/s):", "output_throughput"),
                        ("Total token throughput (tok/s):", "total_token_throughput")):
-        row(label, result[key])
+        if result.get(key) is not None:
+            row(label, result[key])
     for title, key, short in (section for section in _SECTIONS if section[1] in metrics):
         print(f"{title:-^50}")
         for stat in ("mean", "median", *(f"p{q:g}" for q in percentiles)):
@@ -284,8 +298,8 @@ def load_tokenizer(path: str | None):
 
 def run_load(base_url: str, endpoint: str, bodies: list[dict], processes: int = 1,
              concurrency: int | None = None, rate: float = float("inf"),
-             seed: int = 0, percentiles: tuple[float, ...] = (),
-             burstiness: float = 1.0) -> dict:
+             seed: int = 0, percentiles: tuple[float, ...] = (), burstiness: float = 1.0,
+             slos: dict[str, float] | None = None) -> dict:
     """Stream every body to base_url + endpoint from `processes` client processes (at most
     `concurrency` in flight, gamma arrivals of shape `burstiness` at `rate`); summarize() of
     the records."""
@@ -294,7 +308,7 @@ def run_load(base_url: str, endpoint: str, bodies: list[dict], processes: int = 
     shares = serve_client.split(bodies, processes, concurrency, rate, seed,
                                 url=base_url + endpoint, headers=_headers(),
                                 chat=endpoint == "/v1/chat/completions", burstiness=burstiness)
-    return summarize(*serve_client.run_clients(shares), percentiles)
+    return summarize(*serve_client.run_clients(shares), percentiles, slos)
 
 
 def run_bench_serve(ns: argparse.Namespace) -> int:
@@ -319,7 +333,7 @@ def run_bench_serve(ns: argparse.Namespace) -> int:
     percentiles = tuple(opts.percentiles())
     result = run_load(base_url, opts.endpoint, bodies, opts.num_client_processes,
                       opts.max_concurrency, opts.request_rate, opts.seed, percentiles,
-                      opts.burstiness)
+                      opts.burstiness, opts.slos())
     print_report(result, opts.max_concurrency, tuple(opts.metrics()), percentiles)
     if opts.save_result or opts.result_filename:
         save_result(opts, model, result)

@@ -1,7 +1,7 @@
 """`compiled-llm bench serve` against the live `compiled-llm serve` of the tiny test model (the
 shared server fixture, which wants an API key) from two client processes: vLLM's report lines
 and JSON keys, figures that agree with each other and with the workload, ShareGPT and custom
-files with gamma arrivals; the request split and the random and nano-vllm workloads
+files with gamma arrivals and goodput; the request split and the random and nano-vllm workloads
 on their own."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def test_bench_serve_chat_endpoint(server, tmp_path, capsys):
 def test_bench_serve_sharegpt_file(server, tmp_path, capsys):
     """vLLM's ShareGPT file: the first turns sent as text, each asking for its reply's token
     count (--ignore-eos: exactly that many come back); too-short and one-turn conversations
-    left out; bursty arrivals at a rate."""
+    left out; bursty arrivals at a rate; goodput under a loose SLO is the request throughput."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(server.model)
@@ -118,14 +118,17 @@ def test_bench_serve_sharegpt_file(server, tmp_path, capsys):
     assert main(["bench", "serve", "--base-url", server.url, "--dataset-name", "sharegpt",
                  "--dataset-path", str(path), "--num-prompts", "4", "--no-oversample",
                  "--ignore-eos", "--request-rate", "100", "--burstiness", "0.5",
+                 "--goodput", "e2el:600000", "ttft:600000",
                  "--result-filename", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "Burstiness factor: 0.5 (Gamma distribution)" in printed
+    assert "Request goodput (req/s):" in printed
     result = json.loads(out.read_text())
     assert result["completed"] == 4 and result["failed"] == 0
     counts = [(len(tok(q).input_ids), len(tok(a).input_ids)) for q, a in texts]
     assert min(c for pair in counts for c in pair) >= 4  # all four pass the filters
     assert sorted(zip(result["input_lens"], result["output_lens"])) == sorted(counts)
+    assert result["request_goodput"] == pytest.approx(result["request_throughput"])
     assert result["dataset_name"] == "sharegpt" and result["burstiness"] == 0.5
 
 
@@ -141,7 +144,7 @@ def test_bench_serve_custom_file_on_the_chat_endpoint(server, tmp_path):
                  str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["completed"] == 3 and result["output_lens"] == [3, 3, 3]
-    assert all(n > 4 for n in result["input_lens"])
+    assert result["request_goodput"] is None and all(n > 4 for n in result["input_lens"])
 
 
 def test_a_failed_test_request_stops_the_run(server, capsys):
