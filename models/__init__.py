@@ -169,6 +169,9 @@ ModelRegistry = _ModelRegistry({
     # pooling models (runner="pooling"): embeddings and classifiers
     "BertModel": "compiled_llm.models.bert:BertModel",
     "BertForSequenceClassification": "compiled_llm.models.bert:BertForSequenceClassification",
+    "ModernBertModel": "compiled_llm.models.modernbert:ModernBertModel",
+    "ModernBertForSequenceClassification":
+        "compiled_llm.models.modernbert:ModernBertForSequenceClassification",
     "RobertaModel": "compiled_llm.models.roberta:RobertaModel",
     "XLMRobertaModel": "compiled_llm.models.roberta:RobertaModel",
     "RobertaForSequenceClassification":

@@ -134,7 +134,7 @@ class PoolingEngine:
                            args.load_format, args.quantization)
         self.model_config = ModelConfigView(args, model.config, max_model_len=self.max_model_len,
                                             dtype=self.dtype, runner_type="pooling")
-        default_type = getattr(type(model), "default_pooling_type", "LAST")
+        default_type = getattr(model, "default_pooling_type", "LAST")  # may follow its config
         self.pooler = resolve_pooler(model_dir, default_type,
                                      PoolerConfig.from_value(args.pooler_config))
         self.runner = PoolingRunner(model, self.device, self.dtype, pooling_compile_config(args),

@@ -491,7 +491,8 @@ OWN_LAYER_SHAPE = {
 POOLING_ARCHS = {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification",
                  "RobertaModel", "XLMRobertaModel", "RobertaForSequenceClassification",
                  "XLMRobertaForSequenceClassification", "LlamaModel", "MistralModel",
-                 "Qwen2Model", "Qwen3Model", "Gemma3TextModel",
+                 "Qwen2Model", "Qwen3Model", "Gemma3TextModel", "ModernBertModel",
+                 "ModernBertForSequenceClassification",
                  "Qwen2ForSequenceClassification", "Qwen3ForSequenceClassification",
                  "MistralForSequenceClassification"}
 

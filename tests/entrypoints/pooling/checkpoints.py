@@ -84,3 +84,32 @@ def st_bert(pooling_mode: str, dense: tuple[int, ...] = (), extra: str = "") -> 
     out = Path(tempfile.mkdtemp(prefix=f"cllm-st-{pooling_mode}-"))
     SentenceTransformer(modules=modules, device="cpu").save(str(out))
     return out
+
+
+def hf_encoder(ckpt: Path, classifier: bool):
+    """transformers' model of ckpt (AutoModel, or its sequence classifier) and its tokenizer."""
+    import transformers
+
+    auto = transformers.AutoModelForSequenceClassification if classifier else transformers.AutoModel
+    model = auto.from_pretrained(ckpt, attn_implementation="sdpa").eval()
+    return model, transformers.AutoTokenizer.from_pretrained(ckpt)
+
+
+def assert_classify_matches(llm, ckpt: Path, texts: list[str]) -> None:
+    """llm.classify's probabilities equal transformers' softmax of the classifier's logits."""
+    hf, tok = hf_encoder(ckpt, classifier=True)
+    for text, out in zip(texts, llm.classify(texts)):
+        with torch.no_grad():
+            ref = hf(**tok(text, return_tensors="pt")).logits[0].softmax(-1)
+        torch.testing.assert_close(torch.tensor(out.outputs.probs), ref, atol=1e-5, rtol=1e-4)
+
+
+def assert_scores_match(llm, ckpt: Path) -> None:
+    """A one-label cross-encoder's llm.score equals transformers' sigmoid of the pair's logit."""
+    query, docs = "what is a fox", ["The quick brown fox.", "Tax law of 1998."]
+    hf, tok = hf_encoder(ckpt, classifier=True)
+    for doc, out in zip(docs, llm.score(query, docs)):
+        with torch.no_grad():
+            ref = hf(**tok(query, doc, return_tensors="pt")).logits[0, 0].sigmoid().item()
+        assert out.outputs.score == pytest.approx(ref, abs=1e-5)
+    assert llm.engine.num_used_blocks == 0

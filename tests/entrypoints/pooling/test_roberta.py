@@ -13,6 +13,11 @@ import torch
 
 from compiled_llm import LLM
 from compiled_llm.pooling_params import PoolingParams
+from tests.entrypoints.pooling.checkpoints import (
+    assert_classify_matches,
+    assert_scores_match,
+    hf_encoder,
+)
 from tests.utils import tokenizer_dir
 
 TEXTS = ["a short one", "A somewhat longer sentence, with punctuation!", "ok"]
@@ -41,13 +46,6 @@ def roberta(kind: str, num_labels: int = 0) -> Path:
     return out
 
 
-def _hf(ckpt, classifier: bool):
-    import transformers
-
-    auto = transformers.AutoModelForSequenceClassification if classifier else transformers.AutoModel
-    return auto.from_pretrained(ckpt).eval(), transformers.AutoTokenizer.from_pretrained(ckpt)
-
-
 @pytest.mark.parametrize("kind", ["roberta", "xlm"])
 def test_embeddings_match_transformers(kind):
     ckpt = roberta(kind)
@@ -55,7 +53,7 @@ def test_embeddings_match_transformers(kind):
     assert llm.runner_type == "pooling"
     assert llm.engine.max_model_len == 80 - PAD - 1  # the positions past the padding id
     outs = llm.embed(TEXTS, PoolingParams(normalize=False))
-    hf, tok = _hf(ckpt, classifier=False)
+    hf, tok = hf_encoder(ckpt, classifier=False)
     for text, out in zip(TEXTS, outs):
         with torch.no_grad():
             ref = hf(**tok(text, return_tensors="pt")).last_hidden_state[0, 0]  # CLS pooling
@@ -68,28 +66,14 @@ def test_embeddings_match_transformers(kind):
 @pytest.mark.parametrize("kind", ["roberta", "xlm"])
 def test_classifier_matches_transformers(kind):
     ckpt = roberta(kind, num_labels=3)
-    llm = LLM(str(ckpt), enforce_eager=True, dtype="float32")
-    outs = llm.classify(TEXTS)
-    hf, tok = _hf(ckpt, classifier=True)
-    for text, out in zip(TEXTS, outs):
-        with torch.no_grad():
-            ref = hf(**tok(text, return_tensors="pt")).logits[0].softmax(-1)
-        torch.testing.assert_close(torch.tensor(out.outputs.probs), ref, atol=1e-5, rtol=1e-5)
-    llm.shutdown()
+    with LLM(str(ckpt), enforce_eager=True, dtype="float32") as llm:
+        assert_classify_matches(llm, ckpt, TEXTS)
 
 
 def test_reranker_scores_match_transformers():
     ckpt = roberta("xlm", num_labels=1)  # bge-reranker's shape: one label, sigmoid
-    llm = LLM(str(ckpt), runner="pooling", enforce_eager=True, dtype="float32")
-    query, docs = "what is a fox", ["The quick brown fox.", "Tax law of 1998."]
-    scores = [o.outputs.score for o in llm.score(query, docs)]
-    hf, tok = _hf(ckpt, classifier=True)
-    for doc, score in zip(docs, scores):
-        with torch.no_grad():
-            ref = hf(**tok(query, doc, return_tensors="pt")).logits[0, 0].sigmoid().item()
-        assert score == pytest.approx(ref, abs=1e-5)
-    assert llm.engine.num_used_blocks == 0
-    llm.shutdown()
+    with LLM(str(ckpt), runner="pooling", enforce_eager=True, dtype="float32") as llm:
+        assert_scores_match(llm, ckpt)
 
 
 def test_compiled_classifier_matches_eager(monkeypatch):
