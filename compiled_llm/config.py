@@ -335,6 +335,7 @@ class EngineArgs(ParallelArgs, LoRAArgs, ParityArgs):
             raise ValueError(f"seed must be an int (or None), got {self.seed!r}")
         self.check_parity()
         self.resolve_hub_ids()  # after the cheap checks: it may download a checkpoint
+        self.apply_hf_overrides()  # model: the checkpoint with the merged config.json
         # a count or None (auto) from here on, whichever spelling was given
         self.max_model_len = normalize_max_model_len(self.max_model_len)
 

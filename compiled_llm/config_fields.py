@@ -1,19 +1,28 @@
 """Reading the config dataclasses: each field's documentation (its attribute docstring, the
 help of its flag), the values a Literal-typed field allows, the checks built on them, and
-values spelled as vLLM spells them (human-readable integers, max_model_len's forms), and an HF
-config.json's rope parameters and length bounds as transformers and vLLM read them."""
+values spelled as vLLM spells them (human-readable integers, max_model_len's forms), an HF
+config.json's rope parameters and length bounds as transformers and vLLM read them, and
+hf_overrides' merged config.json (a directory linking the checkpoint's files beside it)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import functools
+import hashlib
+import json
 import logging
+import os
 import re
+import shutil
+import tempfile
 import types
 import typing
 from dataclasses import fields
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
+
+from compiled_llm.bytecode_cache import cache_root
 
 
 @functools.cache
@@ -236,3 +245,66 @@ def attention_backend_for(name: str, device_type: str, head_dim: int | None) -> 
             "head_dim %d: the Triton attention kernels take powers of two >= 16; attention "
             "runs on the torch backend (slower)", head_dim)
     return "triton" if device_type == "cuda" and takes else "torch"
+
+
+# vLLM's hf_overrides: top-level config.json keys replaced (as PretrainedConfig.update does),
+# served from a directory of links to the checkpoint's files and the merged config.json, so
+# that every reader of the model directory (loader, tokenizer, other processes) sees one config
+MARKER = "compiled_llm_hf_overrides.json"  # {"source": model as given, "overrides": {...}}
+
+
+def check_hf_overrides(value: Any) -> dict | None:
+    """The overrides as a dict (None for none); ValueError naming hf_overrides otherwise."""
+    if value is None or value == {}:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"hf_overrides must be a JSON object: {exc}") from None
+    if callable(value):
+        raise ValueError("hf_overrides: a callable is not supported; give a dict of "
+                         "config.json keys")
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise ValueError(f"hf_overrides must be a dict of config.json keys, got {value!r}")
+    return value
+
+
+def overlay_model_dir(model: str, overrides: dict) -> str:
+    """A directory holding model's files (linked) and its config.json with overrides applied;
+    the same model, config and overrides give the same directory (made once)."""
+    source = Path(model).resolve()
+    config_path = source / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"hf_overrides: {model} has no config.json to override")
+    config = json.loads(config_path.read_text())
+    config.update(overrides)
+    key = hashlib.sha256(json.dumps([str(source), config], sort_keys=True).encode()).hexdigest()
+    out = cache_root() / "hf_overrides" / key[:20]
+    if not (out / MARKER).is_file():
+        _build(out, source, config, {"source": model, "overrides": overrides})
+    return str(out)
+
+
+def _build(out: Path, source: Path, config: dict, marker: dict) -> None:
+    """Fill a fresh directory beside out, then move it into place (several processes may race:
+    the first one's stays)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out.parent))
+    for entry in source.iterdir():
+        if entry.name not in ("config.json", MARKER):
+            os.symlink(entry, staging / entry.name)
+    (staging / "config.json").write_text(json.dumps(config, indent=2))
+    (staging / MARKER).write_text(json.dumps(marker))
+    try:
+        os.rename(staging, out)
+    except OSError:  # another process made it first
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def overlay_source(path: str | os.PathLike | None) -> str | None:
+    """The model as given, where path is an overrides directory; else None."""
+    if path is None:
+        return None
+    marker = Path(path) / MARKER
+    return json.loads(marker.read_text())["source"] if marker.is_file() else None

@@ -12,6 +12,7 @@ import typing
 from dataclasses import dataclass
 from typing import Literal
 
+from compiled_llm.config_fields import check_hf_overrides, overlay_model_dir, overlay_source
 from compiled_llm.pooling_params import RunnerArgs
 
 ExecutorBackend = Literal["uni", "mp", "ray"]
@@ -119,8 +120,9 @@ class ParityArgs:
     """The Hugging Face cache directory to read and download Hub models into (default: the
     Hub's, $HF_HUB_CACHE); unused for a local model directory, as in vLLM."""
     hf_overrides: dict | None = None
-    """vLLM's overrides of the model's Hugging Face config. Not supported: an empty object is
-    accepted, any override refused (edit the checkpoint's config.json instead)."""
+    """vLLM's overrides of the model's Hugging Face config: top-level config.json keys
+    replaced before anything reads it, e.g. {"max_position_embeddings": 65536, "rope_scaling":
+    {...}} (a dict or its JSON; vLLM's callable form is refused)."""
     disable_sliding_window: bool = False
     """vLLM's switch that caps the context at a model's sliding window instead of using it.
     Not supported: sliding-window attention always runs as the model defines it."""
@@ -160,9 +162,7 @@ class ParityArgs:
         """ValueError naming the first field set to something compiled-llm cannot do."""
         if not isinstance(self.trust_remote_code, bool):
             raise ValueError(f"trust_remote_code must be a bool, got {self.trust_remote_code!r}")
-        if self.hf_overrides:
-            raise ValueError(f"hf_overrides: not supported (got {self.hf_overrides!r}); the "
-                             "model's config.json is used as it is, edit it instead")
+        self.hf_overrides = check_hf_overrides(self.hf_overrides)
         if self.logprobs_mode != "raw_logprobs":
             raise ValueError(f"logprobs_mode={self.logprobs_mode!r} is not supported: "
                              "logprobs are the model's raw log-softmax (raw_logprobs)")
@@ -212,6 +212,18 @@ class ParityArgs:
         self.tokenizer = self._local("tokenizer", tokenizer, "tokenizer_revision",
                                      tokenizer_revision, False)
         self.revision = self.tokenizer_revision = None  # spent: args built again see dirs
+
+    def apply_hf_overrides(self) -> None:
+        """With hf_overrides, model becomes a directory of its files and the merged config.json
+        (hf_overrides.py); its tokenizer stays the model's. The overrides are then spent, so
+        args built again do not apply them twice."""
+        if not self.hf_overrides:
+            return
+        if getattr(self, "model", None) is None:
+            raise ValueError("hf_overrides needs a model to override")
+        self.tokenizer = self.tokenizer or self.model
+        self.model = overlay_model_dir(self.model, self.hf_overrides)
+        self.hf_overrides = None
 
     def _local(self, field: str, source: str | None, revision_field: str,
                revision: str | None, weights: bool) -> str | None:
@@ -274,6 +286,15 @@ def hub_id_of(path: str | os.PathLike | None) -> str | None:
     SHA), else None: the name a model loaded by its id is shown under."""
     match = _SNAPSHOT.search(os.fspath(path)) if path is not None else None
     return None if match is None else f"{match.group(1)}/{match.group(2)}"
+
+
+def shown_model_name(path: str | os.PathLike | None) -> str | None:
+    """The name a model directory is shown and served under: the model as given where path
+    holds hf_overrides' merged config, the Hub id of a Hub snapshot, else path itself."""
+    if path is None:
+        return None
+    source = overlay_source(path) or os.fspath(path)
+    return hub_id_of(source) or source
 
 
 def is_hub_id(source: str | os.PathLike) -> bool:

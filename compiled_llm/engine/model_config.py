@@ -12,7 +12,7 @@ import torch
 
 from compiled_llm.config import EngineArgs
 from compiled_llm.engine.core_spec import DEMO_MODEL
-from compiled_llm.parallel_config import hub_id_of
+from compiled_llm.parallel_config import shown_model_name
 from compiled_llm.worker.loader import load_hf_config
 
 # EngineArgs fields vLLM's ModelConfig has under the same name and meaning, read as they are
@@ -87,7 +87,7 @@ class ModelConfigView:
     def served_model_name(self) -> str:
         """The name the model is served under: the model's as given (a Hub id for a model
         loaded by its id), as vLLM's when none is given."""
-        return hub_id_of(self.model) or self.model
+        return shown_model_name(self.model)
 
     @property
     def max_model_len(self) -> int:

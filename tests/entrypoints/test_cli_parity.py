@@ -174,7 +174,7 @@ def test_accepted_vllm_options():
 
 @pytest.mark.parametrize("kwargs, field", [
     ({"revision": "main"}, "revision"), ({"tokenizer_revision": "v1"}, "tokenizer_revision"),
-    ({"hf_overrides": {"num_hidden_layers": 1}}, "hf_overrides"),
+    ({"hf_overrides": lambda config: config}, "hf_overrides"),
     ({"disable_sliding_window": True}, "disable_sliding_window"),
     ({"tokenizer_mode": "slow"}, "tokenizer_mode"),
     ({"logprobs_mode": "processed_logprobs"}, "logprobs_mode")])

@@ -28,7 +28,7 @@ from compiled_llm.entrypoints.cli.args import (
 )
 from compiled_llm.entrypoints.server.server_config import ServerConfig
 from compiled_llm.optimization import SERVE_MAX_NUM_BATCHED_TOKENS
-from compiled_llm.parallel_config import hub_id_of
+from compiled_llm.parallel_config import shown_model_name
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
@@ -150,7 +150,7 @@ def named_server_config(ns: argparse.Namespace, args: EngineArgs, served_names: 
     """The ServerConfig of ns's request flags, named served_names (default: the model's) and
     with `fields` set; ValueError for a chat template without a tokenizer."""
     # a model loaded by Hub id is named by the id, not its snapshot directory
-    names = list(dict.fromkeys(served_names or [hub_id_of(args.model) or args.model
+    names = list(dict.fromkeys(served_names or [shown_model_name(args.model)
                                                 or "demo"]))
     cfg = dataclass_from(ServerConfig, ns, model_name=names[0], extra_model_names=names[1:],
                          **fields)

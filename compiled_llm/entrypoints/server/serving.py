@@ -26,7 +26,7 @@ from compiled_llm.entrypoints.server.unsupported import refuse_non_text_parts
 from compiled_llm.entrypoints.tool_parsers import get_tool_parser
 from compiled_llm.entrypoints.tool_parsers.harmony import HarmonyToolParser
 from compiled_llm.output.outputs import RequestOutput
-from compiled_llm.parallel_config import hub_id_of
+from compiled_llm.parallel_config import shown_model_name
 from compiled_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class Serving(TokenServing):
         # vLLM's ModelCard.root of the base model: the model as --model named it
         args = getattr(getattr(engine, "engine", None), "args", None)
         model = getattr(args, "model", None)
-        self.model_path = str(hub_id_of(model) or model or cfg.model_name)
+        self.model_path = str(shown_model_name(model) or cfg.model_name)
         # the model's generation config (none for pooling): the sampling fields a request
         # leaves unset, and output_budget's default and cap
         self.sampling_defaults = dict(getattr(engine, "sampling_defaults", {}))

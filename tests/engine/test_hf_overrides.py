@@ -1,0 +1,56 @@
+"""vLLM's hf_overrides: config.json keys replaced before anything reads the model (the loaded
+model, max_model_len, the served name, engine-core processes), the checkpoint itself
+untouched, bad values refused naming the field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from compiled_llm import LLM, EngineArgs, SamplingParams
+from tests.utils import hf_greedy, make_checkpoint, random_prompts
+
+OVERRIDES = {"rms_norm_eps": 0.25, "max_position_embeddings": 96}
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return make_checkpoint("llama")
+
+
+def _overridden_copy(ckpt, tmp_path):
+    """The checkpoint with OVERRIDES written into its config.json (transformers' reference)."""
+    copy = tmp_path / "edited"
+    shutil.copytree(ckpt, copy)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, **OVERRIDES}))
+    return copy
+
+
+@pytest.mark.parametrize("core_process", [False, True])
+def test_overrides_reach_the_model_as_transformers_reads_them(ckpt, tmp_path, core_process):
+    before = (ckpt / "config.json").read_text()
+    prompts = random_prompts(3, 300, lo=3, hi=20, seed=6)
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    with LLM(str(ckpt), enforce_eager=True, dtype="float32", hf_overrides=OVERRIDES,
+             engine_core_process=core_process) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
+        assert llm.engine.model_config.max_model_len == 96
+        assert llm.engine.model_config.served_model_name == str(ckpt)
+    assert [o.outputs[0].token_ids for o in outs] == hf_greedy(
+        _overridden_copy(ckpt, tmp_path), prompts, 8)
+    assert (ckpt / "config.json").read_text() == before  # the checkpoint is left as it was
+
+
+def test_args_built_again_apply_them_once(ckpt):
+    args = EngineArgs(model=str(ckpt), hf_overrides=OVERRIDES)
+    again = EngineArgs(**{**vars(args)})
+    assert again.model == args.model and again.tokenizer == str(ckpt)
+
+
+@pytest.mark.parametrize("value", [lambda config: config, ["rms_norm_eps"], "{not json"])
+def test_bad_overrides_are_refused_naming_the_field(ckpt, value):
+    with pytest.raises(ValueError, match="^hf_overrides"):
+        EngineArgs(model=str(ckpt), hf_overrides=value)
