@@ -17,22 +17,44 @@ from compiled_llm.models.gemma3 import Gemma3EmbeddingConfig, Gemma3ForCausalLM
 from compiled_llm.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
 from compiled_llm.models.qwen3 import Qwen3ForCausalLM
 
+SCORE_METHODS = ("from_2_way_softmax", "no_post_processing")
+
 
 @dataclass
 class ClassifierConfig(DecoderConfig):
-    """DecoderConfig plus the classifier's labels."""
+    """DecoderConfig plus the classifier's labels; classifier_from_token (vLLM's, set through
+    hf_overrides on a causal LM's checkpoint: Qwen3-Reranker) names the vocabulary rows the
+    score head is made of, score_method how."""
 
     num_labels: int = 2
     id2label: dict | None = None
+    classifier_from_token: tuple[str, ...] = ()
+    score_method: str = ""
 
     @classmethod
     def from_hf(cls, hf_config: dict[str, Any], **defaults: Any) -> ClassifierConfig:
-        """DecoderConfig's fields, then num_labels (from id2label when not given)."""
+        """DecoderConfig's fields, then num_labels (from id2label when not given, else from
+        classifier_from_token: one label for a 2-way softmax, else one per token)."""
         cfg = super().from_hf(hf_config, **defaults)
         id2label = {str(k): v for k, v in (hf_config.get("id2label") or {}).items()}
         cfg.num_labels = hf_config.get("num_labels") or len(id2label) or 2
         cfg.id2label = id2label
+        tokens = tuple(hf_config.get("classifier_from_token") or ())
+        if tokens:
+            two_way = hf_config.get("is_original_qwen3_reranker") and "from_2_way_softmax"
+            cfg.score_method = hf_config.get("method") or two_way or "no_post_processing"
+            _check_score_method(cfg.score_method, tokens)
+            two_way = cfg.score_method == "from_2_way_softmax"
+            cfg.classifier_from_token, cfg.num_labels = tokens, 1 if two_way else len(tokens)
         return cfg
+
+
+def _check_score_method(method: str, tokens: tuple[str, ...]) -> None:
+    if method not in SCORE_METHODS:
+        raise ValueError(f"method {method!r} is not supported; have {list(SCORE_METHODS)}")
+    if method == "from_2_way_softmax" and len(tokens) != 2:
+        raise ValueError(f"classifier_from_token must name 2 tokens for from_2_way_softmax, "
+                         f"got {list(tokens)}")
 
 
 class LlamaForSequenceClassification(LlamaForCausalLM):
@@ -44,8 +66,22 @@ class LlamaForSequenceClassification(LlamaForCausalLM):
 
     def __init__(self, cfg: ClassifierConfig, max_len: int | None = None) -> None:
         super().__init__(cfg, max_len)
-        del self.lm_head  # no vocabulary projection in a classifier's checkpoint
+        if cfg.classifier_from_token:  # a causal LM's checkpoint: score from lm_head's rows
+            self.zero_when_absent = ("score.weight",)
+        else:
+            del self.lm_head  # no vocabulary projection in a classifier's checkpoint
         self.score = nn.Linear(cfg.hidden_size, cfg.num_labels, bias=False)
+
+    def score_from_token_rows(self, token_ids: list[int]) -> None:
+        """vLLM's causal LM turned classifier: score's rows are lm_head's rows of token_ids
+        (no_post_processing), or the second's minus the first's (from_2_way_softmax: the
+        sigmoid of that logit is the second token's probability of the two); lm_head goes."""
+        rows = self.lm_head.weight[token_ids].float()
+        if self.config.score_method == "from_2_way_softmax":
+            rows = rows[1:] - rows[:1]
+        with torch.no_grad():
+            self.score.weight.copy_(rows)
+        del self.lm_head
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """A classifier generates nothing."""

@@ -264,9 +264,6 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     `model.load_seconds` times its phases: build (config and modules), read, prepare."""
     from compiled_llm.distributed.quant_shards import quantize_row_parallel
     from compiled_llm.quantization.fp8 import quantize_model
-    from compiled_llm.quantization.w4a16 import prepare_tinygemm
-    from compiled_llm.worker.fuse_weights import fuse_sibling_weights
-    from compiled_llm.worker.shared_overlap import overlap_shared_experts, shared_overlap_enabled
 
     started = time.perf_counter()
     hf_config = load_hf_config(model_dir)
@@ -294,20 +291,50 @@ def load_model(model_dir: str | os.PathLike, dtype: torch.dtype, device: torch.d
     dispatchers = expert_parallel_names(model)  # experts the formats may swap keep them
     finalize = _prepare_checkpoint(model, checkpoint_format, files, plan, tp, hf_config)
     load_weights(model, files, device, plan, transform)
+    score_from_tokens(model, model_dir, tp)
     read = _synchronized(device)
     if stage is not None:
         localize_kv_scales(model)
     if plan is not None and quantization and not finalize:
         quantize_row_parallel(model, tp)  # o_proj / down_proj: FP8 shards, all-reduced
     model = finalize() if finalize else quantize_model(model, quantization)
+    _prepare_to_run(model, dispatchers, device)
+    model.load_seconds = {"build": built - started, "read": read - built,
+                          "prepare": _synchronized(device) - read}
+    return model.eval().requires_grad_(False)
+
+
+def _prepare_to_run(model: nn.Module, dispatchers, device: torch.device) -> None:
+    """After the weights: experts keep their dispatch, sibling weights fuse, tinygemm packs,
+    shared experts overlap the routed ones (CUDA)."""
+    from compiled_llm.quantization.w4a16 import prepare_tinygemm
+    from compiled_llm.worker.fuse_weights import fuse_sibling_weights
+    from compiled_llm.worker.shared_overlap import overlap_shared_experts, shared_overlap_enabled
+
     keep_dispatchers(model, dispatchers)
     fuse_sibling_weights(model)
     prepare_tinygemm(model)  # after the fusion: one packed tinygemm weight per fused weight
     if device.type == "cuda" and shared_overlap_enabled():  # routed experts on a side stream
         overlap_shared_experts(model)
-    model.load_seconds = {"build": built - started, "read": read - built,
-                          "prepare": _synchronized(device) - read}
-    return model.eval().requires_grad_(False)
+
+
+def score_from_tokens(model: nn.Module, model_dir: str | os.PathLike, tp) -> None:
+    """A classifier made from a causal LM (classifier_from_token): its tokens' ids from the
+    model's tokenizer, their lm_head rows into score; ValueError for a token not in the
+    vocabulary, or under tensor parallelism (the rows sit on other ranks)."""
+    tokens = getattr(getattr(model, "config", None), "classifier_from_token", ())
+    if not tokens:
+        return
+    if tp is not None:
+        raise ValueError("classifier_from_token is not supported with tensor_parallel_size > 1")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = [tokenizer.convert_tokens_to_ids(token) for token in tokens]
+    unknown = [t for t, i in zip(tokens, ids) if i is None or i == tokenizer.unk_token_id]
+    if unknown:
+        raise ValueError(f"classifier_from_token: {unknown} not in the tokenizer's vocabulary")
+    model.score_from_token_rows(ids)
 
 
 def _prepare_checkpoint(model: nn.Module, checkpoint_format, files: list[Path], plan, tp,

@@ -10,7 +10,10 @@ import shutil
 import pytest
 
 from compiled_llm import LLM, EngineArgs, SamplingParams
-from tests.utils import hf_greedy, make_checkpoint, random_prompts
+from tests.utils import EXTRA_CONFIGS, hf_greedy, make_checkpoint, random_prompts
+
+EXTRA_CONFIGS.setdefault("qwen3_untied", ("Qwen3Config", {"head_dim": 32,
+                                                          "tie_word_embeddings": False}))
 
 OVERRIDES = {"rms_norm_eps": 0.25, "max_position_embeddings": 96}
 
@@ -54,3 +57,40 @@ def test_args_built_again_apply_them_once(ckpt):
 def test_bad_overrides_are_refused_naming_the_field(ckpt, value):
     with pytest.raises(ValueError, match="^hf_overrides"):
         EngineArgs(model=str(ckpt), hf_overrides=value)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_qwen3_reranker_from_its_causal_lm(tmp_path, tie):
+    # vLLM's recipe for Qwen3-Reranker: the causal LM served as a one-label classifier whose
+    # score is the probability of "yes" against "no" at the last token
+    import torch
+    import transformers
+
+    ckpt = make_checkpoint("qwen3" if tie else "qwen3_untied")
+    tok = transformers.AutoTokenizer.from_pretrained(ckpt)
+    no, yes = sorted(tok.get_vocab(), key=tok.get_vocab().get)[300:302]
+    overrides = {"architectures": ["Qwen3ForSequenceClassification"],
+                 "classifier_from_token": [no, yes], "is_original_qwen3_reranker": True}
+    query, docs = "what is a fox", ["The quick brown fox.", "Tax law of 1998."]
+    with LLM(str(ckpt), runner="pooling", enforce_eager=True, dtype="float32",
+             hf_overrides=overrides) as llm:
+        scores = [out.outputs.score for out in llm.score(query, docs)]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    ids = tok.convert_tokens_to_ids([no, yes])
+    for doc, score in zip(docs, scores):
+        with torch.no_grad():
+            logits = hf(**tok(query, doc, return_tensors="pt")).logits[0, -1, ids]
+        assert score == pytest.approx(logits.softmax(-1)[1].item(), abs=1e-5)
+
+
+def test_classifier_from_token_refusals(tmp_path):
+    ckpt = make_checkpoint("qwen3")
+    base = {"architectures": ["Qwen3ForSequenceClassification"]}
+    for extra, field in (({"classifier_from_token": ["a"], "method": "from_2_way_softmax"},
+                          "classifier_from_token"),
+                         ({"classifier_from_token": ["a", "b"], "method": "softmax"}, "method"),
+                         ({"classifier_from_token": ["zz-not-a-token", "a"]},
+                          "classifier_from_token")):
+        with pytest.raises(ValueError, match=field):
+            LLM(str(ckpt), runner="pooling", enforce_eager=True, dtype="float32",
+                hf_overrides={**base, **extra})
