@@ -189,8 +189,9 @@
 #                                         # twice, the nano-vllm user path (carry .whl)
 #     bash benchmarks/h200_suite.sh 106   # the new architectures' GPU tests, the harmony
 #                                         # parsers; on an H200, 8B batch 1 against gpt-fast
-#     bash benchmarks/h200_suite.sh 110   # LongRoPE GPU test, 8B batch 1 against gpt-fast, an
-#                                         # 8B profile, the 8B GEMMs' wide tune (.whl .peer)
+#     bash benchmarks/h200_suite.sh 110   # 8B batch 1 against gpt-fast, an 8B profile, the 8B
+#                                         # GEMMs' wide tune, the LongRoPE and encoder GPU tests
+#                                         # (.whl .peer)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -722,7 +723,7 @@ $MK && $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", 
 $H2 timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
 timeout 150 $py -m benchmarks.profile_steps --model $CK/llama3-8b --workload decode --decode-tokens 128 --json $R/profile_decode_llama3-8b.json
 timeout 100 $py -m benchmarks.small_m_gemm_tune $TUNE --out $R/tune_8b_table.json --output-json $R/tune_8b.json
-timeout 90 $py -m pytest -q -p no:cacheprovider tests/models/test_new_archs_gpu.py -k longrope"
+timeout 90 $py -m pytest -q -p no:cacheprovider tests/models/test_new_archs_gpu.py -k longrope tests/entrypoints/pooling/test_encoders_gpu.py"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 109 ]; then  # one GPU (carry .whl .peer), an H200 only (else nothing runs):
   # issue 14's 8B batch 1 against gpt-fast, then where its step's device time goes
