@@ -723,7 +723,8 @@ $MK && $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", 
 $H2 timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
 timeout 150 $py -m benchmarks.profile_steps --model $CK/llama3-8b --workload decode --decode-tokens 128 --json $R/profile_decode_llama3-8b.json
 timeout 100 $py -m benchmarks.small_m_gemm_tune $TUNE --out $R/tune_8b_table.json --output-json $R/tune_8b.json
-timeout 90 $py -m pytest -q -p no:cacheprovider tests/models/test_new_archs_gpu.py -k longrope tests/entrypoints/pooling/test_encoders_gpu.py"
+timeout 90 $py -m pytest -q -p no:cacheprovider tests/entrypoints/pooling/test_encoders_gpu.py
+timeout 90 $py -m pytest -q -p no:cacheprovider tests/models/test_new_archs_gpu.py -k longrope"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 109 ]; then  # one GPU (carry .whl .peer), an H200 only (else nothing runs):
   # issue 14's 8B batch 1 against gpt-fast, then where its step's device time goes
