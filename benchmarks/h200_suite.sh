@@ -713,18 +713,18 @@ $(served default2 $LOGS)
 $U --label default
 $U --label tuned --preset tuned"
   stream 0 "gpu0_call$CALL" "${a[@]}"
-elif [ "$CALL" = 110 ]; then  # one GPU (carry .whl .peer): the LongRoPE GPU test; 8B batch 1
-  # against gpt-fast (an H200 only); where the 8B step's device time goes; the 8B layer GEMMs
-  # at one token over a wider tile grid than call 25's
+elif [ "$CALL" = 110 ]; then  # one GPU (carry .whl .peer): the encoder and LongRoPE GPU tests;
+  # 8B batch 1 against gpt-fast (an H200 only); where the 8B step's device time goes; the 8B
+  # layer GEMMs at one token over a wider tile grid than call 25's
   H2="nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0;"
   TUNE="--shapes llama3-8b.qkv llama3-8b.o llama3-8b.down llama3-8b.lm_head --tokens 1 --block-n 16 32 64 128 --block-k 64 128 256 512 --split-k 1 2 4 8 16 --max-seconds 80"
   mapfile -t a <<<"\
+timeout 90 $py -m pytest -q -p no:cacheprovider tests/entrypoints/pooling/test_encoders_gpu.py
+timeout 90 $py -m pytest -q -p no:cacheprovider tests/models/test_new_archs_gpu.py -k longrope
 $MK && $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
 $H2 timeout 250 $py -m benchmarks.decode_latency --shape llama3-8b --checkpoint-dir $CK --peer gptfast --scheduling async --json $R/decode_gptfast_llama3-8b.json
 timeout 150 $py -m benchmarks.profile_steps --model $CK/llama3-8b --workload decode --decode-tokens 128 --json $R/profile_decode_llama3-8b.json
-timeout 100 $py -m benchmarks.small_m_gemm_tune $TUNE --out $R/tune_8b_table.json --output-json $R/tune_8b.json
-timeout 90 $py -m pytest -q -p no:cacheprovider tests/entrypoints/pooling/test_encoders_gpu.py
-timeout 90 $py -m pytest -q -p no:cacheprovider tests/models/test_new_archs_gpu.py -k longrope"
+timeout 100 $py -m benchmarks.small_m_gemm_tune $TUNE --out $R/tune_8b_table.json --output-json $R/tune_8b.json"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 109 ]; then  # one GPU (carry .whl .peer), an H200 only (else nothing runs):
   # issue 14's 8B batch 1 against gpt-fast, then where its step's device time goes
