@@ -89,7 +89,26 @@ def test_longrope_prompts_past_the_original_length_on_cuda(name, tmp_path):
     llm = LLM(str(ckpt), dtype="float32", gpu_memory_utilization=0.1, max_num_seqs=8,
               max_model_len=128, compile_cache_dir=str(tmp_path))
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(ckpt, [p], 12)[0]
-                                                      for p in prompts]
+    expected = [hf_greedy(ckpt, [p], 12)[0] for p in prompts]
+    if name.startswith("phi3") and not _hf_recomputes_phi3_whole():
+        # older transformers feed Phi-3's recompute step its last token alone: the prompts
+        # that cross the original length take the CPU engine's tokens, which equal newer
+        # transformers' (tests/models/test_config_options.py)
+        with LLM(str(ckpt), device="cpu", enforce_eager=True, dtype="float32",
+                 max_model_len=128) as cpu:
+            expected[2:] = [o.outputs[0].token_ids for o in cpu.generate(
+                [{"prompt_token_ids": p} for p in prompts[2:]], params, use_tqdm=False)]
+    assert [o.outputs[0].token_ids for o in outs] == expected
     assert llm.engine.num_used_blocks == 0
     llm.shutdown()
+
+
+def _hf_recomputes_phi3_whole() -> bool:
+    """Whether the installed transformers' Phi-3, where it drops its cache at the original
+    length, recomputes the whole sequence (the releases that reset next_sequence_length)."""
+    import inspect
+
+    import transformers
+
+    source = inspect.getsource(transformers.Phi3ForCausalLM.prepare_inputs_for_generation)
+    return "next_sequence_length" in source
