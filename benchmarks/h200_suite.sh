@@ -192,6 +192,7 @@
 #     bash benchmarks/h200_suite.sh 110   # 8B batch 1 against gpt-fast, an 8B profile, the 8B
 #                                         # GEMMs' wide tune, the LongRoPE and encoder GPU tests
 #                                         # (.whl .peer)
+#     bash benchmarks/h200_suite.sh 111   # 8B batch 1, the small-M table against cuBLAS (ABAB)
 #     bash benchmarks/h200_suite.sh 12    # batch-1 decode of Llama-3-8B against gpt-fast (one
 #                                         # GPU; gpt-fast's tree in .peer/gpt-fast: carry .peer)
 # SKIP=batch_sweep leaves out every command that contains that text.
@@ -712,6 +713,17 @@ $(served default1 $LOGS)
 $(served default2 $LOGS)
 $U --label default
 $U --label tuned --preset tuned"
+  stream 0 "gpu0_call$CALL" "${a[@]}"
+elif [ "$CALL" = 111 ]; then  # one GPU (carry .whl): the 8B batch-1 user path with the small-M
+  # table's entries for this card against cuBLAS only (enable_small_m_gemm off), ABAB
+  U="$py benchmarks/user_path.py --workload decode --json $R/user_path_decode_8b.jsonl --model $CK/llama3-8b"
+  OFF='{"passes": {"enable_small_m_gemm": false}}'
+  mapfile -t a <<<"\
+$MK && $py -c 'import benchmarks.common as c; c.shape_checkpoint(\"llama3-8b\", \"$CK\", tokenizer=True)'
+$U --label small_m
+$U --label cublas --engine-args '$OFF'
+$U --label small_m
+$U --label cublas --engine-args '$OFF'"
   stream 0 "gpu0_call$CALL" "${a[@]}"
 elif [ "$CALL" = 110 ]; then  # one GPU (carry .whl .peer): the encoder and LongRoPE GPU tests;
   # 8B batch 1 against gpt-fast (an H200 only); where the 8B step's device time goes; the 8B
