@@ -247,7 +247,7 @@ def attention_backend_for(name: str, device_type: str, head_dim: int | None) -> 
     return "triton" if device_type == "cuda" and takes else "torch"
 
 
-# vLLM's hf_overrides: top-level config.json keys replaced (as PretrainedConfig.update does),
+# vLLM's hf_overrides: config.json keys replaced (a sub-config's key by key, merged_config),
 # served from a directory of links to the checkpoint's files and the merged config.json, so
 # that every reader of the model directory (loader, tokenizer, other processes) sees one config
 MARKER = "compiled_llm_hf_overrides.json"  # {"source": model as given, "overrides": {...}}
@@ -277,13 +277,24 @@ def overlay_model_dir(model: str, overrides: dict) -> str:
     config_path = source / "config.json"
     if not config_path.is_file():
         raise ValueError(f"hf_overrides: {model} has no config.json to override")
-    config = json.loads(config_path.read_text())
-    config.update(overrides)
+    config = merged_config(json.loads(config_path.read_text()), overrides)
     key = hashlib.sha256(json.dumps([str(source), config], sort_keys=True).encode()).hexdigest()
     out = cache_root() / "hf_overrides" / key[:20]
     if not (out / MARKER).is_file():
         _build(out, source, config, {"source": model, "overrides": overrides})
     return str(out)
+
+
+def merged_config(config: dict, overrides: dict) -> dict:
+    """config with overrides' keys replaced, as vLLM updates an HF config: a sub-config
+    (text_config, vision_config: a dict with a model_type) takes a dict's keys one by one,
+    any other value (rope_scaling included) is replaced whole."""
+    out = dict(config)
+    for key, value in overrides.items():
+        old = out.get(key)
+        nested = isinstance(old, dict) and "model_type" in old and isinstance(value, dict)
+        out[key] = merged_config(old, value) if nested else value
+    return out
 
 
 def _build(out: Path, source: Path, config: dict, marker: dict) -> None:

@@ -94,3 +94,16 @@ def test_classifier_from_token_refusals(tmp_path):
         with pytest.raises(ValueError, match=field):
             LLM(str(ckpt), runner="pooling", enforce_eager=True, dtype="float32",
                 hf_overrides={**base, **extra})
+
+
+def test_a_sub_config_takes_the_keys_given_and_other_dicts_are_replaced():
+    from compiled_llm.config_fields import merged_config
+
+    config = {"text_config": {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 8},
+              "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "vocab_size": 10}
+    merged = merged_config(config, {"text_config": {"num_hidden_layers": 2},
+                                    "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    assert merged["text_config"] == {"model_type": "llama", "num_hidden_layers": 2,
+                                     "hidden_size": 8}
+    assert merged["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0}
+    assert merged["vocab_size"] == 10 and config["text_config"]["num_hidden_layers"] == 4
