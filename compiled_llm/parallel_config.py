@@ -120,9 +120,10 @@ class ParityArgs:
     """The Hugging Face cache directory to read and download Hub models into (default: the
     Hub's, $HF_HUB_CACHE); unused for a local model directory, as in vLLM."""
     hf_overrides: dict | None = None
-    """vLLM's overrides of the model's Hugging Face config: top-level config.json keys
-    replaced before anything reads it, e.g. {"max_position_embeddings": 65536, "rope_scaling":
-    {...}} (a dict or its JSON; vLLM's callable form is refused)."""
+    """vLLM's overrides of the model's Hugging Face config: config.json keys replaced before
+    anything reads it, e.g. {"max_position_embeddings": 65536, "rope_scaling": {...}} (a
+    sub-config such as text_config takes its keys one by one; a dict or its JSON; vLLM's
+    callable form is refused)."""
     disable_sliding_window: bool = False
     """vLLM's switch that caps the context at a model's sliding window instead of using it.
     Not supported: sliding-window attention always runs as the model defines it."""
@@ -215,8 +216,8 @@ class ParityArgs:
 
     def apply_hf_overrides(self) -> None:
         """With hf_overrides, model becomes a directory of its files and the merged config.json
-        (hf_overrides.py); its tokenizer stays the model's. The overrides are then spent, so
-        args built again do not apply them twice."""
+        (config_fields.overlay_model_dir); its tokenizer stays the model's. The overrides are
+        then spent, so args built again do not apply them twice."""
         if not self.hf_overrides:
             return
         if getattr(self, "model", None) is None:
