@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compiled_llm.worker.loader import read_json
+from compiled_llm.worker.loader import checkpoint_files, iter_tensors, read_json
 
 # module types that run after the encoder without changing the vectors' values here
 _HANDLED = (".Pooling", ".Normalize")
@@ -46,14 +46,8 @@ def _dense(path: Path) -> list[nn.Module]:
 
 
 def _state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """The module's weights: model.safetensors, else pytorch_model.bin (tensors only)."""
-    if (path / "model.safetensors").exists():
-        from safetensors.torch import load_file
-
-        return load_file(str(path / "model.safetensors"))
-    if (path / "pytorch_model.bin").exists():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise ValueError(f"{path}: a Dense module without model.safetensors or pytorch_model.bin")
+    """The module's weights, read as a checkpoint's are (safetensors, else .bin)."""
+    return {name: tensor for name, tensor, _ in iter_tensors(checkpoint_files(path, "auto"))}
 
 
 def _activation(name: str | None, path: Path) -> nn.Module:

@@ -57,9 +57,9 @@ def attend_tile(
     """One online-softmax step of rows q [M, D] (at positions q_pos) over keys n0..n0+N-1 read
     through the block table (or, unpaged, at row stride stride_cs). MASKED: keys >= seq_len,
     (CAUSAL) after q_pos or (HAS_WINDOW) at or before q_pos - window (and, not CAUSAL, at or
-    after q_pos + window) are hidden; unmasked
-    tiles must be fully visible and below seq_len. FP8: K/V are converted to q's dtype as
-    read; their scales are the caller's (folded into qk_scale and the output). SOFTCAP > 0:
+    after q_pos + window) are hidden; unmasked tiles must be fully visible and below seq_len.
+    FP8: K/V are converted to q's dtype as read; their scales are the caller's (folded into
+    qk_scale and the output). SOFTCAP > 0:
     scores soft-capped, cap * tanh(score / cap), with the cap in the log2 domain too. ALIBI:
     slopes [M] (log2 domain, head_slopes) * (key pos - query pos) joins each score."""
     pos = n0 + offs_n  # [N] key positions

@@ -113,3 +113,21 @@ def assert_scores_match(llm, ckpt: Path) -> None:
             ref = hf(**tok(query, doc, return_tensors="pt")).logits[0, 0].sigmoid().item()
         assert out.outputs.score == pytest.approx(ref, abs=1e-5)
     assert llm.engine.num_used_blocks == 0
+
+
+def assert_compiled_matches_eager(ckpt: Path, run, pieces: int) -> None:
+    """run(llm) -> rows gives the same rows from the compiled pooling forward (no graph
+    break, no recompile, split into `pieces`; no compile cache) as from eager."""
+    from compiled_llm import LLM
+    from compiled_llm.compile import counters
+
+    with LLM(str(ckpt), enforce_eager=True, dtype="float32") as eager:
+        ref = torch.tensor(run(eager))
+    counters.reset()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COMPILED_LLM_DISABLE_CACHE", "1")
+        with LLM(str(ckpt), compile_mode="backend", dtype="float32") as llm:
+            ours = torch.tensor(run(llm))
+    assert counters.graph_breaks == 0 and counters.recompiles == 0
+    assert counters.pieces == pieces
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)

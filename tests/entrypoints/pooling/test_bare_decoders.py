@@ -13,6 +13,7 @@ import torch
 
 from compiled_llm import LLM
 from compiled_llm.pooling_params import PoolingParams
+from tests.entrypoints.pooling.checkpoints import assert_compiled_matches_eager
 from tests.utils import SMALL, random_prompts, tokenizer_dir
 
 
@@ -56,20 +57,10 @@ def test_bare_decoder_embeds_as_transformers(kind):
     llm.shutdown()
 
 
-def test_compiled_bare_decoder_matches_eager(monkeypatch):
-    from compiled_llm.compile import counters
-
-    ckpt = bare("qwen3")
+def test_compiled_bare_decoder_matches_eager():
     prompts = [{"prompt_token_ids": p} for p in random_prompts(3, 300, lo=3, hi=30, seed=4)]
-    with LLM(str(ckpt), enforce_eager=True, dtype="float32") as eager:
-        ref = torch.tensor([o.outputs.embedding for o in eager.embed(prompts)])
-    counters.reset()
-    monkeypatch.setenv("COMPILED_LLM_DISABLE_CACHE", "1")
-    with LLM(str(ckpt), compile_mode="backend", dtype="float32") as llm:
-        ours = torch.tensor([o.outputs.embedding for o in llm.embed(prompts)])
-    assert counters.graph_breaks == 0 and counters.recompiles == 0
-    assert counters.pieces == 2 + 1  # split at its 2 attentions
-    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    assert_compiled_matches_eager(  # split at its 2 attentions
+        bare("qwen3"), lambda llm: [o.outputs.embedding for o in llm.embed(prompts)], 2 + 1)
 
 
 @functools.cache

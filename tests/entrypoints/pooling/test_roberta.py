@@ -15,6 +15,7 @@ from compiled_llm import LLM
 from compiled_llm.pooling_params import PoolingParams
 from tests.entrypoints.pooling.checkpoints import (
     assert_classify_matches,
+    assert_compiled_matches_eager,
     assert_scores_match,
     hf_encoder,
 )
@@ -76,16 +77,7 @@ def test_reranker_scores_match_transformers():
         assert_scores_match(llm, ckpt)
 
 
-def test_compiled_classifier_matches_eager(monkeypatch):
-    from compiled_llm.compile import counters
-
-    ckpt = roberta("roberta", num_labels=3)
-    with LLM(str(ckpt), enforce_eager=True, dtype="float32") as eager:
-        ref = torch.tensor([o.outputs.probs for o in eager.classify(TEXTS)])
-    counters.reset()
-    monkeypatch.setenv("COMPILED_LLM_DISABLE_CACHE", "1")
-    with LLM(str(ckpt), compile_mode="backend", dtype="float32") as llm:
-        ours = torch.tensor([o.outputs.probs for o in llm.classify(TEXTS)])
-    assert counters.graph_breaks == 0 and counters.recompiles == 0
-    assert counters.pieces == 2 + 1  # split at its 2 attentions
-    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+def test_compiled_classifier_matches_eager():
+    assert_compiled_matches_eager(  # split at its 2 attentions
+        roberta("roberta", num_labels=3),
+        lambda llm: [o.outputs.probs for o in llm.classify(TEXTS)], 2 + 1)
